@@ -1,0 +1,136 @@
+"""Provides the plain data that crosses the scheduler's edges: requests, plans, per-step reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Phase(str, Enum):
+    """What the user sees a sequence doing."""
+
+    LOADING = "loading"  # model not resident yet
+    QUEUED = "queued"  # waiting for a sequence slot or KV room
+    PREPARING = "preparing"  # chat template + tokenization
+    PREFILL = "prefill"  # prompt rows being evaluated
+    GENERATING = "generating"
+    DONE = "done"
+
+
+class DoneReason(str, Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling. temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int | None = None
+    max_tokens: int = 256
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+@dataclass(frozen=True)
+class Request:
+    """One turn of one conversation: render `messages` with the chat template and generate a reply.
+
+    `session_id` names the conversation; its KV stays resident between turns so the next turn
+    prefills only what is new. `fork_from` names a parent session whose committed KV prefix the new
+    session starts from (a spawned subagent).
+    """
+
+    request_id: str
+    session_id: str
+    messages: tuple[Message, ...]
+    sampling: SamplingParams = SamplingParams()
+    fork_from: str | None = None
+    # Pre-tokenized prompt (skips the chat template); used by benchmarks and tests.
+    prompt_tokens: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SeqSlice:
+    """Consecutive rows of one sequence in one batch: tokens at positions pos0, pos0+1, ..."""
+
+    seq_id: int
+    pos0: int
+    tokens: tuple[int, ...]
+    want_logits: bool  # the LAST row of the slice produces logits (decode rows, final prompt chunk)
+    is_decode: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """What the next native step evaluates. Only the backend turns this into a llama_batch."""
+
+    step: int
+    slices: tuple[SeqSlice, ...]
+    budget: int
+
+    @property
+    def n_rows(self) -> int:
+        return sum(len(s.tokens) for s in self.slices)
+
+    @property
+    def n_decode(self) -> int:
+        return sum(len(s.tokens) for s in self.slices if s.is_decode)
+
+    @property
+    def n_prefill(self) -> int:
+        return sum(len(s.tokens) for s in self.slices if not s.is_decode)
+
+
+@dataclass
+class SeqUpdate:
+    """Everything the UI needs about one request after one step (only requests that changed)."""
+
+    request_id: str
+    session_id: str
+    seq_id: int | None
+    phase: Phase
+    text_delta: str = ""
+    new_tokens: int = 0
+    prompt_done: int = 0
+    prompt_total: int = 0
+    cached_tokens: int = 0
+    generated: int = 0
+    queue_ms: float | None = None
+    ttft_ms: float | None = None
+    tok_s_live: float | None = None
+    tok_s: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p95_ms: float | None = None
+    itl_max_ms: float | None = None
+    done_reason: DoneReason | None = None
+    error: str | None = None
+    waiting_reason: str | None = None
+
+
+@dataclass
+class StepReport:
+    """One per engine step: the step's shape and every request update it caused."""
+
+    step: int
+    t: float  # engine clock seconds
+    step_ms: float
+    decode_rows: int
+    prefill_rows: int
+    budget: int
+    kv_used: int
+    kv_total: int
+    waiting: int
+    running: int
+    policy: str
+    updates: list[SeqUpdate] = field(default_factory=list)
