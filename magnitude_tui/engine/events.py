@@ -53,6 +53,13 @@ class EngineFailed:
 
 
 @dataclass(frozen=True)
+class CommandRejected:
+    """A command could not be carried out (bad policy string, ...). The engine goes on."""
+
+    message: str
+
+
+@dataclass(frozen=True)
 class PolicyChanged:
     policy: str
 

@@ -1,0 +1,197 @@
+"""Provides EngineClient: the app's handle on the engine worker (a spawned process, or a thread in tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import queue
+import signal
+import threading
+from typing import AsyncIterator
+
+from magnitude_tui.engine import worker
+from magnitude_tui.engine.events import (
+    Cancel,
+    CloseSession,
+    EngineConfig,
+    EngineFailed,
+    SetPolicy,
+    Shutdown,
+    Submit,
+)
+from scheduler.types import DoneReason, Phase, Request, SeqUpdate, StepReport
+
+_CLOSED = object()
+
+
+class EngineClient:
+    """Sends commands to the engine and delivers its event batches (one per step).
+
+    In process mode the engine lives in a spawned worker process: a native abort there cannot take
+    the app down, and rendering never competes with the step loop for the GIL. If the worker dies,
+    every live request is failed with the reason and EngineFailed follows; restart() starts anew.
+    """
+
+    def __init__(self, config: EngineConfig, *, in_process: bool = False, log_path: str | None = None):
+        self.config = config
+        self.in_process = in_process
+        self.log_path = log_path
+        self._events: queue.Queue = queue.Queue()
+        self._live: dict[str, str] = {}  # request_id -> session_id, until its done update arrives
+        self._live_lock = threading.Lock()
+        self._conn = None
+        self._proc = None
+        self._thread = None
+        self._reader = None
+        self._stopping = False
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._stopping = False
+        if self.in_process:
+            ours, theirs = mp.Pipe(duplex=True)
+            self._thread = threading.Thread(
+                target=worker.serve, args=(theirs, self.config, None), name="engine", daemon=True
+            )
+            self._thread.start()
+        else:
+            ctx = mp.get_context("spawn")
+            ours, theirs = ctx.Pipe(duplex=True)
+            self._proc = ctx.Process(
+                target=worker.serve, args=(theirs, self.config, self.log_path), name="magnitude-engine", daemon=True
+            )
+            self._proc.start()
+            theirs.close()  # so that our recv() sees EOF when the worker dies
+        self._conn = ours
+        self._reader = threading.Thread(target=self._read, name="engine-reader", daemon=True)
+        self._reader.start()
+
+    def restart(self) -> None:
+        self.stop()
+        self._events = queue.Queue()
+        self.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._conn is not None:
+            try:
+                self._conn.send(Shutdown())
+            except (OSError, EOFError, BrokenPipeError):
+                pass
+        if self._proc is not None:
+            self._proc.join(timeout=5)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join(timeout=5)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = self._proc = self._thread = self._reader = None
+
+    @property
+    def alive(self) -> bool:
+        if self._proc is not None:
+            return self._proc.is_alive()
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    # ---- commands ----------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        with self._live_lock:
+            self._live[request.request_id] = request.session_id
+        if not self._send(Submit(request)):
+            self._fail_live("the engine is not running; restart it")
+
+    def cancel(self, request_id: str) -> None:
+        self._send(Cancel(request_id))
+
+    def close_session(self, session_id: str) -> None:
+        self._send(CloseSession(session_id))
+
+    def set_policy(self, policy: str) -> None:
+        self._send(SetPolicy(policy))
+
+    def _send(self, command) -> bool:
+        try:
+            self._conn.send(command)
+            return True
+        except (OSError, EOFError, BrokenPipeError, AttributeError):
+            return False
+
+    # ---- events ------------------------------------------------------------------------------
+
+    def poll_events(self, timeout: float | None = 0.0) -> list | None:
+        """One batch, or None when none arrived within timeout (sync callers: CLI, benchmarks)."""
+        try:
+            batch = self._events.get(timeout=timeout) if timeout else self._events.get_nowait()
+        except queue.Empty:
+            return None
+        return None if batch is _CLOSED else batch
+
+    async def events(self) -> AsyncIterator[list]:
+        """Event batches until the client stops: LoadProgress, EngineReady, StepReport, bare
+        SeqUpdate (only when the worker died), EngineFailed, PolicyChanged, CommandRejected."""
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await loop.run_in_executor(None, self._events.get)
+            if batch is _CLOSED:
+                return
+            yield batch
+
+    def _read(self) -> None:
+        conn = self._conn
+        while True:
+            try:
+                batch = conn.recv()
+            except (EOFError, OSError):
+                break
+            for event in batch:
+                if isinstance(event, StepReport):
+                    self._forget_finished(event.updates)
+            self._events.put(batch)
+        if not self._stopping:
+            self._fail_live(self._death_reason())
+        self._events.put(_CLOSED)
+
+    def _forget_finished(self, updates: list[SeqUpdate]) -> None:
+        with self._live_lock:
+            for u in updates:
+                if u.phase is Phase.DONE:
+                    self._live.pop(u.request_id, None)
+
+    def _death_reason(self) -> str:
+        if self._proc is None:
+            return "the engine thread stopped"
+        self._proc.join(timeout=2)
+        code = self._proc.exitcode
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            how = f"was killed by {name}"
+        elif code is None:
+            how = "stopped answering"
+        else:
+            how = f"exited with code {code}"
+        where = f"; native log: {self.log_path}" if self.log_path else ""
+        return f"the engine worker (pid {self._proc.pid}) {how}{where}. Restart the engine to continue."
+
+    def _fail_live(self, reason: str) -> None:
+        with self._live_lock:
+            live, self._live = self._live, {}
+        batch: list = [
+            SeqUpdate(request_id=rid, session_id=sid, seq_id=None, phase=Phase.DONE,
+                      done_reason=DoneReason.ERROR, error=reason)
+            for rid, sid in live.items()
+        ]
+        batch.append(EngineFailed(message=reason, restartable=True))
+        self._events.put(batch)
