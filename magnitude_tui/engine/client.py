@@ -68,11 +68,16 @@ class EngineClient:
         self._reader.start()
 
     def restart(self) -> None:
-        self.stop()
-        self._events = queue.Queue()
+        """Start a new worker (after a death or to apply a new config); events() keeps flowing."""
+        self._shutdown_worker()
         self.start()
 
     def stop(self) -> None:
+        """Shut the worker down and end events()."""
+        self._shutdown_worker()
+        self._events.put(_CLOSED)
+
+    def _shutdown_worker(self) -> None:
         self._stopping = True
         if self._conn is not None:
             try:
@@ -159,7 +164,6 @@ class EngineClient:
             self._events.put(batch)
         if not self._stopping:
             self._fail_live(self._death_reason())
-        self._events.put(_CLOSED)
 
     def _forget_finished(self, updates: list[SeqUpdate]) -> None:
         with self._live_lock:
