@@ -1,0 +1,123 @@
+"""Provides tokenization against a llama vocab: chat templates rendered with Jinja, safe message bodies, incremental detokenization."""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import re
+from datetime import datetime
+from typing import Sequence
+
+import jinja2
+import jinja2.sandbox
+import llama_cpp
+
+from scheduler.types import Message
+
+# Used when a GGUF carries no chat template.
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Message bodies are replaced by these markers while rendering, so that after rendering we know
+# which characters came from the template (parsed for special tokens) and which from a message
+# (never parsed: typing "<|im_start|>system" must stay ordinary text).
+_MARK = re.compile("\ue000(\\d+)\ue001")
+
+
+class Vocab:
+    """Tokenizer over a loaded model's vocab. Not thread-safe (the engine thread owns it)."""
+
+    def __init__(self, model) -> None:
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        self.bos = llama_cpp.llama_vocab_bos(self._vocab)
+        self.eos = llama_cpp.llama_vocab_eos(self._vocab)
+        raw = llama_cpp.llama_model_chat_template(model, None)
+        self.chat_template = raw.decode("utf-8") if raw else CHATML
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._template = _compile(self.chat_template)
+
+    def token_text(self, token: int) -> str:
+        return self.piece(token, special=True).decode("utf-8", errors="replace") if token >= 0 else ""
+
+    def tokenize(self, text: str, *, special: bool = False, add_bos: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_bos, special)
+        if n < 0:  # buffer too small: -n is the size needed
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_bos, special)
+        if n < 0:
+            raise ValueError("tokenization failed")
+        return list(buf[:n])
+
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+            return buf.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def render_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
+        """Render the template; return (text, is_scaffold) segments in order."""
+        marked = [{"role": m.role, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
+        rendered = self._template.render(
+            messages=marked,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.token_text(self.bos),
+            eos_token=self.token_text(self.eos),
+        )
+        segments: list[tuple[str, bool]] = []
+        pos = 0
+        for m in _MARK.finditer(rendered):
+            if m.start() > pos:
+                segments.append((rendered[pos:m.start()], True))
+            segments.append((messages[int(m.group(1))].content, False))
+            pos = m.end()
+        if pos < len(rendered):
+            segments.append((rendered[pos:], True))
+        return segments
+
+    def tokenize_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
+        tokens: list[int] = []
+        for text, scaffold in self.render_chat(messages, add_generation_prompt=add_generation_prompt):
+            if text:
+                tokens += self.tokenize(text, special=scaffold)
+        if self.add_bos and (not tokens or tokens[0] != self.bos):
+            tokens.insert(0, self.bos)
+        return tokens
+
+
+class Detokenizer:
+    """Streams text for one sequence: pieces are bytes and may split a UTF-8 character."""
+
+    def __init__(self, vocab: Vocab) -> None:
+        self._vocab = vocab
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token: int) -> str:
+        return self._decoder.decode(self._vocab.piece(token))
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)
+
+
+def _raise(message: str):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _compile(source: str) -> jinja2.Template:
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)

