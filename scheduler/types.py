@@ -134,3 +134,5 @@ class StepReport:
     running: int
     policy: str
     updates: list[SeqUpdate] = field(default_factory=list)
+    # "ok", or the DecodeOutcome value of a step that failed and committed nothing (e.g. "no_kv_slot").
+    outcome: str = "ok"

@@ -1,0 +1,225 @@
+"""Provides FakeBackend: a model-free Backend with real plan validation and per-sequence KV."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, Sequence
+
+from backend.protocol import DecodeOutcome, DecodeResult, PlanError
+from scheduler.types import BatchPlan, Message, SamplingParams
+
+# Token ids: a few specials below 32, then one token per Unicode character (code point < n_vocab).
+BOS, EOS, IM_START, IM_END = 1, 2, 3, 4
+_SPECIAL_TEXT = {"<s>": BOS, "</s>": EOS, "<|im_start|>": IM_START, "<|im_end|>": IM_END}
+_ROLES = ("system", "user", "assistant", "tool")
+DEFAULT_REPLY = "The quick brown fox jumps over the lazy dog. "
+
+
+class FakeDetokenizer:
+    """One character per token; special tokens render as nothing."""
+
+    def feed(self, token: int) -> str:
+        return chr(token) if token >= 32 or token in (9, 10) else ""
+
+    def flush(self) -> str:
+        return ""
+
+
+class FakeBackend:
+    """A Backend with no model: deterministic tokens, exact KV bookkeeping, and the same plan checks
+    the llama.cpp backend makes before calling llama_decode.
+
+    The KV cache is unified: `kv_cells_used` counts distinct cells, and `kv_copy` shares the
+    source's cells (as llama_memory_seq_cp does), so forks cost no cells until they diverge.
+    A decode that needs more free cells than exist returns NO_KV_SLOT and changes nothing.
+    """
+
+    def __init__(
+        self,
+        *,
+        n_ctx: int = 4096,
+        n_seq_max: int = 8,
+        n_batch: int = 512,
+        n_ubatch: int = 512,
+        n_vocab: int = 0x10000,
+        n_ctx_seq: int | None = None,
+        reply: str = DEFAULT_REPLY,
+        eog_after: int | None = None,
+        name: str = "fake",
+    ) -> None:
+        self.n_ctx = n_ctx
+        self.n_ctx_seq = n_ctx_seq or n_ctx
+        self.n_seq_max = n_seq_max
+        self.n_batch = n_batch
+        self.n_ubatch = n_ubatch
+        self.n_vocab = n_vocab
+        self.name = name
+        self.reply = reply
+        self.eog_after = eog_after  # EOG after this many sampled tokens per sampler; None: never
+        self._kv: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}  # position -> cell
+        self._kv_tokens: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}
+        self._refs: dict[int, int] = {}  # cell -> how many sequences hold it
+        self._next_cell = 0
+        self._logits: dict[int, int] = {}  # seq_id -> batch row of its logits in the last decode
+        self.samplers: dict[int, SamplingParams] = {}
+        self._sampled: dict[int, int] = {}
+        self._faults: deque[DecodeOutcome] = deque()
+        self.fault_when: Callable[[BatchPlan], DecodeOutcome | None] | None = None
+        self.decode_calls: list[BatchPlan] = []
+        self.closed = False
+
+    # ---- fault injection -----------------------------------------------------------------------
+
+    def fail_next(self, outcome: DecodeOutcome = DecodeOutcome.NO_KV_SLOT, times: int = 1) -> None:
+        """Make the next `times` decodes return `outcome` without touching the KV cache."""
+        self._faults.extend([outcome] * times)
+
+    # ---- text ----------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, special: bool = False, add_bos: bool = False) -> list[int]:
+        out = [BOS] if add_bos else []
+        i = 0
+        while i < len(text):
+            if special:
+                hit = next((t for t in _SPECIAL_TEXT if text.startswith(t, i)), None)
+                if hit is not None:
+                    out.append(_SPECIAL_TEXT[hit])
+                    i += len(hit)
+                    continue
+            cp = ord(text[i])
+            out.append(cp if 32 <= cp < self.n_vocab or cp in (9, 10) else ord("?"))
+            i += 1
+        return out
+
+    def tokenize_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
+        """ChatML; the scaffolding is special, the content never is (no injected control tokens)."""
+        out: list[int] = []
+        for m in messages:
+            if m.role not in _ROLES:
+                raise ValueError(f"unknown chat role {m.role!r}: use one of {', '.join(_ROLES)}")
+            out += [IM_START] + self.tokenize(m.role + "\n") + self.tokenize(m.content)
+            out += [IM_END] + self.tokenize("\n")
+        if add_generation_prompt:
+            out += [IM_START] + self.tokenize("assistant\n")
+        return out
+
+    def detokenizer(self) -> FakeDetokenizer:
+        return FakeDetokenizer()
+
+    def is_eog(self, token: int) -> bool:
+        return token in (EOS, IM_END)
+
+    # ---- decode --------------------------------------------------------------------------------
+
+    def validate(self, plan: BatchPlan) -> None:
+        """Raise PlanError for anything llama.cpp would assert on (or silently get wrong)."""
+        if plan.n_rows == 0:
+            raise PlanError("empty batch")
+        if plan.n_rows > self.n_batch:
+            raise PlanError(f"batch has {plan.n_rows} rows, n_batch is {self.n_batch}")
+        seen = set()
+        for sl in plan.slices:
+            if not 0 <= sl.seq_id < self.n_seq_max:
+                raise PlanError(f"seq id {sl.seq_id} outside 0..{self.n_seq_max - 1}")
+            if sl.seq_id in seen:
+                raise PlanError(f"seq {sl.seq_id} appears twice in one batch")
+            seen.add(sl.seq_id)
+            if not sl.tokens:
+                raise PlanError(f"seq {sl.seq_id}: empty slice")
+            expected = len(self._kv[sl.seq_id])
+            if sl.pos0 != expected:
+                raise PlanError(f"seq {sl.seq_id}: slice starts at position {sl.pos0}, cache ends at {expected - 1}")
+            if sl.pos0 + len(sl.tokens) > self.n_ctx_seq:
+                raise PlanError(f"seq {sl.seq_id}: positions reach {sl.pos0 + len(sl.tokens)}, n_ctx_seq is {self.n_ctx_seq}")
+            bad = [t for t in sl.tokens if not 0 <= t < self.n_vocab]
+            if bad:
+                raise PlanError(f"seq {sl.seq_id}: token id {bad[0]} outside the vocabulary")
+
+    def decode(self, plan: BatchPlan) -> DecodeResult:
+        self.validate(plan)
+        self.decode_calls.append(plan)
+        fault = self._faults.popleft() if self._faults else None
+        if fault is None and self.fault_when is not None:
+            fault = self.fault_when(plan)
+        if fault is None and self.kv_cells_used() + plan.n_rows > self.n_ctx:
+            fault = DecodeOutcome.NO_KV_SLOT
+        if fault is not None and fault is not DecodeOutcome.OK:
+            code = {DecodeOutcome.NO_KV_SLOT: 1, DecodeOutcome.ABORTED: 2,
+                    DecodeOutcome.INVALID_BATCH: -1}.get(fault, -3)
+            return DecodeResult(fault, 0.0, {}, code)
+        self._logits = {}
+        row = 0
+        for sl in plan.slices:
+            for t in sl.tokens:
+                self._kv[sl.seq_id].append(self._new_cell())
+                self._kv_tokens[sl.seq_id].append(t)
+            row += len(sl.tokens)
+            if sl.want_logits:
+                self._logits[sl.seq_id] = row - 1
+        return DecodeResult(DecodeOutcome.OK, 0.0, dict(self._logits), 0)
+
+    def set_sampler(self, seq_id: int, params: SamplingParams) -> None:
+        self.samplers[seq_id] = params
+        self._sampled[seq_id] = 0
+
+    def sample(self, seq_id: int, logit_row: int) -> int:
+        """The next character of `reply` (cycling), or EOG after `eog_after` tokens."""
+        if seq_id not in self.samplers:
+            raise RuntimeError(f"seq {seq_id} has no sampler: call set_sampler first")
+        if self._logits.get(seq_id) != logit_row:
+            raise RuntimeError(f"seq {seq_id}: row {logit_row} holds no logits for it in the last decode")
+        n = self._sampled[seq_id]
+        self._sampled[seq_id] = n + 1
+        if self.eog_after is not None and n >= self.eog_after:
+            return IM_END
+        return ord(self.reply[n % len(self.reply)])
+
+    def free_sampler(self, seq_id: int) -> None:
+        self.samplers.pop(seq_id, None)
+        self._sampled.pop(seq_id, None)
+
+    # ---- KV ------------------------------------------------------------------------------------
+
+    def _new_cell(self) -> int:
+        self._next_cell += 1
+        self._refs[self._next_cell] = 1
+        return self._next_cell
+
+    def _drop(self, cells: list[int]) -> None:
+        for c in cells:
+            self._refs[c] -= 1
+            if self._refs[c] == 0:
+                del self._refs[c]
+
+    def kv_remove(self, seq_id: int) -> None:
+        self.kv_keep_prefix(seq_id, 0)
+
+    def kv_keep_prefix(self, seq_id: int, n_tokens: int) -> None:
+        cells = self._kv[seq_id]
+        self._drop(cells[n_tokens:])
+        del cells[n_tokens:]
+        del self._kv_tokens[seq_id][n_tokens:]
+        self._logits.pop(seq_id, None)
+
+    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
+        if src_seq == dst_seq:
+            return
+        self.kv_remove(dst_seq)
+        shared = self._kv[src_seq][:n_tokens]
+        for c in shared:
+            self._refs[c] += 1
+        self._kv[dst_seq] = list(shared)
+        self._kv_tokens[dst_seq] = self._kv_tokens[src_seq][:n_tokens]
+
+    def kv_pos_max(self, seq_id: int) -> int:
+        return len(self._kv[seq_id]) - 1
+
+    def kv_cells_used(self) -> int:
+        return len(self._refs)
+
+    def kv_tokens(self, seq_id: int) -> list[int]:
+        """The tokens whose KV the sequence holds (tests compare them with what was planned)."""
+        return list(self._kv_tokens[seq_id])
+
+    def close(self) -> None:
+        self.closed = True

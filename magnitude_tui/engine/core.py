@@ -1,0 +1,410 @@
+"""Provides Engine: the step loop that owns the backend, in process (the worker wraps it)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+from backend.protocol import DecodeOutcome, DecodeResult, PlanError
+from scheduler.budget import CostModel, CostParams, parse_policy
+from scheduler.planner import RequestError, Scheduler
+from scheduler.sequence import Sequence
+from scheduler.types import BatchPlan, DoneReason, Phase, Request, SeqSlice, SeqUpdate, StepReport
+
+
+class Engine:
+    """Owns one backend and runs its steps; everything else talks to it through commands.
+
+    `submit`, `cancel`, `close_session` and `set_policy` are safe from any thread: they queue a
+    command that the owner thread's next `step()` applies first (cancellations once more right
+    before sampling). Only the owner thread may call `step`, `run_until_idle` and `calibrate`.
+    """
+
+    def __init__(
+        self,
+        backend,
+        *,
+        policy: str = "target:50",
+        clock: Callable[[], float] | None = None,
+        coalesce_ms: float = 5.0,
+        gen_reserve: int = 256,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
+        self.backend = backend
+        # A simulated backend brings its own virtual clock; metrics must read the same time.
+        self._clock = clock or getattr(backend, "clock", None) or time.perf_counter
+        self._sleep = sleep or getattr(self._clock, "sleep", None) or time.sleep
+        self.coalesce_s = coalesce_ms / 1000.0
+        self.scheduler = Scheduler(
+            backend,
+            n_ctx=backend.n_ctx,
+            n_seq_max=backend.n_seq_max,
+            n_batch=backend.n_batch,
+            n_ctx_seq=getattr(backend, "n_ctx_seq", None),
+            policy=policy,
+            gen_reserve=gen_reserve,
+            cost=CostModel(_profile_params(backend)),
+        )
+        self._policy_text = str(self.scheduler.policy)
+        self._lock = threading.Lock()
+        self._commands: deque[tuple] = deque()
+        self._live: dict[str, Sequence] = {}  # submitted and not yet reported done
+        self._extra: list[SeqUpdate] = []  # updates for requests that never became live
+        self._sampler_owner: dict[int, Sequence] = {}
+        self._num_reports = 0
+
+    # ---- commands (any thread) -----------------------------------------------------------------
+
+    def submit(self, req: Request) -> str:
+        t = self._clock()
+        with self._lock:
+            self._commands.append(("submit", req, t))
+        return req.request_id
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            self._commands.append(("cancel", request_id))
+
+    def close_session(self, session_id: str) -> None:
+        with self._lock:
+            self._commands.append(("close", session_id))
+
+    def set_policy(self, policy: str) -> None:
+        """Switch the budget policy from the next step; ValueError (here, now) if malformed."""
+        parsed = parse_policy(policy)
+        with self._lock:
+            self._policy_text = str(parsed)
+            self._commands.append(("policy", parsed))
+
+    @property
+    def policy(self) -> str:
+        return self._policy_text
+
+    @property
+    def cost(self) -> CostParams:
+        return self.scheduler.cost.params
+
+    # ---- the loop (owner thread) ---------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        with self._lock:
+            pending = bool(self._commands)
+        return pending or self.scheduler.has_work()
+
+    def step(self) -> StepReport | None:
+        """Run one step; None when there was nothing to run and nothing to report."""
+        now = self._clock()
+        self._apply_commands()
+        if self._coalescing(now):
+            return self._report(None, None, now, 0.0)
+        plan = self.scheduler.schedule(now)
+        if plan is None:
+            return self._report(None, None, now, 0.0)
+        t0 = self._clock()
+        result, error = self._decode(plan)
+        self._apply_commands(cancellations_only=True)
+        ready = self.scheduler.postprocess(plan, result, error)
+        self._sample(ready, result)
+        t1 = self._clock()
+        return self._report(plan, result, t1, (t1 - t0) * 1000.0)
+
+    def run_until_idle(self, max_steps: int = 100_000) -> list[StepReport]:
+        """Step until nothing is left (or max_steps), waiting out coalescing windows."""
+        reports: list[StepReport] = []
+        for _ in range(max_steps):
+            report = self.step()
+            if report is not None:
+                reports.append(report)
+            if not self.has_work():
+                break
+            if report is None or report.decode_rows + report.prefill_rows == 0:
+                wait = self.wait_hint()
+                if wait:
+                    self._sleep(wait)
+        return reports
+
+    def wait_hint(self) -> float | None:
+        """Seconds until `step()` will have rows to run (None: idle, 0: now)."""
+        if not self.has_work():
+            return None
+        window_end = self._window_end()
+        if window_end is None:
+            return 0.0
+        return max(0.0, window_end - self._clock())
+
+    def calibrate(self) -> CostParams:
+        """Fit the cost model from a few timed steps on free slots (or read a simulated profile)."""
+        prior = _profile_params(self.backend)
+        if prior is not None:
+            self.scheduler.cost.seed(prior)
+            return prior
+        if self.scheduler.has_work():
+            raise RuntimeError("calibrate() must run before any request is submitted")
+        fit = CostModel(self.scheduler.cost.prior)
+        for d, p, ms in _calibration_steps(self.backend, self.scheduler):
+            fit.observe(d, p, ms)
+        self.scheduler.cost.seed(fit.params)
+        return fit.params
+
+    def fail_all(self, message: str) -> StepReport | None:
+        """End every live request with an error (shutdown, a dying backend); report it."""
+        for seq in list(self._live.values()):
+            self.scheduler.finish(seq, DoneReason.ERROR, message)
+        return self._report(None, None, self._clock(), 0.0)
+
+    # ---- inspection ----------------------------------------------------------------------------
+
+    def leaks(self) -> list[str]:
+        problems = self.scheduler.leaks()
+        if self._live:
+            problems.append(f"live requests: {sorted(self._live)}")
+        if self._sampler_owner:
+            problems.append(f"samplers held for seq ids {sorted(self._sampler_owner)}")
+        return problems
+
+    def is_empty(self) -> bool:
+        """No request, session, slot, KV cell, sampler or command left (after closing sessions)."""
+        with self._lock:
+            pending = bool(self._commands)
+        return not pending and not self.leaks() and self.scheduler.is_empty()
+
+    def snapshot(self) -> dict:
+        s = self.scheduler
+        return {
+            "policy": str(s.policy),
+            "cost": self.cost,
+            "waiting": [repr(q) for q in s.waiting],
+            "running": [repr(q) for q in s.running],
+            "sessions": [repr(x) for x in s.sessions.values()],
+            "kv_used": s.kv_used(),
+            "kv_total": s.n_ctx,
+        }
+
+    # ---- inside a step -------------------------------------------------------------------------
+
+    def _apply_commands(self, cancellations_only: bool = False) -> None:
+        with self._lock:
+            if cancellations_only:
+                todo = [c for c in self._commands if c[0] in ("cancel", "close")]
+                keep = [c for c in self._commands if c[0] not in ("cancel", "close")]
+                self._commands = deque(keep)
+            else:
+                todo = list(self._commands)
+                self._commands.clear()
+        for cmd in todo:
+            if cmd[0] == "submit":
+                self._prepare(cmd[1], cmd[2])
+            elif cmd[0] == "cancel":
+                self.scheduler.cancel(cmd[1])
+            elif cmd[0] == "close":
+                self.scheduler.close_session(cmd[1])
+            elif cmd[0] == "policy":
+                self.scheduler.set_policy(cmd[1])
+
+    def _prepare(self, req: Request, t_submit: float) -> None:
+        """Tokenize a submitted request and queue it; a bad request fails alone, right here."""
+        seq = Sequence(req, [], t_submit=t_submit)
+        if req.request_id in self._live:
+            seq.phase, seq.done_reason = Phase.DONE, DoneReason.ERROR
+            seq.error = f"request id {req.request_id!r} is already running; use a new id"
+            self._extra.append(self._update(seq, t_submit))
+            return
+        self._live[req.request_id] = seq
+        try:
+            seq.detok = self.backend.detokenizer()
+            if req.prompt_tokens is not None:
+                prompt = list(req.prompt_tokens)
+            else:
+                prompt = list(self.backend.tokenize_chat(req.messages))
+            bad = [t for t in prompt if not 0 <= t < self.backend.n_vocab]
+            if bad:
+                raise RequestError(f"token id {bad[0]} is outside the model's vocabulary "
+                                   f"(0..{self.backend.n_vocab - 1})")
+            seq.prompt = prompt
+            self.scheduler.add(seq)
+        except RequestError as e:
+            self.scheduler.finish(seq, DoneReason.ERROR, str(e))
+        except Exception as e:  # a template or tokenizer failure belongs to this request only
+            self.scheduler.finish(seq, DoneReason.ERROR, f"could not prepare the prompt: {e}")
+
+    def _window_end(self) -> float | None:
+        """When the idle coalescing window closes (None: no window open)."""
+        s = self.scheduler
+        if s.running or not s.waiting or self.coalesce_s <= 0:
+            return None
+        return min(q.metrics.t_submit for q in s.waiting) + self.coalesce_s
+
+    def _coalescing(self, now: float) -> bool:
+        # An idle engine waits a few ms after the first arrival, so a burst of spawned subagents
+        # is admitted together and starts in one batch.
+        end = self._window_end()
+        return end is not None and now < end
+
+    def _decode(self, plan: BatchPlan) -> tuple[DecodeResult, str | None]:
+        try:
+            return self.backend.decode(plan), None
+        except PlanError as e:
+            msg = f"internal error: the planned batch broke a native contract ({e})"
+            return DecodeResult(DecodeOutcome.INVALID_BATCH, 0.0, {}, -1), msg
+        except Exception as e:
+            return DecodeResult(DecodeOutcome.FATAL, 0.0, {}, -2), f"the backend failed: {e}"
+
+    def _sample(self, ready: list[Sequence], result: DecodeResult) -> None:
+        """Sample one token for every sequence whose logits this step produced."""
+        emitted = []
+        n_ctx_seq = self.scheduler.n_ctx_seq
+        for seq in ready:
+            if seq.is_finished or seq.seq_id is None:
+                continue
+            try:
+                self._ensure_sampler(seq)
+                token = self.backend.sample(seq.seq_id, result.logit_rows[seq.seq_id])
+            except Exception as e:
+                self.scheduler.finish(seq, DoneReason.ERROR, f"sampling failed: {e}")
+                continue
+            if self.backend.is_eog(token):
+                seq.text_pending += seq.detok.flush()
+                self.scheduler.finish(seq, DoneReason.STOP)
+                continue
+            self.scheduler.append_token(seq, token)
+            seq.text_pending += seq.detok.feed(token)
+            seq.new_tokens_pending += 1
+            emitted.append(seq)
+            if len(seq.output) >= seq.max_tokens or seq.num_tokens >= n_ctx_seq:
+                seq.text_pending += seq.detok.flush()
+                self.scheduler.finish(seq, DoneReason.LENGTH)
+        now = self._clock()
+        for seq in emitted:
+            seq.metrics.on_token(now)
+
+    def _ensure_sampler(self, seq: Sequence) -> None:
+        slot = seq.seq_id
+        if seq.sampler_seq == slot:
+            return
+        owner = self._sampler_owner.get(slot)
+        if owner is not None and owner is not seq:
+            self.backend.free_sampler(slot)
+            owner.sampler_seq = None
+        self.backend.set_sampler(slot, seq.request.sampling)
+        self._sampler_owner[slot] = seq
+        seq.sampler_seq = slot
+
+    def _release_samplers(self) -> None:
+        """Free the sampler of every request that ended or lost its slot (preempted)."""
+        for slot, seq in list(self._sampler_owner.items()):
+            if seq.is_finished or seq.seq_id != slot:
+                self.backend.free_sampler(slot)
+                seq.sampler_seq = None
+                del self._sampler_owner[slot]
+
+    def _report(self, plan: BatchPlan | None, result: DecodeResult | None, now: float,
+                step_ms: float) -> StepReport | None:
+        self._release_samplers()
+        updates, self._extra = self._extra, []
+        for rid, seq in list(self._live.items()):
+            if seq.is_finished:
+                seq.metrics.on_finish(now)
+                del self._live[rid]
+            sig = (seq.phase, seq.seq_id, seq.prompt_done, len(seq.output), seq.num_cached,
+                   seq.waiting_reason, seq.done_reason)
+            if sig != seq.last_reported or seq.text_pending:
+                seq.last_reported = sig
+                updates.append(self._update(seq, now))
+        if plan is None and not updates:
+            return None
+        self._num_reports += 1
+        s = self.scheduler
+        return StepReport(
+            step=self._num_reports,
+            t=now,
+            step_ms=step_ms,
+            decode_rows=plan.n_decode if plan else 0,
+            prefill_rows=plan.n_prefill if plan else 0,
+            budget=plan.budget if plan else 0,
+            kv_used=s.kv_used(),
+            kv_total=s.n_ctx,
+            waiting=s.num_waiting,
+            running=s.num_running,
+            policy=str(s.policy),
+            updates=updates,
+            outcome=str(getattr(result.outcome, "value", result.outcome)) if result else "ok",
+        )
+
+    def _update(self, seq: Sequence, now: float) -> SeqUpdate:
+        m = seq.metrics
+        text, n_new = seq.text_pending, seq.new_tokens_pending
+        seq.text_pending, seq.new_tokens_pending = "", 0
+        return SeqUpdate(
+            request_id=seq.request_id,
+            session_id=seq.session_id,
+            seq_id=seq.seq_id if seq.seq_id is not None else seq.last_seq_id,
+            phase=seq.phase,
+            text_delta=text,
+            new_tokens=n_new,
+            prompt_done=seq.prompt_done,
+            prompt_total=len(seq.prompt),
+            cached_tokens=seq.num_cached,
+            generated=len(seq.output),
+            queue_ms=m.queue_ms,
+            ttft_ms=m.ttft_ms,
+            tok_s_live=m.live_tok_s(now),
+            tok_s=m.final_tok_s,
+            itl_p50_ms=m.itl_p50_ms,
+            itl_p95_ms=m.itl_p95_ms,
+            itl_max_ms=m.itl_max_ms,
+            done_reason=seq.done_reason,
+            error=seq.error,
+            waiting_reason=seq.waiting_reason,
+        )
+
+
+def _profile_params(backend) -> CostParams | None:
+    """A simulated backend's own cost model is the truth; nothing to measure."""
+    prof = getattr(backend, "profile", None)
+    if prof is None:
+        return None
+    return CostParams(prof.fixed_ms, prof.decode_ms, prof.prefill_ms)
+
+
+def _calibration_steps(backend, scheduler: Scheduler):
+    """Time prompt chunks of a few sizes and decode steps over 1..4 sequences on free slots,
+    removing their KV afterwards. Yields (decode_rows, prefill_rows, step_ms)."""
+    slots = scheduler.free_slots()[:4]
+    if not slots:
+        return
+    sample = [t for t in backend.tokenize("The quick brown fox jumps over the lazy dog. ") if t >= 0]
+    sample = sample or [0]
+    room = min(scheduler.n_ctx_seq, scheduler.n_ctx // max(1, len(slots))) - 16
+    chunks = [n for n in (16, 64, 128) if n <= backend.n_batch]
+    if sum(chunks) > room:
+        chunks = [max(1, room // 4)]
+    toks = (sample * (1 + max(chunks) // len(sample)))[: max(chunks)]
+    pos = {s: 0 for s in slots}
+
+    def run(slices: list[SeqSlice]):
+        plan = BatchPlan(step=0, slices=tuple(slices), budget=sum(len(x.tokens) for x in slices))
+        result = backend.decode(plan)
+        if result.outcome is not DecodeOutcome.OK:
+            return None
+        for x in slices:
+            pos[x.seq_id] += len(x.tokens)
+        return plan.n_decode, plan.n_prefill, result.step_ms
+
+    try:
+        run([SeqSlice(slots[0], 0, tuple(toks[:4]), True, False)])  # warm-up, not timed
+        for n in chunks:
+            got = run([SeqSlice(slots[0], pos[slots[0]], tuple(toks[:n]), True, False)])
+            if got:
+                yield got
+        for s in slots[1:]:
+            run([SeqSlice(s, 0, tuple(toks[:4]), True, False)])
+        for k in range(1, len(slots) + 1):
+            for _ in range(2):
+                got = run([SeqSlice(s, pos[s], (toks[0],), True, True) for s in slots[:k]])
+                if got:
+                    yield got
+    finally:
+        for s in slots:
+            backend.kv_remove(s)

@@ -1,0 +1,165 @@
+"""Provides the budget policies (prefill-first, fixed:N, target:MS) and the online step-cost model."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+# When the decode rows alone already exceed the target, prompts still get this many rows per step,
+# so a newcomer always has a path to its first token (about one decode step's worth of prompt rows
+# on the machines in DESIGN.md sections 1 and 6).
+MIN_PREFILL_QUANTUM = 16
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """step_ms ~= fixed_ms + decode_ms * decode_rows + prefill_ms * prefill_rows."""
+
+    fixed_ms: float
+    decode_ms: float
+    prefill_ms: float
+
+    def predict(self, decode_rows: int, prefill_rows: int) -> float:
+        return self.fixed_ms + self.decode_ms * decode_rows + self.prefill_ms * prefill_rows
+
+
+class CostModel:
+    """A small online least-squares fit of step time, anchored to a prior.
+
+    The prior comes from calibration (or a simulated profile); every measured step refines it. The
+    anchor (ridge toward the prior) keeps the fit sane when recent steps all look alike, e.g. 8
+    decode rows and 23 prompt rows every time, which alone cannot separate the three terms.
+    """
+
+    # Ridge weights per parameter: about one step's worth of evidence each.
+    _ANCHOR = (1.0, 64.0, 256.0)
+
+    def __init__(self, prior: CostParams | None = None, *, window: int = 128) -> None:
+        self.prior = prior or CostParams(fixed_ms=5.0, decode_ms=1.0, prefill_ms=1.0)
+        self.params = self.prior
+        self._samples: deque[tuple[int, int, float]] = deque(maxlen=window)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self._samples)
+
+    def seed(self, params: CostParams) -> None:
+        """Replace the prior (after calibration) and forget older measurements."""
+        self.prior = params
+        self.params = params
+        self._samples.clear()
+
+    def observe(self, decode_rows: int, prefill_rows: int, step_ms: float) -> None:
+        if decode_rows + prefill_rows <= 0 or not math.isfinite(step_ms) or step_ms < 0:
+            return
+        self._samples.append((decode_rows, prefill_rows, step_ms))
+        self.params = self._fit()
+
+    def predict(self, decode_rows: int, prefill_rows: int) -> float:
+        return self.params.predict(decode_rows, prefill_rows)
+
+    def prefill_rows_within(self, target_ms: float, decode_rows: int) -> int:
+        """How many prompt rows fit beside `decode_rows` decode rows in `target_ms` (>= 0)."""
+        p = self.params
+        room = target_ms - p.fixed_ms - p.decode_ms * decode_rows
+        if room <= 0:
+            return 0
+        return int(room / p.prefill_ms)
+
+    def _fit(self) -> CostParams:
+        # Normal equations (X^T X + L) theta = X^T y + L prior, solved as a 3x3 system.
+        prior = (self.prior.fixed_ms, self.prior.decode_ms, self.prior.prefill_ms)
+        m = [[0.0] * 3 for _ in range(3)]
+        v = [0.0] * 3
+        for d, p, y in self._samples:
+            x = (1.0, float(d), float(p))
+            for i in range(3):
+                v[i] += x[i] * y
+                for j in range(3):
+                    m[i][j] += x[i] * x[j]
+        for i in range(3):
+            m[i][i] += self._ANCHOR[i]
+            v[i] += self._ANCHOR[i] * prior[i]
+        theta = _solve3(m, v)
+        if theta is None:
+            return self.params
+        fixed, a, b = theta
+        # Costs cannot be negative; a per-row cost of zero would make every budget infinite.
+        return CostParams(max(0.0, fixed), max(1e-3, a), max(1e-3, b))
+
+
+def _solve3(m: list[list[float]], v: list[float]) -> tuple[float, float, float] | None:
+    """Gaussian elimination with partial pivoting; None if singular."""
+    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    for col in range(3):
+        pivot = max(range(col, 3), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-12:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(col + 1, 3):
+            f = a[r][col] / a[col][col]
+            for c in range(col, 4):
+                a[r][c] -= f * a[col][c]
+    x = [0.0, 0.0, 0.0]
+    for r in (2, 1, 0):
+        x[r] = (a[r][3] - sum(a[r][c] * x[c] for c in range(r + 1, 3))) / a[r][r]
+    return x[0], x[1], x[2]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How many prompt rows a step may hold beside its decode rows.
+
+    - `prefill-first`: the common default. While any prompt rows are pending, a step holds only
+      prompt rows (first come, first served, up to n_batch) and every generating sequence waits.
+    - `fixed:N`: N prompt rows per step beside the decode rows (the chunk size).
+    - `target:MS`: as many prompt rows as the cost model says fit in MS milliseconds beside the
+      decode rows, and at least MIN_PREFILL_QUANTUM.
+    """
+
+    kind: str  # "prefill-first" | "fixed" | "target"
+    value: float = 0.0
+
+    def __str__(self) -> str:
+        if self.kind == "prefill-first":
+            return "prefill-first"
+        if self.kind == "fixed":
+            return f"fixed:{int(self.value)}"
+        return f"target:{self.value:g}"
+
+    @property
+    def is_prefill_first(self) -> bool:
+        return self.kind == "prefill-first"
+
+    def prefill_allowance(self, decode_rows: int, n_batch: int, cost: CostModel) -> int:
+        room = max(0, n_batch - decode_rows)
+        if self.kind == "prefill-first":
+            return n_batch
+        if self.kind == "fixed":
+            return min(int(self.value), room)
+        rows = max(MIN_PREFILL_QUANTUM, cost.prefill_rows_within(self.value, decode_rows))
+        return min(rows, room)
+
+
+def parse_policy(text: str) -> Policy:
+    """Parse "prefill-first", "fixed:N" or "target:MS"; ValueError says what is accepted."""
+    s = text.strip().lower()
+    if s == "prefill-first":
+        return Policy("prefill-first")
+    kind, sep, arg = s.partition(":")
+    try:
+        if sep and kind == "fixed":
+            n = int(arg)
+            if n >= 1:
+                return Policy("fixed", float(n))
+        elif sep and kind == "target":
+            ms = float(arg)
+            if ms > 0 and math.isfinite(ms):
+                return Policy("target", ms)
+    except ValueError:
+        pass
+    raise ValueError(
+        f"unknown scheduling policy {text!r}: use 'prefill-first', 'fixed:N' (N prompt rows per "
+        "step, N >= 1) or 'target:MS' (target step time in milliseconds, e.g. target:50)"
+    )

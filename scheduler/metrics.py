@@ -1,0 +1,105 @@
+"""Provides per-request latency metrics: queue time, TTFT, live and final tok/s, ITL percentiles."""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+# The live rate looks back this far: long enough to smooth one slow step, short enough that a
+# stall shows within a couple of seconds.
+LIVE_WINDOW_S = 2.0
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of an already sorted list (q in 0..100)."""
+    if not sorted_values:
+        return None
+    k = max(0, min(len(sorted_values) - 1, round(q / 100.0 * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps (engine clock, seconds) of one request's life and what follows from them."""
+
+    t_submit: float
+    t_admit: float | None = None
+    t_first_scheduled: float | None = None
+    t_first_token: float | None = None
+    t_last_token: float | None = None
+    t_finish: float | None = None
+    num_tokens: int = 0
+    # Sorted, so percentiles stay O(1) per report however long the reply gets.
+    _itl_sorted: list[float] = field(default_factory=list)
+    _recent: deque = field(default_factory=deque)
+
+    def on_admit(self, now: float) -> None:
+        if self.t_admit is None:
+            self.t_admit = now
+
+    def on_scheduled(self, now: float) -> None:
+        if self.t_first_scheduled is None:
+            self.t_first_scheduled = now
+
+    def on_token(self, now: float) -> None:
+        if self.t_first_token is None:
+            self.t_first_token = now
+        else:
+            bisect.insort(self._itl_sorted, (now - self.t_last_token) * 1000.0)
+        self.t_last_token = now
+        self.num_tokens += 1
+        self._recent.append(now)
+        while self._recent and self._recent[0] < now - LIVE_WINDOW_S:
+            self._recent.popleft()
+
+    def on_finish(self, now: float) -> None:
+        if self.t_finish is None:
+            self.t_finish = now
+
+    # ---- derived -------------------------------------------------------------------------------
+
+    @property
+    def queue_ms(self) -> float | None:
+        if self.t_first_scheduled is None:
+            return None
+        return (self.t_first_scheduled - self.t_submit) * 1000.0
+
+    @property
+    def ttft_ms(self) -> float | None:
+        if self.t_first_token is None:
+            return None
+        return (self.t_first_token - self.t_submit) * 1000.0
+
+    def live_tok_s(self, now: float) -> float | None:
+        """Tokens per second over the last LIVE_WINDOW_S (or since the first token, if sooner)."""
+        if self.t_first_token is None:
+            return None
+        window = min(LIVE_WINDOW_S, now - self.t_first_token)
+        if window <= 0:
+            return None
+        n = sum(1 for t in self._recent if t > now - window)
+        return n / window
+
+    @property
+    def final_tok_s(self) -> float | None:
+        """Decode rate from first to last token; TTFT is reported apart, never folded in."""
+        if self.num_tokens < 2 or self.t_last_token == self.t_first_token:
+            return None
+        return (self.num_tokens - 1) / (self.t_last_token - self.t_first_token)
+
+    @property
+    def itl_p50_ms(self) -> float | None:
+        return percentile(self._itl_sorted, 50)
+
+    @property
+    def itl_p95_ms(self) -> float | None:
+        return percentile(self._itl_sorted, 95)
+
+    @property
+    def itl_max_ms(self) -> float | None:
+        return self._itl_sorted[-1] if self._itl_sorted else None
+
+    @property
+    def itls_ms(self) -> list[float]:
+        return list(self._itl_sorted)

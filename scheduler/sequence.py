@@ -1,0 +1,140 @@
+"""Provides Sequence (one request's live state) and Session (one conversation's resident KV)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler.metrics import RequestMetrics
+from scheduler.types import DoneReason, Phase, Request
+
+
+class Sequence:
+    """One request from submit to done: its tokens, how many of them are in the KV cache, its phase.
+
+    One uniform rule (vLLM v1's) covers prompt, decode and recompute after preemption:
+    `tokens = prompt + output`, and the rows still to evaluate are `tokens[num_computed:]`.
+    A single pending row after some output is a decode row; anything longer is prefill.
+    """
+
+    def __init__(self, request: Request, prompt: list[int], *, t_submit: float) -> None:
+        self.request = request
+        self.prompt = prompt
+        self.output: list[int] = []
+        self.seq_id: int | None = None
+        self.last_seq_id: int | None = None  # kept after the slot is released, for reports
+        self.phase = Phase.PREPARING
+        self.num_computed = 0  # rows committed to this sequence's KV (positions 0..num_computed-1)
+        self.num_cached = 0  # rows reused from a session or fork parent at the latest admission
+        self.admit_order = -1
+        self.done_reason: DoneReason | None = None
+        self.error: str | None = None
+        self.waiting_reason: str | None = None
+        self.num_preemptions = 0
+        self.metrics = RequestMetrics(t_submit=t_submit)
+        # Engine-side companions, kept here so one object follows the request around.
+        self.detok: Any = None
+        self.sampler_seq: int | None = None
+        self.text_pending = ""
+        self.new_tokens_pending = 0
+        self.last_reported: tuple | None = None
+
+    # ---- identity ------------------------------------------------------------------------------
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def session_id(self) -> str:
+        return self.request.session_id
+
+    @property
+    def max_tokens(self) -> int:
+        return self.request.sampling.max_tokens
+
+    # ---- derived counts ------------------------------------------------------------------------
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def num_pending(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        return bool(self.output) and self.num_pending == 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.phase is Phase.DONE
+
+    @property
+    def prompt_done(self) -> int:
+        return min(self.num_computed, len(self.prompt))
+
+    def token_range(self, start: int, end: int) -> tuple[int, ...]:
+        """Tokens at positions [start, end) of prompt + output, without joining the lists."""
+        n_prompt = len(self.prompt)
+        if end <= n_prompt:
+            return tuple(self.prompt[start:end])
+        if start >= n_prompt:
+            return tuple(self.output[start - n_prompt : end - n_prompt])
+        return tuple(self.prompt[start:]) + tuple(self.output[: end - n_prompt])
+
+    def committed_tokens(self) -> list[int]:
+        """What this sequence's KV holds now (positions 0..num_computed-1)."""
+        return list(self.token_range(0, self.num_computed))
+
+    def all_tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    def refresh_phase(self) -> None:
+        """Running sequences show prefill until their first token, then generating."""
+        if self.seq_id is None or self.is_finished:
+            return
+        self.phase = Phase.GENERATING if self.is_decoding else Phase.PREFILL
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id!r}, seq={self.seq_id}, {self.phase.value}, "
+            f"computed={self.num_computed}/{self.num_tokens}, out={len(self.output)})"
+        )
+
+
+class Session:
+    """A conversation's claim on the native context: a seq slot and the tokens its KV holds.
+
+    Between turns the slot and KV stay resident (an idle session) so the next turn prefills only
+    what is new; an idle session is the first thing evicted when a slot or KV room is needed.
+    """
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.seq_id: int | None = None
+        self.tokens: list[int] = []  # KV content while idle (while live, the live seq's is current)
+        self.live: Sequence | None = None  # the request currently holding this conversation
+        self.last_used = 0
+
+    @property
+    def is_idle(self) -> bool:
+        return self.live is None
+
+    def committed_tokens(self) -> list[int]:
+        """The tokens whose KV this session's slot holds right now."""
+        if self.live is not None and self.live.seq_id is not None:
+            return self.live.committed_tokens()
+        return self.tokens if self.seq_id is not None else []
+
+    def __repr__(self) -> str:
+        live = self.live.request_id if self.live else None
+        return f"Session({self.session_id!r}, seq={self.seq_id}, cached={len(self.tokens)}, live={live})"
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
