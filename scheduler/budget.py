@@ -51,7 +51,8 @@ class CostModel:
         self._samples.clear()
 
     def observe(self, decode_rows: int, prefill_rows: int, step_ms: float) -> None:
-        if decode_rows + prefill_rows <= 0 or not math.isfinite(step_ms) or step_ms < 0:
+        # A step of zero (or negative) time was not measured (a fake backend); it teaches nothing.
+        if decode_rows + prefill_rows <= 0 or not math.isfinite(step_ms) or step_ms <= 0:
             return
         self._samples.append((decode_rows, prefill_rows, step_ms))
         self.params = self._fit()

@@ -1,0 +1,94 @@
+"""Budget policies, the online cost model, per-request metrics, and the scheduler's purity."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, CostParams, parse_policy
+from scheduler.metrics import RequestMetrics
+
+RX = CostParams(fixed_ms=14.6, decode_ms=1.3875, prefill_ms=1000.0 / 962.0)
+
+
+def test_scheduler_imports_neither_llama_cpp_nor_textual():
+    code = (
+        "import sys, scheduler, scheduler.planner, scheduler.budget, scheduler.metrics, "
+        "scheduler.sequence, scheduler.types, backend.fake, backend.simulated\n"
+        "bad = [m for m in ('llama_cpp', 'textual') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("prefill-first", "prefill-first"), ("fixed:32", "fixed:32"), (" FIXED:8 ", "fixed:8"),
+    ("target:50", "target:50"), ("target:12.5", "target:12.5"),
+])
+def test_policies_parse_and_print_back(text, expected):
+    assert str(parse_policy(text)) == expected
+
+
+@pytest.mark.parametrize("text", ["", "fifo", "fixed", "fixed:0", "fixed:-3", "fixed:x",
+                                  "target:0", "target:nan", "target:"])
+def test_bad_policies_say_what_is_accepted(text):
+    with pytest.raises(ValueError, match="target:MS"):
+        parse_policy(text)
+
+
+def test_policy_allowances():
+    cost = CostModel(RX)
+    assert parse_policy("fixed:32").prefill_allowance(8, 2048, cost) == 32
+    assert parse_policy("fixed:32").prefill_allowance(8, 20, cost) == 12  # never past n_batch
+    assert parse_policy("prefill-first").prefill_allowance(8, 2048, cost) == 2048
+    # (50 - 25.7) ms / 1.0395 ms per prompt row = 23.4 -> 23 rows beside 8 decode rows.
+    assert parse_policy("target:50").prefill_allowance(8, 2048, cost) == 23
+    assert parse_policy("target:10").prefill_allowance(8, 2048, cost) == MIN_PREFILL_QUANTUM
+
+
+def test_cost_model_recovers_the_hardware_from_measured_steps():
+    rng = random.Random(1)
+    model = CostModel(CostParams(5.0, 1.0, 1.0))
+    for _ in range(200):
+        d, p = rng.randint(0, 16), rng.choice([0, 0, 8, 32, 128, 512])
+        if d + p:
+            model.observe(d, p, RX.predict(d, p) * rng.uniform(0.97, 1.03))
+    got = model.params
+    assert got.fixed_ms == pytest.approx(RX.fixed_ms, rel=0.15)
+    assert got.decode_ms == pytest.approx(RX.decode_ms, rel=0.15)
+    assert got.prefill_ms == pytest.approx(RX.prefill_ms, rel=0.05)
+
+
+def test_cost_model_stays_sane_when_every_step_looks_alike():
+    model = CostModel(RX)
+    for _ in range(100):
+        model.observe(8, 23, RX.predict(8, 23) * 1.2)  # the machine got 20% slower
+    assert model.predict(8, 23) == pytest.approx(RX.predict(8, 23) * 1.2, rel=0.02)
+    assert all(v > 0 for v in (model.params.decode_ms, model.params.prefill_ms))
+    model.observe(8, 0, float("nan"))
+    model.observe(0, 0, 5.0)
+    model.observe(8, 0, 0.0)
+    assert model.num_samples == 100
+
+
+def test_request_metrics_from_timestamps():
+    m = RequestMetrics(t_submit=1.0)
+    m.on_admit(1.1)
+    m.on_scheduled(1.2)
+    m.on_scheduled(9.0)  # only the first counts
+    for t in (2.0, 2.1, 2.2, 2.5, 2.6):
+        m.on_token(t)
+    assert m.queue_ms == pytest.approx(200.0)
+    assert m.ttft_ms == pytest.approx(1000.0)
+    assert m.itl_p50_ms == pytest.approx(100.0)
+    assert m.itl_max_ms == pytest.approx(300.0)
+    assert m.itl_p95_ms == pytest.approx(300.0)
+    assert m.final_tok_s == pytest.approx(4 / 0.6)
+    assert m.live_tok_s(2.6) == pytest.approx(4 / 0.6)
+    assert m.live_tok_s(10.0) == 0.0  # a stall shows in the live rate
+    assert RequestMetrics(t_submit=0.0).live_tok_s(1.0) is None

@@ -1,0 +1,309 @@
+"""Planner tests in vLLM's style: build from numbers, add requests, call schedule(), assert rows."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from backend.fake import FakeBackend
+from backend.protocol import DecodeOutcome
+from scheduler.budget import CostParams
+from scheduler.planner import RequestError, Scheduler
+from scheduler.sequence import Sequence
+from scheduler.types import BatchPlan, DoneReason, Phase, Request, SamplingParams
+
+TOKEN = ord("x")
+
+
+def make(policy="fixed:32", *, n_ctx=4096, n_seq_max=8, n_batch=512, gen_reserve=64):
+    kv = FakeBackend(n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch)
+    sched = Scheduler(kv, n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch, policy=policy,
+                      gen_reserve=gen_reserve)
+    return sched, kv
+
+
+def add(sched, rid, n_prompt, *, session=None, max_tokens=1000, fork_from=None, prompt=None):
+    tokens = list(prompt) if prompt is not None else [100 + (i % 700) for i in range(n_prompt)]
+    req = Request(rid, session or f"s-{rid}", (), SamplingParams(max_tokens=max_tokens),
+                  fork_from=fork_from, prompt_tokens=tuple(tokens))
+    seq = Sequence(req, tokens, t_submit=0.0)
+    sched.add(seq)
+    return seq
+
+
+def check(plan: BatchPlan, sched: Scheduler) -> None:
+    """Invariants every plan keeps, whatever the policy."""
+    assert plan.n_rows <= plan.budget <= sched.n_batch
+    seen = [sl.seq_id for sl in plan.slices]
+    assert len(seen) == len(set(seen)), "one slice per sequence"
+    decode = [sl for sl in plan.slices if sl.is_decode]
+    assert plan.slices[: len(decode)] == tuple(decode), "decode rows come first"
+    assert [sl.seq_id for sl in decode] == sorted(sl.seq_id for sl in decode), "stable seq-id order"
+    assert all(len(sl.tokens) == 1 and sl.want_logits for sl in decode)
+
+
+def step(sched, kv, *, finish_at=None):
+    """One step with hand-made model output: every ready sequence samples TOKEN."""
+    plan = sched.schedule()
+    if plan is None:
+        return None
+    check(plan, sched)
+    result = kv.decode(plan)
+    for seq in sched.postprocess(plan, result):
+        sched.append_token(seq, TOKEN)
+        if len(seq.output) >= (finish_at or seq.max_tokens):
+            sched.finish(seq, DoneReason.LENGTH)
+    return plan
+
+
+def rows(plan):
+    return {sl.seq_id: len(sl.tokens) for sl in plan.slices}
+
+
+def close_all(sched):
+    for sid in list(sched.sessions):
+        sched.close_session(sid)
+    for seq in [*sched.running, *sched.waiting]:
+        sched.finish(seq, DoneReason.CANCELLED)
+    assert sched.is_empty(), sched.leaks()
+
+
+def generating(sched, kv, n, prompt=4):
+    seqs = [add(sched, f"g{i}", prompt) for i in range(n)]
+    while not all(s.phase is Phase.GENERATING for s in seqs):
+        step(sched, kv)
+    return seqs
+
+
+def test_decode_rows_first_in_seq_id_order_then_prompt_rows():
+    sched, kv = make("fixed:32")
+    gens = generating(sched, kv, 3)
+    newcomer = add(sched, "new", 100)
+    plan = step(sched, kv)
+    assert [sl.is_decode for sl in plan.slices] == [True, True, True, False]
+    assert [sl.seq_id for sl in plan.slices[:3]] == sorted(g.seq_id for g in gens)
+    assert rows(plan) == {**{g.seq_id: 1 for g in gens}, newcomer.seq_id: 32}
+    assert plan.budget == 3 + 32
+    close_all(sched)
+
+
+def test_long_prompt_is_split_across_steps_and_only_the_last_chunk_wants_logits():
+    sched, kv = make("fixed:32")
+    seq = add(sched, "a", 100)
+    plans = [step(sched, kv) for _ in range(4)]
+    assert [p.n_prefill for p in plans] == [32, 32, 32, 4]
+    assert [p.slices[0].want_logits for p in plans] == [False, False, False, True]
+    assert [p.slices[0].pos0 for p in plans] == [0, 32, 64, 96]
+    assert seq.output == [TOKEN] and seq.phase is Phase.GENERATING
+    assert kv.kv_tokens(seq.seq_id) == seq.prompt
+    close_all(sched)
+
+
+def test_prompt_rows_rotate_their_starting_sequence_round_robin():
+    sched, kv = make("fixed:48")
+    a, b, c = (add(sched, n, 400) for n in "abc")
+    firsts = []
+    for _ in range(6):
+        plan = step(sched, kv)
+        assert rows(plan) == {a.seq_id: 16, b.seq_id: 16, c.seq_id: 16}
+        firsts.append(plan.slices[0].seq_id)
+    assert firsts == [a.seq_id, b.seq_id, c.seq_id] * 2
+    close_all(sched)
+
+
+def test_a_small_budget_takes_turns_so_every_newcomer_progresses():
+    sched, kv = make("fixed:16")
+    seqs = [add(sched, n, 64) for n in "abc"]
+    got = [next(iter(rows(step(sched, kv)))) for _ in range(6)]
+    assert got == [s.seq_id for s in seqs] * 2
+    close_all(sched)
+
+
+def test_decode_never_starves_behind_prompts_and_prompts_never_starve_behind_decode():
+    sched, kv = make("target:10", n_seq_max=16)  # decode rows alone exceed the target
+    sched.cost.seed(CostParams(fixed_ms=10.0, decode_ms=2.0, prefill_ms=1.0))
+    gens = generating(sched, kv, 12)
+    big = add(sched, "big", 300)
+    while big.phase is not Phase.GENERATING:
+        pending = len(big.prompt) - big.num_computed
+        plan = step(sched, kv)
+        assert plan.n_decode == 12 and plan.n_prefill == min(16, pending)
+    assert all(len(g.output) > 300 // 16 for g in gens)
+    close_all(sched)
+
+
+def test_prefill_first_runs_whole_prompts_alone_then_resumes_decode():
+    sched, kv = make("prefill-first", n_batch=512)
+    gens = generating(sched, kv, 2)
+    big = add(sched, "big", 700)
+    p1, p2, p3 = step(sched, kv), step(sched, kv), step(sched, kv)
+    assert (p1.n_decode, p1.n_prefill, p2.n_decode, p2.n_prefill) == (0, 512, 0, 188)
+    assert p3.n_decode == 3 and {g.seq_id for g in gens} <= set(rows(p3))
+    assert big.phase is Phase.GENERATING
+    close_all(sched)
+
+
+def test_budget_is_never_exceeded_under_random_load():
+    rng = random.Random(7)
+    for policy in ("prefill-first", "fixed:7", "fixed:64", "target:30", "target:5"):
+        sched, kv = make(policy, n_ctx=3000, n_seq_max=6, n_batch=128, gen_reserve=16)
+        live, n = [], 0
+        for _ in range(400):
+            if rng.random() < 0.15 and n < 40:
+                n += 1
+                live.append(add(sched, f"r{n}", rng.randint(1, 300), max_tokens=rng.randint(1, 30)))
+            if live and rng.random() < 0.03:
+                sched.cancel(rng.choice(live).request_id)
+            step(sched, kv)
+            used = kv.kv_cells_used()
+            assert used <= kv.n_ctx
+        while sched.has_work():
+            step(sched, kv)
+        assert all(s.is_finished for s in live)
+        close_all(sched)
+
+
+def test_cancel_mid_prefill_frees_slot_and_kv_within_one_step():
+    sched, kv = make("fixed:32")
+    keep = add(sched, "keep", 10)
+    seq = add(sched, "gone", 200)
+    step(sched, kv)
+    step(sched, kv)
+    slot = seq.seq_id
+    assert kv.kv_pos_max(slot) >= 0
+    sched.cancel("gone")
+    assert seq.phase is Phase.DONE and seq.done_reason is DoneReason.CANCELLED
+    assert kv.kv_pos_max(slot) == -1 and slot in sched.free_slots()
+    assert "s-gone" not in sched.sessions
+    plan = step(sched, kv)
+    assert slot not in rows(plan)
+    sched.finish(keep, DoneReason.STOP)
+    close_all(sched)
+
+
+def test_admission_is_fifo_and_waits_for_a_slot():
+    sched, kv = make(n_seq_max=2)
+    a, b, c = add(sched, "a", 8, max_tokens=2), add(sched, "b", 8, max_tokens=50), add(sched, "c", 8)
+    step(sched, kv)
+    assert c.phase is Phase.QUEUED and "slot" in c.waiting_reason
+    while not a.is_finished:
+        step(sched, kv)
+    # a's conversation stays resident while idle, then is evicted (LRU) for c.
+    step(sched, kv)
+    assert c.phase is not Phase.QUEUED and c.seq_id == a.last_seq_id
+    assert "s-a" not in sched.sessions
+    close_all(sched)
+
+
+def test_admission_waits_for_kv_room_and_says_so():
+    sched, kv = make(n_ctx=700, gen_reserve=100)
+    a = add(sched, "a", 300, max_tokens=5)
+    b = add(sched, "b", 300)
+    step(sched, kv)
+    assert b.phase is Phase.QUEUED and "KV room" in b.waiting_reason
+    while not a.is_finished:
+        step(sched, kv)
+    step(sched, kv)  # a's idle cache is evicted to make room
+    assert b.phase is Phase.PREFILL
+    close_all(sched)
+
+
+def test_a_prompt_that_can_never_fit_fails_at_once():
+    sched, _ = make(n_ctx=256)
+    with pytest.raises(RequestError, match="only 256"):
+        add(sched, "huge", 300)
+    with pytest.raises(RequestError, match="empty"):
+        add(sched, "empty", 0)
+    assert sched.is_empty()
+
+
+def test_next_turn_keeps_the_common_prefix_and_prefills_only_the_rest():
+    sched, kv = make("fixed:512")
+    first = add(sched, "t1", 50, session="chat", max_tokens=3)
+    while not first.is_finished:
+        step(sched, kv)
+    history = first.prompt + first.output[:2]  # what the KV holds: the last token was never fed
+    assert kv.kv_tokens(first.last_seq_id) == history
+    second = add(sched, "t2", 0, session="chat", prompt=history + [TOKEN, 5, 6, 7])
+    plan = step(sched, kv)
+    assert second.num_cached == len(history) and second.seq_id == first.last_seq_id
+    assert plan.slices[0].pos0 == len(history) and len(plan.slices[0].tokens) == 4
+    close_all(sched)
+
+
+def test_an_identical_prompt_still_prefills_one_row_to_get_logits():
+    sched, kv = make("fixed:512")
+    first = add(sched, "t1", 20, session="chat", max_tokens=1)
+    step(sched, kv)
+    again = add(sched, "t2", 20, session="chat")
+    plan = step(sched, kv)
+    assert again.num_cached == 19 and rows(plan) == {again.seq_id: 1} and first.is_finished
+    close_all(sched)
+
+
+def test_fork_copies_the_parent_prefix_and_shares_its_cells():
+    sched, kv = make("fixed:512", n_ctx=8192, n_batch=1024)
+    parent = add(sched, "p", 1000, session="parent", max_tokens=1)
+    while not parent.is_finished:
+        step(sched, kv)
+    used = kv.kv_cells_used()
+    kids = [add(sched, f"k{i}", 0, session=f"kid{i}", fork_from="parent",
+                prompt=parent.prompt + [200 + i] * 10) for i in range(4)]
+    plan = step(sched, kv)
+    assert all(k.num_cached == 1000 for k in kids)
+    assert sorted(rows(plan).values()) == [10] * 4
+    assert kv.kv_cells_used() == used + 40  # the 1,000-token prefix is shared, not copied
+    close_all(sched)
+
+
+def test_failed_decode_commits_nothing():
+    sched, kv = make("fixed:32")
+    seq = add(sched, "a", 100)
+    step(sched, kv)
+    kv.fail_next(DecodeOutcome.ABORTED)
+    plan = sched.schedule()
+    assert sched.postprocess(plan, kv.decode(plan)) == []
+    assert seq.num_computed == 32 and kv.kv_pos_max(seq.seq_id) == 31
+    assert step(sched, kv).slices[0].pos0 == 32
+    close_all(sched)
+
+
+def test_no_kv_slot_retries_smaller_then_preempts_the_newest():
+    sched, kv = make("fixed:64")
+    old = generating(sched, kv, 2)
+    new = add(sched, "new", 300)
+    step(sched, kv)
+    kv.fail_next(DecodeOutcome.NO_KV_SLOT, times=7)
+    sizes = []
+    while new.phase is not Phase.QUEUED:
+        plan = sched.schedule()
+        sizes.append(plan.n_prefill)
+        assert plan.n_decode == 2
+        assert sched.postprocess(plan, kv.decode(plan)) == []
+    assert sizes == [64, 32, 16, 8, 4, 2, 1]  # smaller and smaller, then preemption
+    assert new.num_computed == 0 and new.seq_id is None and kv.kv_cells_used() == 2 * 5
+    assert "preempted" in new.waiting_reason and sched.waiting[0] is new
+    assert all(s.phase is Phase.GENERATING for s in old)
+    step(sched, kv)
+    assert new.phase is Phase.QUEUED  # held back until something frees KV
+    sched.finish(old[0], DoneReason.STOP)
+    while new.phase is not Phase.GENERATING:
+        step(sched, kv)
+    assert kv.kv_tokens(new.seq_id) == new.prompt
+    close_all(sched)
+
+
+def test_preempted_generation_recomputes_prompt_and_output_keeping_every_token():
+    sched, kv = make("fixed:64")
+    a, b = generating(sched, kv, 2, prompt=20)
+    for _ in range(5):
+        step(sched, kv)
+    shown = list(b.output)
+    sched.preempt(b)
+    sched.finish(a, DoneReason.STOP)
+    while b.num_computed < len(b.prompt) + len(shown):
+        step(sched, kv)
+    assert b.output[: len(shown)] == shown and len(b.output) == len(shown) + 1
+    assert kv.kv_tokens(b.seq_id) == b.prompt + shown
+    close_all(sched)
