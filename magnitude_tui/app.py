@@ -1,0 +1,78 @@
+"""Provides the Textual app and `run_app`, the entry point the CLI calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from textual.app import App, SystemCommand
+from textual.screen import Screen
+
+from magnitude_tui.commands import palette_commands
+from magnitude_tui.engine.events import EngineConfig
+from magnitude_tui.screens.workspace import WorkspaceScreen
+from magnitude_tui.store import Store
+from themes import DEFAULT_THEME, THEMES
+
+
+def available_themes() -> list[str]:
+    """The theme names `--theme` accepts (ours first, then Textual's built-ins)."""
+    from textual.theme import BUILTIN_THEMES
+
+    return [t.name for t in THEMES] + [n for n in BUILTIN_THEMES if n != "textual-ansi"]
+
+
+class MagnitudeApp(App):
+    """Owns the engine client and the store; the workspace screen does the rest."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "magnitude-tui"
+
+    def __init__(self, config: EngineConfig, *, client, store: Store, theme: str | None = None,
+                 resume: bool = False, export_dir: Path | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.client = client
+        self.store = store
+        self._resume = resume
+        self._export_dir = export_dir or Path.cwd()
+        for t in THEMES:
+            self.register_theme(t)
+        wanted = theme or store.get_setting("theme") or DEFAULT_THEME
+        self.theme = wanted if wanted in self.available_themes else DEFAULT_THEME
+
+    @property
+    def workspace(self) -> WorkspaceScreen:
+        return self.get_screen("workspace")  # type: ignore[return-value]
+
+    def on_mount(self) -> None:
+        restored = self.store.open_workspace(resume=self._resume)
+        self.install_screen(WorkspaceScreen(client=self.client, store=self.store, config=self.config,
+                                            restored=restored, export_dir=self._export_dir), "workspace")
+        self.push_screen("workspace")  # it starts the engine once its panes are mounted
+
+    def watch_theme(self, theme: str) -> None:
+        self.store.set_setting("theme", theme)
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        if isinstance(screen, WorkspaceScreen):
+            yield from palette_commands(screen)
+
+    def on_unmount(self) -> None:
+        self.client.stop()
+
+
+def run_app(config: EngineConfig, *, theme: str | None, resume: bool) -> None:
+    """Run the TUI until the user quits: engine worker in its own process, state in SQLite."""
+    from magnitude_tui.engine.client import EngineClient
+
+    if theme is not None and theme not in available_themes():
+        raise ValueError(f"unknown theme {theme!r}; choose from {', '.join(available_themes())}")
+    store = Store()
+    client = EngineClient(config)
+    try:
+        MagnitudeApp(config, client=client, store=store, theme=theme, resume=resume).run()
+    finally:
+        client.stop()
+        store.close()

@@ -1,0 +1,85 @@
+"""Provides the slash commands typed in a composer and the workspace's command-palette entries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
+
+from textual.app import SystemCommand
+
+from magnitude_tui.screens.policy_dialog import PRESETS, valid_policy
+
+if TYPE_CHECKING:
+    from magnitude_tui.screens.workspace import WorkspaceScreen
+
+BURST_DEFAULT = 8
+
+SLASH_HELP = (
+    "/spawn N task — N subagents fork this conversation and report back · "
+    "/burst [N] — N subagents at once · /policy P — prefill-first | fixed:N | target:MS · "
+    "/export · /copy"
+)
+
+
+@dataclass(frozen=True)
+class Slash:
+    """A parsed slash command."""
+
+    name: str  # spawn | burst | policy | export | copy | help
+    count: int = 0
+    arg: str = ""
+
+
+def parse_slash(text: str) -> Slash:
+    """Parse '/name args'; raises ValueError with a message meant for the user."""
+    name, _, rest = text[1:].strip().partition(" ")
+    name, rest = name.lower(), rest.strip()
+    if name == "spawn":
+        head, _, tail = rest.partition(" ")
+        count, task = (int(head), tail.strip()) if head.isdigit() else (1, rest)
+        if not task:
+            raise ValueError("usage: /spawn N task")
+        if not 1 <= count <= 15:
+            raise ValueError("spawn between 1 and 15 subagents")
+        return Slash("spawn", count, task)
+    if name == "burst":
+        if rest and not rest.isdigit():
+            raise ValueError("usage: /burst [N]")
+        count = int(rest) if rest else BURST_DEFAULT
+        if not 1 <= count <= 15:
+            raise ValueError("burst between 1 and 15 subagents")
+        return Slash("burst", count)
+    if name == "policy":
+        if not valid_policy(rest):
+            raise ValueError("usage: /policy prefill-first | fixed:N | target:MS")
+        return Slash("policy", arg=rest)
+    if name in ("export", "copy", "help"):
+        return Slash(name)
+    raise ValueError(f"unknown command /{name}; {SLASH_HELP}")
+
+
+def palette_commands(screen: "WorkspaceScreen") -> Iterable[SystemCommand]:
+    """Every workspace action, so the palette (ctrl+p) reaches what the keys reach."""
+    yield SystemCommand("New pane", "Open a new main agent pane (ctrl+n)", screen.action_new_pane)
+    yield SystemCommand("Close pane", "Close the focused pane and free its sequence (ctrl+x)",
+                        screen.action_close_pane)
+    yield SystemCommand("Next pane", "Focus the next pane (tab)", screen.action_next_pane)
+    yield SystemCommand("Previous pane", "Focus the previous pane (shift+tab)", screen.action_prev_pane)
+    yield SystemCommand("Zoom pane", "Zoom the focused pane / show all panes (ctrl+o)", screen.action_zoom)
+    yield SystemCommand("Cancel generation", "Stop the focused pane's reply (esc)", screen.action_cancel)
+    yield SystemCommand("Spawn subagents", "Fork subagents from the focused pane (ctrl+s)",
+                        screen.action_spawn)
+    yield SystemCommand(f"Burst spawn {BURST_DEFAULT}", "Spawn subagents all at once (ctrl+b)",
+                        screen.action_burst)
+    yield SystemCommand("Switch policy", "Choose the scheduling policy (ctrl+l)", screen.action_policy)
+    for name, why in PRESETS:
+        yield SystemCommand(f"Policy: {name}", why, lambda name=name: screen.switch_policy(name))
+    yield SystemCommand("Export conversation", "Write the focused pane to Markdown (f5)",
+                        screen.action_export)
+    yield SystemCommand("Copy last answer", "Copy the focused pane's last reply (ctrl+y)",
+                        screen.action_copy_answer)
+    yield SystemCommand("Toggle sequences panel", "Per-sequence latency table (f2)",
+                        screen.action_toggle_sequences)
+    yield SystemCommand("Toggle scheduler panel", "Step time, rows, budget, KV (f3)",
+                        screen.action_toggle_scheduler)
+    yield SystemCommand("Restart engine", "Start a new engine worker (ctrl+r)", screen.action_restart_engine)

@@ -1,0 +1,370 @@
+"""Provides the workspace: the pane grid, the panels, and every pane action."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import ContentSwitcher, Footer
+
+from magnitude_tui.commands import BURST_DEFAULT, SLASH_HELP, parse_slash
+from magnitude_tui.engine.events import (CommandRejected, EngineConfig, EngineFailed, EngineReady,
+                                         LoadProgress, PolicyChanged)
+from magnitude_tui.screens.policy_dialog import PolicyDialog
+from magnitude_tui.screens.spawn_dialog import SpawnDialog, SpawnSpec
+from magnitude_tui.store import MessageRecord, PaneRecord, Store
+from magnitude_tui.widgets.chat_pane import ChatPane
+from magnitude_tui.widgets.loading_view import LoadingView
+from magnitude_tui.widgets.pane_grid import MAX_PANES, PaneGrid
+from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
+from magnitude_tui.widgets.sequences_panel import SequencesPanel
+from scheduler.types import DoneReason, Phase, Request, SeqUpdate, StepReport
+
+SAVE_INTERVAL_S = 0.5  # streaming replies reach the database at most this far behind
+
+
+class WorkspaceScreen(Screen):
+    """Chat panes side by side; every action here also appears in the palette (commands.py)."""
+
+    BINDINGS = [
+        Binding("ctrl+n", "new_pane", "New"),
+        Binding("ctrl+x", "close_pane", "Close", priority=True),
+        Binding("tab", "next_pane", "Next"),
+        Binding("shift+tab", "prev_pane", "Prev", show=False),
+        Binding("ctrl+o", "zoom", "Zoom"),
+        Binding("escape", "cancel", "Cancel"),
+        Binding("ctrl+s", "spawn", "Spawn"),
+        Binding("ctrl+b", "burst", "Burst"),
+        Binding("ctrl+l", "policy", "Policy"),
+        Binding("ctrl+t", "app.change_theme", "Theme"),
+        Binding("f5", "export", "Export"),
+        Binding("ctrl+y", "copy_answer", "Copy"),
+        Binding("f2", "toggle_sequences", "Seqs"),
+        Binding("f3", "toggle_scheduler", "Sched"),
+        Binding("ctrl+r", "restart_engine", "Restart", show=False),
+    ]
+
+    def __init__(self, *, client, store: Store, config: EngineConfig, restored: list[PaneRecord],
+                 export_dir: Path) -> None:
+        super().__init__()
+        self.client = client
+        self.store = store
+        self.config = config
+        self.export_dir = export_dir
+        self.policy = config.policy
+        self.engine_ready = False
+        self._restored = restored
+        self._resident: set[str] = set()  # sessions whose KV the current worker holds (fork sources)
+        self._reported: set[str] = set()  # subagents whose answer already went back to the parent
+        self._panes: dict[str, ChatPane] = {}  # open panes; outlives the DOM at shutdown, for save()
+
+    def compose(self) -> ComposeResult:
+        with ContentSwitcher(initial="loading", id="switcher"):
+            yield LoadingView(self.config.model, self.config.device, id="loading")
+            with Horizontal(id="workspace"):
+                yield PaneGrid(id="panes")
+                yield SchedulerPanel(id="scheduler")
+        yield SequencesPanel(id="sequences")
+        yield Footer(compact=True)
+
+    async def on_mount(self) -> None:
+        self.query_one(SequencesPanel).display = False
+        names = {r.id: r.name for r in self._restored}
+        for record in self._restored:
+            for m in record.messages:
+                if m.author:
+                    self._reported.add(m.author)
+            await self._add_pane(ChatPane(record, parent_name=names.get(record.parent_id)), focus=False)
+        if not self.grid.panes:
+            await self.action_new_pane()
+        self.grid.focus_pane(self.grid.panes[0])
+        self.set_interval(SAVE_INTERVAL_S, self.save)
+        self.client.start()
+        self.run_worker(self._pump_events(), name="engine-events", exclusive=True)
+
+    async def _pump_events(self) -> None:
+        """One engine batch per step; the client reads the pipe off the UI thread."""
+        async for batch in self.client.events():
+            self.apply_events(batch)
+
+    async def _add_pane(self, pane: ChatPane, *, focus: bool = True) -> None:
+        self._panes[pane.session_id] = pane
+        await self.grid.add_pane(pane, focus=focus)
+
+    def on_unmount(self) -> None:
+        self.save()
+
+    @property
+    def grid(self) -> PaneGrid:
+        return self.query_one(PaneGrid)
+
+    # ---- engine events ------------------------------------------------------------------------
+
+    def apply_events(self, batch: list[object]) -> None:
+        """One engine batch (one step). Only bookkeeping here; widgets repaint on their timers."""
+        for event in batch:
+            if isinstance(event, StepReport):
+                self.query_one(SchedulerPanel).record(event)
+                for update in event.updates:
+                    self._route(update)
+            elif isinstance(event, SeqUpdate):
+                self._route(event)
+            elif isinstance(event, LoadProgress):
+                self.query_one(LoadingView).progress(event)
+            elif isinstance(event, EngineReady):
+                self._ready(event)
+            elif isinstance(event, EngineFailed):
+                self._failed(event)
+            elif isinstance(event, PolicyChanged):
+                self.policy = event.policy
+                self.query_one(SchedulerPanel).set_policy(event.policy)
+                self.notify(f"Policy is now {event.policy}")
+            elif isinstance(event, CommandRejected):
+                self.notify(event.message, severity="warning")
+
+    def _route(self, update: SeqUpdate) -> None:
+        pane = self.grid.pane(update.session_id)
+        if pane is None:
+            return
+        pane.apply(update)
+        self.query_one(SequencesPanel).apply(update, pane.record.name)
+        if update.phase is Phase.DONE and update.done_reason in (DoneReason.STOP, DoneReason.LENGTH):
+            self._resident.add(update.session_id)
+
+    def _ready(self, event: EngineReady) -> None:
+        self.engine_ready = True
+        self._resident.clear()
+        self.policy = event.policy
+        panel = self.query_one(SchedulerPanel)
+        panel.set_engine(f"{event.model} · {event.device}")
+        panel.set_policy(event.policy)
+        self.query_one(ContentSwitcher).current = "workspace"
+        pane = self.grid.focused_pane()
+        if pane is not None:
+            self.grid.focus_pane(pane)
+
+    def _failed(self, event: EngineFailed) -> None:
+        self._resident.clear()
+        if not self.engine_ready:
+            self.query_one(LoadingView).failed(event)
+            return
+        self.engine_ready = False
+        hint = " Press ctrl+r to restart it." if event.restartable else ""
+        self.notify(f"{event.message}{hint}", title="Engine stopped", severity="error", timeout=15)
+
+    def action_restart_engine(self) -> None:
+        if self.engine_ready and self.client.alive:
+            self.notify("The engine is running")
+            return
+        self.query_one(LoadingView).restarting()
+        self.query_one(ContentSwitcher).current = "loading"
+        self.engine_ready = False
+        self.client.restart()
+
+    # ---- turns --------------------------------------------------------------------------------
+
+    @on(ChatPane.Submitted)
+    async def _submitted(self, event: ChatPane.Submitted) -> None:
+        pane, text = event.pane, event.text
+        if text.startswith("/"):
+            await self._slash(pane, text)
+        elif pane.busy:
+            self.notify(f"{pane.record.name} is still replying; Esc cancels it", severity="warning")
+        else:
+            await pane.add_message(MessageRecord("user", text))
+            self._submit_turn(pane)
+
+    def _submit_turn(self, pane: ChatPane, *, fork_from: str | None = None) -> None:
+        request_id = f"{pane.session_id}:{uuid.uuid4().hex[:8]}"
+        pane.begin_request(request_id)
+        fork = fork_from if fork_from in self._resident else None
+        self.client.submit(Request(request_id, pane.session_id, pane.conversation(), fork_from=fork))
+
+    async def _slash(self, pane: ChatPane, text: str) -> None:
+        try:
+            command = parse_slash(text)
+        except ValueError as exc:
+            self.notify(str(exc), severity="warning")
+            return
+        if command.name == "spawn":
+            await self.spawn(pane, SpawnSpec(command.count, command.arg))
+        elif command.name == "burst":
+            await self.burst(pane, command.count)
+        elif command.name == "policy":
+            self.switch_policy(command.arg)
+        elif command.name == "export":
+            self.action_export()
+        elif command.name == "copy":
+            self.action_copy_answer()
+        else:
+            self.notify(SLASH_HELP, timeout=10)
+
+    @on(ChatPane.ReplyFinished)
+    async def _reply_finished(self, event: ChatPane.ReplyFinished) -> None:
+        child = event.pane
+        if child.record.role != "subagent" or child.record.name in self._reported:
+            return
+        self._reported.add(child.record.name)
+        u, task = event.update, child.record.task
+        if event.message is not None and event.message.content and u.done_reason is not DoneReason.ERROR:
+            content = f"Answer from subagent {child.record.name} (task: {task}):\n\n{event.message.content}"
+        else:
+            why = u.error or (u.done_reason.value if u.done_reason else "no answer")
+            content = f"Subagent {child.record.name} (task: {task}) ended without an answer: {why}"
+        result = MessageRecord("user", content, author=child.record.name)
+        parent = self.grid.pane(child.record.parent_id or "")
+        if parent is not None:
+            await parent.add_message(result)
+        elif child.record.parent_id:
+            self.store.add_message(child.record.parent_id, result)  # parent closed: keep it on record
+
+    # ---- subagents ----------------------------------------------------------------------------
+
+    async def spawn(self, parent: ChatPane, spec: SpawnSpec, *, tasks: list[str] | None = None) -> list[ChatPane]:
+        """Open `spec.count` subagent panes that fork `parent`'s conversation and run their task."""
+        free = MAX_PANES - len(self.grid.panes)
+        count = min(spec.count, free)
+        if count < spec.count:
+            self.notify(f"Room for {free} more pane(s) (at most {MAX_PANES})", severity="warning")
+        context = parent.conversation(committed_only=True)
+        used = set(self.store.pane_names())
+        children = []
+        for i in range(count):
+            name = _next_name(f"{parent.record.name}.", used)
+            used.add(name)
+            task = tasks[i] if tasks else spec.task
+            messages = [MessageRecord(m.role, m.content, inherited=True) for m in context]
+            messages.append(MessageRecord("user", f"You are subagent {name}. Your task: {task}"))
+            record = PaneRecord(uuid.uuid4().hex[:12], name, "subagent", parent.session_id, task,
+                                len(self.grid.panes), messages)
+            self.store.add_pane(record)
+            child = ChatPane(record, parent_name=parent.record.name)
+            await self._add_pane(child, focus=False)
+            children.append(child)
+        # Submitted together so the engine's idle coalescing admits the burst in one batch.
+        for child in children:
+            self._submit_turn(child, fork_from=parent.session_id)
+        return children
+
+    async def burst(self, parent: ChatPane, count: int = BURST_DEFAULT) -> list[ChatPane]:
+        tasks = [f"Perspective {i + 1} of {count}: give one short, distinct idea that moves this "
+                 "conversation forward." for i in range(count)]
+        return await self.spawn(parent, SpawnSpec(count, "burst"), tasks=tasks)
+
+    # ---- actions ------------------------------------------------------------------------------
+
+    async def action_new_pane(self) -> None:
+        if self.grid.is_full:
+            self.notify(f"At most {MAX_PANES} panes", severity="warning")
+            return
+        record = PaneRecord(uuid.uuid4().hex[:12], _next_name("A", set(self.store.pane_names())),
+                            position=len(self.grid.panes))
+        self.store.add_pane(record)
+        await self._add_pane(ChatPane(record))
+
+    async def action_close_pane(self) -> None:
+        pane = self.grid.focused_pane()
+        if pane is None:
+            return
+        if pane.request_id is not None:
+            self.client.cancel(pane.request_id)
+        self.client.close_session(pane.session_id)
+        self._resident.discard(pane.session_id)
+        self._save_pane(pane)
+        self.store.close_pane(pane.session_id)
+        self.query_one(SequencesPanel).forget(pane.session_id)
+        del self._panes[pane.session_id]
+        await self.grid.remove_pane(pane)
+        self.store.set_positions([p.session_id for p in self.grid.panes])
+        if not self.grid.panes:
+            await self.action_new_pane()
+
+    def action_next_pane(self) -> None:
+        self.grid.cycle(1)
+
+    def action_prev_pane(self) -> None:
+        self.grid.cycle(-1)
+
+    def action_zoom(self) -> None:
+        self.grid.toggle_zoom()
+
+    def action_cancel(self) -> None:
+        pane = self.grid.focused_pane()
+        if pane is not None and pane.request_id is not None:
+            self.client.cancel(pane.request_id)
+
+    @work
+    async def action_spawn(self) -> None:
+        parent = self.grid.focused_pane()
+        if parent is None:
+            return
+        spec = await self.app.push_screen_wait(SpawnDialog(parent.record.name))
+        if spec is not None:
+            await self.spawn(parent, spec)
+
+    async def action_burst(self) -> None:
+        parent = self.grid.focused_pane()
+        if parent is not None:
+            await self.burst(parent)
+
+    @work
+    async def action_policy(self) -> None:
+        policy = await self.app.push_screen_wait(PolicyDialog(self.policy))
+        if policy:
+            self.switch_policy(policy)
+
+    def switch_policy(self, policy: str) -> None:
+        self.client.set_policy(policy)  # the panel changes when PolicyChanged comes back
+
+    def action_export(self) -> None:
+        pane = self.grid.focused_pane()
+        if pane is None:
+            return
+        self.export_dir.mkdir(parents=True, exist_ok=True)
+        path = self.export_dir / f"magnitude-{pane.record.name}-{time.strftime('%Y%m%d-%H%M%S')}.md"
+        path.write_text(pane.to_markdown(), encoding="utf-8")
+        self.notify(f"Exported {pane.record.name} to {path}")
+
+    def action_copy_answer(self) -> None:
+        pane = self.grid.focused_pane()
+        answer = pane.last_answer() if pane is not None else None
+        if not answer:
+            self.notify("No answer to copy yet", severity="warning")
+            return
+        self.app.copy_to_clipboard(answer)
+        self.notify(f"Copied {len(answer)} characters from {pane.record.name}")
+
+    def action_toggle_sequences(self) -> None:
+        panel = self.query_one(SequencesPanel)
+        panel.display = not panel.display
+
+    def action_toggle_scheduler(self) -> None:
+        panel = self.query_one(SchedulerPanel)
+        panel.display = not panel.display
+
+    # ---- persistence --------------------------------------------------------------------------
+
+    def save(self) -> None:
+        """Hand every new or changed message to the store (runs on a timer and at exit)."""
+        for pane in self._panes.values():
+            self._save_pane(pane)
+
+    def _save_pane(self, pane: ChatPane) -> None:
+        changed = pane.take_unsaved()
+        existing = [m for m in changed if m.id is not None]
+        for message in changed:
+            if message.id is None:
+                self.store.add_message(pane.session_id, message)
+        self.store.save_messages(existing)
+
+
+def _next_name(prefix: str, used: set[str]) -> str:
+    """The first unused name prefix+N (names are never reused within a workspace)."""
+    numbers = {int(n[len(prefix):]) for n in used if n.startswith(prefix) and n[len(prefix):].isdigit()}
+    return f"{prefix}{max(numbers, default=0) + 1}"

@@ -1,0 +1,204 @@
+"""Provides the SQLite store that keeps panes and transcripts across runs and crashes."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import platformdirs
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS workspaces (
+    id      INTEGER PRIMARY KEY,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS panes (
+    id           TEXT PRIMARY KEY,           -- also the engine session id
+    workspace_id INTEGER NOT NULL REFERENCES workspaces(id),
+    name         TEXT NOT NULL,              -- "A1", "A1.2"
+    role         TEXT NOT NULL,              -- "main" | "subagent"
+    parent_id    TEXT REFERENCES panes(id),
+    task         TEXT,
+    position     INTEGER NOT NULL,
+    created      REAL NOT NULL,
+    closed       REAL                        -- NULL while the pane is open
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id          INTEGER PRIMARY KEY,
+    pane_id     TEXT NOT NULL REFERENCES panes(id),
+    role        TEXT NOT NULL,               -- "system" | "user" | "assistant"
+    content     TEXT NOT NULL,
+    complete    INTEGER NOT NULL,            -- 0 while a reply is still streaming (or was cut off)
+    author      TEXT,                        -- set on a subagent's answer posted back to its parent
+    done_reason TEXT,
+    inherited   INTEGER NOT NULL DEFAULT 0,  -- copied from the parent when a subagent was spawned
+    created     REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_pane ON messages(pane_id, id);
+CREATE TABLE IF NOT EXISTS settings (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+
+def default_db_path() -> Path:
+    """The database in the user's data directory (created on first use)."""
+    return Path(platformdirs.user_data_dir("magnitude-tui", appauthor=False)) / "magnitude.db"
+
+
+@dataclass
+class MessageRecord:
+    role: str
+    content: str
+    complete: bool = True
+    author: str | None = None
+    done_reason: str | None = None
+    inherited: bool = False  # context copied from the parent pane at spawn (sent, not shown)
+    id: int | None = None  # assigned by the store
+
+
+@dataclass
+class PaneRecord:
+    id: str
+    name: str
+    role: str = "main"
+    parent_id: str | None = None
+    task: str | None = None
+    position: int = 0
+    messages: list[MessageRecord] = field(default_factory=list)
+
+
+class Store:
+    """Durable home of every conversation; the engine worker only ever holds a disposable copy.
+
+    Writes are single statements in autocommit mode on a WAL database, so a killed process loses
+    only what the app had not yet handed over (streaming replies are saved on a short timer).
+    """
+
+    def __init__(self, path: Path | str | None = None) -> None:
+        self.path = Path(path) if path is not None else default_db_path()
+        if str(self.path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(_SCHEMA)
+        self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self.workspace_id: int | None = None
+
+    # ---- workspaces ---------------------------------------------------------------------------
+
+    def open_workspace(self, *, resume: bool) -> list[PaneRecord]:
+        """Start a fresh workspace, or reopen the latest one and return its open panes in order."""
+        row = self._db.execute("SELECT id FROM workspaces ORDER BY id DESC LIMIT 1").fetchone()
+        if resume and row is not None:
+            self.workspace_id = row[0]
+            return self._load_open_panes()
+        self.workspace_id = self._db.execute(
+            "INSERT INTO workspaces (created) VALUES (?)", (time.time(),)
+        ).lastrowid
+        return []
+
+    def _load_open_panes(self) -> list[PaneRecord]:
+        rows = self._db.execute(
+            "SELECT id, name, role, parent_id, task, position FROM panes "
+            "WHERE workspace_id = ? AND closed IS NULL ORDER BY position, created",
+            (self.workspace_id,),
+        ).fetchall()
+        panes = [PaneRecord(*row) for row in rows]
+        for pane in panes:
+            pane.messages = self.messages(pane.id)
+        return panes
+
+    def pane_names(self) -> list[str]:
+        """Every pane name used in this workspace, open or closed (names are never reused)."""
+        rows = self._db.execute("SELECT name FROM panes WHERE workspace_id = ?", (self.workspace_id,))
+        return [r[0] for r in rows]
+
+    # ---- panes --------------------------------------------------------------------------------
+
+    def add_pane(self, pane: PaneRecord) -> None:
+        assert self.workspace_id is not None, "open_workspace() first"
+        self._db.execute(
+            "INSERT INTO panes (id, workspace_id, name, role, parent_id, task, position, created) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (pane.id, self.workspace_id, pane.name, pane.role, pane.parent_id, pane.task,
+             pane.position, time.time()),
+        )
+        for message in pane.messages:
+            self.add_message(pane.id, message)
+
+    def close_pane(self, pane_id: str) -> None:
+        self._db.execute("UPDATE panes SET closed = ? WHERE id = ?", (time.time(), pane_id))
+
+    def set_positions(self, pane_ids: list[str]) -> None:
+        with self._transaction():
+            for position, pane_id in enumerate(pane_ids):
+                self._db.execute("UPDATE panes SET position = ? WHERE id = ?", (position, pane_id))
+
+    # ---- messages -----------------------------------------------------------------------------
+
+    def add_message(self, pane_id: str, message: MessageRecord) -> int:
+        """Insert a message and give it its id (later saves of the same message update it)."""
+        message.id = self._db.execute(
+            "INSERT INTO messages (pane_id, role, content, complete, author, done_reason, inherited, "
+            "created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (pane_id, message.role, message.content, int(message.complete), message.author,
+             message.done_reason, int(message.inherited), time.time()),
+        ).lastrowid
+        return message.id
+
+    def save_messages(self, messages: list[MessageRecord]) -> None:
+        """Write the current content of already-inserted messages, all in one transaction."""
+        if not messages:
+            return
+        with self._transaction():
+            for m in messages:
+                self._db.execute(
+                    "UPDATE messages SET content = ?, complete = ?, done_reason = ? WHERE id = ?",
+                    (m.content, int(m.complete), m.done_reason, m.id),
+                )
+
+    def messages(self, pane_id: str) -> list[MessageRecord]:
+        rows = self._db.execute(
+            "SELECT role, content, complete, author, done_reason, inherited, id FROM messages "
+            "WHERE pane_id = ? ORDER BY id",
+            (pane_id,),
+        )
+        return [MessageRecord(r[0], r[1], bool(r[2]), r[3], r[4], bool(r[5]), r[6]) for r in rows]
+
+    # ---- settings -----------------------------------------------------------------------------
+
+    def get_setting(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_setting(self, key: str, value: str) -> None:
+        self._db.execute(
+            "INSERT INTO settings (key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _transaction(self) -> "_Transaction":
+        return _Transaction(self._db)
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN")
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._db.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -1,0 +1,222 @@
+"""Provides a chat pane: title, streaming Markdown transcript, status line and composer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.message import Message as TextualMessage
+from textual.widgets import Input, Static
+
+from magnitude_tui.store import MessageRecord, PaneRecord
+from magnitude_tui.widgets.composer import Composer
+from magnitude_tui.widgets.message_view import MessageView
+from magnitude_tui.widgets.status_line import StatusLine
+from scheduler.types import DoneReason, Message, Phase, SeqUpdate
+
+FLUSH_INTERVAL_S = 1 / 12  # transcript and status repaint; tokens are buffered in between
+
+
+class ChatPane(Vertical):
+    """One conversation (one engine session). It keeps the transcript; the app talks to the engine."""
+
+    BINDINGS = [
+        Binding("pageup", "scroll_transcript(-1)", "Scroll up", show=False),
+        Binding("pagedown", "scroll_transcript(1)", "Scroll down", show=False),
+    ]
+
+    @dataclass
+    class Submitted(TextualMessage):
+        """The user pressed Enter in the composer."""
+
+        pane: "ChatPane"
+        text: str
+
+    @dataclass
+    class ReplyFinished(TextualMessage):
+        """A reply reached `done`; its text is final (and on screen)."""
+
+        pane: "ChatPane"
+        message: MessageRecord | None  # None when the request ended before any text
+        update: SeqUpdate
+
+    def __init__(self, record: PaneRecord, *, parent_name: str | None = None) -> None:
+        super().__init__(id=f"pane-{record.id}")
+        self.record = record
+        self.parent_name = parent_name
+        self.request_id: str | None = None
+        self.last_update: SeqUpdate | None = None
+        self._reply: MessageRecord | None = None
+        self._reply_view: MessageView | None = None
+        self._pending: list[str] = []
+        self._finished: SeqUpdate | None = None
+        self._held_results: list[MessageRecord] = []
+        self._unsaved: dict[int, MessageRecord] = {}  # id(message) -> message, in creation order
+        self._status_dirty = True
+        self.border_title = self.title
+        for m in record.messages:
+            if m.role == "assistant" and not m.complete and m.done_reason is None:
+                m.done_reason = "interrupted"  # cut off by a crash or kill; say so once restored
+                self._mark_unsaved(m)
+
+    # ---- what the app reads -------------------------------------------------------------------
+
+    @property
+    def session_id(self) -> str:
+        return self.record.id
+
+    @property
+    def title(self) -> str:
+        r = self.record
+        if r.role == "subagent":
+            task = f" · {r.task}" if r.task else ""
+            return f"{r.name} ← {self.parent_name or 'closed pane'}{task}"
+        return f"{r.name} · main"
+
+    @property
+    def busy(self) -> bool:
+        return self.request_id is not None
+
+    def conversation(self, *, committed_only: bool = False) -> tuple[Message, ...]:
+        """The messages the next turn sends (the engine reuses whatever prefix it still holds).
+
+        `committed_only` leaves out a reply that is still streaming (what a spawned subagent forks).
+        """
+        return tuple(
+            Message(m.role, m.content)
+            for m in self.record.messages
+            if m.content and not (committed_only and m is self._reply)
+        )
+
+    def last_answer(self) -> str | None:
+        for m in reversed(self.record.messages):
+            if m.role == "assistant" and m.content:
+                return m.content
+        return None
+
+    def to_markdown(self) -> str:
+        lines = [f"# {self.title}", ""]
+        for m in self.record.messages:
+            who = f"{m.author} (subagent answer)" if m.author else m.role
+            who += " (inherited context)" if m.inherited else ""
+            lines += [f"## {who}", "", m.content, ""]
+        return "\n".join(lines)
+
+    def take_unsaved(self) -> list[MessageRecord]:
+        """Messages created or changed since the last call, oldest first (the app persists them)."""
+        out = list(self._unsaved.values())
+        self._unsaved.clear()
+        return out
+
+    # ---- layout -------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="transcript", can_focus=False):
+            inherited = sum(m.inherited for m in self.record.messages)
+            if inherited:
+                yield Static(f"forked from {self.parent_name or 'a closed pane'} with {inherited} "
+                             "messages of shared context", classes="fork-note", markup=False)
+            for m in self.record.messages:
+                if not m.inherited:
+                    yield MessageView(m, speaker=self._speaker(m))
+        yield StatusLine()
+        yield Composer()
+
+    def on_mount(self) -> None:
+        self.query_one(".transcript").anchor()
+        self.set_interval(FLUSH_INTERVAL_S, self.flush)
+
+    def _speaker(self, m: MessageRecord) -> str:
+        if m.role == "user" and self.record.role == "subagent":
+            return f"task from {self.parent_name or 'parent'}"
+        return "you" if m.role == "user" else self.record.name if m.role == "assistant" else m.role
+
+    def focus_composer(self) -> None:
+        self.query_one(Composer).focus()
+
+    def action_scroll_transcript(self, direction: int) -> None:
+        t = self.query_one(".transcript", VerticalScroll)
+        t.scroll_page_down() if direction > 0 else t.scroll_page_up()
+
+    @on(Input.Submitted)
+    def _composer_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        text = event.value.strip()
+        if text:
+            event.input.clear()
+            self.post_message(self.Submitted(self, text))
+
+    # ---- conversation -------------------------------------------------------------------------
+
+    async def add_message(self, message: MessageRecord) -> None:
+        """Append a finished message; a subagent's answer waits until the running reply is done."""
+        if message.author and self.busy:
+            self._held_results.append(message)
+            return
+        self.record.messages.append(message)
+        self._mark_unsaved(message)
+        if self.is_mounted:
+            await self.query_one(".transcript").mount(MessageView(message, speaker=self._speaker(message)))
+
+    def begin_request(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.last_update = None
+        self._status_dirty = True
+
+    def apply(self, update: SeqUpdate) -> None:
+        """Take one engine update for this pane's request (cheap: rendering happens in flush)."""
+        if update.request_id != self.request_id:
+            return  # a late update for a request this pane already gave up on
+        self.last_update = update
+        self._status_dirty = True
+        if update.text_delta:
+            if self._reply is None:
+                self._reply = MessageRecord("assistant", "", complete=False)
+                self.record.messages.append(self._reply)
+            self._reply.content += update.text_delta
+            self._mark_unsaved(self._reply)
+            self._pending.append(update.text_delta)
+        if update.phase is Phase.DONE:
+            self._finished = update
+            self.request_id = None
+
+    async def flush(self) -> None:
+        """Render buffered text and the latest status; settle a finished reply."""
+        if self._pending:
+            text = "".join(self._pending)
+            self._pending.clear()
+            if self._reply_view is None and self._reply is not None:
+                self._reply_view = MessageView(self._reply, speaker=self.record.name, streaming=True)
+                await self.query_one(".transcript").mount(self._reply_view)
+            if self._reply_view is not None:
+                await self._reply_view.write(text)
+        if self._status_dirty:
+            self._status_dirty = False
+            self.query_one(StatusLine).show(self.last_update)
+        if self._finished is not None:
+            await self._settle(self._finished)
+
+    async def _settle(self, update: SeqUpdate) -> None:
+        self._finished = None
+        reply, view = self._reply, self._reply_view
+        self._reply = self._reply_view = None
+        reason = update.done_reason or DoneReason.STOP
+        note = f"{reason.value}: {update.error}" if update.error else None
+        if reply is not None:
+            reply.complete = True
+            reply.done_reason = reason.value
+            self._mark_unsaved(reply)
+            if view is not None:
+                await view.finish(note)
+        elif note:
+            self.notify(f"{self.record.name}: {note}", severity="error")
+        self.post_message(self.ReplyFinished(self, reply, update))
+        held, self._held_results = self._held_results, []
+        for message in held:
+            await self.add_message(message)
+
+    def _mark_unsaved(self, message: MessageRecord) -> None:
+        self._unsaved.setdefault(id(message), message)

@@ -1,0 +1,123 @@
+"""Provides the scheduler panel: step time against target, decode vs prefill rows, budget, KV, queue."""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+
+from rich.text import Text
+from textual.widget import Widget
+
+from magnitude_tui.widgets.format import fmt_ms, spark
+from scheduler.types import StepReport
+
+HISTORY = 120
+REFRESH_S = 0.25
+_LABEL = 8  # width of the left-hand labels
+
+
+def policy_target_ms(policy: str) -> float | None:
+    """The target step time a "target:MS" policy asks for (None for token-count policies)."""
+    match = re.fullmatch(r"target:(\d+(?:\.\d+)?)", policy.strip())
+    return float(match.group(1)) if match else None
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class SchedulerPanel(Widget):
+    """What the scheduler did in recent steps; fed every step, repainted a few times a second."""
+
+    COMPONENT_CLASSES = {"sched--label", "sched--ok", "sched--over", "sched--decode", "sched--prefill",
+                         "sched--kv", "sched--dim"}
+    DEFAULT_CSS = """
+    SchedulerPanel { width: 44; height: 1fr; padding: 0 1; border-left: solid $primary 40%;
+                     background: $surface; }
+    SchedulerPanel .sched--label { color: $text-muted; }
+    SchedulerPanel .sched--ok { color: $success; }
+    SchedulerPanel .sched--over { color: $error; }
+    SchedulerPanel .sched--decode { color: $primary; }
+    SchedulerPanel .sched--prefill { color: $warning; }
+    SchedulerPanel .sched--kv { color: $accent; }
+    SchedulerPanel .sched--dim { color: $text-disabled; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.steps: deque[StepReport] = deque(maxlen=HISTORY)
+        self.policy = "—"
+        self.engine = "engine loading"
+        self._dirty = True
+
+    def on_mount(self) -> None:
+        self.border_title = "scheduler"
+        self.set_interval(REFRESH_S, self._repaint)
+
+    def record(self, report: StepReport) -> None:
+        self.steps.append(report)
+        self.policy = report.policy
+        self._dirty = True
+
+    def set_policy(self, policy: str) -> None:
+        self.policy = policy
+        self._dirty = True
+
+    def set_engine(self, description: str) -> None:
+        self.engine = description
+        self._dirty = True
+
+    def _repaint(self) -> None:
+        if self._dirty and self.display:
+            self._dirty = False
+            self.refresh()
+
+    def render(self) -> Text:
+        s = self.get_component_rich_style
+        width = max(8, self.content_size.width - _LABEL - 1)
+        text = Text(no_wrap=True, overflow="ellipsis")
+
+        def line(label: str, *parts: tuple[str, str]) -> None:
+            text.append(f"{label:<{_LABEL}}", s("sched--label"))
+            for chunk, style in parts:
+                text.append(chunk, s(style) if style else "")
+            text.append("\n")
+
+        line("engine", (self.engine, ""))
+        target = policy_target_ms(self.policy)
+        line("policy", (self.policy, "sched--kv"))
+        if not self.steps:
+            line("", ("no steps yet", "sched--dim"))
+            return text
+        last = self.steps[-1]
+        recent = list(self.steps)[-width:]
+        times = [r.step_ms for r in recent]
+
+        # Fixed scale: the target sits at mid-height, so a bar above the middle is over target.
+        top = 2 * target if target else max(times)
+        text.append(f"{'step':<{_LABEL}}", s("sched--label"))
+        for value, char in zip(times, spark(times, len(times), top=top)):
+            text.append(char, s("sched--over" if target and value > target else "sched--ok"))
+        text.append("\n")
+        line("", (f"last {fmt_ms(last.step_ms)}", ""),
+             (f" vs target {fmt_ms(target)}" if target else "", "sched--dim"))
+        line("", (f"p50 {fmt_ms(_percentile(times, 0.5))} · p95 {fmt_ms(_percentile(times, 0.95))}", ""))
+
+        rows_top = max([r.decode_rows + r.prefill_rows for r in recent] + [1])
+        line("decode", (spark([r.decode_rows for r in recent], len(recent), top=rows_top), "sched--decode"),
+             (f" {last.decode_rows}", ""))
+        line("prefill", (spark([r.prefill_rows for r in recent], len(recent), top=rows_top), "sched--prefill"),
+             (f" {last.prefill_rows}", ""))
+        total_ms = sum(times)
+        decode_rate = sum(r.decode_rows for r in recent) / total_ms * 1000 if total_ms else 0.0
+        line("budget", (f"{last.budget} rows", ""), (f" · step #{last.step}", "sched--dim"))
+        line("decode", (f"{decode_rate:.1f} tok/s aggregate", ""))
+
+        filled = round(last.kv_used / last.kv_total * width) if last.kv_total else 0
+        line("KV", ("█" * filled, "sched--kv"), ("░" * (width - filled), "sched--dim"))
+        line("", (f"{last.kv_used}/{last.kv_total} cells", ""))
+        line("seqs", (f"{last.running} running · {last.waiting} waiting", ""))
+        return text

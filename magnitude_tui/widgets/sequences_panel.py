@@ -1,0 +1,119 @@
+"""Provides the sequences panel: one row per live sequence with its latency figures and rate sparkline."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import DataTable
+
+from magnitude_tui.widgets.format import fmt_count, fmt_ms, fmt_rate, spark
+from scheduler.types import Phase, SeqUpdate
+
+REFRESH_S = 0.25
+KEEP_DONE_S = 4.0  # a finished sequence stays listed briefly so a burst can be read afterwards
+SPARK_WIDTH = 12
+
+COLUMNS = ("pane", "seq", "phase", "prompt (cached)", "gen", "queue", "TTFT", "tok/s",
+           "ITL p50/p95/max", "rate")
+
+
+@dataclass
+class _Row:
+    name: str
+    update: SeqUpdate
+    rates: deque = field(default_factory=lambda: deque(maxlen=SPARK_WIDTH))
+    done_at: float | None = None
+
+
+class SequencesPanel(Vertical):
+    """Live per-sequence view; fed every step, repainted a few times a second."""
+
+    COMPONENT_CLASSES = {"seq--queued", "seq--prefill", "seq--generating", "seq--done", "seq--error"}
+    DEFAULT_CSS = """
+    SequencesPanel { height: auto; max-height: 45%; border-top: solid $primary 40%; }
+    SequencesPanel > DataTable { height: auto; max-height: 18; background: $surface; }
+    SequencesPanel .seq--queued { color: $secondary; }
+    SequencesPanel .seq--prefill { color: $warning; }
+    SequencesPanel .seq--generating { color: $primary; text-style: bold; }
+    SequencesPanel .seq--done { color: $success; }
+    SequencesPanel .seq--error { color: $error; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._rows: dict[str, _Row] = {}
+        self._dirty = True
+
+    def compose(self) -> ComposeResult:
+        table: DataTable = DataTable(cursor_type="none", zebra_stripes=True, show_cursor=False)
+        table.add_columns(*COLUMNS)
+        yield table
+
+    def on_mount(self) -> None:
+        self.border_title = "sequences"
+        self.set_interval(REFRESH_S, self.refresh_rows)
+
+    def apply(self, update: SeqUpdate, name: str) -> None:
+        row = self._rows.get(update.session_id)
+        if row is None or row.update.request_id != update.request_id:
+            rates = row.rates if row is not None else deque(maxlen=SPARK_WIDTH)
+            row = self._rows[update.session_id] = _Row(name, update, rates)
+        row.update = update
+        row.done_at = time.monotonic() if update.phase is Phase.DONE else None
+        self._dirty = True
+
+    def forget(self, session_id: str) -> None:
+        if self._rows.pop(session_id, None) is not None:
+            self._dirty = True
+
+    @property
+    def live_sessions(self) -> list[str]:
+        return [s for s, r in self._rows.items() if r.update.phase is not Phase.DONE]
+
+    def refresh_rows(self) -> None:
+        now = time.monotonic()
+        for session_id, row in list(self._rows.items()):
+            if row.done_at is not None and now - row.done_at > KEEP_DONE_S:
+                del self._rows[session_id]
+                self._dirty = True
+            elif row.update.phase is not Phase.DONE or row.rates:
+                generating = row.update.phase is Phase.GENERATING
+                row.rates.append((row.update.tok_s_live or 0.0) if generating else 0.0)
+                self._dirty = True
+        if not self._dirty or not self.display:
+            return
+        self._dirty = False
+        table = self.query_one(DataTable)
+        table.clear()
+        for session_id, row in sorted(self._rows.items(), key=lambda kv: _order(kv[1])):
+            table.add_row(*self._cells(row), key=session_id)
+
+    def _cells(self, row: _Row) -> list[object]:
+        u = row.update
+        phase = u.phase.value if u.phase is not Phase.DONE else f"done·{u.done_reason.value if u.done_reason else '?'}"
+        style_name = "error" if u.error else u.phase.value
+        style_key = f"seq--{style_name}" if f"seq--{style_name}" in self.COMPONENT_CLASSES else "seq--queued"
+        prompt = f"{fmt_count(u.prompt_done)}/{fmt_count(u.prompt_total)} ({fmt_count(u.cached_tokens)})" if u.prompt_total else "—"
+        rate = u.tok_s_live if u.phase is not Phase.DONE else u.tok_s
+        itl = f"{fmt_ms(u.itl_p50_ms)}/{fmt_ms(u.itl_p95_ms)}/{fmt_ms(u.itl_max_ms)}"
+        return [
+            row.name,
+            "—" if u.seq_id is None else str(u.seq_id),
+            Text(phase, style=self.get_component_rich_style(style_key)),
+            prompt,
+            str(u.generated),
+            fmt_ms(u.queue_ms),
+            fmt_ms(u.ttft_ms),
+            fmt_rate(rate),
+            itl,
+            Text(spark(row.rates, SPARK_WIDTH), style=self.get_component_rich_style("seq--generating")),
+        ]
+
+
+def _order(row: _Row) -> tuple[int, str]:
+    return (row.update.seq_id if row.update.seq_id is not None else 1 << 20, row.name)

@@ -1,0 +1,91 @@
+"""Provides a pane's status line: phase badge, prefill progress, queue time, TTFT, tok/s, ITL p95."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.widgets import ProgressBar, Static
+
+from magnitude_tui.widgets.format import fmt_count, fmt_ms, fmt_rate
+from scheduler.types import Phase, SeqUpdate
+
+_BADGE = {
+    Phase.LOADING: "LOADING",
+    Phase.QUEUED: "QUEUED",
+    Phase.PREPARING: "PREPARING",
+    Phase.PREFILL: "PREFILL",
+    Phase.GENERATING: "GENERATING",
+    Phase.DONE: "DONE",
+}
+
+
+class StatusLine(Horizontal):
+    """What the engine is doing for this pane's current (or last) request."""
+
+    DEFAULT_CSS = """
+    StatusLine { height: 1; background: $panel; }
+    StatusLine > .badge { width: auto; min-width: 8; padding: 0 1; text-style: bold;
+                          background: $boost; color: $text-muted; }
+    StatusLine > .badge.-loading, StatusLine > .badge.-queued { background: $secondary; color: $text; }
+    StatusLine > .badge.-preparing, StatusLine > .badge.-prefill { background: $warning; color: $background; }
+    StatusLine > .badge.-generating { background: $primary; color: $background; }
+    StatusLine > .badge.-done { background: $success; color: $background; }
+    StatusLine > .badge.-cancelled { background: $panel-lighten-2; color: $text; }
+    StatusLine > .badge.-error { background: $error; color: $background; }
+    StatusLine > ProgressBar { width: auto; padding: 0 0 0 1; }
+    StatusLine > ProgressBar Bar { width: 10; }
+    StatusLine > .metrics { width: 1fr; padding: 0 1; color: $text-muted; text-wrap: nowrap;
+                            text-overflow: ellipsis; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static("IDLE", classes="badge")
+        yield ProgressBar(total=1, show_eta=False, show_percentage=False)
+        yield Static("", classes="metrics", markup=False)
+
+    def show(self, update: SeqUpdate | None) -> None:
+        """Render the latest update (the pane calls this on its flush timer, not per event)."""
+        badge = self.query_one(".badge", Static)
+        badge.set_classes(["badge", self._badge_class(update)])
+        badge.update(self._badge_text(update))
+        bar = self.query_one(ProgressBar)
+        if update is not None and update.prompt_total:
+            bar.update(total=update.prompt_total, progress=update.prompt_done)
+        self.query_one(".metrics", Static).update(self.metrics_text(update))
+
+    @staticmethod
+    def _badge_class(update: SeqUpdate | None) -> str:
+        if update is None:
+            return "-idle"
+        if update.phase is Phase.DONE and update.done_reason is not None:
+            reason = update.done_reason.value
+            if reason in ("cancelled", "error"):
+                return f"-{reason}"
+        return f"-{update.phase.value}"
+
+    @staticmethod
+    def _badge_text(update: SeqUpdate | None) -> str:
+        if update is None:
+            return "IDLE"
+        if update.phase is Phase.DONE and update.done_reason is not None:
+            return f"DONE·{update.done_reason.value}"
+        return _BADGE[update.phase]
+
+    @staticmethod
+    def metrics_text(u: SeqUpdate | None) -> str:
+        if u is None:
+            return "Enter to send · /spawn N task · Esc cancels"
+        parts: list[str] = []
+        if u.phase is Phase.QUEUED and u.waiting_reason:
+            parts.append(u.waiting_reason)
+        if u.prompt_total:
+            parts.append(f"{fmt_count(u.prompt_done)}/{fmt_count(u.prompt_total)} ({fmt_count(u.cached_tokens)} cached)")
+        parts.append(f"queue {fmt_ms(u.queue_ms)}")
+        parts.append(f"TTFT {fmt_ms(u.ttft_ms)}")
+        rate = u.tok_s_live if u.phase is not Phase.DONE else u.tok_s
+        parts.append(f"{fmt_rate(rate)} tok/s")
+        parts.append(f"ITL p95 {fmt_ms(u.itl_p95_ms)}")
+        parts.append(f"{u.generated} tok")
+        if u.error:
+            parts.append(u.error)
+        return " · ".join(parts)

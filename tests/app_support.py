@@ -1,0 +1,175 @@
+"""Provides a scripted stand-in for EngineClient, stepped by the test, for deterministic UI tests."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from magnitude_tui.app import MagnitudeApp
+from magnitude_tui.engine.events import (EngineConfig, EngineFailed, EngineReady, LoadProgress,
+                                         PolicyChanged)
+from magnitude_tui.store import Store
+from scheduler.types import DoneReason, Phase, Request, SeqUpdate, StepReport
+
+SIZE = (120, 40)
+
+
+@dataclass
+class _Live:
+    request: Request
+    seq_id: int
+    words: list[str]
+    phase: Phase = Phase.QUEUED
+    sent: int = 0
+    prompt_total: int = 0
+    cancelled: bool = False
+    steps: int = 0
+    text: list[str] = field(default_factory=list)
+
+
+def default_reply(request: Request) -> str:
+    last = request.messages[-1].content if request.messages else ""
+    return f"Echo **{last[:24]}** with `code` done."
+
+
+class ScriptedClient:
+    """The EngineClient API; nothing happens until the test calls step() (or ready())."""
+
+    def __init__(self, *, auto_ready: bool = True, reply=default_reply, policy: str = "target:50"):
+        self.auto_ready = auto_ready
+        self.reply = reply
+        self.policy = policy
+        self.submitted: list[Request] = []
+        self.cancelled: list[str] = []
+        self.closed_sessions: list[str] = []
+        self.live: dict[str, _Live] = {}
+        self.step_no = 0
+        self.started = 0
+        self._queue: asyncio.Queue | None = None
+        self._backlog: list[list[object]] = []
+        self._alive = False
+
+    # ---- EngineClient API ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.started += 1
+        self._alive = True
+        self._emit([LoadProgress(0.4, "scripted.gguf", "CPU")])
+        if self.auto_ready:
+            self.ready()
+
+    def submit(self, request: Request) -> None:
+        self.submitted.append(request)
+        seq_id = min(set(range(16)) - {l.seq_id for l in self.live.values()})
+        words = [w + " " for w in self.reply(request).split(" ")]
+        words[-1] = words[-1].rstrip()
+        total = sum(len(m.content.split()) for m in request.messages) + 8
+        self.live[request.request_id] = _Live(request, seq_id, words, prompt_total=total)
+
+    def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
+        if request_id in self.live:
+            self.live[request_id].cancelled = True
+
+    def close_session(self, session_id: str) -> None:
+        self.closed_sessions.append(session_id)
+
+    def set_policy(self, policy: str) -> None:
+        self.policy = policy
+        self._emit([PolicyChanged(policy)])
+
+    async def events(self):
+        self._queue = asyncio.Queue()
+        for batch in self._backlog:
+            self._queue.put_nowait(batch)
+        self._backlog.clear()
+        while True:
+            batch = await self._queue.get()
+            if batch is None:
+                return
+            yield batch
+
+    def restart(self) -> None:
+        self.start()
+
+    def stop(self) -> None:
+        self._alive = False
+        if self._queue is not None:
+            self._queue.put_nowait(None)
+
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    # ---- test controls ------------------------------------------------------------------------
+
+    def ready(self) -> None:
+        self._emit([LoadProgress(1.0, "scripted.gguf", "CPU"),
+                    EngineReady("scripted.gguf", "CPU", 8192, 16, 2048, self.policy)])
+
+    def die(self, message: str = "the engine worker was killed by SIGKILL") -> None:
+        batch: list[object] = [
+            SeqUpdate(rid, l.request.session_id, None, Phase.DONE, done_reason=DoneReason.ERROR, error=message)
+            for rid, l in self.live.items()
+        ]
+        self.live.clear()
+        self._alive = False
+        self._emit(batch + [EngineFailed(message)])
+
+    def step(self, n: int = 1) -> None:
+        for _ in range(n):
+            self._step()
+
+    def run_to_completion(self, max_steps: int = 200) -> None:
+        for _ in range(max_steps):
+            if not self.live:
+                return
+            self._step()
+
+    def _step(self) -> None:
+        self.step_no += 1
+        updates, decode, prefill = [], 0, 0
+        for rid, l in list(self.live.items()):
+            l.steps += 1
+            u = SeqUpdate(rid, l.request.session_id, l.seq_id, l.phase, prompt_total=l.prompt_total,
+                          queue_ms=12.0)
+            if l.cancelled:
+                u.phase, u.done_reason = Phase.DONE, DoneReason.CANCELLED
+            elif l.phase is Phase.QUEUED:
+                u.phase = l.phase = Phase.PREFILL
+                u.prompt_done, u.cached_tokens = l.prompt_total // 2, 4
+                prefill += l.prompt_total // 2
+            elif l.phase is Phase.PREFILL:
+                l.phase = Phase.GENERATING
+                u.phase, u.prompt_done, u.cached_tokens = Phase.GENERATING, l.prompt_total, 4
+                prefill += l.prompt_total - l.prompt_total // 2
+            if u.phase is Phase.GENERATING and not l.cancelled:
+                u.prompt_done, u.cached_tokens = l.prompt_total, 4
+                u.text_delta = l.words[l.sent]
+                u.new_tokens = 1
+                l.sent += 1
+                decode += 1
+                u.generated = l.sent
+                u.ttft_ms, u.tok_s_live, u.itl_p50_ms, u.itl_p95_ms, u.itl_max_ms = 80.0, 20.0, 50.0, 55.0, 60.0
+                if l.sent == len(l.words):
+                    u.phase, u.done_reason, u.tok_s = Phase.DONE, DoneReason.STOP, 20.0
+            if u.phase is Phase.DONE:
+                del self.live[rid]
+            updates.append(u)
+        self._emit([StepReport(self.step_no, self.step_no * 0.05, 30.0 + (self.step_no % 5) * 8,
+                               decode, prefill, 40, 300 + 10 * self.step_no, 8192,
+                               0, len(self.live), self.policy, updates)])
+
+    def _emit(self, batch: list[object]) -> None:
+        if self._queue is None:
+            self._backlog.append(batch)
+        else:
+            self._queue.put_nowait(batch)
+
+
+def make_app(tmp_path: Path, client=None, *, resume: bool = False, theme: str | None = None,
+             config: EngineConfig | None = None) -> MagnitudeApp:
+    store = Store(tmp_path / "magnitude.db")
+    return MagnitudeApp(config or EngineConfig(backend="fake"), client=client or ScriptedClient(),
+                        store=store, theme=theme, resume=resume, export_dir=tmp_path / "exports")

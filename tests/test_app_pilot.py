@@ -1,0 +1,279 @@
+"""Pilot tests: the real app, driven by keys, against a scripted engine stepped by the test."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from tests.app_support import SIZE, ScriptedClient, make_app
+
+from magnitude_tui.widgets.chat_pane import ChatPane
+from magnitude_tui.widgets.loading_view import LoadingView
+from magnitude_tui.widgets.pane_grid import PaneGrid, tiling
+from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
+from magnitude_tui.widgets.sequences_panel import SequencesPanel
+from textual.widgets import ContentSwitcher
+from scheduler.types import Phase
+
+
+async def _type(pilot, text: str) -> None:
+    await pilot.press(*text, "enter")
+    await pilot.pause()
+
+
+def _grid(app) -> PaneGrid:
+    return app.workspace.grid
+
+
+def _assistant(pane: ChatPane) -> list[str]:
+    return [m.content for m in pane.record.messages if m.role == "assistant"]
+
+
+async def test_submit_in_two_panes_both_stream(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        await _type(pilot, "first question")
+        await pilot.press("ctrl+n")
+        await _type(pilot, "second question")
+        a1, a2 = _grid(app).panes
+        assert [r.session_id for r in client.submitted] == [a1.session_id, a2.session_id]
+        client.step(4)  # prefill, prefill->generating (1 token), 2 more tokens
+        await pilot.pause(0.2)
+        assert a1.busy and a2.busy
+        assert _assistant(a1) == ["Echo **first question** "] and _assistant(a2)[0].startswith("Echo **second")
+        assert a1.last_update.phase is Phase.GENERATING
+        client.run_to_completion()
+        await pilot.pause(0.3)
+        assert _assistant(a1) == ["Echo **first question** with `code` done."]
+        assert _assistant(a2) == ["Echo **second question** with `code` done."]
+        assert not a1.busy and a1.last_update.phase is Phase.DONE
+
+
+async def test_escape_cancels_focused_pane_only(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        await _type(pilot, "one")
+        await pilot.press("ctrl+n")
+        await _type(pilot, "two")
+        a1, a2 = _grid(app).panes
+        client.step(3)
+        await pilot.press("shift+tab")  # back to A1
+        assert _grid(app).focused_pane() is a1
+        await pilot.press("escape")
+        assert client.cancelled == [client.submitted[0].request_id]
+        client.run_to_completion()
+        await pilot.pause(0.3)
+        assert a1.record.messages[-1].done_reason == "cancelled"
+        assert a2.record.messages[-1].done_reason == "stop"
+        assert _assistant(a2) == ["Echo **two** with `code` done."]
+
+
+async def test_spawn_three_subagents_answers_come_back(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        await _type(pilot, "plan a trip")
+        client.run_to_completion()
+        await pilot.pause(0.3)
+        parent = _grid(app).panes[0]
+        await _type(pilot, "/spawn 3 list one risk")
+        await pilot.pause(0.2)
+        children = _grid(app).panes[1:]
+        assert [c.record.name for c in children] == ["A1.1", "A1.2", "A1.3"]
+        forks = client.submitted[1:]
+        assert all(r.fork_from == parent.session_id for r in forks)
+        # Each child starts from the parent's conversation, then its task.
+        assert all(r.messages[:2] == parent.conversation() for r in forks)
+        assert all("list one risk" in r.messages[-1].content for r in forks)
+        client.run_to_completion()
+        await pilot.pause(0.4)
+        results = [m for m in parent.record.messages if m.author]
+        assert sorted(m.author for m in results) == ["A1.1", "A1.2", "A1.3"]
+        assert all("Echo" in m.content for m in results)
+        # Posted back once, even if a child is asked something else afterwards.
+        _grid(app).focus_pane(children[0])
+        await _type(pilot, "more?")
+        client.run_to_completion()
+        await pilot.pause(0.3)
+        assert len([m for m in parent.record.messages if m.author]) == 3
+
+
+async def test_spawn_dialog_and_burst(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        await pilot.press(*"check facts", "enter")
+        await pilot.pause(0.2)
+        assert len(_grid(app).panes) == 4
+        await pilot.press("ctrl+b")
+        await pilot.pause(0.3)
+        assert len(_grid(app).panes) == 12
+        assert len(client.submitted) == 11
+        assert _grid(app).styles.grid_size_columns == 4
+        await pilot.press("f2")
+        client.step(2)
+        await pilot.pause(0.5)
+        panel = app.workspace.query_one(SequencesPanel)
+        assert panel.display and len(panel.live_sessions) == 11
+
+
+async def test_close_pane_frees_its_sequence(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+n")
+        await _type(pilot, "busy one")
+        client.step(3)
+        await pilot.pause(0.3)
+        pane = _grid(app).panes[1]
+        await pilot.press("ctrl+x")
+        await pilot.pause()
+        assert client.cancelled == [client.submitted[0].request_id]
+        assert client.closed_sessions == [pane.session_id]
+        assert len(_grid(app).panes) == 1
+        assert pane.session_id not in app.workspace.query_one(SequencesPanel)._rows
+        closed = app.store._db.execute("SELECT closed FROM panes WHERE id = ?", (pane.session_id,)).fetchone()
+        assert closed[0] is not None
+        await pilot.press("ctrl+x")  # closing the last pane leaves a fresh one
+        await pilot.pause()
+        assert [p.record.name for p in _grid(app).panes] == ["A3"]
+
+
+async def test_policy_switch_takes_effect(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        await pilot.press("down", "enter")  # target:50 -> target:100
+        await pilot.pause(0.2)
+        assert client.policy == "target:100"
+        assert app.workspace.query_one(SchedulerPanel).policy == "target:100"
+        await _type(pilot, "/policy prefill-first")
+        await pilot.pause(0.2)
+        assert app.workspace.policy == "prefill-first"
+        await _type(pilot, "/policy sometimes")
+        assert client.policy == "prefill-first"
+
+
+async def test_theme_switch_takes_effect_and_is_remembered(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.theme == "magnitude"
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        await pilot.press(*"paper")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert app.theme == "magnitude-paper"
+        assert app.current_theme.dark is False
+    app2 = make_app(tmp_path)
+    async with app2.run_test(size=SIZE):
+        assert app2.theme == "magnitude-paper"
+
+
+async def test_zoom_and_tiling(tmp_path):
+    assert [tiling(n) for n in (1, 2, 3, 4, 5, 9, 10, 16)] == [
+        (1, 1), (2, 1), (2, 2), (2, 2), (3, 2), (3, 3), (4, 3), (4, 4)]
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+n", "ctrl+n")
+        grid = _grid(app)
+        a3 = grid.panes[2]
+        await pilot.press("ctrl+o")
+        assert grid.zoomed == a3.session_id
+        assert [p.display for p in grid.panes] == [False, False, True] or grid.has_class("-zoomed")
+        await pilot.pause()
+        assert a3.region.width > 70
+        await pilot.press("tab")  # next pane while zoomed: the zoom follows focus
+        assert grid.zoomed == grid.panes[0].session_id
+        await pilot.press("ctrl+o")
+        assert grid.zoomed is None
+
+
+async def test_export_and_copy(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        await _type(pilot, "write code")
+        client.run_to_completion()
+        await pilot.pause(0.3)
+        await pilot.press("ctrl+y")
+        assert app.clipboard == "Echo **write code** with `code` done."
+        await pilot.press("f5")
+        [path] = list((tmp_path / "exports").glob("*.md"))
+        text = path.read_text()
+        assert text.startswith("# A1 · main") and "## user\n\nwrite code" in text and "## assistant" in text
+
+
+async def test_loading_view_then_ready(tmp_path):
+    client = ScriptedClient(auto_ready=False)
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        switcher = app.workspace.query_one(ContentSwitcher)
+        assert switcher.current == "loading"
+        view = app.workspace.query_one(LoadingView)
+        assert view.query_one("ProgressBar").progress == 40
+        client.ready()
+        await pilot.pause(0.2)
+        assert switcher.current == "workspace"
+
+
+async def test_engine_death_fails_live_request_and_restarts(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        await _type(pilot, "hello")
+        client.step(3)
+        client.die()
+        await pilot.pause(0.3)
+        pane = _grid(app).panes[0]
+        assert not pane.busy
+        assert pane.record.messages[-1].done_reason == "error"
+        assert not app.workspace.engine_ready
+        await pilot.press("ctrl+r")
+        await pilot.pause(0.2)
+        assert client.started == 2 and app.workspace.engine_ready
+
+
+async def test_palette_lists_every_action(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=SIZE):
+        titles = {c.title for c in app.get_system_commands(app.workspace)}
+    for title in ("New pane", "Close pane", "Next pane", "Previous pane", "Zoom pane", "Cancel generation",
+                  "Spawn subagents", "Burst spawn 8", "Switch policy", "Theme", "Export conversation",
+                  "Copy last answer", "Toggle sequences panel", "Toggle scheduler panel"):
+        assert title in titles
+
+
+async def test_partial_reply_saved_while_streaming_and_restored_once(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        await _type(pilot, "tell me")
+        client.step(4)
+        await pilot.pause(0.7)  # one save tick (0.5 s) later the partial reply is on disk
+        db = sqlite3.connect(tmp_path / "magnitude.db")
+        rows = db.execute("SELECT role, content, complete FROM messages ORDER BY id").fetchall()
+        assert rows == [("user", "tell me", 1), ("assistant", "Echo **tell me** ", 0)]
+        await pilot.press("ctrl+n")
+        await _type(pilot, "second pane")
+        client.run_to_completion()
+        await pilot.pause(0.3)
+    # Restart with --resume: the same panes and messages, each once.
+    for _ in range(2):
+        app = make_app(tmp_path, resume=True)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause(0.2)
+            panes = _grid(app).panes
+            assert [p.record.name for p in panes] == ["A1", "A2"]
+            assert [(m.role, m.content) for m in panes[0].record.messages] == [
+                ("user", "tell me"), ("assistant", "Echo **tell me** with `code` done.")]
+            assert len(panes[1].record.messages) == 2
+    count = sqlite3.connect(tmp_path / "magnitude.db").execute("SELECT COUNT(*) FROM messages").fetchone()
+    assert count == (4,)
