@@ -141,7 +141,7 @@ class FakeBackend:
         fault = self._faults.popleft() if self._faults else None
         if fault is None and self.fault_when is not None:
             fault = self.fault_when(plan)
-        if fault is None and self.kv_cells_used() + plan.n_rows > self.n_ctx:
+        if fault is None and len(self._refs) + plan.n_rows > self.n_ctx:
             fault = DecodeOutcome.NO_KV_SLOT
         if fault is not None and fault is not DecodeOutcome.OK:
             code = {DecodeOutcome.NO_KV_SLOT: 1, DecodeOutcome.ABORTED: 2,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -69,8 +70,12 @@ def get_profile(name: str) -> HardwareProfile:
 
 
 class SimulatedBackend(FakeBackend):
-    """FakeBackend whose steps take the time a hardware profile (or a measured curve) says,
-    on a VirtualClock the engine reads: no real sleeping, so minutes simulate in milliseconds."""
+    """FakeBackend whose steps take the time a hardware profile (or a measured curve) says.
+
+    By default the time passes on a VirtualClock the engine reads: no real sleeping, so minutes
+    simulate in milliseconds. With `realtime=True` each step really sleeps and `clock` is wall
+    time, for the app's worker process, where a person watches the panes.
+    """
 
     def __init__(
         self,
@@ -81,12 +86,14 @@ class SimulatedBackend(FakeBackend):
         n_ctx: int = 65536,
         n_seq_max: int = 16,
         n_batch: int = 8192,
+        realtime: bool = False,
         **kwargs,
     ) -> None:
         self.profile = get_profile(profile) if isinstance(profile, str) else profile
         super().__init__(n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch,
                          name=f"simulated {self.profile.name}", **kwargs)
-        self.clock = clock or VirtualClock()
+        self.realtime = realtime
+        self.clock: Callable[[], float] = time.perf_counter if realtime else (clock or VirtualClock())
         self._step_ms = step_ms or self.profile.step_ms
 
     def decode(self, plan: BatchPlan) -> DecodeResult:
@@ -96,7 +103,10 @@ class SimulatedBackend(FakeBackend):
         else:
             # A failed llama_decode returns before the compute graph runs: only the fixed cost.
             ms = self.profile.fixed_ms
-        self.clock.advance(ms / 1000.0)
+        if self.realtime:
+            time.sleep(ms / 1000.0)
+        else:
+            self.clock.advance(ms / 1000.0)
         result.step_ms = ms
         return result
 
@@ -109,3 +119,16 @@ def from_spec(spec: str, **kwargs) -> FakeBackend:
         return SimulatedBackend(spec.partition(":")[2] or "rx9070xt", **kwargs)
     raise ValueError(f"unknown backend {spec!r}: use 'fake' or 'simulated:<profile>' "
                      f"({', '.join(sorted(PROFILES))})")
+
+
+def make_simulated(config) -> SimulatedBackend:
+    """The app worker's simulated backend from an EngineConfig ("simulated:<profile>"): real time,
+    so what the panes show moves at the profiled hardware's pace."""
+    return SimulatedBackend(
+        config.backend.partition(":")[2] or "rx9070xt",
+        n_ctx=config.n_ctx,
+        n_seq_max=config.n_seq_max,
+        n_batch=config.n_batch,
+        n_ubatch=config.n_ubatch,
+        realtime=True,
+    )

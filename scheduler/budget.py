@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 # When the decode rows alone already exceed the target, prompts still get this many rows per step,
 # so a newcomer always has a path to its first token (about one decode step's worth of prompt rows
@@ -35,8 +38,11 @@ class CostModel:
     # Ridge weights per parameter: about one step's worth of evidence each.
     _ANCHOR = (1.0, 64.0, 256.0)
 
-    def __init__(self, prior: CostParams | None = None, *, window: int = 128) -> None:
+    def __init__(self, prior: CostParams | None = None, *, window: int = 128, anchor: float = 1.0) -> None:
+        """`anchor` scales the pull toward the prior: near 0 when fitting a calibration run,
+        where the measurements are all there is to go on."""
         self.prior = prior or CostParams(fixed_ms=5.0, decode_ms=1.0, prefill_ms=1.0)
+        self.anchor = tuple(anchor * w for w in self._ANCHOR)
         self.params = self.prior
         self._samples: deque[tuple[int, int, float]] = deque(maxlen=window)
 
@@ -80,8 +86,8 @@ class CostModel:
                 for j in range(3):
                     m[i][j] += x[i] * x[j]
         for i in range(3):
-            m[i][i] += self._ANCHOR[i]
-            v[i] += self._ANCHOR[i] * prior[i]
+            m[i][i] += self.anchor[i]
+            v[i] += self.anchor[i] * prior[i]
         theta = _solve3(m, v)
         if theta is None:
             return self.params
@@ -164,3 +170,21 @@ def parse_policy(text: str) -> Policy:
         f"unknown scheduling policy {text!r}: use 'prefill-first', 'fixed:N' (N prompt rows per "
         "step, N >= 1) or 'target:MS' (target step time in milliseconds, e.g. target:50)"
     )
+
+
+def share_rows(order: list[T], pending: list[int], allowance: int, quantum: int) -> list[tuple[T, int]]:
+    """Deal `allowance` rows to `order` in turns of at most `quantum` each, never more than an
+    item's `pending`; returns (item, rows) for those that got any, in `order`."""
+    grant = [0] * len(order)
+    left = allowance
+    while left > 0:
+        gave = 0
+        for i, p in enumerate(pending):
+            n = min(quantum, p - grant[i], left)
+            if n > 0:
+                grant[i] += n
+                left -= n
+                gave += n
+        if gave == 0:
+            break
+    return [(item, g) for item, g in zip(order, grant) if g > 0]

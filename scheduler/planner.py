@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Protocol
-
-from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, Policy, parse_policy
+from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, Policy, parse_policy, share_rows
+from scheduler.ledger import KvCache, KvLedger
 from scheduler.sequence import Sequence, Session, common_prefix_len
 from scheduler.types import BatchPlan, DoneReason, Phase, SeqSlice
 
 # A lone sequence whose decode keeps failing for lack of KV room is out of context, not unlucky.
 _KV_FAILURES_BEFORE_GIVING_UP = 3
-
-
-class KvCache(Protocol):
-    """The KV operations the scheduler needs; every Backend provides them."""
-
-    def kv_remove(self, seq_id: int) -> None: ...
-    def kv_keep_prefix(self, seq_id: int, n_tokens: int) -> None: ...
-    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None: ...
-    def kv_cells_used(self) -> int: ...
 
 
 class RequestError(ValueError):
@@ -49,7 +39,7 @@ class Scheduler:
         if n_seq_max > n_batch:
             raise ValueError(f"n_seq_max ({n_seq_max}) must not exceed n_batch ({n_batch}): every "
                              "generating sequence needs its decode row in each step")
-        self.kv = kv
+        self.kv = KvLedger(kv, n_seq_max)
         self.n_ctx = n_ctx
         self.n_ctx_seq = n_ctx_seq or n_ctx
         self.n_seq_max = n_seq_max
@@ -83,7 +73,7 @@ class Scheduler:
         return len(self.running)
 
     def kv_used(self) -> int:
-        return self.kv.kv_cells_used()
+        return self.kv.cells_used()
 
     def free_slots(self) -> list[int]:
         return [s for s in range(self.n_seq_max) if s not in self._slot_owner]
@@ -215,6 +205,7 @@ class Scheduler:
                 if seq is None or seq.num_computed != sl.pos0:
                     continue
                 seq.num_computed += len(sl.tokens)
+                self.kv.grow(sl.seq_id, len(sl.tokens))
                 if sl.want_logits:
                     ready.append(seq)
                 seq.refresh_phase()
@@ -227,7 +218,7 @@ class Scheduler:
             return ready
         for sl, seq in planned:
             if seq is not None:
-                self.kv.kv_keep_prefix(sl.seq_id, seq.num_computed)
+                self.kv.keep_prefix(sl.seq_id, seq.num_computed)
         if outcome == "no_kv_slot":
             self._relieve_kv(plan)
         elif outcome != "aborted":
@@ -306,11 +297,11 @@ class Scheduler:
             # Alone in the cache: run without the full generation reserve; it stops at 'length'.
 
         if own is not None and own.seq_id == slot and not use_parent:
-            self.kv.kv_keep_prefix(slot, own_n)
+            self.kv.keep_prefix(slot, own_n)
+        elif use_parent:
+            self.kv.copy(parent.seq_id, slot, par_n)
         else:
-            self.kv.kv_remove(slot)
-            if use_parent:
-                self.kv.kv_copy(parent.seq_id, slot, par_n)
+            self.kv.remove(slot)
         if own is None:
             own = self.sessions[seq.session_id] = Session(seq.session_id)
         own.seq_id, own.tokens, own.live = slot, [], seq
@@ -334,7 +325,7 @@ class Scheduler:
     def _kv_free(self) -> int:
         """Cells neither used nor promised to a running sequence's remaining prompt and reserve."""
         promised = sum(self._reserved_cells(s) - s.num_computed for s in self.running)
-        return self.n_ctx - self.kv.kv_cells_used() - promised
+        return self.n_ctx - self.kv.cells_used() - promised
 
     def _evict_lru(self, protect: set) -> bool:
         idle = [s for s in self._slot_owner.values() if s.is_idle and s.session_id not in protect]
@@ -346,7 +337,7 @@ class Scheduler:
         return True
 
     def _release_slot(self, session: Session) -> None:
-        self.kv.kv_remove(session.seq_id)
+        self.kv.remove(session.seq_id)
         del self._slot_owner[session.seq_id]
         session.seq_id = None
         session.tokens = []
@@ -358,30 +349,17 @@ class Scheduler:
     # ---- planning helpers ----------------------------------------------------------------------
 
     def _share_prefill(self, prefilling: list[Sequence], allowance: int) -> list[tuple[Sequence, int]]:
-        """Split the prompt-row allowance: first come first served under prefill-first, otherwise
-        in bounded quanta starting from a different sequence each step (round-robin)."""
+        """First come first served under prefill-first; otherwise bounded quanta starting from a
+        different sequence each step (round-robin), so no prompt monopolises the batch."""
         if not prefilling or allowance <= 0:
             return []
         if self.policy.is_prefill_first:
-            order, quantum = prefilling, allowance
-        else:
-            start = self._rr % len(prefilling)
-            self._rr += 1
-            order = prefilling[start:] + prefilling[:start]
-            quantum = max(MIN_PREFILL_QUANTUM, math.ceil(allowance / len(order)))
-        grant = {id(s): 0 for s in order}
-        left = allowance
-        while left > 0:
-            gave = 0
-            for s in order:
-                n = min(quantum, s.num_pending - grant[id(s)], left)
-                if n > 0:
-                    grant[id(s)] += n
-                    left -= n
-                    gave += n
-            if gave == 0:
-                break
-        return [(s, grant[id(s)]) for s in order if grant[id(s)] > 0]
+            return share_rows(prefilling, [s.num_pending for s in prefilling], allowance, allowance)
+        start = self._rr % len(prefilling)
+        self._rr += 1
+        order = prefilling[start:] + prefilling[:start]
+        quantum = max(MIN_PREFILL_QUANTUM, math.ceil(allowance / len(order)))
+        return share_rows(order, [s.num_pending for s in order], allowance, quantum)
 
     def _running_at(self, seq_id: int) -> Sequence | None:
         for s in self.running:
@@ -424,12 +402,16 @@ class Scheduler:
         orphans = [s for s in self.sessions.values() if s.seq_id is None and s.live is None]
         if orphans:
             problems.append(f"sessions holding nothing: {orphans}")
-        resident = sum(len(s.tokens) for s in self.sessions.values())
-        if self.kv.kv_cells_used() > resident:
-            problems.append(f"{self.kv.kv_cells_used()} KV cells used, idle sessions hold {resident}")
-        return problems
+        for slot in self.free_slots():
+            if self.kv.positions(slot):
+                problems.append(f"free slot {slot} still holds {self.kv.positions(slot)} KV positions")
+        for session in self.sessions.values():
+            if (session.is_idle and session.seq_id is not None
+                    and self.kv.positions(session.seq_id) != len(session.tokens)):
+                problems.append(f"{session!r}: KV holds {self.kv.positions(session.seq_id)} positions")
+        return problems + self.kv.mismatches()
 
     def is_empty(self) -> bool:
         """Nothing at all held: no sequence, no session, no slot, no KV cell."""
         return (not self.leaks() and not self.sessions and not self._slot_owner
-                and self.kv.kv_cells_used() == 0)
+                and self.kv.cells_used() == 0)

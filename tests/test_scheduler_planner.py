@@ -307,3 +307,33 @@ def test_preempted_generation_recomputes_prompt_and_output_keeping_every_token()
     assert b.output[: len(shown)] == shown and len(b.output) == len(shown) + 1
     assert kv.kv_tokens(b.seq_id) == b.prompt + shown
     close_all(sched)
+
+
+class _PerSequenceCount(FakeBackend):
+    """Counts KV like the llama.cpp backend can: positions summed over sequences, so a prefix
+    shared by forks counts once per fork."""
+
+    def kv_cells_used(self) -> int:
+        return sum(self.kv_pos_max(s) + 1 for s in range(self.n_seq_max))
+
+
+def test_fork_admission_counts_shared_prefix_cells_once():
+    kv = _PerSequenceCount(n_ctx=2048, n_seq_max=9, n_batch=512)
+    sched = Scheduler(kv, n_ctx=2048, n_seq_max=9, n_batch=512, policy="fixed:512", gen_reserve=16)
+    parent = add(sched, "p", 1000, session="parent", max_tokens=1)
+    while not parent.is_finished:
+        step(sched, kv)
+    kids = [add(sched, f"k{i}", 0, session=f"kid{i}", fork_from="parent",
+                prompt=parent.prompt + [300 + i] * 10, max_tokens=8) for i in range(8)]
+    step(sched, kv)
+    assert all(k.phase is not Phase.QUEUED and k.num_cached == 1000 for k in kids)
+    assert kv.kv_cells_used() > 8000 and sched.kv_used() == 1000 + 80
+    close_all(sched)
+
+
+def test_share_rows_deals_in_turns():
+    from scheduler.budget import share_rows
+
+    assert share_rows("abc", [100, 5, 100], 40, 16) == [("a", 19), ("b", 5), ("c", 16)]
+    assert share_rows("ab", [3, 4], 100, 50) == [("a", 3), ("b", 4)]
+    assert share_rows("ab", [30, 30], 0, 16) == []

@@ -142,7 +142,7 @@ class Engine:
             return prior
         if self.scheduler.has_work():
             raise RuntimeError("calibrate() must run before any request is submitted")
-        fit = CostModel(self.scheduler.cost.prior)
+        fit = CostModel(self.scheduler.cost.prior, anchor=0.01)
         for d, p, ms in _calibration_steps(self.backend, self.scheduler):
             fit.observe(d, p, ms)
         self.scheduler.cost.seed(fit.params)

@@ -1,0 +1,83 @@
+"""Provides KvLedger: the scheduler's exact account of the unified KV cache's cells."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class KvCache(Protocol):
+    """The KV operations the scheduler needs; every Backend provides them."""
+
+    def kv_remove(self, seq_id: int) -> None: ...
+    def kv_keep_prefix(self, seq_id: int, n_tokens: int) -> None: ...
+    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None: ...
+    def kv_pos_max(self, seq_id: int) -> int: ...
+
+
+class KvLedger:
+    """Issues every KV operation the scheduler makes and mirrors its effect on the cells.
+
+    Why a mirror: in a unified cache `seq_cp` shares cells, so eight forks of a 1,000-token parent
+    hold ~1,000 cells, not 9,000; llama.cpp offers no count of distinct cells, and a per-sequence
+    sum would refuse admissions that fit. Cells are reference-counted like the native ones: a copy
+    shares them, a removal frees those no other sequence holds.
+    """
+
+    def __init__(self, kv: KvCache, n_seq_max: int) -> None:
+        self.kv = kv
+        self.n_seq_max = n_seq_max
+        self._cells: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}
+        self._refs: dict[int, int] = {}
+        self._next_cell = 0
+
+    def cells_used(self) -> int:
+        return len(self._refs)
+
+    def positions(self, seq_id: int) -> int:
+        return len(self._cells[seq_id])
+
+    def remove(self, seq_id: int) -> None:
+        self.kv.kv_remove(seq_id)
+        self._forget(seq_id, 0)
+
+    def keep_prefix(self, seq_id: int, n_tokens: int) -> None:
+        self.kv.kv_keep_prefix(seq_id, n_tokens)
+        self._forget(seq_id, n_tokens)
+
+    def _forget(self, seq_id: int, n_tokens: int) -> None:
+        cells = self._cells[seq_id]
+        for c in cells[n_tokens:]:
+            self._release(c)
+        del cells[n_tokens:]
+
+    def copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
+        """dst starts as src's first n_tokens positions (sharing their cells)."""
+        self.kv.kv_copy(src_seq, dst_seq, n_tokens)
+        for c in self._cells[dst_seq]:
+            self._release(c)
+        shared = self._cells[src_seq][:n_tokens]
+        for c in shared:
+            self._refs[c] += 1
+        self._cells[dst_seq] = list(shared)
+
+    def grow(self, seq_id: int, n_tokens: int) -> None:
+        """Record rows a successful decode appended to the sequence."""
+        cells = self._cells[seq_id]
+        for _ in range(n_tokens):
+            self._next_cell += 1
+            self._refs[self._next_cell] = 1
+            cells.append(self._next_cell)
+
+    def mismatches(self) -> list[str]:
+        """Sequences whose native positions differ from the ledger (should never happen)."""
+        out = []
+        for s in range(self.n_seq_max):
+            native = self.kv.kv_pos_max(s) + 1
+            if native != len(self._cells[s]):
+                out.append(f"seq {s}: KV holds {native} positions, the ledger {len(self._cells[s])}")
+        return out
+
+    def _release(self, cell: int) -> None:
+        self._refs[cell] -= 1
+        if self._refs[cell] == 0:
+            del self._refs[cell]

@@ -1,0 +1,352 @@
+"""Engine behaviour on the fake and simulated backends: phases, reuse, cancellation, failures."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from backend.fake import DEFAULT_REPLY, FakeBackend
+from backend.protocol import DecodeOutcome, DecodeResult, PlanError
+from backend.simulated import SimulatedBackend, VirtualClock
+from magnitude_tui.engine.core import Engine
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
+
+
+def engine_for(backend=None, policy="fixed:64", coalesce_ms=0.0, clock=None, **kw):
+    backend = backend or FakeBackend()
+    clock = clock or getattr(backend, "clock", None) or VirtualClock()
+    return Engine(backend, policy=policy, clock=clock, coalesce_ms=coalesce_ms, **kw), backend
+
+
+def chat(rid, session, *messages, max_tokens=256, fork_from=None):
+    msgs = tuple(Message(*m) if isinstance(m, tuple) else Message("user", m) for m in messages)
+    return Request(rid, session, msgs, SamplingParams(max_tokens=max_tokens), fork_from=fork_from)
+
+
+def by_request(reports):
+    out = {}
+    for r in reports:
+        for u in r.updates:
+            out.setdefault(u.request_id, []).append(u)
+    return out
+
+
+def text(updates):
+    return "".join(u.text_delta for u in updates)
+
+
+def assert_clean(engine, *sessions):
+    for s in sessions:
+        engine.close_session(s)
+    engine.run_until_idle()
+    assert engine.is_empty(), engine.leaks()
+    assert engine.backend.samplers == {}
+
+
+def test_a_request_goes_through_its_phases_and_reports_metrics():
+    backend = SimulatedBackend("cpu2core", n_ctx=4096, n_batch=512, eog_after=12)
+    engine, _ = engine_for(backend, policy="fixed:16", coalesce_ms=5)
+    engine.submit(chat("r", "s", "hello there"))
+    ups = by_request(engine.run_until_idle())["r"]
+    phases = [p for i, p in enumerate(u.phase for u in ups) if i == 0 or ups[i - 1].phase != p]
+    assert phases == [Phase.QUEUED, Phase.PREFILL, Phase.GENERATING, Phase.DONE]
+    last = ups[-1]
+    assert text(ups) == DEFAULT_REPLY[:12] and last.generated == 12
+    assert last.done_reason is DoneReason.STOP and last.error is None
+    assert last.prompt_done == last.prompt_total == len(backend.tokenize_chat([Message("user", "hello there")]))
+    assert [u.prompt_done for u in ups[1:3]] == [16, last.prompt_total]  # chunked by fixed:16
+    assert last.queue_ms == pytest.approx(5.0)  # the idle coalescing window
+    assert last.ttft_ms == pytest.approx(5.0 + backend.profile.step_ms(0, 16) + backend.profile.step_ms(0, last.prompt_total - 16))
+    assert last.itl_p50_ms == pytest.approx(backend.profile.step_ms(1, 0))
+    assert last.tok_s == pytest.approx(1000 / backend.profile.step_ms(1, 0))
+    assert last.itl_max_ms >= last.itl_p95_ms >= last.itl_p50_ms
+    assert sum(u.new_tokens for u in ups) == 12
+    assert_clean(engine, "s")
+
+
+def test_max_tokens_and_a_full_context_end_with_length():
+    engine, backend = engine_for(FakeBackend(n_ctx=4096, n_ctx_seq=64))
+    engine.submit(chat("short", "a", "hi", max_tokens=5))
+    engine.submit(chat("long", "b", "hi", max_tokens=1000))
+    ups = by_request(engine.run_until_idle())
+    assert ups["short"][-1].done_reason is DoneReason.LENGTH and ups["short"][-1].generated == 5
+    long = ups["long"][-1]
+    assert long.done_reason is DoneReason.LENGTH
+    assert long.prompt_total + long.generated == 64
+    assert_clean(engine, "a", "b")
+
+
+def test_requests_with_prompt_tokens_skip_the_chat_template():
+    engine, _ = engine_for(FakeBackend(eog_after=2))
+    engine.submit(Request("r", "s", (), prompt_tokens=(100, 101, 102)))
+    last = by_request(engine.run_until_idle())["r"][-1]
+    assert last.prompt_total == 3 and last.done_reason is DoneReason.STOP
+    assert_clean(engine, "s")
+
+
+def test_a_follow_up_turn_prefills_only_the_new_message():
+    engine, backend = engine_for(FakeBackend(eog_after=10))
+    engine.submit(chat("t1", "conv", "hello there"))
+    first = by_request(engine.run_until_idle())["t1"]
+    reply = text(first)
+    engine.submit(chat("t2", "conv", "hello there", ("assistant", reply), "and now?"))
+    reports = engine.run_until_idle()
+    last = by_request(reports)["t2"][-1]
+    history = len(backend.tokenize_chat([Message("user", "hello there")])) + len(reply)
+    assert last.cached_tokens == history
+    assert sum(r.prefill_rows for r in reports) == last.prompt_total - history
+    assert_clean(engine, "conv")
+
+
+def _forks(backend, n_kids=8, fork=True):
+    engine, _ = engine_for(backend, policy="target:100")
+    context = ("You are the lead agent. " * 60)[:1400]
+    engine.submit(chat("parent", "lead", ("system", context), "plan the work", max_tokens=1))
+    engine.run_until_idle()
+    t0 = backend.clock()
+    for i in range(n_kids):
+        engine.submit(chat(f"kid{i}", f"kid{i}", ("system", context), "plan the work",
+                           f"subtask {i}: check file {i}", max_tokens=4,
+                           fork_from="lead" if fork else None))
+    ups = by_request(engine.run_until_idle())
+    kids = [ups[f"kid{i}"][-1] for i in range(n_kids)]
+    assert_clean(engine, "lead", *(f"kid{i}" for i in range(n_kids)))
+    return kids, t0
+
+
+def test_forked_subagents_reuse_the_parent_prefix_and_start_far_sooner():
+    forked, _ = _forks(SimulatedBackend("cpu2core", n_ctx=16384, n_batch=512))
+    cold, _ = _forks(SimulatedBackend("cpu2core", n_ctx=16384, n_batch=512), fork=False)
+    assert all(k.cached_tokens >= 1000 for k in forked)
+    assert all(k.cached_tokens == 0 for k in cold)
+    assert all(k.done_reason is DoneReason.LENGTH for k in forked + cold)
+    assert max(k.ttft_ms for k in forked) * 5 < min(k.ttft_ms for k in cold)
+    assert [text([k]) for k in forked] == [text([k]) for k in cold]
+
+
+def test_cancel_mid_prefill_frees_slot_kv_and_sampler_within_one_step():
+    engine, backend = engine_for(policy="fixed:16")
+    engine.submit(chat("keep", "k", "hi", max_tokens=50))
+    engine.submit(chat("gone", "g", "x" * 300))
+    engine.step()
+    engine.step()
+    slot = engine.scheduler.sessions["g"].seq_id
+    assert backend.kv_pos_max(slot) >= 0
+    engine.cancel("gone")
+    report = engine.step()
+    (u,) = [u for u in report.updates if u.request_id == "gone"]
+    assert u.phase is Phase.DONE and u.done_reason is DoneReason.CANCELLED
+    assert backend.kv_pos_max(slot) == -1 and slot not in {s.seq_id for s in report_plan(backend)}
+    assert slot in engine.scheduler.free_slots()
+    engine.cancel("keep")
+    assert_clean(engine, "k")
+
+
+def report_plan(backend):
+    return backend.decode_calls[-1].slices
+
+
+def test_a_cancel_that_arrives_during_decode_is_honoured_before_sampling():
+    engine, backend = engine_for()
+    engine.submit(chat("r", "s", "hi"))
+    engine.step()
+    backend.fault_when = lambda plan: engine.cancel("r")  # arrives while the step runs
+    report = engine.step()
+    (u,) = report.updates
+    assert u.done_reason is DoneReason.CANCELLED and u.text_delta == "" and u.new_tokens == 0
+    assert backend.kv_cells_used() == 0 and backend.samplers == {}
+    backend.fault_when = None
+    assert_clean(engine)
+
+
+def test_cancel_while_queued_and_close_session():
+    engine, _ = engine_for(FakeBackend(n_seq_max=1))
+    engine.submit(chat("a", "sa", "hi", max_tokens=100))
+    engine.submit(chat("b", "sb", "hi"))
+    engine.step()
+    ups = by_request([engine.step()])
+    assert "b" not in ups or ups["b"][-1].phase is Phase.QUEUED
+    engine.cancel("b")
+    engine.close_session("sa")
+    ups = by_request([engine.step()])
+    assert ups["b"][-1].done_reason is DoneReason.CANCELLED and ups["b"][-1].ttft_ms is None
+    assert ups["a"][-1].done_reason is DoneReason.CANCELLED
+    assert_clean(engine)
+
+
+def test_bad_requests_fail_alone_with_clear_errors():
+    engine, _ = engine_for(FakeBackend(n_ctx=512, eog_after=5))
+    engine.submit(chat("ok", "s0", "fine"))
+    engine.submit(Request("role", "s1", (Message("wizard", "x"),)))
+    engine.submit(chat("huge", "s2", "y" * 600))
+    engine.submit(Request("vocab", "s3", (), prompt_tokens=(5, 10**9)))
+    engine.submit(chat("zero", "s4", "x", max_tokens=0))
+    engine.submit(Request("empty", "s5", (), prompt_tokens=()))
+    engine.submit(chat("ok", "s6", "duplicate"))
+    ups = by_request(engine.run_until_idle())
+    errors = {rid: u.error for rid, us in ups.items() for u in us if u.done_reason is DoneReason.ERROR}
+    assert "unknown chat role" in errors["role"]
+    assert "larger context" in errors["huge"]
+    assert "vocabulary" in errors["vocab"]
+    assert "max_tokens" in errors["zero"]
+    assert "empty" in errors["empty"]
+    assert "already running" in errors["ok"]
+    assert ups["ok"][-1].done_reason is DoneReason.STOP  # the first "ok" was not disturbed
+    assert_clean(engine, "s0")
+
+
+def test_a_rejected_batch_fails_its_requests_and_the_engine_goes_on():
+    engine, backend = engine_for()
+    real = backend.decode
+    calls = []
+
+    def broken(plan):
+        calls.append(plan)
+        if len(calls) == 1:
+            raise PlanError("position gap")
+        return real(plan)
+
+    backend.decode = broken
+    engine.submit(chat("a", "sa", "hi"))
+    first = by_request(engine.run_until_idle())["a"][-1]
+    assert first.done_reason is DoneReason.ERROR and "position gap" in first.error
+    engine.submit(chat("b", "sb", "hi", max_tokens=3))
+    assert by_request(engine.run_until_idle())["b"][-1].done_reason is DoneReason.LENGTH
+    assert_clean(engine, "sb")
+
+
+def test_kv_exhaustion_preempts_and_recomputes_without_losing_shown_text():
+    backend = FakeBackend(n_ctx=200, n_batch=64)
+    engine, _ = engine_for(backend, policy="fixed:32", gen_reserve=4)
+    for i in range(3):
+        engine.submit(Request(f"r{i}", f"s{i}", (), SamplingParams(max_tokens=60),
+                              prompt_tokens=tuple(range(100, 140))))
+    reports = engine.run_until_idle()
+    ups = by_request(reports)
+    assert any(r.outcome == "no_kv_slot" for r in reports)
+    preempted = [rid for rid, us in ups.items() if any("preempted" in (u.waiting_reason or "") for u in us)]
+    assert preempted
+    for rid, us in ups.items():
+        assert us[-1].done_reason is DoneReason.LENGTH and us[-1].generated == 60
+        assert len(text(us)) == 60 == sum(u.new_tokens for u in us)
+    for rid in preempted:
+        us = ups[rid]
+        cut = next(i for i, u in enumerate(us) if "preempted" in (u.waiting_reason or ""))
+        shown = text(us[: cut + 1])
+        assert shown and text(us).startswith(shown)
+        assert us[cut].phase is Phase.QUEUED and us[cut].generated == len(shown)
+    assert_clean(engine, "s0", "s1", "s2")
+
+
+def test_idle_coalescing_admits_a_burst_in_one_batch():
+    clock = VirtualClock()
+    engine, backend = engine_for(FakeBackend(), coalesce_ms=5, clock=clock)
+    engine.submit(chat("a", "sa", "hi"))
+    assert engine.step().prefill_rows == 0
+    clock.advance(0.002)
+    engine.submit(chat("b", "sb", "hi"))
+    assert engine.step().prefill_rows == 0
+    clock.advance(0.002)
+    assert engine.step() is None and engine.wait_hint() == pytest.approx(0.001)
+    clock.advance(0.001)
+    report = engine.step()
+    assert {u.request_id for u in report.updates} == {"a", "b"}
+    assert len(backend.decode_calls[0].slices) == 2
+    engine.cancel("a")
+    engine.cancel("b")
+    assert_clean(engine)
+
+
+def test_idle_conversations_keep_their_slot_until_evicted_least_recently_used():
+    engine, backend = engine_for(FakeBackend(n_seq_max=2, eog_after=3))
+    for rid, sid in (("a1", "A"), ("b1", "B")):
+        engine.submit(chat(rid, sid, "hi"))
+        engine.run_until_idle()
+    slot_b = engine.scheduler.sessions["B"].seq_id
+    engine.submit(chat("a2", "A", "hi", ("assistant", "The"), "more"))
+    assert by_request(engine.run_until_idle())["a2"][-1].cached_tokens > 0
+    engine.submit(chat("c1", "C", "hi"))
+    c = by_request(engine.run_until_idle())["c1"][-1]
+    assert c.seq_id == slot_b and "B" not in engine.scheduler.sessions
+    assert set(engine.scheduler.sessions) == {"A", "C"}
+    assert_clean(engine, "A", "C")
+
+
+def test_policy_can_change_between_steps_and_bad_ones_are_refused():
+    engine, _ = engine_for(policy="target:50")
+    engine.set_policy("fixed:8")
+    assert engine.policy == "fixed:8"
+    with pytest.raises(ValueError, match="prefill-first"):
+        engine.set_policy("fast please")
+    assert engine.policy == "fixed:8"
+    engine.submit(chat("r", "s", "hello world", max_tokens=2))
+    report = engine.step()
+    assert report.policy == "fixed:8" and report.prefill_rows == 8 and report.budget == 8
+    assert report.kv_used == 8 and report.kv_total == 4096 and report.running == 1
+    assert_clean(engine, "s")
+
+
+def test_commands_from_other_threads_while_the_loop_runs():
+    engine = Engine(FakeBackend(n_seq_max=4, eog_after=5), policy="target:20", coalesce_ms=1)
+    done = {}
+
+    def client():
+        for i in range(20):
+            engine.submit(chat(f"r{i}", f"s{i}", f"task {i}"))
+            time.sleep(0.001)
+
+    t = threading.Thread(target=client)
+    t.start()
+    deadline = time.monotonic() + 20
+    while (t.is_alive() or engine.has_work()) and time.monotonic() < deadline:
+        report = engine.step()
+        for u in report.updates if report else ():
+            if u.phase is Phase.DONE:
+                done[u.request_id] = u.done_reason
+        if report is None:
+            time.sleep(engine.wait_hint() or 0.0005)
+    t.join()
+    assert done == {f"r{i}": DoneReason.STOP for i in range(20)}
+    assert_clean(engine, *(f"s{i}" for i in range(20)))
+
+
+class _TimedFake(FakeBackend):
+    """A fake whose steps take a known time, to check calibration's fit."""
+
+    def decode(self, plan) -> DecodeResult:
+        result = super().decode(plan)
+        result.step_ms = 3.0 + 0.5 * plan.n_decode + 0.25 * plan.n_prefill
+        return result
+
+
+def test_calibrate_fits_the_cost_model_and_leaves_nothing_behind():
+    engine, backend = engine_for(_TimedFake())
+    params = engine.calibrate()
+    assert params.fixed_ms == pytest.approx(3.0, rel=0.2)
+    assert params.decode_ms == pytest.approx(0.5, rel=0.2)
+    assert params.prefill_ms == pytest.approx(0.25, rel=0.05)
+    assert engine.cost == params
+    assert_clean(engine)
+
+
+def test_fail_all_ends_every_live_request_with_the_reason():
+    engine, _ = engine_for()
+    engine.submit(chat("a", "sa", "hi"))
+    engine.submit(chat("b", "sb", "hi"))
+    engine.step()
+    report = engine.fail_all("the engine is shutting down")
+    assert {u.request_id: u.error for u in report.updates} == {
+        "a": "the engine is shutting down", "b": "the engine is shutting down"}
+    assert_clean(engine)
+
+
+def test_no_kv_slot_from_the_backend_is_reported_as_the_step_outcome():
+    engine, backend = engine_for()
+    engine.submit(chat("a", "sa", "hi", max_tokens=3))
+    backend.fail_next(DecodeOutcome.NO_KV_SLOT)
+    report = engine.step()
+    assert report.outcome == "no_kv_slot"
+    assert by_request(engine.run_until_idle())["a"][-1].generated == 3
+    assert_clean(engine, "sa")
