@@ -30,6 +30,7 @@ class RequestMetrics:
     t_last_token: float | None = None
     t_finish: float | None = None
     num_tokens: int = 0
+    token_times: list[float] = field(default_factory=list)  # when each visible token arrived
     # Sorted, so percentiles stay O(1) per report however long the reply gets.
     _itl_sorted: list[float] = field(default_factory=list)
     _recent: deque = field(default_factory=deque)
@@ -49,6 +50,7 @@ class RequestMetrics:
             bisect.insort(self._itl_sorted, (now - self.t_last_token) * 1000.0)
         self.t_last_token = now
         self.num_tokens += 1
+        self.token_times.append(now)
         self._recent.append(now)
         while self._recent and self._recent[0] < now - LIVE_WINDOW_S:
             self._recent.popleft()

@@ -250,6 +250,9 @@ class Scheduler:
             except RequestError as e:
                 self.finish(seq, DoneReason.ERROR, str(e))
                 continue
+            except Exception as e:  # a failing KV operation belongs to this request only
+                self.finish(seq, DoneReason.ERROR, f"could not set up its KV cache: {e}")
+                continue
             if blocked_reason is not None:
                 seq.waiting_reason = blocked_reason
         if not self.running:
