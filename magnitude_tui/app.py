@@ -12,6 +12,7 @@ from magnitude_tui.commands import palette_commands
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.screens.workspace import WorkspaceScreen
 from magnitude_tui.store import Store
+from scheduler.types import SamplingParams
 from themes import DEFAULT_THEME, THEMES
 
 
@@ -29,9 +30,11 @@ class MagnitudeApp(App):
     TITLE = "magnitude-tui"
 
     def __init__(self, config: EngineConfig, *, client, store: Store, theme: str | None = None,
-                 resume: bool = False, export_dir: Path | None = None) -> None:
+                 resume: bool = False, export_dir: Path | None = None,
+                 sampling: SamplingParams | None = None) -> None:
         super().__init__()
         self.config = config
+        self.sampling = sampling or SamplingParams()
         self.client = client
         self.store = store
         self._resume = resume
@@ -48,7 +51,8 @@ class MagnitudeApp(App):
     def on_mount(self) -> None:
         restored = self.store.open_workspace(resume=self._resume)
         self.install_screen(WorkspaceScreen(client=self.client, store=self.store, config=self.config,
-                                            restored=restored, export_dir=self._export_dir), "workspace")
+                                            restored=restored, export_dir=self._export_dir,
+                                            sampling=self.sampling), "workspace")
         self.push_screen("workspace")  # it starts the engine once its panes are mounted
 
     def watch_theme(self, theme: str) -> None:
@@ -63,7 +67,8 @@ class MagnitudeApp(App):
         self.client.stop()
 
 
-def run_app(config: EngineConfig, *, theme: str | None, resume: bool) -> None:
+def run_app(config: EngineConfig, *, theme: str | None, resume: bool,
+            sampling: SamplingParams | None = None) -> None:
     """Run the TUI until the user quits: engine worker in its own process, state in SQLite."""
     from magnitude_tui.engine.client import EngineClient
 
@@ -72,7 +77,8 @@ def run_app(config: EngineConfig, *, theme: str | None, resume: bool) -> None:
     store = Store()
     client = EngineClient(config)
     try:
-        MagnitudeApp(config, client=client, store=store, theme=theme, resume=resume).run()
+        MagnitudeApp(config, client=client, store=store, theme=theme, resume=resume,
+                     sampling=sampling).run()
     finally:
         client.stop()
         store.close()

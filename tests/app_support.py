@@ -10,7 +10,7 @@ from magnitude_tui.app import MagnitudeApp
 from magnitude_tui.engine.events import (EngineConfig, EngineFailed, EngineReady, LoadProgress,
                                          PolicyChanged)
 from magnitude_tui.store import Store
-from scheduler.types import DoneReason, Phase, Request, SeqUpdate, StepReport
+from scheduler.types import DoneReason, Phase, Request, SamplingParams, SeqUpdate, StepReport
 
 SIZE = (120, 40)
 
@@ -169,7 +169,18 @@ class ScriptedClient:
 
 
 def make_app(tmp_path: Path, client=None, *, resume: bool = False, theme: str | None = None,
-             config: EngineConfig | None = None) -> MagnitudeApp:
+             config: EngineConfig | None = None, sampling: SamplingParams | None = None) -> MagnitudeApp:
     store = Store(tmp_path / "magnitude.db")
     return MagnitudeApp(config or EngineConfig(backend="fake"), client=client or ScriptedClient(),
-                        store=store, theme=theme, resume=resume, export_dir=tmp_path / "exports")
+                        store=store, theme=theme, resume=resume, export_dir=tmp_path / "exports",
+                        sampling=sampling)
+
+
+async def wait_for(pilot, condition, timeout: float = 10.0, what: str = "condition") -> None:
+    """Let the app run until condition() holds (engine-driven tests cannot count steps)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.05)

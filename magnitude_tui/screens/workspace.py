@@ -24,35 +24,39 @@ from magnitude_tui.widgets.loading_view import LoadingView
 from magnitude_tui.widgets.pane_grid import MAX_PANES, PaneGrid
 from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
 from magnitude_tui.widgets.sequences_panel import SequencesPanel
-from scheduler.types import DoneReason, Phase, Request, SeqUpdate, StepReport
+from scheduler.types import DoneReason, Phase, Request, SamplingParams, SeqUpdate, StepReport
 
 SAVE_INTERVAL_S = 0.5  # streaming replies reach the database at most this far behind
+_PANES = Binding.Group("Pane")
+_PANELS = Binding.Group("Panels")
 
 
 class WorkspaceScreen(Screen):
     """Chat panes side by side; every action here also appears in the palette (commands.py)."""
 
     BINDINGS = [
+        Binding("ctrl+p", "app.command_palette", "Palette", priority=True),
         Binding("ctrl+n", "new_pane", "New"),
-        Binding("ctrl+x", "close_pane", "Close", priority=True),
-        Binding("tab", "next_pane", "Next"),
-        Binding("shift+tab", "prev_pane", "Prev", show=False),
+        Binding("ctrl+x", "close_pane", "Close"),
+        Binding("tab", "next_pane", "Next pane", key_display="⇥", group=_PANES),
+        Binding("shift+tab", "prev_pane", "Previous pane", key_display="⇤", group=_PANES),
         Binding("ctrl+o", "zoom", "Zoom"),
-        Binding("escape", "cancel", "Cancel"),
+        Binding("escape", "cancel", "Stop"),
         Binding("ctrl+s", "spawn", "Spawn"),
         Binding("ctrl+b", "burst", "Burst"),
         Binding("ctrl+l", "policy", "Policy"),
         Binding("ctrl+t", "app.change_theme", "Theme"),
-        Binding("f5", "export", "Export"),
+        Binding("f5", "export", "Save"),
         Binding("ctrl+y", "copy_answer", "Copy"),
-        Binding("f2", "toggle_sequences", "Seqs"),
-        Binding("f3", "toggle_scheduler", "Sched"),
+        Binding("f2", "toggle_sequences", "Sequences panel", group=_PANELS),
+        Binding("f3", "toggle_scheduler", "Scheduler panel", group=_PANELS),
         Binding("ctrl+r", "restart_engine", "Restart", show=False),
     ]
 
     def __init__(self, *, client, store: Store, config: EngineConfig, restored: list[PaneRecord],
-                 export_dir: Path) -> None:
+                 export_dir: Path, sampling: SamplingParams | None = None) -> None:
         super().__init__()
+        self.sampling = sampling or SamplingParams()
         self.client = client
         self.store = store
         self.config = config
@@ -65,16 +69,21 @@ class WorkspaceScreen(Screen):
         self._panes: dict[str, ChatPane] = {}  # open panes; outlives the DOM at shutdown, for save()
 
     def compose(self) -> ComposeResult:
+        # Held directly: engine events keep arriving while the DOM is torn down at exit.
+        self.loading = LoadingView(self.config.model, self.config.device, id="loading")
+        self.grid = PaneGrid(id="panes")
+        self.scheduler_panel = SchedulerPanel(id="scheduler")
+        self.sequences_panel = SequencesPanel(id="sequences")
         with ContentSwitcher(initial="loading", id="switcher"):
-            yield LoadingView(self.config.model, self.config.device, id="loading")
+            yield self.loading
             with Horizontal(id="workspace"):
-                yield PaneGrid(id="panes")
-                yield SchedulerPanel(id="scheduler")
-        yield SequencesPanel(id="sequences")
-        yield Footer(compact=True)
+                yield self.grid
+                yield self.scheduler_panel
+        yield self.sequences_panel
+        yield Footer(compact=True, show_command_palette=False)
 
     async def on_mount(self) -> None:
-        self.query_one(SequencesPanel).display = False
+        self.sequences_panel.display = False
         names = {r.id: r.name for r in self._restored}
         for record in self._restored:
             for m in record.messages:
@@ -91,6 +100,8 @@ class WorkspaceScreen(Screen):
     async def _pump_events(self) -> None:
         """One engine batch per step; the client reads the pipe off the UI thread."""
         async for batch in self.client.events():
+            if not self.grid.is_attached:
+                break  # shutting down
             self.apply_events(batch)
 
     async def _add_pane(self, pane: ChatPane, *, focus: bool = True) -> None:
@@ -100,30 +111,26 @@ class WorkspaceScreen(Screen):
     def on_unmount(self) -> None:
         self.save()
 
-    @property
-    def grid(self) -> PaneGrid:
-        return self.query_one(PaneGrid)
-
     # ---- engine events ------------------------------------------------------------------------
 
     def apply_events(self, batch: list[object]) -> None:
         """One engine batch (one step). Only bookkeeping here; widgets repaint on their timers."""
         for event in batch:
             if isinstance(event, StepReport):
-                self.query_one(SchedulerPanel).record(event)
+                self.scheduler_panel.record(event)
                 for update in event.updates:
                     self._route(update)
             elif isinstance(event, SeqUpdate):
                 self._route(event)
             elif isinstance(event, LoadProgress):
-                self.query_one(LoadingView).progress(event)
+                self.loading.progress(event)
             elif isinstance(event, EngineReady):
                 self._ready(event)
             elif isinstance(event, EngineFailed):
                 self._failed(event)
             elif isinstance(event, PolicyChanged):
                 self.policy = event.policy
-                self.query_one(SchedulerPanel).set_policy(event.policy)
+                self.scheduler_panel.set_policy(event.policy)
                 self.notify(f"Policy is now {event.policy}")
             elif isinstance(event, CommandRejected):
                 self.notify(event.message, severity="warning")
@@ -133,7 +140,7 @@ class WorkspaceScreen(Screen):
         if pane is None:
             return
         pane.apply(update)
-        self.query_one(SequencesPanel).apply(update, pane.record.name)
+        self.sequences_panel.apply(update, pane.record.name)
         if update.phase is Phase.DONE and update.done_reason in (DoneReason.STOP, DoneReason.LENGTH):
             self._resident.add(update.session_id)
 
@@ -141,7 +148,7 @@ class WorkspaceScreen(Screen):
         self.engine_ready = True
         self._resident.clear()
         self.policy = event.policy
-        panel = self.query_one(SchedulerPanel)
+        panel = self.scheduler_panel
         panel.set_engine(f"{event.model} · {event.device}")
         panel.set_policy(event.policy)
         self.query_one(ContentSwitcher).current = "workspace"
@@ -152,7 +159,7 @@ class WorkspaceScreen(Screen):
     def _failed(self, event: EngineFailed) -> None:
         self._resident.clear()
         if not self.engine_ready:
-            self.query_one(LoadingView).failed(event)
+            self.loading.failed(event)
             return
         self.engine_ready = False
         hint = " Press ctrl+r to restart it." if event.restartable else ""
@@ -162,7 +169,7 @@ class WorkspaceScreen(Screen):
         if self.engine_ready and self.client.alive:
             self.notify("The engine is running")
             return
-        self.query_one(LoadingView).restarting()
+        self.loading.restarting()
         self.query_one(ContentSwitcher).current = "loading"
         self.engine_ready = False
         self.client.restart()
@@ -184,7 +191,8 @@ class WorkspaceScreen(Screen):
         request_id = f"{pane.session_id}:{uuid.uuid4().hex[:8]}"
         pane.begin_request(request_id)
         fork = fork_from if fork_from in self._resident else None
-        self.client.submit(Request(request_id, pane.session_id, pane.conversation(), fork_from=fork))
+        self.client.submit(Request(request_id, pane.session_id, pane.conversation(), self.sampling,
+                                   fork_from=fork))
 
     async def _slash(self, pane: ChatPane, text: str) -> None:
         try:
@@ -278,7 +286,7 @@ class WorkspaceScreen(Screen):
         self._resident.discard(pane.session_id)
         self._save_pane(pane)
         self.store.close_pane(pane.session_id)
-        self.query_one(SequencesPanel).forget(pane.session_id)
+        self.sequences_panel.forget(pane.session_id)
         del self._panes[pane.session_id]
         await self.grid.remove_pane(pane)
         self.store.set_positions([p.session_id for p in self.grid.panes])
@@ -341,11 +349,11 @@ class WorkspaceScreen(Screen):
         self.notify(f"Copied {len(answer)} characters from {pane.record.name}")
 
     def action_toggle_sequences(self) -> None:
-        panel = self.query_one(SequencesPanel)
+        panel = self.sequences_panel
         panel.display = not panel.display
 
     def action_toggle_scheduler(self) -> None:
-        panel = self.query_one(SchedulerPanel)
+        panel = self.scheduler_panel
         panel.display = not panel.display
 
     # ---- persistence --------------------------------------------------------------------------

@@ -13,5 +13,9 @@ class Composer(Input):
     Composer:focus { background: $primary 15%; }
     """
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # ctrl+x closes the pane (a workspace key); a one-line composer can live without cut.
+        return False if action == "cut" else super().check_action(action, parameters)
+
     def __init__(self, **kwargs) -> None:
         super().__init__(placeholder="Message · /spawn N task · /burst N · /policy P", compact=True, **kwargs)

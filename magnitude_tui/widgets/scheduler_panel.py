@@ -77,7 +77,7 @@ class SchedulerPanel(Widget):
 
     def render(self) -> Text:
         s = self.get_component_rich_style
-        width = max(8, self.content_size.width - _LABEL - 1)
+        width = max(8, self.content_size.width - _LABEL - 5)  # room for a 4-digit figure after a sparkline
         text = Text(no_wrap=True, overflow="ellipsis")
 
         def line(label: str, *parts: tuple[str, str]) -> None:
@@ -99,6 +99,7 @@ class SchedulerPanel(Widget):
         # Fixed scale: the target sits at mid-height, so a bar above the middle is over target.
         top = 2 * target if target else max(times)
         text.append(f"{'step':<{_LABEL}}", s("sched--label"))
+        text.append(" " * (width - len(times)))
         for value, char in zip(times, spark(times, len(times), top=top)):
             text.append(char, s("sched--over" if target and value > target else "sched--ok"))
         text.append("\n")
@@ -107,14 +108,14 @@ class SchedulerPanel(Widget):
         line("", (f"p50 {fmt_ms(_percentile(times, 0.5))} · p95 {fmt_ms(_percentile(times, 0.95))}", ""))
 
         rows_top = max([r.decode_rows + r.prefill_rows for r in recent] + [1])
-        line("decode", (spark([r.decode_rows for r in recent], len(recent), top=rows_top), "sched--decode"),
-             (f" {last.decode_rows}", ""))
-        line("prefill", (spark([r.prefill_rows for r in recent], len(recent), top=rows_top), "sched--prefill"),
-             (f" {last.prefill_rows}", ""))
+        line("decode", (spark([r.decode_rows for r in recent], width, top=rows_top), "sched--decode"),
+             (f" {last.decode_rows:>3}", ""))
+        line("prefill", (spark([r.prefill_rows for r in recent], width, top=rows_top), "sched--prefill"),
+             (f" {last.prefill_rows:>3}", ""))
         total_ms = sum(times)
         decode_rate = sum(r.decode_rows for r in recent) / total_ms * 1000 if total_ms else 0.0
         line("budget", (f"{last.budget} rows", ""), (f" · step #{last.step}", "sched--dim"))
-        line("decode", (f"{decode_rate:.1f} tok/s aggregate", ""))
+        line("rate", (f"{decode_rate:.1f} tok/s decode, all seqs", ""))
 
         filled = round(last.kv_used / last.kv_total * width) if last.kv_total else 0
         line("KV", ("█" * filled, "sched--kv"), ("░" * (width - filled), "sched--dim"))

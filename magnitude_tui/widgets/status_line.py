@@ -19,6 +19,9 @@ _BADGE = {
 }
 
 
+_PROMPT_PHASES = (Phase.LOADING, Phase.QUEUED, Phase.PREPARING, Phase.PREFILL)
+
+
 class StatusLine(Horizontal):
     """What the engine is doing for this pane's current (or last) request."""
 
@@ -49,7 +52,9 @@ class StatusLine(Horizontal):
         badge.set_classes(["badge", self._badge_class(update)])
         badge.update(self._badge_text(update))
         bar = self.query_one(ProgressBar)
-        if update is not None and update.prompt_total:
+        prefilling = update is not None and update.phase in _PROMPT_PHASES
+        bar.display = prefilling
+        if prefilling and update.prompt_total:
             bar.update(total=update.prompt_total, progress=update.prompt_done)
         self.query_one(".metrics", Static).update(self.metrics_text(update))
 
@@ -73,19 +78,16 @@ class StatusLine(Horizontal):
 
     @staticmethod
     def metrics_text(u: SeqUpdate | None) -> str:
+        """Most telling figure first, so a narrow pane cuts the least useful ones."""
         if u is None:
-            return "Enter to send · /spawn N task · Esc cancels"
-        parts: list[str] = []
-        if u.phase is Phase.QUEUED and u.waiting_reason:
-            parts.append(u.waiting_reason)
-        if u.prompt_total:
-            parts.append(f"{fmt_count(u.prompt_done)}/{fmt_count(u.prompt_total)} ({fmt_count(u.cached_tokens)} cached)")
-        parts.append(f"queue {fmt_ms(u.queue_ms)}")
-        parts.append(f"TTFT {fmt_ms(u.ttft_ms)}")
+            return "Enter sends · /spawn N task · Esc cancels"
+        prompt = (f"{fmt_count(u.prompt_done)}/{fmt_count(u.prompt_total)} "
+                  f"({fmt_count(u.cached_tokens)} cached)") if u.prompt_total else None
         rate = u.tok_s_live if u.phase is not Phase.DONE else u.tok_s
-        parts.append(f"{fmt_rate(rate)} tok/s")
-        parts.append(f"ITL p95 {fmt_ms(u.itl_p95_ms)}")
-        parts.append(f"{u.generated} tok")
-        if u.error:
-            parts.append(u.error)
-        return " · ".join(parts)
+        latency = [f"TTFT {fmt_ms(u.ttft_ms)}", f"{fmt_rate(rate)} tok/s", f"ITL p95 {fmt_ms(u.itl_p95_ms)}"]
+        if u.phase in _PROMPT_PHASES:
+            parts = [u.waiting_reason if u.phase is Phase.QUEUED else None, prompt,
+                     f"queue {fmt_ms(u.queue_ms)}"]
+        else:
+            parts = [u.error, *latency, f"queue {fmt_ms(u.queue_ms)}", f"{u.generated} tok", prompt]
+        return " · ".join(p for p in parts if p)
