@@ -1,0 +1,76 @@
+"""Drives an in-process Engine over a real or fake backend and records what each request saw."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
+
+
+@dataclass
+class Seen:
+    """Everything one request reported, in order."""
+
+    updates: list[SeqUpdate] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # engine clock at each step with new tokens
+    text: str = ""
+
+    @property
+    def last(self) -> SeqUpdate:
+        return self.updates[-1]
+
+    @property
+    def done(self) -> bool:
+        return bool(self.updates) and self.updates[-1].phase is Phase.DONE
+
+    def gaps_ms(self, t0: float, t1: float) -> list[float]:
+        """Inter-token gaps of the tokens that arrived inside [t0, t1] (the one before t0 counts)."""
+        ts = self.token_times
+        out = []
+        for a, b in zip(ts, ts[1:]):
+            if b >= t0 and a <= t1:
+                out.append((b - a) * 1000.0)
+        return out
+
+
+class Driver:
+    def __init__(self, engine):
+        self.engine = engine
+        self.seen: dict[str, Seen] = {}
+        self.reports: list[StepReport] = []
+
+    def submit(self, rid: str, session: str, text: str | list[Message] | None = None, *, max_tokens: int = 32,
+               fork_from: str | None = None, prompt_tokens=None, temperature: float = 0.0) -> str:
+        msgs = tuple(text) if isinstance(text, list) else ((Message("user", text),) if text else ())
+        self.seen.setdefault(rid, Seen())
+        self.engine.submit(Request(rid, session, msgs, SamplingParams(temperature=temperature, max_tokens=max_tokens),
+                                   fork_from=fork_from,
+                                   prompt_tokens=tuple(prompt_tokens) if prompt_tokens is not None else None))
+        return rid
+
+    def step(self) -> StepReport | None:
+        report = self.engine.step()
+        if report is None:
+            hint = self.engine.wait_hint()
+            if hint:
+                time.sleep(min(hint, 0.01))
+            return None
+        self.reports.append(report)
+        for u in report.updates:
+            s = self.seen.setdefault(u.request_id, Seen())
+            s.updates.append(u)
+            s.text += u.text_delta
+            if u.new_tokens:
+                s.token_times.append(report.t)
+        return report
+
+    def run_until(self, cond, timeout: float = 300.0) -> None:
+        t_end = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > t_end:
+                raise TimeoutError("engine did not reach the expected state in time")
+            self.step()
+
+    def run_until_done(self, *rids: str, timeout: float = 300.0) -> None:
+        self.run_until(lambda: all(self.seen[r].done for r in rids), timeout)

@@ -1,0 +1,107 @@
+"""The engine in its own process: real model streaming, worker death reported to every request, restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from magnitude_tui.engine.client import EngineClient
+from magnitude_tui.engine.events import EngineConfig, EngineFailed, EngineReady, LoadProgress
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def updates_of(batch):
+    for ev in batch:
+        if isinstance(ev, StepReport):
+            yield from ev.updates
+        elif isinstance(ev, SeqUpdate):
+            yield ev
+
+
+def wait_ready(client, timeout=120):
+    progress = []
+    t_end = time.monotonic() + timeout
+    while time.monotonic() < t_end:
+        batch = client.poll_events(timeout=5) or []
+        for ev in batch:
+            if isinstance(ev, LoadProgress):
+                progress.append(ev.fraction)
+            if isinstance(ev, EngineReady):
+                return ev, progress
+            if isinstance(ev, EngineFailed):
+                raise AssertionError(ev.message)
+    raise TimeoutError("engine not ready")
+
+
+def test_killing_the_worker_fails_live_requests_clearly_and_a_new_worker_starts(tmp_path):
+    log = tmp_path / "engine.log"
+    client = EngineClient(EngineConfig(backend="llama", device="cpu", n_ctx=2048, n_seq_max=4),
+                          log_path=str(log))
+    client.start()
+    try:
+        ready, progress = wait_ready(client)
+        assert progress and progress[-1] == 1.0 and ready.device == "CPU"
+        for i in range(2):
+            client.submit(Request(f"r{i}", f"s{i}", (Message("user", "Write a long poem about rivers."),),
+                                  SamplingParams(max_tokens=500)))
+        streamed = {"r0": "", "r1": ""}
+        while not all(streamed.values()):
+            for u in updates_of(client.poll_events(timeout=30) or []):
+                streamed[u.request_id] += u.text_delta
+        os.kill(client.pid, signal.SIGKILL)
+        errors, failed = {}, None
+        t_end = time.monotonic() + 30
+        while (len(errors) < 2 or failed is None) and time.monotonic() < t_end:
+            for ev in client.poll_events(timeout=5) or []:
+                if isinstance(ev, EngineFailed):
+                    failed = ev
+                elif isinstance(ev, (StepReport, SeqUpdate)):
+                    for u in updates_of([ev]):
+                        if u.phase is Phase.DONE:
+                            errors[u.request_id] = u
+        assert failed is not None and "SIGKILL" in failed.message, failed
+        assert set(errors) == {"r0", "r1"}
+        for u in errors.values():
+            assert u.done_reason is DoneReason.ERROR and "SIGKILL" in u.error and "Restart" in u.error
+        print(f"\nerror shown to each request: {errors['r0'].error}")
+        client.restart()
+        wait_ready(client)
+        client.submit(Request("after", "s9", (Message("user", "Say hi."),), SamplingParams(max_tokens=8)))
+        done = None
+        while done is None:
+            for u in updates_of(client.poll_events(timeout=30) or []):
+                if u.phase is Phase.DONE:
+                    done = u
+        assert done.error is None and done.generated > 0
+    finally:
+        client.stop()
+    assert not client.alive
+
+
+def test_generate_cli_runs_eight_sequences_in_one_context():
+    r = subprocess.run(
+        [sys.executable, "-m", "magnitude_tui.cli", "generate",
+         "What is the capital of France? Answer in one word.", "--n", "8", "--max-tokens", "12", "--device", "cpu"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    print(r.stdout[-2500:])
+    assert "8 sequences in one context" in r.stdout
+    assert r.stdout.count("Paris") >= 8
+    assert "TTFT" in r.stdout
+
+
+def test_generate_cli_rejects_a_missing_model_file():
+    r = subprocess.run([sys.executable, "-m", "magnitude_tui.cli", "generate", "hi", "--model", "/nope.gguf"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "model file not found" in (r.stdout + r.stderr)
