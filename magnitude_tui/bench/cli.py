@@ -1,0 +1,151 @@
+"""Provides the `magnitude-tui bench` commands (typer): admit, prefill-curve, throughput, fork."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+bench_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Measure the claims: the admission stall, the prefill curve, throughput against llama.cpp, fork TTFT. "
+         "Each command prints its tables and writes results/<name>-<timestamp>.json, .md and .png.",
+)
+
+ModelOpt = typer.Option(None, "--model", "-m", help="GGUF model path (default: SmolLM2-135M-Instruct Q4_1).")
+DeviceOpt = typer.Option("cpu", "--device", "-d", help="auto | cpu | vulkan | vulkan:N")
+ThreadsOpt = typer.Option(None, "--threads", "-t", help="CPU threads (default: all cores).")
+OutOpt = typer.Option(Path("results"), "--out", help="Directory for the JSON, Markdown and PNG files.")
+CtxOpt = typer.Option(None, "--ctx", help="Context size (default: 8192 real, 65536 simulated; fork/throughput: enough for the work).")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _spec(kind: str, model, device, threads, ctx):
+    from magnitude_tui.bench.common import BackendSpec
+
+    if not (kind == "llama" or kind.startswith("simulated")):
+        raise typer.BadParameter(f"unknown backend {kind!r}: use 'llama' or 'simulated:<profile>'", param_hint="--backend")
+    return BackendSpec(kind=kind, model=model, device=device, n_threads=threads, n_ctx=ctx)
+
+
+def _finish(result, out: Path, plot) -> None:
+    from magnitude_tui.bench.common import print_result, save_result
+
+    console = Console()
+    print_result(result)
+    paths = save_result(result, out, plot)
+    console.print("wrote " + ", ".join(str(p) for p in paths.values()))
+
+
+def _progress(msg: str) -> None:
+    Console(stderr=True).print(f"[dim]{msg}[/]")
+
+
+@bench_app.command()
+def admit(
+    backend: List[str] = typer.Option(["llama", "simulated:rx9070xt"], "--backend", "-b",
+                                      help="llama and/or simulated:<profile> (rx9070xt, cpu2core); repeatable."),
+    n_running: int = typer.Option(8, "--n-running", help="Sequences generating when the newcomer arrives."),
+    newcomer: int = typer.Option(0, "--newcomer", help="Newcomer prompt tokens (0: 8,000 simulated, else as many as the context allows)."),
+    fixed: str = typer.Option("16,32,64,128,256,512,2048", "--fixed", help="Chunk sizes for the fixed:N policies."),
+    targets: str = typer.Option("", "--targets", help="Target step times in ms (empty: 1.5x, 2x, 3x the undisturbed decode step)."),
+    no_prefill_first: bool = typer.Option(False, "--no-prefill-first", help="Leave out the prefill-first policy."),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
+    ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
+) -> None:
+    """N sequences generate; one long prompt arrives. Every policy: running tok/s, ITL, newcomer TTFT."""
+    from magnitude_tui.bench.admit import AdmitConfig, admit_result
+    from magnitude_tui.bench.plots import plot_admit
+
+    try:
+        tgt = tuple(float(x) for x in targets.split(",") if x.strip())
+    except ValueError:
+        raise typer.BadParameter(f"expected milliseconds like 50,75, got {targets!r}", param_hint="--targets") from None
+    cfg = AdmitConfig(n_running=n_running, newcomer_tokens=newcomer, fixed=_ints(fixed), targets=tgt,
+                      prefill_first=not no_prefill_first)
+    specs = [_spec(b, model, device, threads, ctx) for b in backend]
+    _finish(admit_result(specs, cfg, progress=_progress), out, plot_admit)
+
+
+@bench_app.command("prefill-curve")
+def prefill_curve(
+    backend: str = typer.Option("llama", "--backend", "-b", help="llama or simulated:<profile>."),
+    chunks: str = typer.Option(",".join(str(2 ** i) for i in range(12)), "--chunks", help="Prompt rows per step."),
+    decode_rows: int = typer.Option(8, "--decode-rows", help="Decode rows beside the chunk in the second series."),
+    seqs: str = typer.Option("1,2,4,8,12,16", "--seqs", help="Batch widths for the decode step curve."),
+    reps: int = typer.Option(3, "--reps", help="Repetitions per point (median)."),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
+    ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
+) -> None:
+    """Prefill tok/s for chunks of 1..2048 rows (alone and beside decode rows), decode step for 1..16 seqs, fit."""
+    from magnitude_tui.bench.plots import plot_prefill_curve
+    from magnitude_tui.bench.prefill_curve import CurveConfig, curve_result
+
+    cfg = CurveConfig(chunks=_ints(chunks), n_decode=decode_rows, seqs=_ints(seqs), reps=reps)
+    _finish(curve_result(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, plot_prefill_curve)
+
+
+@bench_app.command()
+def throughput(
+    seqs: str = typer.Option("1,2,4,8,16", "--seqs", help="Concurrent sequences."),
+    prompt: int = typer.Option(64, "--prompt", help="Prompt tokens per sequence."),
+    gen: int = typer.Option(128, "--gen", help="Generated tokens per sequence (EOS ignored)."),
+    reps: int = typer.Option(3, "--reps", help="Repetitions (medians are reported)."),
+    policy: List[str] = typer.Option(["target:50", "fixed:2048"], "--policy", "-p",
+                                     help="Engine policies; the first is 'this engine' in the ratios. Repeatable."),
+    peers: str = typer.Option("batched-bench,server,serial", "--peers", help="Which peers to run."),
+    require_tools: bool = typer.Option(False, "--require-tools", help="Fail if llama.cpp's tools are not built."),
+    profile: bool = typer.Option(False, "--profile", help="Also cProfile one engine run at 8 sequences."),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
+    ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
+) -> None:
+    """Aggregate generated tok/s at 1..16 sequences: this engine vs llama-batched-bench, llama-server, serial Llama."""
+    from magnitude_tui.bench.peers import PeerError
+    from magnitude_tui.bench.plots import plot_throughput
+    from magnitude_tui.bench.throughput import PEERS, ThroughputConfig, run_throughput
+
+    chosen = tuple(p.strip() for p in peers.split(",") if p.strip())
+    bad = [p for p in chosen if p not in PEERS]
+    if bad:
+        raise typer.BadParameter(f"unknown peer {bad[0]!r}: choose from {', '.join(PEERS)}", param_hint="--peers")
+    cfg = ThroughputConfig(seqs=_ints(seqs), prompt=prompt, gen=gen, reps=reps, policies=tuple(policy),
+                           peers=chosen, require_tools=require_tools, profile=profile)
+    try:
+        result = run_throughput(_spec("llama", model, device, threads, ctx), cfg, progress=_progress)
+    except PeerError as e:
+        Console(stderr=True).print(f"[red]{e}[/]")
+        raise typer.Exit(1)
+    _finish(result, out, plot_throughput)
+
+
+@bench_app.command()
+def fork(
+    n: int = typer.Option(8, "--n", help="Subagents."),
+    parent: int = typer.Option(1500, "--parent", help="Tokens of shared parent context."),
+    task: int = typer.Option(32, "--task", help="Each subagent's own tokens after the shared context."),
+    gen: int = typer.Option(8, "--gen", help="Tokens each subagent generates."),
+    policy: str = typer.Option("target:50", "--policy", "-p"),
+    reps: int = typer.Option(1, "--reps"),
+    backend: str = typer.Option("llama", "--backend", "-b", help="llama or simulated:<profile>."),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
+    ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
+) -> None:
+    """TTFT of N subagents forked from a long parent context vs the same N started cold."""
+    from magnitude_tui.bench.fork import ForkConfig, run_fork
+    from magnitude_tui.bench.plots import plot_fork
+
+    cfg = ForkConfig(n=n, parent_tokens=parent, task_tokens=task, gen=gen, policy=policy, reps=reps)
+    _finish(run_fork(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, plot_fork)
+
+
+if __name__ == "__main__":
+    bench_app()

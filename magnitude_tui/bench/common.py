@@ -1,0 +1,267 @@
+"""Provides what every benchmark shares: backends, exact-length prompts, stats, result files and tables."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+# A plain passage the real tokenizer turns into ordinary text tokens; prompts are cut from it at
+# different offsets so that no two sequences share a prefix (nothing is reusable by accident).
+PASSAGE = (
+    "The harbour town woke slowly. Fishermen checked their nets while the baker stacked warm loaves "
+    "by the window, and a group of children raced along the sea wall toward the lighthouse. Old maps "
+    "in the library showed the coastline as it had been two hundred years before, when the river still "
+    "met the sea north of the cliffs. Travellers came for the markets in spring, for the storms in "
+    "autumn, and for the quiet in winter, when the streets belonged to cats and the gulls argued over "
+    "the last of the catch. Every evening the keeper climbed the stairs, counted the steps aloud, and "
+    "lit the lamp that had guided ships past the reef for as long as anyone could remember. "
+)
+
+
+# ---- backends ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """How a benchmark builds its backend: `llama` (the real model) or `simulated:<profile>`."""
+
+    kind: str = "llama"
+    model: str | None = None
+    device: str = "cpu"
+    n_ctx: int | None = None  # None: 8192 for the real model, 65536 for a simulated one
+    n_seq_max: int = 16
+    n_batch: int | None = None  # None: 2048 for the real model, 8192 for a simulated one
+    n_ubatch: int = 512
+    n_threads: int | None = None
+
+    @property
+    def simulated(self) -> bool:
+        return self.kind.startswith("simulated")
+
+    @property
+    def profile(self) -> str:
+        return self.kind.split(":", 1)[1] if ":" in self.kind else "rx9070xt"
+
+
+def make_backend(spec: BackendSpec):
+    """Load the backend a spec names (the real model takes a second; a simulated one is instant)."""
+    if spec.simulated:
+        from backend.simulated import SimulatedBackend
+
+        return SimulatedBackend(profile=spec.profile, n_ctx=spec.n_ctx or 65536, n_seq_max=spec.n_seq_max,
+                                n_batch=spec.n_batch or 8192)
+    from backend.llama_backend import LlamaBackend
+
+    return LlamaBackend.load(model_path=spec.model, device=spec.device, n_ctx=spec.n_ctx or 8192,
+                             n_seq_max=spec.n_seq_max, n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch,
+                             n_threads=spec.n_threads)
+
+
+def backend_clock(backend) -> Callable[[], float]:
+    """The clock that measures a backend: a simulated backend's virtual clock, else wall time."""
+    clock = getattr(backend, "clock", None)
+    if clock is None:
+        return time.perf_counter
+    return clock if callable(clock) else clock.now
+
+
+def profile_costs(backend) -> dict | None:
+    """A simulated backend's published cost figures, for the arithmetic the benchmark checks."""
+    profile = getattr(backend, "profile", None)
+    if profile is None:
+        return None
+    return {k: v for k, v in (asdict(profile) if hasattr(profile, "__dataclass_fields__") else vars(profile)).items()
+            if isinstance(v, (int, float, str))}
+
+
+def reset_kv(backend) -> None:
+    """Leave no sequence behind between runs that share one loaded model."""
+    for s in range(backend.n_seq_max):
+        backend.kv_remove(s)
+        backend.free_sampler(s)
+
+
+class FixedLength:
+    """A backend view for benchmarks: it never reports end-of-generation (so every request makes
+    exactly max_tokens: benchmarks compare equal work, and a greedy model may say <|im_end|> early),
+    and it records each native decode's time (llama_decode + synchronize) for the profile tables.
+    """
+
+    _PASS = ("tokenize", "tokenize_chat", "detokenizer", "set_sampler", "sample", "free_sampler",
+             "kv_remove", "kv_keep_prefix", "kv_copy", "kv_pos_max", "kv_cells_used", "close")
+
+    def __init__(self, backend) -> None:
+        self._backend = backend
+        self.decode_ms: list[float] = []
+        # Bound once, so the hot path pays no __getattr__ fallback per call.
+        for name in self._PASS:
+            if hasattr(backend, name):
+                setattr(self, name, getattr(backend, name))
+
+    def is_eog(self, token: int) -> bool:
+        return False
+
+    def decode(self, plan):
+        result = self._backend.decode(plan)
+        self.decode_ms.append(result.step_ms)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
+def prompt_tokens(backend, n: int, salt: int = 0) -> tuple[int, ...]:
+    """Exactly n ordinary text tokens; a different salt gives a different first token."""
+    base = _passage_tokens(backend)
+    start = (salt * 7) % len(base)
+    reps = (start + n) // len(base) + 1
+    return tuple((base * reps)[start:start + n])
+
+
+_PASSAGE_CACHE: dict[int, list[int]] = {}
+
+
+def _passage_tokens(backend) -> list[int]:
+    key = id(backend)
+    if key not in _PASSAGE_CACHE:
+        try:
+            toks = [t for t in backend.tokenize(PASSAGE) if 0 <= t < backend.n_vocab]
+        except Exception:
+            toks = []
+        if len(set(toks)) < 32:  # a backend without a real vocabulary: any in-range ids will do
+            toks = [(997 * i + 13) % max(backend.n_vocab - 1, 2) + 1 for i in range(512)]
+        _PASSAGE_CACHE[key] = toks
+    return _PASSAGE_CACHE[key]
+
+
+# ---- statistics ----------------------------------------------------------------------------------
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def median(values: Iterable[float]) -> float | None:
+    return percentile(list(values), 50)
+
+
+def rnd(x: float | None, nd: int = 2) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+# ---- results -------------------------------------------------------------------------------------
+
+@dataclass
+class BenchResult:
+    """One benchmark run: its configuration, the machine, one or more tables and free-form notes."""
+
+    name: str
+    title: str
+    config: dict
+    machine: dict
+    tables: dict[str, list[dict]] = field(default_factory=dict)  # table title -> rows
+    notes: list[str] = field(default_factory=list)
+    data: dict = field(default_factory=dict)  # raw series for plots and re-analysis
+
+
+def machine_info() -> dict:
+    """What the figures were measured on."""
+    info = {"os": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+        flags = next((l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")), "")
+        info["simd"] = " ".join(f for f in ("avx2", "avx512f", "fma", "f16c") if f" {f}" in flags)
+        mem = next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal"))
+        info["memory_gib"] = round(int(mem.split()[1]) / 2**20, 1)
+    except (OSError, StopIteration):
+        pass
+    try:
+        import importlib.metadata as md
+
+        info["llama_cpp_python"] = md.version("llama_cpp_python")
+    except Exception:
+        pass
+    return info
+
+
+def backend_info(backend) -> dict:
+    info = {"backend": backend.name, "n_ctx": backend.n_ctx, "n_batch": backend.n_batch,
+            "n_seq_max": backend.n_seq_max}
+    for attr in ("model_name", "device_name", "n_threads", "n_ubatch"):
+        if hasattr(backend, attr):
+            info[attr] = getattr(backend, attr)
+    return info
+
+
+def markdown_table(rows: list[dict]) -> str:
+    if not rows:
+        return "(no rows)\n"
+    cols = list(rows[0].keys())
+    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
+    return str(v)
+
+
+def print_result(result: BenchResult, console: Console | None = None) -> None:
+    # Wide tables fold rather than truncate; a narrow terminal still gets every figure.
+    console = console or Console(width=max(Console().width, 200))
+    for title, rows in result.tables.items():
+        table = Table(title=f"{result.title}: {title}", title_justify="left")
+        cols = list(rows[0].keys()) if rows else []
+        for c in cols:
+            table.add_column(c, justify="left" if c in ("policy", "peer", "backend", "mode") else "right")
+        for r in rows:
+            table.add_row(*(_fmt(r.get(c)) for c in cols))
+        console.print(table)
+    for note in result.notes:
+        console.print(f"[dim]- {note}[/]")
+
+
+def save_result(result: BenchResult, out_dir: str | os.PathLike = "results",
+                plot: Callable[[BenchResult, Path], None] | None = None) -> dict[str, Path]:
+    """Write results/<name>-<timestamp>.json, .md and (with a plot function) .png; return the paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = out / f"{result.name}-{stamp}"
+    paths = {"json": base.with_suffix(".json"), "md": base.with_suffix(".md")}
+    paths["json"].write_text(json.dumps(asdict(result), indent=1, default=str))
+    md = [f"# {result.title}\n"]
+    for title, rows in result.tables.items():
+        md += [f"## {title}\n", markdown_table(rows)]
+    if result.notes:
+        md += ["Notes:\n"] + [f"- {n}" for n in result.notes] + [""]
+    md += ["```", json.dumps({"config": result.config, "machine": result.machine}, indent=1, default=str), "```", ""]
+    paths["md"].write_text("\n".join(md))
+    if plot is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        paths["png"] = base.with_suffix(".png")
+        plot(result, paths["png"])
+    return paths

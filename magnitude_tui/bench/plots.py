@@ -1,0 +1,142 @@
+"""Provides the PNG plots of the benchmarks (matplotlib, headless)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+from magnitude_tui.bench.common import BenchResult  # noqa: E402
+
+
+def plot_admit(result: BenchResult, path: Path) -> None:
+    """Per backend: running tok/s and newcomer TTFT against the chunk size (log x), targets marked."""
+    backends = list(result.data.items())
+    fig, axes = plt.subplots(len(backends), 2, figsize=(12, 4.2 * len(backends)), squeeze=False)
+    for (label, s), (ax_rate, ax_ttft) in zip(backends, axes):
+        rows = s["rows"]
+        fixed = sorted((r for r in rows if r["policy"].startswith("fixed:")), key=lambda r: r["chunk"] or 0)
+        targets = [r for r in rows if r["policy"].startswith("target:")]
+        pf = next((r for r in rows if r["policy"] == "prefill-first"), None)
+        base = s["undisturbed_tok_s"]
+        for ax, key, unit in ((ax_rate, "running_tok_s", "tok/s per running sequence"),
+                              (ax_ttft, "ttft_s", "newcomer TTFT (s)")):
+            ax.plot([r["chunk"] for r in fixed], [r[key] for r in fixed], "o-", color="tab:blue",
+                    label="fixed:N (measured)")
+            for r in fixed:
+                ax.annotate(r["policy"].split(":")[1], (r["chunk"], r[key]), textcoords="offset points",
+                            xytext=(0, 6), ha="center", fontsize=7, color="tab:blue")
+            if pf:
+                ax.plot([pf["chunk"]], [pf[key]], "*", ms=14, color="tab:gray", label="prefill-first")
+            ax.plot([r["chunk"] for r in targets], [r[key] for r in targets], "D", ms=8, color="tab:red",
+                    label="target:MS (measured)")
+            for r in targets:
+                ax.annotate(r["policy"], (r["chunk"], r[key]), textcoords="offset points", xytext=(6, -12),
+                            fontsize=8, color="tab:red")
+            _model_curve(ax, s, key)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("prompt rows per step (chunk), log scale")
+            ax.set_ylabel(unit)
+            ax.grid(True, which="both", alpha=0.3)
+        ax_rate.axhline(base, color="tab:green", lw=1, ls=":", label=f"undisturbed {base:.1f}")
+        ax_rate.axhline(base / 2, color="tab:green", lw=1, ls="--", label="half of undisturbed")
+        if pf:
+            ax_ttft.axhline(pf["ttft_s"], color="tab:gray", lw=1, ls=":", label="prefill-first TTFT")
+            ax_ttft.axhline(1.6 * pf["ttft_s"], color="tab:gray", lw=1, ls="--", label="1.6x prefill-first")
+        ax_rate.set_title(f"{label}: running sequences during the admission", fontsize=10)
+        ax_ttft.set_title(f"{label}: newcomer ({s['newcomer_tokens']:,} tokens) time to first token", fontsize=10)
+        ax_rate.legend(fontsize=7)
+        ax_ttft.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _model_curve(ax, s: dict, key: str) -> None:
+    """The additive cost model for a fixed chunk C: 1/(decode step + C/rate), ceil(L/C) steps."""
+    rate, step = s.get("prefill_rate_tok_s"), s["undisturbed_step_ms"] / 1000.0
+    if not rate:
+        return
+    n = s["newcomer_tokens"]
+    cs = [2 ** (i / 4) for i in range(16, 4 * 11 + 1)]
+    if key == "running_tok_s":
+        ys = [1.0 / (step + c / rate) for c in cs]
+    else:
+        ys = [math.ceil(n / c) * step + n / rate for c in cs]
+    ax.plot(cs, ys, "--", color="black", lw=0.8, alpha=0.6, label="cost model")
+
+
+def plot_prefill_curve(result: BenchResult, path: Path) -> None:
+    """Prefill tok/s against chunk size (with and without decode rows) and decode step vs sequences."""
+    d = result.data
+    fig, (ax_p, ax_d) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for mode, style in (("alone", "o-"), ("with_decode", "s-")):
+        pts = [r for r in d["prefill"] if r["mode"] == mode]
+        if not pts:
+            continue
+        label = "prompt rows alone" if mode == "alone" else f"beside {d['n_decode']} decode rows"
+        ax_p.plot([r["chunk"] for r in pts], [r["prefill_tok_s"] for r in pts], style, label=f"{label} (measured)")
+        ax_p.plot([r["chunk"] for r in pts], [r["model_prefill_tok_s"] for r in pts], "--", lw=0.8,
+                  color=ax_p.lines[-1].get_color(), label=f"{label} (fitted model)")
+    ax_p.set_xscale("log", base=2)
+    ax_p.set_xlabel("prompt rows in the step (chunk), log scale")
+    ax_p.set_ylabel("prefill tok/s")
+    ax_p.set_title("prefill rate against chunk size", fontsize=10)
+    ax_p.grid(True, which="both", alpha=0.3)
+    ax_p.legend(fontsize=7)
+    dec = d["decode"]
+    ax_d.plot([r["seqs"] for r in dec], [r["step_ms"] for r in dec], "o-", label="decode step (measured)")
+    ax_d.plot([r["seqs"] for r in dec], [r["model_step_ms"] for r in dec], "--", color="black", lw=0.8,
+              label="fitted model")
+    ax2 = ax_d.twinx()
+    ax2.plot([r["seqs"] for r in dec], [r["agg_tok_s"] for r in dec], "^:", color="tab:green", label="aggregate tok/s")
+    ax2.set_ylabel("aggregate decode tok/s", color="tab:green")
+    ax_d.set_xlabel("generating sequences (decode rows per step)")
+    ax_d.set_ylabel("step time (ms)")
+    ax_d.set_title("decode step time against batch width", fontsize=10)
+    ax_d.grid(True, alpha=0.3)
+    ax_d.legend(fontsize=7, loc="upper left")
+    ax2.legend(fontsize=7, loc="lower right")
+    fig.suptitle(d.get("label", ""), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_throughput(result: BenchResult, path: Path) -> None:
+    """Aggregate generated tok/s against concurrent sequences, one line per peer."""
+    rows = result.data["medians"]
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for peer in dict.fromkeys(r["peer"] for r in rows):
+        pts = sorted((r for r in rows if r["peer"] == peer and r["tok_s"]), key=lambda r: r["seqs"])
+        ax.plot([r["seqs"] for r in pts], [r["tok_s"] for r in pts], "o-", label=peer)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([1, 2, 4, 8, 16], ["1", "2", "4", "8", "16"])
+    ax.set_xlabel("concurrent sequences")
+    ax.set_ylabel("generated tok/s (all sequences, end to end, median)")
+    ax.set_title(result.data.get("label", "throughput"), fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_fork(result: BenchResult, path: Path) -> None:
+    """TTFT of each subagent, forked vs cold, in the order they reached their first token."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for mode, color in (("forked", "tab:green"), ("cold", "tab:red")):
+        ttfts = sorted(result.data["ttft_s"].get(mode, []))
+        ax.plot(range(1, len(ttfts) + 1), ttfts, "o-", color=color, label=mode)
+    ax.set_xlabel("subagent (sorted by TTFT)")
+    ax.set_ylabel("TTFT (s)")
+    ax.set_title(result.data.get("label", "fork"), fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
