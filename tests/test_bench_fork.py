@@ -1,0 +1,32 @@
+"""bench fork: forked subagents reuse the parent's context and reach their first token sooner."""
+
+from __future__ import annotations
+
+import pytest
+
+from magnitude_tui.bench.common import BackendSpec, save_result
+from magnitude_tui.bench.fork import ForkConfig, run_fork
+from magnitude_tui.bench.plots import plot_fork
+
+
+def _rows(res):
+    return {r["mode"]: r for r in next(iter(res.tables.values()))}
+
+
+def test_simulated_fork_reuses_the_parent_prefix(tmp_path):
+    res = run_fork(BackendSpec(kind="simulated:cpu2core"), ForkConfig(n=3, parent_tokens=400, task_tokens=16, gen=2))
+    rows = _rows(res)
+    assert rows["forked"]["cached_min"] == 400 and rows["cold"]["cached_min"] == 0
+    assert rows["forked"]["prompt_rows"] == 3 * 16
+    assert rows["cold"]["prompt_rows"] == 3 * 416
+    assert rows["forked"]["ttft_max_s"] < rows["cold"]["ttft_p50_s"]
+    assert save_result(res, tmp_path, plot_fork)["png"].exists()
+
+
+@pytest.mark.slow
+def test_tiny_real_fork_is_well_formed():
+    res = run_fork(BackendSpec(kind="llama", device="cpu"), ForkConfig(n=2, parent_tokens=160, task_tokens=8, gen=2))
+    rows = _rows(res)
+    assert rows["forked"]["cached_min"] == 160
+    assert rows["forked"]["prompt_rows"] == 2 * 8
+    assert all(t > 0 for ts in res.data["ttft_s"].values() for t in ts)

@@ -1,0 +1,43 @@
+"""bench throughput: the same fixed work for every peer, well-formed medians and ratios.
+
+llama.cpp's own tools are peers only once scripts/build_llama_tools.sh has built them. Without them
+this smoke test runs the engine and serial Llama and says so; set MAGNITUDE_REQUIRE_LLAMA_TOOLS=1
+(where the tools are expected to be built) to make their absence a failure instead.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+from magnitude_tui.bench import peers
+from magnitude_tui.bench.common import BackendSpec, save_result
+from magnitude_tui.bench.plots import plot_throughput
+from magnitude_tui.bench.throughput import ThroughputConfig, run_throughput
+
+pytestmark = pytest.mark.slow
+
+
+def test_tiny_throughput_against_every_available_peer(tmp_path):
+    require = os.environ.get("MAGNITUDE_REQUIRE_LLAMA_TOOLS") == "1"
+    found = peers.tools_dir()
+    if found is None:
+        if require:
+            pytest.fail("MAGNITUDE_REQUIRE_LLAMA_TOOLS=1 but llama-batched-bench/llama-server are not built: "
+                        "run scripts/build_llama_tools.sh")
+        warnings.warn("llama.cpp tools not built (scripts/build_llama_tools.sh): only the engine and serial "
+                      "Llama are compared here")
+    cfg = ThroughputConfig(seqs=(1, 2), prompt=16, gen=8, reps=1, policies=("target:50",), require_tools=require)
+    res = run_throughput(BackendSpec(kind="llama", device="cpu", n_ctx=1024), cfg)
+    want = {"engine target:50", "Llama serial"} | ({"llama-batched-bench", "llama-server -np N"} if found else set())
+    assert {m["peer"] for m in res.data["medians"]} == want
+    for m in res.data["medians"]:
+        assert m["tok_s"] > 0 and m["peer_over_engine"] > 0
+    assert all(r["made"] == r["seqs"] * 8 for r in res.data["runs"])  # exactly the same work everywhere
+    prof = next(v for k, v in res.tables.items() if k.startswith("engine step time"))
+    assert all(p["native_decode_ms_p50"] > 0 and p["python_ms_p50"] is not None for p in prof)
+    paths = save_result(res, tmp_path, plot_throughput)
+    assert paths["png"].exists()
+    assert "÷engine (Llama)" in paths["md"].read_text()
