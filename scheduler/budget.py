@@ -30,21 +30,29 @@ class CostParams:
 class CostModel:
     """A small online least-squares fit of step time, anchored to a prior.
 
-    The prior comes from calibration (or a simulated profile); every measured step refines it. The
-    anchor (ridge toward the prior) keeps the fit sane when recent steps all look alike, e.g. 8
-    decode rows and 23 prompt rows every time, which alone cannot separate the three terms.
+    The prior comes from calibration (or a simulated profile); every measured step refines it over
+    a sliding window. The anchor (ridge toward the prior) grows with the window so the prior always
+    counts for about a twentieth of the evidence: recent steps that all look alike (8 decode rows and
+    23 prompt rows every time) pin down the cost at that point, while the directions they cannot
+    separate stay at the prior instead of drifting on noise. Per-row costs also stay within 10x of
+    the prior, so one noisy stretch cannot turn a budget of 20 rows into 2,000.
     """
 
-    # Ridge weights per parameter: about one step's worth of evidence each.
-    _ANCHOR = (1.0, 64.0, 256.0)
+    # Ridge weights per parameter, per sample: about a twentieth of a typical step's evidence.
+    _ANCHOR = (0.05, 3.2, 12.8)
 
-    def __init__(self, prior: CostParams | None = None, *, window: int = 128, anchor: float = 1.0) -> None:
-        """`anchor` scales the pull toward the prior: near 0 when fitting a calibration run,
-        where the measurements are all there is to go on."""
+    def __init__(self, prior: CostParams | None = None, *, window: int = 128, anchor: float = 1.0,
+                 row_cost_range: float | None = 10.0) -> None:
+        """`anchor` scales the pull toward the prior and `row_cost_range` bounds per-row costs
+        around it; a calibration fit sets them to ~0 and None, since its prior is only a guess
+        and the measurements are all there is to go on."""
         self.prior = prior or CostParams(fixed_ms=5.0, decode_ms=1.0, prefill_ms=1.0)
         self.anchor = tuple(anchor * w for w in self._ANCHOR)
+        self.row_cost_range = row_cost_range
         self.params = self.prior
         self._samples: deque[tuple[int, int, float]] = deque(maxlen=window)
+        self._xx = [[0.0] * 3 for _ in range(3)]  # running sums over the window: X^T X, X^T y
+        self._xy = [0.0] * 3
 
     @property
     def num_samples(self) -> int:
@@ -55,12 +63,17 @@ class CostModel:
         self.prior = params
         self.params = params
         self._samples.clear()
+        self._xx = [[0.0] * 3 for _ in range(3)]
+        self._xy = [0.0] * 3
 
     def observe(self, decode_rows: int, prefill_rows: int, step_ms: float) -> None:
         # A step of zero (or negative) time was not measured (a fake backend); it teaches nothing.
         if decode_rows + prefill_rows <= 0 or not math.isfinite(step_ms) or step_ms <= 0:
             return
+        if len(self._samples) == self._samples.maxlen:
+            self._accumulate(*self._samples[0], sign=-1.0)
         self._samples.append((decode_rows, prefill_rows, step_ms))
+        self._accumulate(decode_rows, prefill_rows, step_ms, sign=1.0)
         self.params = self._fit()
 
     def predict(self, decode_rows: int, prefill_rows: int) -> float:
@@ -74,26 +87,34 @@ class CostModel:
             return 0
         return int(room / p.prefill_ms)
 
+    def _accumulate(self, d: int, p: int, y: float, sign: float) -> None:
+        x = (1.0, float(d), float(p))
+        for i in range(3):
+            self._xy[i] += sign * x[i] * y
+            for j in range(3):
+                self._xx[i][j] += sign * x[i] * x[j]
+
     def _fit(self) -> CostParams:
         # Normal equations (X^T X + L) theta = X^T y + L prior, solved as a 3x3 system.
         prior = (self.prior.fixed_ms, self.prior.decode_ms, self.prior.prefill_ms)
-        m = [[0.0] * 3 for _ in range(3)]
-        v = [0.0] * 3
-        for d, p, y in self._samples:
-            x = (1.0, float(d), float(p))
-            for i in range(3):
-                v[i] += x[i] * y
-                for j in range(3):
-                    m[i][j] += x[i] * x[j]
+        weight = max(1.0, float(len(self._samples)))
+        m = [row[:] for row in self._xx]
+        v = self._xy[:]
         for i in range(3):
-            m[i][i] += self.anchor[i]
-            v[i] += self.anchor[i] * prior[i]
+            m[i][i] += self.anchor[i] * weight
+            v[i] += self.anchor[i] * weight * prior[i]
         theta = _solve3(m, v)
         if theta is None:
             return self.params
         fixed, a, b = theta
-        # Costs cannot be negative; a per-row cost of zero would make every budget infinite.
-        return CostParams(max(0.0, fixed), max(1e-3, a), max(1e-3, b))
+        r = self.row_cost_range
+        if r is None:
+            return CostParams(max(0.0, fixed), max(a, 1e-3), max(b, 1e-3))
+        return CostParams(
+            max(0.0, fixed),
+            min(max(a, self.prior.decode_ms / r, 1e-3), self.prior.decode_ms * r),
+            min(max(b, self.prior.prefill_ms / r, 1e-3), self.prior.prefill_ms * r),
+        )
 
 
 def _solve3(m: list[list[float]], v: list[float]) -> tuple[float, float, float] | None:

@@ -92,3 +92,14 @@ def test_request_metrics_from_timestamps():
     assert m.live_tok_s(2.6) == pytest.approx(4 / 0.6)
     assert m.live_tok_s(10.0) == 0.0  # a stall shows in the live rate
     assert RequestMetrics(t_submit=0.0).live_tok_s(1.0) is None
+
+
+def test_cost_model_follows_a_noisy_slowdown_without_running_away():
+    rng = random.Random(3)
+    model = CostModel(RX)
+    for i in range(400):  # a few varied steps, then identical ones on a contended machine
+        d, p = (rng.randint(0, 8), rng.choice([0, 16, 64])) if i < 10 else (8, 23)
+        model.observe(d, p, RX.predict(d, p) * rng.uniform(0.5, 3.0))
+    assert 1.2 * RX.prefill_ms < model.params.prefill_ms < 3 * RX.prefill_ms
+    assert RX.decode_ms / 10 <= model.params.decode_ms <= RX.decode_ms * 10
+    assert model.predict(8, 23) == pytest.approx(1.75 * RX.predict(8, 23), rel=0.15)
