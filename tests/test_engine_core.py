@@ -161,6 +161,24 @@ def test_a_cancel_that_arrives_during_decode_is_honoured_before_sampling():
     assert_clean(engine)
 
 
+def test_a_submit_and_its_cancel_arriving_during_decode_never_run():
+    engine, backend = engine_for()
+    engine.submit(chat("a", "sa", "hi", max_tokens=3))
+    engine.step()
+
+    def during_decode(plan):
+        backend.fault_when = None
+        engine.submit(chat("b", "sb", "hello"))
+        engine.cancel("b")
+
+    backend.fault_when = during_decode
+    ups = by_request(engine.run_until_idle())
+    assert [u.done_reason for u in ups["b"]] == [DoneReason.CANCELLED]
+    assert ups["a"][-1].done_reason is DoneReason.LENGTH
+    assert all(len(p.slices) == 1 for p in backend.decode_calls)
+    assert_clean(engine, "sa")
+
+
 def test_cancel_while_queued_and_close_session():
     engine, _ = engine_for(FakeBackend(n_seq_max=1))
     engine.submit(chat("a", "sa", "hi", max_tokens=100))

@@ -187,8 +187,7 @@ class Engine:
     def _apply_commands(self, cancellations_only: bool = False) -> None:
         with self._lock:
             if cancellations_only:
-                todo = [c for c in self._commands if c[0] in ("cancel", "close")]
-                keep = [c for c in self._commands if c[0] not in ("cancel", "close")]
+                todo, keep = _split_cancellations(self._commands)
                 self._commands = deque(keep)
             else:
                 todo = list(self._commands)
@@ -358,6 +357,24 @@ class Engine:
             error=seq.error,
             waiting_reason=seq.waiting_reason,
         )
+
+
+def _split_cancellations(commands) -> tuple[list[tuple], list[tuple]]:
+    """The cancel/close commands that can run now, and the rest in order. A cancel (or close)
+    that follows a still-pending submit for its request (or session) must wait its turn, or the
+    submit would run after it and the cancel would be lost."""
+    todo, keep = [], []
+    rids, sids = set(), set()
+    for c in commands:
+        if c[0] == "submit":
+            rids.add(c[1].request_id)
+            sids.add(c[1].session_id)
+            keep.append(c)
+        elif (c[0] == "cancel" and c[1] not in rids) or (c[0] == "close" and c[1] not in sids):
+            todo.append(c)
+        else:
+            keep.append(c)
+    return todo, keep
 
 
 def _profile_params(backend) -> CostParams | None:
