@@ -8,10 +8,11 @@ from collections import deque
 from typing import Callable
 
 from backend.protocol import DecodeOutcome, DecodeResult, PlanError
+from magnitude_tui.engine.calibrate import calibration_steps
 from scheduler.budget import CostModel, CostParams, parse_policy
 from scheduler.planner import RequestError, Scheduler
 from scheduler.sequence import Sequence
-from scheduler.types import BatchPlan, DoneReason, Phase, Request, SeqSlice, SeqUpdate, StepReport
+from scheduler.types import BatchPlan, DoneReason, Phase, Request, SeqUpdate, StepReport
 
 
 class Engine:
@@ -143,7 +144,7 @@ class Engine:
         if self.scheduler.has_work():
             raise RuntimeError("calibrate() must run before any request is submitted")
         fit = CostModel(self.scheduler.cost.prior, anchor=0.01, row_cost_range=None)
-        for d, p, ms in _calibration_steps(self.backend, self.scheduler):
+        for d, p, ms in calibration_steps(self.backend, self.scheduler):
             fit.observe(d, p, ms)
         self.scheduler.cost.seed(fit.params)
         return fit.params
@@ -383,49 +384,3 @@ def _profile_params(backend) -> CostParams | None:
     if prof is None:
         return None
     return CostParams(prof.fixed_ms, prof.decode_ms, prof.prefill_ms)
-
-
-def _calibration_steps(backend, scheduler: Scheduler, repeats: int = 3):
-    """Time prompt chunks of a few sizes and decode steps over 1..4 sequences on free slots (the
-    median of `repeats` runs each, since a shared machine is noisy), removing their KV afterwards.
-    Yields (decode_rows, prefill_rows, step_ms)."""
-    slots = scheduler.free_slots()[:4]
-    if not slots:
-        return
-    sample = [t for t in backend.tokenize("The quick brown fox jumps over the lazy dog. ") if t >= 0]
-    sample = sample or [0]
-    room = min(scheduler.n_ctx_seq, scheduler.n_ctx // max(1, len(slots))) - 16
-    chunks = [n for n in (16, 48, 96) if n <= backend.n_batch]
-    if repeats * sum(chunks) + 4 > room:
-        chunks = [max(1, room // (4 * repeats))]
-    toks = (sample * (1 + max(chunks) // len(sample)))[: max(chunks)]
-    pos = {s: 0 for s in slots}
-
-    def run(slices: list[SeqSlice]) -> float | None:
-        plan = BatchPlan(step=0, slices=tuple(slices), budget=sum(len(x.tokens) for x in slices))
-        result = backend.decode(plan)
-        if result.outcome is not DecodeOutcome.OK:
-            return None
-        for x in slices:
-            pos[x.seq_id] += len(x.tokens)
-        return result.step_ms
-
-    def median_of(make_slices) -> float | None:
-        times = sorted(t for t in (run(make_slices()) for _ in range(repeats)) if t is not None)
-        return times[len(times) // 2] if times else None
-
-    try:
-        run([SeqSlice(slots[0], 0, tuple(toks[:4]), True, False)])  # warm-up, not timed
-        for n in chunks:
-            ms = median_of(lambda: [SeqSlice(slots[0], pos[slots[0]], tuple(toks[:n]), True, False)])
-            if ms is not None:
-                yield 0, n, ms
-        for s in slots[1:]:
-            run([SeqSlice(s, 0, tuple(toks[:4]), True, False)])
-        for k in range(1, len(slots) + 1):
-            ms = median_of(lambda: [SeqSlice(s, pos[s], (toks[0],), True, True) for s in slots[:k]])
-            if ms is not None:
-                yield k, 0, ms
-    finally:
-        for s in slots:
-            backend.kv_remove(s)
