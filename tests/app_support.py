@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import queue
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,8 +47,7 @@ class ScriptedClient:
         self.live: dict[str, _Live] = {}
         self.step_no = 0
         self.started = 0
-        self._queue: asyncio.Queue | None = None
-        self._backlog: list[list[object]] = []
+        self._queue: queue.Queue = queue.Queue()
         self._alive = False
 
     # ---- EngineClient API ---------------------------------------------------------------------
@@ -79,24 +79,18 @@ class ScriptedClient:
         self.policy = policy
         self._emit([PolicyChanged(policy)])
 
-    async def events(self):
-        self._queue = asyncio.Queue()
-        for batch in self._backlog:
-            self._queue.put_nowait(batch)
-        self._backlog.clear()
-        while True:
-            batch = await self._queue.get()
-            if batch is None:
-                return
-            yield batch
+    def poll_events(self, timeout: float | None = 0.0) -> list | None:
+        try:
+            batch = self._queue.get(timeout=timeout) if timeout else self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        return batch
 
     def restart(self) -> None:
         self.start()
 
     def stop(self) -> None:
         self._alive = False
-        if self._queue is not None:
-            self._queue.put_nowait(None)
 
     @property
     def alive(self) -> bool:
@@ -162,10 +156,7 @@ class ScriptedClient:
                                0, len(self.live), self.policy, updates)])
 
     def _emit(self, batch: list[object]) -> None:
-        if self._queue is None:
-            self._backlog.append(batch)
-        else:
-            self._queue.put_nowait(batch)
+        self._queue.put(batch)
 
 
 def make_app(tmp_path: Path, client=None, *, resume: bool = False, theme: str | None = None,

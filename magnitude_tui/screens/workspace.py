@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from pathlib import Path
@@ -26,6 +27,8 @@ from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
 from magnitude_tui.widgets.sequences_panel import SequencesPanel
 from scheduler.types import DoneReason, Phase, Request, SamplingParams, SeqUpdate, StepReport
 
+PUMP_WAIT_S = 0.2  # longest blocking wait for the next batch (bounds shutdown latency)
+PUMP_SLICE_S = 0.02  # longest the pump holds the event loop while draining a backlog
 SAVE_INTERVAL_S = 0.5  # streaming replies reach the database at most this far behind
 _PANES = Binding.Group("Pane")
 _PANELS = Binding.Group("Panels")
@@ -70,12 +73,12 @@ class WorkspaceScreen(Screen):
 
     def compose(self) -> ComposeResult:
         # Held directly: engine events keep arriving while the DOM is torn down at exit.
-        self.loading = LoadingView(self.config.model, self.config.device, id="loading")
+        self.loading_view = LoadingView(self.config.model, self.config.device, id="loading")
         self.grid = PaneGrid(id="panes")
         self.scheduler_panel = SchedulerPanel(id="scheduler")
         self.sequences_panel = SequencesPanel(id="sequences")
         with ContentSwitcher(initial="loading", id="switcher"):
-            yield self.loading
+            yield self.loading_view
             with Horizontal(id="workspace"):
                 yield self.grid
                 yield self.scheduler_panel
@@ -98,11 +101,21 @@ class WorkspaceScreen(Screen):
         self.run_worker(self._pump_events(), name="engine-events", exclusive=True)
 
     async def _pump_events(self) -> None:
-        """One engine batch per step; the client reads the pipe off the UI thread."""
-        async for batch in self.client.events():
-            if not self.grid.is_attached:
-                break  # shutting down
-            self.apply_events(batch)
+        """Apply engine batches (one per step) as they come, draining a backlog in one go.
+
+        The blocking wait runs on a thread; everything already queued is then taken without a
+        thread hop each, so a fast engine (thousands of steps a second) cannot outrun the UI.
+        """
+        loop = asyncio.get_running_loop()
+        while self.grid.is_attached:
+            batch = await loop.run_in_executor(None, self.client.poll_events, PUMP_WAIT_S)
+            deadline = loop.time() + PUMP_SLICE_S
+            while batch is not None and self.grid.is_attached:
+                self.apply_events(batch)
+                if loop.time() > deadline:
+                    await asyncio.sleep(0)  # let the screen repaint between slices of a backlog
+                    deadline = loop.time() + PUMP_SLICE_S
+                batch = self.client.poll_events(0)
 
     async def _add_pane(self, pane: ChatPane, *, focus: bool = True) -> None:
         self._panes[pane.session_id] = pane
@@ -123,7 +136,7 @@ class WorkspaceScreen(Screen):
             elif isinstance(event, SeqUpdate):
                 self._route(event)
             elif isinstance(event, LoadProgress):
-                self.loading.progress(event)
+                self.loading_view.progress(event)
             elif isinstance(event, EngineReady):
                 self._ready(event)
             elif isinstance(event, EngineFailed):
@@ -159,7 +172,7 @@ class WorkspaceScreen(Screen):
     def _failed(self, event: EngineFailed) -> None:
         self._resident.clear()
         if not self.engine_ready:
-            self.loading.failed(event)
+            self.loading_view.failed(event)
             return
         self.engine_ready = False
         hint = " Press ctrl+r to restart it." if event.restartable else ""
@@ -169,7 +182,7 @@ class WorkspaceScreen(Screen):
         if self.engine_ready and self.client.alive:
             self.notify("The engine is running")
             return
-        self.loading.restarting()
+        self.loading_view.restarting()
         self.query_one(ContentSwitcher).current = "loading"
         self.engine_ready = False
         self.client.restart()
