@@ -19,7 +19,7 @@ def run_generate(prompts: list[str], *, model, device, policy, n_ctx, max_tokens
     console = Console()
     config = EngineConfig(backend=backend, model=model, device=device, policy=policy, n_ctx=n_ctx,
                           n_seq_max=max(16, len(prompts)), verbose=verbose)
-    client = EngineClient(config)
+    client = EngineClient(config, log_path=None if verbose else "auto")
     client.start()
     try:
         if not _wait_ready(client, console):

@@ -24,6 +24,12 @@ from scheduler.types import DoneReason, Phase, Request, SeqUpdate, StepReport
 _CLOSED = object()
 
 
+def default_log_path() -> str:
+    import platformdirs
+
+    return str(platformdirs.user_log_path("magnitude-tui") / "engine.log")
+
+
 class EngineClient:
     """Sends commands to the engine and delivers its event batches (one per step).
 
@@ -32,10 +38,12 @@ class EngineClient:
     every live request is failed with the reason and EngineFailed follows; restart() starts anew.
     """
 
-    def __init__(self, config: EngineConfig, *, in_process: bool = False, log_path: str | None = None):
+    def __init__(self, config: EngineConfig, *, in_process: bool = False, log_path: str | None = "auto"):
+        """`log_path`: where the worker's native output (fds 1 and 2) goes: "auto" is a file in
+        the user log dir, None leaves it on the terminal (CLI with --verbose)."""
         self.config = config
         self.in_process = in_process
-        self.log_path = log_path
+        self.log_path = default_log_path() if log_path == "auto" else log_path
         self._events: queue.Queue = queue.Queue()
         self._live: dict[str, str] = {}  # request_id -> session_id, until its done update arrives
         self._live_lock = threading.Lock()
@@ -44,6 +52,13 @@ class EngineClient:
         self._thread = None
         self._reader = None
         self._stopping = False
+        if not in_process:
+            # multiprocessing's resource tracker starts on the first spawn and passes
+            # sys.stderr's fd to it; inside a Textual app stderr is a capture object with no
+            # usable fd, so start the tracker now, while the real stderr is still in place.
+            from multiprocessing import resource_tracker
+
+            resource_tracker.ensure_running()
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -58,10 +73,11 @@ class EngineClient:
         else:
             ctx = mp.get_context("spawn")
             ours, theirs = ctx.Pipe(duplex=True)
-            self._proc = ctx.Process(
+            proc = ctx.Process(
                 target=worker.serve, args=(theirs, self.config, self.log_path), name="magnitude-engine", daemon=True
             )
-            self._proc.start()
+            proc.start()
+            self._proc = proc
             theirs.close()  # so that our recv() sees EOF when the worker dies
         self._conn = ours
         self._reader = threading.Thread(target=self._read, name="engine-reader", daemon=True)

@@ -31,6 +31,7 @@ class LoadProgress:
     fraction: float  # 0..1 from llama.cpp's progress callback
     model: str
     device: str
+    stage: str = "loading weights"
 
 
 @dataclass(frozen=True)

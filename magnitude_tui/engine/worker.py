@@ -70,7 +70,14 @@ def _redirect_native_output(log_path: str | None) -> None:
 def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -> None:
     """Worker entry point: load, then loop (drain commands, step, send one report per step)."""
     _redirect_native_output(log_path)
-    model_name = os.path.basename(config.model) if config.model else "default"
+    model_name = os.path.basename(config.model) if config.model else config.backend
+    if config.backend == "llama" and not config.model:
+        try:
+            from backend.llama_backend import default_model_path
+
+            model_name = os.path.basename(default_model_path())
+        except Exception:  # reported properly by the load below
+            pass
     last_sent = [0.0]
 
     def on_progress(fraction: float, device: str) -> None:
@@ -89,6 +96,8 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
         if clock is not None:
             kwargs["clock"] = clock
         engine = Engine(backend, **kwargs)
+        conn.send([LoadProgress(fraction=1.0, model=model_name, device=getattr(backend, "device_name", backend.name),
+                                stage="calibrating the step-cost model")])
         engine.calibrate()
     except Exception as exc:  # a load failure ends this worker, with the reason for the user
         conn.send([EngineFailed(message=f"engine failed to start: {exc}", restartable=False)])

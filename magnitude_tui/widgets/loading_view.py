@@ -44,7 +44,7 @@ class LoadingView(Middle):
         self._model, self._device = event.model or self._model, event.device or self._device
         self.query_one("#loading-detail", Static).update(self._detail_text())
         self.query_one(ProgressBar).update(progress=round(event.fraction * 100, 1))
-        self.query_one("#loading-status", Static).update("loading weights")
+        self.query_one("#loading-status", Static).update(event.stage)
 
     def failed(self, event: EngineFailed) -> None:
         self.add_class("-failed")
