@@ -178,18 +178,22 @@ def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: Through
             medians.append({"peer": peer, "seqs": n, "tok_s": rnd(median(r["tok_s"] for r in xs), 1),
                             "tg_tok_s": rnd(median(tg), 1) if tg else None, "reps": len(xs),
                             "spread": rnd(max(r["tok_s"] for r in xs) - min(r["tok_s"] for r in xs), 1)})
-    base = {m["seqs"]: m["tok_s"] for m in medians if m["peer"] == base_peer}
-    for m in medians:
-        m["peer_over_engine"] = rnd(m["tok_s"] / base[m["seqs"]], 3) if base.get(m["seqs"]) else None
+    engines = [f"engine {p}" for p in cfg.policies]
+    for e in engines:  # every peer as a ratio to each engine policy (the first is "this engine")
+        base = {m["seqs"]: m["tok_s"] for m in medians if m["peer"] == e}
+        for m in medians:
+            m[f"over_{e.split()[1]}"] = rnd(m["tok_s"] / base[m["seqs"]], 3) if base.get(m["seqs"]) else None
     wide = []
     for n in cfg.seqs:
         row = {"seqs": n}
-        for m in (m for m in medians if m["seqs"] == n):
-            row[f"{m['peer']} tok/s"] = m["tok_s"]
+        at_n = [m for m in medians if m["seqs"] == n]
+        for m in at_n:
+            row[m["peer"]] = m["tok_s"]
+        for m in at_n:
             if m["peer"] != base_peer:
-                row[f"÷engine ({m['peer'].split()[0]})"] = m["peer_over_engine"]
+                row[f"{m['peer'].split()[0]} ÷ engine"] = m[f"over_{cfg.policies[0]}"]
         wide.append(row)
-    res.tables["generated tok/s, end to end (median of reps), and each peer as a ratio to this engine"] = wide
+    res.tables[f"generated tok/s, end to end (median of {cfg.reps}), and each peer ÷ {base_peer}"] = wide
     res.tables["per peer and batch width (tg_tok_s: decode phase only, where the peer reports it)"] = medians
     prof = []
     for n, s in sorted(engine_steps.items()):
