@@ -102,6 +102,10 @@ def _check_model(model: Optional[str]) -> None:
         raise typer.BadParameter(f"model file not found: {model}", param_hint="--model")
 
 
+from magnitude_tui.bench.cli import bench_app  # noqa: E402  (typer and rich only; commands import the rest)
+app.add_typer(bench_app, name="bench")
+
+
 def run() -> None:
     app()
 

@@ -179,7 +179,9 @@ class BenchResult:
 
 def machine_info() -> dict:
     """What the figures were measured on."""
-    info = {"os": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count()}
+    info = {"os": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
+            # A shared machine: the load when the run started says how quiet it was.
+            "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()]}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
