@@ -95,7 +95,9 @@ class CostModel:
                 self._xx[i][j] += sign * x[i] * x[j]
 
     def _fit(self) -> CostParams:
-        # Normal equations (X^T X + L) theta = X^T y + L prior, solved as a 3x3 system.
+        # Normal equations (X^T X + L) theta = X^T y + L prior, solved with each parameter kept in
+        # its bounds: one that falls outside is pinned there and the rest re-solved, so a pinned
+        # intercept does not leave the slopes fitted to an intercept that no longer exists.
         prior = (self.prior.fixed_ms, self.prior.decode_ms, self.prior.prefill_ms)
         weight = max(1.0, float(len(self._samples)))
         m = [row[:] for row in self._xx]
@@ -103,36 +105,48 @@ class CostModel:
         for i in range(3):
             m[i][i] += self.anchor[i] * weight
             v[i] += self.anchor[i] * weight * prior[i]
-        theta = _solve3(m, v)
-        if theta is None:
-            return self.params
-        fixed, a, b = theta
         r = self.row_cost_range
-        if r is None:
-            return CostParams(max(0.0, fixed), max(a, 1e-3), max(b, 1e-3))
-        return CostParams(
-            max(0.0, fixed),
-            min(max(a, self.prior.decode_ms / r, 1e-3), self.prior.decode_ms * r),
-            min(max(b, self.prior.prefill_ms / r, 1e-3), self.prior.prefill_ms * r),
-        )
+        lo = [0.0, 1e-3, 1e-3]
+        hi = [math.inf, math.inf, math.inf]
+        if r is not None:
+            lo[1:] = [max(1e-3, prior[1] / r), max(1e-3, prior[2] / r)]
+            hi[1:] = [prior[1] * r, prior[2] * r]
+        theta: list[float] = [0.0, 0.0, 0.0]
+        pinned: dict[int, float] = {}
+        for _ in range(3):
+            free = [i for i in range(3) if i not in pinned]
+            sub = _solve([[m[i][j] for j in free] for i in free],
+                         [v[i] - sum(m[i][k] * x for k, x in pinned.items()) for i in free])
+            if sub is None:
+                return self.params
+            theta = [pinned.get(i, 0.0) for i in range(3)]
+            for i, x in zip(free, sub):
+                theta[i] = x
+            out = {i: min(max(theta[i], lo[i]), hi[i]) for i in free if not lo[i] <= theta[i] <= hi[i]}
+            if not out:
+                break
+            pinned.update(out)
+        theta = [min(max(x, lo[i]), hi[i]) for i, x in enumerate(theta)]
+        return CostParams(*theta)
 
 
-def _solve3(m: list[list[float]], v: list[float]) -> tuple[float, float, float] | None:
+def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
     """Gaussian elimination with partial pivoting; None if singular."""
+    n = len(v)
     a = [row[:] + [v[i]] for i, row in enumerate(m)]
-    for col in range(3):
-        pivot = max(range(col, 3), key=lambda r: abs(a[r][col]))
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
         if abs(a[pivot][col]) < 1e-12:
             return None
         a[col], a[pivot] = a[pivot], a[col]
-        for r in range(col + 1, 3):
+        for r in range(col + 1, n):
             f = a[r][col] / a[col][col]
-            for c in range(col, 4):
+            for c in range(col, n + 1):
                 a[r][c] -= f * a[col][c]
-    x = [0.0, 0.0, 0.0]
-    for r in (2, 1, 0):
-        x[r] = (a[r][3] - sum(a[r][c] * x[c] for c in range(r + 1, 3))) / a[r][r]
-    return x[0], x[1], x[2]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (a[r][n] - sum(a[r][c] * x[c] for c in range(r + 1, n))) / a[r][r]
+    return x
 
 
 @dataclass(frozen=True)

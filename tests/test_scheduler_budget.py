@@ -103,3 +103,19 @@ def test_cost_model_follows_a_noisy_slowdown_without_running_away():
     assert 1.2 * RX.prefill_ms < model.params.prefill_ms < 3 * RX.prefill_ms
     assert RX.decode_ms / 10 <= model.params.decode_ms <= RX.decode_ms * 10
     assert model.predict(8, 23) == pytest.approx(1.75 * RX.predict(8, 23), rel=0.15)
+
+
+def test_a_pinned_intercept_refits_the_slopes():
+    # Measured on a busy machine: the prompt rows' cost grows faster than linearly, which an
+    # unconstrained fit answers with a negative intercept.
+    model = CostModel(CostParams(5.0, 1.0, 1.0), anchor=0.01, row_cost_range=None)
+    for d, p, ms in [(0, 16, 64.3), (0, 48, 157.3), (0, 96, 415.7), (1, 0, 7.7), (2, 0, 13.9),
+                     (3, 0, 17.5), (4, 0, 20.1)]:
+        model.observe(d, p, ms)
+    assert model.params.fixed_ms == 0.0
+    assert model.predict(0, 48) == pytest.approx(157.3, rel=0.3)
+    assert model.predict(4, 0) == pytest.approx(20.1, rel=0.3)
+    online = CostModel(CostParams(40.0, 24.8, 18.0))
+    for _ in range(100):
+        online.observe(0, 16, 100.0)  # every step alike: only their total is known
+    assert online.predict(0, 16) == pytest.approx(100.0, rel=0.15)
