@@ -279,7 +279,12 @@ class Scheduler:
             free = self.free_slots()
             if free:
                 slot = free[0]
-            elif not self._evict_lru(protect):
+            elif self._evict_lru(protect):
+                continue
+            elif parent is not None and not self.running and self._evict_lru({seq.session_id}):
+                # Only the idle fork parent holds a slot and nothing will free one: start cold.
+                return self._try_admit(seq, now)
+            else:
                 return f"waiting for a sequence slot (all {self.n_seq_max} in use)"
 
         need = self._reserved_cells(seq) - n_reuse

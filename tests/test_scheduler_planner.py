@@ -337,3 +337,14 @@ def test_share_rows_deals_in_turns():
     assert share_rows("abc", [100, 5, 100], 40, 16) == [("a", 19), ("b", 5), ("c", 16)]
     assert share_rows("ab", [3, 4], 100, 50) == [("a", 3), ("b", 4)]
     assert share_rows("ab", [30, 30], 0, 16) == []
+
+
+def test_a_fork_never_waits_forever_on_its_idle_parent_slot():
+    sched, kv = make("fixed:512", n_seq_max=1)
+    parent = add(sched, "p", 30, session="parent", max_tokens=1)
+    step(sched, kv)
+    assert parent.is_finished and "parent" in sched.sessions
+    kid = add(sched, "k", 0, session="kid", fork_from="parent", prompt=parent.prompt + [7, 8])
+    step(sched, kv)
+    assert kid.phase is Phase.GENERATING and kid.num_cached == 0 and "parent" not in sched.sessions
+    close_all(sched)
