@@ -132,7 +132,7 @@ class WorkspaceScreen(Screen):
             if isinstance(event, StepReport):
                 self.scheduler_panel.record(event)
                 for update in event.updates:
-                    self._route(update)
+                    self._route(update, event.t)
             elif isinstance(event, SeqUpdate):
                 self._route(event)
             elif isinstance(event, LoadProgress):
@@ -148,12 +148,12 @@ class WorkspaceScreen(Screen):
             elif isinstance(event, CommandRejected):
                 self.notify(event.message, severity="warning")
 
-    def _route(self, update: SeqUpdate) -> None:
-        pane = self.grid.pane(update.session_id)
+    def _route(self, update: SeqUpdate, t: float | None = None) -> None:
+        pane = self._panes.get(update.session_id)
         if pane is None:
             return
         pane.apply(update)
-        self.sequences_panel.apply(update, pane.record.name)
+        self.sequences_panel.apply(update, pane.record.name, t)
         if update.phase is Phase.DONE and update.done_reason in (DoneReason.STOP, DoneReason.LENGTH):
             self._resident.add(update.session_id)
 

@@ -63,6 +63,11 @@ class MessageView(Vertical):
             self.refresh_header()
         await self._stream.write(fragment)
 
+    async def on_unmount(self) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+
     async def finish(self, note: str | None = None) -> None:
         """The reply ended: stop streaming, append a note (an error) and settle the header."""
         if self._stream is not None:

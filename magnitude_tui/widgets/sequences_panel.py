@@ -15,6 +15,7 @@ from magnitude_tui.widgets.format import fmt_count, fmt_ms, fmt_rate, spark
 from scheduler.types import Phase, SeqUpdate
 
 REFRESH_S = 0.25
+RATE_SAMPLE_S = 0.25  # engine-clock spacing of the rate sparkline's samples
 KEEP_DONE_S = 4.0  # a finished sequence stays listed briefly so a burst can be read afterwards
 SPARK_WIDTH = 12
 
@@ -27,6 +28,7 @@ class _Row:
     name: str
     update: SeqUpdate
     rates: deque = field(default_factory=lambda: deque(maxlen=SPARK_WIDTH))
+    sampled_at: float | None = None  # engine clock of the last rate sample
     done_at: float | None = None
 
 
@@ -58,13 +60,18 @@ class SequencesPanel(Vertical):
         self.border_title = "sequences"
         self.set_interval(REFRESH_S, self.refresh_rows)
 
-    def apply(self, update: SeqUpdate, name: str) -> None:
+    def apply(self, update: SeqUpdate, name: str, t: float | None = None) -> None:
+        """Take one update; `t` is the engine clock of its step (spaces the rate samples)."""
         row = self._rows.get(update.session_id)
         if row is None or row.update.request_id != update.request_id:
             rates = row.rates if row is not None else deque(maxlen=SPARK_WIDTH)
             row = self._rows[update.session_id] = _Row(name, update, rates)
         row.update = update
         row.done_at = time.monotonic() if update.phase is Phase.DONE else None
+        if t is not None and (row.sampled_at is None or t - row.sampled_at >= RATE_SAMPLE_S):
+            generating = update.phase is Phase.GENERATING
+            row.rates.append((update.tok_s_live or 0.0) if generating else 0.0)
+            row.sampled_at = t
         self._dirty = True
 
     def forget(self, session_id: str) -> None:
@@ -80,10 +87,6 @@ class SequencesPanel(Vertical):
         for session_id, row in list(self._rows.items()):
             if row.done_at is not None and now - row.done_at > KEEP_DONE_S:
                 del self._rows[session_id]
-                self._dirty = True
-            elif row.update.phase is not Phase.DONE or row.rates:
-                generating = row.update.phase is Phase.GENERATING
-                row.rates.append((row.update.tok_s_live or 0.0) if generating else 0.0)
                 self._dirty = True
         if not self._dirty or not self.display:
             return

@@ -1,0 +1,117 @@
+"""Snapshot tests of the main layouts at a fixed terminal size, on the scripted engine."""
+
+from __future__ import annotations
+
+from textual.widgets import Input
+
+from tests.app_support import SIZE, ScriptedClient, make_app
+
+
+def _reply_with_code(request) -> str:
+    return ("Here is a **plan**:\n\n1. measure\n2. schedule\n\n```python\nstep_ms = fixed + "
+            "per_row * rows\n```\nDone.")
+
+
+async def _say(pilot, text: str) -> None:
+    await pilot.press(*text, "enter")
+    await pilot.pause()
+
+
+async def _settle(pilot) -> None:
+    """Stop cursor blink, hide transcript scrollbars (their thumb repaints a frame late, at random),
+    then wait until two screenshots 0.3 s apart agree (flush timers 1/12 s, panels 1/4 s)."""
+    for screen in pilot.app.screen_stack:
+        for widget in screen.query(Input):
+            widget.cursor_blink = False
+        for transcript in screen.query(".transcript"):
+            transcript.styles.scrollbar_size_vertical = 0
+    previous = None
+    for _ in range(20):
+        await pilot.pause(0.3)
+        current = pilot.app.export_screenshot()
+        if current == previous:
+            return
+        previous = current
+
+
+def test_loading_view(snap_compare, tmp_path):
+    app = make_app(tmp_path, ScriptedClient(auto_ready=False))
+    assert snap_compare(app, terminal_size=SIZE, run_before=_settle)
+
+
+def test_single_pane_with_markdown_reply(snap_compare, tmp_path):
+    client = ScriptedClient(reply=_reply_with_code)
+    app = make_app(tmp_path, client)
+
+    async def run_before(pilot):
+        await _say(pilot, "how do we budget a step")
+        client.run_to_completion()
+        await _settle(pilot)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_four_panes_streaming_with_sequences_panel(snap_compare, tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+
+    async def run_before(pilot):
+        for i, text in enumerate(("alpha", "bravo", "charlie", "delta")):
+            if i:
+                await pilot.press("ctrl+n")
+            await _say(pilot, text)
+            client.step(1)  # staggered arrivals: each pane is at a different phase
+        client.step(3)
+        await pilot.press("f2")
+        await _settle(pilot)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_burst_spawn_with_sequences_panel(snap_compare, tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+
+    async def run_before(pilot):
+        await _say(pilot, "brainstorm")
+        client.run_to_completion()
+        await pilot.press("ctrl+b", "f2")
+        await pilot.pause(0.2)
+        client.step(3)
+        await _settle(pilot)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_light_theme_zoomed(snap_compare, tmp_path):
+    client = ScriptedClient(reply=_reply_with_code)
+    app = make_app(tmp_path, client, theme="magnitude-paper")
+
+    async def run_before(pilot):
+        await _say(pilot, "plan")
+        client.run_to_completion()
+        await pilot.press("ctrl+n", "shift+tab", "ctrl+o")
+        await _settle(pilot)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_spawn_dialog(snap_compare, tmp_path):
+    app = make_app(tmp_path, theme="magnitude-phosphor")
+
+    async def run_before(pilot):
+        await pilot.press("ctrl+s")
+        await pilot.press(*"find the bug")
+        await _settle(pilot)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_policy_dialog(snap_compare, tmp_path):
+    app = make_app(tmp_path)
+
+    async def run_before(pilot):
+        await pilot.press("ctrl+l")
+        await _settle(pilot)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
