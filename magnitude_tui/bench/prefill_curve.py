@@ -107,10 +107,19 @@ def run_curve(spec: BackendSpec, cfg: CurveConfig, *, backend=None, progress=lam
 
 
 def fit_cost(points: list[tuple[int, int, float]]) -> dict:
-    """Least squares step_ms = fixed + per_decode_row * d + per_prefill_row * p, plus its error."""
+    """step_ms = fixed + per_decode_row * d + per_prefill_row * p, fitted on relative error (each
+    point weighted 1/ms: a 9 s chunk must not drown a 7 ms decode step) with no negative term."""
     x = np.array([[1.0, d, p] for d, p, _ in points])
     y = np.array([ms for _, _, ms in points])
-    theta, *_ = np.linalg.lstsq(x, y, rcond=None)
+    keep = [0, 1, 2]
+    while True:
+        w = 1.0 / y
+        sol, *_ = np.linalg.lstsq(x[:, keep] * w[:, None], y * w, rcond=None)
+        if (sol >= 0).all() or len(keep) == 1:
+            break
+        keep.pop(int(np.argmin(sol)))  # a negative cost is noise: drop that term and refit
+    theta = np.zeros(3)
+    theta[keep] = np.maximum(sol, 0.0)
     rel = np.abs(x @ theta - y) / y
     return {"fixed_ms": float(theta[0]), "decode_ms": float(theta[1]), "prefill_ms": float(theta[2]),
             "prefill_tok_s": 1000.0 / float(theta[2]) if theta[2] > 0 else float("nan"),
@@ -149,7 +158,7 @@ def curve_result(spec: BackendSpec, cfg: CurveConfig, progress=lambda s: None) -
         for a, w in zip(data["prefill"][0::2], data["prefill"][1::2])]
     fit, cal = data["fit"], data["engine_calibration"] or {}
     res.tables["cost model: step_ms = fixed + a*decode_rows + b*prefill_rows"] = [
-        {"model": "least squares over every point above", "fixed_ms": fit["fixed_ms"], "a_ms": fit["decode_ms"],
+        {"model": "least squares (relative error) over every point above", "fixed_ms": fit["fixed_ms"], "a_ms": fit["decode_ms"],
          "b_ms": fit["prefill_ms"], "median_rel_err": fit["median_rel_err"], "max_rel_err": fit["max_rel_err"]},
         {"model": "engine calibration (what target:MS starts from)", "fixed_ms": cal.get("fixed_ms"),
          "a_ms": cal.get("decode_ms"), "b_ms": cal.get("prefill_ms"), "median_rel_err": None, "max_rel_err": None},
