@@ -162,7 +162,7 @@ class WorkspaceScreen(Screen):
         self._resident.clear()
         self.policy = event.policy
         panel = self.scheduler_panel
-        panel.set_engine(f"{event.model} · {event.device}")
+        panel.set_engine(event.model, event.device)
         panel.set_policy(event.policy)
         self.query_one(ContentSwitcher).current = "workspace"
         pane = self.grid.focused_pane()

@@ -36,7 +36,7 @@ class SchedulerPanel(Widget):
                          "sched--kv", "sched--dim"}
     DEFAULT_CSS = """
     SchedulerPanel { width: 44; height: 1fr; padding: 0 1; border-left: solid $primary 40%;
-                     background: $surface; }
+                     background: $surface; text-wrap: nowrap; text-overflow: ellipsis; }
     SchedulerPanel .sched--label { color: $text-muted; }
     SchedulerPanel .sched--ok { color: $success; }
     SchedulerPanel .sched--over { color: $error; }
@@ -50,7 +50,8 @@ class SchedulerPanel(Widget):
         super().__init__(**kwargs)
         self.steps: deque[StepReport] = deque(maxlen=HISTORY)
         self.policy = "—"
-        self.engine = "engine loading"
+        self.model = "loading"
+        self.device = "—"
         self._dirty = True
 
     def on_mount(self) -> None:
@@ -66,8 +67,8 @@ class SchedulerPanel(Widget):
         self.policy = policy
         self._dirty = True
 
-    def set_engine(self, description: str) -> None:
-        self.engine = description
+    def set_engine(self, model: str, device: str) -> None:
+        self.model, self.device = model, device
         self._dirty = True
 
     def _repaint(self) -> None:
@@ -86,7 +87,8 @@ class SchedulerPanel(Widget):
                 text.append(chunk, s(style) if style else "")
             text.append("\n")
 
-        line("engine", (self.engine, ""))
+        line("model", (self.model.removesuffix(".gguf"), ""))
+        line("device", (self.device, ""))
         target = policy_target_ms(self.policy)
         line("policy", (self.policy, "sched--kv"))
         if not self.steps:

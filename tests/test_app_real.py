@@ -1,0 +1,61 @@
+"""End to end on the real model: the app, its engine worker process, llama.cpp on CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.app_support import SIZE, make_app, wait_for
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/setup.sh")
+
+from magnitude_tui.engine.client import EngineClient  # noqa: E402
+from magnitude_tui.engine.events import EngineConfig  # noqa: E402
+from scheduler.types import Phase, SamplingParams  # noqa: E402
+
+ORDER = [Phase.QUEUED, Phase.PREPARING, Phase.PREFILL, Phase.GENERATING, Phase.DONE]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_two_panes_stream_then_subagents_report_back_on_the_real_model(tmp_path):
+    config = EngineConfig(backend="llama", device="cpu", n_ctx=4096)
+    app = make_app(tmp_path, EngineClient(config), config=config, sampling=SamplingParams(max_tokens=24))
+    async with app.run_test(size=SIZE) as pilot:
+        ws = app.workspace
+        seen: dict[str, list[Phase]] = {}
+        route = ws._route
+
+        def spy(update, t=None):
+            phases = seen.setdefault(update.session_id, [])
+            if not phases or phases[-1] is not update.phase:
+                phases.append(update.phase)
+            route(update, t)
+
+        ws._route = spy
+        await wait_for(pilot, lambda: ws.engine_ready, timeout=240, what="the model to load")
+        await pilot.press(*"What is 2+2?", "enter")
+        await pilot.press("ctrl+n")
+        await pilot.press(*"Name a color.", "enter")
+        a1, a2 = ws.grid.panes
+        await wait_for(pilot, lambda: not a1.busy and not a2.busy, timeout=240, what="both replies")
+        for pane in (a1, a2):
+            reply = pane.record.messages[-1]
+            assert reply.role == "assistant" and reply.content.strip() and reply.complete
+            phases = seen[pane.session_id]
+            assert phases == sorted(phases, key=ORDER.index), phases  # only ever forward
+            assert {Phase.PREFILL, Phase.GENERATING, Phase.DONE} <= set(phases)
+            assert pane.last_update.ttft_ms and pane.last_update.generated > 0
+
+        ws.grid.focus_pane(a1)
+        await pilot.press(*"/spawn 2 say one word", "enter")
+        await wait_for(pilot, lambda: len([m for m in a1.record.messages if m.author]) == 2, timeout=240,
+                       what="two subagent answers")
+        for child in ws.grid.panes[2:]:
+            assert child.last_update.cached_tokens > 0  # forked from A1's KV, not prefilled again
+        names = [(p.record.name, len(p.record.messages)) for p in ws.grid.panes]
+    assert [n for n, _ in names] == ["A1", "A2", "A1.1", "A1.2"]
+
+    resumed = make_app(tmp_path, resume=True)
+    async with resumed.run_test(size=SIZE) as pilot:
+        restored = lambda: [(p.record.name, len(p.record.messages)) for p in resumed.workspace.grid.panes]  # noqa: E731
+        await wait_for(pilot, lambda: restored() == names, timeout=10, what=f"{names} restored")
