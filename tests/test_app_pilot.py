@@ -276,3 +276,12 @@ async def test_partial_reply_saved_while_streaming_and_restored_once(tmp_path):
             assert len(panes[1].record.messages) == 2
     count = sqlite3.connect(tmp_path / "magnitude.db").execute("SELECT COUNT(*) FROM messages").fetchone()
     assert count == (4,)
+
+
+def test_app_does_not_import_llama_cpp():
+    import subprocess
+    import sys
+
+    code = ("import sys, magnitude_tui.app, magnitude_tui.engine.client; "
+            "assert 'llama_cpp' not in sys.modules, 'llama_cpp imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
