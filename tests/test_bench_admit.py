@@ -12,6 +12,12 @@ from magnitude_tui.bench.cli import bench_app
 from magnitude_tui.bench.common import BackendSpec, save_result
 from magnitude_tui.bench.plots import plot_admit
 
+
+@pytest.fixture(autouse=True)
+def _no_waiting_for_a_quiet_machine(monkeypatch):
+    """Smoke tests check the shape of results, not their speed: never wait for idle cores."""
+    monkeypatch.setenv("MAGNITUDE_BENCH_WAIT_QUIET", "0")
+
 ROW_KEYS = {"policy", "chunk", "running_tok_s", "keep", "itl_p50_ms", "itl_p99_ms", "itl_max_ms", "ttft_s",
             "total_s", "steps", "window_steps", "model_tok_s", "model_ttft_s", "ttft_x_pf", "meets"}
 

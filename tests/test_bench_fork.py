@@ -9,6 +9,12 @@ from magnitude_tui.bench.fork import ForkConfig, run_fork
 from magnitude_tui.bench.plots import plot_fork
 
 
+@pytest.fixture(autouse=True)
+def _no_waiting_for_a_quiet_machine(monkeypatch):
+    """Smoke tests check the shape of results, not their speed: never wait for idle cores."""
+    monkeypatch.setenv("MAGNITUDE_BENCH_WAIT_QUIET", "0")
+
+
 def _rows(res):
     return {r["mode"]: r for r in next(iter(res.tables.values()))}
 

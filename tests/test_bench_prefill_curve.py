@@ -9,6 +9,12 @@ from magnitude_tui.bench.plots import plot_prefill_curve
 from magnitude_tui.bench.prefill_curve import CurveConfig, curve_result
 
 
+@pytest.fixture(autouse=True)
+def _no_waiting_for_a_quiet_machine(monkeypatch):
+    """Smoke tests check the shape of results, not their speed: never wait for idle cores."""
+    monkeypatch.setenv("MAGNITUDE_BENCH_WAIT_QUIET", "0")
+
+
 def test_fit_recovers_the_simulated_cost_model(tmp_path):
     cfg = CurveConfig(chunks=(1, 16, 256), n_decode=4, seqs=(1, 2, 4), reps=1)
     res = curve_result(BackendSpec(kind="simulated:cpu2core"), cfg)

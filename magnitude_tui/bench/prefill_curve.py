@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from magnitude_tui.bench.common import (BackendSpec, BenchResult, backend_info, machine_info, make_backend,
-                                        median, prompt_tokens, reset_kv, rnd)
+                                        measured, median, prompt_tokens, reset_kv, rnd)
 from scheduler.types import BatchPlan, SeqSlice
 
 DEFAULT_CHUNKS = tuple(2 ** i for i in range(12))  # 1 .. 2048
@@ -32,6 +32,7 @@ class _Bench:
         self.prefill_seq = backend.n_seq_max - 1  # the decoders take the slots below it
         self.decoders = list(range(min(backend.n_seq_max - 1, max(max(cfg.seqs), cfg.n_decode))))
         self.text = prompt_tokens(backend, max(cfg.chunks) + cfg.context + 8, salt=3)
+        self.busy: dict[tuple[int, int], float] = {}  # cores other processes used per measured point
         reset_kv(backend)
         for s in self.decoders:  # each decoder holds `context` tokens of its own prompt
             self.step([SeqSlice(s, 0, prompt_tokens(backend, cfg.context, salt=s + 1), True, False)])
@@ -45,7 +46,14 @@ class _Bench:
         return result.step_ms
 
     def timed(self, n_decode: int, chunk: int) -> float:
-        """Median step time of n_decode decode rows plus a chunk of prompt rows (ms)."""
+        """Median step time of n_decode decode rows plus a chunk of prompt rows (ms); on real hardware
+        measured while no other process competes for the cores (again if one did)."""
+        if self.b.name.startswith("simulated"):
+            return self._timed(n_decode, chunk)
+        ms, self.busy[(n_decode, chunk)] = measured(lambda: self._timed(n_decode, chunk))
+        return ms
+
+    def _timed(self, n_decode: int, chunk: int) -> float:
         times = []
         for _ in range(self.cfg.reps):
             slices = [SeqSlice(s, self.cfg.context, (self.text[s],), True, True)
@@ -100,6 +108,7 @@ def run_curve(spec: BackendSpec, cfg: CurveConfig, *, backend=None, progress=lam
         reset_kv(backend)
         return {"backend": backend_info(backend), "n_decode": n_dec, "decode": decode, "prefill": prefill,
                 "fit": {k: rnd(v, 4) for k, v in fit.items()}, "engine_calibration": calibrated,
+                "others_cores_max": rnd(max(bench.busy.values(), default=0.0), 2),
                 "label": f"{backend.name}: prefill and decode cost"}
     finally:
         if own:
@@ -164,5 +173,7 @@ def curve_result(spec: BackendSpec, cfg: CurveConfig, progress=lambda s: None) -
          "a_ms": cal.get("decode_ms"), "b_ms": cal.get("prefill_ms"), "median_rel_err": None, "max_rel_err": None},
     ]
     res.notes.append("prefill tok/s beside decode rows = chunk / (step time - the decode-only step time)")
+    res.notes.append("others_cores: cores other processes kept busy during a measurement (a shared machine); one over 0.25 "
+                        "was measured again, up to twice, after waiting for the machine to go quiet")
     res.notes.append(f"medians of {cfg.reps} repetitions; every timed step includes llama_synchronize")
     return res

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 from magnitude_tui.bench import peers
 from magnitude_tui.bench.common import (BackendSpec, BenchResult, FixedLength, backend_info, machine_info,
-                                        make_backend, median, prompt_tokens, reset_kv, rnd)
+                                        make_backend, measured, median, prompt_tokens, reset_kv, rnd)
 from magnitude_tui.engine.core import Engine
 from scheduler.types import Request, SamplingParams
 
@@ -119,9 +119,9 @@ def run_throughput(spec: BackendSpec, cfg: ThroughputConfig, progress=lambda s: 
         for rep in range(cfg.reps):
             for policy in cfg.policies:
                 for n in cfg.seqs:
-                    r = engine_run(backend, prompts[n], cfg.gen, policy)
+                    r, busy = measured(lambda: engine_run(backend, prompts[n], cfg.gen, policy), progress=progress)
                     runs.append({"peer": f"engine {policy}", "seqs": n, "rep": rep, "tok_s": r["tok_s"],
-                                 "tg_tok_s": r["tg_tok_s"], "made": r["made"], "wall_s": r["wall_s"]})
+                                 "tg_tok_s": r["tg_tok_s"], "made": r["made"], "wall_s": r["wall_s"], "others": busy})
                     if policy == cfg.policies[0]:
                         engine_steps.setdefault(n, {"step_ms": [], "native_ms": []})
                         engine_steps[n]["step_ms"] += r["step_ms"]
@@ -129,26 +129,28 @@ def run_throughput(spec: BackendSpec, cfg: ThroughputConfig, progress=lambda s: 
             progress(f"rep {rep + 1}/{cfg.reps}: engine " + ", ".join(
                 f"{x['seqs']}:{x['tok_s']:.1f}" for x in runs if x["rep"] == rep and x["peer"] == f"engine {cfg.policies[0]}"))
             if "batched-bench" in wanted:
-                bb = peers.batched_bench(bindir, model=model, seqs=list(cfg.seqs), prompt=cfg.prompt, gen=cfg.gen,
-                                         threads=threads, n_ctx=n_ctx, n_batch=spec.n_batch or 2048,
-                                         n_ubatch=spec.n_ubatch, dev=dev)
+                bb, busy = measured(lambda: peers.batched_bench(
+                    bindir, model=model, seqs=list(cfg.seqs), prompt=cfg.prompt, gen=cfg.gen, threads=threads,
+                    n_ctx=n_ctx, n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch, dev=dev), progress=progress)
                 for n, row in bb.items():
                     runs.append({"peer": "llama-batched-bench", "seqs": n, "rep": rep,
                                  "tok_s": n * cfg.gen / row["t"], "tg_tok_s": row["speed_tg"],
-                                 "made": n * cfg.gen, "wall_s": row["t"]})
+                                 "made": n * cfg.gen, "wall_s": row["t"], "others": busy})
             if "server" in wanted:
                 for n in cfg.seqs:
                     with peers.Server(bindir, model=model, parallel=n, threads=threads, n_ctx=n_ctx,
                                       n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch, dev=dev) as srv:
                         srv.burst([list(p) for p in prompts[n][:1]], 4)  # warm-up
-                        wall, made = srv.burst([list(p) for p in prompts[n]], cfg.gen)
+                        (wall, made), busy = measured(lambda: srv.burst([list(p) for p in prompts[n]], cfg.gen),
+                                                      pids=(srv.proc.pid,), progress=progress)
                     runs.append({"peer": "llama-server -np N", "seqs": n, "rep": rep, "tok_s": made / wall,
-                                 "tg_tok_s": None, "made": made, "wall_s": wall})
+                                 "tg_tok_s": None, "made": made, "wall_s": wall, "others": busy})
             if serial is not None:
                 for n in cfg.seqs:
-                    wall, made = serial.serial([list(p) for p in prompts[n]], cfg.gen)
+                    (wall, made), busy = measured(lambda: serial.serial([list(p) for p in prompts[n]], cfg.gen),
+                                                  progress=progress)
                     runs.append({"peer": "Llama serial", "seqs": n, "rep": rep, "tok_s": made / wall,
-                                 "tg_tok_s": None, "made": made, "wall_s": wall})
+                                 "tg_tok_s": None, "made": made, "wall_s": wall, "others": busy})
             progress(f"rep {rep + 1}/{cfg.reps} done: " + ", ".join(
                 f"{x['peer']}@{x['seqs']}={x['tok_s']:.1f}" for x in runs if x["rep"] == rep and x["seqs"] == 8))
         if cfg.profile:
@@ -177,7 +179,8 @@ def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: Through
             tg = [r["tg_tok_s"] for r in xs if r["tg_tok_s"]]
             medians.append({"peer": peer, "seqs": n, "tok_s": rnd(median(r["tok_s"] for r in xs), 1),
                             "tg_tok_s": rnd(median(tg), 1) if tg else None, "reps": len(xs),
-                            "spread": rnd(max(r["tok_s"] for r in xs) - min(r["tok_s"] for r in xs), 1)})
+                            "spread": rnd(max(r["tok_s"] for r in xs) - min(r["tok_s"] for r in xs), 1),
+                            "others_cores_max": rnd(max(r["others"] for r in xs), 2)})
     engines = [f"engine {p}" for p in cfg.policies]
     for e in engines:  # every peer as a ratio to each engine policy (the first is "this engine")
         base = {m["seqs"]: m["tok_s"] for m in medians if m["peer"] == e}
@@ -212,5 +215,7 @@ def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: Through
         "per sequence (EOS ignored), distinct prompts",
         "tok/s = sequences x generated tokens / wall time from the first prompt to the last token (prefill included); "
         "llama-batched-bench: its T = T_PP + T_TG",
+        "others_cores: cores other processes kept busy during a measurement (a shared machine); one over 0.25 "
+        "was measured again, up to twice, after waiting for the machine to go quiet",
         "Llama serial = llama-cpp-python's high-level Llama.generate, one request after another",
     ]
