@@ -27,10 +27,10 @@ from scheduler.types import Phase, SamplingParams  # noqa: E402
 
 SIZE = (140, 44)
 PROMPTS = (
-    "Explain what a KV cache is, in three sentences.",
-    "Write a haiku about batching.",
-    "List three tips for writing fast Python.",
-    "What is the capital of France? Answer briefly.",
+    "Explain in detail how a CPU cache works.",
+    "Write a long story about a robot who learns to paint.",
+    "Give a detailed list of tips for writing fast Python code, with examples.",
+    "Describe the history of the printing press in detail.",
 )
 
 
@@ -80,8 +80,9 @@ async def shoot(config: EngineConfig, out: Path, max_tokens: int, timeout: float
             for prompt in PROMPTS:
                 await say(pilot, prompt)
                 await pilot.press("tab")
-            await until(pilot, lambda: phases(app).count(Phase.GENERATING) >= 3, timeout, "3 panes generating")
-            await pilot.pause(0.6)
+            await until(pilot, lambda: len(phases(app)) >= 3 and phases(app).count(Phase.GENERATING) >= 2,
+                        timeout, "3 panes busy, 2 generating")
+            await pilot.pause(0.3)
             save(app, out, "panes-streaming")
             await until(pilot, lambda: not any(p.busy for p in ws.grid.panes), timeout, "replies")
 
@@ -90,7 +91,7 @@ async def shoot(config: EngineConfig, out: Path, max_tokens: int, timeout: float
             await pilot.press("ctrl+x", "ctrl+x", "ctrl+x")  # close A2-A4; A1 stays
             await pilot.press("f2", "ctrl+b")
             await until(pilot, lambda: len(ws.sequences_panel.live_sessions) >= 6
-                        and phases(app).count(Phase.GENERATING) >= 4, timeout, "the burst running")
+                        and phases(app).count(Phase.GENERATING) >= 3, timeout, "the burst running")
             await pilot.pause(0.5)
             save(app, out, "burst-sequences")
             await until(pilot, lambda: not any(p.busy for p in ws.grid.panes), timeout, "the burst")
@@ -109,7 +110,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default=None)
     parser.add_argument("--max-tokens", type=int, default=120)
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each state")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each state")
     parser.add_argument("--out", type=Path, default=ROOT / "screenshots")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
