@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.widgets import Input
 
-from tests.app_support import SIZE, ScriptedClient, make_app
+from tests.app_support import SIZE, ScriptedClient, make_app, wait_for
 
 
 def _reply_with_code(request) -> str:
@@ -75,6 +75,8 @@ def test_burst_spawn_with_sequences_panel(snap_compare, tmp_path):
     async def run_before(pilot):
         await _say(pilot, "brainstorm")
         client.run_to_completion()
+        parent = pilot.app.workspace.grid.panes[0]
+        await wait_for(pilot, lambda: not parent.busy, what="the parent's reply")  # forks include it
         await pilot.press("ctrl+b", "f2")
         await pilot.pause(0.2)
         client.step(3)

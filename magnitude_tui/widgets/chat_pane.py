@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from textual import on
 from textual.app import ComposeResult
@@ -18,6 +18,15 @@ from magnitude_tui.widgets.status_line import StatusLine
 from scheduler.types import DoneReason, Message, Phase, SeqUpdate
 
 FLUSH_INTERVAL_S = 1 / 12  # transcript and status repaint; tokens are buffered in between
+
+
+@dataclass
+class _Reply:
+    """An assistant reply and what of it is not on screen yet."""
+
+    message: MessageRecord
+    view: MessageView | None = None
+    pending: list[str] = field(default_factory=list)
 
 
 class ChatPane(Vertical):
@@ -49,10 +58,8 @@ class ChatPane(Vertical):
         self.parent_name = parent_name
         self.request_id: str | None = None
         self.last_update: SeqUpdate | None = None
-        self._reply: MessageRecord | None = None
-        self._reply_view: MessageView | None = None
-        self._pending: list[str] = []
-        self._finished: SeqUpdate | None = None
+        self._reply: _Reply | None = None  # the reply now streaming
+        self._ended: list[tuple[_Reply | None, SeqUpdate]] = []  # finished, not yet painted/settled
         self._held_results: list[MessageRecord] = []
         self._unsaved: dict[int, MessageRecord] = {}  # id(message) -> message, in creation order
         self._status_dirty = True
@@ -88,7 +95,7 @@ class ChatPane(Vertical):
         return tuple(
             Message(m.role, m.content)
             for m in self.record.messages
-            if m.content and not (committed_only and m is self._reply)
+            if m.content and not (committed_only and self._reply is not None and m is self._reply.message)
         )
 
     def last_answer(self) -> str | None:
@@ -153,7 +160,7 @@ class ChatPane(Vertical):
 
     async def add_message(self, message: MessageRecord) -> None:
         """Append a finished message; a subagent's answer waits until the running reply is done."""
-        if message.author and self.busy:
+        if message.author and (self.busy or self._ended):
             self._held_results.append(message)
             return
         self.record.messages.append(message)
@@ -167,56 +174,65 @@ class ChatPane(Vertical):
         self._status_dirty = True
 
     def apply(self, update: SeqUpdate) -> None:
-        """Take one engine update for this pane's request (cheap: rendering happens in flush)."""
+        """Take one engine update for this pane's request (cheap: rendering happens in flush).
+
+        The transcript data is final as soon as `done` arrives; only the painting waits for the
+        next flush, so a new request can start at once without touching the finished reply.
+        """
         if update.request_id != self.request_id:
             return  # a late update for a request this pane already gave up on
         self.last_update = update
         self._status_dirty = True
         if update.text_delta:
             if self._reply is None:
-                self._reply = MessageRecord("assistant", "", complete=False)
-                self.record.messages.append(self._reply)
-            self._reply.content += update.text_delta
-            self._mark_unsaved(self._reply)
-            self._pending.append(update.text_delta)
+                self._reply = _Reply(MessageRecord("assistant", "", complete=False))
+                self.record.messages.append(self._reply.message)
+            self._reply.message.content += update.text_delta
+            self._reply.pending.append(update.text_delta)
+            self._mark_unsaved(self._reply.message)
         if update.phase is Phase.DONE:
-            self._finished = update
             self.request_id = None
+            reply, self._reply = self._reply, None
+            if reply is not None:
+                reply.message.complete = True
+                reply.message.done_reason = (update.done_reason or DoneReason.STOP).value
+                self._mark_unsaved(reply.message)
+            self._ended.append((reply, update))
 
     async def flush(self) -> None:
-        """Render buffered text and the latest status; settle a finished reply."""
-        if self._pending:
-            text = "".join(self._pending)
-            self._pending.clear()
-            if self._reply_view is None and self._reply is not None:
-                self._reply_view = MessageView(self._reply, speaker=self.record.name, streaming=True)
-                await self.query_one(".transcript").mount(self._reply_view)
-            if self._reply_view is not None:
-                await self._reply_view.write(text)
+        """Paint buffered text (finished replies first), the latest status, and settle endings."""
+        ended, self._ended = self._ended, []
+        for reply, update in ended:
+            if reply is not None:
+                await self._paint(reply)
+            await self._settle(reply, update)
+        if self._reply is not None:
+            await self._paint(self._reply)
         if self._status_dirty:
             self._status_dirty = False
             self.query_one(StatusLine).show(self.last_update)
-        if self._finished is not None:
-            await self._settle(self._finished)
+        if ended and not self._ended and not self.busy:
+            held, self._held_results = self._held_results, []
+            for message in held:
+                await self.add_message(message)
 
-    async def _settle(self, update: SeqUpdate) -> None:
-        self._finished = None
-        reply, view = self._reply, self._reply_view
-        self._reply = self._reply_view = None
-        reason = update.done_reason or DoneReason.STOP
-        note = f"{reason.value}: {update.error}" if update.error else None
-        if reply is not None:
-            reply.complete = True
-            reply.done_reason = reason.value
-            self._mark_unsaved(reply)
-            if view is not None:
-                await view.finish(note)
+    async def _paint(self, reply: "_Reply") -> None:
+        if not reply.pending:
+            return
+        text = "".join(reply.pending)
+        reply.pending.clear()
+        if reply.view is None:
+            reply.view = MessageView(reply.message, speaker=self.record.name, streaming=True)
+            await self.query_one(".transcript").mount(reply.view)
+        await reply.view.write(text)
+
+    async def _settle(self, reply: "_Reply | None", update: SeqUpdate) -> None:
+        note = f"{update.done_reason.value if update.done_reason else 'error'}: {update.error}" if update.error else None
+        if reply is not None and reply.view is not None:
+            await reply.view.finish(note)
         elif note:
             self.notify(f"{self.record.name}: {note}", severity="error")
-        self.post_message(self.ReplyFinished(self, reply, update))
-        held, self._held_results = self._held_results, []
-        for message in held:
-            await self.add_message(message)
+        self.post_message(self.ReplyFinished(self, reply.message if reply else None, update))
 
     def _mark_unsaved(self, message: MessageRecord) -> None:
         self._unsaved.setdefault(id(message), message)
