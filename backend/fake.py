@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Sequence
 
-from backend.protocol import DecodeOutcome, DecodeResult, PlanError
+from backend.protocol import DecodeOutcome, DecodeResult, check_plan
 from scheduler.types import BatchPlan, Message, SamplingParams
 
 # Token ids: a few specials below 32, then one token per Unicode character (code point < n_vocab).
@@ -113,27 +113,8 @@ class FakeBackend:
 
     def validate(self, plan: BatchPlan) -> None:
         """Raise PlanError for anything llama.cpp would assert on (or silently get wrong)."""
-        if plan.n_rows == 0:
-            raise PlanError("empty batch")
-        if plan.n_rows > self.n_batch:
-            raise PlanError(f"batch has {plan.n_rows} rows, n_batch is {self.n_batch}")
-        seen = set()
-        for sl in plan.slices:
-            if not 0 <= sl.seq_id < self.n_seq_max:
-                raise PlanError(f"seq id {sl.seq_id} outside 0..{self.n_seq_max - 1}")
-            if sl.seq_id in seen:
-                raise PlanError(f"seq {sl.seq_id} appears twice in one batch")
-            seen.add(sl.seq_id)
-            if not sl.tokens:
-                raise PlanError(f"seq {sl.seq_id}: empty slice")
-            expected = len(self._kv[sl.seq_id])
-            if sl.pos0 != expected:
-                raise PlanError(f"seq {sl.seq_id}: slice starts at position {sl.pos0}, cache ends at {expected - 1}")
-            if sl.pos0 + len(sl.tokens) > self.n_ctx_seq:
-                raise PlanError(f"seq {sl.seq_id}: positions reach {sl.pos0 + len(sl.tokens)}, n_ctx_seq is {self.n_ctx_seq}")
-            bad = [t for t in sl.tokens if not 0 <= t < self.n_vocab]
-            if bad:
-                raise PlanError(f"seq {sl.seq_id}: token id {bad[0]} outside the vocabulary")
+        check_plan(plan, n_batch=self.n_batch, n_seq_max=self.n_seq_max, n_ctx_seq=self.n_ctx_seq,
+                   n_vocab=self.n_vocab, next_pos=lambda seq: len(self._kv[seq]))
 
     def decode(self, plan: BatchPlan) -> DecodeResult:
         self.validate(plan)

@@ -14,7 +14,7 @@ import llama_cpp
 
 from backend import native
 from backend.chat import Detokenizer, Vocab
-from backend.protocol import DecodeOutcome, DecodeResult, PlanError
+from backend.protocol import DecodeOutcome, DecodeResult, check_plan
 from scheduler.types import BatchPlan, Message, SamplingParams
 
 
@@ -172,27 +172,8 @@ class LlamaBackend:
 
     def check_plan(self, plan: BatchPlan) -> None:
         """Raise PlanError for anything llama_decode would assert on."""
-        if plan.n_rows == 0:
-            raise PlanError("empty plan")
-        if plan.n_rows > self.n_batch:
-            raise PlanError(f"plan has {plan.n_rows} rows, over n_batch={self.n_batch}")
-        seen = set()
-        for s in plan.slices:
-            if not 0 <= s.seq_id < self.n_seq_max:
-                raise PlanError(f"seq id {s.seq_id} outside 0..{self.n_seq_max - 1}")
-            if s.seq_id in seen:
-                raise PlanError(f"seq {s.seq_id} appears twice in one plan")
-            seen.add(s.seq_id)
-            if not s.tokens:
-                raise PlanError(f"seq {s.seq_id}: empty slice")
-            expected = self.kv_pos_max(s.seq_id) + 1
-            if s.pos0 != expected:
-                raise PlanError(f"seq {s.seq_id}: slice starts at position {s.pos0}, cache continues at {expected}")
-            if s.pos0 + len(s.tokens) > self.n_ctx:
-                raise PlanError(f"seq {s.seq_id}: positions up to {s.pos0 + len(s.tokens)} exceed n_ctx={self.n_ctx}")
-            bad = [t for t in s.tokens if not 0 <= t < self.n_vocab]
-            if bad:
-                raise PlanError(f"seq {s.seq_id}: token {bad[0]} outside the vocab (n_vocab={self.n_vocab})")
+        check_plan(plan, n_batch=self.n_batch, n_seq_max=self.n_seq_max, n_ctx_seq=self.n_ctx,
+                   n_vocab=self.n_vocab, next_pos=lambda seq: self.kv_pos_max(seq) + 1)
 
     def decode(self, plan: BatchPlan) -> DecodeResult:
         self.check_plan(plan)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from scheduler.types import BatchPlan, Message, SamplingParams
 
@@ -44,6 +44,37 @@ class PlanError(ValueError):
 
     Raised in Python before llama_decode, whose native asserts would abort the process.
     """
+
+
+def check_plan(plan: BatchPlan, *, n_batch: int, n_seq_max: int, n_ctx_seq: int, n_vocab: int,
+               next_pos: Callable[[int], int]) -> None:
+    """Raise PlanError for anything llama_decode would assert on (or silently get wrong).
+
+    Every backend runs this before a step, so the fake and simulated backends hold the planner to
+    exactly the contract the real one enforces. `next_pos(seq)` is where that sequence's cache
+    continues.
+    """
+    if plan.n_rows == 0:
+        raise PlanError("empty plan")
+    if plan.n_rows > n_batch:
+        raise PlanError(f"plan has {plan.n_rows} rows, over n_batch={n_batch}")
+    seen = set()
+    for s in plan.slices:
+        if not 0 <= s.seq_id < n_seq_max:
+            raise PlanError(f"seq id {s.seq_id} outside 0..{n_seq_max - 1}")
+        if s.seq_id in seen:
+            raise PlanError(f"seq {s.seq_id} appears twice in one plan")
+        seen.add(s.seq_id)
+        if not s.tokens:
+            raise PlanError(f"seq {s.seq_id}: empty slice")
+        expected = next_pos(s.seq_id)
+        if s.pos0 != expected:
+            raise PlanError(f"seq {s.seq_id}: slice starts at position {s.pos0}, cache continues at {expected}")
+        if s.pos0 + len(s.tokens) > n_ctx_seq:
+            raise PlanError(f"seq {s.seq_id}: positions up to {s.pos0 + len(s.tokens)} exceed the context ({n_ctx_seq})")
+        bad = [t for t in s.tokens if not 0 <= t < n_vocab]
+        if bad:
+            raise PlanError(f"seq {s.seq_id}: token {bad[0]} outside the vocab (n_vocab={n_vocab})")
 
 
 class Detokenizer(Protocol):
