@@ -73,7 +73,9 @@ def _model_curve(ax, s: dict, key: str) -> None:
 def plot_prefill_curve(result: BenchResult, path: Path) -> None:
     """Prefill tok/s against chunk size (with and without decode rows) and decode step vs sequences."""
     d = result.data
-    fig, (ax_p, ax_d) = plt.subplots(1, 2, figsize=(12, 4.5))
+    occ = d.get("occupancy") or []
+    fig, axes = plt.subplots(1, 3 if occ else 2, figsize=(17 if occ else 12, 4.5))
+    ax_p, ax_d = axes[0], axes[1]
     for mode, style in (("alone", "o-"), ("with_decode", "s-")):
         pts = [r for r in d["prefill"] if r["mode"] == mode]
         if not pts:
@@ -101,6 +103,14 @@ def plot_prefill_curve(result: BenchResult, path: Path) -> None:
     ax_d.grid(True, alpha=0.3)
     ax_d.legend(fontsize=7, loc="upper left")
     ax2.legend(fontsize=7, loc="lower right")
+    if occ:
+        ax_o = axes[2]
+        ax_o.plot([r["idle_cells"] for r in occ], [r["step_ms"] for r in occ], "o-", color="tab:purple")
+        ax_o.set_xlabel("KV cells held by another, idle sequence")
+        ax_o.set_ylabel(f"{occ[0]['decode_rows']}-sequence decode step (ms)")
+        ax_o.set_title("unified KV: decode rows attend over every cell in use", fontsize=10)
+        ax_o.set_ylim(bottom=0)
+        ax_o.grid(True, alpha=0.3)
     fig.suptitle(d.get("label", ""), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

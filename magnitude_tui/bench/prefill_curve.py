@@ -21,6 +21,9 @@ class CurveConfig:
     seqs: tuple[int, ...] = DEFAULT_SEQS
     context: int = 32  # tokens each decoding sequence already holds
     reps: int = 3
+    # Cells another (idle) sequence holds while the decode step is timed: in a unified KV cache
+    # every row's attention spans all cells in use, so a long newcomer slows everyone's decode.
+    kv_fill: tuple[int, ...] = (0, 1024, 2048, 4096)
 
 
 class _Bench:
@@ -31,7 +34,7 @@ class _Bench:
         self.b, self.cfg = backend, cfg
         self.prefill_seq = backend.n_seq_max - 1  # the decoders take the slots below it
         self.decoders = list(range(min(backend.n_seq_max - 1, max(max(cfg.seqs), cfg.n_decode))))
-        self.text = prompt_tokens(backend, max(cfg.chunks) + cfg.context + 8, salt=3)
+        self.text = prompt_tokens(backend, max(*cfg.chunks, *cfg.kv_fill) + cfg.context + 8, salt=3)
         self.busy: dict[tuple[int, int], float] = {}  # cores other processes used per measured point
         reset_kv(backend)
         for s in self.decoders:  # each decoder holds `context` tokens of its own prompt
@@ -98,6 +101,7 @@ def run_curve(spec: BackendSpec, cfg: CurveConfig, *, backend=None, progress=lam
                                 "prefill_tok_s": rnd(1000 * c / extra, 1) if extra > 0 else None})
             progress(f"  chunk {chunk:>5}: alone {prefill[-2]['prefill_tok_s']} tok/s, beside {n_dec} "
                      f"decode rows {prefill[-1]['prefill_tok_s']} tok/s")
+        occupancy = _occupancy(bench, n_dec, progress)
         fit = fit_cost(points)
         for r in decode:
             r["model_step_ms"] = rnd(predict(fit, r["seqs"], 0), 2)
@@ -107,12 +111,31 @@ def run_curve(spec: BackendSpec, cfg: CurveConfig, *, backend=None, progress=lam
         calibrated = _engine_calibration(backend)
         reset_kv(backend)
         return {"backend": backend_info(backend), "n_decode": n_dec, "decode": decode, "prefill": prefill,
+                "occupancy": occupancy,
                 "fit": {k: rnd(v, 4) for k, v in fit.items()}, "engine_calibration": calibrated,
                 "others_cores_max": rnd(max(bench.busy.values(), default=0.0), 2),
                 "label": f"{backend.name}: prefill and decode cost"}
     finally:
         if own:
             backend.close()
+
+
+def _occupancy(bench: _Bench, n_dec: int, progress) -> list[dict]:
+    """The n_dec-sequence decode step while another sequence holds 0, 1k, 2k, 4k idle cells."""
+    b, seq, held, rows = bench.b, bench.prefill_seq, 0, []
+    room = b.n_ctx - len(bench.decoders) * (bench.cfg.context + 2) - 64
+    for k in (k for k in bench.cfg.kv_fill if k <= room):
+        while held < k:  # grow the idle sequence (untimed) in n_batch pieces
+            n = min(k - held, b.n_batch)
+            bench.step([SeqSlice(seq, held, tuple(bench.text[held:held + n]), True, False)])
+            held += n
+        ms = bench.timed(n_dec, 0)
+        rows.append({"idle_cells": k, "decode_rows": n_dec, "step_ms": rnd(ms, 2)})
+    b.kv_remove(seq)
+    if rows:
+        progress(f"  {n_dec}-sequence decode step beside an idle sequence of {rows[-1]['idle_cells']} cells: "
+                 f"{rows[-1]['step_ms']} ms (alone {rows[0]['step_ms']} ms)")
+    return rows
 
 
 def fit_cost(points: list[tuple[int, int, float]]) -> dict:
@@ -172,6 +195,10 @@ def curve_result(spec: BackendSpec, cfg: CurveConfig, progress=lambda s: None) -
         {"model": "engine calibration (what target:MS starts from)", "fixed_ms": cal.get("fixed_ms"),
          "a_ms": cal.get("decode_ms"), "b_ms": cal.get("prefill_ms"), "median_rel_err": None, "max_rel_err": None},
     ]
+    occ = data["occupancy"]
+    if occ:
+        res.tables[f"{data['n_decode']}-sequence decode step while another sequence holds idle KV cells"] = [
+            {**r, "x_vs_empty": rnd(r["step_ms"] / occ[0]["step_ms"], 2)} for r in occ]
     res.notes.append("prefill tok/s beside decode rows = chunk / (step time - the decode-only step time)")
     res.notes.append("others_cores: cores other processes kept busy during a measurement (a shared machine); one over 0.25 "
                         "was measured again, up to twice, after waiting for the machine to go quiet")
