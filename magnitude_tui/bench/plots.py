@@ -105,10 +105,15 @@ def plot_prefill_curve(result: BenchResult, path: Path) -> None:
     ax2.legend(fontsize=7, loc="lower right")
     if occ:
         ax_o = axes[2]
-        ax_o.plot([r["idle_cells"] for r in occ], [r["step_ms"] for r in occ], "o-", color="tab:purple")
-        ax_o.set_xlabel("KV cells held by another, idle sequence")
-        ax_o.set_ylabel(f"{occ[0]['decode_rows']}-sequence decode step (ms)")
-        ax_o.set_title("unified KV: decode rows attend over every cell in use", fontsize=10)
+        xs = [r["prompt_cells"] for r in occ]
+        ax_o.plot(xs, [r["decode_step_ms"] for r in occ], "o-", color="tab:purple",
+                  label=f"{occ[0]['decode_rows']} decode rows")
+        ax_o.plot(xs, [r["with_chunk16_ms"] for r in occ], "s-", color="tab:orange",
+                  label="+ 16 prompt rows continuing the prompt")
+        ax_o.set_xlabel("cells a long prompt already holds in the (unified) KV cache")
+        ax_o.set_ylabel("step time (ms)")
+        ax_o.set_title("a long prompt in the cache makes every step dearer", fontsize=10)
+        ax_o.legend(fontsize=7)
         ax_o.set_ylim(bottom=0)
         ax_o.grid(True, alpha=0.3)
     fig.suptitle(d.get("label", ""), fontsize=10)
