@@ -1,0 +1,45 @@
+"""bench ui: the keypress and step-time measurements come out well formed (shape only, not speed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from magnitude_tui.bench.common import save_result
+from magnitude_tui.bench.ui import UiConfig, run_ui_bench
+from magnitude_tui.engine.events import EngineConfig
+
+
+@pytest.fixture(autouse=True)
+def _no_waiting_for_a_quiet_machine(monkeypatch):
+    monkeypatch.setenv("MAGNITUDE_BENCH_WAIT_QUIET", "0")
+
+
+def _check(res, panes: int, keys: int) -> None:
+    steps, lat = res.tables.values()
+    assert [r["mode"] for r in steps] == ["headless", "ui"]
+    assert [r["mode"] for r in res.data["runs"]] == ["headless", "ui"]
+    ui_run = res.data["runs"][1]
+    assert 1 <= len(ui_run["keys"]) <= keys and ui_run["frames"] > 0
+    assert lat[0]["painted"] == lat[0]["keys"] >= 1  # every key reached the screen
+    assert 0 < lat[0]["p50_ms"] <= lat[0]["max_ms"] < 5000
+    assert all(r["wall_s"] > 0 for r in steps)
+    assert res.machine["load_avg_1_5_15"]
+
+
+@pytest.mark.timeout(120)
+def test_fake_backend_bench_ui_is_well_formed(tmp_path):
+    cfg = UiConfig(panes=2, max_tokens=6, keys=3, key_interval_s=0.02, reps=1)
+    res = run_ui_bench(EngineConfig(backend="fake", n_ctx=2048), cfg)
+    _check(res, 2, 3)
+    assert save_result(res, tmp_path)["json"].exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tiny_real_bench_ui_is_well_formed():
+    pytest.importorskip("llama_cpp")
+    cfg = UiConfig(panes=2, max_tokens=12, keys=3, key_interval_s=0.05, reps=1)
+    res = run_ui_bench(EngineConfig(backend="llama", device="cpu", n_ctx=2048), cfg)
+    _check(res, 2, 3)
+    headless = next(iter(res.tables.values()))[0]
+    assert headless["steps(2x0)"] > 0 and headless["step_ms_p50"] > 0
