@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
@@ -64,9 +66,14 @@ class MessageView(Vertical):
         await self._stream.write(fragment)
 
     async def on_unmount(self) -> None:
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            # At app exit Textual may already have cancelled the stream's task; stopping it then
+            # raises CancelledError, which must not turn a clean quit into a traceback.
+            try:
+                await stream.stop()
+            except asyncio.CancelledError:
+                pass
 
     async def finish(self, note: str | None = None) -> None:
         """The reply ended: stop streaming, append a note (an error) and settle the header."""
