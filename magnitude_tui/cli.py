@@ -18,7 +18,7 @@ ModelOpt = typer.Option(None, "--model", "-m", help="GGUF model path (default: S
 DeviceOpt = typer.Option("auto", "--device", "-d", help="auto | cpu | vulkan | vulkan:N")
 PolicyOpt = typer.Option("target:50", "--policy", "-p", help="prefill-first | fixed:N | target:MS")
 VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show llama.cpp's native logs.")
-CtxOpt = typer.Option(8192, "--ctx", help="Context size in tokens (all sequences share it).")
+CtxOpt = typer.Option(8192, "--ctx", "--n-ctx", help="Context size in tokens (all sequences share it).")
 
 
 @app.callback(invoke_without_command=True)
