@@ -78,7 +78,9 @@ def test_burst_spawn_with_sequences_panel(snap_compare, tmp_path):
         parent = pilot.app.workspace.grid.panes[0]
         await wait_for(pilot, lambda: not parent.busy, what="the parent's reply")  # forks include it
         await pilot.press("ctrl+b", "f2")
-        await pilot.pause(0.2)
+        # Wait for the burst itself (8 subagent submits), not a fixed time: under load mounting
+        # eight panes can take longer than any pause chosen here.
+        await wait_for(pilot, lambda: len(client.submitted) >= 9, what="the burst's 8 submits")
         client.step(3)
         await _settle(pilot)
 
