@@ -15,6 +15,7 @@ from magnitude_tui.engine.core import Engine
 from scheduler.types import Request, SamplingParams
 
 PEERS = ("batched-bench", "server", "serial")
+SHORT = {"llama-batched-bench": "batched-bench", "llama-server -np N": "server", "Llama serial": "serial"}
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: Through
             row[m["peer"]] = m["tok_s"]
         for m in at_n:
             if m["peer"] != base_peer:
-                row[f"{m['peer'].split()[0]} ÷ engine"] = m[f"over_{cfg.policies[0]}"]
+                row[f"{SHORT.get(m['peer'], m['peer'].removeprefix('engine '))} ÷ engine"] = m[f"over_{cfg.policies[0]}"]
         wide.append(row)
     res.tables[f"generated tok/s, end to end (median of {cfg.reps}), and each peer ÷ {base_peer}"] = wide
     res.tables["per peer and batch width (tg_tok_s: decode phase only, where the peer reports it)"] = medians
