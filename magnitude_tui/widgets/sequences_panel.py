@@ -53,7 +53,10 @@ class SequencesPanel(Vertical):
 
     def compose(self) -> ComposeResult:
         table: DataTable = DataTable(cursor_type="none", zebra_stripes=True, show_cursor=False)
-        table.add_columns(*COLUMNS)
+        for name in COLUMNS:
+            # The phase column is as wide as its longest label ("done·cancelled"), so the table
+            # does not jump sideways when a finished row leaves it.
+            table.add_column(name, width=14 if name == "phase" else None)
         yield table
 
     def on_mount(self) -> None:
