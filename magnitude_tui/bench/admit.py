@@ -190,7 +190,7 @@ def run_admit(spec: BackendSpec, cfg: AdmitConfig, *, backend=None,
         tail = tail_tokens(newcomer, cfg)
 
         def guard(fn):  # real hardware: measure on a quiet machine, again if a neighbour got busy
-            return (fn(), 0.0) if spec.simulated else measured(fn, progress=progress)
+            return (fn(), 0.0) if spec.simulated else measured(fn, retries=4, progress=progress)
 
         base_step, _ = guard(lambda: undisturbed(backend, cfg))
         targets = cfg.targets or tuple(round(m * base_step * 1000, 1) for m in TARGET_MULTIPLES)

@@ -34,9 +34,9 @@ def plot_admit(result: BenchResult, path: Path) -> None:
                 ax.plot([pf["chunk"]], [pf[key]], "*", ms=14, color="tab:gray", label="prefill-first")
             ax.plot([r["chunk"] for r in targets], [r[key] for r in targets], "D", ms=8, color="tab:red",
                     label="target:MS (measured)")
-            for r in targets:
-                ax.annotate(r["policy"], (r["chunk"], r[key]), textcoords="offset points", xytext=(6, -12),
-                            fontsize=8, color="tab:red")
+            for i, r in enumerate(targets):  # staggered: targets floored at one chunk share a point
+                ax.annotate(r["policy"], (r["chunk"], r[key]), textcoords="offset points",
+                            xytext=(8, -12 - 10 * i), fontsize=8, color="tab:red")
             _model_curve(ax, s, key)
             ax.set_xscale("log", base=2)
             ax.set_xlabel("prompt rows per step (chunk), log scale")
