@@ -285,3 +285,28 @@ def test_app_does_not_import_llama_cpp():
     code = ("import sys, magnitude_tui.app, magnitude_tui.engine.client; "
             "assert 'llama_cpp' not in sys.modules, 'llama_cpp imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+async def test_finished_rows_leave_the_sequences_panel_after_a_while(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        panel = app.workspace.sequences_panel
+        now = [100.0]
+        panel.clock = lambda: now[0]
+        await _type(pilot, "one")
+        await pilot.press("ctrl+n")
+        await _type(pilot, "two")
+        client.step(2)
+        client.cancel(client.submitted[0].request_id)
+        client.step(1)  # the first finishes (cancelled); the second keeps generating
+        await pilot.pause(0.3)
+        assert len(panel._rows) == 2
+        now[0] += 3.0
+        panel.refresh_rows()
+        assert len(panel._rows) == 2  # still readable shortly after it finished
+        now[0] += 2.0
+        panel.refresh_rows()
+        assert panel.live_sessions == [client.submitted[1].session_id]
+        assert list(panel._rows) == [client.submitted[1].session_id]

@@ -17,6 +17,12 @@ async def _say(pilot, text: str) -> None:
     await pilot.pause()
 
 
+def _freeze_clock(pilot) -> None:
+    """Finished rows leave the sequences panel after seconds of wall clock; a slow machine must not
+    change what the snapshot shows, so the panel's clock stands still."""
+    pilot.app.workspace.sequences_panel.clock = lambda: 0.0
+
+
 async def _settle(pilot) -> None:
     """Stop cursor blink, hide transcript scrollbars (their thumb repaints a frame late, at random),
     then wait until two screenshots 0.3 s apart agree (flush timers 1/12 s, panels 1/4 s)."""
@@ -56,6 +62,7 @@ def test_four_panes_streaming_with_sequences_panel(snap_compare, tmp_path):
     app = make_app(tmp_path, client)
 
     async def run_before(pilot):
+        _freeze_clock(pilot)
         for i, text in enumerate(("alpha", "bravo", "charlie", "delta")):
             if i:
                 await pilot.press("ctrl+n")
@@ -73,6 +80,7 @@ def test_burst_spawn_with_sequences_panel(snap_compare, tmp_path):
     app = make_app(tmp_path, client)
 
     async def run_before(pilot):
+        _freeze_clock(pilot)
         await _say(pilot, "brainstorm")
         client.run_to_completion()
         parent = pilot.app.workspace.grid.panes[0]

@@ -46,8 +46,9 @@ class SequencesPanel(Vertical):
     SequencesPanel .seq--error { color: $error; }
     """
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, *, clock=time.monotonic, **kwargs) -> None:
         super().__init__(**kwargs)
+        self.clock = clock  # wall clock for ageing finished rows; tests freeze it
         self._rows: dict[str, _Row] = {}
         self._dirty = True
 
@@ -70,7 +71,7 @@ class SequencesPanel(Vertical):
             rates = row.rates if row is not None else deque(maxlen=SPARK_WIDTH)
             row = self._rows[update.session_id] = _Row(name, update, rates)
         row.update = update
-        row.done_at = time.monotonic() if update.phase is Phase.DONE else None
+        row.done_at = self.clock() if update.phase is Phase.DONE else None
         if t is not None and (row.sampled_at is None or t - row.sampled_at >= RATE_SAMPLE_S):
             generating = update.phase is Phase.GENERATING
             row.rates.append((update.tok_s_live or 0.0) if generating else 0.0)
@@ -86,7 +87,7 @@ class SequencesPanel(Vertical):
         return [s for s, r in self._rows.items() if r.update.phase is not Phase.DONE]
 
     def refresh_rows(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for session_id, row in list(self._rows.items()):
             if row.done_at is not None and now - row.done_at > KEEP_DONE_S:
                 del self._rows[session_id]
