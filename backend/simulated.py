@@ -29,16 +29,19 @@ class VirtualClock:
 
 @dataclass(frozen=True)
 class HardwareProfile:
-    """step_ms = fixed_ms + decode_ms * decode_rows + prefill_ms * prefill_rows."""
+    """step_ms = fixed_ms + decode_ms * decode_rows + prefill_ms * prefill_rows + attn_ms * kpos,
+    where kpos is the thousands of cached positions the step's rows attend over."""
 
     name: str
     fixed_ms: float
     decode_ms: float
     prefill_ms: float
     note: str = ""
+    attn_ms: float = 0.0
 
-    def step_ms(self, decode_rows: int, prefill_rows: int) -> float:
-        return self.fixed_ms + self.decode_ms * decode_rows + self.prefill_ms * prefill_rows
+    def step_ms(self, decode_rows: int, prefill_rows: int, kpos: float = 0.0) -> float:
+        return (self.fixed_ms + self.decode_ms * decode_rows + self.prefill_ms * prefill_rows
+                + self.attn_ms * kpos)
 
 
 PROFILES: dict[str, HardwareProfile] = {
@@ -94,12 +97,15 @@ class SimulatedBackend(FakeBackend):
                          name=f"simulated {self.profile.name}", **kwargs)
         self.realtime = realtime
         self.clock: Callable[[], float] = time.perf_counter if realtime else (clock or VirtualClock())
-        self._step_ms = step_ms or self.profile.step_ms
+        self._step_ms = step_ms
 
     def decode(self, plan: BatchPlan) -> DecodeResult:
         result = super().decode(plan)
         if result.outcome is DecodeOutcome.OK:
-            ms = self._step_ms(plan.n_decode, plan.n_prefill)
+            if self._step_ms is not None:
+                ms = self._step_ms(plan.n_decode, plan.n_prefill)
+            else:
+                ms = self.profile.step_ms(plan.n_decode, plan.n_prefill, plan.attention_kpos)
         else:
             # A failed llama_decode returns before the compute graph runs: only the fixed cost.
             ms = self.profile.fixed_ms

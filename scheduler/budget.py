@@ -10,21 +10,30 @@ from typing import TypeVar
 T = TypeVar("T")
 
 # When the decode rows alone already exceed the target, prompts still get this many rows per step,
-# so a newcomer always has a path to its first token (about one decode step's worth of prompt rows
-# on the machines in DESIGN.md sections 1 and 6).
-MIN_PREFILL_QUANTUM = 16
+# so a newcomer always has a path to its first token. Small, because on a slow device deep in a long
+# context 16 prompt rows can cost several decode steps (CPU, 8 running, 5,000-token prompt).
+MIN_PREFILL_QUANTUM = 4
+
+_N = 4  # features of a step: 1, decode rows, prompt rows, attention (thousands of positions)
 
 
 @dataclass(frozen=True)
 class CostParams:
-    """step_ms ~= fixed_ms + decode_ms * decode_rows + prefill_ms * prefill_rows."""
+    """step_ms ~= fixed_ms + decode_ms * decode_rows + prefill_ms * prefill_rows + attn_ms * kpos,
+    where kpos is the thousands of cached positions the step's rows attend over (see
+    `scheduler.types.attended_kpos`): the same 16 prompt rows cost more at position 5,000 than at 0."""
 
     fixed_ms: float
     decode_ms: float
     prefill_ms: float
+    attn_ms: float = 0.0
 
-    def predict(self, decode_rows: int, prefill_rows: int) -> float:
-        return self.fixed_ms + self.decode_ms * decode_rows + self.prefill_ms * prefill_rows
+    def predict(self, decode_rows: int, prefill_rows: int, kpos: float = 0.0) -> float:
+        return (self.fixed_ms + self.decode_ms * decode_rows + self.prefill_ms * prefill_rows
+                + self.attn_ms * kpos)
+
+    def as_tuple(self) -> tuple[float, float, float, float]:
+        return (self.fixed_ms, self.decode_ms, self.prefill_ms, self.attn_ms)
 
 
 class CostModel:
@@ -35,11 +44,13 @@ class CostModel:
     counts for about a twentieth of the evidence: recent steps that all look alike (8 decode rows and
     23 prompt rows every time) pin down the cost at that point, while the directions they cannot
     separate stay at the prior instead of drifting on noise. Per-row costs also stay within 10x of
-    the prior, so one noisy stretch cannot turn a budget of 20 rows into 2,000.
+    the prior, so one noisy stretch cannot turn a budget of 20 rows into 2,000. The attention term
+    has no useful prior (calibration runs near position 0): it starts at the prior's value and is
+    learned from steps deep in a context, bounded by 10x a prompt row's cost per thousand positions.
     """
 
     # Ridge weights per parameter, per sample: about a twentieth of a typical step's evidence.
-    _ANCHOR = (0.05, 3.2, 12.8)
+    _ANCHOR = (0.05, 3.2, 12.8, 12.8)
 
     def __init__(self, prior: CostParams | None = None, *, window: int = 128, anchor: float = 1.0,
                  row_cost_range: float | None = 10.0) -> None:
@@ -50,9 +61,9 @@ class CostModel:
         self.anchor = tuple(anchor * w for w in self._ANCHOR)
         self.row_cost_range = row_cost_range
         self.params = self.prior
-        self._samples: deque[tuple[int, int, float]] = deque(maxlen=window)
-        self._xx = [[0.0] * 3 for _ in range(3)]  # running sums over the window: X^T X, X^T y
-        self._xy = [0.0] * 3
+        self._samples: deque[tuple[tuple[float, ...], float]] = deque(maxlen=window)
+        self._xx = [[0.0] * _N for _ in range(_N)]  # running sums over the window: X^T X, X^T y
+        self._xy = [0.0] * _N
 
     @property
     def num_samples(self) -> int:
@@ -63,63 +74,70 @@ class CostModel:
         self.prior = params
         self.params = params
         self._samples.clear()
-        self._xx = [[0.0] * 3 for _ in range(3)]
-        self._xy = [0.0] * 3
+        self._xx = [[0.0] * _N for _ in range(_N)]
+        self._xy = [0.0] * _N
 
-    def observe(self, decode_rows: int, prefill_rows: int, step_ms: float) -> None:
+    def observe(self, decode_rows: int, prefill_rows: int, step_ms: float, kpos: float = 0.0) -> None:
         # A step of zero (or negative) time was not measured (a fake backend); it teaches nothing.
         if decode_rows + prefill_rows <= 0 or not math.isfinite(step_ms) or step_ms <= 0:
             return
+        x = (1.0, float(decode_rows), float(prefill_rows), float(kpos))
         if len(self._samples) == self._samples.maxlen:
             self._accumulate(*self._samples[0], sign=-1.0)
-        self._samples.append((decode_rows, prefill_rows, step_ms))
-        self._accumulate(decode_rows, prefill_rows, step_ms, sign=1.0)
+        self._samples.append((x, step_ms))
+        self._accumulate(x, step_ms, sign=1.0)
         self.params = self._fit()
 
-    def predict(self, decode_rows: int, prefill_rows: int) -> float:
-        return self.params.predict(decode_rows, prefill_rows)
+    def predict(self, decode_rows: int, prefill_rows: int, kpos: float = 0.0) -> float:
+        return self.params.predict(decode_rows, prefill_rows, kpos)
 
-    def prefill_rows_within(self, target_ms: float, decode_rows: int) -> int:
-        """How many prompt rows fit beside `decode_rows` decode rows in `target_ms` (>= 0)."""
+    def prefill_rows_within(self, target_ms: float, decode_rows: int, decode_kpos: float = 0.0,
+                            prefill_pos0: int = 0) -> int:
+        """How many prompt rows, starting at position `prefill_pos0`, fit beside `decode_rows`
+        decode rows (attending over `decode_kpos` thousand positions) in `target_ms` (>= 0)."""
         p = self.params
-        room = target_ms - p.fixed_ms - p.decode_ms * decode_rows
+        room = target_ms - p.fixed_ms - p.decode_ms * decode_rows - p.attn_ms * decode_kpos
         if room <= 0:
             return 0
-        return int(room / p.prefill_ms)
+        # n rows cost prefill_ms*n + attn_ms*(n*pos0 + n(n+1)/2)/1000: the positive root of
+        # a*n^2 + b*n - room, in the form that stays exact as a -> 0.
+        a = p.attn_ms / 2000.0
+        b = p.prefill_ms + p.attn_ms * (prefill_pos0 + 0.5) / 1000.0
+        return int(2.0 * room / (b + math.sqrt(b * b + 4.0 * a * room)))
 
-    def _accumulate(self, d: int, p: int, y: float, sign: float) -> None:
-        x = (1.0, float(d), float(p))
-        for i in range(3):
+    def _accumulate(self, x: tuple[float, ...], y: float, sign: float) -> None:
+        for i in range(_N):
             self._xy[i] += sign * x[i] * y
-            for j in range(3):
+            for j in range(_N):
                 self._xx[i][j] += sign * x[i] * x[j]
 
     def _fit(self) -> CostParams:
         # Normal equations (X^T X + L) theta = X^T y + L prior, solved with each parameter kept in
         # its bounds: one that falls outside is pinned there and the rest re-solved, so a pinned
         # intercept does not leave the slopes fitted to an intercept that no longer exists.
-        prior = (self.prior.fixed_ms, self.prior.decode_ms, self.prior.prefill_ms)
+        prior = self.prior.as_tuple()
         weight = max(1.0, float(len(self._samples)))
         m = [row[:] for row in self._xx]
         v = self._xy[:]
-        for i in range(3):
+        for i in range(_N):
             m[i][i] += self.anchor[i] * weight
             v[i] += self.anchor[i] * weight * prior[i]
         r = self.row_cost_range
-        lo = [0.0, 1e-3, 1e-3]
-        hi = [math.inf, math.inf, math.inf]
+        lo = [0.0, 1e-3, 1e-3, 0.0]
+        hi = [math.inf] * _N
         if r is not None:
-            lo[1:] = [max(1e-3, prior[1] / r), max(1e-3, prior[2] / r)]
-            hi[1:] = [prior[1] * r, prior[2] * r]
-        theta: list[float] = [0.0, 0.0, 0.0]
+            lo[1:3] = [max(1e-3, prior[1] / r), max(1e-3, prior[2] / r)]
+            hi[1:3] = [prior[1] * r, prior[2] * r]
+            hi[3] = max(prior[3], prior[2]) * r
+        theta: list[float] = [0.0] * _N
         pinned: dict[int, float] = {}
-        for _ in range(3):
-            free = [i for i in range(3) if i not in pinned]
+        for _ in range(_N):
+            free = [i for i in range(_N) if i not in pinned]
             sub = _solve([[m[i][j] for j in free] for i in free],
                          [v[i] - sum(m[i][k] * x for k, x in pinned.items()) for i in free])
             if sub is None:
                 return self.params
-            theta = [pinned.get(i, 0.0) for i in range(3)]
+            theta = [pinned.get(i, 0.0) for i in range(_N)]
             for i, x in zip(free, sub):
                 theta[i] = x
             out = {i: min(max(theta[i], lo[i]), hi[i]) for i in free if not lo[i] <= theta[i] <= hi[i]}
@@ -157,7 +175,8 @@ class Policy:
       prompt rows (first come, first served, up to n_batch) and every generating sequence waits.
     - `fixed:N`: N prompt rows per step beside the decode rows (the chunk size).
     - `target:MS`: as many prompt rows as the cost model says fit in MS milliseconds beside the
-      decode rows, and at least MIN_PREFILL_QUANTUM.
+      decode rows (deep in a long prompt each row costs more), and at least MIN_PREFILL_QUANTUM.
+      With nothing generating there is no inter-token gap to protect: the prompts get n_batch.
     """
 
     kind: str  # "prefill-first" | "fixed" | "target"
@@ -174,14 +193,17 @@ class Policy:
     def is_prefill_first(self) -> bool:
         return self.kind == "prefill-first"
 
-    def prefill_allowance(self, decode_rows: int, n_batch: int, cost: CostModel) -> int:
+    def prefill_allowance(self, decode_rows: int, n_batch: int, cost: CostModel, *,
+                          decode_kpos: float = 0.0, prefill_pos0: int = 0) -> int:
+        """Prompt rows for the next step beside `decode_rows` decode rows; `decode_kpos` and
+        `prefill_pos0` (where the next prompt chunk starts) let target:MS price the attention."""
         room = max(0, n_batch - decode_rows)
-        if self.kind == "prefill-first":
+        if self.kind == "prefill-first" or (self.kind == "target" and decode_rows == 0):
             return n_batch
         if self.kind == "fixed":
             return min(int(self.value), room)
-        rows = max(MIN_PREFILL_QUANTUM, cost.prefill_rows_within(self.value, decode_rows))
-        return min(rows, room)
+        fits = cost.prefill_rows_within(self.value, decode_rows, decode_kpos, prefill_pos0)
+        return min(max(MIN_PREFILL_QUANTUM, fits), room)
 
 
 def parse_policy(text: str) -> Policy:

@@ -7,7 +7,7 @@ from collections import deque
 from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, Policy, parse_policy, share_rows
 from scheduler.ledger import KvCache, KvLedger
 from scheduler.sequence import Sequence, Session, common_prefix_len
-from scheduler.types import BatchPlan, DoneReason, Phase, SeqSlice
+from scheduler.types import BatchPlan, DoneReason, Phase, SeqSlice, attended_kpos
 
 # A lone sequence whose decode keeps failing for lack of KV room is out of context, not unlucky.
 _KV_FAILURES_BEFORE_GIVING_UP = 3
@@ -172,7 +172,10 @@ class Scheduler:
             allowance = self.n_batch
             budget = self.n_batch
         else:
-            allowance = self.policy.prefill_allowance(len(decoding), self.n_batch, self.cost)
+            allowance = self.policy.prefill_allowance(
+                len(decoding), self.n_batch, self.cost,
+                decode_kpos=sum(attended_kpos(s.num_computed, 1) for s in decoding),
+                prefill_pos0=max((s.num_computed for s in prefilling), default=0))
             budget = min(self.n_batch, len(decoding) + allowance)
         if self._prefill_cap is not None:
             allowance = min(allowance, self._prefill_cap)
@@ -209,7 +212,7 @@ class Scheduler:
                 if sl.want_logits:
                     ready.append(seq)
                 seq.refresh_phase()
-            self.cost.observe(plan.n_decode, plan.n_prefill, result.step_ms)
+            self.cost.observe(plan.n_decode, plan.n_prefill, result.step_ms, plan.attention_kpos)
             self._kv_failures = 0
             if self._prefill_cap is not None:
                 self._prefill_cap *= 2

@@ -91,6 +91,17 @@ class BatchPlan:
     def n_prefill(self) -> int:
         return sum(len(s.tokens) for s in self.slices if not s.is_decode)
 
+    @property
+    def attention_kpos(self) -> float:
+        """Thousands of (row, cached position) pairs the step attends over: a row at position q
+        attends q + 1 positions, so the same rows cost more deep in a long context."""
+        return sum(attended_kpos(s.pos0, len(s.tokens)) for s in self.slices)
+
+
+def attended_kpos(pos0: int, rows: int) -> float:
+    """Attention work of `rows` consecutive rows starting at position `pos0`, in thousands."""
+    return (rows * pos0 + rows * (rows + 1) / 2) / 1000.0
+
 
 @dataclass
 class SeqUpdate:

@@ -11,6 +11,7 @@ import pytest
 
 from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, CostParams, parse_policy
 from scheduler.metrics import RequestMetrics
+from scheduler.types import attended_kpos
 
 RX = CostParams(fixed_ms=14.6, decode_ms=1.3875, prefill_ms=1000.0 / 962.0)
 
@@ -119,3 +120,37 @@ def test_a_pinned_intercept_refits_the_slopes():
     for _ in range(100):
         online.observe(0, 16, 100.0)  # every step alike: only their total is known
     assert online.predict(0, 16) == pytest.approx(100.0, rel=0.15)
+
+
+def test_target_gives_prompts_the_whole_batch_when_nothing_generates():
+    cost = CostModel(RX)
+    assert parse_policy("target:50").prefill_allowance(0, 2048, cost) == 2048
+    assert parse_policy("fixed:32").prefill_allowance(0, 2048, cost) == 32
+
+
+def test_target_prices_prompt_rows_deep_in_a_long_context():
+    # A CPU-like device: each prompt row costs 3.5 ms plus 1.4 ms per thousand positions it attends.
+    truth = CostParams(fixed_ms=5.0, decode_ms=5.0, prefill_ms=3.5, attn_ms=1.4)
+    model = CostModel(truth)
+    shallow = parse_policy("target:93").prefill_allowance(8, 2048, model, prefill_pos0=0)
+    deep = parse_policy("target:93").prefill_allowance(8, 2048, model, prefill_pos0=5000)
+    assert shallow == 13  # (93 - 45) / 3.5 = 13.7
+    assert deep == 4  # 3.5 + 1.4 * 5.0 = 10.5 ms a row: 4 rows fit, not 13
+    for pos0, rows in ((0, shallow), (5000, deep)):
+        kpos = attended_kpos(pos0, rows)
+        assert truth.predict(8, rows, kpos) <= 93 < truth.predict(8, rows + 1, attended_kpos(pos0, rows + 1))
+
+
+def test_cost_model_learns_the_attention_cost_from_steps_deep_in_a_prompt():
+    truth = CostParams(fixed_ms=5.0, decode_ms=5.0, prefill_ms=3.5, attn_ms=1.4)
+    model = CostModel(CostParams(5.0, 5.0, 3.5))  # calibrated near position 0: no attention term
+    rng = random.Random(5)
+    pos0 = 0
+    while pos0 < 5000:  # one long prompt chunked beside 8 decode rows, as under target:MS
+        rows = rng.choice([8, 12, 16])
+        kpos = attended_kpos(pos0, rows) + attended_kpos(300, 1) * 8
+        model.observe(8, rows, truth.predict(8, rows, kpos) * rng.uniform(0.95, 1.05), kpos)
+        pos0 += rows
+    assert model.params.attn_ms == pytest.approx(1.4, rel=0.25)
+    k = attended_kpos(5000, 6)
+    assert model.predict(8, 6, k) == pytest.approx(truth.predict(8, 6, k), rel=0.1)

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 from magnitude_tui.bench.common import (BackendSpec, BenchResult, FixedLength, backend_clock, backend_info,
                                         machine_info, make_backend, measured, median, percentile, prompt_tokens,
                                         reset_kv, rnd)
 from magnitude_tui.engine.core import Engine
+from scheduler.budget import MIN_PREFILL_QUANTUM
 from scheduler.types import Request, SamplingParams
 
 DEFAULT_FIXED = (16, 32, 64, 128, 256, 512, 2048)
 TARGET_MULTIPLES = (1.5, 2.0, 3.0)  # auto targets: these multiples of the undisturbed decode step
+REAL_N_CTX = 16384  # KV cells for the real-model run unless --ctx says otherwise
 KEEP_RATIO = 0.5  # "running sequences keep at least half of their undisturbed tok/s"
 TTFT_RATIO = 1.6  # "... while the newcomer's TTFT stays within ~1.6x of prefill-first's"
 
@@ -47,21 +49,27 @@ class Trace:
 
 def auto_newcomer(cfg: AdmitConfig, backend, simulated: bool) -> int:
     """The issue's scenario length: 8,000 on a simulated profile; on a real model the longest
-    prompt that fits beside the running sequences (which must outlast a 16-row chunking of it)."""
+    prompt that fits beside the running sequences (which must outlast the smallest chunking of it)."""
     if cfg.newcomer_tokens:
         return cfg.newcomer_tokens
     room = min(backend.n_ctx, getattr(backend, "n_ctx_seq", backend.n_ctx)) - 64 - cfg.newcomer_gen
     per_seq = cfg.running_prompt + cfg.warmup_tokens + 16
-    # L + N * (per_seq + L/16) <= room
-    limit = (room - cfg.n_running * per_seq) / (1 + cfg.n_running / 16)
+    q = _smallest_chunk(cfg)
+    # L + N * (per_seq + L/q) <= room
+    limit = (room - cfg.n_running * per_seq) / (1 + cfg.n_running / q)
     want = 8000 if simulated else 6000
     return max(64, int(min(want, limit) // 250 * 250))
 
 
+def _smallest_chunk(cfg: AdmitConfig) -> int:
+    """The fewest prompt rows a window step can hold: the smallest fixed:N, or target:MS's quantum."""
+    return min((MIN_PREFILL_QUANTUM, *cfg.fixed))
+
+
 def tail_tokens(newcomer: int, cfg: AdmitConfig) -> int:
     """Tokens each running sequence makes after the arrival: enough to outlast the slowest
-    admission (16-row chunks; target policies never go below that quantum either)."""
-    return math.ceil(newcomer / min((16, *cfg.fixed))) + 16
+    admission (the smallest chunk every step)."""
+    return math.ceil(newcomer / _smallest_chunk(cfg)) + 16
 
 
 def run_policy(backend, policy: str, cfg: AdmitConfig, newcomer: int, tail: int) -> Trace:
@@ -184,6 +192,10 @@ def run_admit(spec: BackendSpec, cfg: AdmitConfig, *, backend=None,
               progress: Callable[[str], None] = lambda s: None) -> tuple[dict, dict]:
     """Every policy on one backend. Returns (summary for the result, raw series for the plot)."""
     own = backend is None
+    if own and not spec.simulated and spec.n_ctx is None:
+        # Room for a ~5,000-token newcomer beside 8 sequences that outlast its slowest admission
+        # (positions per sequence stay within the model's trained 8k context; the cells are shared).
+        spec = replace(spec, n_ctx=REAL_N_CTX)
     backend = backend or make_backend(spec)
     try:
         newcomer = auto_newcomer(cfg, backend, spec.simulated)
