@@ -46,4 +46,4 @@ def test_tiny_throughput_against_every_available_peer(tmp_path):
     assert all(p["native_decode_ms_p50"] > 0 and p["python_ms_p50"] is not None for p in prof)
     paths = save_result(res, tmp_path, plot_throughput)
     assert paths["png"].exists()
-    assert "serial ÷ engine" in paths["md"].read_text()
+    assert "engine ÷ serial" in paths["md"].read_text()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from magnitude_tui.bench.common import Contention, wait_for_quiet
 from magnitude_tui.engine.core import Engine
 from scheduler.types import DoneReason, Message
 from tests.engine_driver import Driver
@@ -63,9 +64,18 @@ def test_target_policy_bounds_running_gaps_while_prefill_first_freezes_them(clea
     newcomer = b.tokenize_chat([Message("user", long_text(90) + " Which fact mentions 49?")])
     assert len(newcomer) >= 1500, len(newcomer)
     target_ms = 200
-    tgt = admission_run(b, f"target:{target_ms}", newcomer)
-    pf = admission_run(b, "prefill-first", newcomer)
-    print(f"\nnewcomer prompt: {len(newcomer)} tokens; 4 sequences generating")
+    # Inter-token gaps are wall-clock figures: another process taking a core makes ggml's spinning
+    # threads many times slower. Run on a quiet machine, and again if a neighbour got busy.
+    for attempt in range(3):
+        wait_for_quiet(max_wait_s=120)
+        busy = Contention()
+        tgt = admission_run(b, f"target:{target_ms}", newcomer)
+        pf = admission_run(b, "prefill-first", newcomer)
+        others = busy.others_cores()
+        if others <= 0.25:
+            break
+    print(f"\nnewcomer prompt: {len(newcomer)} tokens; 4 sequences generating; other processes used "
+          f"{others:.2f} cores meanwhile (attempt {attempt + 1})")
     for name, r in (("target:%d" % target_ms, tgt), ("prefill-first", pf)):
         print(f"{name:>14}: running max ITL {r['max_gap_ms']:.0f} ms, p50 {r['p50_gap_ms']:.0f} ms, "
               f"p90 {r['p90_gap_ms']:.0f} ms, "
