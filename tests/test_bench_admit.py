@@ -19,7 +19,7 @@ def _no_waiting_for_a_quiet_machine(monkeypatch):
     monkeypatch.setenv("MAGNITUDE_BENCH_WAIT_QUIET", "0")
 
 ROW_KEYS = {"policy", "chunk", "running_tok_s", "keep", "itl_p50_ms", "itl_p99_ms", "itl_max_ms", "ttft_s",
-            "total_s", "steps", "window_steps", "model_tok_s", "model_ttft_s", "ttft_x_pf", "meets"}
+            "total_s", "steps", "window_steps", "model_tok_s", "model_ttft_s", "ttft_x_pf", "ttft_x_bound", "meets"}
 
 
 def test_rx9070xt_profile_reproduces_the_published_arithmetic():
@@ -39,6 +39,10 @@ def test_rx9070xt_profile_reproduces_the_published_arithmetic():
         assert r["running_tok_s"] == pytest.approx(r["model_tok_s"], rel=0.02, abs=0.01)
         assert r["ttft_s"] == pytest.approx(r["model_ttft_s"], rel=0.01)
     assert rows["target:50"]["chunk"] < rows["fixed:32"]["chunk"]  # ~23 rows fit beside 8 decode rows
+    # On this additive profile every chunked policy sits on the trade-off bound: the newcomer's TTFT
+    # is prefill-first's divided by the share of the machine the running sequences leave it.
+    for name in ("fixed:32", "target:50"):
+        assert rows[name]["ttft_x_bound"] == pytest.approx(1.0, abs=0.02)
 
 
 def test_tiny_simulated_run_writes_json_markdown_and_png(tmp_path):

@@ -183,6 +183,11 @@ def judge(rows: list[dict], base_tok_s: float) -> None:
     pf = next((r["ttft_s"] for r in rows if r["policy"] == "prefill-first"), None)
     for r in rows:
         r["ttft_x_pf"] = rnd(r["ttft_s"] / pf, 2) if pf else None
+        # When a step costs its decode part plus its prompt part, the window's time splits between
+        # the two: keeping a share k of the running rate leaves 1 - k for the prompt, so no policy
+        # can get the newcomer its first token sooner than prefill-first's TTFT / (1 - k).
+        keep = min(r["running_tok_s"] / base_tok_s, 0.99)
+        r["ttft_x_bound"] = rnd(r["ttft_s"] / (pf / (1.0 - keep)), 2) if pf else None
         ok_keep = r["running_tok_s"] >= KEEP_RATIO * base_tok_s
         ok_ttft = pf is not None and r["ttft_s"] <= TTFT_RATIO * pf
         r["meets"] = "both" if ok_keep and ok_ttft else "keep" if ok_keep else "ttft" if ok_ttft else "-"
@@ -263,4 +268,9 @@ def admit_result(specs: list[BackendSpec], cfg: AdmitConfig, progress=lambda s: 
                         "was measured again, up to twice, after waiting for the machine to go quiet")
     result.notes.append(f"keep = running tok/s / undisturbed; ttft_x_pf = TTFT / prefill-first TTFT; meets: "
                         f"keep >= {KEEP_RATIO} and/or TTFT <= {TTFT_RATIO}x prefill-first")
+    result.notes.append("ttft_x_bound = TTFT / (prefill-first TTFT / (1 - keep)): where step time is decode time plus "
+                        "prompt time, keeping a share `keep` of the running rate leaves 1 - keep of the machine to the "
+                        "newcomer, so 1.0 is the best any policy can do at that keep (below 1.0: the mixed steps cost "
+                        f"less than their parts). Hence keep >= {KEEP_RATIO} implies TTFT >= {1 / (1 - KEEP_RATIO):g}x "
+                        "prefill-first on such hardware")
     return result

@@ -60,7 +60,8 @@ def admit(
     targets: str = typer.Option("", "--targets", help="Target step times in ms (empty: 1.5x, 2x, 3x the undisturbed decode step)."),
     no_prefill_first: bool = typer.Option(False, "--no-prefill-first", help="Leave out the prefill-first policy."),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
-    ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
+    ctx: Optional[int] = typer.Option(None, "--ctx", help="KV cells (default: 16384 real, 65536 simulated)."),
+    out: Path = OutOpt,
 ) -> None:
     """N sequences generate; one long prompt arrives. Every policy: running tok/s, ITL, newcomer TTFT."""
     from magnitude_tui.bench.admit import AdmitConfig, admit_result
