@@ -14,10 +14,12 @@ from magnitude_tui.bench.common import BenchResult  # noqa: E402
 
 
 def plot_admit(result: BenchResult, path: Path) -> None:
-    """Per backend: running tok/s and newcomer TTFT against the chunk size (log x), targets marked."""
+    """Per backend: running tok/s and newcomer TTFT against the chunk size (log x), targets marked,
+    and the trade-off itself: keep against TTFT / prefill-first, with the additive-cost bound."""
     backends = list(result.data.items())
-    fig, axes = plt.subplots(len(backends), 2, figsize=(12, 4.2 * len(backends)), squeeze=False)
-    for (label, s), (ax_rate, ax_ttft) in zip(backends, axes):
+    fig, axes = plt.subplots(len(backends), 3, figsize=(17, 4.2 * len(backends)), squeeze=False)
+    for (label, s), (ax_rate, ax_ttft, ax_trade) in zip(backends, axes):
+        _trade_off(ax_trade, label, s)
         rows = s["rows"]
         fixed = sorted((r for r in rows if r["policy"].startswith("fixed:")), key=lambda r: r["chunk"] or 0)
         targets = [r for r in rows if r["policy"].startswith("target:")]
@@ -54,6 +56,35 @@ def plot_admit(result: BenchResult, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _trade_off(ax, label: str, s: dict) -> None:
+    """keep (running tok/s over undisturbed) against the newcomer's TTFT over prefill-first's; the
+    curve 1 / (1 - keep) is the best any policy can do when a step costs the sum of its parts."""
+    rows = [r for r in s["rows"] if r.get("ttft_x_pf") is not None and r["policy"] != "prefill-first"]
+    if not rows:
+        ax.set_visible(False)
+        return
+    ks = [i / 100 for i in range(0, 90)]
+    ax.plot([1 / (1 - k) for k in ks], ks, "-", color="black", lw=0.8, alpha=0.6,
+            label="bound: TTFT = prefill-first / (1 - keep)")
+    ax.add_patch(plt.Rectangle((0.9, 0.5), 0.7, 0.6, color="tab:green", alpha=0.12,
+                               label="asked: keep >= 0.5, TTFT <= 1.6x"))
+    for kind, style, color in (("fixed:", "o", "tab:blue"), ("target:", "D", "tab:red")):
+        pts = [r for r in rows if r["policy"].startswith(kind)]
+        ax.plot([r["ttft_x_pf"] for r in pts], [r["keep"] for r in pts], style, color=color,
+                label=f"{kind}N" if kind == "fixed:" else "target:MS")
+        for r in pts:
+            ax.annotate(r["policy"].split(":")[1], (r["ttft_x_pf"], r["keep"]), textcoords="offset points",
+                        xytext=(5, 3), fontsize=7, color=color)
+    ax.set_xscale("log", base=2)
+    ax.set_xlim(0.8, max(4.0, max(r["ttft_x_pf"] for r in rows) * 1.1))
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("newcomer TTFT / prefill-first TTFT, log scale")
+    ax.set_ylabel("keep: running tok/s / undisturbed")
+    ax.set_title(f"{label}: the trade-off", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
 
 
 def _model_curve(ax, s: dict, key: str) -> None:
