@@ -27,17 +27,7 @@ TARGETS=(llama-batched-bench llama-server)
 say() { printf '\033[1m[llama-tools]\033[0m %s\n' "$*"; }
 die() { printf '\033[1;31m[llama-tools] error:\033[0m %s\n' "$*" >&2; exit 1; }
 
-installed_variant() {
-  "$PY" - <<'PY' 2>/dev/null || true
-import importlib.metadata as md, pathlib
-try:
-    dist = md.distribution("llama_cpp_python")
-except md.PackageNotFoundError:
-    raise SystemExit
-lib = pathlib.Path(dist.locate_file("llama_cpp/lib"))
-print("vulkan" if any(lib.glob("libggml-vulkan*")) else "cpu")
-PY
-}
+source "$(dirname "$0")/lib.sh"
 
 VARIANT=""
 for arg in "$@"; do
@@ -49,7 +39,8 @@ for arg in "$@"; do
   esac
 done
 if [ -z "$VARIANT" ]; then
-  VARIANT=$(installed_variant)
+  VARIANT=$(installed_llama_variant)
+  VARIANT=${VARIANT##*-}
   [ -n "$VARIANT" ] || { VARIANT=vulkan; say "llama-cpp-python not found in $VENV; building the vulkan variant"; }
 fi
 case "$VARIANT" in

@@ -66,20 +66,9 @@ case "$VARIANT" in
   *) die "unknown variant $VARIANT" ;;
 esac
 
-installed_variant() {
-  "$PY" - <<'PY' 2>/dev/null || true
-import importlib.metadata as md, pathlib
-try:
-    dist = md.distribution("llama_cpp_python")
-except md.PackageNotFoundError:
-    raise SystemExit
-lib = pathlib.Path(dist.locate_file("llama_cpp/lib"))
-variant = "vulkan" if any(lib.glob("libggml-vulkan*")) else "cpu"
-print(f"{dist.version}-{variant}")
-PY
-}
+source "$ROOT/scripts/lib.sh"
 
-if [ "$(installed_variant)" = "$LLAMA_CPP_PYTHON_VERSION-$VARIANT" ]; then
+if [ "$(installed_llama_variant)" = "$LLAMA_CPP_PYTHON_VERSION-$VARIANT" ]; then
   say "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION ($VARIANT) already installed in $VENV"
 else
   WHEEL=$(ls "$CACHE_DIR"/llama_cpp_python-*.whl 2>/dev/null | head -n 1 || true)
@@ -114,7 +103,7 @@ else
   fi
   "$PY" -m pip install -q --force-reinstall --no-deps "$WHEEL"
   "$PY" -m pip install -q "diskcache>=5.6.1" "typing-extensions>=4.5.0"
-  [ "$(installed_variant)" = "$LLAMA_CPP_PYTHON_VERSION-$VARIANT" ] \
+  [ "$(installed_llama_variant)" = "$LLAMA_CPP_PYTHON_VERSION-$VARIANT" ] \
     || die "installed llama-cpp-python is not the $VARIANT build; remove $CACHE_DIR and rerun"
 fi
 
