@@ -96,7 +96,7 @@ class Scheduler:
                 f"the prompt is {n:,} tokens but a sequence can hold only {limit:,} (prompt plus "
                 "reply); shorten the conversation or start the engine with a larger context (--n-ctx)"
             )
-        seq.phase = Phase.QUEUED
+        # It stays `preparing` (template, tokens, cache lookup) until admission is first tried.
         self.waiting.append(seq)
 
     def cancel(self, request_id: str) -> Sequence | None:
@@ -258,6 +258,8 @@ class Scheduler:
                 continue
             if blocked_reason is not None:
                 seq.waiting_reason = blocked_reason
+        for seq in self.waiting:
+            seq.phase = Phase.QUEUED  # tried and not admitted: it waits, for the reason given
         if not self.running:
             self._hold_admission = False
 

@@ -51,7 +51,10 @@ def test_a_request_goes_through_its_phases_and_reports_metrics():
     engine.submit(chat("r", "s", "hello there"))
     ups = by_request(engine.run_until_idle())["r"]
     phases = [p for i, p in enumerate(u.phase for u in ups) if i == 0 or ups[i - 1].phase != p]
-    assert phases == [Phase.QUEUED, Phase.PREFILL, Phase.GENERATING, Phase.DONE]
+    # Preparing lasts through the idle coalescing window (admission, with its cache lookup, comes
+    # after it); no slot or KV room was ever missing, so it never showed queued.
+    assert phases == [Phase.PREPARING, Phase.PREFILL, Phase.GENERATING, Phase.DONE]
+    assert ups[0].prompt_total == ups[-1].prompt_total and ups[0].seq_id is None
     last = ups[-1]
     assert text(ups) == DEFAULT_REPLY[:12] and last.generated == 12
     assert last.done_reason is DoneReason.STOP and last.error is None
@@ -64,6 +67,86 @@ def test_a_request_goes_through_its_phases_and_reports_metrics():
     assert last.itl_max_ms >= last.itl_p95_ms >= last.itl_p50_ms
     assert sum(u.new_tokens for u in ups) == 12
     assert_clean(engine, "s")
+
+
+def _count_tokenizations(backend, reports):
+    """Record, for each chat tokenization, how many reports had been returned before it ran."""
+    calls = []
+    real = backend.tokenize_chat
+
+    def spy(messages, **kw):
+        calls.append(len(reports))
+        return real(messages, **kw)
+
+    backend.tokenize_chat = spy
+    return calls
+
+
+def test_a_long_prompt_is_reported_preparing_before_it_is_tokenized_without_an_extra_decode():
+    engine, backend = engine_for(FakeBackend(n_ctx=32768), policy="fixed:64")
+    reports = []
+
+    def step():
+        report = engine.step()
+        reports.append(report)
+        return report
+
+    engine.submit(chat("run", "a", "hi", max_tokens=40))
+    while not any(u.phase is Phase.GENERATING for r in reports for u in r.updates):
+        step()
+    calls = _count_tokenizations(backend, reports)
+    long_text = "z" * engine.prepare_notice_chars
+    engine.submit(chat("long", "b", long_text, max_tokens=3))
+    notice = step()
+    (u,) = [u for u in notice.updates if u.request_id == "long"]
+    assert u.phase is Phase.PREPARING and u.prompt_total == 0 and u.seq_id is None
+    assert notice.decode_rows == notice.prefill_rows == 0 and calls == []  # nothing ran yet
+    first = step()
+    assert calls == [len(reports) - 1]  # tokenized once, in the step after the notice
+    (u,) = [u for u in first.updates if u.request_id == "long"]
+    assert u.phase is Phase.PREFILL and u.prompt_total > len(long_text)
+    assert first.decode_rows == 1 and first.prefill_rows == 64  # "run" lost no decode row to it
+    # A short prompt is tokenized at once: preparing, then (whole prompt in this step, first token
+    # sampled) generating, in the same report.
+    engine.submit(chat("short", "c", "hello", max_tokens=3))
+    ups = [u for u in step().updates if u.request_id == "short"]
+    assert [u.phase for u in ups] == [Phase.PREPARING, Phase.GENERATING]
+    assert ups[1].prompt_done == ups[1].prompt_total > 0 and ups[1].generated == 1
+    reports += engine.run_until_idle()
+    # No native decode was issued for a notice: one decode per report that ran rows.
+    assert len(backend.decode_calls) == sum(1 for r in reports if r.decode_rows + r.prefill_rows)
+    ups = by_request(reports)
+    assert [u.phase for u in ups["long"]][:2] == [Phase.PREPARING, Phase.PREFILL]
+    assert ups["long"][-1].done_reason is DoneReason.LENGTH and ups["run"][-1].generated == 40
+    assert_clean(engine, "a", "b", "c")
+
+
+def test_a_long_prompt_cancelled_while_preparing_is_never_tokenized():
+    engine, backend = engine_for(FakeBackend(n_ctx=32768))
+    reports = []
+    calls = _count_tokenizations(backend, reports)
+    engine.submit(chat("long", "s", "z" * 9000))
+    reports.append(engine.step())
+    assert [u.phase for u in reports[0].updates] == [Phase.PREPARING]
+    engine.cancel("long")
+    reports.append(engine.step())
+    (u,) = reports[1].updates
+    assert u.phase is Phase.DONE and u.done_reason is DoneReason.CANCELLED
+    assert calls == [] and backend.decode_calls == []
+    assert_clean(engine, "s")
+
+
+def test_two_long_prompts_in_a_row_get_one_notice_then_run():
+    engine, backend = engine_for(FakeBackend(n_ctx=32768), prepare_notice_chars=100)
+    engine.submit(chat("a", "sa", "z" * 200, max_tokens=2))
+    assert engine.step().prefill_rows == 0  # the notice for a
+    engine.submit(chat("b", "sb", "z" * 200, max_tokens=2))
+    report = engine.step()  # no second notice in a row: both are tokenized and scheduled
+    assert report.prefill_rows > 0
+    assert {u.request_id: u.phase for u in report.updates} == {"a": Phase.PREFILL, "b": Phase.PREFILL}
+    assert [u.phase for u in report.updates if u.request_id == "b"] == [Phase.PREPARING, Phase.PREFILL]
+    engine.run_until_idle()
+    assert_clean(engine, "sa", "sb")
 
 
 def test_max_tokens_and_a_full_context_end_with_length():
@@ -173,7 +256,10 @@ def test_a_submit_and_its_cancel_arriving_during_decode_never_run():
 
     backend.fault_when = during_decode
     ups = by_request(engine.run_until_idle())
-    assert [u.done_reason for u in ups["b"]] == [DoneReason.CANCELLED]
+    # b was taken in (reported preparing) and cancelled in the same step, before any row ran.
+    assert [(u.phase, u.done_reason) for u in ups["b"]] == [(Phase.PREPARING, None),
+                                                           (Phase.DONE, DoneReason.CANCELLED)]
+    assert all(u.prompt_done == 0 and u.generated == 0 for u in ups["b"])
     assert ups["a"][-1].done_reason is DoneReason.LENGTH
     assert all(len(p.slices) == 1 for p in backend.decode_calls)
     assert_clean(engine, "sa")

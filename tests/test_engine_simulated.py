@@ -128,9 +128,9 @@ def test_simulated_time_only_passes_in_steps_and_calibration_reads_the_profile()
     engine = Engine(backend, policy="target:100", coalesce_ms=5)
     assert engine.calibrate().prefill_ms == pytest.approx(1000.0 / 210.0)
     engine.submit(_req("a", 100, max_tokens=3))
-    first = engine.step()  # inside the idle coalescing window: reports "queued", runs no rows
+    first = engine.step()  # inside the idle coalescing window: reports "preparing", runs no rows
     assert first.decode_rows + first.prefill_rows == 0
-    assert [u.phase for u in first.updates] == [Phase.QUEUED]
+    assert [u.phase for u in first.updates] == [Phase.PREPARING]
     assert engine.step() is None  # nothing changed; no time passes by itself
     assert clock() == 0.0
     reports = engine.run_until_idle()

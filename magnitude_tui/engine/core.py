@@ -32,8 +32,12 @@ class Engine:
         coalesce_ms: float = 5.0,
         gen_reserve: int = 256,
         sleep: Callable[[float], None] | None = None,
+        prepare_notice_chars: int | None = 8000,
     ) -> None:
         self.backend = backend
+        # A request whose messages hold this many characters is announced as `preparing` in a
+        # report of its own before the chat template and tokenizer run (None: never).
+        self.prepare_notice_chars = prepare_notice_chars
         # A simulated backend brings its own virtual clock; metrics must read the same time.
         self._clock = clock or getattr(backend, "clock", None) or time.perf_counter
         self._sleep = sleep or getattr(self._clock, "sleep", None) or time.sleep
@@ -53,6 +57,8 @@ class Engine:
         self._commands: deque[tuple] = deque()
         self._live: dict[str, Sequence] = {}  # submitted and not yet reported done
         self._extra: list[SeqUpdate] = []  # updates for requests that never became live
+        self._intake: list[Sequence] = []  # submitted, not yet tokenized (phase `preparing`), FIFO
+        self._noticed = False  # the last step only announced slow requests; tokenize them now
         self._sampler_owner: dict[int, Sequence] = {}
         self._num_reports = 0
 
@@ -92,12 +98,24 @@ class Engine:
     def has_work(self) -> bool:
         with self._lock:
             pending = bool(self._commands)
-        return pending or self.scheduler.has_work()
+        return pending or bool(self._intake) or self.scheduler.has_work()
 
     def step(self) -> StepReport | None:
-        """Run one step; None when there was nothing to run and nothing to report."""
+        """Run one step; None when there was nothing to run and nothing to report.
+
+        A new request is reported as `preparing` first. When its messages are long (tokenizing
+        them takes a while), the step stops right there with a report that runs no rows, so the
+        user sees `preparing` while the next step tokenizes; short ones are tokenized at once and
+        their `preparing` update shares the report with their first `queued`/`prefill` one.
+        """
         now = self._clock()
         self._apply_commands()
+        if not self._noticed and any(self._slow_to_prepare(q) for q in self._intake
+                                     if q.last_reported is None):
+            self._noticed = True
+            return self._report(None, None, now, 0.0)
+        self._noticed = False
+        self._prepare_intake()
         if self._coalescing(now):
             return self._report(None, None, now, 0.0)
         plan = self.scheduler.schedule(now)
@@ -130,6 +148,8 @@ class Engine:
         """Seconds until `step()` will have rows to run (None: idle, 0: now)."""
         if not self.has_work():
             return None
+        if self._intake:
+            return 0.0
         window_end = self._window_end()
         if window_end is None:
             return 0.0
@@ -153,6 +173,7 @@ class Engine:
         """End every live request with an error (shutdown, a dying backend); report it."""
         for seq in list(self._live.values()):
             self.scheduler.finish(seq, DoneReason.ERROR, message)
+        self._intake = []
         return self._report(None, None, self._clock(), 0.0)
 
     # ---- inspection ----------------------------------------------------------------------------
@@ -195,16 +216,16 @@ class Engine:
                 self._commands.clear()
         for cmd in todo:
             if cmd[0] == "submit":
-                self._prepare(cmd[1], cmd[2])
+                self._take(cmd[1], cmd[2])
             elif cmd[0] == "cancel":
-                self.scheduler.cancel(cmd[1])
+                self._cancel(cmd[1])
             elif cmd[0] == "close":
-                self.scheduler.close_session(cmd[1])
+                self._close(cmd[1])
             elif cmd[0] == "policy":
                 self.scheduler.set_policy(cmd[1])
 
-    def _prepare(self, req: Request, t_submit: float) -> None:
-        """Tokenize a submitted request and queue it; a bad request fails alone, right here."""
+    def _take(self, req: Request, t_submit: float) -> None:
+        """Accept a submitted request as `preparing`; it is tokenized before the next schedule."""
         seq = Sequence(req, [], t_submit=t_submit)
         if req.request_id in self._live:
             seq.phase, seq.done_reason = Phase.DONE, DoneReason.ERROR
@@ -212,6 +233,38 @@ class Engine:
             self._extra.append(self._update(seq, t_submit))
             return
         self._live[req.request_id] = seq
+        self._intake.append(seq)
+
+    def _cancel(self, request_id: str) -> None:
+        seq = self._live.get(request_id)
+        if seq is not None and seq in self._intake:
+            self._intake.remove(seq)
+            self.scheduler.finish(seq, DoneReason.CANCELLED)
+        else:
+            self.scheduler.cancel(request_id)
+
+    def _close(self, session_id: str) -> None:
+        for seq in [q for q in self._intake if q.session_id == session_id]:
+            self._intake.remove(seq)
+            self.scheduler.finish(seq, DoneReason.CANCELLED)
+        self.scheduler.close_session(session_id)
+
+    def _slow_to_prepare(self, seq: Sequence) -> bool:
+        """Long messages: the chat template and tokenizer take long enough for the user to see."""
+        limit = self.prepare_notice_chars
+        req = seq.request
+        return (limit is not None and req.prompt_tokens is None
+                and sum(len(m.content) for m in req.messages) >= limit)
+
+    def _prepare_intake(self) -> None:
+        intake, self._intake = self._intake, []
+        for seq in intake:
+            if not seq.is_finished:
+                self._prepare(seq)
+
+    def _prepare(self, seq: Sequence) -> None:
+        """Tokenize an accepted request and queue it; a bad request fails alone, right here."""
+        req = seq.request
         try:
             seq.detok = self.backend.detokenizer()
             if req.prompt_tokens is not None:
@@ -304,6 +357,10 @@ class Engine:
         self._release_samplers()
         updates, self._extra = self._extra, []
         for rid, seq in list(self._live.items()):
+            if seq.last_reported is None and seq.phase is not Phase.PREPARING:
+                # Its first report: it was preparing before whatever it is doing now.
+                updates.append(SeqUpdate(request_id=rid, session_id=seq.session_id, seq_id=None,
+                                         phase=Phase.PREPARING))
             if seq.is_finished:
                 seq.metrics.on_finish(now)
                 del self._live[rid]
