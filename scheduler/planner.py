@@ -117,7 +117,9 @@ class Scheduler:
         return cancelled
 
     def finish(self, seq: Sequence, reason: DoneReason, error: str | None = None) -> None:
-        """End a request. A reply that ended normally leaves its KV resident for the next turn."""
+        """End a request. A reply that ended normally, or was cancelled after some of its rows were
+        committed, leaves its committed KV resident for the conversation's next turn; rows a step
+        evaluated but never committed are trimmed. An error drops the KV."""
         if seq.is_finished:
             return
         seq.phase, seq.done_reason, seq.error, seq.waiting_reason = Phase.DONE, reason, error, None
@@ -128,7 +130,10 @@ class Scheduler:
         session = self.sessions.get(seq.session_id)
         if session is not None and session.live is seq:
             session.live = None
-            if session.seq_id is not None and reason in (DoneReason.STOP, DoneReason.LENGTH):
+            keep = reason in (DoneReason.STOP, DoneReason.LENGTH) or (
+                reason is DoneReason.CANCELLED and seq.num_computed > 0)
+            if session.seq_id is not None and keep:
+                self.kv.keep_prefix(session.seq_id, seq.num_computed)
                 session.tokens = seq.committed_tokens()
                 session.last_used = self._next_tick()
             elif session.seq_id is not None:
@@ -205,7 +210,10 @@ class Scheduler:
             ready = []
             for sl, seq in planned:
                 # A sequence cancelled while the step ran is already gone; skip its rows.
-                if seq is None or seq.num_computed != sl.pos0:
+                if seq is None:
+                    self._trim_orphan(sl.seq_id)
+                    continue
+                if seq.num_computed != sl.pos0:
                     continue
                 seq.num_computed += len(sl.tokens)
                 self.kv.grow(sl.seq_id, len(sl.tokens))
@@ -222,6 +230,8 @@ class Scheduler:
         for sl, seq in planned:
             if seq is not None:
                 self.kv.keep_prefix(sl.seq_id, seq.num_computed)
+            else:
+                self._trim_orphan(sl.seq_id)
         if outcome == "no_kv_slot":
             self._relieve_kv(plan)
         elif outcome != "aborted":
@@ -373,6 +383,15 @@ class Scheduler:
         order = prefilling[start:] + prefilling[:start]
         quantum = max(MIN_PREFILL_QUANTUM, math.ceil(allowance / len(order)))
         return share_rows(order, [s.num_pending for s in order], allowance, quantum)
+
+    def _trim_orphan(self, slot: int) -> None:
+        """A slot whose sequence ended while its step ran keeps only what its owner holds now
+        (an idle conversation's committed tokens, or nothing): never the step's rows."""
+        owner = self._slot_owner.get(slot)
+        if owner is None:
+            self.kv.remove(slot)
+        elif owner.is_idle:
+            self.kv.keep_prefix(slot, len(owner.tokens))
 
     def _running_at(self, seq_id: int) -> Sequence | None:
         for s in self.running:

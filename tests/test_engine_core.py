@@ -209,22 +209,53 @@ def test_forked_subagents_reuse_the_parent_prefix_and_start_far_sooner():
     assert [text([k]) for k in forked] == [text([k]) for k in cold]
 
 
-def test_cancel_mid_prefill_frees_slot_kv_and_sampler_within_one_step():
+def test_cancel_mid_prefill_ends_within_one_step_and_keeps_the_committed_prompt_rows():
     engine, backend = engine_for(policy="fixed:16")
     engine.submit(chat("keep", "k", "hi", max_tokens=50))
     engine.submit(chat("gone", "g", "x" * 300))
     engine.step()
     engine.step()
     slot = engine.scheduler.sessions["g"].seq_id
-    assert backend.kv_pos_max(slot) >= 0
+    done = backend.kv_pos_max(slot) + 1
+    assert done > 0
     engine.cancel("gone")
     report = engine.step()
     (u,) = [u for u in report.updates if u.request_id == "gone"]
     assert u.phase is Phase.DONE and u.done_reason is DoneReason.CANCELLED
-    assert backend.kv_pos_max(slot) == -1 and slot not in {s.seq_id for s in report_plan(backend)}
-    assert slot in engine.scheduler.free_slots()
+    assert slot not in {s.seq_id for s in report_plan(backend)} and slot not in backend.samplers
+    prompt = backend.tokenize_chat([Message("user", "x" * 300)])
+    assert u.prompt_done == done and backend.kv_tokens(slot) == prompt[:done]
+    assert engine.scheduler.sessions["g"].is_idle
+    # Sent again, the prompt starts from the rows that were already evaluated.
+    engine.submit(chat("again", "g", "x" * 300, max_tokens=2))
+    again = by_request(engine.run_until_idle())["again"][-1]
+    assert again.cached_tokens == done and again.done_reason is DoneReason.LENGTH
     engine.cancel("keep")
-    assert_clean(engine, "k")
+    assert_clean(engine, "k", "g")
+
+
+def test_the_turn_after_a_cancelled_reply_reuses_its_committed_kv():
+    engine, backend = engine_for(FakeBackend(eog_after=None))
+    engine.submit(chat("t1", "conv", "hello there", max_tokens=100))
+    reports = []
+    while sum(u.new_tokens for r in reports for u in r.updates) < 8:
+        reports.append(engine.step())
+    engine.cancel("t1")
+    reports += engine.run_until_idle()
+    ups = by_request(reports)["t1"]
+    assert ups[-1].done_reason is DoneReason.CANCELLED
+    shown = text(ups)
+    prompt = backend.tokenize_chat([Message("user", "hello there")])
+    slot = engine.scheduler.sessions["conv"].seq_id
+    # The KV keeps the prompt and every shown token but the last, which was never evaluated.
+    committed = prompt + [ord(c) for c in shown[:-1]]
+    assert len(shown) == ups[-1].generated == 8 and backend.kv_tokens(slot) == committed
+    engine.submit(chat("t2", "conv", "hello there", ("assistant", shown), "go on", max_tokens=3))
+    reports = engine.run_until_idle()
+    last = by_request(reports)["t2"][-1]
+    assert last.cached_tokens == len(committed) > 0
+    assert sum(r.prefill_rows for r in reports) == last.prompt_total - len(committed)
+    assert_clean(engine, "conv")
 
 
 def report_plan(backend):
@@ -239,9 +270,13 @@ def test_a_cancel_that_arrives_during_decode_is_honoured_before_sampling():
     report = engine.step()
     (u,) = report.updates
     assert u.done_reason is DoneReason.CANCELLED and u.text_delta == "" and u.new_tokens == 0
-    assert backend.kv_cells_used() == 0 and backend.samplers == {}
+    assert backend.samplers == {}
+    # The step's row (the first sampled token) was evaluated but never committed: not kept.
+    prompt = backend.tokenize_chat([Message("user", "hi")])
+    assert u.generated == 1 and backend.kv_tokens(u.seq_id) == prompt
+    assert backend.kv_cells_used() == len(prompt)
     backend.fault_when = None
-    assert_clean(engine)
+    assert_clean(engine, "s")
 
 
 def test_a_submit_and_its_cancel_arriving_during_decode_never_run():
@@ -360,7 +395,7 @@ def test_idle_coalescing_admits_a_burst_in_one_batch():
     assert len(backend.decode_calls[0].slices) == 2
     engine.cancel("a")
     engine.cancel("b")
-    assert_clean(engine)
+    assert_clean(engine, "sa", "sb")
 
 
 def test_idle_conversations_keep_their_slot_until_evicted_least_recently_used():

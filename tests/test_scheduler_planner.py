@@ -164,21 +164,76 @@ def test_budget_is_never_exceeded_under_random_load():
         close_all(sched)
 
 
-def test_cancel_mid_prefill_frees_slot_and_kv_within_one_step():
+def test_cancel_mid_prefill_keeps_the_committed_rows_for_the_next_turn():
     sched, kv = make("fixed:32")
     keep = add(sched, "keep", 10)
-    seq = add(sched, "gone", 200)
+    seq = add(sched, "gone", 200, session="chat")
     step(sched, kv)
     step(sched, kv)
-    slot = seq.seq_id
-    assert kv.kv_pos_max(slot) >= 0
+    slot, done = seq.seq_id, seq.num_computed
+    assert 0 < done < 200
     sched.cancel("gone")
     assert seq.phase is Phase.DONE and seq.done_reason is DoneReason.CANCELLED
-    assert kv.kv_pos_max(slot) == -1 and slot in sched.free_slots()
-    assert "s-gone" not in sched.sessions
+    assert kv.kv_tokens(slot) == seq.prompt[:done] and sched.kv_used() == done + keep.num_computed
+    session = sched.sessions["chat"]
+    assert session.is_idle and session.seq_id == slot and session.tokens == seq.prompt[:done]
     plan = step(sched, kv)
     assert slot not in rows(plan)
+    again = add(sched, "again", 0, session="chat", prompt=seq.prompt)
+    plan = step(sched, kv)
+    assert again.num_cached == done and again.seq_id == slot
+    assert plan.slices[-1].seq_id == slot and plan.slices[-1].pos0 == done
     sched.finish(keep, DoneReason.STOP)
+    close_all(sched)
+
+
+def test_cancel_mid_generation_keeps_committed_kv_and_never_the_staged_rows():
+    sched, kv = make("fixed:64")
+    seq = add(sched, "t1", 30, session="chat")
+    for _ in range(4):
+        step(sched, kv)
+    assert seq.phase is Phase.GENERATING and len(seq.output) == 4
+    # The cancel lands while a step runs (the engine's order: decode, cancel, then commit): the
+    # row that step evaluated was never committed, and the token it would sample never exists.
+    plan = sched.schedule()
+    result = kv.decode(plan)
+    slot = seq.seq_id
+    assert len(kv.kv_tokens(slot)) == 30 + 4
+    sched.cancel("t1")
+    assert sched.postprocess(plan, result) == []
+    committed = seq.prompt + seq.output[:3]  # the 4th token was shown but its row never committed
+    assert seq.num_computed == len(committed) and kv.kv_tokens(slot) == committed
+    assert sched.sessions["chat"].tokens == committed and not sched.leaks()
+    # The next turn carries the shown reply on, and reuses all of the committed KV.
+    nxt = add(sched, "t2", 0, session="chat", prompt=seq.prompt + seq.output + [7, 8, 9])
+    plan = step(sched, kv)
+    assert nxt.num_cached == len(committed) and rows(plan) == {slot: 4}
+    close_all(sched)
+
+
+def test_a_cancel_before_anything_committed_frees_the_slot_even_while_its_step_runs():
+    sched, kv = make("fixed:32")
+    seq = add(sched, "a", 100, session="chat")
+    plan = sched.schedule()
+    slot = seq.seq_id
+    sched.cancel("a")  # between planning and the decode: nothing of it was ever committed
+    assert slot in sched.free_slots() and "chat" not in sched.sessions
+    result = kv.decode(plan)  # the planned rows still land natively...
+    assert sched.postprocess(plan, result) == []
+    assert kv.kv_pos_max(slot) == -1  # ...and are dropped, not left in a free slot
+    close_all(sched)
+
+
+def test_a_cancelled_conversation_is_evicted_like_any_idle_one():
+    sched, kv = make("fixed:64", n_seq_max=1)
+    a = add(sched, "a", 40, session="A")
+    step(sched, kv)
+    sched.cancel("a")
+    assert sched.sessions["A"].tokens == a.prompt
+    b = add(sched, "b", 20, session="B")
+    step(sched, kv)
+    assert b.seq_id == a.last_seq_id and "A" not in sched.sessions
+    assert kv.kv_tokens(b.seq_id)[:20] == b.prompt
     close_all(sched)
 
 
