@@ -30,6 +30,9 @@ from scheduler.types import DoneReason, Phase, Request, SamplingParams, SeqUpdat
 PUMP_WAIT_S = 0.2  # longest blocking wait for the next batch (bounds shutdown latency)
 PUMP_SLICE_S = 0.02  # longest the pump holds the event loop while draining a backlog
 SAVE_INTERVAL_S = 0.5  # streaming replies reach the database at most this far behind
+PAINT_TICK_S = 0.1  # the focused pane's text and status repaint this often (tokens are buffered)
+BACKGROUND_PAINT_S = 0.25  # the other panes', while more than BUSY_PANES panes stream at once
+BUSY_PANES = 2
 _PANES = Binding.Group("Pane")
 _PANELS = Binding.Group("Panels")
 
@@ -70,6 +73,7 @@ class WorkspaceScreen(Screen):
         self._resident: set[str] = set()  # sessions whose KV the current worker holds (fork sources)
         self._reported: set[str] = set()  # subagents whose answer already went back to the parent
         self._panes: dict[str, ChatPane] = {}  # open panes; outlives the DOM at shutdown, for save()
+        self._painted_all = 0.0  # when every pane was last painted (monotonic)
 
     def compose(self) -> ComposeResult:
         # Held directly: engine events keep arriving while the DOM is torn down at exit.
@@ -97,6 +101,7 @@ class WorkspaceScreen(Screen):
             await self.action_new_pane()
         self.grid.focus_pane(self.grid.panes[0])
         self.set_interval(SAVE_INTERVAL_S, self.save)
+        self.set_interval(PAINT_TICK_S, self.paint)
         self.client.start()
         self.run_worker(self._pump_events(), name="engine-events", exclusive=True)
 
@@ -123,6 +128,26 @@ class WorkspaceScreen(Screen):
 
     def on_unmount(self) -> None:
         self.save()
+
+    async def paint(self) -> None:
+        """Paint the panes' buffered text and status; the panes painted together share one frame.
+
+        Textual lays out the whole screen and redraws the bounding box of everything that changed
+        in each frame, so a frame costs about the same whether one pane changed or eight. The
+        focused pane is painted on every tick; the others too while at most BUSY_PANES panes
+        stream, else every BACKGROUND_PAINT_S. A pane whose reply ended is painted at once (its
+        ending posts ReplyFinished), and a pane hidden by zoom only then.
+        """
+        panes = [p for p in self._panes.values() if p.is_mounted]
+        now = time.monotonic()
+        everyone = sum(p.busy for p in panes) <= BUSY_PANES or now - self._painted_all >= BACKGROUND_PAINT_S
+        if everyone:
+            self._painted_all = now
+        focused = self.grid.focused_pane()
+        with self.app.batch_update():
+            for pane in panes:
+                if pane.has_ended or ((everyone or pane is focused) and pane.display):
+                    await pane.flush()
 
     # ---- engine events ------------------------------------------------------------------------
 

@@ -17,8 +17,6 @@ from magnitude_tui.widgets.message_view import MessageView
 from magnitude_tui.widgets.status_line import StatusLine
 from scheduler.types import DoneReason, Message, Phase, SeqUpdate
 
-FLUSH_INTERVAL_S = 1 / 12  # transcript and status repaint; tokens are buffered in between
-
 
 @dataclass
 class _Reply:
@@ -87,6 +85,11 @@ class ChatPane(Vertical):
     def busy(self) -> bool:
         return self.request_id is not None
 
+    @property
+    def has_ended(self) -> bool:
+        """A reply ended and its ending is not painted and settled yet (the next flush does it)."""
+        return bool(self._ended)
+
     def conversation(self, *, committed_only: bool = False) -> tuple[Message, ...]:
         """The messages the next turn sends (the engine reuses whatever prefix it still holds).
 
@@ -134,7 +137,6 @@ class ChatPane(Vertical):
 
     def on_mount(self) -> None:
         self.query_one(".transcript").anchor()
-        self.set_interval(FLUSH_INTERVAL_S, self.flush)
 
     def _speaker(self, m: MessageRecord) -> str:
         if m.role == "user" and self.record.role == "subagent":
@@ -200,7 +202,9 @@ class ChatPane(Vertical):
             self._ended.append((reply, update))
 
     async def flush(self) -> None:
-        """Paint buffered text (finished replies first), the latest status, and settle endings."""
+        """Paint buffered text (finished replies first), the latest status, and settle endings.
+
+        The workspace calls this on its paint tick; tokens are only buffered in between."""
         ended, self._ended = self._ended, []
         for reply, update in ended:
             if reply is not None:

@@ -1,15 +1,17 @@
-"""Provides one message of a transcript: a header line and a Markdown body that can stream."""
+"""Provides one message of a transcript: a header line and a Markdown body.
+
+A reply that is still streaming shows its text plainly (StreamingText: appending costs the new
+text, not the reply); when it ends the body becomes a Markdown widget, parsed once.
+"""
 
 from __future__ import annotations
-
-import asyncio
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
-from textual.widgets._markdown import MarkdownStream
 
 from magnitude_tui.store import MessageRecord
+from magnitude_tui.widgets.streaming_text import StreamingText
 
 
 class MessageView(Vertical):
@@ -23,6 +25,7 @@ class MessageView(Vertical):
     MessageView.-result > .header { color: $secondary; }
     MessageView.-note > .header { color: $warning; }
     MessageView > Markdown { margin: 0; padding: 0 0 0 1; background: transparent; }
+    MessageView > StreamingText { padding: 0 0 0 1; margin: 0 0 1 0; }
     MessageView.-user > Markdown { border-left: outer $primary 50%; }
     """
 
@@ -31,7 +34,8 @@ class MessageView(Vertical):
         self.message = message
         self._speaker = speaker
         self._streaming = streaming  # the body starts empty and receives every fragment via write()
-        self._stream: MarkdownStream | None = None
+        self._writing = False  # write() has been called and finish() not yet
+        self._header = ""
 
     @staticmethod
     def kind_of(message: MessageRecord) -> str:
@@ -42,15 +46,19 @@ class MessageView(Vertical):
         return "assistant" if message.role == "assistant" else "note"
 
     def compose(self) -> ComposeResult:
-        yield Static(self._header_text(), classes="header", markup=False)
-        yield Markdown("" if self._streaming else self.message.content)
+        self._header = self._header_text()
+        yield Static(self._header, classes="header", markup=False)
+        if self._streaming:
+            yield StreamingText()
+        else:
+            yield Markdown(self.message.content)
 
     def _header_text(self) -> str:
         m = self.message
         if m.author:
             return f"↩ {m.author} (subagent answer)"
         state = ""
-        if self._stream is not None or (self._streaming and not m.complete):
+        if self._writing or (self._streaming and not m.complete):
             state = " …"
         elif m.role == "assistant" and not m.complete:
             state = " · interrupted"
@@ -59,31 +67,23 @@ class MessageView(Vertical):
         return f"{self._speaker}{state}"
 
     async def write(self, fragment: str) -> None:
-        """Append streamed text (called on the pane's flush timer, never per token)."""
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self.query_one(Markdown))
+        """Append streamed text (called on the workspace's paint tick, never per token)."""
+        if not self._writing:
+            self._writing = True
             self.refresh_header()
-        await self._stream.write(fragment)
-
-    async def on_unmount(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            # At app exit Textual may already have cancelled the stream's task; stopping it then
-            # raises CancelledError, which must not turn a clean quit into a traceback.
-            try:
-                await stream.stop()
-            except asyncio.CancelledError:
-                pass
+        self.query_one(StreamingText).append(fragment)
 
     async def finish(self, note: str | None = None) -> None:
-        """The reply ended: stop streaming, append a note (an error) and settle the header."""
-        if self._stream is not None:
-            await self._stream.stop()
-        if note:
-            await self.query_one(Markdown).append(f"\n\n> {note}\n")
-        self._stream = None
+        """The reply ended: its body becomes Markdown (parsed once), with a note (an error) if any."""
+        text = self.message.content + (f"\n\n> {note}\n" if note else "")
+        for body in self.query(StreamingText):
+            await body.remove()
+            await self.mount(Markdown(text))
+        self._writing = False
         self.refresh_header()
 
     def refresh_header(self) -> None:
-        if self.is_mounted:
-            self.query_one(".header", Static).update(self._header_text())
+        text = self._header_text()
+        if self.is_mounted and text != self._header:
+            self._header = text
+            self.query_one(".header", Static).update(text)

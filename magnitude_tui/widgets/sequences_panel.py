@@ -51,13 +51,14 @@ class SequencesPanel(Vertical):
         self.clock = clock  # wall clock for ageing finished rows; tests freeze it
         self._rows: dict[str, _Row] = {}
         self._dirty = True
+        self._shown: dict[str, list[object]] = {}  # the cells on screen, by session, in table order
 
     def compose(self) -> ComposeResult:
         table: DataTable = DataTable(cursor_type="none", zebra_stripes=True, show_cursor=False)
         for name in COLUMNS:
             # The phase column is as wide as its longest label ("done·cancelled"), so the table
             # does not jump sideways when a finished row leaves it.
-            table.add_column(name, width=14 if name == "phase" else None)
+            table.add_column(name, width=14 if name == "phase" else None, key=name)
         yield table
 
     def on_mount(self) -> None:
@@ -96,9 +97,17 @@ class SequencesPanel(Vertical):
             return
         self._dirty = False
         table = self.query_one(DataTable)
-        table.clear()
-        for session_id, row in sorted(self._rows.items(), key=lambda kv: _order(kv[1])):
-            table.add_row(*self._cells(row), key=session_id)
+        cells = {sid: self._cells(row) for sid, row in sorted(self._rows.items(), key=lambda kv: _order(kv[1]))}
+        if list(cells) != list(self._shown):  # rows came, went or moved: build the table again
+            table.clear()
+            for session_id, row_cells in cells.items():
+                table.add_row(*row_cells, key=session_id)
+        else:  # the same rows: touch only the cells whose text or style changed
+            for session_id, row_cells in cells.items():
+                for column, new, old in zip(COLUMNS, row_cells, self._shown[session_id]):
+                    if _cell_key(new) != _cell_key(old):
+                        table.update_cell(session_id, column, new, update_width=True)
+        self._shown = cells
 
     def _cells(self, row: _Row) -> list[object]:
         u = row.update
@@ -120,6 +129,10 @@ class SequencesPanel(Vertical):
             itl,
             Text(spark(row.rates, SPARK_WIDTH), style=self.get_component_rich_style("seq--generating")),
         ]
+
+
+def _cell_key(cell: object) -> object:
+    return (cell.plain, str(cell.style)) if isinstance(cell, Text) else cell
 
 
 def _order(row: _Row) -> tuple[int, str]:

@@ -42,21 +42,33 @@ class StatusLine(Horizontal):
     """
 
     def compose(self) -> ComposeResult:
+        self._shown: tuple = ()  # what the widgets show now: (badge class, badge text, bar, metrics)
         yield Static("IDLE", classes="badge")
         yield ProgressBar(total=1, show_eta=False, show_percentage=False)
         yield Static("", classes="metrics", markup=False)
 
     def show(self, update: SeqUpdate | None) -> None:
-        """Render the latest update (the pane calls this on its flush timer, not per event)."""
-        badge = self.query_one(".badge", Static)
-        badge.set_classes(["badge", self._badge_class(update)])
-        badge.update(self._badge_text(update))
-        bar = self.query_one(ProgressBar)
+        """Render the latest update (called on the paint tick, not per event).
+
+        Only what changed is touched: the badge (its width follows its text, so it lays out
+        again) changes with the phase; the metrics line has a fixed width and is only repainted.
+        """
+        badge_class, badge_text = self._badge_class(update), self._badge_text(update)
         prefilling = update is not None and update.phase in _PROMPT_PHASES
-        bar.display = prefilling
-        if prefilling and update.prompt_total:
-            bar.update(total=update.prompt_total, progress=update.prompt_done)
-        self.query_one(".metrics", Static).update(self.metrics_text(update))
+        bar = (update.prompt_total, update.prompt_done) if prefilling and update.prompt_total else None
+        metrics = self.metrics_text(update)
+        old = self._shown or (None, None, None, None, None)
+        self._shown = (badge_class, badge_text, prefilling, bar, metrics)
+        if (badge_class, badge_text) != old[:2]:
+            badge = self.query_one(".badge", Static)
+            badge.set_classes(["badge", badge_class])
+            badge.update(badge_text)
+        if prefilling != old[2]:
+            self.query_one(ProgressBar).display = prefilling
+        if bar is not None and bar != old[3]:
+            self.query_one(ProgressBar).update(total=bar[0], progress=bar[1])
+        if metrics != old[4]:
+            self.query_one(".metrics", Static).update(metrics, layout=False)
 
     @staticmethod
     def _badge_class(update: SeqUpdate | None) -> str:
