@@ -18,7 +18,8 @@ RX = CostParams(fixed_ms=14.6, decode_ms=1.3875, prefill_ms=1000.0 / 962.0)
 
 def test_scheduler_imports_neither_llama_cpp_nor_textual():
     code = (
-        "import sys, scheduler, scheduler.planner, scheduler.budget, scheduler.metrics, "
+        "import sys, scheduler, scheduler.planner, scheduler.admission, scheduler.residency, "
+        "scheduler.relief, scheduler.ledger, scheduler.budget, scheduler.metrics, "
         "scheduler.sequence, scheduler.types, backend.fake, backend.simulated\n"
         "bad = [m for m in ('llama_cpp', 'textual') if m in sys.modules]\n"
         "assert not bad, bad\n"

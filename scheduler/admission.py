@@ -1,0 +1,154 @@
+"""Provides Admission: who leaves the waiting queue, onto which slot, reusing which cached prefix."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from scheduler.residency import Residency
+from scheduler.sequence import Sequence, common_prefix_len
+from scheduler.types import Phase
+
+
+class RequestError(ValueError):
+    """A request that can never run as asked; the message says what to change."""
+
+
+class Admission:
+    """First come, first served admission under two limits: a seq slot and KV room.
+
+    A request needs its prompt plus a generation reserve (`min(gen_reserve, max_tokens)`) in cells
+    not already used or promised to running sequences. Idle conversations are evicted, least
+    recently used, to make room. Nobody overtakes a request waiting for room; a request whose
+    conversation is still busy waits without blocking the line. On admission the longer of the
+    conversation's own resident KV and a fork parent's committed KV becomes its cached prefix.
+    """
+
+    def __init__(self, residency: Residency, waiting: deque[Sequence], running: list[Sequence], *,
+                 n_ctx: int, n_ctx_seq: int, n_seq_max: int, gen_reserve: int) -> None:
+        self.residency = residency
+        self.waiting = waiting  # the scheduler's own queue and running list, shared
+        self.running = running
+        self.n_ctx = n_ctx
+        self.n_ctx_seq = n_ctx_seq
+        self.n_seq_max = n_seq_max
+        self.gen_reserve = gen_reserve
+        self.hold = False  # after a preemption, until something frees KV
+        self.num_admitted = 0
+
+    def check(self, seq: Sequence) -> None:
+        """RequestError if the request could never run, whatever else is running."""
+        n = len(seq.prompt)
+        if n == 0:
+            raise RequestError("the prompt is empty: send at least one message with some text")
+        if seq.max_tokens < 1:
+            raise RequestError(f"max_tokens must be at least 1 (got {seq.max_tokens})")
+        limit = min(self.n_ctx_seq, self.n_ctx)
+        if n + 1 > limit:
+            raise RequestError(
+                f"the prompt is {n:,} tokens but a sequence can hold only {limit:,} (prompt plus "
+                "reply); shorten the conversation or start the engine with a larger context (--n-ctx)"
+            )
+
+    def admit(self, now: float) -> list[tuple[Sequence, str]]:
+        """Admit what fits, in order; the rest are `queued` with their reason. Returns the requests
+        that can never run (or whose KV set-up failed), with the message to end them with."""
+        failed: list[tuple[Sequence, str]] = []
+        blocked_reason: str | None = None
+        for seq in list(self.waiting):
+            session = self.residency.sessions.get(seq.session_id)
+            if session is not None and session.live not in (None, seq):
+                seq.waiting_reason = "waiting for the previous turn of this conversation to finish"
+                continue
+            if blocked_reason is not None:
+                # First come, first served: nobody overtakes a request waiting for room.
+                seq.waiting_reason = blocked_reason
+                continue
+            if self.hold and self.running:
+                blocked_reason = "waiting for KV room (the cache was full; waiting for a reply to end)"
+                seq.waiting_reason = blocked_reason
+                continue
+            try:
+                blocked_reason = self._try_admit(seq, now)
+            except RequestError as e:
+                failed.append((seq, str(e)))
+                continue
+            except Exception as e:  # a failing KV operation belongs to this request only
+                failed.append((seq, f"could not set up its KV cache: {e}"))
+                continue
+            if blocked_reason is not None:
+                seq.waiting_reason = blocked_reason
+        doomed = {id(seq) for seq, _ in failed}
+        for seq in self.waiting:
+            if id(seq) not in doomed:
+                seq.phase = Phase.QUEUED  # tried and not admitted: it waits, for the reason given
+        if not self.running:
+            self.hold = False
+        return failed
+
+    def _try_admit(self, seq: Sequence, now: float) -> str | None:
+        """Admit `seq` if a slot and KV room are available; otherwise say what it waits for."""
+        res = self.residency
+        tokens = seq.all_tokens()
+        cap = len(tokens) - 1  # at least one row must be evaluated to get logits
+        own = res.sessions.get(seq.session_id)
+        parent_id = seq.request.fork_from
+        parent = res.sessions.get(parent_id) if parent_id and parent_id != seq.session_id else None
+        own_cached = own.committed_tokens() if own is not None else []
+        own_n = min(common_prefix_len(own_cached, tokens), cap)
+        par_n = 0
+        if parent is not None and parent.seq_id is not None:
+            par_n = min(common_prefix_len(parent.committed_tokens(), tokens), cap)
+        use_parent = par_n > own_n
+        n_reuse = par_n if use_parent else own_n
+        protect = {seq.session_id, parent_id}
+
+        slot = own.seq_id if own is not None else None
+        while slot is None:
+            free = res.free_slots()
+            if free:
+                slot = free[0]
+            elif res.evict_lru(protect):
+                continue
+            elif parent is not None and not self.running and res.evict_lru({seq.session_id}):
+                # Only the idle fork parent holds a slot and nothing will free one: start cold.
+                return self._try_admit(seq, now)
+            else:
+                return f"waiting for a sequence slot (all {self.n_seq_max} in use)"
+
+        need = self.reserved_cells(seq) - n_reuse
+        # Cells this admission drops from the session's own cache (approximate: forks may share).
+        dropping = len(own_cached) - (0 if use_parent else own_n)
+        while need > self.kv_free() + dropping and res.evict_lru(protect):
+            pass
+        free = self.kv_free() + dropping
+        if need > free:
+            if self.running:
+                return f"waiting for KV room: needs {need:,} cells, {max(0, free):,} free"
+            if len(tokens) - n_reuse + 1 > free:
+                raise RequestError(
+                    f"the prompt needs {len(tokens) - n_reuse:,} KV cells but the cache has only "
+                    f"{max(0, free):,} with nothing else running; start the engine with a larger "
+                    "context (--n-ctx) or shorten the conversation"
+                )
+            # Alone in the cache: run without the full generation reserve; it stops at 'length'.
+
+        res.bind(seq, slot, n_reuse, parent if use_parent else None)
+        self.waiting.remove(seq)
+        self.running.append(seq)
+        seq.seq_id = seq.last_seq_id = slot
+        seq.num_computed = seq.num_cached = n_reuse
+        seq.waiting_reason = None
+        self.num_admitted += 1
+        seq.admit_order = self.num_admitted
+        seq.metrics.on_admit(now)
+        seq.refresh_phase()
+        return None
+
+    def reserved_cells(self, seq: Sequence) -> int:
+        """KV cells a sequence may come to hold: its tokens, or prompt plus generation reserve."""
+        return max(seq.num_tokens, len(seq.prompt) + min(self.gen_reserve, seq.max_tokens))
+
+    def kv_free(self) -> int:
+        """Cells neither used nor promised to a running sequence's remaining prompt and reserve."""
+        promised = sum(self.reserved_cells(s) - s.num_computed for s in self.running)
+        return self.n_ctx - self.residency.kv.cells_used() - promised

@@ -1,0 +1,126 @@
+"""Provides Residency: which conversation holds which seq slot, and the KV it keeps between turns."""
+
+from __future__ import annotations
+
+from scheduler.ledger import KvCache, KvLedger
+from scheduler.sequence import Sequence, Session
+
+
+class Residency:
+    """The seq slots, the conversations (sessions) holding them, and the KV they keep resident.
+
+    A live request holds its conversation's slot. When it ends (normally, or cancelled after some
+    rows were committed) the slot and the committed KV stay: an idle session, reused by the next
+    turn or a fork, and the first thing evicted (least recently used) when a slot or room is needed.
+    Every KV operation goes through the ledger, so the count of cells stays exact.
+    """
+
+    def __init__(self, kv: KvCache, n_seq_max: int) -> None:
+        self.kv = KvLedger(kv, n_seq_max)
+        self.n_seq_max = n_seq_max
+        self.sessions: dict[str, Session] = {}
+        self._slot_owner: dict[int, Session] = {}
+        self._tick = 0  # LRU clock for idle sessions
+
+    def free_slots(self) -> list[int]:
+        return [s for s in range(self.n_seq_max) if s not in self._slot_owner]
+
+    # ---- a request takes and gives back its conversation's slot ---------------------------------
+
+    def bind(self, seq: Sequence, slot: int, n_reuse: int, parent: Session | None = None) -> Session:
+        """`seq` runs on `slot` for its conversation, starting from `n_reuse` tokens of resident KV:
+        the fork parent's (shared cells) when `parent` is given, else the conversation's own."""
+        own = self.sessions.get(seq.session_id)
+        if parent is not None:
+            self.kv.copy(parent.seq_id, slot, n_reuse)
+        elif own is not None and own.seq_id == slot:
+            self.kv.keep_prefix(slot, n_reuse)
+        else:
+            self.kv.remove(slot)
+        if own is None:
+            own = self.sessions[seq.session_id] = Session(seq.session_id)
+        own.seq_id, own.tokens, own.live = slot, [], seq
+        own.last_used = self._next_tick()
+        self._slot_owner[slot] = own
+        return own
+
+    def retire(self, seq: Sequence, keep: bool) -> None:
+        """`seq` ended. With `keep`, its conversation stays resident with exactly the committed
+        tokens (rows a step evaluated but never committed are trimmed); otherwise the slot and its
+        KV are freed."""
+        session = self.sessions.get(seq.session_id)
+        if session is None or session.live is not seq:
+            return
+        session.live = None
+        if session.seq_id is not None and keep:
+            self.kv.keep_prefix(session.seq_id, seq.num_computed)
+            session.tokens = seq.committed_tokens()
+            session.last_used = self._next_tick()
+        elif session.seq_id is not None:
+            self.release(session)
+        if session.seq_id is None:
+            del self.sessions[seq.session_id]
+
+    def unbind(self, seq: Sequence) -> None:
+        """Take a running sequence's slot and KV away (preemption); its conversation stays live."""
+        self.release(self.sessions[seq.session_id])
+
+    def close(self, session_id: str) -> None:
+        """Forget a conversation and free its slot and KV."""
+        session = self.sessions.pop(session_id, None)
+        if session is not None and session.seq_id is not None:
+            self.release(session)
+
+    def evict_lru(self, protect: set) -> bool:
+        """Drop the least recently used idle conversation not in `protect`; False if none."""
+        idle = [s for s in self._slot_owner.values() if s.is_idle and s.session_id not in protect]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda s: s.last_used)
+        self.release(victim)
+        del self.sessions[victim.session_id]
+        return True
+
+    def release(self, session: Session) -> None:
+        self.kv.remove(session.seq_id)
+        del self._slot_owner[session.seq_id]
+        session.seq_id = None
+        session.tokens = []
+
+    def trim_orphan(self, slot: int) -> None:
+        """A slot whose sequence ended while its step ran keeps only what its owner holds now
+        (an idle conversation's committed tokens, or nothing): never that step's rows."""
+        owner = self._slot_owner.get(slot)
+        if owner is None:
+            self.kv.remove(slot)
+        elif owner.is_idle:
+            self.kv.keep_prefix(slot, len(owner.tokens))
+
+    def _next_tick(self) -> int:
+        self._tick += 1
+        return self._tick
+
+    # ---- leak checks ---------------------------------------------------------------------------
+
+    def leaks(self) -> list[str]:
+        """Slots and sessions that disagree with each other or with the KV they should hold."""
+        problems = []
+        for slot, session in self._slot_owner.items():
+            if session.seq_id != slot or self.sessions.get(session.session_id) is not session:
+                problems.append(f"slot {slot} owned by a stale session {session!r}")
+            elif not session.is_idle:
+                problems.append(f"slot {slot} held by live {session!r}")
+        orphans = [s for s in self.sessions.values() if s.seq_id is None and s.live is None]
+        if orphans:
+            problems.append(f"sessions holding nothing: {orphans}")
+        for slot in self.free_slots():
+            if self.kv.positions(slot):
+                problems.append(f"free slot {slot} still holds {self.kv.positions(slot)} KV positions")
+        for session in self.sessions.values():
+            if (session.is_idle and session.seq_id is not None
+                    and self.kv.positions(session.seq_id) != len(session.tokens)):
+                problems.append(f"{session!r}: KV holds {self.kv.positions(session.seq_id)} positions")
+        return problems + self.kv.mismatches()
+
+    def is_empty(self) -> bool:
+        return not self.sessions and not self._slot_owner and self.kv.cells_used() == 0
