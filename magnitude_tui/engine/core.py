@@ -197,6 +197,7 @@ class Engine:
         return {
             "policy": str(s.policy),
             "cost": self.cost,
+            "preparing": [q.request_id for q in self._intake],
             "waiting": [repr(q) for q in s.waiting],
             "running": [repr(q) for q in s.running],
             "sessions": [repr(x) for x in s.sessions.values()],
