@@ -58,6 +58,9 @@ def test_random_workload_never_breaks_a_contract_or_leaks(policy, seed):
     for report in engine.run_until_idle():
         record(report)
     assert all(u.phase is Phase.DONE for u in last.values())
+    # Resident conversations (ended or cancelled) hold exactly their committed tokens, nothing staged.
+    for session in engine.scheduler.sessions.values():
+        assert session.is_idle and backend.kv_tokens(session.seq_id) == session.tokens
     for sid in history:
         engine.close_session(sid)
     engine.run_until_idle()
