@@ -9,6 +9,9 @@ Two measurements on the same workload (N panes, one long-answer prompt each, gre
 - the engine's step time (StepReport.step_ms, measured in the worker) for steps of one shape
   (N decode rows, 0 prefill rows), with the app attached vs the same requests sent by a bare
   EngineClient. Modes alternate (headless, ui, headless, ui, ...) in one invocation.
+
+`bench ui-cpu` (ui_cpu.py) measures the app's own CPU and keypress latency on a stand-in engine
+instead, with no model running: cheap enough to repeat before and after a change.
 """
 
 from __future__ import annotations
@@ -309,3 +312,33 @@ def ui(
     config = EngineConfig(backend=backend, device=device, model=model, n_ctx=ctx)
     cfg = UiConfig(panes=panes, max_tokens=max_tokens, keys=keys, key_interval_s=interval, reps=reps, threads=th)
     _finish(run_ui_bench(config, cfg, progress=_progress), out, None)
+
+
+@bench_app.command("ui-cpu")
+def ui_cpu(
+    panes: int = typer.Option(8, "--panes", help="Panes streaming at once."),
+    rate: float = typer.Option(25.0, "--rate", help="Engine steps per second (one token per pane per step)."),
+    seconds: float = typer.Option(10.0, "--seconds", help="Length of the measured window."),
+    reps: int = typer.Option(1, "--reps", help="Runs, one after another (each a fresh app)."),
+    sequences: bool = typer.Option(False, "--sequences", help="With the sequences panel (f2) open."),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="Write a cProfile of the measured window here."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write every run's figures here as JSON."),
+) -> None:
+    """The app's own CPU per wall second and keypress latency while N panes stream, on a stand-in
+    engine (no model: nothing else competes for the CPU, so it is cheap to repeat)."""
+    import json
+    import statistics
+
+    from magnitude_tui.bench.ui_cpu import CpuConfig, run_cpu_bench
+
+    cfg = CpuConfig(panes=panes, step_hz=rate, duration_s=seconds, show_sequences=sequences,
+                    profile=str(profile) if profile else None)
+    results = run_cpu_bench(cfg, reps=reps)
+    for r in results:
+        print(r.summary())
+    if reps > 1:
+        print(f"median app_cores {statistics.median(r.app_cores for r in results):.3f}")
+    if json_out is not None:
+        from dataclasses import asdict
+
+        json_out.write_text(json.dumps([asdict(r) for r in results], indent=1))

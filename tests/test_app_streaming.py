@@ -1,0 +1,128 @@
+"""Streaming replies: cheap text while streaming, Markdown once done; the paint schedule; the
+model-free CPU harness (bench ui-cpu) comes back with well-formed figures."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from textual.widgets import Markdown
+from textual.widgets._markdown import MarkdownFence
+
+from tests.app_support import SIZE, ScriptedClient, make_app, wait_for
+from magnitude_tui.bench.ui_cpu import CpuConfig, PacedClient, reply_tokens, run_cpu
+from magnitude_tui.screens.workspace import BUSY_PANES
+from magnitude_tui.widgets.message_view import MessageView
+from magnitude_tui.widgets.streaming_text import StreamingText
+
+
+def _code_reply(request) -> str:
+    return "Use **this**:\n\n```python\nstep_ms = fixed + per_row * rows\n```\nThat is `all`."
+
+
+def _reply_view(pane) -> MessageView:
+    return [v for v in pane.query(MessageView) if v.message.role == "assistant"][-1]
+
+
+async def _say(pilot, text: str) -> None:
+    await pilot.press(*text, "enter")
+    await pilot.pause()
+
+
+async def test_reply_streams_as_text_then_becomes_markdown_with_its_code_block(tmp_path):
+    client = ScriptedClient(reply=_code_reply)
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        await _say(pilot, "how")
+        pane = app.workspace.grid.panes[0]
+        client.step(8)  # prefill, then tokens up to inside the code block
+        await pilot.pause(0.3)
+        view = _reply_view(pane)
+        body = view.query_one(StreamingText)
+        assert not view.query(Markdown)  # no Markdown parsing while the reply streams
+        assert body.text == pane.record.messages[-1].content and "```python" in body.text
+        rows = [body.render_line(y).text.rstrip() for y in range(body.size.height)]
+        assert rows[0] == "Use this:"  # a closed **strong** span is shown styled, without its markers
+        client.run_to_completion()
+        await pilot.pause(0.3)
+        view = _reply_view(pane)
+        assert not view.query(StreamingText)
+        markdown = view.query_one(Markdown)
+        assert markdown.source == _code_reply(None)  # parsed once, from the whole reply
+        fence = markdown.query_one(MarkdownFence)
+        assert "per_row * rows" in fence.code and fence.lexer == "python"
+
+
+async def test_streaming_text_relays_out_only_when_its_row_count_changes(tmp_path):
+    app = make_app(tmp_path, ScriptedClient())
+    async with app.run_test(size=SIZE) as pilot:
+        view = StreamingText()
+        await app.workspace.grid.panes[0].query_one(".transcript").mount(view)
+        await pilot.pause()
+        layouts = []
+        original = view.refresh
+
+        def refresh(*args, layout: bool = False, **kwargs):
+            layouts.append(layout)
+            return original(*args, layout=layout, **kwargs)
+
+        view.refresh = refresh
+        width = view.size.width
+        view.append("a")
+        view.append("b")  # same row
+        view.append("x" * width)  # wraps onto a second row
+        view.append("\n")
+        view.append("`code` and **bold**")
+        assert layouts == [True, False, True, False, True]  # first row, -, wrap, (tail empty), new line
+        await pilot.pause()
+        assert view.size.height == 3
+        assert view.render_line(2).text.rstrip() == "code and bold"
+
+
+async def test_background_panes_paint_less_often_while_many_stream(tmp_path):
+    client = ScriptedClient(reply=lambda r: " ".join(["word"] * 60))
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        ws = app.workspace
+        for i in range(BUSY_PANES + 1):
+            if i:
+                await pilot.press("ctrl+n")
+            await _say(pilot, f"q{i}")
+        client.step(4)
+        await pilot.pause(0.4)
+        focused, other = ws.grid.focused_pane(), ws.grid.panes[0]
+        assert focused is not other and focused.busy and other.busy
+        ws._painted_all = time.monotonic() + 3600  # as if every pane was just painted: not due again
+        client.step(2)
+        await wait_for(pilot, lambda: other._reply.pending and focused.last_update.generated >= 4,
+                       what="two more tokens")
+        await ws.paint()  # what the tick does: the focused pane is painted, the others wait
+        assert not focused._reply.pending and other._reply.pending
+        ws._painted_all = 0.0
+        await ws.paint()
+        assert not other._reply.pending
+
+
+def test_paced_client_gives_every_live_request_one_token_per_step():
+    from scheduler.types import Message, Phase, Request, SamplingParams
+
+    client = PacedClient(tokens=3)
+    for i in range(2):
+        client.submit(Request(f"r{i}", f"s{i}", (Message("user", "hi"),), SamplingParams()))
+    reports = [client._step(i * 0.04) for i in range(5)]
+    assert [[u.phase for u in r.updates] for r in reports[:2]] == [[Phase.PREFILL] * 2, [Phase.GENERATING] * 2]
+    assert [u.text_delta for u in reports[1].updates] == [reply_tokens()[0]] * 2
+    assert [u.phase for u in reports[3].updates] == [Phase.DONE] * 2 and not reports[4].updates
+    assert client.emitted == 6
+
+
+@pytest.mark.timeout(60)
+async def test_cpu_harness_reports_well_formed_figures():
+    r = await run_cpu(CpuConfig(panes=2, duration_s=1.5, key_interval_s=0.15, size=(120, 40)))
+    assert 1.4 <= r.wall_s < 10
+    assert r.process_cpu_s > 0 and 0 < r.app_cores < 4 and r.engine_thread_cpu_s >= 0
+    assert r.steps > 10 and r.tokens >= r.steps  # two panes generating every step
+    assert r.frames > 0 and r.keys
+    painted = [k for k in r.keys if k is not None]
+    assert painted and r.key_p50_ms <= r.key_p95_ms <= r.key_max_ms < 2000
+    assert "cores" in r.summary()
