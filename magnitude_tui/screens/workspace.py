@@ -1,4 +1,5 @@
-"""Provides the workspace: the pane grid, the panels, and every pane action."""
+"""Provides the workspace: the pane grid, the panels, engine events, painting, saving and every
+pane action (spawning subagents is in magnitude_tui/subagents.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer
 
-from magnitude_tui.commands import BURST_DEFAULT, SLASH_HELP, parse_slash
+from magnitude_tui.commands import SLASH_HELP, parse_slash
 from magnitude_tui.engine.events import (CommandRejected, EngineConfig, EngineFailed, EngineReady,
                                          LoadProgress, PolicyChanged)
 from magnitude_tui.screens.policy_dialog import PolicyDialog
 from magnitude_tui.screens.spawn_dialog import SpawnDialog, SpawnSpec
 from magnitude_tui.store import MessageRecord, PaneRecord, Store
+from magnitude_tui.subagents import Subagents, next_name
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.loading_view import LoadingView
 from magnitude_tui.widgets.pane_grid import MAX_PANES, PaneGrid
@@ -71,7 +73,7 @@ class WorkspaceScreen(Screen):
         self.engine_ready = False
         self._restored = restored
         self._resident: set[str] = set()  # sessions whose KV the current worker holds (fork sources)
-        self._reported: set[str] = set()  # subagents whose answer already went back to the parent
+        self.subagents = Subagents(self)
         self._panes: dict[str, ChatPane] = {}  # open panes; outlives the DOM at shutdown, for save()
         self._painted_all = 0.0  # when every pane was last painted (monotonic)
 
@@ -92,11 +94,9 @@ class WorkspaceScreen(Screen):
     async def on_mount(self) -> None:
         self.sequences_panel.display = False
         names = {r.id: r.name for r in self._restored}
+        self.subagents.restore(self._restored)
         for record in self._restored:
-            for m in record.messages:
-                if m.author:
-                    self._reported.add(m.author)
-            await self._add_pane(ChatPane(record, parent_name=names.get(record.parent_id)), focus=False)
+            await self.add_pane(ChatPane(record, parent_name=names.get(record.parent_id)), focus=False)
         if not self.grid.panes:
             await self.action_new_pane()
         self.grid.focus_pane(self.grid.panes[0])
@@ -122,7 +122,8 @@ class WorkspaceScreen(Screen):
                     deadline = loop.time() + PUMP_SLICE_S
                 batch = self.client.poll_events(0)
 
-    async def _add_pane(self, pane: ChatPane, *, focus: bool = True) -> None:
+    async def add_pane(self, pane: ChatPane, *, focus: bool = True) -> None:
+        """Mount a pane in the grid and route its session's engine updates to it."""
         self._panes[pane.session_id] = pane
         await self.grid.add_pane(pane, focus=focus)
 
@@ -223,9 +224,11 @@ class WorkspaceScreen(Screen):
             self.notify(f"{pane.record.name} is still replying; Esc cancels it", severity="warning")
         else:
             await pane.add_message(MessageRecord("user", text))
-            self._submit_turn(pane)
+            self.submit_turn(pane)
 
-    def _submit_turn(self, pane: ChatPane, *, fork_from: str | None = None) -> None:
+    def submit_turn(self, pane: ChatPane, *, fork_from: str | None = None) -> None:
+        """Send the pane's conversation as a new request; it forks `fork_from`'s KV when the
+        current worker holds it (else the engine prefills it cold)."""
         request_id = f"{pane.session_id}:{uuid.uuid4().hex[:8]}"
         pane.begin_request(request_id)
         fork = fork_from if fork_from in self._resident else None
@@ -239,9 +242,9 @@ class WorkspaceScreen(Screen):
             self.notify(str(exc), severity="warning")
             return
         if command.name == "spawn":
-            await self.spawn(pane, SpawnSpec(command.count, command.arg))
+            await self.subagents.spawn(pane, SpawnSpec(command.count, command.arg))
         elif command.name == "burst":
-            await self.burst(pane, command.count)
+            await self.subagents.burst(pane, command.count)
         elif command.name == "policy":
             self.switch_policy(command.arg)
         elif command.name == "export":
@@ -253,55 +256,7 @@ class WorkspaceScreen(Screen):
 
     @on(ChatPane.ReplyFinished)
     async def _reply_finished(self, event: ChatPane.ReplyFinished) -> None:
-        child = event.pane
-        if child.record.role != "subagent" or child.record.name in self._reported:
-            return
-        self._reported.add(child.record.name)
-        u, task = event.update, child.record.task
-        if event.message is not None and event.message.content and u.done_reason is not DoneReason.ERROR:
-            content = f"Answer from subagent {child.record.name} (task: {task}):\n\n{event.message.content}"
-        else:
-            why = u.error or (u.done_reason.value if u.done_reason else "no answer")
-            content = f"Subagent {child.record.name} (task: {task}) ended without an answer: {why}"
-        result = MessageRecord("user", content, author=child.record.name)
-        parent = self.grid.pane(child.record.parent_id or "")
-        if parent is not None:
-            await parent.add_message(result)
-        elif child.record.parent_id:
-            self.store.add_message(child.record.parent_id, result)  # parent closed: keep it on record
-
-    # ---- subagents ----------------------------------------------------------------------------
-
-    async def spawn(self, parent: ChatPane, spec: SpawnSpec, *, tasks: list[str] | None = None) -> list[ChatPane]:
-        """Open `spec.count` subagent panes that fork `parent`'s conversation and run their task."""
-        free = MAX_PANES - len(self.grid.panes)
-        count = min(spec.count, free)
-        if count < spec.count:
-            self.notify(f"Room for {free} more pane(s) (at most {MAX_PANES})", severity="warning")
-        context = parent.conversation(committed_only=True)
-        used = set(self.store.pane_names())
-        children = []
-        for i in range(count):
-            name = _next_name(f"{parent.record.name}.", used)
-            used.add(name)
-            task = tasks[i] if tasks else spec.task
-            messages = [MessageRecord(m.role, m.content, inherited=True) for m in context]
-            messages.append(MessageRecord("user", f"You are subagent {name}. Your task: {task}"))
-            record = PaneRecord(uuid.uuid4().hex[:12], name, "subagent", parent.session_id, task,
-                                len(self.grid.panes), messages)
-            self.store.add_pane(record)
-            child = ChatPane(record, parent_name=parent.record.name)
-            await self._add_pane(child, focus=False)
-            children.append(child)
-        # Submitted together so the engine's idle coalescing admits the burst in one batch.
-        for child in children:
-            self._submit_turn(child, fork_from=parent.session_id)
-        return children
-
-    async def burst(self, parent: ChatPane, count: int = BURST_DEFAULT) -> list[ChatPane]:
-        tasks = [f"Perspective {i + 1} of {count}: give one short, distinct idea that moves this "
-                 "conversation forward." for i in range(count)]
-        return await self.spawn(parent, SpawnSpec(count, "burst"), tasks=tasks)
+        await self.subagents.reply_finished(event)
 
     # ---- actions ------------------------------------------------------------------------------
 
@@ -309,10 +264,10 @@ class WorkspaceScreen(Screen):
         if self.grid.is_full:
             self.notify(f"At most {MAX_PANES} panes", severity="warning")
             return
-        record = PaneRecord(uuid.uuid4().hex[:12], _next_name("A", set(self.store.pane_names())),
+        record = PaneRecord(uuid.uuid4().hex[:12], next_name("A", set(self.store.pane_names())),
                             position=len(self.grid.panes))
         self.store.add_pane(record)
-        await self._add_pane(ChatPane(record))
+        await self.add_pane(ChatPane(record))
 
     async def action_close_pane(self) -> None:
         pane = self.grid.focused_pane()
@@ -352,12 +307,12 @@ class WorkspaceScreen(Screen):
             return
         spec = await self.app.push_screen_wait(SpawnDialog(parent.record.name))
         if spec is not None:
-            await self.spawn(parent, spec)
+            await self.subagents.spawn(parent, spec)
 
     async def action_burst(self) -> None:
         parent = self.grid.focused_pane()
         if parent is not None:
-            await self.burst(parent)
+            await self.subagents.burst(parent)
 
     @work
     async def action_policy(self) -> None:
@@ -409,8 +364,3 @@ class WorkspaceScreen(Screen):
                 self.store.add_message(pane.session_id, message)
         self.store.save_messages(existing)
 
-
-def _next_name(prefix: str, used: set[str]) -> str:
-    """The first unused name prefix+N (names are never reused within a workspace)."""
-    numbers = {int(n[len(prefix):]) for n in used if n.startswith(prefix) and n[len(prefix):].isdigit()}
-    return f"{prefix}{max(numbers, default=0) + 1}"

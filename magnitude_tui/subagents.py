@@ -1,0 +1,103 @@
+"""Provides subagents: panes spawned from a parent pane that fork its conversation, run a task
+and post their answer back to the parent.
+
+The workspace owns one `Subagents` and hands it what it needs: the pane grid, the store, and the
+two workspace operations a spawn uses (mount a pane, submit a turn). Names are `<parent>.<k>`
+(A1.1, A1.2…), never reused within a workspace.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Iterable
+
+from magnitude_tui.commands import BURST_DEFAULT
+from magnitude_tui.screens.spawn_dialog import SpawnSpec
+from magnitude_tui.store import MessageRecord, PaneRecord
+from magnitude_tui.widgets.chat_pane import ChatPane
+from magnitude_tui.widgets.pane_grid import MAX_PANES
+from scheduler.types import DoneReason, SeqUpdate
+
+if TYPE_CHECKING:
+    from magnitude_tui.screens.workspace import WorkspaceScreen
+
+
+def next_name(prefix: str, used: set[str]) -> str:
+    """The first unused name prefix+N (names are never reused within a workspace)."""
+    numbers = {int(n[len(prefix):]) for n in used if n.startswith(prefix) and n[len(prefix):].isdigit()}
+    return f"{prefix}{max(numbers, default=0) + 1}"
+
+
+def burst_tasks(count: int) -> list[str]:
+    return [f"Perspective {i + 1} of {count}: give one short, distinct idea that moves this "
+            "conversation forward." for i in range(count)]
+
+
+def answer_message(child: PaneRecord, message: MessageRecord | None, update: SeqUpdate) -> MessageRecord:
+    """What a finished subagent posts to its parent: its answer, or why there is none."""
+    if message is not None and message.content and update.done_reason is not DoneReason.ERROR:
+        content = f"Answer from subagent {child.name} (task: {child.task}):\n\n{message.content}"
+    else:
+        why = update.error or (update.done_reason.value if update.done_reason else "no answer")
+        content = f"Subagent {child.name} (task: {child.task}) ended without an answer: {why}"
+    return MessageRecord("user", content, author=child.name)
+
+
+class Subagents:
+    """Spawns subagent panes and posts each one's first answer back to its parent, exactly once."""
+
+    def __init__(self, workspace: "WorkspaceScreen") -> None:
+        self.workspace = workspace
+        self.reported: set[str] = set()  # subagents whose answer already went back to the parent
+
+    def restore(self, records: Iterable[PaneRecord]) -> None:
+        """Panes reopened from the store: an answer already in a parent is not posted again."""
+        for record in records:
+            self.reported.update(m.author for m in record.messages if m.author)
+
+    async def spawn(self, parent: ChatPane, spec: SpawnSpec, *, tasks: list[str] | None = None) -> list[ChatPane]:
+        """Open `spec.count` subagent panes that fork `parent`'s conversation and run their task.
+
+        Each copies the parent's committed messages (marked inherited) plus its task; all are
+        submitted back to back, forking the parent's KV, so the engine admits them in one step.
+        """
+        ws = self.workspace
+        free = MAX_PANES - len(ws.grid.panes)
+        count = min(spec.count, free)
+        if count < spec.count:
+            ws.notify(f"Room for {free} more pane(s) (at most {MAX_PANES})", severity="warning")
+        context = parent.conversation(committed_only=True)
+        used = set(ws.store.pane_names())
+        children = []
+        for i in range(count):
+            name = next_name(f"{parent.record.name}.", used)
+            used.add(name)
+            task = tasks[i] if tasks else spec.task
+            messages = [MessageRecord(m.role, m.content, inherited=True) for m in context]
+            messages.append(MessageRecord("user", f"You are subagent {name}. Your task: {task}"))
+            record = PaneRecord(uuid.uuid4().hex[:12], name, "subagent", parent.session_id, task,
+                                len(ws.grid.panes), messages)
+            ws.store.add_pane(record)
+            child = ChatPane(record, parent_name=parent.record.name)
+            await ws.add_pane(child, focus=False)
+            children.append(child)
+        # Submitted together so the engine's idle coalescing admits the burst in one batch.
+        for child in children:
+            ws.submit_turn(child, fork_from=parent.session_id)
+        return children
+
+    async def burst(self, parent: ChatPane, count: int = BURST_DEFAULT) -> list[ChatPane]:
+        return await self.spawn(parent, SpawnSpec(count, "burst"), tasks=burst_tasks(count))
+
+    async def reply_finished(self, event: ChatPane.ReplyFinished) -> None:
+        """A pane's reply ended: if it is a subagent's first, post the answer to the parent."""
+        child = event.pane
+        if child.record.role != "subagent" or child.record.name in self.reported:
+            return
+        self.reported.add(child.record.name)
+        result = answer_message(child.record, event.message, event.update)
+        parent = self.workspace.grid.pane(child.record.parent_id or "")
+        if parent is not None:
+            await parent.add_message(result)  # held until the parent's own reply is done
+        elif child.record.parent_id:
+            self.workspace.store.add_message(child.record.parent_id, result)  # parent closed: keep it on record
