@@ -221,11 +221,11 @@ async def run_ui(config, cfg: UiConfig) -> dict:
                 out = {"steps": client.steps, "wall_s": wall, "host_cpu_s": time.process_time() - cpu0,
                        "others_cores": contention.others_cores(), "keys": keys, "frames": frames[0]}
         except asyncio.CancelledError:
-            # Seen on exit: MessageView.on_unmount awaits a Markdown stream task that Textual has
-            # already cancelled. The figures were taken before; keep them and say so in the run.
+            # Was seen on exit while replies streamed through a MarkdownStream task (they no longer
+            # do); kept as a guard. The figures were taken before; keep them and say so in the run.
             if out is None:
                 raise
-            out["teardown_error"] = "CancelledError in the app's teardown (MessageView.on_unmount)"
+            out["teardown_error"] = "CancelledError in the app's teardown"
         return out
 
 

@@ -118,6 +118,10 @@ class StreamingText(Widget):
         self._height = self._rows(width)
         return self._height
 
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._width = -1  # the cached rows carry component styles: wrap again (a theme change)
+
     def render_lines(self, crop: Region) -> list[Strip]:
         self._style = self.rich_style  # one look-up per render, not one per row (it walks the DOM)
         self._rows(self.size.width)
