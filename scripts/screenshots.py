@@ -23,6 +23,7 @@ from magnitude_tui.app import MagnitudeApp  # noqa: E402
 from magnitude_tui.engine.client import EngineClient  # noqa: E402
 from magnitude_tui.engine.events import EngineConfig  # noqa: E402
 from magnitude_tui.store import Store  # noqa: E402
+from magnitude_tui.widgets.chat_pane import ChatPane  # noqa: E402
 from scheduler.types import Phase, SamplingParams  # noqa: E402
 
 SIZE = (140, 44)
@@ -50,11 +51,6 @@ def save(app: MagnitudeApp, out: Path, name: str) -> None:
     print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 
 
-async def say(pilot, text: str) -> None:
-    pilot.app.focused.insert_text_at_cursor(text)
-    await pilot.press("enter")
-
-
 def phases(app: MagnitudeApp) -> list[Phase]:
     return [p.last_update.phase for p in app.workspace.grid.panes if p.last_update is not None and p.busy]
 
@@ -74,12 +70,13 @@ async def shoot(config: EngineConfig, out: Path, max_tokens: int, timeout: float
                 save(app, out, "loading")
             await until(pilot, lambda: ws.engine_ready, timeout, "the engine")
 
-            # 2. Four panes streaming at once (opened first, then sent in quick succession).
+            # 2. Four panes streaming at once (opened first, then sent in quick succession). Each
+            # prompt is posted the way Enter in the composer posts it: pilot.press waits for the app
+            # to go idle (up to 2 s a key), and a short reply can end before the last one is sent.
             await pilot.press("ctrl+n", "ctrl+n", "ctrl+n", "tab")
             await pilot.pause(0.3)
-            for prompt in PROMPTS:
-                await say(pilot, prompt)
-                await pilot.press("tab")
+            for pane, prompt in zip(ws.grid.panes, PROMPTS):
+                pane.post_message(ChatPane.Submitted(pane, prompt))
             await until(pilot, lambda: len(phases(app)) >= 3 and phases(app).count(Phase.GENERATING) >= 2,
                         timeout, "3 panes busy, 2 generating")
             await pilot.pause(0.3)
