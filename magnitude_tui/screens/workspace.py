@@ -133,9 +133,10 @@ class WorkspaceScreen(Screen):
     async def paint(self) -> None:
         """Paint the panes' buffered text and status; the panes painted together share one frame.
 
-        Textual lays out the whole screen and redraws the bounding box of everything that changed
-        in each frame, so a frame costs about the same whether one pane changed or eight. The
-        focused pane is painted on every tick; the others too while at most BUSY_PANES panes
+        Each Textual frame lays out the whole screen and redraws the bounding box of everything
+        that changed, every widget level in it: a frame in which panes all over the grid changed
+        costs about a full redraw, so panes painted together share one frame. The focused pane is
+        painted on every tick; the others too while at most BUSY_PANES panes
         stream, else every BACKGROUND_PAINT_S. A pane whose reply ended is painted at once (its
         ending posts ReplyFinished), and a pane hidden by zoom only then.
         """
@@ -147,13 +148,16 @@ class WorkspaceScreen(Screen):
         focused = self.grid.focused_pane()
         with self.app.batch_update():
             for pane in panes:
+                if not pane.is_mounted:  # closed while an earlier pane was being painted
+                    continue
                 if pane.has_ended or ((everyone or pane is focused) and pane.display):
                     await pane.flush()
 
     # ---- engine events ------------------------------------------------------------------------
 
     def apply_events(self, batch: list[object]) -> None:
-        """One engine batch (one step). Only bookkeeping here; widgets repaint on their timers."""
+        """One engine batch (one step). Only bookkeeping here: panes repaint on the paint tick,
+        the panels on their own timers."""
         for event in batch:
             if isinstance(event, StepReport):
                 self.scheduler_panel.record(event)
