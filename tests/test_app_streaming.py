@@ -1,4 +1,4 @@
-"""Streaming replies: cheap text while streaming, Markdown once done; the paint schedule; the
+"""Streaming replies: Markdown block by block, the open block as cheap text; the paint schedule; the
 model-free CPU harness (bench ui-cpu) comes back with well-formed figures."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import time
 
 import pytest
 from textual.widgets import Markdown
-from textual.widgets._markdown import MarkdownFence
+from textual.widgets._markdown import MarkdownFence, MarkdownParagraph
 
 from tests.app_support import SIZE, ScriptedClient, make_app, wait_for
 from magnitude_tui.bench.ui_cpu import CpuConfig, PacedClient, reply_tokens, run_cpu
 from magnitude_tui.screens.workspace import BUSY_PANES
-from magnitude_tui.widgets.message_view import MessageView
+from magnitude_tui.widgets.message_view import MessageView, settled_prefix
 from magnitude_tui.widgets.streaming_text import StreamingText
 
 
@@ -29,7 +29,7 @@ async def _say(pilot, text: str) -> None:
     await pilot.pause()
 
 
-async def test_reply_streams_as_text_then_becomes_markdown_with_its_code_block(tmp_path):
+async def test_reply_streams_as_markdown_block_by_block(tmp_path):
     client = ScriptedClient(reply=_code_reply)
     app = make_app(tmp_path, client)
     async with app.run_test(size=SIZE) as pilot:
@@ -38,19 +38,39 @@ async def test_reply_streams_as_text_then_becomes_markdown_with_its_code_block(t
         client.step(8)  # prefill, then tokens up to inside the code block
         await pilot.pause(0.3)
         view = _reply_view(pane)
-        body = view.query_one(StreamingText)
-        assert not view.query(Markdown)  # no Markdown parsing while the reply streams
-        assert body.text == pane.record.messages[-1].content and "```python" in body.text
+        markdown, body = view.query_one(Markdown), view.query_one(StreamingText)
+        # The finished paragraph is Markdown already; the open code block is still streaming text.
+        assert markdown.source == "Use **this**:\n\n"
+        assert markdown.source + body.text == pane.record.messages[-1].content
+        assert markdown.query_one(MarkdownParagraph).region.y < body.region.y  # in reading order
+        assert body.text.startswith("```python\nstep_ms = fixed")
+        assert not markdown.query(MarkdownFence)
         rows = [body.render_line(y).text.rstrip() for y in range(body.size.height)]
-        assert rows[0] == "Use this:"  # a closed **strong** span is shown styled, without its markers
+        assert rows[0] == "```python"
+        client.step(1)  # "rows\n```\nThat ": the fence closes, so the code block becomes Markdown
+        await pilot.pause(0.3)
+        pieces = view.query(Markdown)
+        assert [m.source for m in pieces] == ["Use **this**:\n\n", "```python\nstep_ms = fixed + per_row * rows\n```\n"]
+        fence = pieces[1].query_one(MarkdownFence)
+        assert "per_row * rows" in fence.code and fence.lexer == "python"
+        assert body.text == "That "
         client.run_to_completion()
         await pilot.pause(0.3)
         view = _reply_view(pane)
         assert not view.query(StreamingText)
         markdown = view.query_one(Markdown)
-        assert markdown.source == _code_reply(None)  # parsed once, from the whole reply
+        assert markdown.source == _code_reply(None)  # parsed once more, as one document
         fence = markdown.query_one(MarkdownFence)
         assert "per_row * rows" in fence.code and fence.lexer == "python"
+
+
+def test_settled_prefix_ends_at_finished_blocks():
+    assert settled_prefix("Hello wor") == 0
+    assert settled_prefix("Hello world.\n") == 0  # the paragraph may go on
+    assert settled_prefix("Hello.\n\nNext") == len("Hello.\n\n")
+    assert settled_prefix("```py\nx = 1\n\ny = 2\n") == 0  # a blank line inside a fence ends nothing
+    assert settled_prefix("```py\nx = 1\n```\nafter") == len("```py\nx = 1\n```\n")
+    assert settled_prefix("a\n\n```py\nx\n") == len("a\n\n")
 
 
 async def test_streaming_text_relays_out_only_when_its_row_count_changes(tmp_path):

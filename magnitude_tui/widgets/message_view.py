@@ -1,7 +1,10 @@
 """Provides one message of a transcript: a header line and a Markdown body.
 
-A reply that is still streaming shows its text plainly (StreamingText: appending costs the new
-text, not the reply); when it ends the body becomes a Markdown widget, parsed once.
+A reply that is still streaming is Markdown up to its last finished block (a paragraph ended by a
+blank line, a closed code fence): each run of finished blocks is mounted as a Markdown widget of
+its own when it completes, so a block is parsed once, not on every paint; the block still being
+written is drawn by StreamingText (appending costs the new text, not the reply). When the reply
+ends, the pieces are replaced by the whole body parsed as one Markdown document.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class MessageView(Vertical):
     def compose(self) -> ComposeResult:
         self._header = self._header_text()
         yield Static(self._header, classes="header", markup=False)
-        if self._streaming:
+        if self._streaming:  # the Markdown comes with the first finished block (see write)
             yield StreamingText()
         else:
             yield Markdown(self.message.content)
@@ -71,13 +74,21 @@ class MessageView(Vertical):
         if not self._writing:
             self._writing = True
             self.refresh_header()
-        self.query_one(StreamingText).append(fragment)
+        tail = self.query_one(StreamingText)
+        pending = tail.text + fragment
+        cut = settled_prefix(pending)
+        if cut:
+            # Finished blocks become a Markdown widget of their own, parsed once.
+            tail.reset(pending[cut:])
+            await self.mount(Markdown(pending[:cut]), before=tail)
+        else:
+            tail.append(fragment)
 
     async def finish(self, note: str | None = None) -> None:
         """The reply ended: its body becomes Markdown (parsed once), with a note (an error) if any."""
         text = self.message.content + (f"\n\n> {note}\n" if note else "")
-        for body in self.query(StreamingText):
-            await body.remove()
+        if self._streaming:  # the streamed pieces give way to one document
+            await self.query("StreamingText, Markdown").remove()
             await self.mount(Markdown(text))
         self._writing = False
         self.refresh_header()
@@ -87,3 +98,21 @@ class MessageView(Vertical):
         if self.is_mounted and text != self._header:
             self._header = text
             self.query_one(".header", Static).update(text)
+
+
+def settled_prefix(text: str) -> int:
+    """Length of the part of `text` that ends with a finished top-level block: up to the last blank
+    line outside a code fence, or the end of the line that closes a fence. 0 if none yet. `text`
+    starts outside a fence (everything before it was settled the same way)."""
+    cut, pos, fenced = 0, 0, False
+    for line in text.splitlines(keepends=True):
+        pos += len(line)
+        if not line.endswith("\n"):
+            break  # the unfinished last line
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            if not fenced:
+                cut = pos
+        elif not fenced and not line.strip():
+            cut = pos
+    return cut

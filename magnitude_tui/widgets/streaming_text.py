@@ -5,7 +5,8 @@ append; with eight panes streaming that cost the app most of a core. This widget
 as source lines: lines that are complete (ended by a newline) are wrapped once per width and
 kept as strips, and only the unfinished last line is wrapped again on each append. It draws
 through the line API (one strip per row), so a repaint costs the rows on screen, not the reply.
-The message view replaces it with a Markdown widget, parsed once, when the reply ends.
+The message view moves each finished block into its Markdown widget (see `settled_prefix`) and
+keeps only the block still being written here; when the reply ends the Markdown takes it all.
 
 Until then a little of the Markdown is shown line by line: **strong** and `code` spans that are
 closed on their line, and the lines of a fenced code block, in the code style.
@@ -67,6 +68,15 @@ class StreamingText(Widget):
                 self.refresh(layout=True)
                 return
         self.refresh()
+
+    def reset(self, text: str) -> None:
+        """Start over with `text` (the finished blocks went to the Markdown above)."""
+        self._complete, self._code, self._in_fence, self._tail = [], [], False, ""
+        self._width, self._wrapped, self._wrapped_upto = -1, [], 0
+        self._tail_strips = ("", -1, [])
+        self._add(text)
+        self._height = -1
+        self.refresh(layout=True)
 
     def _add(self, fragment: str) -> None:
         parts = (self._tail + fragment).split("\n")
