@@ -12,7 +12,7 @@ from magnitude_tui.engine.client import EngineClient  # noqa: E402
 from magnitude_tui.engine.events import EngineConfig  # noqa: E402
 from scheduler.types import Phase, SamplingParams  # noqa: E402
 
-ORDER = [Phase.QUEUED, Phase.PREPARING, Phase.PREFILL, Phase.GENERATING, Phase.DONE]
+ORDER = [Phase.PREPARING, Phase.QUEUED, Phase.PREFILL, Phase.GENERATING, Phase.DONE]
 
 
 @pytest.mark.slow
@@ -43,6 +43,7 @@ async def test_two_panes_stream_then_subagents_report_back_on_the_real_model(tmp
             assert reply.role == "assistant" and reply.content.strip() and reply.complete
             phases = seen[pane.session_id]
             assert phases == sorted(phases, key=ORDER.index), phases  # only ever forward
+            assert phases[0] is Phase.PREPARING  # the engine reports every request preparing first
             assert {Phase.PREFILL, Phase.GENERATING, Phase.DONE} <= set(phases)
             assert pane.last_update.ttft_ms and pane.last_update.generated > 0
 

@@ -184,7 +184,10 @@ class WorkspaceScreen(Screen):
             return
         pane.apply(update)
         self.sequences_panel.apply(update, pane.record.name, t)
-        if update.phase is Phase.DONE and update.done_reason in (DoneReason.STOP, DoneReason.LENGTH):
+        # A finished turn leaves its conversation's KV resident; so does a cancelled one (the engine
+        # keeps its committed rows). A fork of a session the engine no longer holds starts cold.
+        if update.phase is Phase.DONE and update.done_reason in (DoneReason.STOP, DoneReason.LENGTH,
+                                                                 DoneReason.CANCELLED):
             self._resident.add(update.session_id)
 
     def _ready(self, event: EngineReady) -> None:

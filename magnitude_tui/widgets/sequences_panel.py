@@ -35,11 +35,13 @@ class _Row:
 class SequencesPanel(Vertical):
     """Live per-sequence view; fed every step, repainted a few times a second."""
 
-    COMPONENT_CLASSES = {"seq--queued", "seq--prefill", "seq--generating", "seq--done", "seq--error"}
+    COMPONENT_CLASSES = {"seq--queued", "seq--preparing", "seq--prefill", "seq--generating", "seq--done",
+                         "seq--error"}
     DEFAULT_CSS = """
     SequencesPanel { height: auto; max-height: 45%; border-top: solid $primary 40%; }
     SequencesPanel > DataTable { height: auto; max-height: 18; background: $surface; }
     SequencesPanel .seq--queued { color: $secondary; }
+    SequencesPanel .seq--preparing { color: $accent; }
     SequencesPanel .seq--prefill { color: $warning; }
     SequencesPanel .seq--generating { color: $primary; text-style: bold; }
     SequencesPanel .seq--done { color: $success; }
