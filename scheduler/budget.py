@@ -10,9 +10,11 @@ from typing import TypeVar
 T = TypeVar("T")
 
 # When the decode rows alone already exceed the target, prompts still get this many rows per step,
-# so a newcomer always has a path to its first token. Small, because on a slow device deep in a long
-# context 16 prompt rows can cost several decode steps (CPU, 8 running, 5,000-token prompt).
-MIN_PREFILL_QUANTUM = 4
+# so a newcomer always has a path to its first token. Not smaller: prompt rows in tiny chunks cost
+# far more each (on 2 CPU cores 4-row chunks run prefill at ~150 tok/s against ~215 at 16), and
+# `bench admit` on the real model measured a 4-row floor at 5x prefill-first's TTFT while keeping
+# the running sequences at under a third of their rate (16 rows: ~2x, a fifth).
+MIN_PREFILL_QUANTUM = 16
 
 _N = 4  # features of a step: 1, decode rows, prompt rows, attention (thousands of positions)
 

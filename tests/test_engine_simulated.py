@@ -144,12 +144,12 @@ def test_simulated_time_only_passes_in_steps_and_calibration_reads_the_profile()
 
 
 def test_target_holds_deep_in_a_long_prompt_where_each_row_costs_more():
-    # CPU-like: 8 decode rows take 45 ms, and a prompt row costs 3.5 ms plus 1.4 ms per thousand
+    # CPU-like: 8 decode rows take 45 ms, and a prompt row costs 3.5 ms plus 0.4 ms per thousand
     # positions it attends. Calibration (near position 0) cannot see the attention term; the engine
     # learns it from the admission's own steps and keeps them near the target as the prompt deepens.
-    deep = HardwareProfile("deep", fixed_ms=5.0, decode_ms=5.0, prefill_ms=3.5, attn_ms=1.4)
+    deep = HardwareProfile("deep", fixed_ms=5.0, decode_ms=5.0, prefill_ms=3.5, attn_ms=0.4)
     backend = SimulatedBackend(deep, n_ctx=65536, n_seq_max=16, n_batch=2048)
-    engine = Engine(backend, policy="target:93", coalesce_ms=0)
+    engine = Engine(backend, policy="target:200", coalesce_ms=0)
     engine.calibrate()
     assert engine.cost.attn_ms == 0.0
     for i in range(8):
@@ -164,9 +164,9 @@ def test_target_holds_deep_in_a_long_prompt_where_each_row_costs_more():
         if any(u.request_id == "new" and u.ttft_ms is not None for u in report.updates):
             break
     steady = [r.step_ms for r in window[20:]]
-    within = sum(ms <= 93 * 1.1 for ms in steady) / len(steady)
+    within = sum(ms <= 200 * 1.1 for ms in steady) / len(steady)
     assert within >= 0.9, sorted(steady)[-10:]
-    assert engine.cost.attn_ms > 0.3  # learned, though shared with the per-row cost it fits beside
-    # The last chunks, deep in the prompt, are smaller than the first ones.
+    assert engine.cost.attn_ms > 0.1  # learned, though shared with the per-row cost it fits beside
+    # The last chunks, deep in the prompt, are smaller than the first ones, and above the floor.
     chunks = [r.prefill_rows for r in window if r.decode_rows]
-    assert chunks[-2] < chunks[2]
+    assert MIN_PREFILL_QUANTUM < chunks[-2] < chunks[2]

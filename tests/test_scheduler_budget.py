@@ -133,11 +133,13 @@ def test_target_prices_prompt_rows_deep_in_a_long_context():
     # A CPU-like device: each prompt row costs 3.5 ms plus 1.4 ms per thousand positions it attends.
     truth = CostParams(fixed_ms=5.0, decode_ms=5.0, prefill_ms=3.5, attn_ms=1.4)
     model = CostModel(truth)
-    shallow = parse_policy("target:93").prefill_allowance(8, 2048, model, prefill_pos0=0)
+    shallow = model.prefill_rows_within(93, 8, prefill_pos0=0)
     deep = parse_policy("target:93").prefill_allowance(8, 2048, model, prefill_pos0=5000)
     assert shallow == 13  # (93 - 45) / 3.5 = 13.7
-    assert deep == 4  # 3.5 + 1.4 * 5.0 = 10.5 ms a row: 4 rows fit, not 13
-    for pos0, rows in ((0, shallow), (5000, deep)):
+    assert deep == MIN_PREFILL_QUANTUM  # 3.5 + 1.4 * 5.0 = 10.5 ms a row: 4 fit; the floor is 16
+    fits = model.prefill_rows_within(93, 8, prefill_pos0=5000)
+    assert fits == 4
+    for pos0, rows in ((0, 13), (5000, fits)):
         kpos = attended_kpos(pos0, rows)
         assert truth.predict(8, rows, kpos) <= 93 < truth.predict(8, rows + 1, attended_kpos(pos0, rows + 1))
 
