@@ -11,7 +11,7 @@ from textual.widgets._markdown import MarkdownFence, MarkdownParagraph
 
 from tests.app_support import SIZE, ScriptedClient, make_app, wait_for
 from magnitude_tui.bench.ui_cpu import CpuConfig, PacedClient, reply_tokens, run_cpu
-from magnitude_tui.screens.workspace import BUSY_PANES
+from magnitude_tui.screens.workspace import BACKGROUND_PAINT_S, BUSY_PANES, TYPING_MAX_HOLD_S
 from magnitude_tui.widgets.message_view import MessageView, settled_prefix
 from magnitude_tui.widgets.streaming_text import StreamingText
 
@@ -119,6 +119,19 @@ async def test_background_panes_paint_less_often_while_many_stream(tmp_path):
         await ws.paint()  # what the tick does: the focused pane is painted, the others wait
         assert not focused._reply.pending and other._reply.pending
         ws._painted_all = 0.0
+        await ws.paint()
+        assert not other._reply.pending
+        # Typing: the background panes' paint waits while keys come, up to TYPING_MAX_HOLD_S.
+        client.step(2)
+        await wait_for(pilot, lambda: other._reply.pending, what="two more tokens")
+        focused.composer.typed_at = before = time.monotonic()  # the user is typing...
+        ws._painted_all = time.monotonic() - BACKGROUND_PAINT_S  # ...when the background is due
+        await pilot.press("x")
+        assert focused.composer.typed_at > before  # a key in the composer counts as typing
+        await ws.paint()
+        assert other._reply.pending
+        ws._painted_all = time.monotonic() - TYPING_MAX_HOLD_S  # held long enough
+        focused.composer.typed_at = time.monotonic()
         await ws.paint()
         assert not other._reply.pending
 

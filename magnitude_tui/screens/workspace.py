@@ -35,6 +35,8 @@ SAVE_INTERVAL_S = 0.5  # streaming replies reach the database at most this far b
 PAINT_TICK_S = 0.1  # the focused pane's text and status repaint this often (tokens are buffered)
 BACKGROUND_PAINT_S = 0.25  # the other panes', while more than BUSY_PANES panes stream at once
 BUSY_PANES = 2
+TYPING_S = 0.3  # after a keypress, only the focused pane repaints this long (the key's frame stays small)
+TYPING_MAX_HOLD_S = 1.0  # ... but the other panes still repaint at least this often while keys come
 _PANES = Binding.Group("Pane")
 _PANELS = Binding.Group("Panels")
 
@@ -137,15 +139,19 @@ class WorkspaceScreen(Screen):
         that changed, every widget level in it: a frame in which panes all over the grid changed
         costs about a full redraw, so panes painted together share one frame. The focused pane is
         painted on every tick; the others too while at most BUSY_PANES panes
-        stream, else every BACKGROUND_PAINT_S. A pane whose reply ended is painted at once (its
+        stream, else every BACKGROUND_PAINT_S, and not within TYPING_S of a keypress (the frame
+        that shows the typed key stays small). A pane whose reply ended is painted at once (its
         ending posts ReplyFinished), and a pane hidden by zoom only then.
         """
         panes = [p for p in self._panes.values() if p.is_mounted]
         now = time.monotonic()
         everyone = sum(p.busy for p in panes) <= BUSY_PANES or now - self._painted_all >= BACKGROUND_PAINT_S
+        focused = self.grid.focused_pane()
+        typed_at = focused.composer.typed_at if focused is not None else -1.0
+        if now - typed_at < TYPING_S and now - self._painted_all < TYPING_MAX_HOLD_S:
+            everyone = False  # the frame that shows a typed key should not also redraw the grid
         if everyone:
             self._painted_all = now
-        focused = self.grid.focused_pane()
         with self.app.batch_update():
             for pane in panes:
                 if not pane.is_mounted:  # closed while an earlier pane was being painted

@@ -143,8 +143,12 @@ class ChatPane(Vertical):
             return f"task from {self.parent_name or 'parent'}"
         return "you" if m.role == "user" else self.record.name if m.role == "assistant" else m.role
 
+    @property
+    def composer(self) -> Composer:
+        return self.query_one(Composer)
+
     def focus_composer(self) -> None:
-        self.query_one(Composer).focus()
+        self.composer.focus()
 
     def action_scroll_transcript(self, direction: int) -> None:
         t = self.query_one(".transcript", VerticalScroll)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+from textual import events
 from textual.widgets import Input
 
 
@@ -19,3 +22,8 @@ class Composer(Input):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(placeholder="Message · /spawn N task · /burst N · /policy P", compact=True, **kwargs)
+        self.typed_at = -1.0  # when a key last reached this composer (monotonic): the user is typing
+
+    async def _on_key(self, event: events.Key) -> None:
+        self.typed_at = time.monotonic()
+        await super()._on_key(event)
