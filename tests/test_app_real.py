@@ -44,7 +44,9 @@ async def test_two_panes_stream_then_subagents_report_back_on_the_real_model(tmp
             phases = seen[pane.session_id]
             assert phases == sorted(phases, key=ORDER.index), phases  # only ever forward
             assert phases[0] is Phase.PREPARING  # the engine reports every request preparing first
-            assert {Phase.PREFILL, Phase.GENERATING, Phase.DONE} <= set(phases)
+            # A short prompt is prefilled in the step that samples its first token, so its next
+            # update already says generating (a long one shows prefill in between: engine tests).
+            assert {Phase.GENERATING, Phase.DONE} <= set(phases)
             assert pane.last_update.ttft_ms and pane.last_update.generated > 0
 
         ws.grid.focus_pane(a1)
