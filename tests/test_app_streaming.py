@@ -36,7 +36,10 @@ async def test_reply_streams_as_markdown_block_by_block(tmp_path):
         await _say(pilot, "how")
         pane = app.workspace.grid.panes[0]
         client.step(8)  # prefill, then tokens up to inside the code block
-        await pilot.pause(0.3)
+        reply = lambda: pane._reply  # noqa: E731
+        await wait_for(pilot, lambda: reply() is not None and reply().message.content.endswith("per_row * ")
+                       and reply().view is not None and not reply().pending,
+                       what="the paint tick to take every token")
         view = _reply_view(pane)
         markdown, body = view.query_one(Markdown), view.query_one(StreamingText)
         # The finished paragraph is Markdown already; the open code block is still streaming text.
@@ -48,14 +51,15 @@ async def test_reply_streams_as_markdown_block_by_block(tmp_path):
         rows = [body.render_line(y).text.rstrip() for y in range(body.size.height)]
         assert rows[0] == "```python"
         client.step(1)  # "rows\n```\nThat ": the fence closes, so the code block becomes Markdown
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: len(view.query(Markdown)) == 2, what="the code block's piece")
         pieces = view.query(Markdown)
         assert [m.source for m in pieces] == ["Use **this**:\n\n", "```python\nstep_ms = fixed + per_row * rows\n```\n"]
         fence = pieces[1].query_one(MarkdownFence)
         assert "per_row * rows" in fence.code and fence.lexer == "python"
         assert body.text == "That "
         client.run_to_completion()
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: not pane.busy and not _reply_view(pane).query(StreamingText),
+                       what="the reply to end")
         view = _reply_view(pane)
         assert not view.query(StreamingText)
         markdown = view.query_one(Markdown)

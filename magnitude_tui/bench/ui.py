@@ -131,6 +131,39 @@ def _row_text(update, y: int, x0: int, x1: int) -> str | None:
     return None
 
 
+class FrameProbe:
+    """Hooks the app's display: counts the frames a terminal driver would be given, and notes the
+    moment (`pending["t1"]`) a frame first shows `pending["want"]` in the row `pending["row"]`."""
+
+    def __init__(self, app) -> None:
+        self.app, self.frames, self.pending, self.seen = app, 0, {}, asyncio.Event()
+        self._display = app._display
+        app._display = self._painted
+
+    def expect(self, want: str, row: tuple[int, int, int], **extra) -> None:
+        """About to send a key: wait for `want` in `row` (y, x0, x1) from now on."""
+        self.seen.clear()
+        self.pending.clear()
+        self.pending.update(want=want, row=row, **extra)
+        self.pending["t0"] = time.perf_counter()
+
+    def latency_ms(self) -> float | None:
+        p = self.pending
+        return (p["t1"] - p["t0"]) * 1e3 if "t1" in p else None
+
+    def _painted(self, screen, update) -> None:
+        if update is not None:
+            update.render_segments(self.app.console)  # the bytes a real terminal driver would write
+            self.frames += 1
+            p = self.pending
+            if p and "t1" not in p:
+                text = _row_text(update, *p["row"])
+                if text is not None and p["want"] in text:
+                    p["t1"] = time.perf_counter()
+                    self.seen.set()
+        self._display(screen, update)
+
+
 async def run_ui(config, cfg: UiConfig) -> dict:
     from textual import events
 
@@ -144,21 +177,7 @@ async def run_ui(config, cfg: UiConfig) -> dict:
         client = recording_client(config)
         app = MagnitudeApp(config, client=client, store=Store(Path(tmp) / "bench.db"), theme="magnitude",
                            sampling=SamplingParams(max_tokens=cfg.max_tokens), export_dir=Path(tmp))
-        pending: dict = {}  # expected text, row geometry, t0; the painter sets t1
-        frames = [0]
-        display = app._display
-
-        def painted(screen, update) -> None:
-            if update is not None:
-                update.render_segments(app.console)  # the bytes a real terminal driver would write
-                frames[0] += 1
-                if pending and "t1" not in pending:
-                    text = _row_text(update, *pending["row"])
-                    if text is not None and pending["want"] in text:
-                        pending["t1"] = time.perf_counter()
-            display(screen, update)
-
-        app._display = painted
+        probe = FrameProbe(app)
         keys: list[dict] = []
         out: dict | None = None
         try:
@@ -202,15 +221,14 @@ async def run_ui(config, cfg: UiConfig) -> dict:
                         composer.value = ""
                         await asyncio.sleep(0.05)
                     r = composer.region
-                    pending.clear()
-                    pending.update(want=composer.value + ch, row=(r.y, r.x, r.right), generating=generating())
-                    pending["t0"] = time.perf_counter()
+                    probe.expect(composer.value + ch, (r.y, r.x, r.right), generating=generating())
                     send(ch, ch)
-                    limit = time.monotonic() + 5.0
-                    while "t1" not in pending and time.monotonic() < limit:
-                        await asyncio.sleep(0.001)
-                    ms = (pending["t1"] - pending["t0"]) * 1e3 if "t1" in pending else None
-                    keys.append({"ms": ms, "generating": pending["generating"], "busy": busy()})
+                    try:
+                        await asyncio.wait_for(probe.seen.wait(), 5.0)
+                    except asyncio.TimeoutError:
+                        pass
+                    keys.append({"ms": probe.latency_ms(), "generating": probe.pending["generating"],
+                                 "busy": busy()})
                     await asyncio.sleep(cfg.key_interval_s)
                 composer.value = ""
                 while busy():
@@ -219,7 +237,7 @@ async def run_ui(config, cfg: UiConfig) -> dict:
                     await pilot.pause(0.05)
                 wall = time.perf_counter() - t0
                 out = {"steps": client.steps, "wall_s": wall, "host_cpu_s": time.process_time() - cpu0,
-                       "others_cores": contention.others_cores(), "keys": keys, "frames": frames[0]}
+                       "others_cores": contention.others_cores(), "keys": keys, "frames": probe.frames}
         except asyncio.CancelledError:
             # Was seen on exit while replies streamed through a MarkdownStream task (they no longer
             # do); kept as a guard. The figures were taken before; keep them and say so in the run.

@@ -256,7 +256,7 @@ async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
     from textual import events
 
     from magnitude_tui.app import MagnitudeApp
-    from magnitude_tui.bench.ui import DIGITS, prompts, _row_text
+    from magnitude_tui.bench.ui import DIGITS, FrameProbe, prompts
     from magnitude_tui.engine.events import EngineConfig
     from magnitude_tui.store import Store
     from magnitude_tui.widgets.chat_pane import ChatPane
@@ -266,23 +266,7 @@ async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
     with tempfile.TemporaryDirectory() as tmp:
         app = MagnitudeApp(EngineConfig(backend="fake"), client=client, store=Store(Path(tmp) / "cpu.db"),
                            theme="magnitude", export_dir=Path(tmp))
-        pending: dict = {}
-        painted_key = asyncio.Event()
-        frames = [0]
-        display = app._display
-
-        def painted(screen, update) -> None:
-            if update is not None:
-                update.render_segments(app.console)  # the bytes a real terminal driver would write
-                frames[0] += 1
-                if pending and "t1" not in pending:
-                    text = _row_text(update, *pending["row"])
-                    if text is not None and pending["want"] in text:
-                        pending["t1"] = time.perf_counter()
-                        painted_key.set()
-            display(screen, update)
-
-        app._display = painted
+        probe = FrameProbe(app)
         result: CpuResult | None = None
         try:
             async with app.run_test(size=cfg.size) as pilot:
@@ -315,7 +299,7 @@ async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
                     app._driver.send_message(event)
 
                 keys: list[float | None] = []
-                steps0, tokens0, frames0, eng0 = client.steps, client.emitted, frames[0], client.thread_cpu_s
+                steps0, tokens0, frames0, eng0 = client.steps, client.emitted, probe.frames, client.thread_cpu_s
                 profiler = None
                 if cfg.profile:
                     import cProfile
@@ -332,16 +316,13 @@ async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
                         composer.value = ""
                         await asyncio.sleep(0.05)
                     r = composer.region
-                    pending.clear()
-                    painted_key.clear()
-                    pending.update(want=composer.value + ch, row=(r.y, r.x, r.right))
-                    pending["t0"] = time.perf_counter()
+                    probe.expect(composer.value + ch, (r.y, r.x, r.right))
                     send(ch, ch)
                     try:
-                        await asyncio.wait_for(painted_key.wait(), 2.0)
+                        await asyncio.wait_for(probe.seen.wait(), 2.0)
                     except asyncio.TimeoutError:
                         pass
-                    keys.append((pending["t1"] - pending["t0"]) * 1e3 if "t1" in pending else None)
+                    keys.append(probe.latency_ms())
                     i += 1
                     await asyncio.sleep(cfg.key_interval_s)
                 wall = time.perf_counter() - t0
@@ -353,7 +334,7 @@ async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
                 got = [k for k in keys if k is not None]
                 result = CpuResult(config=asdict(cfg), wall_s=wall, process_cpu_s=cpu, engine_thread_cpu_s=eng,
                                    app_cores=max(0.0, cpu - eng) / wall, steps=client.steps - steps0,
-                                   tokens=client.emitted - tokens0, frames=frames[0] - frames0, keys=keys,
+                                   tokens=client.emitted - tokens0, frames=probe.frames - frames0, keys=keys,
                                    key_p50_ms=statistics.median(got) if got else None,
                                    key_p95_ms=_pct(got, 95), key_max_ms=max(got) if got else None)
                 client.stop()

@@ -61,6 +61,7 @@ class ChatPane(Vertical):
         self._held_results: list[MessageRecord] = []
         self._unsaved: dict[int, MessageRecord] = {}  # id(message) -> message, in creation order
         self._status_dirty = True
+        self.composer = Composer()  # held: the paint tick reads it even while the pane is torn down
         self.border_title = self.title
         for m in record.messages:
             if m.role == "assistant" and not m.complete and m.done_reason is None:
@@ -133,7 +134,7 @@ class ChatPane(Vertical):
                 if not m.inherited:
                     yield MessageView(m, speaker=self._speaker(m))
         yield StatusLine()
-        yield Composer()
+        yield self.composer
 
     def on_mount(self) -> None:
         self.query_one(".transcript").anchor()
@@ -142,10 +143,6 @@ class ChatPane(Vertical):
         if m.role == "user" and self.record.role == "subagent":
             return f"task from {self.parent_name or 'parent'}"
         return "you" if m.role == "user" else self.record.name if m.role == "assistant" else m.role
-
-    @property
-    def composer(self) -> Composer:
-        return self.query_one(Composer)
 
     def focus_composer(self) -> None:
         self.composer.focus()

@@ -9,6 +9,8 @@ ends, the pieces are replaced by the whole body parsed as one Markdown document.
 
 from __future__ import annotations
 
+import asyncio
+
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
@@ -38,6 +40,8 @@ class MessageView(Vertical):
         self._speaker = speaker
         self._streaming = streaming  # the body starts empty and receives every fragment via write()
         self._writing = False  # write() has been called and finish() not yet
+        self._finished = False  # finish() ran: the body is the whole message, written once
+        self._body_lock = asyncio.Lock()
         self._header = ""
 
     @staticmethod
@@ -71,27 +75,34 @@ class MessageView(Vertical):
 
     async def write(self, fragment: str) -> None:
         """Append streamed text (called on the workspace's paint tick, never per token)."""
-        if not self._writing:
-            self._writing = True
-            self.refresh_header()
-        tail = self.query_one(StreamingText)
-        pending = tail.text + fragment
-        cut = settled_prefix(pending)
-        if cut:
-            # Finished blocks become a Markdown widget of their own, parsed once.
-            tail.reset(pending[cut:])
-            await self.mount(Markdown(pending[:cut]), before=tail)
-        else:
-            tail.append(fragment)
+        async with self._body_lock:  # a paint and the reply's end may overlap at their awaits
+            if self._finished:
+                return  # finish() took the whole message already
+            if not self._writing:
+                self._writing = True
+                self.refresh_header()
+            tail = self.query_one(StreamingText)
+            pending = tail.text + fragment
+            cut = settled_prefix(pending)
+            if cut:
+                # Finished blocks become a Markdown widget of their own, parsed once.
+                tail.reset(pending[cut:])
+                await self.mount(Markdown(pending[:cut]), before=tail)
+            else:
+                tail.append(fragment)
 
     async def finish(self, note: str | None = None) -> None:
         """The reply ended: its body becomes Markdown (parsed once), with a note (an error) if any."""
-        text = self.message.content + (f"\n\n> {note}\n" if note else "")
-        if self._streaming:  # the streamed pieces give way to one document
-            await self.query("StreamingText, Markdown").remove()
-            await self.mount(Markdown(text))
-        self._writing = False
-        self.refresh_header()
+        async with self._body_lock:
+            if self._finished:
+                return
+            self._finished = True
+            text = self.message.content + (f"\n\n> {note}\n" if note else "")
+            if self._streaming:  # the streamed pieces give way to one document
+                await self.query("StreamingText, Markdown").remove()
+                await self.mount(Markdown(text))
+            self._writing = False
+            self.refresh_header()
 
     def refresh_header(self) -> None:
         text = self._header_text()
