@@ -38,8 +38,10 @@ async def test_reply_streams_as_markdown_block_by_block(tmp_path):
         client.step(8)  # prefill, then tokens up to inside the code block
         reply = lambda: pane._reply  # noqa: E731
         await wait_for(pilot, lambda: reply() is not None and reply().message.content.endswith("per_row * ")
-                       and reply().view is not None and not reply().pending,
+                       and reply().view is not None and not reply().pending
+                       and reply().view.query(Markdown) and reply().view.query(StreamingText).first().text,
                        what="the paint tick to take every token")
+        await pilot.pause()  # and the layout that places the new piece
         view = _reply_view(pane)
         markdown, body = view.query_one(Markdown), view.query_one(StreamingText)
         # The finished paragraph is Markdown already; the open code block is still streaming text.

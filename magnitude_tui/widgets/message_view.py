@@ -82,7 +82,8 @@ class MessageView(Vertical):
                 self._writing = True
                 self.refresh_header()
             tail = self.query_one(StreamingText)
-            pending = tail.text + fragment
+            # A block can only end at a newline, and the tail holds none that ended one.
+            pending = tail.text + fragment if "\n" in fragment else ""
             cut = settled_prefix(pending)
             if cut:
                 # Finished blocks become a Markdown widget of their own, parsed once.

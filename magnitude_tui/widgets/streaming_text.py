@@ -38,6 +38,11 @@ class StreamingText(Widget):
 
     def __init__(self, text: str = "", **kwargs) -> None:
         super().__init__(**kwargs)
+        self._style = Style()
+        self._clear(text)
+        self._height = 0
+
+    def _clear(self, text: str) -> None:
         self._complete: list[str] = []  # source lines ended by a newline
         self._code: list[bool] = []  # per complete line: a fence or inside a fenced code block
         self._in_fence = False  # the tail is inside a fenced code block
@@ -46,8 +51,6 @@ class StreamingText(Widget):
         self._wrapped: list[Strip] = []  # strips of _complete[:_wrapped_upto]
         self._wrapped_upto = 0
         self._tail_strips: tuple[str, int, list[Strip]] = ("", -1, [])
-        self._height = 0
-        self._style = Style()
         if text:
             self._add(text)
 
@@ -71,10 +74,7 @@ class StreamingText(Widget):
 
     def reset(self, text: str) -> None:
         """Start over with `text` (the finished blocks went to the Markdown above)."""
-        self._complete, self._code, self._in_fence, self._tail = [], [], False, ""
-        self._width, self._wrapped, self._wrapped_upto = -1, [], 0
-        self._tail_strips = ("", -1, [])
-        self._add(text)
+        self._clear(text)
         self._height = -1
         self.refresh(layout=True)
 
