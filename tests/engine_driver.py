@@ -1,10 +1,15 @@
-"""Drives an in-process Engine over a real or fake backend and records what each request saw."""
+"""Drives an in-process Engine over a real or fake backend and records what each request saw; also
+the small helpers the fake-backend engine tests share (build an engine, a chat request, group and
+join updates per request, check nothing leaked)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
+from backend.fake import FakeBackend
+from backend.simulated import VirtualClock
+from magnitude_tui.engine.core import Engine
 from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
 
 
@@ -74,3 +79,34 @@ class Driver:
 
     def run_until_done(self, *rids: str, timeout: float = 300.0) -> None:
         self.run_until(lambda: all(self.seen[r].done for r in rids), timeout)
+
+
+def engine_for(backend=None, policy="fixed:64", coalesce_ms=0.0, clock=None, **kw):
+    backend = backend or FakeBackend()
+    clock = clock or getattr(backend, "clock", None) or VirtualClock()
+    return Engine(backend, policy=policy, clock=clock, coalesce_ms=coalesce_ms, **kw), backend
+
+
+def chat(rid, session, *messages, max_tokens=256, fork_from=None):
+    msgs = tuple(Message(*m) if isinstance(m, tuple) else Message("user", m) for m in messages)
+    return Request(rid, session, msgs, SamplingParams(max_tokens=max_tokens), fork_from=fork_from)
+
+
+def by_request(reports):
+    out = {}
+    for r in reports:
+        for u in r.updates:
+            out.setdefault(u.request_id, []).append(u)
+    return out
+
+
+def text(updates):
+    return "".join(u.text_delta for u in updates)
+
+
+def assert_clean(engine, *sessions):
+    for s in sessions:
+        engine.close_session(s)
+    engine.run_until_idle()
+    assert engine.is_empty(), engine.leaks()
+    assert engine.backend.samplers == {}

@@ -1,4 +1,6 @@
-"""Engine behaviour on the fake and simulated backends: phases, reuse, cancellation, failures."""
+"""Engine behaviour on the fake and simulated backends: phases and metrics, preparing notices,
+length limits, prompt reuse and forks, cancellation, idle coalescing, slot eviction, policy changes,
+commands from other threads."""
 
 from __future__ import annotations
 
@@ -8,41 +10,10 @@ import time
 import pytest
 
 from backend.fake import DEFAULT_REPLY, FakeBackend
-from backend.protocol import DecodeOutcome, DecodeResult, PlanError
 from backend.simulated import SimulatedBackend, VirtualClock
 from magnitude_tui.engine.core import Engine
-from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
-
-
-def engine_for(backend=None, policy="fixed:64", coalesce_ms=0.0, clock=None, **kw):
-    backend = backend or FakeBackend()
-    clock = clock or getattr(backend, "clock", None) or VirtualClock()
-    return Engine(backend, policy=policy, clock=clock, coalesce_ms=coalesce_ms, **kw), backend
-
-
-def chat(rid, session, *messages, max_tokens=256, fork_from=None):
-    msgs = tuple(Message(*m) if isinstance(m, tuple) else Message("user", m) for m in messages)
-    return Request(rid, session, msgs, SamplingParams(max_tokens=max_tokens), fork_from=fork_from)
-
-
-def by_request(reports):
-    out = {}
-    for r in reports:
-        for u in r.updates:
-            out.setdefault(u.request_id, []).append(u)
-    return out
-
-
-def text(updates):
-    return "".join(u.text_delta for u in updates)
-
-
-def assert_clean(engine, *sessions):
-    for s in sessions:
-        engine.close_session(s)
-    engine.run_until_idle()
-    assert engine.is_empty(), engine.leaks()
-    assert engine.backend.samplers == {}
+from scheduler.types import DoneReason, Message, Phase, Request
+from tests.engine_driver import assert_clean, by_request, chat, engine_for, text
 
 
 def test_a_request_goes_through_its_phases_and_reports_metrics():
@@ -315,70 +286,6 @@ def test_cancel_while_queued_and_close_session():
     assert_clean(engine)
 
 
-def test_bad_requests_fail_alone_with_clear_errors():
-    engine, _ = engine_for(FakeBackend(n_ctx=512, eog_after=5))
-    engine.submit(chat("ok", "s0", "fine"))
-    engine.submit(Request("role", "s1", (Message("wizard", "x"),)))
-    engine.submit(chat("huge", "s2", "y" * 600))
-    engine.submit(Request("vocab", "s3", (), prompt_tokens=(5, 10**9)))
-    engine.submit(chat("zero", "s4", "x", max_tokens=0))
-    engine.submit(Request("empty", "s5", (), prompt_tokens=()))
-    engine.submit(chat("ok", "s6", "duplicate"))
-    ups = by_request(engine.run_until_idle())
-    errors = {rid: u.error for rid, us in ups.items() for u in us if u.done_reason is DoneReason.ERROR}
-    assert "unknown chat role" in errors["role"]
-    assert "larger context" in errors["huge"]
-    assert "vocabulary" in errors["vocab"]
-    assert "max_tokens" in errors["zero"]
-    assert "empty" in errors["empty"]
-    assert "already running" in errors["ok"]
-    assert ups["ok"][-1].done_reason is DoneReason.STOP  # the first "ok" was not disturbed
-    assert_clean(engine, "s0")
-
-
-def test_a_rejected_batch_fails_its_requests_and_the_engine_goes_on():
-    engine, backend = engine_for()
-    real = backend.decode
-    calls = []
-
-    def broken(plan):
-        calls.append(plan)
-        if len(calls) == 1:
-            raise PlanError("position gap")
-        return real(plan)
-
-    backend.decode = broken
-    engine.submit(chat("a", "sa", "hi"))
-    first = by_request(engine.run_until_idle())["a"][-1]
-    assert first.done_reason is DoneReason.ERROR and "position gap" in first.error
-    engine.submit(chat("b", "sb", "hi", max_tokens=3))
-    assert by_request(engine.run_until_idle())["b"][-1].done_reason is DoneReason.LENGTH
-    assert_clean(engine, "sb")
-
-
-def test_kv_exhaustion_preempts_and_recomputes_without_losing_shown_text():
-    backend = FakeBackend(n_ctx=200, n_batch=64)
-    engine, _ = engine_for(backend, policy="fixed:32", gen_reserve=4)
-    for i in range(3):
-        engine.submit(Request(f"r{i}", f"s{i}", (), SamplingParams(max_tokens=60),
-                              prompt_tokens=tuple(range(100, 140))))
-    reports = engine.run_until_idle()
-    ups = by_request(reports)
-    assert any(r.outcome == "no_kv_slot" for r in reports)
-    preempted = [rid for rid, us in ups.items() if any("preempted" in (u.waiting_reason or "") for u in us)]
-    assert preempted
-    for rid, us in ups.items():
-        assert us[-1].done_reason is DoneReason.LENGTH and us[-1].generated == 60
-        assert len(text(us)) == 60 == sum(u.new_tokens for u in us)
-    for rid in preempted:
-        us = ups[rid]
-        cut = next(i for i, u in enumerate(us) if "preempted" in (u.waiting_reason or ""))
-        shown = text(us[: cut + 1])
-        assert shown and text(us).startswith(shown)
-        assert us[cut].phase is Phase.QUEUED and us[cut].generated == len(shown)
-    assert_clean(engine, "s0", "s1", "s2")
-
-
 def test_idle_coalescing_admits_a_burst_in_one_batch():
     clock = VirtualClock()
     engine, backend = engine_for(FakeBackend(), coalesce_ms=5, clock=clock)
@@ -449,43 +356,3 @@ def test_commands_from_other_threads_while_the_loop_runs():
     t.join()
     assert done == {f"r{i}": DoneReason.STOP for i in range(20)}
     assert_clean(engine, *(f"s{i}" for i in range(20)))
-
-
-class _TimedFake(FakeBackend):
-    """A fake whose steps take a known time, to check calibration's fit."""
-
-    def decode(self, plan) -> DecodeResult:
-        result = super().decode(plan)
-        result.step_ms = 3.0 + 0.5 * plan.n_decode + 25.0 * plan.n_prefill  # a slow CPU
-        return result
-
-
-def test_calibrate_fits_the_cost_model_and_leaves_nothing_behind():
-    engine, backend = engine_for(_TimedFake())
-    params = engine.calibrate()
-    assert params.fixed_ms == pytest.approx(3.0, rel=0.2)
-    assert params.decode_ms == pytest.approx(0.5, rel=0.2)
-    assert params.prefill_ms == pytest.approx(25.0, rel=0.05)
-    assert engine.cost == params
-    assert_clean(engine)
-
-
-def test_fail_all_ends_every_live_request_with_the_reason():
-    engine, _ = engine_for()
-    engine.submit(chat("a", "sa", "hi"))
-    engine.submit(chat("b", "sb", "hi"))
-    engine.step()
-    report = engine.fail_all("the engine is shutting down")
-    assert {u.request_id: u.error for u in report.updates} == {
-        "a": "the engine is shutting down", "b": "the engine is shutting down"}
-    assert_clean(engine)
-
-
-def test_no_kv_slot_from_the_backend_is_reported_as_the_step_outcome():
-    engine, backend = engine_for()
-    engine.submit(chat("a", "sa", "hi", max_tokens=3))
-    backend.fail_next(DecodeOutcome.NO_KV_SLOT)
-    report = engine.step()
-    assert report.outcome == "no_kv_slot"
-    assert by_request(engine.run_until_idle())["a"][-1].generated == 3
-    assert_clean(engine, "sa")
