@@ -47,6 +47,7 @@ class ScriptedClient:
         self.live: dict[str, _Live] = {}
         self.step_no = 0
         self.started = 0
+        self.emitted = 0  # batches put on the queue (quiet() compares it with what the app applied)
         self._queue: queue.Queue = queue.Queue()
         self._alive = False
 
@@ -156,6 +157,7 @@ class ScriptedClient:
                                0, len(self.live), self.policy, updates)])
 
     def _emit(self, batch: list[object]) -> None:
+        self.emitted += 1
         self._queue.put(batch)
 
 
@@ -167,7 +169,7 @@ def make_app(tmp_path: Path, client=None, *, resume: bool = False, theme: str | 
                         sampling=sampling)
 
 
-async def wait_for(pilot, condition, timeout: float = 10.0, what: str = "condition") -> None:
+async def wait_for(pilot, condition, timeout: float = 30.0, what: str = "condition") -> None:
     """Let the app run until condition() holds (engine-driven tests cannot count steps)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -175,3 +177,25 @@ async def wait_for(pilot, condition, timeout: float = 10.0, what: str = "conditi
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await pilot.pause(0.05)
+
+
+def quiet(app) -> bool:
+    """Everything the scripted engine sent is applied and painted: every batch taken in, no ended
+    reply waiting for its paint, no buffered text or stale status in a visible pane."""
+    ws = app.workspace
+    if ws.batches_applied < ws.client.emitted:
+        return False
+    for pane in ws.grid.panes:
+        if pane.has_ended:
+            return False
+        if pane.display and ((pane._reply is not None and pane._reply.pending) or pane._status_dirty):
+            return False
+    return True
+
+
+async def settle(pilot, what: str = "the app to apply and paint every engine batch") -> None:
+    """Wait (by condition, never a fixed time: CI machines are slow) until quiet(), then let the
+    messages that painting posted (a finished reply, a subagent's answer) be handled."""
+    await wait_for(pilot, lambda: quiet(pilot.app), what=what)
+    await pilot.pause()
+    await wait_for(pilot, lambda: quiet(pilot.app), what=what)

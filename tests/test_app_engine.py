@@ -64,6 +64,7 @@ async def test_escape_cancels_one_pane_and_the_other_carries_on(tmp_path):
         # Two subagents start in the same step: typing into a second pane while the fake engine
         # streams thousands of tokens a second would take longer than a reply lasts.
         await _say(pilot, "/spawn 2 keep talking")
+        await wait_for(pilot, lambda: len(app.workspace.grid.panes) == 3, what="two subagent panes")
         _, c1, c2 = app.workspace.grid.panes
         generating = lambda p: p.last_update is not None and p.last_update.phase is Phase.GENERATING  # noqa: E731
         await wait_for(pilot, lambda: generating(c1) and generating(c2), what="both generating")
@@ -85,8 +86,8 @@ async def test_spawn_three_subagents_fork_and_report_back(tmp_path):
         parent = app.workspace.grid.panes[0]
         await wait_for(pilot, lambda: not parent.busy, what="parent reply")
         await _say(pilot, "/spawn 3 name one risk")
+        await wait_for(pilot, lambda: len(app.workspace.grid.panes) == 4, what="three subagent panes")
         children = app.workspace.grid.panes[1:]
-        assert len(children) == 3
         await wait_for(pilot, lambda: len([m for m in parent.record.messages if m.author]) == 3,
                        what="three answers posted back")
         for child in children:
@@ -105,7 +106,7 @@ async def test_close_pane_frees_its_sequence(tmp_path):
         panel = app.workspace.query_one(SchedulerPanel)
         await wait_for(pilot, lambda: panel.steps and panel.steps[-1].running == 1, what="A2 running")
         await pilot.press("ctrl+x")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: len(app.workspace.grid.panes) == 1, what="A2 closed")
         await _say(pilot, "short one")  # A1 now; its steps show A2's sequence gone
         await wait_for(pilot, lambda: panel.steps[-1].running == 1 and panel.steps[-1].decode_rows == 1,
                        what="one running sequence")

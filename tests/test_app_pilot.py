@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import sqlite3
 
-from tests.app_support import SIZE, ScriptedClient, make_app
+from tests.app_support import SIZE, ScriptedClient, make_app, settle, wait_for
 
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.loading_view import LoadingView
 from magnitude_tui.widgets.pane_grid import PaneGrid, tiling
 from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
 from magnitude_tui.widgets.sequences_panel import SequencesPanel
+from textual.command import CommandList
 from textual.widgets import ContentSwitcher
 from scheduler.types import Phase
 
@@ -24,6 +25,14 @@ def _grid(app) -> PaneGrid:
     return app.workspace.grid
 
 
+def _highlighted_command(app) -> str:
+    lists = app.screen.query(CommandList)
+    if not lists or lists.first().highlighted is None:
+        return ""
+    command_list = lists.first()
+    return str(command_list.get_option_at_index(command_list.highlighted).prompt)
+
+
 def _assistant(pane: ChatPane) -> list[str]:
     return [m.content for m in pane.record.messages if m.role == "assistant"]
 
@@ -35,15 +44,16 @@ async def test_submit_in_two_panes_both_stream(tmp_path):
         await _type(pilot, "first question")
         await pilot.press("ctrl+n")
         await _type(pilot, "second question")
+        await wait_for(pilot, lambda: len(client.submitted) == 2, what="both submits")
         a1, a2 = _grid(app).panes
         assert [r.session_id for r in client.submitted] == [a1.session_id, a2.session_id]
         client.step(4)  # prefill, prefill->generating (1 token), 2 more tokens
-        await pilot.pause(0.2)
+        await settle(pilot)
         assert a1.busy and a2.busy
         assert _assistant(a1) == ["Echo **first question** "] and _assistant(a2)[0].startswith("Echo **second")
         assert a1.last_update.phase is Phase.GENERATING
         client.run_to_completion()
-        await pilot.pause(0.3)
+        await settle(pilot)
         assert _assistant(a1) == ["Echo **first question** with `code` done."]
         assert _assistant(a2) == ["Echo **second question** with `code` done."]
         assert not a1.busy and a1.last_update.phase is Phase.DONE
@@ -58,12 +68,13 @@ async def test_escape_cancels_focused_pane_only(tmp_path):
         await _type(pilot, "two")
         a1, a2 = _grid(app).panes
         client.step(3)
+        await settle(pilot)
         await pilot.press("shift+tab")  # back to A1
         assert _grid(app).focused_pane() is a1
         await pilot.press("escape")
         assert client.cancelled == [client.submitted[0].request_id]
         client.run_to_completion()
-        await pilot.pause(0.3)
+        await settle(pilot)
         assert a1.record.messages[-1].done_reason == "cancelled"
         assert a2.record.messages[-1].done_reason == "stop"
         assert _assistant(a2) == ["Echo **two** with `code` done."]
@@ -75,10 +86,10 @@ async def test_spawn_three_subagents_answers_come_back(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await _type(pilot, "plan a trip")
         client.run_to_completion()
-        await pilot.pause(0.3)
+        await settle(pilot)
         parent = _grid(app).panes[0]
         await _type(pilot, "/spawn 3 list one risk")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: len(client.submitted) == 4, what="three subagent submits")
         children = _grid(app).panes[1:]
         assert [c.record.name for c in children] == ["A1.1", "A1.2", "A1.3"]
         forks = client.submitted[1:]
@@ -87,15 +98,19 @@ async def test_spawn_three_subagents_answers_come_back(tmp_path):
         assert all(r.messages[:2] == parent.conversation() for r in forks)
         assert all("list one risk" in r.messages[-1].content for r in forks)
         client.run_to_completion()
-        await pilot.pause(0.4)
+        await wait_for(pilot, lambda: len([m for m in parent.record.messages if m.author]) == 3,
+                       what="three answers posted back")
         results = [m for m in parent.record.messages if m.author]
         assert sorted(m.author for m in results) == ["A1.1", "A1.2", "A1.3"]
         assert all("Echo" in m.content for m in results)
         # Posted back once, even if a child is asked something else afterwards.
         _grid(app).focus_pane(children[0])
         await _type(pilot, "more?")
+        await wait_for(pilot, lambda: len(client.submitted) == 5, what="the follow-up's submit")
         client.run_to_completion()
-        await pilot.pause(0.3)
+        await settle(pilot)
+        await wait_for(pilot, lambda: children[0].record.messages[-1].complete, what="the follow-up's reply")
+        await settle(pilot)
         assert len([m for m in parent.record.messages if m.author]) == 3
 
 
@@ -106,18 +121,19 @@ async def test_spawn_dialog_and_burst(tmp_path):
         await pilot.press("ctrl+s")
         await pilot.pause()
         await pilot.press(*"check facts", "enter")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: len(client.submitted) == 3, what="the dialog's subagents")
         assert len(_grid(app).panes) == 4
         await pilot.press("ctrl+b")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: len(client.submitted) == 11, what="the burst's 8 submits")
         assert len(_grid(app).panes) == 12
         assert len(client.submitted) == 11
         assert _grid(app).styles.grid_size_columns == 4
         await pilot.press("f2")
         client.step(2)
-        await pilot.pause(0.5)
+        await settle(pilot)
         panel = app.workspace.query_one(SequencesPanel)
-        assert panel.display and len(panel.live_sessions) == 11
+        await wait_for(pilot, lambda: len(panel.live_sessions) == 11, what="a row per live sequence")
+        assert panel.display
 
 
 async def test_close_pane_frees_its_sequence(tmp_path):
@@ -127,10 +143,10 @@ async def test_close_pane_frees_its_sequence(tmp_path):
         await pilot.press("ctrl+n")
         await _type(pilot, "busy one")
         client.step(3)
-        await pilot.pause(0.3)
+        await settle(pilot)
         pane = _grid(app).panes[1]
         await pilot.press("ctrl+x")
-        await pilot.pause()
+        await wait_for(pilot, lambda: len(_grid(app).panes) == 1, what="the pane to close")
         assert client.cancelled == [client.submitted[0].request_id]
         assert client.closed_sessions == [pane.session_id]
         assert len(_grid(app).panes) == 1
@@ -138,7 +154,7 @@ async def test_close_pane_frees_its_sequence(tmp_path):
         closed = app.store._db.execute("SELECT closed FROM panes WHERE id = ?", (pane.session_id,)).fetchone()
         assert closed[0] is not None
         await pilot.press("ctrl+x")  # closing the last pane leaves a fresh one
-        await pilot.pause()
+        await wait_for(pilot, lambda: [p.record.name for p in _grid(app).panes] == ["A3"], what="a fresh pane")
         assert [p.record.name for p in _grid(app).panes] == ["A3"]
 
 
@@ -149,13 +165,13 @@ async def test_policy_switch_takes_effect(tmp_path):
         await pilot.press("ctrl+l")
         await pilot.pause()
         await pilot.press("down", "enter")  # target:50 -> target:100
-        await pilot.pause(0.2)
-        assert client.policy == "target:100"
+        await wait_for(pilot, lambda: client.policy == "target:100", what="the dialog's policy")
+        await settle(pilot)
         assert app.workspace.query_one(SchedulerPanel).policy == "target:100"
         await _type(pilot, "/policy prefill-first")
-        await pilot.pause(0.2)
-        assert app.workspace.policy == "prefill-first"
+        await wait_for(pilot, lambda: app.workspace.policy == "prefill-first", what="the slash command's policy")
         await _type(pilot, "/policy sometimes")
+        await settle(pilot)
         assert client.policy == "prefill-first"
 
 
@@ -166,10 +182,9 @@ async def test_theme_switch_takes_effect_and_is_remembered(tmp_path):
         await pilot.press("ctrl+t")
         await pilot.pause()
         await pilot.press(*"paper")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: "paper" in _highlighted_command(app), what="the palette's search")
         await pilot.press("enter")
-        await pilot.pause(0.2)
-        assert app.theme == "magnitude-paper"
+        await wait_for(pilot, lambda: app.theme == "magnitude-paper", what="the theme")
         assert app.current_theme.dark is False
     app2 = make_app(tmp_path)
     async with app2.run_test(size=SIZE):
@@ -186,8 +201,8 @@ async def test_zoom_and_tiling(tmp_path):
         a3 = grid.panes[2]
         await pilot.press("ctrl+o")
         assert grid.zoomed == a3.session_id
-        await pilot.pause(0.3)
-        assert [p.region.width > 70 for p in grid.panes] == [False, False, True]
+        await wait_for(pilot, lambda: [p.region.width > 70 for p in grid.panes] == [False, False, True],
+                       what="the zoomed layout")
         await pilot.press("tab")  # next pane while zoomed: the zoom follows focus
         assert grid.zoomed == grid.panes[0].session_id
         await pilot.press("ctrl+o")
@@ -200,7 +215,7 @@ async def test_export_and_copy(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await _type(pilot, "write code")
         client.run_to_completion()
-        await pilot.pause(0.3)
+        await settle(pilot)
         await pilot.press("ctrl+y")
         assert app.clipboard == "Echo **write code** with `code` done."
         await pilot.press("f5")
@@ -219,8 +234,7 @@ async def test_loading_view_then_ready(tmp_path):
         view = app.workspace.query_one(LoadingView)
         assert view.query_one("ProgressBar").progress == 40
         client.ready()
-        await pilot.pause(0.2)
-        assert switcher.current == "workspace"
+        await wait_for(pilot, lambda: switcher.current == "workspace", what="the workspace")
 
 
 async def test_engine_death_fails_live_request_and_restarts(tmp_path):
@@ -230,14 +244,13 @@ async def test_engine_death_fails_live_request_and_restarts(tmp_path):
         await _type(pilot, "hello")
         client.step(3)
         client.die()
-        await pilot.pause(0.3)
+        await settle(pilot)
         pane = _grid(app).panes[0]
         assert not pane.busy
         assert pane.record.messages[-1].done_reason == "error"
         assert not app.workspace.engine_ready
         await pilot.press("ctrl+r")
-        await pilot.pause(0.2)
-        assert client.started == 2 and app.workspace.engine_ready
+        await wait_for(pilot, lambda: client.started == 2 and app.workspace.engine_ready, what="the restart")
 
 
 async def test_palette_lists_every_action(tmp_path):
@@ -256,19 +269,21 @@ async def test_partial_reply_saved_while_streaming_and_restored_once(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await _type(pilot, "tell me")
         client.step(4)
-        await pilot.pause(0.7)  # one save tick (0.5 s) later the partial reply is on disk
+        await settle(pilot)
         db = sqlite3.connect(tmp_path / "magnitude.db")
-        rows = db.execute("SELECT role, content, complete FROM messages ORDER BY id").fetchall()
-        assert rows == [("user", "tell me", 1), ("assistant", "Echo **tell me** ", 0)]
+        saved = lambda: db.execute("SELECT role, content, complete FROM messages ORDER BY id").fetchall()  # noqa: E731
+        # The save tick (every 0.5 s) puts the partial reply on disk.
+        await wait_for(pilot, lambda: saved() == [("user", "tell me", 1), ("assistant", "Echo **tell me** ", 0)],
+                       what="the partial reply on disk")
         await pilot.press("ctrl+n")
         await _type(pilot, "second pane")
         client.run_to_completion()
-        await pilot.pause(0.3)
+        await settle(pilot)
     # Restart with --resume: the same panes and messages, each once.
     for _ in range(2):
         app = make_app(tmp_path, resume=True)
         async with app.run_test(size=SIZE) as pilot:
-            await pilot.pause(0.2)
+            await wait_for(pilot, lambda: len(_grid(app).panes) == 2, what="the restored panes")
             panes = _grid(app).panes
             assert [p.record.name for p in panes] == ["A1", "A2"]
             assert [(m.role, m.content) for m in panes[0].record.messages] == [
@@ -301,7 +316,7 @@ async def test_finished_rows_leave_the_sequences_panel_after_a_while(tmp_path):
         client.step(2)
         client.cancel(client.submitted[0].request_id)
         client.step(1)  # the first finishes (cancelled); the second keeps generating
-        await pilot.pause(0.3)
+        await settle(pilot)
         assert len(panel._rows) == 2
         now[0] += 3.0
         panel.refresh_rows()

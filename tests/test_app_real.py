@@ -36,6 +36,8 @@ async def test_two_panes_stream_then_subagents_report_back_on_the_real_model(tmp
         await pilot.press(*"What is 2+2?", "enter")
         await pilot.press("ctrl+n")
         await pilot.press(*"Name a color.", "enter")
+        await wait_for(pilot, lambda: len(ws.grid.panes) == 2 and all(p.record.messages for p in ws.grid.panes),
+                       what="both prompts submitted")
         a1, a2 = ws.grid.panes
         await wait_for(pilot, lambda: not a1.busy and not a2.busy, timeout=240, what="both replies")
         for pane in (a1, a2):
@@ -61,4 +63,4 @@ async def test_two_panes_stream_then_subagents_report_back_on_the_real_model(tmp
     resumed = make_app(tmp_path, resume=True)
     async with resumed.run_test(size=SIZE) as pilot:
         restored = lambda: [(p.record.name, len(p.record.messages)) for p in resumed.workspace.grid.panes]  # noqa: E731
-        await wait_for(pilot, lambda: restored() == names, timeout=10, what=f"{names} restored")
+        await wait_for(pilot, lambda: restored() == names, what=f"{names} restored")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.widgets import Input
 
-from tests.app_support import SIZE, ScriptedClient, make_app, wait_for
+from tests.app_support import SIZE, ScriptedClient, make_app, quiet, wait_for
 
 
 def _reply_with_code(request) -> str:
@@ -24,18 +24,21 @@ def _freeze_clock(pilot) -> None:
 
 
 async def _settle(pilot) -> None:
-    """Stop cursor blink, hide transcript scrollbars (their thumb repaints a frame late, at random),
-    then wait until two screenshots 0.3 s apart agree (flush timers 1/12 s, panels 1/4 s)."""
+    """Wait until every engine batch is applied and painted (by condition: a slow machine takes
+    longer), stop cursor blink, hide transcript scrollbars (their thumb repaints a frame late, at
+    random), then wait until three screenshots 0.3 s apart agree (paint tick 0.1 s, panels 0.25 s)."""
+    await wait_for(pilot, lambda: quiet(pilot.app), what="every engine batch applied and painted")
     for screen in pilot.app.screen_stack:
         for widget in screen.query(Input):
             widget.cursor_blink = False
         for transcript in screen.query(".transcript"):
             transcript.styles.scrollbar_size_vertical = 0
-    previous = None
-    for _ in range(20):
+    previous, agreed = None, 0
+    for _ in range(30):
         await pilot.pause(0.3)
         current = pilot.app.export_screenshot()
-        if current == previous:
+        agreed = agreed + 1 if current == previous else 0
+        if agreed == 2:  # three alike in a row: no panel timer was merely late
             return
         previous = current
 

@@ -9,7 +9,7 @@ import pytest
 from textual.widgets import Markdown
 from textual.widgets._markdown import MarkdownFence, MarkdownParagraph
 
-from tests.app_support import SIZE, ScriptedClient, make_app, wait_for
+from tests.app_support import SIZE, ScriptedClient, make_app, settle, wait_for
 from magnitude_tui.bench.ui_cpu import CpuConfig, PacedClient, reply_tokens, run_cpu
 from magnitude_tui.screens.workspace import BACKGROUND_PAINT_S, BUSY_PANES, TYPING_MAX_HOLD_S
 from magnitude_tui.widgets.message_view import MessageView, settled_prefix
@@ -60,11 +60,10 @@ async def test_reply_streams_as_markdown_block_by_block(tmp_path):
         assert "per_row * rows" in fence.code and fence.lexer == "python"
         assert body.text == "That "
         client.run_to_completion()
-        await wait_for(pilot, lambda: not pane.busy and not _reply_view(pane).query(StreamingText),
-                       what="the reply to end")
+        await wait_for(pilot, lambda: not pane.busy and _reply_view(pane).settled, what="the reply to end")
         view = _reply_view(pane)
         assert not view.query(StreamingText)
-        markdown = view.query_one(Markdown)
+        (markdown,) = view.query(Markdown)
         assert markdown.source == _code_reply(None)  # parsed once more, as one document
         fence = markdown.query_one(MarkdownFence)
         assert "per_row * rows" in fence.code and fence.lexer == "python"
@@ -100,8 +99,7 @@ async def test_streaming_text_relays_out_only_when_its_row_count_changes(tmp_pat
         view.append("\n")
         view.append("`code` and **bold**")
         assert layouts == [True, False, True, False, True]  # first row, -, wrap, (tail empty), new line
-        await pilot.pause()
-        assert view.size.height == 3
+        await wait_for(pilot, lambda: view.size.height == 3, what="the layout of three rows")
         assert view.render_line(2).text.rstrip() == "code and bold"
 
 
@@ -115,7 +113,7 @@ async def test_background_panes_paint_less_often_while_many_stream(tmp_path):
                 await pilot.press("ctrl+n")
             await _say(pilot, f"q{i}")
         client.step(4)
-        await pilot.pause(0.4)
+        await settle(pilot)
         focused, other = ws.grid.focused_pane(), ws.grid.panes[0]
         assert focused is not other and focused.busy and other.busy
         ws._painted_all = time.monotonic() + 3600  # as if every pane was just painted: not due again

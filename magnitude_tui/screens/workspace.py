@@ -78,6 +78,7 @@ class WorkspaceScreen(Screen):
         self.subagents = Subagents(self)
         self._panes: dict[str, ChatPane] = {}  # open panes; outlives the DOM at shutdown, for save()
         self._painted_all = 0.0  # when every pane was last painted (monotonic)
+        self.batches_applied = 0  # engine batches taken in (tests wait on it, not on wall time)
 
     def compose(self) -> ComposeResult:
         # Held directly: engine events keep arriving while the DOM is torn down at exit.
@@ -164,6 +165,7 @@ class WorkspaceScreen(Screen):
     def apply_events(self, batch: list[object]) -> None:
         """One engine batch (one step). Only bookkeeping here: panes repaint on the paint tick,
         the panels on their own timers."""
+        self.batches_applied += 1
         for event in batch:
             if isinstance(event, StepReport):
                 self.scheduler_panel.record(event)

@@ -40,7 +40,8 @@ class MessageView(Vertical):
         self._speaker = speaker
         self._streaming = streaming  # the body starts empty and receives every fragment via write()
         self._writing = False  # write() has been called and finish() not yet
-        self._finished = False  # finish() ran: the body is the whole message, written once
+        self._finished = False  # finish() began: the body is the whole message, written once
+        self._settled = not streaming  # the body is one Markdown document, on screen (finish() done)
         self._body_lock = asyncio.Lock()
         self._header = ""
 
@@ -100,10 +101,18 @@ class MessageView(Vertical):
             self._finished = True
             text = self.message.content + (f"\n\n> {note}\n" if note else "")
             if self._streaming:  # the streamed pieces give way to one document
-                await self.query("StreamingText, Markdown").remove()
-                await self.mount(Markdown(text))
+                pieces = list(self.query("StreamingText, Markdown"))
+                # Mount the whole first, then drop the pieces: no frame shows the body missing.
+                await self.mount(Markdown(text), before=pieces[0] if pieces else None)
+                await self.remove_children(pieces)
             self._writing = False
+            self._settled = True
             self.refresh_header()
+
+    @property
+    def settled(self) -> bool:
+        """The body is final: one Markdown document of the whole message, nothing still streaming."""
+        return self._settled
 
     def refresh_header(self) -> None:
         text = self._header_text()
