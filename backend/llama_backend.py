@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 import llama_cpp
 
-from backend import native
+from backend import native, usable_cpus
 from backend.chat import Detokenizer, Vocab
 from backend.protocol import DecodeOutcome, DecodeResult, check_plan
 from scheduler.types import BatchPlan, Message, SamplingParams
@@ -116,7 +116,7 @@ class LlamaBackend:
         model = llama_cpp.llama_model_load_from_file(model_path.encode(), mparams)
         if not model:
             raise ModelLoadError(f"llama.cpp could not load {model_path} (is it a GGUF model? see --verbose)")
-        n_threads = n_threads or os.cpu_count() or 1
+        n_threads = n_threads or usable_cpus()
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch

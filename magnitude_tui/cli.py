@@ -37,6 +37,7 @@ def main(
     """Launch the app on the default model (no subcommand)."""
     if ctx.invoked_subcommand is not None:
         return
+    from backend import usable_cpus
     from magnitude_tui.engine.events import EngineConfig
 
     _check_model(model)
@@ -45,7 +46,7 @@ def main(
     # (`magnitude-tui bench ui --threads 2,1`): 8-row decode steps took 86 ms p50 / 171 ms p95
     # with 2 threads and 68 / 79 ms with 1. So the app leaves one core to the UI.
     config = EngineConfig(model=model, device=device, policy=policy, n_ctx=n_ctx, verbose=verbose,
-                          n_threads=threads or max(1, (os.cpu_count() or 2) - 1))
+                          n_threads=threads or max(1, usable_cpus() - 1))
     from magnitude_tui.app import run_app
 
     run_app(config, theme=theme, resume=resume)

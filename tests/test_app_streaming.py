@@ -20,6 +20,10 @@ def _code_reply(request) -> str:
     return "Use **this**:\n\n```python\nstep_ms = fixed + per_row * rows\n```\nThat is `all`."
 
 
+def _sources(view: MessageView) -> list[str]:
+    return [m.source for m in view.query(Markdown)]
+
+
 def _reply_view(pane) -> MessageView:
     return [v for v in pane.query(MessageView) if v.message.role == "assistant"][-1]
 
@@ -37,13 +41,17 @@ async def test_reply_streams_as_markdown_block_by_block(tmp_path):
         pane = app.workspace.grid.panes[0]
         client.step(8)  # prefill, then tokens up to inside the code block
         reply = lambda: pane._reply  # noqa: E731
+        # Wait for the state itself (a piece's source is empty until it is mounted and parsed).
         await wait_for(pilot, lambda: reply() is not None and reply().message.content.endswith("per_row * ")
                        and reply().view is not None and not reply().pending
-                       and reply().view.query(Markdown) and reply().view.query(StreamingText).first().text,
+                       and _sources(reply().view) == ["Use **this**:\n\n"]
+                       and reply().view.query(MarkdownParagraph)
+                       and reply().view.query(StreamingText).first().text.endswith("per_row * "),
                        what="the paint tick to take every token")
-        await pilot.pause()  # and the layout that places the new piece
         view = _reply_view(pane)
         markdown, body = view.query_one(Markdown), view.query_one(StreamingText)
+        await wait_for(pilot, lambda: body.size.height > 0 and markdown.query_one(MarkdownParagraph).region.height,
+                       what="the layout that places both")
         # The finished paragraph is Markdown already; the open code block is still streaming text.
         assert markdown.source == "Use **this**:\n\n"
         assert markdown.source + body.text == pane.record.messages[-1].content
@@ -53,14 +61,16 @@ async def test_reply_streams_as_markdown_block_by_block(tmp_path):
         rows = [body.render_line(y).text.rstrip() for y in range(body.size.height)]
         assert rows[0] == "```python"
         client.step(1)  # "rows\n```\nThat ": the fence closes, so the code block becomes Markdown
-        await wait_for(pilot, lambda: len(view.query(Markdown)) == 2, what="the code block's piece")
+        expected = ["Use **this**:\n\n", "```python\nstep_ms = fixed + per_row * rows\n```\n"]
+        await wait_for(pilot, lambda: _sources(view) == expected and view.query(Markdown)[1].query(MarkdownFence),
+                       what="the code block's piece, parsed")
         pieces = view.query(Markdown)
-        assert [m.source for m in pieces] == ["Use **this**:\n\n", "```python\nstep_ms = fixed + per_row * rows\n```\n"]
         fence = pieces[1].query_one(MarkdownFence)
         assert "per_row * rows" in fence.code and fence.lexer == "python"
         assert body.text == "That "
         client.run_to_completion()
-        await wait_for(pilot, lambda: not pane.busy and _reply_view(pane).settled, what="the reply to end")
+        await wait_for(pilot, lambda: not pane.busy and _reply_view(pane).settled
+                       and _reply_view(pane).query(MarkdownFence), what="the reply to end, parsed as one")
         view = _reply_view(pane)
         assert not view.query(StreamingText)
         (markdown,) = view.query(Markdown)

@@ -203,7 +203,9 @@ class EngineClient:
     def _death_reason(self) -> str:
         if self._proc is None:
             return "the engine thread stopped"
-        self._proc.join(timeout=2)
+        # The pipe is closed: the worker is gone or going. A loaded machine may take a while to
+        # reap it, and without its exit code the user would not learn why it died.
+        self._proc.join(timeout=15)
         code = self._proc.exitcode
         if code is not None and code < 0:
             try:
