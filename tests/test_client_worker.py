@@ -105,3 +105,24 @@ def test_generate_cli_rejects_a_missing_model_file():
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "model file not found" in (r.stdout + r.stderr)
+
+
+def test_the_config_reaches_the_engine_in_the_worker():
+    # In process (the same serve() on a thread), fake backend: a message as long as the configured
+    # notice threshold gets a `preparing` report of its own, with no rows run.
+    client = EngineClient(EngineConfig(backend="fake", policy="fixed:16", prepare_notice_chars=50), in_process=True)
+    client.start()
+    try:
+        ready, _ = wait_ready(client)
+        assert ready.policy == "fixed:16"
+        client.submit(Request("r", "s", (Message("user", "z" * 50),), SamplingParams(max_tokens=2)))
+        reports, t_end = [], time.monotonic() + 30
+        while not any(u.phase is Phase.DONE for r in reports for u in r.updates) and time.monotonic() < t_end:
+            reports += [ev for ev in client.poll_events(timeout=1) or [] if isinstance(ev, StepReport)]
+        mine = [r for r in reports if any(u.request_id == "r" for u in r.updates)]
+        assert [u.phase for u in mine[0].updates] == [Phase.PREPARING]
+        assert mine[0].decode_rows == mine[0].prefill_rows == 0
+        assert mine[1].updates[0].phase is Phase.PREFILL and mine[1].prefill_rows == 16
+        assert mine[-1].updates[-1].phase is Phase.DONE
+    finally:
+        client.stop()

@@ -22,6 +22,7 @@ class EngineConfig:
     n_threads: int | None = None
     verbose: bool = False
     coalesce_ms: float = 5.0
+    prepare_notice_chars: int | None = 8000  # a message this long is reported `preparing` before tokenizing
 
 
 # ---- worker -> app -------------------------------------------------------------------------

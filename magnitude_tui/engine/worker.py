@@ -91,11 +91,9 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
         backend = build_backend(config, on_progress=on_progress)
         from magnitude_tui.engine.core import Engine
 
-        kwargs = {"policy": config.policy, "coalesce_ms": config.coalesce_ms}
-        clock = getattr(backend, "clock", None)
-        if clock is not None:
-            kwargs["clock"] = clock
-        engine = Engine(backend, **kwargs)
+        # A simulated backend's virtual clock is picked up by the Engine itself.
+        engine = Engine(backend, policy=config.policy, coalesce_ms=config.coalesce_ms,
+                        prepare_notice_chars=config.prepare_notice_chars)
         conn.send([LoadProgress(fraction=1.0, model=model_name, device=getattr(backend, "device_name", backend.name),
                                 stage="calibrating the step-cost model")])
         engine.calibrate()
