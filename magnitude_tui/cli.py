@@ -32,6 +32,11 @@ def main(
     n_ctx: int = CtxOpt,
     threads: Optional[int] = typer.Option(
         None, "--threads", help="Engine CPU threads (default: all cores but one, left to the UI)."),
+    temperature: float = typer.Option(
+        0.7, "--temperature", min=0.0, help="Sampling temperature for every reply (0 = greedy: subagents "
+        "given one context then answer alike)."),
+    max_tokens: int = typer.Option(512, "--max-tokens", min=1, help="Longest reply, in tokens."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (default: a fresh one per reply)."),
     verbose: bool = VerboseOpt,
 ) -> None:
     """Launch the app on the default model (no subcommand)."""
@@ -39,6 +44,7 @@ def main(
         return
     from backend import usable_cpus
     from magnitude_tui.engine.events import EngineConfig
+    from scheduler.types import SamplingParams
 
     _check_model(model)
     # ggml's CPU threads meet at spinning barriers after every op: when the UI takes a core they
@@ -49,7 +55,8 @@ def main(
                           n_threads=threads or max(1, usable_cpus() - 1))
     from magnitude_tui.app import run_app
 
-    run_app(config, theme=theme, resume=resume)
+    sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    run_app(config, theme=theme, resume=resume, sampling=sampling)
 
 
 @app.command()

@@ -1,0 +1,36 @@
+"""The bare `magnitude-tui` command: its options reach the app (run_app is replaced, no TUI runs)."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+import magnitude_tui.app
+from magnitude_tui.cli import app
+from scheduler.types import SamplingParams
+
+
+def _launch(monkeypatch, *args: str):
+    seen = {}
+    monkeypatch.setattr(magnitude_tui.app, "run_app",
+                        lambda config, **kwargs: seen.update(config=config, **kwargs))
+    result = CliRunner().invoke(app, list(args))
+    return result, seen
+
+
+def test_replies_are_sampled_by_default_and_the_options_reach_the_app(monkeypatch):
+    result, seen = _launch(monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert seen["sampling"] == SamplingParams(temperature=0.7, max_tokens=512, seed=None)
+    assert seen["config"].n_threads >= 1 and seen["resume"] is False
+    result, seen = _launch(monkeypatch, "--temperature", "0", "--max-tokens", "99", "--seed", "7",
+                           "--policy", "fixed:64", "--threads", "3", "--resume")
+    assert result.exit_code == 0, result.output
+    assert seen["sampling"] == SamplingParams(temperature=0.0, max_tokens=99, seed=7)
+    assert (seen["config"].policy, seen["config"].n_threads, seen["resume"]) == ("fixed:64", 3, True)
+
+
+def test_bad_sampling_options_are_refused_before_anything_starts(monkeypatch):
+    for args in (["--temperature", "-1"], ["--max-tokens", "0"]):
+        result, seen = _launch(monkeypatch, *args)
+        assert result.exit_code == 2 and not seen
+        assert args[0] in result.output
