@@ -16,6 +16,13 @@ T = TypeVar("T")
 # the running sequences at under a third of their rate (16 rows: ~2x, a fifth).
 MIN_PREFILL_QUANTUM = 16
 
+# With nothing generating, target:MS lets a step run this long (or MS, if longer). There is no
+# inter-token gap to protect then, but a request that arrives waits for the step in flight, and a
+# prompt's progress shows only when its step ends: on 2 CPU cores a 1,600-token prompt in one step
+# sat 12 s at `preparing`, then jumped to generating. Prefill runs at full rate from ~128-row
+# chunks there (`bench prefill-curve`), and a GPU fits all of n_batch in far less than a second.
+IDLE_STEP_MS = 1000.0
+
 _N = 4  # features of a step: 1, decode rows, prompt rows, attention (thousands of positions)
 
 
@@ -178,7 +185,8 @@ class Policy:
     - `fixed:N`: N prompt rows per step beside the decode rows (the chunk size).
     - `target:MS`: as many prompt rows as the cost model says fit in MS milliseconds beside the
       decode rows (deep in a long prompt each row costs more), and at least MIN_PREFILL_QUANTUM.
-      With nothing generating there is no inter-token gap to protect: the prompts get n_batch.
+      With nothing generating there is no inter-token gap to protect, only the wait of whoever
+      arrives next: the prompts get what fits in max(MS, IDLE_STEP_MS).
     """
 
     kind: str  # "prefill-first" | "fixed" | "target"
@@ -200,11 +208,12 @@ class Policy:
         """Prompt rows for the next step beside `decode_rows` decode rows; `decode_kpos` and
         `prefill_pos0` (where the next prompt chunk starts) let target:MS price the attention."""
         room = max(0, n_batch - decode_rows)
-        if self.kind == "prefill-first" or (self.kind == "target" and decode_rows == 0):
+        if self.kind == "prefill-first":
             return n_batch
         if self.kind == "fixed":
             return min(int(self.value), room)
-        fits = cost.prefill_rows_within(self.value, decode_rows, decode_kpos, prefill_pos0)
+        target = self.value if decode_rows else max(self.value, IDLE_STEP_MS)
+        fits = cost.prefill_rows_within(target, decode_rows, decode_kpos, prefill_pos0)
         return min(max(MIN_PREFILL_QUANTUM, fits), room)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, CostParams, parse_policy
+from scheduler.budget import IDLE_STEP_MS, MIN_PREFILL_QUANTUM, CostModel, CostParams, parse_policy
 from scheduler.metrics import RequestMetrics
 from scheduler.types import attended_kpos
 
@@ -123,9 +123,15 @@ def test_a_pinned_intercept_refits_the_slopes():
     assert online.predict(0, 16) == pytest.approx(100.0, rel=0.15)
 
 
-def test_target_gives_prompts_the_whole_batch_when_nothing_generates():
-    cost = CostModel(RX)
-    assert parse_policy("target:50").prefill_allowance(0, 2048, cost) == 2048
+def test_with_nothing_generating_target_steps_may_run_a_second_not_more():
+    cost = CostModel(RX)  # 962 prompt tok/s: a second holds (1000 - 14.6) / 1.04 = 947 rows
+    idle = parse_policy("target:50").prefill_allowance(0, 2048, cost)
+    assert idle == cost.prefill_rows_within(IDLE_STEP_MS, 0) == 947
+    assert cost.predict(0, idle) <= IDLE_STEP_MS < cost.predict(0, idle + 1)
+    assert parse_policy("target:50").prefill_allowance(1, 2048, cost) == 32  # someone generates: 50 ms
+    assert parse_policy("target:3000").prefill_allowance(0, 2048, cost) == 2048  # a longer target stands
+    fast = CostModel(CostParams(fixed_ms=5.0, decode_ms=0.2, prefill_ms=0.05))  # a GPU: n_batch in 0.1 s
+    assert parse_policy("target:50").prefill_allowance(0, 2048, fast) == 2048
     assert parse_policy("fixed:32").prefill_allowance(0, 2048, cost) == 32
 
 
