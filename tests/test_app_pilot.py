@@ -325,3 +325,40 @@ async def test_finished_rows_leave_the_sequences_panel_after_a_while(tmp_path):
         panel.refresh_rows()
         assert panel.live_sessions == [client.submitted[1].session_id]
         assert list(panel._rows) == [client.submitted[1].session_id]
+
+
+async def test_a_pasted_block_is_sent_whole(tmp_path):
+    # A one-line Input keeps a paste's first line only; the composer holds a multi-line paste
+    # whole behind a placeholder and puts it back on send.
+    from textual import events
+
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        composer = _grid(app).panes[0].composer
+        await pilot.press(*"Fix: ")
+        composer.post_message(events.Paste("def f(x):\r\n    return x +\r\n"))
+        await pilot.pause()
+        assert composer.value == "Fix: [pasted text #1: 2 lines, 24 chars]"
+        composer.post_message(events.Paste("one line\n"))  # a single line goes in as typed
+        await pilot.pause()
+        assert composer.value.endswith("chars]one line")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(client.submitted) == 1, what="the submit")
+        assert client.submitted[0].messages[-1].content == "Fix: def f(x):\n    return x +one line"
+        assert composer.value == ""
+        # Shown as written: line breaks and indentation kept (as Markdown they would collapse).
+        pane = _grid(app).panes[0]
+        await wait_for(pilot, lambda: pane.query(".plain"), what="the user's message on screen")
+        plain = pane.query_one(".plain")
+        await wait_for(pilot, lambda: plain.size.height >= 2, what="its layout")
+        rows = [plain.render_line(y).text.rstrip() for y in range(2)]
+        assert rows == ["Fix: def f(x):", "    return x +one line"]
+        client.run_to_completion()
+        await settle(pilot)
+        composer.post_message(events.Paste("a\nb"))
+        await pilot.pause()
+        composer.value = composer.value.replace("#2", "#9")  # an edited placeholder is just text
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(client.submitted) == 2, what="the second submit")
+        assert client.submitted[1].messages[-1].content == "[pasted text #9: 2 lines, 3 chars]"

@@ -154,9 +154,10 @@ class ChatPane(Vertical):
     @on(Input.Submitted)
     def _composer_submitted(self, event: Input.Submitted) -> None:
         event.stop()
-        text = event.value.strip()
+        if not event.value.strip():
+            return
+        text = self.composer.take().strip()  # pasted blocks put back whole
         if text:
-            event.input.clear()
             self.post_message(self.Submitted(self, text))
 
     # ---- conversation -------------------------------------------------------------------------

@@ -32,6 +32,7 @@ class MessageView(Vertical):
     MessageView > Markdown { margin: 0; padding: 0 0 0 1; background: transparent; }
     MessageView > StreamingText { padding: 0 0 0 1; margin: 0 0 1 0; }
     MessageView.-user > Markdown { border-left: outer $primary 50%; }
+    MessageView > .plain { padding: 0 0 1 1; border-left: outer $primary 50%; }
     """
 
     def __init__(self, message: MessageRecord, *, speaker: str, streaming: bool = False) -> None:
@@ -58,6 +59,10 @@ class MessageView(Vertical):
         yield Static(self._header, classes="header", markup=False)
         if self._streaming:  # the Markdown comes with the first finished block (see write)
             yield StreamingText()
+        elif self.kind_of(self.message) == "user" and "\n" in self.message.content.strip():
+            # What the user wrote over several lines (a pasted block: code, a log) is shown as
+            # written; as Markdown its line breaks and indentation would collapse into one paragraph.
+            yield Static(self.message.content.strip("\n"), classes="plain", markup=False)
         else:
             yield Markdown(self.message.content)
 
