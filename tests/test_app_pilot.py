@@ -362,3 +362,21 @@ async def test_a_pasted_block_is_sent_whole(tmp_path):
         await pilot.press("enter")
         await wait_for(pilot, lambda: len(client.submitted) == 2, what="the second submit")
         assert client.submitted[1].messages[-1].content == "[pasted text #9: 2 lines, 3 chars]"
+
+
+async def test_scheduler_panel_gives_way_on_a_narrow_terminal_until_toggled(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        panel = app.workspace.scheduler_panel
+        await wait_for(pilot, lambda: not panel.display, what="the panel hidden at 80 columns")
+        await pilot.resize_terminal(140, 40)
+        await wait_for(pilot, lambda: panel.display, what="the panel back at 140 columns")
+        pane = _grid(app).panes[0]
+        await pilot.resize_terminal(80, 24)
+        await wait_for(pilot, lambda: not panel.display and pane.region.width > 70, what="the chat taking the width")
+        await pilot.press("f3")  # the user's choice stands whatever the width
+        assert panel.display
+        await pilot.resize_terminal(90, 24)
+        await wait_for(pilot, lambda: app.screen.size.width == 90 and pane.region.width < 50,
+                       what="the layout at 90 columns, beside the panel")
+        assert panel.display

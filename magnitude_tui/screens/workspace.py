@@ -8,7 +8,7 @@ import time
 import uuid
 from pathlib import Path
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
@@ -35,6 +35,7 @@ SAVE_INTERVAL_S = 0.5  # streaming replies reach the database at most this far b
 PAINT_TICK_S = 0.1  # the focused pane's text and status repaint this often (tokens are buffered)
 BACKGROUND_PAINT_S = 0.25  # the other panes', while more than BUSY_PANES panes stream at once
 BUSY_PANES = 2
+SCHEDULER_PANEL_MIN_WIDTH = 110  # columns; narrower terminals start with the scheduler panel hidden
 TYPING_S = 0.3  # after a keypress, only the focused pane repaints this long (the key's frame stays small)
 TYPING_MAX_HOLD_S = 1.0  # ... but the other panes still repaint at least this often while keys come
 _PANES = Binding.Group("Pane")
@@ -79,6 +80,7 @@ class WorkspaceScreen(Screen):
         self._panes: dict[str, ChatPane] = {}  # open panes; outlives the DOM at shutdown, for save()
         self._painted_all = 0.0  # when every pane was last painted (monotonic)
         self.batches_applied = 0  # engine batches taken in (tests wait on it, not on wall time)
+        self._scheduler_chosen = False  # f3 was pressed: the panel no longer follows the width
 
     def compose(self) -> ComposeResult:
         # Held directly: engine events keep arriving while the DOM is torn down at exit.
@@ -363,6 +365,13 @@ class WorkspaceScreen(Screen):
     def action_toggle_scheduler(self) -> None:
         panel = self.scheduler_panel
         panel.display = not panel.display
+        self._scheduler_chosen = True  # the user decides from now on, whatever the width
+
+    def on_resize(self, event: events.Resize) -> None:
+        # The scheduler panel is 44 columns: on a narrow terminal (80x24) it would take more room
+        # than the chat. Until the user toggles it (f3), it shows only where the panes keep most.
+        if not self._scheduler_chosen:
+            self.scheduler_panel.display = event.size.width >= SCHEDULER_PANEL_MIN_WIDTH
 
     # ---- persistence --------------------------------------------------------------------------
 
