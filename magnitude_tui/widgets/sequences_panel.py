@@ -19,8 +19,11 @@ RATE_SAMPLE_S = 0.25  # engine-clock spacing of the rate sparkline's samples
 KEEP_DONE_S = 4.0  # a finished sequence stays listed briefly so a burst can be read afterwards
 SPARK_WIDTH = 12
 
-COLUMNS = ("pane", "seq", "phase", "prompt (cached)", "gen", "queue", "TTFT", "tok/s",
-           "ITL p50/p95/max", "rate")
+# Every column has a fixed width (its widest value: "done·cancelled", "99.9k/99.9k (99.9k)",
+# "123.4 s", 12 sparkline cells): a table that sized columns to what it had seen so far grew
+# sideways as values changed, and how wide it got depended on when it happened to repaint.
+COLUMNS = {"pane": 7, "seq": 3, "phase": 14, "prompt (cached)": 19, "gen": 5, "queue": 7, "TTFT": 7,
+           "tok/s": 5, "ITL p50/p95/max": 20, "rate": SPARK_WIDTH}
 
 
 @dataclass
@@ -57,10 +60,8 @@ class SequencesPanel(Vertical):
 
     def compose(self) -> ComposeResult:
         table: DataTable = DataTable(cursor_type="none", zebra_stripes=True, show_cursor=False)
-        for name in COLUMNS:
-            # The phase column is as wide as its longest label ("done·cancelled"), so the table
-            # does not jump sideways when a finished row leaves it.
-            table.add_column(name, width=14 if name == "phase" else None, key=name)
+        for name, width in COLUMNS.items():
+            table.add_column(name, width=width, key=name)
         yield table
 
     def on_mount(self) -> None:
@@ -108,7 +109,7 @@ class SequencesPanel(Vertical):
             for session_id, row_cells in cells.items():
                 for column, new, old in zip(COLUMNS, row_cells, self._shown[session_id]):
                     if _cell_key(new) != _cell_key(old):
-                        table.update_cell(session_id, column, new, update_width=True)
+                        table.update_cell(session_id, column, new)
         self._shown = cells
 
     def _cells(self, row: _Row) -> list[object]:
