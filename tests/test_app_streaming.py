@@ -79,6 +79,18 @@ async def test_reply_streams_as_markdown_block_by_block(tmp_path):
         assert "per_row * rows" in fence.code and fence.lexer == "python"
 
 
+async def test_a_reply_view_that_never_got_mounted_takes_its_writes_and_end_quietly():
+    # As the app closes, a paint can mount a reply's view onto a transcript being torn down
+    # (Textual then skips the mount; seen in a CI rehearsal of `bench ui`): painting it must not
+    # crash the app on its way out. The text is in the message record either way.
+    from magnitude_tui.store import MessageRecord
+
+    view = MessageView(MessageRecord("assistant", "Hello\n\nthere", complete=False), speaker="A1", streaming=True)
+    await view.write("Hello\n\nthere")
+    await view.finish()
+    assert view.settled and not view.children
+
+
 def test_settled_prefix_ends_at_finished_blocks():
     assert settled_prefix("Hello wor") == 0
     assert settled_prefix("Hello world.\n") == 0  # the paragraph may go on

@@ -169,8 +169,8 @@ class ChatPane(Vertical):
             return
         self.record.messages.append(message)
         self._mark_unsaved(message)
-        if self.is_mounted:
-            await self.query_one(".transcript").mount(MessageView(message, speaker=self._speaker(message)))
+        for transcript in self.query(".transcript"):  # none before compose or while torn down
+            await transcript.mount(MessageView(message, speaker=self._speaker(message)))
 
     def begin_request(self, request_id: str) -> None:
         self.request_id = request_id
@@ -216,7 +216,8 @@ class ChatPane(Vertical):
             await self._paint(self._reply)
         if self._status_dirty:
             self._status_dirty = False
-            self.query_one(StatusLine).show(self.last_update)
+            for status in self.query(StatusLine):  # none while the pane is torn down
+                status.show(self.last_update)
         if ended and not self._ended and not self.busy:
             held, self._held_results = self._held_results, []
             for message in held:
@@ -228,8 +229,11 @@ class ChatPane(Vertical):
         text = "".join(reply.pending)
         reply.pending.clear()
         if reply.view is None:
+            transcript = self.query(".transcript")
+            if not transcript:  # the pane is being torn down (the app is closing)
+                return
             reply.view = MessageView(reply.message, speaker=self.record.name, streaming=True)
-            await self.query_one(".transcript").mount(reply.view)
+            await transcript.first().mount(reply.view)
         await reply.view.write(text)
 
     async def _settle(self, reply: "_Reply | None", update: SeqUpdate) -> None:

@@ -87,7 +87,13 @@ class MessageView(Vertical):
             if not self._writing:
                 self._writing = True
                 self.refresh_header()
-            tail = self.query_one(StreamingText)
+            tails = self.query(StreamingText)
+            if not self.is_attached or not tails:
+                # A paint as the app closes can mount this view onto a transcript being torn down
+                # (Textual then skips the mount): there is nothing to draw on, and the text itself
+                # is in self.message already.
+                return
+            tail = tails.first()
             # A block can only end at a newline, and the tail holds none that ended one.
             pending = tail.text + fragment if "\n" in fragment else ""
             cut = settled_prefix(pending)
@@ -105,7 +111,7 @@ class MessageView(Vertical):
                 return
             self._finished = True
             text = self.message.content + (f"\n\n> {note}\n" if note else "")
-            if self._streaming:  # the streamed pieces give way to one document
+            if self._streaming and self.is_attached:  # the streamed pieces give way to one document
                 pieces = list(self.query("StreamingText, Markdown"))
                 # Mount the whole first, then drop the pieces: no frame shows the body missing.
                 await self.mount(Markdown(text), before=pieces[0] if pieces else None)
