@@ -154,11 +154,8 @@ class ChatPane(Vertical):
     @on(Input.Submitted)
     def _composer_submitted(self, event: Input.Submitted) -> None:
         event.stop()
-        if not event.value.strip():
-            return
-        text = self.composer.take().strip()  # pasted blocks put back whole
-        if text:
-            self.post_message(self.Submitted(self, text))
+        if event.value.strip():
+            self.post_message(self.Submitted(self, self.composer.take().strip()))  # pastes put back whole
 
     # ---- conversation -------------------------------------------------------------------------
 
