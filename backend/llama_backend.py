@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 import llama_cpp
 
-from backend import native, usable_cpus
+from backend import model_path_problem, native, usable_cpus
 from backend.chat import Detokenizer, Vocab
 from backend.protocol import DecodeOutcome, DecodeResult, check_plan
 from scheduler.types import BatchPlan, Message, SamplingParams
@@ -92,8 +92,9 @@ class LlamaBackend:
     ) -> "LlamaBackend":
         native.init(verbose)
         model_path = model_path or default_model_path()
-        if not os.path.isfile(model_path):
-            raise ModelLoadError(f"model file not found: {model_path}")
+        problem = model_path_problem(model_path)
+        if problem is not None:
+            raise ModelLoadError(problem)
         dev = native.select_device(device)
         device_name = f"{dev.name} ({dev.description})" if dev else "CPU"
 

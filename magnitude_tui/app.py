@@ -50,6 +50,8 @@ class MagnitudeApp(App):
 
     def on_mount(self) -> None:
         restored = self.store.open_workspace(resume=self._resume)
+        if self.store.notice:
+            self.notify(self.store.notice, title="Database", severity="warning", timeout=30)
         self.install_screen(WorkspaceScreen(client=self.client, store=self.store, config=self.config,
                                             restored=restored, export_dir=self._export_dir,
                                             sampling=self.sampling), "workspace")
@@ -74,7 +76,7 @@ def run_app(config: EngineConfig, *, theme: str | None, resume: bool,
 
     if theme is not None and theme not in available_themes():
         raise ValueError(f"unknown theme {theme!r}; choose from {', '.join(available_themes())}")
-    store = Store()
+    store = Store()  # StoreError (a newer schema, a locked file) reaches the CLI's message
     client = EngineClient(config)
     try:
         MagnitudeApp(config, client=client, store=store, theme=theme, resume=resume,

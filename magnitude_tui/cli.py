@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -54,9 +53,14 @@ def main(
     config = EngineConfig(model=model, device=device, policy=policy, n_ctx=n_ctx, verbose=verbose,
                           n_threads=threads or max(1, usable_cpus() - 1))
     from magnitude_tui.app import run_app
+    from magnitude_tui.store import StoreError
 
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    run_app(config, theme=theme, resume=resume, sampling=sampling)
+    try:
+        run_app(config, theme=theme, resume=resume, sampling=sampling)
+    except StoreError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -113,8 +117,11 @@ def generate(
 
 
 def _check_model(model: Optional[str]) -> None:
-    if model is not None and not os.path.isfile(model):
-        raise typer.BadParameter(f"model file not found: {model}", param_hint="--model")
+    from backend import model_path_problem
+
+    problem = model_path_problem(model) if model is not None else None
+    if problem is not None:
+        raise typer.BadParameter(problem, param_hint="--model")
 
 
 from magnitude_tui.bench.cli import bench_app  # noqa: E402  (typer and rich only; commands import the rest)

@@ -148,6 +148,7 @@ def fork(
     _finish(run_fork(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, plot_fork)
 
 
+from magnitude_tui.bench import soak as _soak  # noqa: E402,F401  (registers `bench soak`; imports lazily)
 from magnitude_tui.bench import ui as _ui  # noqa: E402,F401  (registers `bench ui`; imports lazily)
 
 if __name__ == "__main__":

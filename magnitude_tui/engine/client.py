@@ -19,7 +19,7 @@ from magnitude_tui.engine.events import (
     Shutdown,
     Submit,
 )
-from scheduler.types import DoneReason, Phase, Request, SeqUpdate, StepReport
+from scheduler.types import DoneReason, Phase, Rejection, RejectReason, Request, SeqUpdate, StepReport
 
 _CLOSED = object()
 
@@ -126,8 +126,12 @@ class EngineClient:
     # ---- commands ----------------------------------------------------------------------------
 
     def submit(self, request: Request) -> None:
-        with self._live_lock:
-            self._live[request.request_id] = request.session_id
+        rid, sid = getattr(request, "request_id", None), getattr(request, "session_id", None)
+        if isinstance(rid, str) and isinstance(sid, str):
+            with self._live_lock:
+                # A reused id must not take over the live entry: the engine rejects the newcomer,
+                # and the original still needs its error if the worker dies.
+                self._live.setdefault(rid, sid)
         if not self._send(Submit(request)):
             self._fail_live("the engine is not running; restart it")
 
@@ -190,6 +194,7 @@ class EngineClient:
             for event in batch:
                 if isinstance(event, StepReport):
                     self._forget_finished(event.updates)
+                    self._forget_rejected(event.rejected)
             self._events.put(batch)
         if not self._stopping:
             self._fail_live(self._death_reason())
@@ -199,6 +204,13 @@ class EngineClient:
             for u in updates:
                 if u.phase is Phase.DONE:
                     self._live.pop(u.request_id, None)
+
+    def _forget_rejected(self, rejected: list[Rejection]) -> None:
+        with self._live_lock:
+            for r in rejected:
+                # A duplicate's id belongs to the live original, which stays in the table.
+                if r.reason is not RejectReason.DUPLICATE_ID:
+                    self._live.pop(r.request_id, None)
 
     def _death_reason(self) -> str:
         if self._proc is None:
