@@ -131,13 +131,16 @@ def _prepare(db: sqlite3.Connection, path: Path) -> int | None:
     if check != ["ok"]:
         raise _Unreadable(f"integrity check failed: {'; '.join(check[:3])}")
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if version == 0 and tables:
+        raise _Unreadable(f"it holds tables of another program ({', '.join(sorted(tables)[:5])}) "
+                          "and no magnitude-tui schema version")
+    if version == SCHEMA_VERSION:
+        _check_columns(db)
+    # Only now is the file known to be ours: switching to WAL rewrites its header.
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     db.execute("PRAGMA foreign_keys=ON")
     if version == 0:
-        if tables:
-            raise _Unreadable(f"it holds tables of another program ({', '.join(sorted(tables)[:5])}) "
-                              "and no magnitude-tui schema version")
         db.executescript(SCHEMA)
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         return None
@@ -155,7 +158,7 @@ def _prepare(db: sqlite3.Connection, path: Path) -> int | None:
         except BaseException:
             db.execute("ROLLBACK")
             raise
-    _check_columns(db)
+        _check_columns(db)
     return migrated_from
 
 

@@ -8,16 +8,24 @@ from scheduler.types import DoneReason, Phase, Request, SamplingParams
 from tests.engine_driver import Driver, assert_clean, engine_for
 
 
+def admission_step(d: Driver, rid: str) -> int | None:
+    """The index of the first report in which the request holds a slot (it was admitted)."""
+    for i, report in enumerate(d.reports):
+        if any(u.request_id == rid and u.phase in (Phase.PREFILL, Phase.GENERATING) for u in report.updates):
+            return i
+    return None
+
+
 def test_a_flood_of_64_requests_is_served_in_order_and_every_one_completes():
     engine, _ = engine_for(FakeBackend(n_ctx=16384, n_seq_max=8), policy="fixed:64")
     d = Driver(engine)
     rids = [d.submit(f"r{i:02}", f"s{i:02}", "word " * (5 + (i * 7) % 40), max_tokens=8) for i in range(64)]
     d.run_until_done(*rids, timeout=60)
-    firsts = [d.seen[r].last.queue_ms for r in rids]
-    # Submitted together: each one's first row comes no earlier than the one before it.
-    assert firsts == sorted(firsts), firsts
+    admitted = [admission_step(d, r) for r in rids]
+    # Submitted together: each one gets a slot no earlier than the one submitted before it.
+    assert admitted == sorted(admitted) and admitted[0] == 0, admitted
+    assert len(set(admitted)) > 8  # it really queued: 8 slots for 64 requests
     assert all(d.seen[r].text == DEFAULT_REPLY[:8] and d.seen[r].last.done_reason is DoneReason.LENGTH for r in rids)
-    assert max(firsts) < 1e3 * len(d.reports)  # bounded: reported, and finite for everyone
     assert_clean(engine, *(f"s{i:02}" for i in range(64)))
 
 

@@ -87,9 +87,11 @@ def test_a_database_of_another_program_is_moved_aside_not_rewritten(tmp_path):
     db.execute("INSERT INTO recipes VALUES ('soup')")
     db.commit()
     db.close()
+    before = path.read_bytes()
     store = Store(path)
     [moved] = _moved(path)
     assert "another program" in store.notice
+    assert moved.read_bytes() == before  # not even its header was touched
     assert sqlite3.connect(moved).execute("SELECT name FROM recipes").fetchall() == [("soup",)]
 
 
@@ -100,8 +102,10 @@ def test_a_file_stamped_with_our_version_but_another_layout_is_moved_aside(tmp_p
     db.execute(f"PRAGMA user_version={store_open.SCHEMA_VERSION}")
     db.commit()
     db.close()
+    before = path.read_bytes()
     store = Store(path)
-    assert len(_moved(path)) == 1 and "stamped schema 1 but" in store.notice
+    [moved] = _moved(path)
+    assert "stamped schema 1 but" in store.notice and moved.read_bytes() == before
     assert store.open_workspace(resume=True) == []
     store.add_pane(PaneRecord("p", "A1", messages=[MessageRecord("user", "hi")]))  # no "no such column"
 
