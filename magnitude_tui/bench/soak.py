@@ -9,7 +9,9 @@ Scenarios (each row: operations or duration, failures, leaked KV cells/slots, da
 - worker kill -9: three streaming requests (every other round plus a reused id), SIGKILL, every one
   must end with an error within 1 s, then a restart must serve a new request;
 - corrupt databases: random bytes, a damaged half, a truncation, another program's file, a newer
-  schema: the store must move the file aside intact (or refuse a newer one) and start.
+  schema: the store must move the file aside intact (or refuse a newer one) and start;
+- corrupt model files: each handed to a real engine worker, which must fail with a reason;
+- app kill -9 while 8 panes stream (soak_app.py): at most 1 s of received text lost on resume.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class SoakConfig:
     flood_rounds: int = 5
     kill_rounds: int = 10
     db_rounds: int = 25
+    app_kill_rounds: int = 5
     seed: int = 1
     model: str | None = None
     device: str = "cpu"
@@ -326,6 +329,63 @@ def databases(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
                 len(failures), "-", f"{lost} files"), failures
 
 
+MODEL_DAMAGE = ("empty file", "random bytes", "zeroed header", "truncated 1%", "truncated 10%",
+                "truncated 50%", "truncated 90%")
+
+
+def model_files(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
+    """Each damaged GGUF goes to a real engine worker, as the app would send it: the worker must
+    end with EngineFailed and a reason (a native abort there is reported too), never hang, and
+    the caller must stay up to start the next one."""
+    from backend.llama_backend import default_model_path
+    from magnitude_tui.engine.client import EngineClient
+    from magnitude_tui.engine.events import EngineConfig, EngineFailed, EngineReady
+
+    good = Path(cfg.model or default_model_path()).read_bytes()
+    rng = random.Random(cfg.seed)
+    failures: list[str] = []
+    outcomes: dict[str, str] = {}
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in MODEL_DAMAGE:
+            path = Path(tmp) / f"{kind.replace(' ', '-').replace('%', 'pc')}.gguf"
+            if kind == "empty file":
+                data = b""
+            elif kind == "random bytes":
+                data = rng.randbytes(1 << 20)
+            elif kind == "zeroed header":
+                data = bytes(4096) + good[4096:]
+            else:
+                data = good[: len(good) * int(kind.split()[1][:-1]) // 100]
+            path.write_bytes(data)
+            client = EngineClient(EngineConfig(backend="llama", model=str(path), device=cfg.device,
+                                               n_ctx=512, n_seq_max=2), log_path=str(Path(tmp) / "engine.log"))
+            client.start()
+            verdict = None
+            t_end = time.monotonic() + 120
+            try:
+                while verdict is None and time.monotonic() < t_end:
+                    for ev in client.poll_events(timeout=0.5) or []:
+                        if isinstance(ev, EngineFailed):
+                            verdict = "error: " + ev.message[:120]
+                        elif isinstance(ev, EngineReady):
+                            verdict = "loaded"
+            finally:
+                client.stop()
+            outcomes[kind] = verdict or "no answer in 120 s"
+            if verdict is None or verdict == "loaded":
+                failures.append(f"{kind}: {outcomes[kind]}")
+            progress(f"  {kind}: {outcomes[kind]}")
+    return _row("corrupt model files, throwaway worker", f"{len(MODEL_DAMAGE)} files, {time.monotonic() - t0:.0f} s",
+                len(failures), "-", "-", outcomes=outcomes), failures
+
+
+def _app_kill(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
+    from magnitude_tui.bench.soak_app import app_kill
+
+    return app_kill(cfg, progress)
+
+
 # ---- the command -----------------------------------------------------------------------------
 
 SCENARIOS: dict[str, Callable[[SoakConfig, Callable[[str], None]], tuple[dict, list[str]]]] = {
@@ -335,6 +395,8 @@ SCENARIOS: dict[str, Callable[[SoakConfig, Callable[[str], None]], tuple[dict, l
     "flood": flood,
     "kill": kill_loop,
     "databases": databases,
+    "model-files": model_files,
+    "app-kill": _app_kill,
 }
 
 
@@ -365,6 +427,7 @@ def soak(
     rounds: int = typer.Option(20, "--rounds", help="Rounds of the bad-input table."),
     floods: int = typer.Option(5, "--floods", help="Floods of 64 requests."),
     dbs: int = typer.Option(25, "--dbs", help="Damaged database files."),
+    app_kills: int = typer.Option(5, "--app-kills", help="App kill -9 rounds while 8 panes stream."),
     only: Optional[str] = typer.Option(None, "--only", help=f"Comma-separated scenarios ({', '.join(SCENARIOS)})."),
     seed: int = typer.Option(1, "--seed"),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, out: Path = OutOpt,
@@ -376,7 +439,7 @@ def soak(
         raise typer.BadParameter(f"unknown scenario {bad[0]!r}: choose from {', '.join(SCENARIOS)}",
                                  param_hint="--only")
     cfg = SoakConfig(fake_ops=fake_ops, real_ops=real_ops, bad_rounds=rounds, flood_rounds=floods,
-                     kill_rounds=kills, db_rounds=dbs, seed=seed, model=model, device=device)
+                     kill_rounds=kills, db_rounds=dbs, app_kill_rounds=app_kills, seed=seed, model=model, device=device)
     result = run_soak(cfg, chosen, progress=_progress)
     _finish(result, out, None)
     if result.data["failures"]:
