@@ -116,7 +116,7 @@ class LlamaBackend:
         mparams.progress_callback = progress
         model = llama_cpp.llama_model_load_from_file(model_path.encode(), mparams)
         if not model:
-            raise ModelLoadError(f"llama.cpp could not load {model_path} (is it a GGUF model? see --verbose)")
+            raise ModelLoadError(f"llama.cpp could not load {model_path} (is it a GGUF model? llama.cpp's reason is in its log: the engine log, or stderr)")
         n_threads = n_threads or usable_cpus()
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx

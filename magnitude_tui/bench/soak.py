@@ -92,8 +92,10 @@ def machine_fake(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
     from backend.simulated import VirtualClock
     from magnitude_tui.engine.core import Engine
 
+    shapes = random.Random(cfg.seed)  # each episode: another slot count and end-of-generation
+
     def make():
-        rng = random.Random(cfg.seed)
+        rng = shapes
         backend = FakeBackend(n_ctx=700, n_seq_max=rng.choice([3, 5, 8]), n_batch=96,
                               eog_after=rng.choice([None, 12]))
         return Engine(backend, policy="fixed:32", clock=VirtualClock(), coalesce_ms=0, gen_reserve=24)
@@ -414,7 +416,9 @@ def run_soak(cfg: SoakConfig, scenarios: tuple[str, ...], progress=lambda s: Non
              "(or shown twice), requests left without their error, damaged files not kept."]
     for name, fails in failures.items():
         notes += [f"{name}: {f}" for f in fails[:5]]
-    simple = [{k: (str(v) if isinstance(v, dict) else v) for k, v in r.items()} for r in rows]
+    # One table: every row gets every column (a scenario's own columns are blank elsewhere).
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    simple = [{k: (str(r[k]) if isinstance(r.get(k), dict) else r.get(k)) for k in columns} for r in rows]
     return BenchResult(name="soak", title="Reliability soak", config=asdict(cfg), machine=machine_info(),
                        tables={"scenarios": simple}, notes=notes, data={"failures": failures})
 
