@@ -378,8 +378,10 @@ def model_files(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
             if verdict is None or verdict == "loaded":
                 failures.append(f"{kind}: {outcomes[kind]}")
             progress(f"  {kind}: {outcomes[kind]}")
+    clean = sum(v.startswith("error: ") for v in outcomes.values())
+    progress(f"  e.g. {next(iter(outcomes.values()), '')}")
     return _row("corrupt model files, throwaway worker", f"{len(MODEL_DAMAGE)} files, {time.monotonic() - t0:.0f} s",
-                len(failures), "-", "-", outcomes=outcomes), failures
+                len(failures), "-", "-", failed_with_a_reason=f"{clean}/{len(MODEL_DAMAGE)}"), failures
 
 
 def _app_kill(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
