@@ -112,6 +112,48 @@ def generate(
     raise typer.Exit(code)
 
 
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (anything but loopback needs --api-key)."),
+    port: int = typer.Option(8080, "--port", min=1, max=65535),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' "
+                                          "(or set MAGNITUDE_API_KEY)."),
+    model: Optional[str] = ModelOpt,
+    device: str = DeviceOpt,
+    policy: str = PolicyOpt,
+    n_ctx: int = CtxOpt,
+    parallel: int = typer.Option(16, "--parallel", "-np", min=1, max=64, help="Sequences in the shared batch."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads (default: all usable)."),
+    max_live: int = typer.Option(64, "--max-queue", min=1, help="Requests in flight before 429."),
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Serve the engine headless as an OpenAI-compatible endpoint (/v1/chat/completions, /v1/models, /health)."""
+    import asyncio
+
+    from magnitude_tui.engine.client import EngineClient
+    from magnitude_tui.engine.events import EngineConfig
+    from magnitude_tui.serve.app import ServeOptions
+    from magnitude_tui.serve.server import ServeConfigError, check_bind, resolve_api_key, serve_async
+
+    _check_model(model)
+    key = resolve_api_key(api_key)
+    try:
+        check_bind(host, key)
+    except ServeConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    config = EngineConfig(model=model, device=device, policy=policy, n_ctx=n_ctx, n_seq_max=parallel,
+                          n_threads=threads, verbose=verbose)
+    client = EngineClient(config, log_path=None if verbose else "auto")
+    client.start()
+    name = os.path.basename(model) if model else "SmolLM2-135M-Instruct"
+    try:
+        asyncio.run(serve_async(client, host=host, port=port,
+                                options=ServeOptions(model_name=name, api_key=key, max_live=max_live)))
+    except KeyboardInterrupt:
+        pass
+
+
 def _check_model(model: Optional[str]) -> None:
     if model is not None and not os.path.isfile(model):
         raise typer.BadParameter(f"model file not found: {model}", param_hint="--model")
