@@ -24,7 +24,9 @@ def make(policy="fixed:32", *, n_ctx=4096, n_seq_max=8, n_batch=512, gen_reserve
 
 
 def add(sched, rid, n_prompt, *, session=None, max_tokens=1000, fork_from=None, prompt=None):
-    tokens = list(prompt) if prompt is not None else [100 + (i % 700) for i in range(n_prompt)]
+    # Distinct per conversation (admission shares any idle conversation's prefix, not only a parent's).
+    start = sum(map(ord, session or f"s-{rid}")) * 7
+    tokens = list(prompt) if prompt is not None else [100 + ((i + start) % 700) for i in range(n_prompt)]
     req = Request(rid, session or f"s-{rid}", (), SamplingParams(max_tokens=max_tokens),
                   fork_from=fork_from, prompt_tokens=tuple(tokens))
     seq = Sequence(req, tokens, t_submit=0.0)
@@ -402,4 +404,32 @@ def test_a_fork_never_waits_forever_on_its_idle_parent_slot():
     kid = add(sched, "k", 0, session="kid", fork_from="parent", prompt=parent.prompt + [7, 8])
     step(sched, kv)
     assert kid.phase is Phase.GENERATING and kid.num_cached == 0 and "parent" not in sched.sessions
+    close_all(sched)
+
+
+def test_a_new_conversation_shares_the_longest_prefix_any_idle_one_holds():
+    # An agent re-sends its whole history under a new id: the idle conversation that already
+    # holds it lends its cells, so only the new tail is evaluated.
+    sched, kv = make("fixed:512")
+    history = [200 + i for i in range(40)]
+    first = add(sched, "turn1", 0, session="call-1", max_tokens=1, prompt=history)
+    other = add(sched, "other", 0, session="call-x", max_tokens=1, prompt=history[:20] + [9] * 30)
+    while not (first.is_finished and other.is_finished):
+        step(sched, kv)
+    cells = kv.kv_cells_used()
+    second = add(sched, "turn2", 0, session="call-2", prompt=history + [300 + i for i in range(10)])
+    plan = step(sched, kv)
+    assert second.num_cached == 40 and rows(plan) == {second.seq_id: 10}
+    assert kv.kv_cells_used() == cells + 10  # shared, not copied
+    close_all(sched)
+
+
+def test_a_short_common_opening_is_not_shared():
+    sched, kv = make("fixed:512")
+    a = add(sched, "a", 0, session="a", max_tokens=1, prompt=[7] * 10 + [1] * 30)
+    while not a.is_finished:
+        step(sched, kv)
+    b = add(sched, "b", 0, session="b", prompt=[7] * 10 + [2] * 30)
+    step(sched, kv)
+    assert b.num_cached == 0
     close_all(sched)

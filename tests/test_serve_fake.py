@@ -233,3 +233,16 @@ def test_api_key_is_required_when_set():
         ok = openai.OpenAI(base_url=s.base, api_key="sekrit", max_retries=0).chat.completions.create(
             model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         assert ok.choices[0].message.content == _expected(3)
+
+
+def test_an_agents_second_turn_reports_its_first_turn_as_cached(server):
+    client = _client(server)
+    history = [{"role": "system", "content": "You are agent seven. " * 5},
+               {"role": "user", "content": "first question"}]
+    first = client.chat.completions.create(model="m", messages=history, max_tokens=10)
+    history += [{"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "second question"}]
+    second = client.chat.completions.create(model="m", messages=history, max_tokens=10)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens
+    assert second.model_extra["timings"]["prompt_n"] == second.usage.prompt_tokens - cached
