@@ -11,6 +11,7 @@ from scheduler.types import Phase
 # A prefix shorter than this is not worth a KV copy from another conversation (a chat template's
 # opening lines are shared by everyone; the copy is cheap, but so is evaluating a few rows).
 MIN_DONOR_PREFIX = 16
+WAITING_FOR_PREVIOUS_TURN = "waiting for the previous turn of this conversation to finish"
 
 
 class RequestError(ValueError):
@@ -58,10 +59,11 @@ class Admission:
         that can never run (or whose KV set-up failed), with the message to end them with."""
         failed: list[tuple[Sequence, str]] = []
         blocked_reason: str | None = None
-        for seq in list(self.waiting):
+        # Highest class first, first come first served within a class (the sort is stable).
+        for seq in sorted(self.waiting, key=lambda s: s.priority):
             session = self.residency.sessions.get(seq.session_id)
             if session is not None and session.live not in (None, seq):
-                seq.waiting_reason = "waiting for the previous turn of this conversation to finish"
+                seq.waiting_reason = WAITING_FOR_PREVIOUS_TURN
                 continue
             if blocked_reason is not None:
                 # First come, first served: nobody overtakes a request waiting for room.

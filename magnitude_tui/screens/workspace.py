@@ -27,7 +27,7 @@ from magnitude_tui.widgets.loading_view import LoadingView
 from magnitude_tui.widgets.pane_grid import MAX_PANES, PaneGrid
 from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
 from magnitude_tui.widgets.sequences_panel import SequencesPanel
-from scheduler.types import DoneReason, Phase, Request, SamplingParams, SeqUpdate, StepReport
+from scheduler.types import DoneReason, Phase, Priority, Request, SamplingParams, SeqUpdate, StepReport
 
 PUMP_WAIT_S = 0.2  # longest blocking wait for the next batch (bounds shutdown latency)
 PUMP_SLICE_S = 0.02  # longest the pump holds the event loop while draining a backlog
@@ -243,14 +243,16 @@ class WorkspaceScreen(Screen):
             await pane.add_message(MessageRecord("user", text))
             self.submit_turn(pane)
 
-    def submit_turn(self, pane: ChatPane, *, fork_from: str | None = None) -> None:
+    def submit_turn(self, pane: ChatPane, *, fork_from: str | None = None,
+                    priority: Priority = Priority.INTERACTIVE) -> None:
         """Send the pane's conversation as a new request; it forks `fork_from`'s KV when the
-        current worker holds it (else the engine prefills it cold)."""
+        current worker holds it (else the engine prefills it cold). A person's turn is
+        interactive; spawned subagents pass their own class."""
         request_id = f"{pane.session_id}:{uuid.uuid4().hex[:8]}"
         pane.begin_request(request_id)
         fork = fork_from if fork_from in self._resident else None
         self.client.submit(Request(request_id, pane.session_id, pane.conversation(), self.sampling,
-                                   fork_from=fork))
+                                   fork_from=fork, priority=priority))
 
     async def _slash(self, pane: ChatPane, text: str) -> None:
         try:

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from magnitude_tui.serve.errors import invalid
-from scheduler.types import Message, SamplingParams
+from scheduler.types import Message, Priority, SamplingParams
 
 # OpenAI's own roles; "developer" is the newer name for "system". A role reaches the chat template
 # only through this table, so text in a role can never become template scaffolding.
@@ -34,6 +34,12 @@ class ChatCall:
     priority: int | None = None
     user: str | None = None
     model: str | None = None
+
+    @property
+    def priority_class(self) -> Priority:
+        """API requests are agents; one asking for a priority above 0 (lower, as in vLLM) runs
+        in the background. No API request can claim the interactive class of a person's turn."""
+        return Priority.BACKGROUND if (self.priority or 0) > 0 else Priority.AGENT
 
 
 def parse_chat(body: object, *, default_max_tokens: int) -> ChatCall:
