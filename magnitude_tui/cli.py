@@ -37,6 +37,11 @@ def main(
         "given one context then answer alike)."),
     max_tokens: int = typer.Option(512, "--max-tokens", min=1, help="Longest reply, in tokens."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (default: a fresh one per reply)."),
+    serve_port: Optional[int] = typer.Option(
+        None, "--serve", min=1, max=65535, help="Also serve the engine as an OpenAI-compatible endpoint on "
+        "127.0.0.1:PORT; every HTTP conversation shows as a pane."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Key the --serve endpoint requires "
+                                          "(or set MAGNITUDE_API_KEY)."),
     verbose: bool = VerboseOpt,
 ) -> None:
     """Launch the app on the default model (no subcommand)."""
@@ -56,7 +61,10 @@ def main(
     from magnitude_tui.app import run_app
 
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    run_app(config, theme=theme, resume=resume, sampling=sampling)
+    from magnitude_tui.serve.server import resolve_api_key
+
+    run_app(config, theme=theme, resume=resume, sampling=sampling, serve_port=serve_port,
+            api_key=resolve_api_key(api_key))
 
 
 @app.command()

@@ -65,8 +65,11 @@ class WorkspaceScreen(Screen):
     ]
 
     def __init__(self, *, client, store: Store, config: EngineConfig, restored: list[PaneRecord],
-                 export_dir: Path, sampling: SamplingParams | None = None) -> None:
+                 export_dir: Path, sampling: SamplingParams | None = None, serve=None) -> None:
+        """`serve`: an object with `start(workspace)` and `dispatch(batch)` (the HTTP endpoint
+        of `--serve PORT`), fed every engine batch."""
         super().__init__()
+        self.serve = serve
         self.sampling = sampling or SamplingParams()
         self.client = client
         self.store = store
@@ -109,6 +112,8 @@ class WorkspaceScreen(Screen):
         self.set_interval(PAINT_TICK_S, self.paint)
         self.client.start()
         self.run_worker(self._pump_events(), name="engine-events", exclusive=True)
+        if self.serve is not None:
+            self.serve.start(self)
 
     async def _pump_events(self) -> None:
         """Apply engine batches (one per step) as they come, draining a backlog in one go.
@@ -126,6 +131,16 @@ class WorkspaceScreen(Screen):
                     await asyncio.sleep(0)  # let the screen repaint between slices of a backlog
                     deadline = loop.time() + PUMP_SLICE_S
                 batch = self.client.poll_events(0)
+
+    def panes_by_session(self) -> dict[str, ChatPane]:
+        return dict(self._panes)
+
+    def open_pane(self, pane: ChatPane) -> asyncio.Future:
+        """Route the pane's updates from now on and mount it soon (for callers outside a handler,
+        whose request may produce updates before the mount is done)."""
+        self._panes[pane.session_id] = pane
+        self.store.add_pane(pane.record)
+        return asyncio.ensure_future(self.grid.add_pane(pane, focus=False))
 
     async def add_pane(self, pane: ChatPane, *, focus: bool = True) -> None:
         """Mount a pane in the grid and route its session's engine updates to it."""
@@ -168,6 +183,8 @@ class WorkspaceScreen(Screen):
         """One engine batch (one step). Only bookkeeping here: panes repaint on the paint tick,
         the panels on their own timers."""
         self.batches_applied += 1
+        if self.serve is not None:
+            self.serve.dispatch(batch)
         for event in batch:
             if isinstance(event, StepReport):
                 self.scheduler_panel.record(event)

@@ -63,7 +63,7 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
         if hub.num_live + call.n > options.max_live:
             raise OpenAIError(429, f"too many requests in flight ({hub.num_live} of {options.max_live}); "
                               "retry shortly", ErrorType.RATE_LIMIT, "queue_full", retry_after_s=1)
-        client_name = call.user or (f"{request.client.host}:{request.client.port}" if request.client else "?")
+        client_name = call.user or (f"api@{request.client.host}" if request.client else "api")
         completion = Completion(hub, call, client_name=client_name)
         try:
             await completion.start()

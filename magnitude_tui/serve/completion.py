@@ -60,7 +60,7 @@ class Completion:
         self.call = call
         self.client_name = client_name
         self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        self.session_base = f"http-{self.id[9:21]}"
+        self.session_base = hub.session_for(client_name)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.choices: list[Choice] = []
         self.prime: Choice | None = None
@@ -81,8 +81,9 @@ class Completion:
                 sampling = replace(sampling, seed=sampling.seed + i)
             c = Choice(index=i, request_id=f"{self.id}-{i}", stops=StopMatcher(self.call.stop))
             self.choices.append(c)
-            self.hub.submit(self._request(c.request_id, f"{self.session_base}-{i}", sampling, fork_from),
-                            self.queue, tag=i)
+            session = self.session_base if i == 0 else f"{self.session_base}-c{i}"
+            self.hub.submit(self._request(c.request_id, session, sampling, fork_from), self.queue, tag=i,
+                            client_name=self.client_name)
         pending = set(range(self.call.n))
         self._early: list[tuple[int, SeqUpdate, float]] = []
         while pending:
@@ -142,6 +143,8 @@ class Completion:
             shown += c.stops.flush()
             if u.done_reason is DoneReason.ERROR:
                 c.error = u.error or "the request failed"
+            elif u.done_reason is DoneReason.CANCELLED:
+                c.error = "cancelled on the server (its pane was closed)"
             else:
                 c.finish_reason = "length" if u.done_reason is DoneReason.LENGTH else "stop"
         c.text += shown

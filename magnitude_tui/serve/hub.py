@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from enum import Enum
 from typing import Callable
 
@@ -31,6 +32,10 @@ class EngineHub:
         self.ready: EngineReady | None = None
         self.last_report: StepReport | None = None
         self._routes: dict[str, tuple[asyncio.Queue, int]] = {}
+        self._live_sessions: dict[str, str] = {}  # session -> its live request id
+        self._run = uuid.uuid4().hex[:6]  # session ids stay unique across runs (they name panes)
+        # Called for every request sent, with the caller's name (the TUI opens a pane for it).
+        self.on_request: Callable[[Request, str], None] | None = None
 
     # ---- engine -> requests ----------------------------------------------------------------
 
@@ -62,13 +67,30 @@ class EngineHub:
         queue, tag = route
         if u.phase is Phase.DONE:
             del self._routes[u.request_id]
+            if self._live_sessions.get(u.session_id) == u.request_id:
+                del self._live_sessions[u.session_id]
         queue.put_nowait((tag, u, now))
 
     # ---- requests -> engine ----------------------------------------------------------------
 
-    def submit(self, request: Request, queue: asyncio.Queue, tag: int = 0) -> None:
+    def session_for(self, client_name: str) -> str:
+        """The conversation a caller's next request runs in: one per caller while it has one
+        request at a time (its KV stays resident between calls), a fresh one beside it when
+        it sends several at once."""
+        slug = "".join(ch if ch.isalnum() or ch in "-_.@" else "_" for ch in client_name)[:40] or "anon"
+        base, k = f"http-{self._run}-{slug}", 1
+        session = base
+        while session in self._live_sessions:
+            k += 1
+            session = f"{base}-{k}"
+        return session
+
+    def submit(self, request: Request, queue: asyncio.Queue, tag: int = 0, client_name: str = "") -> None:
         """Send a request; its updates arrive on `queue` as (tag, SeqUpdate, arrival time)."""
         self._routes[request.request_id] = (queue, tag)
+        self._live_sessions[request.session_id] = request.request_id
+        if self.on_request is not None:
+            self.on_request(request, client_name)
         self.client.submit(request)
 
     def cancel(self, request_id: str) -> None:

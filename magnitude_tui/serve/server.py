@@ -91,3 +91,52 @@ async def _announce_ready(hub: EngineHub, out: TextIO, started: asyncio.Event | 
 
 def resolve_api_key(flag: str | None) -> str | None:
     return flag or os.environ.get(API_KEY_ENV) or None
+
+
+class _QuietServer:
+    """uvicorn inside another program's event loop: the host program keeps its own signals."""
+
+    @staticmethod
+    def make(api, host: str, port: int):
+        import contextlib
+
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):
+                yield
+
+        return Server(uvicorn.Config(api, host=host, port=port, log_level="warning", lifespan="off"))
+
+
+class EmbeddedServer:
+    """The endpoint of `magnitude-tui --serve PORT`: shares the TUI's engine client; the workspace
+    hands it every engine batch and it opens a pane for every HTTP conversation."""
+
+    def __init__(self, client, *, host: str, port: int, options: ServeOptions) -> None:
+        self.hub = EngineHub(client)
+        self.api = create_app(self.hub, options)
+        self.host, self.port = host, port
+        self.task: asyncio.Task | None = None
+        self.panes = None
+
+    def start(self, workspace) -> None:
+        from magnitude_tui.serve.panes import ApiPanes
+
+        self.panes = ApiPanes(self.hub, workspace)
+        server = _QuietServer.make(self.api, self.host, self.port)
+        self.task = asyncio.ensure_future(server.serve())
+        self.task.add_done_callback(lambda t: self._stopped(t, workspace))
+
+    def _stopped(self, task: asyncio.Task, workspace) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None or not task.result():
+            why = f": {error}" if error else " (is the port in use?)"
+            workspace.notify(f"the HTTP endpoint on {self.host}:{self.port} stopped{why}",
+                             severity="error", timeout=15)
+
+    def dispatch(self, batch: list) -> None:
+        self.hub.dispatch(batch)
