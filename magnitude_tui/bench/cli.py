@@ -148,6 +148,23 @@ def fork(
     _finish(run_fork(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, plot_fork)
 
 
+@bench_app.command("serve")
+def serve_bench(
+    seqs: str = typer.Option("1,4,8,16", "--seqs", help="Concurrent HTTP clients."),
+    gen: int = typer.Option(48, "--gen", help="Tokens each call asks for (greedy)."),
+    agents: int = typer.Option(16, "--agents", help="Agent requests in front of the person's turn."),
+    peers: str = typer.Option("serve,llama-server", "--peers", help="serve and/or llama-server."),
+    model: Optional[str] = ModelOpt, threads: Optional[int] = ThreadsOpt, out: Path = OutOpt,
+) -> None:
+    """N concurrent clients against `serve` and llama-server -np N; a long prompt over HTTP; a person behind agents."""
+    from backend import usable_cpus
+    from magnitude_tui.bench.serve_load import ServeBenchConfig, run_serve_bench
+
+    cfg = ServeBenchConfig(seqs=_ints(seqs), gen=gen, priority_agents=agents, threads=threads or usable_cpus(),
+                           peers=tuple(p.strip() for p in peers.split(",") if p.strip()))
+    _finish(run_serve_bench(cfg, model=model, progress=_progress), out, None)
+
+
 from magnitude_tui.bench import ui as _ui  # noqa: E402,F401  (registers `bench ui`; imports lazily)
 
 if __name__ == "__main__":
