@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -19,6 +19,10 @@ DeviceOpt = typer.Option("auto", "--device", "-d", help="auto | cpu | vulkan | v
 PolicyOpt = typer.Option("target:50", "--policy", "-p", help="prefill-first | fixed:N | target:MS")
 VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show llama.cpp's native logs.")
 CtxOpt = typer.Option(8192, "--ctx", "--n-ctx", help="Context size in tokens (all sequences share it).")
+RemoteOpt = typer.Option(None, "--remote", help="Run on an OpenAI-compatible server (vLLM, SGLang, llama-server) "
+                         "at this URL instead of the local engine; repeat for several (least-loaded first).")
+RemoteModelOpt = typer.Option(None, "--remote-model", help="The served model's name (default: the first the server lists).")
+ApiKeyEnvOpt = typer.Option(None, "--api-key-env", help="Environment variable holding the servers' API key.")
 
 
 @app.callback(invoke_without_command=True)
@@ -37,25 +41,33 @@ def main(
         "given one context then answer alike)."),
     max_tokens: int = typer.Option(512, "--max-tokens", min=1, help="Longest reply, in tokens."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (default: a fresh one per reply)."),
+    remote: Optional[List[str]] = RemoteOpt,
+    remote_model: Optional[str] = RemoteModelOpt,
+    api_key_env: Optional[str] = ApiKeyEnvOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Launch the app on the default model (no subcommand)."""
     if ctx.invoked_subcommand is not None:
         return
-    from backend import usable_cpus
-    from magnitude_tui.engine.events import EngineConfig
+    from magnitude_tui.app import run_app
     from scheduler.types import SamplingParams
+
+    sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    if remote:
+        run_app(_remote_client(remote, remote_model, api_key_env), theme=theme, resume=resume, sampling=sampling)
+        return
+    from backend import usable_cpus
+    from backend.factory import BackendConfig
+    from magnitude_tui.engine.events import EngineConfig
 
     _check_model(model)
     # ggml's CPU threads meet at spinning barriers after every op: when the UI takes a core they
     # spin while one of them waits for the CPU. Measured on 2 cores with 8 panes streaming
     # (`magnitude-tui bench ui --threads 2,1`): 8-row decode steps took 86 ms p50 / 171 ms p95
     # with 2 threads and 68 / 79 ms with 1. So the app leaves one core to the UI.
-    config = EngineConfig(model=model, device=device, policy=policy, n_ctx=n_ctx, verbose=verbose,
-                          n_threads=threads or max(1, usable_cpus() - 1))
-    from magnitude_tui.app import run_app
-
-    sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, verbose=verbose,
+                            n_threads=threads or max(1, usable_cpus() - 1))
+    config = EngineConfig(backend, policy=policy)
     run_app(config, theme=theme, resume=resume, sampling=sampling)
 
 
@@ -94,10 +106,13 @@ def generate(
     policy: str = PolicyOpt,
     n_ctx: int = CtxOpt,
     stream: bool = typer.Option(False, "--stream", help="Print text as it streams (interleaved)."),
+    remote: Optional[List[str]] = RemoteOpt,
+    remote_model: Optional[str] = RemoteModelOpt,
+    api_key_env: Optional[str] = ApiKeyEnvOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Run N prompts as concurrent sequences in ONE context through the engine; print answers and latency."""
-    from magnitude_tui.generate import run_generate
+    from magnitude_tui.generate import local_client, run_generate
 
     if prompts is not None:
         lines = [l.strip() for l in prompts.read_text().splitlines() if l.strip()]
@@ -105,11 +120,24 @@ def generate(
         lines = [prompt] * n
     else:
         raise typer.BadParameter("give a prompt or --prompts FILE")
-    _check_model(model)
-    code = run_generate(lines, model=model, device=device, policy=policy, n_ctx=n_ctx,
-                        max_tokens=max_tokens, temperature=temperature, seed=seed,
-                        stream=stream, verbose=verbose)
+    if remote:
+        client = _remote_client(remote, remote_model, api_key_env)
+    else:
+        _check_model(model)
+        client = local_client(len(lines), model=model, device=device, policy=policy, n_ctx=n_ctx, verbose=verbose)
+    code = run_generate(lines, client, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=stream)
     raise typer.Exit(code)
+
+
+def _remote_client(urls: List[str], model: Optional[str], api_key_env: Optional[str]):
+    from magnitude_tui.remote.client import RemoteClient
+    from magnitude_tui.remote.config import RemoteConfig, api_key_from_env
+
+    try:
+        key = api_key_from_env(api_key_env)
+        return RemoteClient(RemoteConfig(tuple(urls), model=model, api_key=key))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--remote / --api-key-env") from None
 
 
 def _check_model(model: Optional[str]) -> None:

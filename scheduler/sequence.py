@@ -29,7 +29,6 @@ class Sequence:
         self.done_reason: DoneReason | None = None
         self.error: str | None = None
         self.waiting_reason: str | None = None
-        self.num_preemptions = 0
         self.metrics = RequestMetrics(t_submit=t_submit)
         # Engine-side companions, kept here so one object follows the request around.
         self.detok: Any = None
