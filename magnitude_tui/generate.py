@@ -82,8 +82,8 @@ def _wait_ready(client: EngineClient, console: Console) -> bool:
                     progress.update(task, completed=ev.fraction, model=ev.model, device=ev.device)
                 elif isinstance(ev, EngineReady):
                     progress.stop()
-                    console.print(f"[green]ready[/]: {ev.model} on {ev.device}, n_ctx={ev.n_ctx}, "
-                                  f"n_seq_max={ev.n_seq_max}, policy={ev.policy}")
+                    sizes = f", n_ctx={ev.n_ctx}, n_seq_max={ev.n_seq_max}" if ev.n_ctx else ""  # 0: a remote engine
+                    console.print(f"[green]ready[/]: {ev.model} on {ev.device}{sizes}, policy={ev.policy}")
                     return True
                 elif isinstance(ev, EngineFailed):
                     progress.stop()

@@ -65,10 +65,12 @@ class ServerProcess:
 
 
 def llama_cpp_python_server(model: str, *, n_ctx: int = 2048) -> ServerProcess:
+    """One request at a time; by default a new request cuts the running stream short, so several
+    panes need --interrupt_requests false (then they wait their turn)."""
     port = free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--host", "127.0.0.1",
            "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", "1", "--model_alias", "smollm2",
-           "--verbose", "false"]
+           "--verbose", "false", "--interrupt_requests", "false"]
     return ServerProcess(cmd, port, "llama_cpp.server")
 
 

@@ -261,3 +261,16 @@ def test_config_checks_and_the_request_body():
                                 SamplingParams(temperature=0.5, seed=7, max_tokens=3)), "m")
     assert body["model"] == "m" and body["seed"] == 7 and body["temperature"] == 0.5
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
+
+
+def test_generate_runs_on_a_remote_server_and_says_its_figures_are_the_clients(capsys):
+    from magnitude_tui.generate import run_generate
+
+    with StubServer(Script(words=3, usage=False)) as stub:
+        code = run_generate(["one", "two"], RemoteClient(RemoteConfig((stub.url,))), max_tokens=3,
+                            temperature=0.0, seed=None, stream=False)
+    out = " ".join(capsys.readouterr().out.split())  # the table may wrap at any width
+    assert code == 0
+    assert "client-side figures" in out and "estimated with tiktoken" in out
+    n = estimate_tokens("w0 w1 w2 ")
+    assert out.count(f"~{n}") >= 2  # each reply's tokens, counted here and marked

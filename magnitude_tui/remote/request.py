@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import time
+from contextlib import aclosing
 from typing import Callable
 
 import httpx
@@ -107,23 +108,24 @@ async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: htt
             if response.status_code != 200:
                 await _refuse(response, endpoint, model, config, attempt)
             finish_reason = None
-            async for item in events(response.aiter_lines()):
-                if item is DONE:
-                    break
-                chunk: Chunk = item
-                if chunk.text:
-                    if not got_text:
-                        got_text = True
-                        endpoint.on_first_token(seq.ttft_ms or 0.0)
-                    seq.delta(chunk.text)
-                    endpoint.on_tokens(1)
-                    changed(seq)
-                if chunk.usage is not None:
-                    seq.usage = chunk.usage
-                if chunk.timings is not None:
-                    seq.timings = chunk.timings
-                if chunk.finish_reason is not None:
-                    finish_reason = chunk.finish_reason
+            async with aclosing(events(response.aiter_lines())) as stream:
+                async for item in stream:
+                    if item is DONE:
+                        break
+                    chunk: Chunk = item
+                    if chunk.text:
+                        if not got_text:
+                            got_text = True
+                            endpoint.on_first_token(seq.ttft_ms or 0.0)
+                        seq.delta(chunk.text)
+                        endpoint.on_tokens(1)
+                        changed(seq)
+                    if chunk.usage is not None:
+                        seq.usage = chunk.usage
+                    if chunk.timings is not None:
+                        seq.timings = chunk.timings
+                    if chunk.finish_reason is not None:
+                        finish_reason = chunk.finish_reason
             if finish_reason is None:
                 endpoint.mark_dead("a stream ended mid-reply")
                 raise RequestFailed(f"the stream from {endpoint.url} ended mid-reply (no finish_reason); "
