@@ -131,6 +131,16 @@ def test_new_work_goes_to_the_least_loaded_server(run_client):
         used = [f.endpoint for f in finals]
         assert used.count(one.url) == 2 and used.count(two.url) == 2
         run.until(lambda: any(isinstance(e, EndpointsReport) for e in run.events))
+        # A conversation's next turn goes back to the server that holds its prefix, even when
+        # that server is now the busier one.
+        home = finals[0].endpoint
+        for i in range(3):
+            run.client.submit(chat(f"x{i}", max_tokens=30))
+        run.until(lambda: all(any(u.phase is Phase.GENERATING for u in run.updates(f"x{i}")) for i in range(3)))
+        load = {url: sum(run.updates(f"x{i}")[-1].endpoint == url for i in range(3)) for url in (one.url, two.url)}
+        assert load[home] == 2  # the first server is the busier one now
+        run.client.submit(chat("a2", session="s-a"))
+        assert run.final("a2").endpoint == home
 
 
 def test_refused_connection_marks_the_server_dead_and_work_goes_elsewhere(run_client):

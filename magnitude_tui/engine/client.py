@@ -101,12 +101,12 @@ class WorkerClient:
         self._reader.start()
 
     def restart(self) -> None:
-        """Start a new worker (after a death or to apply a new config); events() keeps flowing."""
+        """Start a new worker (after a death or to apply a new config); poll_events() keeps flowing."""
         self._shutdown_worker()
         self.start()
 
     def stop(self) -> None:
-        """Shut the worker down and end events()."""
+        """Shut the worker down; poll_events() then returns None."""
         self._shutdown_worker()
         self._events.put(_CLOSED)
 

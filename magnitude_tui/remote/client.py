@@ -44,6 +44,7 @@ class RemoteClient:
         self._seqs: dict[str, RemoteSeq] = {}  # live requests, until their done update is out
         self._tasks: dict[str, asyncio.Task] = {}
         self._early: list[Request] = []  # submitted before the servers answered
+        self._home: dict[str, str] = {}  # session id -> the server its last turn ran on
         self._changed: dict[str, RemoteSeq] = {}
         self._pending: list[EngineEvent] = []
         self._status_dirty = True
@@ -236,7 +237,8 @@ class RemoteClient:
         rid = seq.request.request_id
         try:
             await run_request(seq, pool=self.pool, http=self._http, config=self.config, model=self.model,
-                              changed=self._mark)
+                              changed=self._mark, prefer=self._home.get(seq.request.session_id))
+            self._home[seq.request.session_id] = seq.endpoint
         except asyncio.CancelledError:
             seq.finish(DoneReason.CANCELLED)
         except RequestFailed as exc:
@@ -264,6 +266,7 @@ class RemoteClient:
 
     def _close_session(self, session_id: str) -> None:
         # The server keeps no per-conversation state the client could free; end its requests.
+        self._home.pop(session_id, None)
         for rid, seq in list(self._seqs.items()):
             if seq.request.session_id == session_id:
                 self._cancel(rid)

@@ -102,13 +102,17 @@ class EndpointPool:
     def __init__(self, urls: tuple[str, ...], limit: int) -> None:
         self.endpoints = [Endpoint(u, limit) for u in urls]
 
-    def pick(self, avoid: set[str] = frozenset()) -> Endpoint:
-        """The healthy server with the lowest load (in flight + queued, per slot); ties go to the
-        first listed. `avoid`: servers that already failed this request."""
+    def pick(self, avoid: set[str] = frozenset(), prefer: str | None = None) -> Endpoint:
+        """`prefer` while it is healthy (a conversation's next turn goes where its prefix is
+        cached), else the healthy server with the lowest load (in flight + queued, per slot);
+        ties go to the first listed. `avoid`: servers that already failed this request."""
         healthy = [e for e in self.endpoints if e.healthy and e.url not in avoid]
         if not healthy:
             why = "; ".join(f"{e.url}: {e.last_error or 'not answering'}" for e in self.endpoints)
             raise NoEndpoint(f"no server is reachable ({why}); check that they run, then restart (ctrl+r)")
+        for e in healthy:
+            if e.url == prefer:
+                return e
         return min(healthy, key=lambda e: e.load)
 
     def statuses(self) -> tuple[EndpointStatus, ...]:

@@ -64,7 +64,7 @@ def retry_after_s(response: httpx.Response, attempt: int, cap: float) -> float:
 
 
 async def run_request(seq: RemoteSeq, *, pool: EndpointPool, http: httpx.AsyncClient, config: RemoteConfig,
-                      model: str, changed: Callable[[RemoteSeq], None]) -> None:
+                      model: str, changed: Callable[[RemoteSeq], None], prefer: str | None = None) -> None:
     """Stream one request to its end; `changed(seq)` after every state change. Ends with the
     sequence finished (stop, length or error); cancelling the task closes the stream, which
     frees the server's slot."""
@@ -72,7 +72,7 @@ async def run_request(seq: RemoteSeq, *, pool: EndpointPool, http: httpx.AsyncCl
     attempt = 0
     while True:
         try:
-            endpoint = pool.pick(avoid=failed)
+            endpoint = pool.pick(avoid=failed, prefer=prefer)
         except NoEndpoint as exc:
             raise RequestFailed(str(exc)) from None
         if endpoint.in_flight >= endpoint.limit:
