@@ -127,17 +127,17 @@ class RemoteClient:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         async with httpx.AsyncClient(timeout=timeout, headers=headers, limits=limits) as http:
             self._http = http
-            flusher = asyncio.create_task(self._flush_loop())
-            prober = None
-            if await self._connect():
-                prober = asyncio.create_task(self._probe_loop())
+            # Connecting runs beside the wait for stop(): quitting while a server is slow to
+            # answer does not wait out its timeout.
+            background = [asyncio.create_task(self._flush_loop()), asyncio.create_task(self._connect_and_watch())]
             await self._stop.wait()
             for task in list(self._tasks.values()):
                 task.cancel()
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-            for t in (flusher, prober):
-                if t is not None:
-                    t.cancel()
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            self._fail_early("the remote engine stopped before it connected")
             self._flush()
 
     def _shutdown(self) -> None:
@@ -180,6 +180,10 @@ class RemoteClient:
         for request in early:
             self._start(request)
         return True
+
+    async def _connect_and_watch(self) -> None:
+        if await self._connect():
+            await self._probe_loop()
 
     async def _probe(self, endpoint) -> None:
         try:
