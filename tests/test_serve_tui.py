@@ -6,7 +6,8 @@ import httpx
 
 from backend.fake import DEFAULT_REPLY
 from magnitude_tui.app import MagnitudeApp
-from magnitude_tui.engine.client import EngineClient
+from backend.factory import BackendConfig
+from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions
 from magnitude_tui.serve.server import EmbeddedServer
@@ -17,11 +18,11 @@ from tests.serve_support import free_port
 
 
 def _app(tmp_path):
-    config = EngineConfig(backend="fake", policy="fixed:64", n_ctx=65536, n_seq_max=16)
-    client = EngineClient(config, in_process=True)
+    config = EngineConfig(BackendConfig("fake", n_ctx=65536, n_seq_max=16), policy="fixed:64")
+    client = WorkerClient(config, in_process=True)
     port = free_port()
     serve = EmbeddedServer(client, host="127.0.0.1", port=port, options=ServeOptions(model_name="fake"))
-    app = MagnitudeApp(config, client=client, store=Store(tmp_path / "m.db"), export_dir=tmp_path,
+    app = MagnitudeApp(client=client, store=Store(tmp_path / "m.db"), export_dir=tmp_path,
                        sampling=SamplingParams(max_tokens=30), serve=serve)
     return app, f"http://127.0.0.1:{port}/v1"
 

@@ -121,6 +121,7 @@ def _row(peer: str, n: int, calls: list[Call]) -> dict:
 
 
 def run_serve_bench(cfg: ServeBenchConfig, *, model: str | None, progress=print) -> BenchResult:
+    from backend.factory import BackendConfig
     from magnitude_tui.engine.events import EngineConfig
     from magnitude_tui.serve.app import ServeOptions
     from magnitude_tui.serve.thread import serve_in_thread
@@ -130,7 +131,8 @@ def run_serve_bench(cfg: ServeBenchConfig, *, model: str | None, progress=print)
     rows: list[dict] = []
     admission: list[dict] = []
     if "serve" in cfg.peers:
-        config = EngineConfig(model=model, device="cpu", n_ctx=cfg.n_ctx, n_seq_max=16, n_threads=cfg.threads)
+        config = EngineConfig(BackendConfig(model=model, device="cpu", n_ctx=cfg.n_ctx, n_seq_max=16,
+                                            n_threads=cfg.threads))
         with serve_in_thread(config, ServeOptions(), in_process=False) as s:
             for n in cfg.seqs:
                 progress(f"serve: {n} clients")

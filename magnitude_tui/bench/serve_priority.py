@@ -40,11 +40,12 @@ class _Run:
 
 
 def run_priority(cfg, *, model: str | None, progress=print) -> list[dict]:
-    from magnitude_tui.engine.client import EngineClient
+    from backend.factory import BackendConfig
+    from magnitude_tui.engine.client import WorkerClient
     from magnitude_tui.engine.events import EngineConfig, EngineReady
 
-    client = EngineClient(EngineConfig(model=model, device="cpu", n_ctx=cfg.n_ctx, n_seq_max=16,
-                                       n_threads=cfg.threads))
+    client = WorkerClient(EngineConfig(BackendConfig(model=model, device="cpu", n_ctx=cfg.n_ctx, n_seq_max=16,
+                                                     n_threads=cfg.threads)))
     client.start()
     rows = []
     try:

@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from magnitude_tui.engine.client import EngineClient
+from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions
 from magnitude_tui.serve.hub import EngineHub
@@ -41,7 +41,7 @@ def serve_in_thread(config: EngineConfig, options: ServeOptions = ServeOptions()
     app; yield a RunningServer once the engine is ready; stop both after."""
     port = free_port()
     log = io.StringIO()
-    client = EngineClient(config, in_process=in_process, log_path=None if in_process else "auto")
+    client = WorkerClient(config, in_process=in_process, log_path=None if in_process else "auto")
     client.start()
     hub = EngineHub(client)
     loop = asyncio.new_event_loop()
