@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from magnitude_tui.engine.client import EngineClient
+from backend.factory import BackendConfig
+from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import CommandRejected, EngineConfig, EngineFailed, EngineReady, PolicyChanged
 from scheduler.types import DoneReason, Message, Phase, RejectReason, Request, SamplingParams, SeqUpdate, StepReport
 
@@ -43,7 +44,7 @@ def _ready(client):
 
 
 def test_malformed_requests_and_commands_never_stop_the_worker():
-    client = EngineClient(EngineConfig(backend="fake", n_ctx=4096), in_process=True)
+    client = WorkerClient(EngineConfig(BackendConfig("fake", n_ctx=4096)), in_process=True)
     client.start()
     try:
         _ready(client)
@@ -83,7 +84,7 @@ def _kill_and_collect(client, live: set[str]):
 
 @pytest.mark.parametrize("reuse_id", [False, True])
 def test_kill_9_fails_every_live_request_within_a_second_and_restart_works(reuse_id):
-    client = EngineClient(EngineConfig(backend="fake", n_ctx=1 << 20, n_seq_max=4), log_path=None)
+    client = WorkerClient(EngineConfig(BackendConfig("fake", n_ctx=1 << 20, n_seq_max=4)), log_path=None)
     client.start()
     try:
         _ready(client)

@@ -24,11 +24,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
-import typer
-
-from magnitude_tui.bench.cli import DeviceOpt, ModelOpt, OutOpt, _finish, _progress, bench_app
 from magnitude_tui.bench.common import BenchResult, machine_info, percentile, rnd
 
 
@@ -209,7 +206,8 @@ def flood(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
 # ---- worker kills and databases --------------------------------------------------------------
 
 def kill_loop(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
-    from magnitude_tui.engine.client import EngineClient
+    from backend.factory import BackendConfig
+    from magnitude_tui.engine.client import WorkerClient
     from magnitude_tui.engine.events import EngineConfig, EngineFailed, EngineReady
     from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
 
@@ -230,7 +228,7 @@ def kill_loop(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
     latencies: list[float] = []
     lost = 0
     t0 = time.monotonic()
-    client = EngineClient(EngineConfig(backend="fake", n_ctx=1 << 20, n_seq_max=4), log_path=None)
+    client = WorkerClient(EngineConfig(BackendConfig("fake", n_ctx=1 << 20, n_seq_max=4)), log_path=None)
     client.start()
     try:
         for round_no in range(cfg.kill_rounds):
@@ -339,8 +337,9 @@ def model_files(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
     """Each damaged GGUF goes to a real engine worker, as the app would send it: the worker must
     end with EngineFailed and a reason (a native abort there is reported too), never hang, and
     the caller must stay up to start the next one."""
+    from backend.factory import BackendConfig
     from backend.llama_backend import default_model_path
-    from magnitude_tui.engine.client import EngineClient
+    from magnitude_tui.engine.client import WorkerClient
     from magnitude_tui.engine.events import EngineConfig, EngineFailed, EngineReady
 
     good = Path(cfg.model or default_model_path()).read_bytes()
@@ -360,8 +359,8 @@ def model_files(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
             else:
                 data = good[: len(good) * int(kind.split()[1][:-1]) // 100]
             path.write_bytes(data)
-            client = EngineClient(EngineConfig(backend="llama", model=str(path), device=cfg.device,
-                                               n_ctx=512, n_seq_max=2), log_path=str(Path(tmp) / "engine.log"))
+            config = EngineConfig(BackendConfig("llama", model=str(path), device=cfg.device, n_ctx=512, n_seq_max=2))
+            client = WorkerClient(config, log_path=str(Path(tmp) / "engine.log"))
             client.start()
             verdict = None
             t_end = time.monotonic() + 120
@@ -423,30 +422,3 @@ def run_soak(cfg: SoakConfig, scenarios: tuple[str, ...], progress=lambda s: Non
     simple = [{k: (str(r[k]) if isinstance(r.get(k), dict) else r.get(k)) for k in columns} for r in rows]
     return BenchResult(name="soak", title="Reliability soak", config=asdict(cfg), machine=machine_info(),
                        tables={"scenarios": simple}, notes=notes, data={"failures": failures})
-
-
-@bench_app.command()
-def soak(
-    fake_ops: int = typer.Option(100_000, "--fake-ops", help="State-machine operations on the fake backend."),
-    real_ops: int = typer.Option(2_000, "--real-ops", help="State-machine operations on the real model."),
-    kills: int = typer.Option(10, "--kills", help="Worker kill -9 rounds."),
-    rounds: int = typer.Option(20, "--rounds", help="Rounds of the bad-input table."),
-    floods: int = typer.Option(5, "--floods", help="Floods of 64 requests."),
-    dbs: int = typer.Option(25, "--dbs", help="Damaged database files."),
-    app_kills: int = typer.Option(5, "--app-kills", help="App kill -9 rounds while 8 panes stream."),
-    only: Optional[str] = typer.Option(None, "--only", help=f"Comma-separated scenarios ({', '.join(SCENARIOS)})."),
-    seed: int = typer.Option(1, "--seed"),
-    model: Optional[str] = ModelOpt, device: str = DeviceOpt, out: Path = OutOpt,
-) -> None:
-    """The reliability scenarios, long: state machines, bad inputs, flood, kill -9, damaged databases."""
-    chosen = tuple(s.strip() for s in only.split(",") if s.strip()) if only else tuple(SCENARIOS)
-    bad = [s for s in chosen if s not in SCENARIOS]
-    if bad:
-        raise typer.BadParameter(f"unknown scenario {bad[0]!r}: choose from {', '.join(SCENARIOS)}",
-                                 param_hint="--only")
-    cfg = SoakConfig(fake_ops=fake_ops, real_ops=real_ops, bad_rounds=rounds, flood_rounds=floods,
-                     kill_rounds=kills, db_rounds=dbs, app_kill_rounds=app_kills, seed=seed, model=model, device=device)
-    result = run_soak(cfg, chosen, progress=_progress)
-    _finish(result, out, None)
-    if result.data["failures"]:
-        raise typer.Exit(1)

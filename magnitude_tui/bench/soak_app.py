@@ -22,15 +22,17 @@ PANES = 8
 
 
 async def _child(db: Path, log: Path) -> None:
+    from backend.factory import BackendConfig
     from magnitude_tui.app import MagnitudeApp
-    from magnitude_tui.engine.client import EngineClient
+    from magnitude_tui.engine.client import WorkerClient
     from magnitude_tui.engine.events import EngineConfig
     from magnitude_tui.store import MessageRecord, Store
     from scheduler.types import SamplingParams
 
     # The simulated GPU profile paces replies in real time (~39 tokens/s a pane), as a user sees them.
-    config = EngineConfig(backend="simulated:rx9070xt", n_ctx=PANES * 30_000, n_seq_max=PANES, policy="fixed:64")
-    app = MagnitudeApp(config, client=EngineClient(config, in_process=True), store=Store(db),
+    config = EngineConfig(BackendConfig("simulated:rx9070xt", n_ctx=PANES * 30_000, n_seq_max=PANES,
+                                        realtime=True), policy="fixed:64")
+    app = MagnitudeApp(client=WorkerClient(config, in_process=True), store=Store(db),
                        export_dir=db.parent, sampling=SamplingParams(max_tokens=25_000))
     async with app.run_test(size=(160, 50)) as pilot:
         while not app.workspace.engine_ready:
