@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -74,9 +73,14 @@ def main(
                             n_threads=threads or max(1, usable_cpus() - 1))
     config = EngineConfig(backend, policy=policy)
     from magnitude_tui.serve.server import resolve_api_key
+    from magnitude_tui.store import StoreError
 
-    run_app(config, theme=theme, resume=resume, sampling=sampling, serve_port=serve_port,
-            api_key=resolve_api_key(api_key))
+    try:
+        run_app(config, theme=theme, resume=resume, sampling=sampling, serve_port=serve_port,
+                api_key=resolve_api_key(api_key))
+    except StoreError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -192,8 +196,11 @@ def _remote_client(urls: List[str], model: Optional[str], api_key_env: Optional[
 
 
 def _check_model(model: Optional[str]) -> None:
-    if model is not None and not os.path.isfile(model):
-        raise typer.BadParameter(f"model file not found: {model}", param_hint="--model")
+    from backend import model_path_problem
+
+    problem = model_path_problem(model) if model is not None else None
+    if problem is not None:
+        raise typer.BadParameter(problem, param_hint="--model")
 
 
 from magnitude_tui.bench.cli import bench_app  # noqa: E402  (typer and rich only; commands import the rest)

@@ -135,6 +135,11 @@ class Admission:
         if need > free:
             if self.running:
                 return f"waiting for KV room: needs {need:,} cells, {max(0, free):,} free"
+            if len(tokens) - n_reuse + 1 > free and parent is not None and parent.is_idle \
+                    and res.evict_lru({seq.session_id}):
+                # Only the idle fork parent holds the room: drop it and start cold, as a request
+                # without fork_from would (the slot case above does the same).
+                return self._try_admit(seq, now)
             if len(tokens) - n_reuse + 1 > free:
                 raise RequestError(
                     f"the prompt needs {len(tokens) - n_reuse:,} KV cells but the cache has only "

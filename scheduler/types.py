@@ -70,6 +70,9 @@ class SamplingParams:
     min_p: float = 0.05
     seed: int | None = None
     max_tokens: int = 256
+    # The reply ends (reason `stop`) where one of these texts first appears in it, matched on the
+    # detokenized text across token boundaries; the stop text and anything after it are never shown.
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,23 @@ class SeqUpdate:
     server_timings: ServerTimings | None = None
 
 
+class RejectReason(str, Enum):
+    DUPLICATE_ID = "duplicate_id"  # another request with this id is still live
+    BAD_ID = "bad_id"  # the request id is missing or not text: no update could carry it
+    MALFORMED = "malformed"  # not a request at all, or a command the engine cannot apply
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A submit the engine refused without it ever becoming a request. Reported apart from the
+    updates because its id may belong to another, live request, which must not look ended."""
+
+    request_id: str  # as given (repr'd when it was not text)
+    session_id: str | None
+    reason: RejectReason
+    message: str
+
+
 @dataclass
 class StepReport:
     """One per engine step: the step's shape and every request update it caused."""
@@ -210,3 +230,4 @@ class StepReport:
     updates: list[SeqUpdate] = field(default_factory=list)
     # OK, or the outcome of a step that failed and committed nothing (e.g. NO_KV_SLOT).
     outcome: DecodeOutcome = DecodeOutcome.OK
+    rejected: list[Rejection] = field(default_factory=list)

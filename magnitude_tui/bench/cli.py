@@ -292,6 +292,36 @@ def ui_cpu(
 
         json_out.write_text(json.dumps([asdict(r) for r in results], indent=1))
 
+@bench_app.command()
+def soak(
+    fake_ops: int = typer.Option(100_000, "--fake-ops", help="State-machine operations on the fake backend."),
+    real_ops: int = typer.Option(2_000, "--real-ops", help="State-machine operations on the real model."),
+    kills: int = typer.Option(10, "--kills", help="Worker kill -9 rounds."),
+    rounds: int = typer.Option(20, "--rounds", help="Rounds of the bad-input table."),
+    floods: int = typer.Option(5, "--floods", help="Floods of 64 requests."),
+    dbs: int = typer.Option(25, "--dbs", help="Damaged database files."),
+    app_kills: int = typer.Option(5, "--app-kills", help="App kill -9 rounds while 8 panes stream."),
+    only: Optional[str] = typer.Option(None, "--only", help="Comma-separated scenarios (default: all; "
+                                       "the names are listed in docs/RELIABILITY.md)."),
+    seed: int = typer.Option(1, "--seed"),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, out: Path = OutOpt,
+) -> None:
+    """The reliability scenarios, long: state machines, bad inputs, flood, kill -9, damaged databases."""
+    from magnitude_tui.bench.soak import SCENARIOS, SoakConfig, run_soak
+
+    chosen = tuple(s.strip() for s in only.split(",") if s.strip()) if only else tuple(SCENARIOS)
+    bad = [s for s in chosen if s not in SCENARIOS]
+    if bad:
+        raise typer.BadParameter(f"unknown scenario {bad[0]!r}: choose from {', '.join(SCENARIOS)}",
+                                 param_hint="--only")
+    cfg = SoakConfig(fake_ops=fake_ops, real_ops=real_ops, bad_rounds=rounds, flood_rounds=floods,
+                     kill_rounds=kills, db_rounds=dbs, app_kill_rounds=app_kills, seed=seed, model=model, device=device)
+    result = run_soak(cfg, chosen, progress=_progress)
+    _finish(result, out, None)
+    if result.data["failures"]:
+        raise typer.Exit(1)
+
+
 
 if __name__ == "__main__":
     bench_app()
