@@ -75,7 +75,9 @@ def test_a_stream_of_short_requests_never_starves_a_long_prompt():
             d.submit(f"short{n}", f"S{n}", "hi", max_tokens=30)
         d.step()
     assert d.seen["long"].done and d.seen["long"].last.done_reason is DoneReason.LENGTH
-    assert n >= 5  # the short ones really did keep coming while the long prompt filled
+    # The short ones really did keep coming while the long prompt filled (each reuses the
+    # others' template prefix, so they need few prompt rows and the long one fills faster).
+    assert n >= 8
     prefill = [u.prompt_done for u in d.seen["long"].updates if u.phase is Phase.PREFILL]
     assert prefill == sorted(prefill)
     engine.run_until_idle()

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from tests.needs import need_real_model
+from tests.needs import need_real_model  # noqa: E402
 
 need_real_model()
 

@@ -292,7 +292,6 @@ def ui_cpu(
 
         json_out.write_text(json.dumps([asdict(r) for r in results], indent=1))
 
-
 @bench_app.command()
 def soak(
     fake_ops: int = typer.Option(100_000, "--fake-ops", help="State-machine operations on the fake backend."),
@@ -302,8 +301,8 @@ def soak(
     floods: int = typer.Option(5, "--floods", help="Floods of 64 requests."),
     dbs: int = typer.Option(25, "--dbs", help="Damaged database files."),
     app_kills: int = typer.Option(5, "--app-kills", help="App kill -9 rounds while 8 panes stream."),
-    only: Optional[str] = typer.Option(None, "--only", help="Comma-separated scenarios: machine-fake, "
-                                       "machine-real, bad-inputs, flood, kill, databases, model-files, app-kill."),
+    only: Optional[str] = typer.Option(None, "--only", help="Comma-separated scenarios (default: all; "
+                                       "the names are listed in docs/RELIABILITY.md)."),
     seed: int = typer.Option(1, "--seed"),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, out: Path = OutOpt,
 ) -> None:
@@ -321,6 +320,7 @@ def soak(
     _finish(result, out, None)
     if result.data["failures"]:
         raise typer.Exit(1)
+
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+
 from magnitude_tui.bench.common import BenchResult, machine_info, percentile, rnd
 
 
@@ -43,7 +44,7 @@ class SoakConfig:
     device: str = "cpu"
 
 
-def _row(scenario: str, amount: str, failures: int, leaked: str, lost: str, **extra) -> dict:
+def soak_row(scenario: str, amount: str, failures: int, leaked: str, lost: str, **extra) -> dict:
     return {"scenario": scenario, "operations or duration": amount, "failures": failures,
             "leaked cells/slots": leaked, "data lost": lost, **extra}
 
@@ -98,7 +99,7 @@ def machine_fake(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
         return Engine(backend, policy="fixed:32", clock=VirtualClock(), coalesce_ms=0, gen_reserve=24)
 
     res, failures = _walk(make, cfg.fake_ops, cfg.seed, exact_cells=True, one_char=True, progress=progress)
-    return _row("state machine, fake backend", f"{cfg.fake_ops:,} ops", len(failures),
+    return soak_row("state machine, fake backend", f"{cfg.fake_ops:,} ops", len(failures),
                 f"{res['leaked'][0]}/{res['leaked'][1]}", f"{res['lost']} tokens",
                 **{k: v for k, v in res.items() if k not in ("leaked", "lost")}), failures
 
@@ -119,7 +120,7 @@ def machine_real(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
                               progress=progress)
     finally:
         backend.close()
-    return _row("state machine, real model", f"{cfg.real_ops:,} ops", len(failures),
+    return soak_row("state machine, real model", f"{cfg.real_ops:,} ops", len(failures),
                 f"{res['leaked'][0]}/{res['leaked'][1]}", f"{res['lost']} tokens",
                 **{k: v for k, v in res.items() if k not in ("leaked", "lost")}), failures
 
@@ -159,7 +160,7 @@ def bad_inputs(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
         engine.run_until_idle()
         if not engine.is_empty():
             failures.append(f"round {round_no}: leaks {engine.leaks()}")
-    return _row("bad inputs beside good ones", f"{n:,} bad requests ({len(BAD_REQUESTS)} kinds)",
+    return soak_row("bad inputs beside good ones", f"{n:,} bad requests ({len(BAD_REQUESTS)} kinds)",
                 len(failures), "0/0" if not failures else "see failures", "0"), failures
 
 
@@ -198,7 +199,7 @@ def flood(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
         engine.run_until_idle()
         if not engine.is_empty():
             failures.append(f"round {round_no}: leaks {engine.leaks()}")
-    return _row("flood of 64 requests", f"{cfg.flood_rounds} x 64 requests", len(failures), "0/0", "0",
+    return soak_row("flood of 64 requests", f"{cfg.flood_rounds} x 64 requests", len(failures), "0/0", "0",
                 admitted_by_step_p95=rnd(percentile(queue_steps, 95), 1),
                 admitted_by_step_max=max(queue_steps)), failures
 
@@ -260,7 +261,7 @@ def kill_loop(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
             progress(f"  kill round {round_no + 1}/{cfg.kill_rounds}")
     finally:
         client.stop()
-    return _row("worker kill -9 and restart", f"{cfg.kill_rounds} kills, {time.monotonic() - t0:.0f} s",
+    return soak_row("worker kill -9 and restart", f"{cfg.kill_rounds} kills, {time.monotonic() - t0:.0f} s",
                 len(failures), "-", f"{lost} requests without an error",
                 error_latency_p50_ms=rnd(1000 * percentile(latencies, 50), 0),
                 error_latency_max_ms=rnd(1000 * max(latencies), 0) if latencies else None), failures
@@ -325,7 +326,7 @@ def databases(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
                 lost += 1
                 failures.append(f"{kind}: the damaged file was not moved aside intact")
             store.close()
-    return _row("corrupt, foreign and newer databases", f"{cfg.db_rounds} files ({len(DB_DAMAGE)} kinds)",
+    return soak_row("corrupt, foreign and newer databases", f"{cfg.db_rounds} files ({len(DB_DAMAGE)} kinds)",
                 len(failures), "-", f"{lost} files"), failures
 
 
@@ -337,8 +338,8 @@ def model_files(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
     """Each damaged GGUF goes to a real engine worker, as the app would send it: the worker must
     end with EngineFailed and a reason (a native abort there is reported too), never hang, and
     the caller must stay up to start the next one."""
-    from backend.factory import BackendConfig
     from backend.llama_backend import default_model_path
+    from backend.factory import BackendConfig
     from magnitude_tui.engine.client import WorkerClient
     from magnitude_tui.engine.events import EngineConfig, EngineFailed, EngineReady
 
@@ -359,8 +360,9 @@ def model_files(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
             else:
                 data = good[: len(good) * int(kind.split()[1][:-1]) // 100]
             path.write_bytes(data)
-            config = EngineConfig(BackendConfig("llama", model=str(path), device=cfg.device, n_ctx=512, n_seq_max=2))
-            client = WorkerClient(config, log_path=str(Path(tmp) / "engine.log"))
+            client = WorkerClient(EngineConfig(BackendConfig("llama", model=str(path), device=cfg.device,
+                                                             n_ctx=512, n_seq_max=2)),
+                                  log_path=str(Path(tmp) / "engine.log"))
             client.start()
             verdict = None
             t_end = time.monotonic() + 120
@@ -379,7 +381,7 @@ def model_files(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
             progress(f"  {kind}: {outcomes[kind]}")
     clean = sum(v.startswith("error: ") for v in outcomes.values())
     progress(f"  e.g. {next(iter(outcomes.values()), '')}")
-    return _row("corrupt model files, throwaway worker", f"{len(MODEL_DAMAGE)} files, {time.monotonic() - t0:.0f} s",
+    return soak_row("corrupt model files, throwaway worker", f"{len(MODEL_DAMAGE)} files, {time.monotonic() - t0:.0f} s",
                 len(failures), "-", "-", failed_with_a_reason=f"{clean}/{len(MODEL_DAMAGE)}"), failures
 
 

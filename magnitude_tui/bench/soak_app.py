@@ -22,16 +22,16 @@ PANES = 8
 
 
 async def _child(db: Path, log: Path) -> None:
-    from backend.factory import BackendConfig
     from magnitude_tui.app import MagnitudeApp
+    from backend.factory import BackendConfig
     from magnitude_tui.engine.client import WorkerClient
     from magnitude_tui.engine.events import EngineConfig
     from magnitude_tui.store import MessageRecord, Store
     from scheduler.types import SamplingParams
 
     # The simulated GPU profile paces replies in real time (~39 tokens/s a pane), as a user sees them.
-    config = EngineConfig(BackendConfig("simulated:rx9070xt", n_ctx=PANES * 30_000, n_seq_max=PANES,
-                                        realtime=True), policy="fixed:64")
+    config = EngineConfig(BackendConfig("simulated:rx9070xt", n_ctx=PANES * 30_000, n_seq_max=PANES, realtime=True),
+                          policy="fixed:64")
     app = MagnitudeApp(client=WorkerClient(config, in_process=True), store=Store(db),
                        export_dir=db.parent, sampling=SamplingParams(max_tokens=25_000))
     async with app.run_test(size=(160, 50)) as pilot:
@@ -110,7 +110,7 @@ def one_kill(rng: random.Random, tmp: Path) -> tuple[float, list[str]]:
 
 def app_kill(cfg, progress) -> tuple[dict, list[str]]:
     from magnitude_tui.bench.common import percentile, rnd
-    from magnitude_tui.bench.soak import _row
+    from magnitude_tui.bench.soak import soak_row
 
     rng = random.Random(cfg.seed)
     failures: list[str] = []
@@ -124,7 +124,7 @@ def app_kill(cfg, progress) -> tuple[dict, list[str]]:
         if lost_s > 1.0:
             failures.append(f"round {i}: {lost_s:.2f} s of received text lost")
         progress(f"  app kill {i + 1}/{cfg.app_kill_rounds}: {lost_s:.2f} s lost")
-    return _row(f"app kill -9 while {PANES} panes stream", f"{cfg.app_kill_rounds} kills, "
+    return soak_row(f"app kill -9 while {PANES} panes stream", f"{cfg.app_kill_rounds} kills, "
                 f"{time.monotonic() - t0:.0f} s", len(failures), "-",
                 f"max {max(losses, default=0):.2f} s of text", lost_s_p50=rnd(percentile(losses, 50), 2)), failures
 

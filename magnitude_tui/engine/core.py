@@ -78,11 +78,13 @@ class Engine:
 
     def cancel(self, request_id: str) -> None:
         """ValueError (here, now) unless the id is text."""
-        self._queue(Cancel(check_id("request_id", request_id)))
+        check_id("request_id", request_id)
+        self._queue(Cancel(request_id))
 
     def close_session(self, session_id: str) -> None:
         """ValueError (here, now) unless the id is text."""
-        self._queue(CloseSession(check_id("session_id", session_id)))
+        check_id("session_id", session_id)
+        self._queue(CloseSession(session_id))
 
     def set_policy(self, policy: str) -> None:
         """Switch the budget policy from the next step; ValueError (here, now) if malformed."""
