@@ -13,6 +13,7 @@ import httpx
 from magnitude_tui.bench.common import PASSAGE, BenchResult, machine_info, percentile, rnd
 from magnitude_tui.bench.remote import TOPICS
 
+
 @dataclass(frozen=True)
 class ServeBenchConfig:
     seqs: tuple[int, ...] = (1, 4, 8)
