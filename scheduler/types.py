@@ -47,6 +47,14 @@ class DoneReason(str, Enum):
     ERROR = "error"
 
 
+class ErrorKind(str, Enum):
+    """Why a request ended with `error`, for callers that answer differently (HTTP 400 vs 500)."""
+
+    INVALID = "invalid_request"  # the request itself is wrong (a field, an id, an empty prompt)
+    CONTEXT_LENGTH = "context_length_exceeded"  # the prompt does not fit a sequence or the cache
+    FAILED = "failed"  # the engine or backend failed while running it
+
+
 class Priority(IntEnum):
     """Who is waiting for a request; a lower value goes first (admission, prompt rows) and is
     preempted last. A person typing must never wait behind a crowd of agents."""
@@ -184,6 +192,7 @@ class SeqUpdate:
     itl_p95_ms: float | None = None
     itl_max_ms: float | None = None
     done_reason: DoneReason | None = None
+    error_kind: ErrorKind | None = None  # with done_reason ERROR
     error: str | None = None
     waiting_reason: str | None = None
     priority: Priority = Priority.INTERACTIVE

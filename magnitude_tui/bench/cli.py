@@ -1,5 +1,5 @@
 """Provides the `magnitude-tui bench` commands (typer): admit, prefill-curve, throughput, fork,
-remote, ui, ui-cpu."""
+remote, serve, soak, ui, ui-cpu."""
 
 from __future__ import annotations
 
@@ -15,40 +15,6 @@ bench_app = typer.Typer(
     help="Measure the claims: the admission stall, the prefill curve, throughput against llama.cpp, fork TTFT. "
          "Each command prints its tables and writes results/<name>-<timestamp>.json, .md and .png.",
 )
-
-ModelOpt = typer.Option(None, "--model", "-m", help="GGUF model path (default: SmolLM2-135M-Instruct Q4_1).")
-DeviceOpt = typer.Option("cpu", "--device", "-d", help="auto | cpu | vulkan | vulkan:N")
-ThreadsOpt = typer.Option(None, "--threads", "-t", help="CPU threads (default: all cores).")
-OutOpt = typer.Option(Path("results"), "--out", help="Directory for the JSON, Markdown and PNG files.")
-CtxOpt = typer.Option(None, "--ctx", help="Context size (default: 8192 real, 65536 simulated; fork/throughput: enough for the work).")
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _spec(kind: str, model, device, threads, ctx):
-    from magnitude_tui.bench.common import BackendConfig
-
-    if not (kind == "llama" or kind.startswith("simulated")):
-        raise typer.BadParameter(f"unknown backend {kind!r}: use 'llama' or 'simulated:<profile>'", param_hint="--backend")
-    return BackendConfig(kind=kind, model=model, device=device, n_threads=threads, n_ctx=ctx)
-
-
-def _finish(result, out: Path, plot) -> None:
-    from magnitude_tui.bench.common import print_result, save_result
-
-    console = Console()
-    print_result(result)
-    paths = save_result(result, out, plot)
-    console.print("wrote " + ", ".join(str(p) for p in paths.values()))
-
-
-def _progress(msg: str) -> None:
-    Console(stderr=True).print(f"[dim]{msg}[/]")
 
 ModelOpt = typer.Option(None, "--model", "-m", help="GGUF model path (default: SmolLM2-135M-Instruct Q4_1).")
 DeviceOpt = typer.Option("cpu", "--device", "-d", help="auto | cpu | vulkan | vulkan:N")

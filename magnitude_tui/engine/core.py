@@ -13,7 +13,7 @@ from magnitude_tui.engine.text import ReplyText
 from scheduler.budget import CostModel, CostParams, parse_policy
 from scheduler.planner import RequestError, Scheduler
 from scheduler.sequence import Sequence
-from scheduler.types import (BatchPlan, DoneReason, Phase, Rejection, RejectReason, Request, SeqUpdate,
+from scheduler.types import (BatchPlan, DoneReason, ErrorKind, Phase, Rejection, RejectReason, Request, SeqUpdate,
                              StepReport)
 from scheduler.validation import check_id, check_policy_text, check_request
 
@@ -247,6 +247,7 @@ class Engine:
                 return
             seq = Sequence(req, [], t_submit=t_submit)
             seq.phase, seq.done_reason, seq.error = Phase.DONE, DoneReason.ERROR, str(e)
+            seq.error_kind = e.kind
             self._extra.append(self._update(seq, t_submit))
             return
         self._sessions_seen.add(sid)
@@ -303,9 +304,10 @@ class Engine:
             seq.prompt = prompt
             self.scheduler.add(seq)
         except RequestError as e:
-            self.scheduler.finish(seq, DoneReason.ERROR, str(e))
+            self.scheduler.finish(seq, DoneReason.ERROR, str(e), e.kind)
         except Exception as e:  # a template or tokenizer failure belongs to this request only
-            self.scheduler.finish(seq, DoneReason.ERROR, f"could not prepare the prompt: {e}")
+            self.scheduler.finish(seq, DoneReason.ERROR, f"could not prepare the prompt: {e}",
+                                  ErrorKind.INVALID)
 
     def _window_end(self) -> float | None:
         """When the idle coalescing window closes (None: no window open)."""
@@ -444,6 +446,7 @@ class Engine:
             itl_p95_ms=m.itl_p95_ms,
             itl_max_ms=m.itl_max_ms,
             done_reason=seq.done_reason,
+            error_kind=seq.error_kind,
             error=seq.error,
             waiting_reason=seq.waiting_reason,
             priority=seq.priority,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from magnitude_tui.serve.body import ChatCall
 from magnitude_tui.serve.errors import ErrorType, OpenAIError
 from magnitude_tui.serve.hub import EngineHub
-from scheduler.types import DoneReason, Phase, Request, SamplingParams, SeqUpdate
+from scheduler.types import DoneReason, ErrorKind, Phase, Request, SamplingParams, SeqUpdate
 
 
 @dataclass
@@ -88,7 +88,7 @@ class Completion:
                 pending.discard(tag)
             if u.phase is Phase.DONE and u.done_reason is DoneReason.ERROR and not u.generated:
                 self.cancel()
-                raise _refusal(u.error or "the request failed")
+                raise _refusal(u)
 
     async def _evaluate_prompt_once(self) -> str:
         session = f"{self.session_base}-prompt"
@@ -101,7 +101,7 @@ class Completion:
             self._observe(self.prime, u, t)
             if u.phase is Phase.DONE:
                 if u.done_reason is DoneReason.ERROR:
-                    raise _refusal(u.error or "the request failed")
+                    raise _refusal(u)
                 return session
 
     def _request(self, rid: str, session: str, sampling: SamplingParams, fork_from: str | None) -> Request:
@@ -222,9 +222,11 @@ def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 2)
 
 
-def _refusal(message: str) -> OpenAIError:
-    """The engine refused the request before it produced anything: say why, as OpenAI would."""
-    code = "context_length_exceeded" if "can hold only" in message or "KV cells" in message else None
-    if "engine" in message and ("restart" in message.lower() or "not running" in message):
-        return OpenAIError(503, message, ErrorType.UNAVAILABLE, "engine_unavailable")
-    return OpenAIError(400, message, ErrorType.INVALID_REQUEST, code, "messages")
+def _refusal(u: SeqUpdate) -> OpenAIError:
+    """The engine ended the request before it produced anything: say why, as OpenAI would."""
+    message = u.error or "the request failed"
+    if u.error_kind is ErrorKind.CONTEXT_LENGTH:
+        return OpenAIError(400, message, ErrorType.INVALID_REQUEST, "context_length_exceeded", "messages")
+    if u.error_kind is ErrorKind.INVALID:
+        return OpenAIError(400, message, ErrorType.INVALID_REQUEST, "invalid_request", "messages")
+    return OpenAIError(503, message, ErrorType.UNAVAILABLE, "engine_unavailable", retry_after_s=2)
