@@ -53,12 +53,11 @@ def main(
     """Launch the app on the default model (no subcommand)."""
     if ctx.invoked_subcommand is not None:
         return
-    from magnitude_tui.app import run_app
     from scheduler.types import SamplingParams
 
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     if remote:
-        run_app(_remote_client(remote, remote_model, api_key_env), theme=theme, resume=resume, sampling=sampling)
+        _run_app(_remote_client(remote, remote_model, api_key_env), theme=theme, resume=resume, sampling=sampling)
         return
     from backend import usable_cpus
     from backend.factory import BackendConfig
@@ -73,11 +72,19 @@ def main(
                             n_threads=threads or max(1, usable_cpus() - 1))
     config = EngineConfig(backend, policy=policy)
     from magnitude_tui.serve.server import resolve_api_key
+
+    _run_app(config, theme=theme, resume=resume, sampling=sampling, serve_port=serve_port,
+             api_key=resolve_api_key(api_key))
+
+
+def _run_app(engine, **options) -> None:
+    """The app; a database it must not touch (a newer schema, a locked file) is a message and
+    exit code 1, not a traceback."""
+    from magnitude_tui.app import run_app
     from magnitude_tui.store import StoreError
 
     try:
-        run_app(config, theme=theme, resume=resume, sampling=sampling, serve_port=serve_port,
-                api_key=resolve_api_key(api_key))
+        run_app(engine, **options)
     except StoreError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
