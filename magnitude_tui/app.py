@@ -39,6 +39,7 @@ class MagnitudeApp(App):
         self.store = store
         self._resume = resume
         self._export_dir = export_dir or Path.cwd()
+        self.failure: str | None = None  # why the engine is down (None while it runs or loads)
         for t in THEMES:
             self.register_theme(t)
         wanted = theme or store.get_setting("theme") or DEFAULT_THEME
@@ -66,19 +67,30 @@ class MagnitudeApp(App):
     def on_unmount(self) -> None:
         self.client.stop()
 
+    def engine_failed(self, reason: str | None) -> None:
+        """The workspace reports the engine down (with why) or up again (None)."""
+        self.failure = reason
+
+    async def action_quit(self) -> None:
+        # Quitting while the engine is down is how a failed start ends: the exit code says so.
+        self.exit(return_code=1 if self.failure else 0)
+
 
 def run_app(config: EngineConfig, *, theme: str | None, resume: bool,
-            sampling: SamplingParams | None = None) -> None:
-    """Run the TUI until the user quits: engine worker in its own process, state in SQLite."""
+            sampling: SamplingParams | None = None) -> str | None:
+    """Run the TUI until the user quits: engine worker in its own process, state in SQLite.
+
+    Returns why the engine was down when the user quit (None if it was running)."""
     from magnitude_tui.engine.client import EngineClient
 
     if theme is not None and theme not in available_themes():
         raise ValueError(f"unknown theme {theme!r}; choose from {', '.join(available_themes())}")
     store = Store()
     client = EngineClient(config)
+    app = MagnitudeApp(config, client=client, store=store, theme=theme, resume=resume, sampling=sampling)
     try:
-        MagnitudeApp(config, client=client, store=store, theme=theme, resume=resume,
-                     sampling=sampling).run()
+        app.run()
+        return app.failure
     finally:
         client.stop()
         store.close()

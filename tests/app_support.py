@@ -103,6 +103,14 @@ class ScriptedClient:
         self._emit([LoadProgress(1.0, "scripted.gguf", "CPU"),
                     EngineReady("scripted.gguf", "CPU", 8192, 16, 2048, self.policy)])
 
+    def fail_to_start(self, reason: str) -> None:
+        """What the real client delivers when the load fails: the worker's reason, then the
+        generic news that its process exited."""
+        self._alive = False
+        self._emit([EngineFailed(reason, restartable=False)])
+        self._emit([EngineFailed("the engine worker (pid 1) exited with code 0; native log: engine.log. "
+                                 "Restart the engine to continue.")])
+
     def die(self, message: str = "the engine worker was killed by SIGKILL") -> None:
         batch: list[object] = [
             SeqUpdate(rid, l.request.session_id, None, Phase.DONE, done_reason=DoneReason.ERROR, error=message)

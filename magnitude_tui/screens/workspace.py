@@ -16,6 +16,7 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer
 
 from magnitude_tui.commands import SLASH_HELP, parse_slash
+from magnitude_tui.conversations import Conversations
 from magnitude_tui.engine.events import (CommandRejected, EngineConfig, EngineFailed, EngineReady,
                                          LoadProgress, PolicyChanged)
 from magnitude_tui.screens.policy_dialog import PolicyDialog
@@ -49,8 +50,10 @@ class WorkspaceScreen(Screen):
         Binding("ctrl+p", "app.command_palette", "Palette", priority=True),
         Binding("ctrl+n", "new_pane", "New"),
         Binding("ctrl+x", "close_pane", "Close"),
-        Binding("tab", "next_pane", "Next pane", key_display="⇥", group=_PANES),
-        Binding("shift+tab", "prev_pane", "Previous pane", key_display="⇤", group=_PANES),
+        # Priority: focus must move as the key is read, so the keys typed after it in the same
+        # burst (a fast typist, tmux send-keys) reach the pane it moved to.
+        Binding("tab", "next_pane", "Next pane", key_display="⇥", group=_PANES, priority=True),
+        Binding("shift+tab", "prev_pane", "Previous pane", key_display="⇤", group=_PANES, priority=True),
         Binding("ctrl+o", "zoom", "Zoom"),
         Binding("escape", "cancel", "Stop"),
         Binding("ctrl+s", "spawn", "Spawn"),
@@ -61,7 +64,9 @@ class WorkspaceScreen(Screen):
         Binding("ctrl+y", "copy_answer", "Copy"),
         Binding("f2", "toggle_sequences", "Sequences panel", group=_PANELS),
         Binding("f3", "toggle_scheduler", "Scheduler panel", group=_PANELS),
+        Binding("f4", "conversations", "Chats"),
         Binding("ctrl+r", "restart_engine", "Restart", show=False),
+        Binding("ctrl+q", "app.quit", "Quit"),
     ]
 
     def __init__(self, *, client, store: Store, config: EngineConfig, restored: list[PaneRecord],
@@ -77,6 +82,8 @@ class WorkspaceScreen(Screen):
         self._restored = restored
         self._resident: set[str] = set()  # sessions whose KV the current worker holds (fork sources)
         self.subagents = Subagents(self)
+        self.conversations = Conversations(self)
+        self._focus_after_restart: str | None = None  # the pane that had focus when ctrl+r was pressed
         self._panes: dict[str, ChatPane] = {}  # open panes; outlives the DOM at shutdown, for save()
         self._painted_all = 0.0  # when every pane was last painted (monotonic)
         self.batches_applied = 0  # engine batches taken in (tests wait on it, not on wall time)
@@ -174,6 +181,7 @@ class WorkspaceScreen(Screen):
                 for update in event.updates:
                     self._route(update, event.t)
             elif isinstance(event, SeqUpdate):
+                self.scheduler_panel.track(event)
                 self._route(event)
             elif isinstance(event, LoadProgress):
                 self.loading_view.progress(event)
@@ -202,18 +210,26 @@ class WorkspaceScreen(Screen):
 
     def _ready(self, event: EngineReady) -> None:
         self.engine_ready = True
+        self.app.engine_failed(None)
         self._resident.clear()
         self.policy = event.policy
         panel = self.scheduler_panel
         panel.set_engine(event.model, event.device)
         panel.set_policy(event.policy)
         self.query_one(ContentSwitcher).current = "workspace"
-        pane = self.grid.focused_pane()
+        # The loading view took focus from the panes; give it back to the one the user was in.
+        pane = self.grid.pane(self._focus_after_restart or "") or self.grid.focused_pane()
+        self._focus_after_restart = None
         if pane is not None:
             self.grid.focus_pane(pane)
 
     def _failed(self, event: EngineFailed) -> None:
         self._resident.clear()
+        self.scheduler_panel.engine_stopped()
+        # The first failure carries the reason (a load error); the worker's exit comes after it.
+        first = self.app.failure is None
+        if first:
+            self.app.engine_failed(event.message)
         if not self.engine_ready:
             self.loading_view.failed(event)
             return
@@ -225,6 +241,9 @@ class WorkspaceScreen(Screen):
         if self.engine_ready and self.client.alive:
             self.notify("The engine is running")
             return
+        focused = self.grid.focused_pane()
+        self._focus_after_restart = focused.session_id if focused is not None else None
+        self.app.engine_failed(None)
         self.loading_view.restarting()
         self.query_one(ContentSwitcher).current = "loading"
         self.engine_ready = False
@@ -237,8 +256,8 @@ class WorkspaceScreen(Screen):
         pane, text = event.pane, event.text
         if text.startswith("/"):
             await self._slash(pane, text)
-        elif pane.busy:
-            self.notify(f"{pane.record.name} is still replying; Esc cancels it", severity="warning")
+        elif pane.busy or pane.queued:
+            pane.queue(text)  # the next turn, once the reply (and anything queued before) is done
         else:
             await pane.add_message(MessageRecord("user", text))
             self.submit_turn(pane)
@@ -269,11 +288,39 @@ class WorkspaceScreen(Screen):
         elif command.name == "copy":
             self.action_copy_answer()
         else:
-            self.notify(SLASH_HELP, timeout=10)
+            self.notify(SLASH_HELP, timeout=10, markup=False)
 
     @on(ChatPane.ReplyFinished)
     async def _reply_finished(self, event: ChatPane.ReplyFinished) -> None:
-        await self.subagents.reply_finished(event)
+        pane = event.pane
+        reported = await self.subagents.reply_finished(event)
+        if reported and not pane.busy:
+            # Its answer is in the parent now: the KV it held goes back to the pool (a follow-up
+            # in this pane prefills again).
+            self.client.close_session(pane.session_id)
+            self._resident.discard(pane.session_id)
+        reason = event.update.done_reason
+        if reason is DoneReason.CANCELLED and event.message is None:
+            await self._withdraw_prompt(pane)
+        if pane.busy or not pane.queued:
+            return
+        if reason in (DoneReason.STOP, DoneReason.LENGTH):
+            await pane.add_message(MessageRecord("user", pane.next_queued() or ""))
+            self.submit_turn(pane)
+        else:  # stopped (esc) or failed: what was queued goes back to the composer, unsent
+            pane.return_to_composer([t for t in iter(pane.next_queued, None)])
+
+    async def _withdraw_prompt(self, pane: ChatPane) -> None:
+        """A reply cancelled before its first token: its prompt leaves the context and returns to
+        the composer, so the conversation does not silently keep a question nobody answered."""
+        message = await pane.withdraw_last_prompt()
+        if message is None:
+            return
+        if message.id is not None:
+            self.store.delete_message(message.id)
+        pane.return_to_composer([message.content])
+        self.notify(f"{pane.record.name}: stopped before the reply began; your message is back in "
+                    "the composer and out of the context", timeout=6)
 
     # ---- actions ------------------------------------------------------------------------------
 
@@ -286,10 +333,12 @@ class WorkspaceScreen(Screen):
         self.store.add_pane(record)
         await self.add_pane(ChatPane(record))
 
+    @work(exclusive=True, group="close")
     async def action_close_pane(self) -> None:
-        pane = self.grid.focused_pane()
-        if pane is None:
-            return
+        await self.conversations.close_focused()
+
+    async def close_pane(self, pane: ChatPane) -> None:
+        """Close a pane now: cancel its reply, free its sequence and KV, keep it in the store."""
         if pane.request_id is not None:
             self.client.cancel(pane.request_id)
         self.client.close_session(pane.session_id)
@@ -297,11 +346,15 @@ class WorkspaceScreen(Screen):
         self._save_pane(pane)
         self.store.close_pane(pane.session_id)
         self.sequences_panel.forget(pane.session_id)
-        del self._panes[pane.session_id]
+        self._panes.pop(pane.session_id, None)
         await self.grid.remove_pane(pane)
         self.store.set_positions([p.session_id for p in self.grid.panes])
         if not self.grid.panes:
             await self.action_new_pane()
+
+    @work(exclusive=True, group="conversations")
+    async def action_conversations(self) -> None:
+        await self.conversations.choose()
 
     def action_next_pane(self) -> None:
         self.grid.cycle(1)

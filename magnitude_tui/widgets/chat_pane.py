@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message as TextualMessage
-from textual.widgets import Input, Static
+from textual.widgets import Static
 
 from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.widgets.composer import Composer
@@ -61,6 +61,7 @@ class ChatPane(Vertical):
         self._held_results: list[MessageRecord] = []
         self._unsaved: dict[int, MessageRecord] = {}  # id(message) -> message, in creation order
         self._status_dirty = True
+        self.queued: list[str] = []  # typed while a reply streamed; sent one turn each, in order
         self.composer = Composer()  # held: the paint tick reads it even while the pane is torn down
         self.border_title = self.title
         for m in record.messages:
@@ -113,7 +114,14 @@ class ChatPane(Vertical):
         for m in self.record.messages:
             who = f"{m.author} (subagent answer)" if m.author else m.role
             who += " (inherited context)" if m.inherited else ""
+            if m.role == "assistant" and not m.complete:
+                streaming = self._reply is not None and m is self._reply.message
+                who += " (partial: still streaming)" if streaming else " (partial: interrupted)"
+            elif m.done_reason in ("cancelled", "error", "length"):
+                who += f" (ended: {m.done_reason})"
             lines += [f"## {who}", "", m.content, ""]
+        for text in self.queued:
+            lines += ["## user (queued, not sent yet)", "", text, ""]
         return "\n".join(lines)
 
     def take_unsaved(self) -> list[MessageRecord]:
@@ -133,29 +141,65 @@ class ChatPane(Vertical):
             for m in self.record.messages:
                 if not m.inherited:
                     yield MessageView(m, speaker=self._speaker(m))
+        yield Static("", classes="queued-note", markup=False)
         yield StatusLine()
         yield self.composer
 
     def on_mount(self) -> None:
         self.query_one(".transcript").anchor()
+        self._show_queue()
 
     def _speaker(self, m: MessageRecord) -> str:
         if m.role == "user" and self.record.role == "subagent":
             return f"task from {self.parent_name or 'parent'}"
         return "you" if m.role == "user" else self.record.name if m.role == "assistant" else m.role
 
+    def rename(self, name: str) -> None:
+        self.record.name = name
+        self.border_title = self.title
+
     def focus_composer(self) -> None:
-        self.composer.focus()
+        # At once, not on the next message-loop turn as Widget.focus() does: keys that arrived in
+        # the same burst as a pane switch are forwarded to whatever has focus when each is read.
+        if self.composer.is_attached:
+            self.screen.set_focus(self.composer)
+        else:
+            self.composer.focus()
 
     def action_scroll_transcript(self, direction: int) -> None:
         t = self.query_one(".transcript", VerticalScroll)
         t.scroll_page_down() if direction > 0 else t.scroll_page_up()
 
-    @on(Input.Submitted)
-    def _composer_submitted(self, event: Input.Submitted) -> None:
+    @on(Composer.Submitted)
+    def _composer_submitted(self, event: Composer.Submitted) -> None:
         event.stop()
-        if event.value.strip():
-            self.post_message(self.Submitted(self, self.composer.take().strip()))  # pastes put back whole
+        self.post_message(self.Submitted(self, event.text))
+
+    # ---- messages typed while a reply streams --------------------------------------------------
+
+    def queue(self, text: str) -> None:
+        """Hold a message until the running reply ends (then it is the next turn)."""
+        self.queued.append(text)
+        self._show_queue()
+
+    def next_queued(self) -> str | None:
+        text = self.queued.pop(0) if self.queued else None
+        self._show_queue()
+        return text
+
+    def return_to_composer(self, texts: list[str]) -> None:
+        """Put messages back into the composer, before whatever is being typed there now."""
+        parts = [t for t in [*texts, self.composer.text] if t.strip()]
+        self.composer.value = "\n\n".join(parts)
+
+    def _show_queue(self) -> None:
+        for note in self.query(".queued-note"):
+            note.display = bool(self.queued)
+            if self.queued:
+                first = self.queued[0].splitlines()[0] if self.queued[0].strip() else ""
+                more = f" (+{len(self.queued) - 1} more)" if len(self.queued) > 1 else ""
+                note.update(f"queued: {first}{more} · sent when this reply ends · esc stops the "
+                            "reply and returns it to the composer")
 
     # ---- conversation -------------------------------------------------------------------------
 
@@ -168,6 +212,18 @@ class ChatPane(Vertical):
         self._mark_unsaved(message)
         for transcript in self.query(".transcript"):  # none before compose or while torn down
             await transcript.mount(MessageView(message, speaker=self._speaker(message)))
+
+    async def withdraw_last_prompt(self) -> MessageRecord | None:
+        """Take back the last message if it is the user's own and unanswered (None otherwise)."""
+        last = self.record.messages[-1] if self.record.messages else None
+        if self.busy or last is None or last.role != "user" or last.author or last.inherited:
+            return None
+        self.record.messages.pop()
+        self._unsaved.pop(id(last), None)
+        for view in self.query(MessageView):
+            if view.message is last:
+                await view.remove()
+        return last
 
     def begin_request(self, request_id: str) -> None:
         self.request_id = request_id
