@@ -17,7 +17,7 @@ BURST_DEFAULT = 8
 SLASH_HELP = (
     "/spawn N task — N subagents fork this conversation and report back · "
     "/burst [N] — N subagents at once · /policy P — prefill-first | fixed:N | target:MS · "
-    "/export · /copy"
+    "/retry · /export · /copy"
 )
 
 
@@ -25,7 +25,7 @@ SLASH_HELP = (
 class Slash:
     """A parsed slash command."""
 
-    name: str  # spawn | burst | policy | export | copy | help
+    name: str  # spawn | burst | policy | export | copy | retry | help
     count: int = 0
     arg: str = ""
 
@@ -53,7 +53,7 @@ def parse_slash(text: str) -> Slash:
         if not valid_policy(rest):
             raise ValueError("usage: /policy prefill-first | fixed:N | target:MS")
         return Slash("policy", arg=rest)
-    if name in ("export", "copy", "help"):
+    if name in ("export", "copy", "retry", "help"):
         return Slash(name)
     raise ValueError(f"unknown command /{name}; {SLASH_HELP}")
 
@@ -78,6 +78,10 @@ def palette_commands(screen: "WorkspaceScreen") -> Iterable[SystemCommand]:
                         screen.action_export)
     yield SystemCommand("Copy last answer", "Copy the focused pane's last reply (ctrl+y)",
                         screen.action_copy_answer)
+    yield SystemCommand("Retry reply", "Drop the focused pane's last reply and ask again (ctrl+g)",
+                        screen.action_retry)
+    yield SystemCommand("Conversations", "Open, reopen, rename, delete or search conversations (f4)",
+                        screen.action_conversations)
     yield SystemCommand("Toggle sequences panel", "Per-sequence latency table (f2)",
                         screen.action_toggle_sequences)
     yield SystemCommand("Toggle scheduler panel", "Step time, rows, budget, KV (f3)",

@@ -127,6 +127,9 @@ class SeqUpdate:
     done_reason: DoneReason | None = None
     error: str | None = None
     waiting_reason: str | None = None
+    # How many of the request's oldest messages (after its system messages) were left out so the
+    # conversation fits its sequence with room for a reply (0: all of it was sent).
+    dropped_messages: int = 0
 
 
 @dataclass

@@ -27,6 +27,7 @@ class _Live:
     cancelled: bool = False
     steps: int = 0
     text: list[str] = field(default_factory=list)
+    dropped: int = 0  # messages the "engine" left out to fit the context
 
 
 def default_reply(request: Request) -> str:
@@ -46,6 +47,7 @@ class ScriptedClient:
         self.closed_sessions: list[str] = []
         self.live: dict[str, _Live] = {}
         self.step_no = 0
+        self.drop_next = 0  # the next request reports this many of its oldest messages dropped
         self.started = 0
         self.emitted = 0  # batches put on the queue (quiet() compares it with what the app applied)
         self._queue: queue.Queue = queue.Queue()
@@ -66,7 +68,8 @@ class ScriptedClient:
         words = [w + " " for w in self.reply(request).split(" ")]
         words[-1] = words[-1].rstrip()
         total = sum(len(m.content.split()) for m in request.messages) + 8
-        self.live[request.request_id] = _Live(request, seq_id, words, prompt_total=total)
+        self.live[request.request_id] = _Live(request, seq_id, words, prompt_total=total, dropped=self.drop_next)
+        self.drop_next = 0
 
     def cancel(self, request_id: str) -> None:
         self.cancelled.append(request_id)
@@ -136,7 +139,7 @@ class ScriptedClient:
         for rid, l in list(self.live.items()):
             l.steps += 1
             u = SeqUpdate(rid, l.request.session_id, l.seq_id, l.phase, prompt_total=l.prompt_total,
-                          queue_ms=12.0)
+                          queue_ms=12.0, dropped_messages=l.dropped)
             if l.cancelled:
                 u.phase, u.done_reason = Phase.DONE, DoneReason.CANCELLED
             elif l.phase is Phase.QUEUED:

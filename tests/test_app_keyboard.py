@@ -257,3 +257,79 @@ async def test_a_subagent_frees_its_kv_once_its_answer_is_posted(tmp_path):
         await wait_for(pilot, lambda: set(client.closed_sessions) == {c.session_id for c in children},
                        what="the subagents' sessions closed")
         assert len(app.workspace.grid.panes) == 3  # still open to read
+
+
+async def test_a_full_context_drops_the_oldest_turns_and_says_so(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.workspace.grid.panes[0]
+        assert pane.context_size == 8192  # from EngineReady
+        for text in ("one", "two", "three"):
+            await _type(pilot, text)
+            client.run_to_completion()
+            await settle(pilot)
+        assert pane.border_subtitle.startswith("ctx ") and pane.border_subtitle.endswith("/8192")
+        client.drop_next = 4  # the engine had to leave out the two oldest turns
+        await _type(pilot, "four")
+        client.run_to_completion()
+        await settle(pilot)
+        note = pane.query_one(".context-note")
+        assert "the oldest 2 turns (4 messages)" in str(note.render())
+        assert len(pane.query("MessageView.-dropped")) == 4
+        await _type(pilot, "five")
+        await wait_for(pilot, lambda: len(client.submitted) == 5, what="the next turn")
+        sent = [m.content for m in client.submitted[-1].messages]
+        assert sent[0] == "three" and sent[-1] == "five" and "one" not in sent
+
+
+async def test_up_edits_the_last_message_and_the_reply_is_regenerated(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.workspace.grid.panes[0]
+        await _type(pilot, "What is 2+3?")
+        client.run_to_completion()
+        await settle(pilot)
+        await pilot.press("up")  # empty composer: the last message comes back
+        assert pane.composer.value == "What is 2+3?" and pane.editing is not None
+        assert "editing your last message" in str(pane.query_one(".queued-note").render())
+        await pilot.press("backspace", "backspace", *"4?", "enter")
+        await wait_for(pilot, lambda: len(client.submitted) == 2, what="the edited turn")
+        assert [m.content for m in client.submitted[1].messages] == ["What is 2+4?"]
+        client.run_to_completion()
+        await settle(pilot)
+        assert [(m.role, m.content[:12]) for m in pane.record.messages] == [
+            ("user", "What is 2+4?"), ("assistant", "Echo **What ")]
+        app.workspace.save()
+        db = sqlite3.connect(tmp_path / "magnitude.db")
+        assert db.execute("SELECT COUNT(*) FROM messages").fetchone() == (2,)
+
+
+async def test_retry_replaces_the_last_reply(tmp_path):
+    replies = iter(["first answer", "second answer"])
+    client = ScriptedClient(reply=lambda request: next(replies))
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.workspace.grid.panes[0]
+        await _type(pilot, "hi")
+        client.run_to_completion()
+        await settle(pilot)
+        await pilot.press("ctrl+g")
+        await wait_for(pilot, lambda: len(client.submitted) == 2, what="the retry")
+        assert [m.content for m in client.submitted[1].messages] == ["hi"]
+        client.run_to_completion()
+        await settle(pilot)
+        assert [m.content for m in pane.record.messages] == ["hi", "second answer"]
+
+
+async def test_shift_enter_and_ctrl_j_start_a_new_line(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.workspace.grid.panes[0]
+        await pilot.press(*"line one", "shift+enter", *"two", "ctrl+j", *"three")
+        assert pane.composer.value == "line one\ntwo\nthree" and not client.submitted
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: client.submitted, what="the submit")
+        assert client.submitted[0].messages[-1].content == "line one\ntwo\nthree"

@@ -15,8 +15,8 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer
 
-from magnitude_tui.commands import SLASH_HELP, parse_slash
 from magnitude_tui.conversations import Conversations
+from magnitude_tui.turns import Turns
 from magnitude_tui.engine.events import (CommandRejected, EngineConfig, EngineFailed, EngineReady,
                                          LoadProgress, PolicyChanged)
 from magnitude_tui.screens.policy_dialog import PolicyDialog
@@ -24,6 +24,7 @@ from magnitude_tui.screens.spawn_dialog import SpawnDialog, SpawnSpec
 from magnitude_tui.store import MessageRecord, PaneRecord, Store
 from magnitude_tui.subagents import Subagents, next_name
 from magnitude_tui.widgets.chat_pane import ChatPane
+from magnitude_tui.widgets.composer import Composer
 from magnitude_tui.widgets.loading_view import LoadingView
 from magnitude_tui.widgets.pane_grid import MAX_PANES, PaneGrid
 from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
@@ -62,6 +63,7 @@ class WorkspaceScreen(Screen):
         Binding("ctrl+t", "app.change_theme", "Theme"),
         Binding("f5", "export", "Save"),
         Binding("ctrl+y", "copy_answer", "Copy"),
+        Binding("ctrl+g", "retry", "Retry"),
         Binding("f2", "toggle_sequences", "Sequences panel", group=_PANELS),
         Binding("f3", "toggle_scheduler", "Scheduler panel", group=_PANELS),
         Binding("f4", "conversations", "Chats"),
@@ -83,7 +85,9 @@ class WorkspaceScreen(Screen):
         self._resident: set[str] = set()  # sessions whose KV the current worker holds (fork sources)
         self.subagents = Subagents(self)
         self.conversations = Conversations(self)
+        self.turns = Turns(self)
         self._focus_after_restart: str | None = None  # the pane that had focus when ctrl+r was pressed
+        self.n_ctx_seq: int | None = None  # tokens one sequence can hold (from EngineReady)
         self._panes: dict[str, ChatPane] = {}  # open panes; outlives the DOM at shutdown, for save()
         self._painted_all = 0.0  # when every pane was last painted (monotonic)
         self.batches_applied = 0  # engine batches taken in (tests wait on it, not on wall time)
@@ -137,6 +141,7 @@ class WorkspaceScreen(Screen):
     async def add_pane(self, pane: ChatPane, *, focus: bool = True) -> None:
         """Mount a pane in the grid and route its session's engine updates to it."""
         self._panes[pane.session_id] = pane
+        pane.context_size = self.n_ctx_seq
         await self.grid.add_pane(pane, focus=focus)
 
     def on_unmount(self) -> None:
@@ -213,6 +218,9 @@ class WorkspaceScreen(Screen):
         self.app.engine_failed(None)
         self._resident.clear()
         self.policy = event.policy
+        self.n_ctx_seq = event.n_ctx  # one unified KV pool: a sequence may use all of it
+        for pane in self._panes.values():
+            pane.context_size = event.n_ctx
         panel = self.scheduler_panel
         panel.set_engine(event.model, event.device)
         panel.set_policy(event.policy)
@@ -253,14 +261,17 @@ class WorkspaceScreen(Screen):
 
     @on(ChatPane.Submitted)
     async def _submitted(self, event: ChatPane.Submitted) -> None:
-        pane, text = event.pane, event.text
-        if text.startswith("/"):
-            await self._slash(pane, text)
-        elif pane.busy or pane.queued:
-            pane.queue(text)  # the next turn, once the reply (and anything queued before) is done
-        else:
-            await pane.add_message(MessageRecord("user", text))
-            self.submit_turn(pane)
+        await self.turns.submitted(event.pane, event.text, event.editing)
+
+    @on(ChatPane.ReplyFinished)
+    async def _reply_finished(self, event: ChatPane.ReplyFinished) -> None:
+        await self.turns.reply_finished(event)
+
+    @on(Composer.RecallRequested)
+    def _recall(self, event: Composer.RecallRequested) -> None:
+        pane = self.grid.focused_pane()
+        if pane is not None and pane.composer is event.composer:
+            self.turns.edit_last(pane)
 
     def submit_turn(self, pane: ChatPane, *, fork_from: str | None = None) -> None:
         """Send the pane's conversation as a new request; it forks `fork_from`'s KV when the
@@ -271,56 +282,10 @@ class WorkspaceScreen(Screen):
         self.client.submit(Request(request_id, pane.session_id, pane.conversation(), self.sampling,
                                    fork_from=fork))
 
-    async def _slash(self, pane: ChatPane, text: str) -> None:
-        try:
-            command = parse_slash(text)
-        except ValueError as exc:
-            self.notify(str(exc), severity="warning")
-            return
-        if command.name == "spawn":
-            await self.subagents.spawn(pane, SpawnSpec(command.count, command.arg))
-        elif command.name == "burst":
-            await self.subagents.burst(pane, command.count)
-        elif command.name == "policy":
-            self.switch_policy(command.arg)
-        elif command.name == "export":
-            self.action_export()
-        elif command.name == "copy":
-            self.action_copy_answer()
-        else:
-            self.notify(SLASH_HELP, timeout=10, markup=False)
-
-    @on(ChatPane.ReplyFinished)
-    async def _reply_finished(self, event: ChatPane.ReplyFinished) -> None:
-        pane = event.pane
-        reported = await self.subagents.reply_finished(event)
-        if reported and not pane.busy:
-            # Its answer is in the parent now: the KV it held goes back to the pool (a follow-up
-            # in this pane prefills again).
-            self.client.close_session(pane.session_id)
-            self._resident.discard(pane.session_id)
-        reason = event.update.done_reason
-        if reason is DoneReason.CANCELLED and event.message is None:
-            await self._withdraw_prompt(pane)
-        if pane.busy or not pane.queued:
-            return
-        if reason in (DoneReason.STOP, DoneReason.LENGTH):
-            await pane.add_message(MessageRecord("user", pane.next_queued() or ""))
-            self.submit_turn(pane)
-        else:  # stopped (esc) or failed: what was queued goes back to the composer, unsent
-            pane.return_to_composer([t for t in iter(pane.next_queued, None)])
-
-    async def _withdraw_prompt(self, pane: ChatPane) -> None:
-        """A reply cancelled before its first token: its prompt leaves the context and returns to
-        the composer, so the conversation does not silently keep a question nobody answered."""
-        message = await pane.withdraw_last_prompt()
-        if message is None:
-            return
-        if message.id is not None:
-            self.store.delete_message(message.id)
-        pane.return_to_composer([message.content])
-        self.notify(f"{pane.record.name}: stopped before the reply began; your message is back in "
-                    "the composer and out of the context", timeout=6)
+    def release_session(self, pane: ChatPane) -> None:
+        """Give the pane's KV back to the pool (its next turn prefills again)."""
+        self.client.close_session(pane.session_id)
+        self._resident.discard(pane.session_id)
 
     # ---- actions ------------------------------------------------------------------------------
 
@@ -392,6 +357,11 @@ class WorkspaceScreen(Screen):
 
     def switch_policy(self, policy: str) -> None:
         self.client.set_policy(policy)  # the panel changes when PolicyChanged comes back
+
+    async def action_retry(self) -> None:
+        pane = self.grid.focused_pane()
+        if pane is not None:
+            await self.turns.retry(pane)
 
     def action_export(self) -> None:
         pane = self.grid.focused_pane()

@@ -13,6 +13,7 @@ from textual.widgets import Static
 
 from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.widgets.composer import Composer
+from magnitude_tui.widgets.format import fmt_count
 from magnitude_tui.widgets.message_view import MessageView
 from magnitude_tui.widgets.status_line import StatusLine
 from scheduler.types import DoneReason, Message, Phase, SeqUpdate
@@ -41,6 +42,7 @@ class ChatPane(Vertical):
 
         pane: "ChatPane"
         text: str
+        editing: MessageRecord | None = None  # the message this text replaces (Up, then Enter)
 
     @dataclass
     class ReplyFinished(TextualMessage):
@@ -62,6 +64,12 @@ class ChatPane(Vertical):
         self._unsaved: dict[int, MessageRecord] = {}  # id(message) -> message, in creation order
         self._status_dirty = True
         self.queued: list[str] = []  # typed while a reply streamed; sent one turn each, in order
+        self.editing: MessageRecord | None = None  # the message the composer holds for a resend
+        self.context_size: int | None = None  # tokens one sequence holds (from EngineReady)
+        self._sent: list[MessageRecord] = []  # the records the current request carries, in order
+        self._dropped: set[int] = set()  # id() of messages left out of the context (it was full)
+        self._notes: list[str] = []  # context notes waiting for the next paint
+        self._gauge = ""
         self.composer = Composer()  # held: the paint tick reads it even while the pane is torn down
         self.border_title = self.title
         for m in record.messages:
@@ -96,12 +104,28 @@ class ChatPane(Vertical):
         """The messages the next turn sends (the engine reuses whatever prefix it still holds).
 
         `committed_only` leaves out a reply that is still streaming (what a spawned subagent forks).
+        Messages dropped when the context filled up are not sent again.
         """
-        return tuple(
-            Message(m.role, m.content)
-            for m in self.record.messages
-            if m.content and not (committed_only and self._reply is not None and m is self._reply.message)
-        )
+        return tuple(Message(m.role, m.content) for m in self._in_context(committed_only))
+
+    def _in_context(self, committed_only: bool = False) -> list[MessageRecord]:
+        return [m for m in self.record.messages
+                if m.content and id(m) not in self._dropped
+                and not (committed_only and self._reply is not None and m is self._reply.message)]
+
+    @property
+    def context_used(self) -> int | None:
+        """Tokens the conversation holds in its sequence after the latest request (None: unknown)."""
+        u = self.last_update
+        return u.prompt_total + u.generated if u is not None and u.prompt_total else None
+
+    def gauge_text(self) -> str:
+        """The context gauge in the pane's bottom border: tokens used of the sequence's context."""
+        used, size = self.context_used, self.context_size
+        if used is None or not size:
+            return ""
+        filled = min(8, round(used / size * 8))
+        return f"ctx {'▰' * filled}{'▱' * (8 - filled)} {fmt_count(used)}/{fmt_count(size)}"
 
     def last_answer(self) -> str | None:
         for m in reversed(self.record.messages):
@@ -119,6 +143,8 @@ class ChatPane(Vertical):
                 who += " (partial: still streaming)" if streaming else " (partial: interrupted)"
             elif m.done_reason in ("cancelled", "error", "length"):
                 who += f" (ended: {m.done_reason})"
+            if id(m) in self._dropped:
+                who += " (out of context)"
             lines += [f"## {who}", "", m.content, ""]
         for text in self.queued:
             lines += ["## user (queued, not sent yet)", "", text, ""]
@@ -173,7 +199,9 @@ class ChatPane(Vertical):
     @on(Composer.Submitted)
     def _composer_submitted(self, event: Composer.Submitted) -> None:
         event.stop()
-        self.post_message(self.Submitted(self, event.text))
+        editing, self.editing = self.editing, None
+        self.post_message(self.Submitted(self, event.text, editing))
+        self._show_queue()
 
     # ---- messages typed while a reply streams --------------------------------------------------
 
@@ -194,12 +222,49 @@ class ChatPane(Vertical):
 
     def _show_queue(self) -> None:
         for note in self.query(".queued-note"):
-            note.display = bool(self.queued)
+            note.display = bool(self.queued) or self.editing is not None
             if self.queued:
                 first = self.queued[0].splitlines()[0] if self.queued[0].strip() else ""
                 more = f" (+{len(self.queued) - 1} more)" if len(self.queued) > 1 else ""
                 note.update(f"queued: {first}{more} · sent when this reply ends · esc stops the "
                             "reply and returns it to the composer")
+            elif self.editing is not None:
+                note.update("editing your last message · enter sends it again and replaces the reply "
+                            "below it · empty the composer to cancel")
+
+    # ---- editing and retrying -----------------------------------------------------------------
+
+    def last_prompt(self) -> MessageRecord | None:
+        """The user's own latest message (not a subagent's answer, not inherited context)."""
+        return next((m for m in reversed(self.record.messages)
+                     if m.role == "user" and not m.author and not m.inherited), None)
+
+    def start_editing(self, message: MessageRecord) -> None:
+        self.editing = message
+        self.composer.value = message.content
+        self._show_queue()
+
+    @on(Composer.Changed)
+    def _composer_changed(self, event: Composer.Changed) -> None:
+        if self.editing is not None and not self.composer.text:
+            self.editing = None
+            self._show_queue()
+
+    async def truncate(self, message: MessageRecord, *, keep: bool) -> list[MessageRecord]:
+        """Remove the messages after `message` (and `message` itself unless `keep`) from the
+        transcript; returns what was removed (the caller deletes it from the store)."""
+        index = next(i for i, m in enumerate(self.record.messages) if m is message) + int(keep)
+        removed = self.record.messages[index:]
+        del self.record.messages[index:]
+        gone = {id(m) for m in removed}
+        for m in removed:
+            self._unsaved.pop(id(m), None)
+        for view in self.query(MessageView):
+            if id(view.message) in gone:
+                await view.remove()
+        self.editing = None
+        self._show_queue()
+        return removed
 
     # ---- conversation -------------------------------------------------------------------------
 
@@ -226,6 +291,7 @@ class ChatPane(Vertical):
         return last
 
     def begin_request(self, request_id: str) -> None:
+        self._sent = self._in_context()
         self.request_id = request_id
         self.last_update = None
         self._status_dirty = True
@@ -238,6 +304,8 @@ class ChatPane(Vertical):
         """
         if update.request_id != self.request_id:
             return  # a late update for a request this pane already gave up on
+        if update.dropped_messages and not (self.last_update and self.last_update.dropped_messages):
+            self._drop_oldest(update.dropped_messages)
         self.last_update = update
         self._status_dirty = True
         if update.text_delta:
@@ -267,10 +335,14 @@ class ChatPane(Vertical):
             await self._settle(reply, update)
         if self._reply is not None:
             await self._paint(self._reply)
+        await self._paint_notes()
         if self._status_dirty:
             self._status_dirty = False
             for status in self.query(StatusLine):  # none while the pane is torn down
                 status.show(self.last_update)
+            gauge = self.gauge_text()
+            if gauge and gauge != self._gauge:  # a new request keeps the last gauge until it knows
+                self._gauge = self.border_subtitle = gauge
         if ended and not self._ended and not self.busy:
             held, self._held_results = self._held_results, []
             for message in held:
@@ -296,6 +368,28 @@ class ChatPane(Vertical):
         elif note:
             self.notify(f"{self.record.name}: {note}", severity="error")
         self.post_message(self.ReplyFinished(self, reply.message if reply else None, update))
+
+    def _drop_oldest(self, count: int) -> None:
+        """The engine left out the oldest `count` messages after the system ones: stop sending them."""
+        first = 0
+        while first < len(self._sent) and self._sent[first].role == "system":
+            first += 1
+        dropped = self._sent[first:first + count]
+        self._dropped.update(id(m) for m in dropped)
+        turns = sum(m.role == "user" for m in dropped)
+        self._notes.append(f"context full: the oldest {turns} turn{'s' * (turns != 1)} ({count} messages) "
+                           "no longer fit and are not sent to the model; the system prompt and the "
+                           "latest turns are kept")
+
+    async def _paint_notes(self) -> None:
+        notes, self._notes = self._notes, []
+        transcripts = self.query(".transcript")
+        if not notes or not transcripts:
+            return
+        for view in self.query(MessageView):
+            view.set_class(id(view.message) in self._dropped, "-dropped")
+        for note in notes:
+            await transcripts.first().mount(Static(note, classes="context-note", markup=False))
 
     def _mark_unsaved(self, message: MessageRecord) -> None:
         self._unsaved.setdefault(id(message), message)

@@ -90,10 +90,12 @@ class Composer(TextArea):
         self.move_cursor(self.replace(text, *self.selection).end_location)
 
     def submit(self) -> None:
-        """Take the text now and announce it; an empty composer sends nothing."""
-        text = self.take()
+        """Take the text now and announce it; an empty composer sends nothing. Submitted is posted
+        before the clearing's Changed, so a listener sees the send first."""
+        text = self.text
         if text.strip():
             self.post_message(self.Submitted(self, text.strip("\n")))
+        self.clear()
 
     def take(self) -> str:
         """The composer's text; the composer is left empty."""
