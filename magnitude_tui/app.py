@@ -8,6 +8,7 @@ from typing import Iterable
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
+from magnitude_tui.agents import AgentSettings
 from magnitude_tui.commands import palette_commands
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.screens.workspace import WorkspaceScreen
@@ -31,8 +32,9 @@ class MagnitudeApp(App):
 
     def __init__(self, config: EngineConfig, *, client, store: Store, theme: str | None = None,
                  resume: bool = False, export_dir: Path | None = None,
-                 sampling: SamplingParams | None = None) -> None:
+                 sampling: SamplingParams | None = None, roles: dict[str, AgentSettings] | None = None) -> None:
         super().__init__()
+        self.roles = roles or {}  # named agent definitions (agents.toml)
         self.config = config
         self.sampling = sampling or SamplingParams()
         self.client = client
@@ -53,7 +55,7 @@ class MagnitudeApp(App):
         restored = self.store.open_workspace(resume=self._resume)
         self.install_screen(WorkspaceScreen(client=self.client, store=self.store, config=self.config,
                                             restored=restored, export_dir=self._export_dir,
-                                            sampling=self.sampling), "workspace")
+                                            sampling=self.sampling, roles=self.roles), "workspace")
         self.push_screen("workspace")  # it starts the engine once its panes are mounted
 
     def watch_theme(self, theme: str) -> None:
@@ -77,7 +79,7 @@ class MagnitudeApp(App):
 
 
 def run_app(config: EngineConfig, *, theme: str | None, resume: bool,
-            sampling: SamplingParams | None = None) -> str | None:
+            sampling: SamplingParams | None = None, roles: dict[str, AgentSettings] | None = None) -> str | None:
     """Run the TUI until the user quits: engine worker in its own process, state in SQLite.
 
     Returns why the engine was down when the user quit (None if it was running)."""
@@ -87,7 +89,8 @@ def run_app(config: EngineConfig, *, theme: str | None, resume: bool,
         raise ValueError(f"unknown theme {theme!r}; choose from {', '.join(available_themes())}")
     store = Store()
     client = EngineClient(config)
-    app = MagnitudeApp(config, client=client, store=store, theme=theme, resume=resume, sampling=sampling)
+    app = MagnitudeApp(config, client=client, store=store, theme=theme, resume=resume, sampling=sampling,
+                       roles=roles)
     try:
         app.run()
         return app.failure

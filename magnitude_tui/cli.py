@@ -37,6 +37,9 @@ def main(
         "subagents given one context then answer alike)."),
     max_tokens: int = typer.Option(512, "--max-tokens", help="Longest reply, in tokens (at least 1)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (default: a fresh one per reply)."),
+    agents: Optional[Path] = typer.Option(
+        None, "--agents", help="Agent definitions (TOML: [role] system, temperature, max_tokens; "
+        "default: agents.toml in the user config directory)."),
     check: bool = typer.Option(False, "--check", metavar=" ",
                                help="Check the options and the model file, print what would run, and exit."),
     verbose: bool = VerboseOpt,
@@ -60,10 +63,12 @@ def main(
             preflight.check_theme(theme, available_themes())
         model_path = preflight.check_model(model)
         preflight.check_device(device)
+        roles = preflight.check_agents(agents)
     except preflight.OptionError as exc:
         _fail(str(exc))
     if check:
-        typer.echo(f"ok: model {model_path}, device {device}, policy {policy}, n_ctx {n_ctx}")
+        typer.echo(f"ok: model {model_path}, device {device}, policy {policy}, n_ctx {n_ctx}, "
+                   f"roles: {', '.join(roles) or 'none'}")
         return
     # ggml's CPU threads meet at spinning barriers after every op: when the UI takes a core they
     # spin while one of them waits for the CPU. Measured on 2 cores with 8 panes streaming
@@ -74,7 +79,7 @@ def main(
     from magnitude_tui.app import run_app
 
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    failure = run_app(config, theme=theme, resume=resume, sampling=sampling)
+    failure = run_app(config, theme=theme, resume=resume, sampling=sampling, roles=roles)
     if failure:
         _fail(failure, code=1)
 

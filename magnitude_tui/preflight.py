@@ -9,7 +9,10 @@ from __future__ import annotations
 import math
 import re
 
+from pathlib import Path
+
 from backend.model_file import ModelFileError, check_gguf, default_model_path
+from magnitude_tui.agents import AgentFileError, AgentSettings, load_agents
 
 # llama.cpp pads a context to a multiple of 256 cells; a smaller or unpadded size would be
 # changed behind the user's back (--n-ctx 64 became 256), so such a size is refused instead.
@@ -76,3 +79,11 @@ def check_numbers(*, n_ctx: int, threads: int | None, temperature: float, max_to
         raise OptionError(f"--temperature: {temperature} is not allowed; use 0 (greedy) or more")
     if max_tokens < 1:
         raise OptionError(f"--max-tokens: {max_tokens} is too small; a reply needs at least 1 token")
+
+
+def check_agents(path: Path | None = None) -> dict[str, AgentSettings]:
+    """The roles in agents.toml; OptionError (naming the file and the role) if it cannot be used."""
+    try:
+        return load_agents(path)
+    except AgentFileError as exc:
+        raise OptionError(f"agents file: {exc}") from None

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import platformdirs
 
+from magnitude_tui.agents import AgentSettings
+
 SCHEMA_VERSION = 1
 
 _SCHEMA = """
@@ -39,6 +41,13 @@ CREATE TABLE IF NOT EXISTS messages (
     created     REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_by_pane ON messages(pane_id, id);
+CREATE TABLE IF NOT EXISTS pane_settings (   -- a pane's agent settings, when not the defaults
+    pane_id     TEXT PRIMARY KEY REFERENCES panes(id),
+    role        TEXT,                        -- the agents.toml definition they came from
+    system      TEXT NOT NULL,
+    temperature REAL,                        -- NULL: the app's default
+    max_tokens  INTEGER
+);
 CREATE TABLE IF NOT EXISTS settings (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -86,6 +95,7 @@ class PaneRecord:
     task: str | None = None
     position: int = 0
     messages: list[MessageRecord] = field(default_factory=list)
+    settings: AgentSettings = AgentSettings()
 
 
 class Store:
@@ -129,6 +139,7 @@ class Store:
         panes = [PaneRecord(*row) for row in rows]
         for pane in panes:
             pane.messages = self.messages(pane.id)
+            pane.settings = self.pane_settings(pane.id)
         return panes
 
     def pane_names(self) -> list[str]:
@@ -148,6 +159,21 @@ class Store:
         )
         for message in pane.messages:
             self.add_message(pane.id, message)
+        if not pane.settings.is_default:
+            self.set_pane_settings(pane.id, pane.settings)
+
+    def set_pane_settings(self, pane_id: str, settings: AgentSettings) -> None:
+        self._db.execute(
+            "INSERT INTO pane_settings (pane_id, role, system, temperature, max_tokens) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT(pane_id) DO UPDATE SET role = excluded.role, system = excluded.system, "
+            "temperature = excluded.temperature, max_tokens = excluded.max_tokens",
+            (pane_id, settings.role, settings.system, settings.temperature, settings.max_tokens),
+        )
+
+    def pane_settings(self, pane_id: str) -> AgentSettings:
+        row = self._db.execute("SELECT role, system, temperature, max_tokens FROM pane_settings "
+                               "WHERE pane_id = ?", (pane_id,)).fetchone()
+        return AgentSettings(*row) if row else AgentSettings()
 
     def close_pane(self, pane_id: str) -> None:
         self._db.execute("UPDATE panes SET closed = ? WHERE id = ?", (time.time(), pane_id))
@@ -167,6 +193,7 @@ class Store:
             raise KeyError(f"no conversation {pane_id!r}")
         pane = PaneRecord(*row)
         pane.messages = self.messages(pane_id)
+        pane.settings = self.pane_settings(pane_id)
         return pane
 
     def rename_pane(self, pane_id: str, name: str) -> None:
@@ -177,6 +204,7 @@ class Store:
         with self._transaction():
             self._db.execute("UPDATE panes SET parent_id = NULL WHERE parent_id = ?", (pane_id,))
             self._db.execute("DELETE FROM messages WHERE pane_id = ?", (pane_id,))
+            self._db.execute("DELETE FROM pane_settings WHERE pane_id = ?", (pane_id,))
             self._db.execute("DELETE FROM panes WHERE id = ?", (pane_id,))
 
     def conversations(self, search: str = "") -> list[ConversationRow]:

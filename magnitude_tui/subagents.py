@@ -66,7 +66,10 @@ class Subagents:
         count = min(spec.count, free)
         if count < spec.count:
             ws.notify(f"Room for {free} more pane(s) (at most {MAX_PANES})", severity="warning")
-        context = parent.conversation(committed_only=True)
+        # The child sends its own system prompt (its role's, else the parent's) ahead of the
+        # inherited messages; with the parent's, the prefix matches and the fork shares its KV.
+        context = parent.conversation(committed_only=True, with_system=False)
+        settings = ws.roles.get(spec.role) if spec.role else parent.record.settings
         used = set(ws.store.pane_names())
         children = []
         for i in range(count):
@@ -76,7 +79,7 @@ class Subagents:
             messages = [MessageRecord(m.role, m.content, inherited=True) for m in context]
             messages.append(MessageRecord("user", f"You are subagent {name}. Your task: {task}"))
             record = PaneRecord(uuid.uuid4().hex[:12], name, "subagent", parent.session_id, task,
-                                len(ws.grid.panes), messages)
+                                len(ws.grid.panes), messages, settings or parent.record.settings)
             ws.store.add_pane(record)
             child = ChatPane(record, parent_name=parent.record.name)
             await ws.add_pane(child, focus=False)

@@ -66,12 +66,12 @@ class Turns:
     async def slash(self, pane: ChatPane, text: str) -> None:
         ws = self.workspace
         try:
-            command = parse_slash(text)
+            command = parse_slash(text, ws.roles)
         except ValueError as exc:
             ws.notify(str(exc), severity="warning", markup=False)
             return
         if command.name == "spawn":
-            await ws.subagents.spawn(pane, SpawnSpec(command.count, command.arg))
+            await ws.subagents.spawn(pane, SpawnSpec(command.count, command.arg, command.role))
         elif command.name == "burst":
             await ws.subagents.burst(pane, command.count)
         elif command.name == "policy":

@@ -173,11 +173,12 @@ class ScriptedClient:
 
 
 def make_app(tmp_path: Path, client=None, *, resume: bool = False, theme: str | None = None,
-             config: EngineConfig | None = None, sampling: SamplingParams | None = None) -> MagnitudeApp:
+             config: EngineConfig | None = None, sampling: SamplingParams | None = None,
+             roles=None) -> MagnitudeApp:
     store = Store(tmp_path / "magnitude.db")
     return MagnitudeApp(config or EngineConfig(backend="fake"), client=client or ScriptedClient(),
                         store=store, theme=theme, resume=resume, export_dir=tmp_path / "exports",
-                        sampling=sampling)
+                        sampling=sampling, roles=roles)
 
 
 async def wait_for(pilot, condition, timeout: float = 30.0, what: str = "condition") -> None:

@@ -19,6 +19,8 @@ from magnitude_tui.conversations import Conversations
 from magnitude_tui.turns import Turns
 from magnitude_tui.engine.events import (CommandRejected, EngineConfig, EngineFailed, EngineReady,
                                          LoadProgress, PolicyChanged)
+from magnitude_tui.agents import AgentSettings
+from magnitude_tui.screens.agent_dialog import AgentDialog
 from magnitude_tui.screens.policy_dialog import PolicyDialog
 from magnitude_tui.screens.spawn_dialog import SpawnDialog, SpawnSpec
 from magnitude_tui.store import MessageRecord, PaneRecord, Store
@@ -67,13 +69,16 @@ class WorkspaceScreen(Screen):
         Binding("f2", "toggle_sequences", "Sequences panel", group=_PANELS),
         Binding("f3", "toggle_scheduler", "Scheduler panel", group=_PANELS),
         Binding("f4", "conversations", "Chats"),
+        Binding("f6", "agent_settings", "Agent"),
         Binding("ctrl+r", "restart_engine", "Restart", show=False),
         Binding("ctrl+q", "app.quit", "Quit"),
     ]
 
     def __init__(self, *, client, store: Store, config: EngineConfig, restored: list[PaneRecord],
-                 export_dir: Path, sampling: SamplingParams | None = None) -> None:
+                 export_dir: Path, sampling: SamplingParams | None = None,
+                 roles: dict[str, AgentSettings] | None = None) -> None:
         super().__init__()
+        self.roles = roles or {}  # named agent definitions: /spawn ROLE, the spawn and agent dialogs
         self.sampling = sampling or SamplingParams()
         self.client = client
         self.store = store
@@ -279,7 +284,8 @@ class WorkspaceScreen(Screen):
         request_id = f"{pane.session_id}:{uuid.uuid4().hex[:8]}"
         pane.begin_request(request_id)
         fork = fork_from if fork_from in self._resident else None
-        self.client.submit(Request(request_id, pane.session_id, pane.conversation(), self.sampling,
+        sampling = pane.record.settings.sampling(self.sampling)
+        self.client.submit(Request(request_id, pane.session_id, pane.conversation(), sampling,
                                    fork_from=fork))
 
     def release_session(self, pane: ChatPane) -> None:
@@ -340,7 +346,7 @@ class WorkspaceScreen(Screen):
         parent = self.grid.focused_pane()
         if parent is None:
             return
-        spec = await self.app.push_screen_wait(SpawnDialog(parent.record.name))
+        spec = await self.app.push_screen_wait(SpawnDialog(parent.record.name, roles=tuple(self.roles)))
         if spec is not None:
             await self.subagents.spawn(parent, spec)
 
@@ -357,6 +363,16 @@ class WorkspaceScreen(Screen):
 
     def switch_policy(self, policy: str) -> None:
         self.client.set_policy(policy)  # the panel changes when PolicyChanged comes back
+
+    @work(exclusive=True, group="agent")
+    async def action_agent_settings(self) -> None:
+        pane = self.grid.focused_pane()
+        if pane is None:
+            return
+        settings = await self.app.push_screen_wait(AgentDialog(pane.record.name, pane.record.settings, self.roles))
+        if settings is not None and pane.is_attached:
+            pane.apply_settings(settings)
+            self.store.set_pane_settings(pane.session_id, settings)
 
     async def action_retry(self) -> None:
         pane = self.grid.focused_pane()

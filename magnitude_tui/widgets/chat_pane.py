@@ -11,6 +11,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.message import Message as TextualMessage
 from textual.widgets import Static
 
+from magnitude_tui.agents import AgentSettings
 from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.widgets.composer import Composer
 from magnitude_tui.widgets.format import fmt_count
@@ -86,10 +87,11 @@ class ChatPane(Vertical):
     @property
     def title(self) -> str:
         r = self.record
+        role = r.settings.role
         if r.role == "subagent":
             task = f" · {r.task}" if r.task else ""
-            return f"{r.name} ← {self.parent_name or 'closed pane'}{task}"
-        return f"{r.name} · main"
+            return f"{r.name} ← {self.parent_name or 'closed pane'}{f' · {role}' if role else ''}{task}"
+        return f"{r.name} · {role or 'main'}"
 
     @property
     def busy(self) -> bool:
@@ -100,13 +102,21 @@ class ChatPane(Vertical):
         """A reply ended and its ending is not painted and settled yet (the next flush does it)."""
         return bool(self._ended)
 
-    def conversation(self, *, committed_only: bool = False) -> tuple[Message, ...]:
-        """The messages the next turn sends (the engine reuses whatever prefix it still holds).
+    def conversation(self, *, committed_only: bool = False, with_system: bool = True) -> tuple[Message, ...]:
+        """The messages the next turn sends (the engine reuses whatever prefix it still holds):
+        the pane's system prompt, then its messages.
 
         `committed_only` leaves out a reply that is still streaming (what a spawned subagent forks).
         Messages dropped when the context filled up are not sent again.
         """
-        return tuple(Message(m.role, m.content) for m in self._in_context(committed_only))
+        system = self.record.settings.system
+        head = (Message("system", system),) if system and with_system else ()
+        return head + tuple(Message(m.role, m.content) for m in self._in_context(committed_only))
+
+    def apply_settings(self, settings: AgentSettings) -> None:
+        """New system prompt and sampling: they apply from the next turn on."""
+        self.record.settings = settings
+        self.border_title = self.title
 
     def _in_context(self, committed_only: bool = False) -> list[MessageRecord]:
         return [m for m in self.record.messages
@@ -371,6 +381,7 @@ class ChatPane(Vertical):
 
     def _drop_oldest(self, count: int) -> None:
         """The engine left out the oldest `count` messages after the system ones: stop sending them."""
+        # The pane's system prompt is sent ahead of these records and never dropped.
         first = 0
         while first < len(self._sent) and self._sent[first].role == "system":
             first += 1

@@ -52,9 +52,11 @@ class Composer(TextArea):
         self.typed_at = -1.0  # when a key last reached this composer (monotonic): the user is typing
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        # ctrl+x closes the pane and ctrl+y copies the last answer (workspace keys): the composer
-        # gives up cut and redo for them; copy, paste and undo stay.
-        return False if action in ("cut", "redo") else super().check_action(action, parameters)
+        # ctrl+x closes the pane, ctrl+y copies the last answer and f6 opens the agent settings
+        # (workspace keys): the composer gives up cut, redo and select-line for them.
+        if action in ("cut", "redo", "select_line"):
+            return False
+        return super().check_action(action, parameters)
 
     @property
     def value(self) -> str:
