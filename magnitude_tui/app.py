@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Iterable
 
 from textual.app import App, SystemCommand
+from textual.binding import Binding
 from textual.screen import Screen
 
 from magnitude_tui.agents import AgentSettings
@@ -29,6 +30,8 @@ class MagnitudeApp(App):
 
     CSS_PATH = "app.tcss"
     TITLE = "magnitude-tui"
+    # Textual's own ctrl+q, shown in the footer: a new user should not have to guess how to leave.
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
 
     def __init__(self, config: EngineConfig, *, client, store: Store, theme: str | None = None,
                  resume: bool = False, export_dir: Path | None = None,

@@ -1,10 +1,11 @@
 """Provides conversation management for the workspace: closing a pane (asking first when it is
-replying), and the conversation list's open, reopen, rename and delete."""
+replying), the conversation list's open, reopen, rename and delete, and a pane's agent settings."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from magnitude_tui.screens.agent_dialog import AgentDialog
 from magnitude_tui.screens.confirm_dialog import ConfirmDialog
 from magnitude_tui.screens.conversation_list import ConversationList, ListAction, ListChoice
 from magnitude_tui.widgets.chat_pane import ChatPane
@@ -71,6 +72,17 @@ class Conversations:
             ws.store.set_positions([p.session_id for p in ws.grid.panes])
         ws.grid.focus_pane(pane)
         return pane
+
+    async def edit_settings(self) -> None:
+        """f6: the focused pane's role, system prompt and sampling, from its next turn on."""
+        ws = self.workspace
+        pane = ws.grid.focused_pane()
+        if pane is None:
+            return
+        settings = await ws.app.push_screen_wait(AgentDialog(pane.record.name, pane.record.settings, ws.roles))
+        if settings is not None and pane.is_attached:
+            pane.apply_settings(settings)
+            ws.store.set_pane_settings(pane.session_id, settings)
 
     def rename(self, pane_id: str, name: str) -> None:
         ws = self.workspace

@@ -201,8 +201,10 @@ async def test_focus_stays_on_the_pane_after_a_restart(tmp_path):
 async def test_quit_is_in_the_footer_and_help_keeps_its_brackets(tmp_path):
     app = make_app(tmp_path)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
-        keys = {b.key: b for b in app.workspace.BINDINGS}
-        assert keys["ctrl+q"].show and keys["ctrl+q"].description == "Quit"
+        quit_key = app.workspace.active_bindings["ctrl+q"].binding
+        assert quit_key.show and quit_key.description == "Quit"
+        footer = app.workspace.query_one("Footer")
+        assert any("Quit" in str(item.render()) for item in footer.query("FooterKey"))
         await _type(pilot, "/help")
         await wait_for(pilot, lambda: app.screen.query("Toast"), what="the help toast")
         shown = " ".join(str(t.render()) for t in app.screen.query("Toast"))

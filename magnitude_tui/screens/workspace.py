@@ -16,11 +16,11 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer
 
 from magnitude_tui.conversations import Conversations
+from magnitude_tui.export import export_pane
 from magnitude_tui.turns import Turns
 from magnitude_tui.engine.events import (CommandRejected, EngineConfig, EngineFailed, EngineReady,
                                          LoadProgress, PolicyChanged)
 from magnitude_tui.agents import AgentSettings
-from magnitude_tui.screens.agent_dialog import AgentDialog
 from magnitude_tui.screens.policy_dialog import PolicyDialog
 from magnitude_tui.screens.spawn_dialog import SpawnDialog, SpawnSpec
 from magnitude_tui.store import MessageRecord, PaneRecord, Store
@@ -49,6 +49,8 @@ _PANELS = Binding.Group("Panels")
 class WorkspaceScreen(Screen):
     """Chat panes side by side; every action here also appears in the palette (commands.py)."""
 
+    # The footer holds what fits in 120 columns; the rest (zoom, save, theme, copy, retry, restart)
+    # is in the README's key table and the palette, like every action. Quit is the app's binding.
     BINDINGS = [
         Binding("ctrl+p", "app.command_palette", "Palette", priority=True),
         Binding("ctrl+n", "new_pane", "New"),
@@ -57,21 +59,20 @@ class WorkspaceScreen(Screen):
         # burst (a fast typist, tmux send-keys) reach the pane it moved to.
         Binding("tab", "next_pane", "Next pane", key_display="⇥", group=_PANES, priority=True),
         Binding("shift+tab", "prev_pane", "Previous pane", key_display="⇤", group=_PANES, priority=True),
-        Binding("ctrl+o", "zoom", "Zoom"),
+        Binding("ctrl+o", "zoom", "Zoom", show=False),
         Binding("escape", "cancel", "Stop"),
         Binding("ctrl+s", "spawn", "Spawn"),
         Binding("ctrl+b", "burst", "Burst"),
         Binding("ctrl+l", "policy", "Policy"),
-        Binding("ctrl+t", "app.change_theme", "Theme"),
-        Binding("f5", "export", "Save"),
-        Binding("ctrl+y", "copy_answer", "Copy"),
-        Binding("ctrl+g", "retry", "Retry"),
-        Binding("f2", "toggle_sequences", "Sequences panel", group=_PANELS),
-        Binding("f3", "toggle_scheduler", "Scheduler panel", group=_PANELS),
         Binding("f4", "conversations", "Chats"),
         Binding("f6", "agent_settings", "Agent"),
+        Binding("f5", "export", "Save", show=False),
+        Binding("f2", "toggle_sequences", "Sequences panel", group=_PANELS),
+        Binding("f3", "toggle_scheduler", "Scheduler panel", group=_PANELS),
+        Binding("ctrl+t", "app.change_theme", "Theme", show=False),
+        Binding("ctrl+y", "copy_answer", "Copy", show=False),
+        Binding("ctrl+g", "retry", "Retry", show=False),
         Binding("ctrl+r", "restart_engine", "Restart", show=False),
-        Binding("ctrl+q", "app.quit", "Quit"),
     ]
 
     def __init__(self, *, client, store: Store, config: EngineConfig, restored: list[PaneRecord],
@@ -366,13 +367,7 @@ class WorkspaceScreen(Screen):
 
     @work(exclusive=True, group="agent")
     async def action_agent_settings(self) -> None:
-        pane = self.grid.focused_pane()
-        if pane is None:
-            return
-        settings = await self.app.push_screen_wait(AgentDialog(pane.record.name, pane.record.settings, self.roles))
-        if settings is not None and pane.is_attached:
-            pane.apply_settings(settings)
-            self.store.set_pane_settings(pane.session_id, settings)
+        await self.conversations.edit_settings()
 
     async def action_retry(self) -> None:
         pane = self.grid.focused_pane()
@@ -381,12 +376,8 @@ class WorkspaceScreen(Screen):
 
     def action_export(self) -> None:
         pane = self.grid.focused_pane()
-        if pane is None:
-            return
-        self.export_dir.mkdir(parents=True, exist_ok=True)
-        path = self.export_dir / f"magnitude-{pane.record.name}-{time.strftime('%Y%m%d-%H%M%S')}.md"
-        path.write_text(pane.to_markdown(), encoding="utf-8")
-        self.notify(f"Exported {pane.record.name} to {path}")
+        if pane is not None:
+            self.notify(f"Exported {pane.record.name} to {export_pane(pane, self.export_dir)}")
 
     def action_copy_answer(self) -> None:
         pane = self.grid.focused_pane()

@@ -143,22 +143,12 @@ class ChatPane(Vertical):
                 return m.content
         return None
 
-    def to_markdown(self) -> str:
-        lines = [f"# {self.title}", ""]
-        for m in self.record.messages:
-            who = f"{m.author} (subagent answer)" if m.author else m.role
-            who += " (inherited context)" if m.inherited else ""
-            if m.role == "assistant" and not m.complete:
-                streaming = self._reply is not None and m is self._reply.message
-                who += " (partial: still streaming)" if streaming else " (partial: interrupted)"
-            elif m.done_reason in ("cancelled", "error", "length"):
-                who += f" (ended: {m.done_reason})"
-            if id(m) in self._dropped:
-                who += " (out of context)"
-            lines += [f"## {who}", "", m.content, ""]
-        for text in self.queued:
-            lines += ["## user (queued, not sent yet)", "", text, ""]
-        return "\n".join(lines)
+    def is_streaming(self, message: MessageRecord) -> bool:
+        return self._reply is not None and message is self._reply.message
+
+    def is_dropped(self, message: MessageRecord) -> bool:
+        """Left out of the context when it filled up (no longer sent to the model)."""
+        return id(message) in self._dropped
 
     def take_unsaved(self) -> list[MessageRecord]:
         """Messages created or changed since the last call, oldest first (the app persists them)."""
