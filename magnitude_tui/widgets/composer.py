@@ -10,16 +10,16 @@ from textual.message import Message
 from textual.widgets import TextArea
 
 # Terminals send a plain carriage return for shift+enter unless they speak the kitty keyboard
-# protocol (tmux and most terminals do not); ctrl+j arrives everywhere as a line feed and
-# alt+enter as ESC CR, so all three start a new line.
-NEWLINE_KEYS = ("shift+enter", "ctrl+j", "alt+enter")
+# protocol (tmux and most terminals do not), so ctrl+j, which arrives everywhere as a line feed,
+# starts a new line too. (alt+enter is no use: tmux delivers it as esc, then enter.)
+NEWLINE_KEYS = ("shift+enter", "ctrl+j")
 MAX_ROWS = 8
 
 
 class Composer(TextArea):
     """Where the user types a message or a slash command (/spawn N task, /burst N, /policy P).
 
-    Enter sends; shift+enter, ctrl+j or alt+enter start a new line; up on the first line, in an
+    Enter sends; ctrl+j (or shift+enter, where the terminal reports it) starts a new line; up on the first line, in an
     empty composer, recalls the last message for editing (the pane decides what that means).
     The text is taken the moment Enter arrives: keys typed right after it (a fast typist, a
     paste, tmux send-keys) start the next message instead of joining the one being sent.
