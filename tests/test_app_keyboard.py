@@ -189,7 +189,10 @@ async def test_focus_stays_on_the_pane_after_a_restart(tmp_path):
         assert grid.focused_pane() is a2
         client.die()
         await settle(pilot)
+        client.auto_ready = False  # a real worker takes seconds to load: the panes are hidden meanwhile
         await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: app.focused is not a2.composer, what="the loading view taking focus")
+        client.ready()
         await wait_for(pilot, lambda: app.workspace.engine_ready, what="the restart")
         await pilot.pause()
         assert grid.focused_pane() is a2
