@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Sequence
 
-from backend.protocol import DecodeOutcome, DecodeResult, check_plan
+from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, check_plan
+from scheduler.budget import CostParams
 from scheduler.types import BatchPlan, Message, SamplingParams
 
 # Token ids: a few specials below 32, then one token per Unicode character (code point < n_vocab).
@@ -54,6 +55,11 @@ class FakeBackend:
         self.n_ubatch = n_ubatch
         self.n_vocab = n_vocab
         self.name = name
+        self.model_name = name
+        self.device_name = name
+        self.info: dict = {}
+        self.clock: Clock = WALL_CLOCK
+        self.known_costs: CostParams | None = None
         self.reply = reply
         self.eog_after = eog_after  # EOG after this many sampled tokens per sampler; None: never
         self._kv: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}  # position -> cell

@@ -12,7 +12,7 @@ import llama_cpp
 
 from backend import model_file, native, usable_cpus
 from backend.chat import Detokenizer, Vocab
-from backend.protocol import DecodeOutcome, DecodeResult, check_plan
+from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, check_plan
 from scheduler.types import BatchPlan, Message, SamplingParams
 
 
@@ -45,6 +45,9 @@ class LlamaBackend:
         self.device_name = device_name
         self.name = f"llama.cpp {device_name}"
         self.n_ctx = llama_cpp.llama_n_ctx(ctx)
+        self.n_ctx_seq = self.n_ctx  # one unified KV pool: any sequence may grow to the whole context
+        self.clock: Clock = WALL_CLOCK
+        self.known_costs = None  # real hardware: the engine calibrates
         self.n_batch = llama_cpp.llama_n_batch(ctx)
         self.n_ubatch = llama_cpp.llama_n_ubatch(ctx)
         self.n_seq_max = llama_cpp.llama_n_seq_max(ctx)

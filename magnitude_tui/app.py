@@ -12,6 +12,7 @@ from textual.screen import Screen
 from magnitude_tui.agents import AgentSettings
 from magnitude_tui.commands import palette_commands
 from magnitude_tui.engine.events import EngineConfig
+from magnitude_tui.engine.protocol import EngineClient
 from magnitude_tui.screens.workspace import WorkspaceScreen
 from magnitude_tui.store import Store
 from scheduler.types import SamplingParams
@@ -26,25 +27,27 @@ def available_themes() -> list[str]:
 
 
 class MagnitudeApp(App):
-    """Owns the engine client and the store; the workspace screen does the rest."""
+    """Owns the engine client (any EngineClient: local worker, remote, scripted) and the store;
+    the workspace screen does the rest."""
 
     CSS_PATH = "app.tcss"
     TITLE = "magnitude-tui"
     # Textual's own ctrl+q, shown in the footer: a new user should not have to guess how to leave.
     BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
 
-    def __init__(self, config: EngineConfig, *, client, store: Store, theme: str | None = None,
+    def __init__(self, *, client: EngineClient, store: Store, theme: str | None = None,
                  resume: bool = False, export_dir: Path | None = None,
-                 sampling: SamplingParams | None = None, roles: dict[str, AgentSettings] | None = None) -> None:
+                 sampling: SamplingParams | None = None, serve=None,
+                 roles: dict[str, AgentSettings] | None = None) -> None:
         super().__init__()
+        self.serve = serve
         self.roles = roles or {}  # named agent definitions (agents.toml)
-        self.config = config
+        self.failure: str | None = None  # why the engine is down (None while it runs or loads)
         self.sampling = sampling or SamplingParams()
         self.client = client
         self.store = store
         self._resume = resume
         self._export_dir = export_dir or Path.cwd()
-        self.failure: str | None = None  # why the engine is down (None while it runs or loads)
         for t in THEMES:
             self.register_theme(t)
         wanted = theme or store.get_setting("theme") or DEFAULT_THEME
@@ -56,9 +59,10 @@ class MagnitudeApp(App):
 
     def on_mount(self) -> None:
         restored = self.store.open_workspace(resume=self._resume)
-        self.install_screen(WorkspaceScreen(client=self.client, store=self.store, config=self.config,
+        self.install_screen(WorkspaceScreen(client=self.client, store=self.store,
                                             restored=restored, export_dir=self._export_dir,
-                                            sampling=self.sampling, roles=self.roles), "workspace")
+                                            sampling=self.sampling, serve=self.serve, roles=self.roles),
+                           "workspace")
         self.push_screen("workspace")  # it starts the engine once its panes are mounted
 
     def watch_theme(self, theme: str) -> None:
@@ -81,19 +85,29 @@ class MagnitudeApp(App):
         self.exit(return_code=1 if self.failure else 0)
 
 
-def run_app(config: EngineConfig, *, theme: str | None, resume: bool,
-            sampling: SamplingParams | None = None, roles: dict[str, AgentSettings] | None = None) -> str | None:
-    """Run the TUI until the user quits: engine worker in its own process, state in SQLite.
+def run_app(engine: EngineConfig | EngineClient, *, theme: str | None, resume: bool,
+            sampling: SamplingParams | None = None, serve_port: int | None = None,
+            serve_host: str = "127.0.0.1", api_key: str | None = None,
+            roles: dict[str, AgentSettings] | None = None) -> str | None:
+    """Run the TUI until the user quits: a local engine (its worker in its own process) or a
+    remote client, state in SQLite; with `serve_port`, the OpenAI-compatible endpoint too.
 
     Returns why the engine was down when the user quit (None if it was running)."""
-    from magnitude_tui.engine.client import EngineClient
+    from magnitude_tui.engine.client import WorkerClient
 
     if theme is not None and theme not in available_themes():
         raise ValueError(f"unknown theme {theme!r}; choose from {', '.join(available_themes())}")
     store = Store()
-    client = EngineClient(config)
-    app = MagnitudeApp(config, client=client, store=store, theme=theme, resume=resume, sampling=sampling,
-                       roles=roles)
+    client = WorkerClient(engine) if isinstance(engine, EngineConfig) else engine
+    serve = None
+    if serve_port is not None:
+        from magnitude_tui.serve.app import ServeOptions
+        from magnitude_tui.serve.server import EmbeddedServer, served_model_name
+
+        serve = EmbeddedServer(client, host=serve_host, port=serve_port,
+                               options=ServeOptions(model_name=served_model_name(client), api_key=api_key))
+    app = MagnitudeApp(client=client, store=store, theme=theme, resume=resume, sampling=sampling,
+                       serve=serve, roles=roles)
     try:
         app.run()
         return app.failure

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -18,6 +18,10 @@ DeviceOpt = typer.Option("auto", "--device", "-d", help="auto | cpu | vulkan | v
 PolicyOpt = typer.Option("target:50", "--policy", "-p", help="prefill-first | fixed:N | target:MS")
 VerboseOpt = typer.Option(False, "--verbose", "-v", metavar=" ", help="Show llama.cpp's native logs.")
 CtxOpt = typer.Option(8192, "--ctx", "--n-ctx", help="Context size in tokens (all sequences share it).")
+RemoteOpt = typer.Option(None, "--remote", help="Run on an OpenAI-compatible server (vLLM, SGLang, llama-server) "
+                         "at this URL instead of the local engine; repeat for several (least-loaded first).")
+RemoteModelOpt = typer.Option(None, "--remote-model", help="The served model's name (default: the first the server lists).")
+ApiKeyEnvOpt = typer.Option(None, "--api-key-env", help="Environment variable holding the servers' API key.")
 
 
 @app.callback(invoke_without_command=True)
@@ -37,6 +41,14 @@ def main(
         "subagents given one context then answer alike)."),
     max_tokens: int = typer.Option(512, "--max-tokens", help="Longest reply, in tokens (at least 1)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (default: a fresh one per reply)."),
+    serve_port: Optional[int] = typer.Option(
+        None, "--serve", min=1, max=65535, help="Also serve the engine as an OpenAI-compatible endpoint on "
+        "127.0.0.1:PORT; every HTTP conversation shows as a pane."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Key the --serve endpoint requires "
+                                          "(or set MAGNITUDE_API_KEY)."),
+    remote: Optional[List[str]] = RemoteOpt,
+    remote_model: Optional[str] = RemoteModelOpt,
+    api_key_env: Optional[str] = ApiKeyEnvOpt,
     agents: Optional[Path] = typer.Option(
         None, "--agents", help="Agent definitions (TOML: [role] system, temperature, max_tokens; "
         "default: agents.toml in the user config directory)."),
@@ -47,39 +59,50 @@ def main(
     """Launch the app on the default model (no subcommand)."""
     if ctx.invoked_subcommand is not None:
         return
-    from backend import usable_cpus
     from magnitude_tui import preflight
-    from magnitude_tui.engine.events import EngineConfig
+    from magnitude_tui.app import run_app
     from scheduler.types import SamplingParams
 
     # Everything that can be known before the app opens is checked here: a mistake found later,
     # inside the engine worker, would cost a full-screen app and show up as a log path.
     try:
         preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens)
-        preflight.check_policy(policy)
         if theme is not None:
             from magnitude_tui.app import available_themes
 
             preflight.check_theme(theme, available_themes())
-        model_path = preflight.check_model(model)
-        preflight.check_device(device)
         roles = preflight.check_agents(agents)
+        if not remote:
+            preflight.check_policy(policy)
+            model_path = preflight.check_model(model)
+            preflight.check_device(device)
     except preflight.OptionError as exc:
         _fail(str(exc))
     if check:
-        typer.echo(f"ok: model {model_path}, device {device}, policy {policy}, n_ctx {n_ctx}, "
-                   f"roles: {', '.join(roles) or 'none'}")
+        where = f"remote {', '.join(remote)}" if remote else f"model {model_path}, device {device}"
+        typer.echo(f"ok: {where}, policy {policy}, n_ctx {n_ctx}, roles: {', '.join(roles) or 'none'}")
         return
+    sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    if remote:
+        failure = run_app(_remote_client(remote, remote_model, api_key_env), theme=theme, resume=resume,
+                          sampling=sampling, roles=roles)
+        if failure:
+            _fail(failure, code=1)
+        return
+    from backend import usable_cpus
+    from backend.factory import BackendConfig
+    from magnitude_tui.engine.events import EngineConfig
     # ggml's CPU threads meet at spinning barriers after every op: when the UI takes a core they
     # spin while one of them waits for the CPU. Measured on 2 cores with 8 panes streaming
     # (`magnitude-tui bench ui --threads 2,1`): 8-row decode steps took 86 ms p50 / 171 ms p95
     # with 2 threads and 68 / 79 ms with 1. So the app leaves one core to the UI.
-    config = EngineConfig(model=model, device=device, policy=policy, n_ctx=n_ctx, verbose=verbose,
-                          n_threads=threads or max(1, usable_cpus() - 1))
-    from magnitude_tui.app import run_app
+    backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, verbose=verbose,
+                            n_threads=threads or max(1, usable_cpus() - 1))
+    config = EngineConfig(backend, policy=policy)
+    from magnitude_tui.serve.server import resolve_api_key
 
-    sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    failure = run_app(config, theme=theme, resume=resume, sampling=sampling, roles=roles)
+    failure = run_app(config, theme=theme, resume=resume, sampling=sampling, serve_port=serve_port,
+                      api_key=resolve_api_key(api_key), roles=roles)
     if failure:
         _fail(failure, code=1)
 
@@ -125,11 +148,13 @@ def generate(
     policy: str = PolicyOpt,
     n_ctx: int = CtxOpt,
     stream: bool = typer.Option(False, "--stream", help="Print text as it streams (interleaved)."),
+    remote: Optional[List[str]] = RemoteOpt,
+    remote_model: Optional[str] = RemoteModelOpt,
+    api_key_env: Optional[str] = ApiKeyEnvOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Run N prompts as concurrent sequences in ONE context through the engine; print answers and latency."""
-    from magnitude_tui import preflight
-    from magnitude_tui.generate import run_generate
+    from magnitude_tui.generate import local_client, run_generate
 
     if prompts is not None:
         lines = [l.strip() for l in prompts.read_text().splitlines() if l.strip()]
@@ -137,17 +162,75 @@ def generate(
         lines = [prompt] * n
     else:
         raise typer.BadParameter("give a prompt or --prompts FILE")
-    _check_model(model)
-    try:
-        preflight.check_numbers(n_ctx=n_ctx, threads=None, temperature=temperature, max_tokens=max_tokens)
-        preflight.check_policy(policy)
-        preflight.check_device(device)
-    except preflight.OptionError as exc:
-        _fail(str(exc))
-    code = run_generate(lines, model=model, device=device, policy=policy, n_ctx=n_ctx,
-                        max_tokens=max_tokens, temperature=temperature, seed=seed,
-                        stream=stream, verbose=verbose)
+    if remote:
+        client = _remote_client(remote, remote_model, api_key_env)
+    else:
+        _check_model(model)
+        from magnitude_tui import preflight
+
+        try:
+            preflight.check_numbers(n_ctx=n_ctx, threads=None, temperature=temperature, max_tokens=max_tokens)
+            preflight.check_policy(policy)
+            preflight.check_device(device)
+        except preflight.OptionError as exc:
+            _fail(str(exc))
+        client = local_client(len(lines), model=model, device=device, policy=policy, n_ctx=n_ctx, verbose=verbose)
+    code = run_generate(lines, client, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=stream)
     raise typer.Exit(code)
+
+
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (anything but loopback needs --api-key)."),
+    port: int = typer.Option(8080, "--port", min=1, max=65535),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' "
+                                          "(or set MAGNITUDE_API_KEY)."),
+    model: Optional[str] = ModelOpt,
+    device: str = DeviceOpt,
+    policy: str = PolicyOpt,
+    n_ctx: int = CtxOpt,
+    parallel: int = typer.Option(16, "--parallel", "-np", min=1, max=64, help="Sequences in the shared batch."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads (default: all usable)."),
+    max_live: int = typer.Option(64, "--max-queue", min=1, help="Requests in flight before 429."),
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Serve the engine headless as an OpenAI-compatible endpoint (/v1/chat/completions, /v1/models, /health)."""
+    import asyncio
+
+    from backend.factory import BackendConfig
+    from magnitude_tui.engine.client import WorkerClient
+    from magnitude_tui.engine.events import EngineConfig
+    from magnitude_tui.serve.app import ServeOptions
+    from magnitude_tui.serve.server import (ServeConfigError, check_bind, resolve_api_key, serve_async,
+                                            served_model_name)
+
+    _check_model(model)
+    key = resolve_api_key(api_key)
+    try:
+        check_bind(host, key)
+    except ServeConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, n_seq_max=parallel, n_threads=threads,
+                            verbose=verbose)
+    client = WorkerClient(EngineConfig(backend, policy=policy), log_path=None if verbose else "auto")
+    client.start()
+    try:
+        asyncio.run(serve_async(client, host=host, port=port, options=ServeOptions(
+            model_name=served_model_name(client), api_key=key, max_live=max_live)))
+    except KeyboardInterrupt:
+        pass
+
+
+def _remote_client(urls: List[str], model: Optional[str], api_key_env: Optional[str]):
+    from magnitude_tui.remote.client import RemoteClient
+    from magnitude_tui.remote.config import RemoteConfig, api_key_from_env
+
+    try:
+        key = api_key_from_env(api_key_env)
+        return RemoteClient(RemoteConfig(tuple(urls), model=model, api_key=key))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--remote / --api-key-env") from None
 
 
 def _check_model(model: Optional[str]) -> None:

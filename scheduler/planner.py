@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from scheduler.admission import Admission, RequestError
+from scheduler.admission import WAITING_FOR_PREVIOUS_TURN, Admission, RequestError
 from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, Policy, parse_policy, share_rows
 from scheduler.ledger import KvCache
-from scheduler.relief import KvRelief
+from scheduler.relief import KvRelief, Remedy
 from scheduler.residency import Residency
 from scheduler.sequence import Sequence
-from scheduler.types import BatchPlan, DoneReason, Phase, SeqSlice, attended_kpos
+from scheduler.types import BatchPlan, DecodeOutcome, DoneReason, Phase, SeqSlice, attended_kpos
 
 __all__ = ["RequestError", "Scheduler"]
 
@@ -128,7 +128,7 @@ class Scheduler:
         seq.output.append(token)
         seq.refresh_phase()
 
-    def preempt(self, seq: Sequence) -> None:
+    def preempt(self, seq: Sequence, why: str = "the KV cache was full") -> None:
         """Free a running sequence's KV and slot; it requeues first and later recomputes its
         prompt and every token generated so far (the text already shown stays shown)."""
         self.residency.unbind(seq)
@@ -137,7 +137,7 @@ class Scheduler:
         seq.num_computed = 0
         seq.num_preemptions += 1
         seq.phase = Phase.QUEUED
-        seq.waiting_reason = (f"preempted: the KV cache was full; will recompute its "
+        seq.waiting_reason = (f"preempted: {why}; will recompute its "
                               f"{seq.num_tokens:,} tokens when there is room")
         self.waiting.appendleft(seq)
         self.admission.hold = True
@@ -148,6 +148,7 @@ class Scheduler:
         """Admit what fits, then assemble the next batch: decode rows first, prompt rows after."""
         for seq, why in self.admission.admit(now):
             self.finish(seq, DoneReason.ERROR, why)
+        self._make_way(now)
         by_id = sorted(self.running, key=lambda s: s.seq_id)
         decoding = [s for s in by_id if s.is_decoding]
         prefilling = sorted((s for s in self.running if not s.is_decoding), key=lambda s: s.admit_order)
@@ -183,9 +184,9 @@ class Scheduler:
         Progress moves only here, after the native decode succeeded, so a failed step leaves the
         scheduler's view equal to the KV cache.
         """
-        outcome = getattr(result.outcome, "value", result.outcome)
+        outcome: DecodeOutcome = result.outcome
         planned = [(sl, self._running_at(sl.seq_id)) for sl in plan.slices]
-        if outcome == "ok":
+        if outcome is DecodeOutcome.OK:
             ready = []
             for sl, seq in planned:
                 # A sequence cancelled while the step ran is already gone: its slot keeps only
@@ -208,10 +209,10 @@ class Scheduler:
                 self.kv.keep_prefix(sl.seq_id, seq.num_computed)
             else:
                 self.residency.trim_orphan(sl.seq_id)
-        if outcome == "no_kv_slot":
+        if outcome is DecodeOutcome.NO_KV_SLOT:
             self._relieve_kv(plan)
-        elif outcome != "aborted":
-            why = error or f"the backend rejected the batch ({outcome}, code {result.code})"
+        elif outcome is not DecodeOutcome.ABORTED:
+            why = error or f"the backend rejected the batch ({outcome.value}, code {result.code})"
             for _, seq in planned:
                 if seq is not None:
                     self.finish(seq, DoneReason.ERROR, f"{why}; this request was stopped, others go on")
@@ -225,12 +226,41 @@ class Scheduler:
         if not prefilling or allowance <= 0:
             return []
         if self.policy.is_prefill_first:
-            return share_rows(prefilling, [s.num_pending for s in prefilling], allowance, allowance)
+            first = sorted(prefilling, key=lambda s: s.priority)
+            return share_rows(first, [s.num_pending for s in first], allowance, allowance)
         start = self._rr % len(prefilling)
         self._rr += 1
-        order = prefilling[start:] + prefilling[:start]
-        quantum = max(MIN_PREFILL_QUANTUM, math.ceil(allowance / len(order)))
-        return share_rows(order, [s.num_pending for s in order], allowance, quantum)
+        rotated = prefilling[start:] + prefilling[:start]
+        grants: list[tuple[Sequence, int]] = []
+        # A higher class's prompts take what they can use before a lower class gets any.
+        for cls in sorted({s.priority for s in rotated}):
+            order = [s for s in rotated if s.priority == cls]
+            quantum = max(MIN_PREFILL_QUANTUM, math.ceil(allowance / len(order)))
+            dealt = share_rows(order, [s.num_pending for s in order], allowance, quantum)
+            grants += dealt
+            allowance -= sum(n for _, n in dealt)
+            if allowance <= 0:
+                break
+        return grants
+
+    def _make_way(self, now: float) -> None:
+        """A waiting request of a higher class than something running (a person's turn behind
+        agents) must not wait for a slot or KV room: preempt the newest running sequence of the
+        lowest class below it, and admit again, until it is admitted or nothing is left to take."""
+        for _ in range(self.n_seq_max):
+            blocked = [s for s in self.waiting
+                       if s.waiting_reason and s.waiting_reason != WAITING_FOR_PREVIOUS_TURN]
+            if not blocked:
+                return
+            first = min(blocked, key=lambda s: s.priority)
+            victims = [s for s in self.running if s.priority > first.priority]
+            if not victims:
+                return
+            self.preempt(max(victims, key=lambda s: (s.priority, s.admit_order)),
+                         f"a {first.priority.label} request needed its room")
+            self.admission.hold = False  # the room was freed on purpose, for `first`
+            for seq, why in self.admission.admit(now):
+                self.finish(seq, DoneReason.ERROR, why)
 
     def _running_at(self, seq_id: int) -> Sequence | None:
         for s in self.running:
@@ -240,11 +270,12 @@ class Scheduler:
 
     def _relieve_kv(self, plan: BatchPlan) -> None:
         """Apply the remedy KvRelief picks after "no KV slot"."""
-        action, seq = self.relief.on_no_kv_slot(
+        verdict = self.relief.on_no_kv_slot(
             plan, self.running, lambda: self.residency.evict_lru(protect=set()))
-        if action == "preempt":
+        seq = verdict.seq
+        if verdict.remedy is Remedy.PREEMPT:
             self.preempt(seq)
-        elif action == "give_up":
+        elif verdict.remedy is Remedy.GIVE_UP:
             if seq.output:
                 self.finish(seq, DoneReason.LENGTH)
             else:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, IntEnum
 
 
 class Phase(str, Enum):
@@ -13,8 +13,31 @@ class Phase(str, Enum):
     QUEUED = "queued"  # waiting for a sequence slot or KV room
     PREPARING = "preparing"  # chat template + tokenization
     PREFILL = "prefill"  # prompt rows being evaluated
+    WAITING = "waiting"  # remote: sent to the server, no token yet (its prefill is not visible)
     GENERATING = "generating"
     DONE = "done"
+
+
+class DecodeOutcome(str, Enum):
+    """What one native step did: llama_decode's return codes, typed (llama.h)."""
+
+    OK = "ok"  # 0
+    NO_KV_SLOT = "no_kv_slot"  # 1: recoverable, retry smaller or free KV
+    ABORTED = "aborted"  # 2: abort callback fired
+    INVALID_BATCH = "invalid_batch"  # -1
+    FATAL = "fatal"  # < -1
+
+    @classmethod
+    def from_code(cls, code: int) -> "DecodeOutcome":
+        if code == 0:
+            return cls.OK
+        if code == 1:
+            return cls.NO_KV_SLOT
+        if code == 2:
+            return cls.ABORTED
+        if code == -1:
+            return cls.INVALID_BATCH
+        return cls.FATAL
 
 
 class DoneReason(str, Enum):
@@ -22,6 +45,19 @@ class DoneReason(str, Enum):
     LENGTH = "length"
     CANCELLED = "cancelled"
     ERROR = "error"
+
+
+class Priority(IntEnum):
+    """Who is waiting for a request; a lower value goes first (admission, prompt rows) and is
+    preempted last. A person typing must never wait behind a crowd of agents."""
+
+    INTERACTIVE = 0  # a person's turn in a pane
+    AGENT = 1  # subagents, API requests
+    BACKGROUND = 2  # bursts, API requests that ask for a low priority
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
 
 
 @dataclass(frozen=True)
@@ -58,6 +94,7 @@ class Request:
     fork_from: str | None = None
     # Pre-tokenized prompt (skips the chat template); used by benchmarks and tests.
     prompt_tokens: tuple[int, ...] | None = None
+    priority: Priority = Priority.INTERACTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +140,25 @@ def attended_kpos(pos0: int, rows: int) -> float:
     return (rows * pos0 + rows * (rows + 1) / 2) / 1000.0
 
 
+@dataclass(frozen=True)
+class ServerTimings:
+    """What a llama-server reports about one reply (its `timings` object), in its own terms."""
+
+    prompt_n: int  # prompt tokens it evaluated (not taken from its cache)
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+    cache_n: int = 0  # prompt tokens reused from its cache
+
+    @property
+    def prompt_tok_s(self) -> float | None:
+        return self.prompt_n / self.prompt_ms * 1000.0 if self.prompt_ms > 0 else None
+
+    @property
+    def predicted_tok_s(self) -> float | None:
+        return self.predicted_n / self.predicted_ms * 1000.0 if self.predicted_ms > 0 else None
+
+
 @dataclass
 class SeqUpdate:
     """Everything the UI needs about one request after one step (only requests that changed)."""
@@ -130,6 +186,13 @@ class SeqUpdate:
     # How many of the request's oldest messages (after its system messages) were left out so the
     # conversation fits its sequence with room for a reply (0: all of it was sent).
     dropped_messages: int = 0
+    priority: Priority = Priority.INTERACTIVE
+    load_fraction: float | None = None  # phase `loading`: how much of the model is loaded (0..1)
+    # A remote engine's request: which server runs it, whether the token counts are estimates
+    # (the server sent no usage), and the server's own timings when it reports them.
+    endpoint: str | None = None
+    tokens_estimated: bool = False
+    server_timings: ServerTimings | None = None
 
 
 @dataclass
@@ -148,5 +211,5 @@ class StepReport:
     running: int
     policy: str
     updates: list[SeqUpdate] = field(default_factory=list)
-    # "ok", or the DecodeOutcome value of a step that failed and committed nothing (e.g. "no_kv_slot").
-    outcome: str = "ok"
+    # OK, or the outcome of a step that failed and committed nothing (e.g. NO_KV_SLOT).
+    outcome: DecodeOutcome = DecodeOutcome.OK

@@ -189,9 +189,10 @@ async def test_focus_stays_on_the_pane_after_a_restart(tmp_path):
         assert grid.focused_pane() is a2
         client.die()
         await settle(pilot)
-        client.auto_ready = False  # a real worker takes seconds to load: the panes are hidden meanwhile
+        client.auto_ready = False  # a real worker takes seconds to load
         await pilot.press("ctrl+r")
-        await wait_for(pilot, lambda: app.focused is not a2.composer, what="the loading view taking focus")
+        await wait_for(pilot, lambda: app.workspace.loading_view.display, what="the loading view")
+        await pilot.pause()
         client.ready()
         await wait_for(pilot, lambda: app.workspace.engine_ready, what="the restart")
         await pilot.pause()

@@ -85,7 +85,7 @@ def test_good_options_start_the_app(monkeypatch, model):
     result, started = _launch(monkeypatch, "--model", model, "--n-ctx", "512", "--threads", "1",
                               "--policy", "fixed:16", "--theme", "magnitude-paper")
     assert result.exit_code == 0, result.output
-    assert started[0].n_ctx == 512 and started[0].model == model
+    assert started[0].backend.n_ctx == 512 and started[0].backend.model == model
 
 
 def test_check_prints_what_would_run_and_exits(monkeypatch, model):

@@ -76,7 +76,7 @@ def test_no_kv_slot_from_the_backend_is_reported_as_the_step_outcome():
     engine.submit(chat("a", "sa", "hi", max_tokens=3))
     backend.fail_next(DecodeOutcome.NO_KV_SLOT)
     report = engine.step()
-    assert report.outcome == "no_kv_slot"
+    assert report.outcome is DecodeOutcome.NO_KV_SLOT
     assert by_request(engine.run_until_idle())["a"][-1].generated == 3
     assert_clean(engine, "sa")
 
@@ -89,7 +89,7 @@ def test_kv_exhaustion_preempts_and_recomputes_without_losing_shown_text():
                               prompt_tokens=tuple(range(100, 140))))
     reports = engine.run_until_idle()
     ups = by_request(reports)
-    assert any(r.outcome == "no_kv_slot" for r in reports)
+    assert any(r.outcome is DecodeOutcome.NO_KV_SLOT for r in reports)
     preempted = [rid for rid, us in ups.items() if any("preempted" in (u.waiting_reason or "") for u in us)]
     assert preempted
     for rid, us in ups.items():

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from typing import Callable
 
-from backend.protocol import DecodeOutcome, DecodeResult, PlanError
+from backend.protocol import Backend, Clock, DecodeOutcome, DecodeResult, PlanError
 from magnitude_tui.engine.calibrate import calibration_steps
 from magnitude_tui.engine.context import fit_conversation
+from magnitude_tui.engine.events import Cancel, CloseSession, Command, SetPolicy, Submit
 from scheduler.budget import CostModel, CostParams, parse_policy
 from scheduler.planner import RequestError, Scheduler
 from scheduler.sequence import Sequence
@@ -26,10 +26,10 @@ class Engine:
 
     def __init__(
         self,
-        backend,
+        backend: Backend,
         *,
         policy: str = "target:50",
-        clock: Callable[[], float] | None = None,
+        clock: Clock | None = None,
         coalesce_ms: float = 5.0,
         gen_reserve: int = 256,
         sleep: Callable[[float], None] | None = None,
@@ -40,22 +40,22 @@ class Engine:
         # report of its own before the chat template and tokenizer run (None: never).
         self.prepare_notice_chars = prepare_notice_chars
         # A simulated backend brings its own virtual clock; metrics must read the same time.
-        self._clock = clock or getattr(backend, "clock", None) or time.perf_counter
-        self._sleep = sleep or getattr(self._clock, "sleep", None) or time.sleep
+        self._clock = clock or backend.clock
+        self._sleep = sleep or self._clock.sleep
         self.coalesce_s = coalesce_ms / 1000.0
         self.scheduler = Scheduler(
             backend,
             n_ctx=backend.n_ctx,
             n_seq_max=backend.n_seq_max,
             n_batch=backend.n_batch,
-            n_ctx_seq=getattr(backend, "n_ctx_seq", None),
+            n_ctx_seq=backend.n_ctx_seq,
             policy=policy,
             gen_reserve=gen_reserve,
-            cost=CostModel(_profile_params(backend)),
+            cost=CostModel(backend.known_costs),
         )
         self._policy_text = str(self.scheduler.policy)
         self._lock = threading.Lock()
-        self._commands: deque[tuple] = deque()
+        self._commands: deque[tuple[Command, float]] = deque()  # with the time each was queued
         self._live: dict[str, Sequence] = {}  # submitted and not yet reported done
         self._extra: list[SeqUpdate] = []  # updates for requests that never became live
         self._intake: list[Sequence] = []  # submitted, not yet tokenized (phase `preparing`), FIFO
@@ -66,25 +66,26 @@ class Engine:
     # ---- commands (any thread) -----------------------------------------------------------------
 
     def submit(self, req: Request) -> str:
-        t = self._clock()
-        with self._lock:
-            self._commands.append(("submit", req, t))
+        self._queue(Submit(req))
         return req.request_id
 
     def cancel(self, request_id: str) -> None:
-        with self._lock:
-            self._commands.append(("cancel", request_id))
+        self._queue(Cancel(request_id))
 
     def close_session(self, session_id: str) -> None:
-        with self._lock:
-            self._commands.append(("close", session_id))
+        self._queue(CloseSession(session_id))
 
     def set_policy(self, policy: str) -> None:
         """Switch the budget policy from the next step; ValueError (here, now) if malformed."""
-        parsed = parse_policy(policy)
+        parsed = str(parse_policy(policy))
         with self._lock:
-            self._policy_text = str(parsed)
-            self._commands.append(("policy", parsed))
+            self._policy_text = parsed
+        self._queue(SetPolicy(parsed))
+
+    def _queue(self, command: Command) -> None:
+        t = self._clock()  # a submit's queue time and TTFT count from here
+        with self._lock:
+            self._commands.append((command, t))
 
     @property
     def policy(self) -> str:
@@ -158,7 +159,7 @@ class Engine:
 
     def calibrate(self) -> CostParams:
         """Fit the cost model from a few timed steps on free slots (or read a simulated profile)."""
-        prior = _profile_params(self.backend)
+        prior = self.backend.known_costs
         if prior is not None:
             self.scheduler.cost.seed(prior)
             return prior
@@ -193,19 +194,6 @@ class Engine:
             pending = bool(self._commands)
         return not pending and not self.leaks() and self.scheduler.is_empty()
 
-    def snapshot(self) -> dict:
-        s = self.scheduler
-        return {
-            "policy": str(s.policy),
-            "cost": self.cost,
-            "preparing": [q.request_id for q in self._intake],
-            "waiting": [repr(q) for q in s.waiting],
-            "running": [repr(q) for q in s.running],
-            "sessions": [repr(x) for x in s.sessions.values()],
-            "kv_used": s.kv_used(),
-            "kv_total": s.n_ctx,
-        }
-
     # ---- inside a step -------------------------------------------------------------------------
 
     def _apply_commands(self, cancellations_only: bool = False) -> None:
@@ -216,15 +204,15 @@ class Engine:
             else:
                 todo = list(self._commands)
                 self._commands.clear()
-        for cmd in todo:
-            if cmd[0] == "submit":
-                self._take(cmd[1], cmd[2])
-            elif cmd[0] == "cancel":
-                self._cancel(cmd[1])
-            elif cmd[0] == "close":
-                self._close(cmd[1])
-            elif cmd[0] == "policy":
-                self.scheduler.set_policy(cmd[1])
+        for cmd, t in todo:
+            if isinstance(cmd, Submit):
+                self._take(cmd.request, t)
+            elif isinstance(cmd, Cancel):
+                self._cancel(cmd.request_id)
+            elif isinstance(cmd, CloseSession):
+                self._close(cmd.session_id)
+            elif isinstance(cmd, SetPolicy):
+                self.scheduler.set_policy(cmd.policy)
 
     def _take(self, req: Request, t_submit: float) -> None:
         """Accept a submitted request as `preparing`; it is tokenized before the next schedule."""
@@ -392,7 +380,7 @@ class Engine:
             running=s.num_running,
             policy=str(s.policy),
             updates=updates,
-            outcome=str(getattr(result.outcome, "value", result.outcome)) if result else "ok",
+            outcome=result.outcome if result else DecodeOutcome.OK,
         )
 
     def _update(self, seq: Sequence, now: float) -> SeqUpdate:
@@ -421,30 +409,25 @@ class Engine:
             error=seq.error,
             waiting_reason=seq.waiting_reason,
             dropped_messages=seq.dropped_messages,
+            priority=seq.priority,
         )
 
 
-def _split_cancellations(commands) -> tuple[list[tuple], list[tuple]]:
+def _split_cancellations(commands) -> tuple[list[tuple[Command, float]], list[tuple[Command, float]]]:
     """The cancel/close commands that can run now, and the rest in order. A cancel (or close)
     that follows a still-pending submit for its request (or session) must wait its turn, or the
     submit would run after it and the cancel would be lost."""
     todo, keep = [], []
     rids, sids = set(), set()
-    for c in commands:
-        if c[0] == "submit":
-            rids.add(c[1].request_id)
-            sids.add(c[1].session_id)
-            keep.append(c)
-        elif (c[0] == "cancel" and c[1] not in rids) or (c[0] == "close" and c[1] not in sids):
-            todo.append(c)
+    for entry in commands:
+        cmd = entry[0]
+        if isinstance(cmd, Submit):
+            rids.add(cmd.request.request_id)
+            sids.add(cmd.request.session_id)
+            keep.append(entry)
+        elif ((isinstance(cmd, Cancel) and cmd.request_id not in rids)
+              or (isinstance(cmd, CloseSession) and cmd.session_id not in sids)):
+            todo.append(entry)
         else:
-            keep.append(c)
+            keep.append(entry)
     return todo, keep
-
-
-def _profile_params(backend) -> CostParams | None:
-    """A simulated backend's own cost model is the truth; nothing to measure."""
-    prof = getattr(backend, "profile", None)
-    if prof is None:
-        return None
-    return CostParams(prof.fixed_ms, prof.decode_ms, prof.prefill_ms)

@@ -13,25 +13,26 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, Footer
+from textual.widgets import Footer
 
-from magnitude_tui.conversations import Conversations
-from magnitude_tui.export import export_pane
-from magnitude_tui.turns import Turns
-from magnitude_tui.engine.events import (CommandRejected, EngineConfig, EngineFailed, EngineReady,
-                                         LoadProgress, PolicyChanged)
 from magnitude_tui.agents import AgentSettings
+from magnitude_tui.conversations import Conversations
+from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
+                                         LoadProgress, PolicyChanged)
+from magnitude_tui.engine.protocol import EngineClient
+from magnitude_tui.export import export_pane
 from magnitude_tui.screens.policy_dialog import PolicyDialog
-from magnitude_tui.screens.spawn_dialog import SpawnDialog, SpawnSpec
-from magnitude_tui.store import MessageRecord, PaneRecord, Store
+from magnitude_tui.screens.spawn_dialog import SpawnDialog
+from magnitude_tui.store import PaneRecord, Store
 from magnitude_tui.subagents import Subagents, next_name
+from magnitude_tui.turns import Turns
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.composer import Composer
 from magnitude_tui.widgets.loading_view import LoadingView
 from magnitude_tui.widgets.pane_grid import MAX_PANES, PaneGrid
 from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
 from magnitude_tui.widgets.sequences_panel import SequencesPanel
-from scheduler.types import DoneReason, Phase, Request, SamplingParams, SeqUpdate, StepReport
+from scheduler.types import DoneReason, Phase, Priority, Request, SamplingParams, SeqUpdate, StepReport
 
 PUMP_WAIT_S = 0.2  # longest blocking wait for the next batch (bounds shutdown latency)
 PUMP_SLICE_S = 0.02  # longest the pump holds the event loop while draining a backlog
@@ -75,21 +76,24 @@ class WorkspaceScreen(Screen):
         Binding("ctrl+r", "restart_engine", "Restart", show=False),
     ]
 
-    def __init__(self, *, client, store: Store, config: EngineConfig, restored: list[PaneRecord],
-                 export_dir: Path, sampling: SamplingParams | None = None,
+    def __init__(self, *, client: EngineClient, store: Store, restored: list[PaneRecord],
+                 export_dir: Path, sampling: SamplingParams | None = None, serve=None,
                  roles: dict[str, AgentSettings] | None = None) -> None:
+        """`serve`: an object with `start(workspace)` and `dispatch(batch)` (the HTTP endpoint
+        of `--serve PORT`), fed every engine batch. `roles`: named agent definitions for
+        /spawn ROLE and the spawn and agent dialogs."""
         super().__init__()
-        self.roles = roles or {}  # named agent definitions: /spawn ROLE, the spawn and agent dialogs
+        self.serve = serve
+        self.roles = roles or {}
         self.sampling = sampling or SamplingParams()
         self.client = client
         self.store = store
-        self.config = config
         self.export_dir = export_dir
-        self.policy = config.policy
+        self.policy = ""  # the engine's, from EngineReady and PolicyChanged
         self.engine_ready = False
         self._restored = restored
         self._resident: set[str] = set()  # sessions whose KV the current worker holds (fork sources)
-        self.subagents = Subagents(self)
+        self.subagents = Subagents(self, store, self.roles)
         self.conversations = Conversations(self)
         self.turns = Turns(self)
         self._focus_after_restart: str | None = None  # the pane that had focus when ctrl+r was pressed
@@ -101,15 +105,17 @@ class WorkspaceScreen(Screen):
 
     def compose(self) -> ComposeResult:
         # Held directly: engine events keep arriving while the DOM is torn down at exit.
-        self.loading_view = LoadingView(self.config.model, self.config.device, id="loading")
+        target = self.client.target
+        self.loading_view = LoadingView(target.model or None, target.where, id="loading")
         self.grid = PaneGrid(id="panes")
         self.scheduler_panel = SchedulerPanel(id="scheduler")
         self.sequences_panel = SequencesPanel(id="sequences")
-        with ContentSwitcher(initial="loading", id="switcher"):
-            yield self.loading_view
-            with Horizontal(id="workspace"):
-                yield self.grid
-                yield self.scheduler_panel
+        # The loading view sits above the panes, not instead of them: a message typed while the
+        # model loads is reported `loading` and runs when the engine is ready.
+        yield self.loading_view
+        with Horizontal(id="workspace"):
+            yield self.grid
+            yield self.scheduler_panel
         yield self.sequences_panel
         yield Footer(compact=True, show_command_palette=False)
 
@@ -126,6 +132,8 @@ class WorkspaceScreen(Screen):
         self.set_interval(PAINT_TICK_S, self.paint)
         self.client.start()
         self.run_worker(self._pump_events(), name="engine-events", exclusive=True)
+        if self.serve is not None:
+            self.serve.start(self)
 
     async def _pump_events(self) -> None:
         """Apply engine batches (one per step) as they come, draining a backlog in one go.
@@ -144,6 +152,17 @@ class WorkspaceScreen(Screen):
                     deadline = loop.time() + PUMP_SLICE_S
                 batch = self.client.poll_events(0)
 
+    def panes_by_session(self) -> dict[str, ChatPane]:
+        return dict(self._panes)
+
+    def open_pane(self, pane: ChatPane) -> asyncio.Future:
+        """Route the pane's updates from now on and mount it soon (for callers outside a handler,
+        whose request may produce updates before the mount is done)."""
+        self._panes[pane.session_id] = pane
+        pane.context_size = self.n_ctx_seq
+        self.store.add_pane(pane.record)
+        return asyncio.ensure_future(self.grid.add_pane(pane, focus=False))
+
     async def add_pane(self, pane: ChatPane, *, focus: bool = True) -> None:
         """Mount a pane in the grid and route its session's engine updates to it."""
         self._panes[pane.session_id] = pane
@@ -152,6 +171,17 @@ class WorkspaceScreen(Screen):
 
     def on_unmount(self) -> None:
         self.save()
+
+    # ---- what subagents use (SubagentHost) ------------------------------------------------------
+
+    def pane_count(self) -> int:
+        return len(self.grid.panes)
+
+    def find_pane(self, session_id: str) -> ChatPane | None:
+        return self.grid.pane(session_id)
+
+    def warn(self, message: str) -> None:
+        self.notify(message, severity="warning")
 
     async def paint(self) -> None:
         """Paint the panes' buffered text and status; the panes painted together share one frame.
@@ -186,6 +216,8 @@ class WorkspaceScreen(Screen):
         """One engine batch (one step). Only bookkeeping here: panes repaint on the paint tick,
         the panels on their own timers."""
         self.batches_applied += 1
+        if self.serve is not None:
+            self.serve.dispatch(batch)
         for event in batch:
             if isinstance(event, StepReport):
                 self.scheduler_panel.record(event)
@@ -206,6 +238,8 @@ class WorkspaceScreen(Screen):
                 self.notify(f"Policy is now {event.policy}")
             elif isinstance(event, CommandRejected):
                 self.notify(event.message, severity="warning")
+            elif isinstance(event, EndpointsReport):
+                self.scheduler_panel.record_endpoints(event)
 
     def _route(self, update: SeqUpdate, t: float | None = None) -> None:
         pane = self._panes.get(update.session_id)
@@ -230,8 +264,8 @@ class WorkspaceScreen(Screen):
         panel = self.scheduler_panel
         panel.set_engine(event.model, event.device)
         panel.set_policy(event.policy)
-        self.query_one(ContentSwitcher).current = "workspace"
-        # The loading view took focus from the panes; give it back to the one the user was in.
+        self.loading_view.display = False
+        # Give focus back to the pane the user was in when ctrl+r was pressed.
         pane = self.grid.pane(self._focus_after_restart or "") or self.grid.focused_pane()
         self._focus_after_restart = None
         if pane is not None:
@@ -259,7 +293,7 @@ class WorkspaceScreen(Screen):
         self._focus_after_restart = focused.session_id if focused is not None else None
         self.app.engine_failed(None)
         self.loading_view.restarting()
-        self.query_one(ContentSwitcher).current = "loading"
+        self.loading_view.display = True
         self.engine_ready = False
         self.client.restart()
 
@@ -279,15 +313,17 @@ class WorkspaceScreen(Screen):
         if pane is not None and pane.composer is event.composer:
             self.turns.edit_last(pane)
 
-    def submit_turn(self, pane: ChatPane, *, fork_from: str | None = None) -> None:
+    def submit_turn(self, pane: ChatPane, *, fork_from: str | None = None,
+                    priority: Priority = Priority.INTERACTIVE) -> None:
         """Send the pane's conversation as a new request; it forks `fork_from`'s KV when the
-        current worker holds it (else the engine prefills it cold)."""
+        current worker holds it (else the engine prefills it cold). A person's turn is
+        interactive; spawned subagents pass their own class."""
         request_id = f"{pane.session_id}:{uuid.uuid4().hex[:8]}"
         pane.begin_request(request_id)
         fork = fork_from if fork_from in self._resident else None
         sampling = pane.record.settings.sampling(self.sampling)
         self.client.submit(Request(request_id, pane.session_id, pane.conversation(), sampling,
-                                   fork_from=fork))
+                                   fork_from=fork, priority=priority))
 
     def release_session(self, pane: ChatPane) -> None:
         """Give the pane's KV back to the pool (its next turn prefills again)."""
