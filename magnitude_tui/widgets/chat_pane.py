@@ -173,7 +173,7 @@ class ChatPane(Vertical):
 
     def on_mount(self) -> None:
         self.query_one(".transcript").anchor()
-        self._show_queue()
+        self._show_note()
 
     def _speaker(self, m: MessageRecord) -> str:
         if m.role == "user" and self.record.role == "subagent":
@@ -201,18 +201,18 @@ class ChatPane(Vertical):
         event.stop()
         editing, self.editing = self.editing, None
         self.post_message(self.Submitted(self, event.text, editing))
-        self._show_queue()
+        self._show_note()
 
     # ---- messages typed while a reply streams --------------------------------------------------
 
     def queue(self, text: str) -> None:
         """Hold a message until the running reply ends (then it is the next turn)."""
         self.queued.append(text)
-        self._show_queue()
+        self._show_note()
 
     def next_queued(self) -> str | None:
         text = self.queued.pop(0) if self.queued else None
-        self._show_queue()
+        self._show_note()
         return text
 
     def return_to_composer(self, texts: list[str]) -> None:
@@ -220,7 +220,7 @@ class ChatPane(Vertical):
         parts = [t for t in [*texts, self.composer.text] if t.strip()]
         self.composer.value = "\n\n".join(parts)
 
-    def _show_queue(self) -> None:
+    def _show_note(self) -> None:
         for note in self.query(".queued-note"):
             note.display = bool(self.queued) or self.editing is not None
             if self.queued:
@@ -242,13 +242,13 @@ class ChatPane(Vertical):
     def start_editing(self, message: MessageRecord) -> None:
         self.editing = message
         self.composer.value = message.content
-        self._show_queue()
+        self._show_note()
 
     @on(Composer.Changed)
     def _composer_changed(self, event: Composer.Changed) -> None:
         if self.editing is not None and not self.composer.text:
             self.editing = None
-            self._show_queue()
+            self._show_note()
 
     async def truncate(self, message: MessageRecord, *, keep: bool) -> list[MessageRecord]:
         """Remove the messages after `message` (and `message` itself unless `keep`) from the
@@ -263,7 +263,7 @@ class ChatPane(Vertical):
             if id(view.message) in gone:
                 await view.remove()
         self.editing = None
-        self._show_queue()
+        self._show_note()
         return removed
 
     # ---- conversation -------------------------------------------------------------------------
