@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 import numpy as np
 import llama_cpp
 
-from backend import model_file, native, usable_cpus
+from backend import model_file, model_path_problem, native, usable_cpus
 from backend.chat import Detokenizer, Vocab
 from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, check_plan
 from scheduler.types import BatchPlan, Message, SamplingParams
@@ -86,8 +86,9 @@ class LlamaBackend:
     ) -> "LlamaBackend":
         native.init(verbose)
         model_path = model_path or default_model_path()
-        if not os.path.isfile(model_path):
-            raise ModelLoadError(f"model file not found: {model_path}")
+        problem = model_path_problem(model_path)
+        if problem is not None:
+            raise ModelLoadError(problem)
         dev = native.select_device(device)
         device_name = f"{dev.name} ({dev.description})" if dev else "CPU"
 
@@ -109,7 +110,7 @@ class LlamaBackend:
         mparams.progress_callback = progress
         model = llama_cpp.llama_model_load_from_file(model_path.encode(), mparams)
         if not model:
-            raise ModelLoadError(f"llama.cpp could not load {model_path} (is it a GGUF model? see --verbose)")
+            raise ModelLoadError(f"llama.cpp could not load {model_path} (is it a GGUF model? llama.cpp's reason is in its log: the engine log, or stderr)")
         n_threads = n_threads or usable_cpus()
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx

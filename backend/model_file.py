@@ -63,7 +63,9 @@ def check_gguf(path: str) -> GgufInfo:
     if not os.path.exists(path):
         raise ModelFileError(f"model file not found: {path}")
     if os.path.isdir(path):
-        raise ModelFileError(f"{path} is a directory; pass the .gguf file inside it")
+        ggufs = sorted(p.name for p in Path(path).glob("*.gguf"))[:3]
+        hint = f" (it holds {', '.join(ggufs)})" if ggufs else ""
+        raise ModelFileError(f"{path} is a directory{hint}; pass the .gguf file itself")
     size = os.path.getsize(path)
     if size == 0:
         raise ModelFileError(f"{path} is empty (0 bytes); the download or copy did not finish")

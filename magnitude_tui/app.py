@@ -59,6 +59,8 @@ class MagnitudeApp(App):
 
     def on_mount(self) -> None:
         restored = self.store.open_workspace(resume=self._resume)
+        if self.store.notice:
+            self.notify(self.store.notice, title="Database", severity="warning", timeout=30)
         self.install_screen(WorkspaceScreen(client=self.client, store=self.store,
                                             restored=restored, export_dir=self._export_dir,
                                             sampling=self.sampling, serve=self.serve, roles=self.roles),
@@ -97,7 +99,7 @@ def run_app(engine: EngineConfig | EngineClient, *, theme: str | None, resume: b
 
     if theme is not None and theme not in available_themes():
         raise ValueError(f"unknown theme {theme!r}; choose from {', '.join(available_themes())}")
-    store = Store()
+    store = Store()  # StoreError (a newer schema, a locked file) reaches the CLI's message
     client = WorkerClient(engine) if isinstance(engine, EngineConfig) else engine
     serve = None
     if serve_port is not None:

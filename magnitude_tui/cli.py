@@ -83,26 +83,29 @@ def main(
         typer.echo(f"ok: {where}, policy {policy}, n_ctx {n_ctx}, roles: {', '.join(roles) or 'none'}")
         return
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    if remote:
-        failure = run_app(_remote_client(remote, remote_model, api_key_env), theme=theme, resume=resume,
-                          sampling=sampling, roles=roles)
-        if failure:
-            _fail(failure, code=1)
-        return
-    from backend import usable_cpus
-    from backend.factory import BackendConfig
-    from magnitude_tui.engine.events import EngineConfig
-    # ggml's CPU threads meet at spinning barriers after every op: when the UI takes a core they
-    # spin while one of them waits for the CPU. Measured on 2 cores with 8 panes streaming
-    # (`magnitude-tui bench ui --threads 2,1`): 8-row decode steps took 86 ms p50 / 171 ms p95
-    # with 2 threads and 68 / 79 ms with 1. So the app leaves one core to the UI.
-    backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, verbose=verbose,
-                            n_threads=threads or max(1, usable_cpus() - 1))
-    config = EngineConfig(backend, policy=policy)
     from magnitude_tui.serve.server import resolve_api_key
+    from magnitude_tui.store import StoreError
 
-    failure = run_app(config, theme=theme, resume=resume, sampling=sampling, serve_port=serve_port,
-                      api_key=resolve_api_key(api_key), roles=roles)
+    if remote:
+        engine = _remote_client(remote, remote_model, api_key_env)
+    else:
+        from backend import usable_cpus
+        from backend.factory import BackendConfig
+        from magnitude_tui.engine.events import EngineConfig
+
+        # ggml's CPU threads meet at spinning barriers after every op: when the UI takes a core
+        # they spin while one of them waits for the CPU. Measured on 2 cores with 8 panes
+        # streaming (`magnitude-tui bench ui --threads 2,1`): 8-row decode steps took 86 ms p50 /
+        # 171 ms p95 with 2 threads and 68 / 79 ms with 1. So the app leaves one core to the UI.
+        backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, verbose=verbose,
+                                n_threads=threads or max(1, usable_cpus() - 1))
+        engine = EngineConfig(backend, policy=policy)
+    # --serve exposes the local engine; a remote one is already a server.
+    serving = {} if remote else {"serve_port": serve_port, "api_key": resolve_api_key(api_key)}
+    try:
+        failure = run_app(engine, theme=theme, resume=resume, sampling=sampling, roles=roles, **serving)
+    except StoreError as exc:
+        _fail(str(exc), code=1)
     if failure:
         _fail(failure, code=1)
 

@@ -15,7 +15,7 @@ from scheduler.ledger import KvCache
 from scheduler.relief import KvRelief, Remedy
 from scheduler.residency import Residency
 from scheduler.sequence import Sequence
-from scheduler.types import BatchPlan, DecodeOutcome, DoneReason, Phase, SeqSlice, attended_kpos
+from scheduler.types import BatchPlan, DecodeOutcome, DoneReason, ErrorKind, Phase, SeqSlice, attended_kpos
 
 __all__ = ["RequestError", "Scheduler"]
 
@@ -106,13 +106,16 @@ class Scheduler:
         self.residency.close(session_id)
         return cancelled
 
-    def finish(self, seq: Sequence, reason: DoneReason, error: str | None = None) -> None:
+    def finish(self, seq: Sequence, reason: DoneReason, error: str | None = None,
+               kind: ErrorKind | None = None) -> None:
         """End a request. A reply that ended normally, or was cancelled after some of its rows were
         committed, leaves its committed KV resident for the conversation's next turn; rows a step
-        evaluated but never committed are trimmed. An error drops the KV."""
+        evaluated but never committed are trimmed. An error drops the KV; `kind` says what sort
+        of error (the engine failing, unless told otherwise)."""
         if seq.is_finished:
             return
         seq.phase, seq.done_reason, seq.error, seq.waiting_reason = Phase.DONE, reason, error, None
+        seq.error_kind = (kind or ErrorKind.FAILED) if reason is DoneReason.ERROR else None
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -146,8 +149,8 @@ class Scheduler:
 
     def schedule(self, now: float = 0.0) -> BatchPlan | None:
         """Admit what fits, then assemble the next batch: decode rows first, prompt rows after."""
-        for seq, why in self.admission.admit(now):
-            self.finish(seq, DoneReason.ERROR, why)
+        for seq, error in self.admission.admit(now):
+            self.finish(seq, DoneReason.ERROR, str(error), error.kind)
         self._make_way(now)
         by_id = sorted(self.running, key=lambda s: s.seq_id)
         decoding = [s for s in by_id if s.is_decoding]
@@ -259,8 +262,8 @@ class Scheduler:
             self.preempt(max(victims, key=lambda s: (s.priority, s.admit_order)),
                          f"a {first.priority.label} request needed its room")
             self.admission.hold = False  # the room was freed on purpose, for `first`
-            for seq, why in self.admission.admit(now):
-                self.finish(seq, DoneReason.ERROR, why)
+            for seq, error in self.admission.admit(now):
+                self.finish(seq, DoneReason.ERROR, str(error), error.kind)
 
     def _running_at(self, seq_id: int) -> Sequence | None:
         for s in self.running:

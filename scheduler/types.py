@@ -47,6 +47,14 @@ class DoneReason(str, Enum):
     ERROR = "error"
 
 
+class ErrorKind(str, Enum):
+    """Why a request ended with `error`, for callers that answer differently (HTTP 400 vs 500)."""
+
+    INVALID = "invalid_request"  # the request itself is wrong (a field, an id, an empty prompt)
+    CONTEXT_LENGTH = "context_length_exceeded"  # the prompt does not fit a sequence or the cache
+    FAILED = "failed"  # the engine or backend failed while running it
+
+
 class Priority(IntEnum):
     """Who is waiting for a request; a lower value goes first (admission, prompt rows) and is
     preempted last. A person typing must never wait behind a crowd of agents."""
@@ -70,6 +78,9 @@ class SamplingParams:
     min_p: float = 0.05
     seed: int | None = None
     max_tokens: int = 256
+    # The reply ends (reason `stop`) where one of these texts first appears in it, matched on the
+    # detokenized text across token boundaries; the stop text and anything after it are never shown.
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -181,6 +192,7 @@ class SeqUpdate:
     itl_p95_ms: float | None = None
     itl_max_ms: float | None = None
     done_reason: DoneReason | None = None
+    error_kind: ErrorKind | None = None  # with done_reason ERROR
     error: str | None = None
     waiting_reason: str | None = None
     # How many of the request's oldest messages (after its system messages) were left out so the
@@ -193,6 +205,23 @@ class SeqUpdate:
     endpoint: str | None = None
     tokens_estimated: bool = False
     server_timings: ServerTimings | None = None
+
+
+class RejectReason(str, Enum):
+    DUPLICATE_ID = "duplicate_id"  # another request with this id is still live
+    BAD_ID = "bad_id"  # the request id is missing or not text: no update could carry it
+    MALFORMED = "malformed"  # not a request at all, or a command the engine cannot apply
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A submit the engine refused without it ever becoming a request. Reported apart from the
+    updates because its id may belong to another, live request, which must not look ended."""
+
+    request_id: str  # as given (repr'd when it was not text)
+    session_id: str | None
+    reason: RejectReason
+    message: str
 
 
 @dataclass
@@ -213,3 +242,4 @@ class StepReport:
     updates: list[SeqUpdate] = field(default_factory=list)
     # OK, or the outcome of a step that failed and committed nothing (e.g. NO_KV_SLOT).
     outcome: DecodeOutcome = DecodeOutcome.OK
+    rejected: list[Rejection] = field(default_factory=list)

@@ -168,6 +168,7 @@ class ScriptedClient:
             if not self.live:
                 return
             self._step()
+        raise AssertionError(f"scripted replies still live after {max_steps} steps: {sorted(self.live)}")
 
     def _step(self) -> None:
         self.step_no += 1

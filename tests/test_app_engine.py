@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
-
+from backend.fake import DEFAULT_REPLY
+from backend.factory import BackendConfig
+from magnitude_tui.engine.client import WorkerClient
+from magnitude_tui.engine.events import EngineConfig
+from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
+from scheduler.types import Phase, SamplingParams
 from tests.app_support import SIZE, make_app, wait_for
-
-pytest.importorskip("magnitude_tui.engine.core", reason="the Engine lands with the engine issue")
-
-from backend.fake import DEFAULT_REPLY  # noqa: E402
-from backend.factory import BackendConfig  # noqa: E402
-from magnitude_tui.engine.client import WorkerClient  # noqa: E402
-from magnitude_tui.engine.events import EngineConfig  # noqa: E402
-from magnitude_tui.widgets.scheduler_panel import SchedulerPanel  # noqa: E402
-from scheduler.types import Phase, SamplingParams  # noqa: E402
 
 ENDLESS = SamplingParams(max_tokens=1_000_000)
 

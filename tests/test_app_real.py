@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.app_support import SIZE, make_app, wait_for
+from tests.needs import need_real_model
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/setup.sh")
+need_real_model()
 
 from backend.factory import BackendConfig  # noqa: E402
 from magnitude_tui.engine.client import WorkerClient  # noqa: E402

@@ -8,6 +8,7 @@ from backend.factory import BackendConfig
 from magnitude_tui.bench.common import save_result
 from magnitude_tui.bench.ui import UiConfig, run_ui_bench
 from magnitude_tui.engine.events import EngineConfig
+from tests.needs import need_real_model
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +39,7 @@ def test_fake_backend_bench_ui_is_well_formed(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tiny_real_bench_ui_is_well_formed():
-    pytest.importorskip("llama_cpp")
+    need_real_model()
     cfg = UiConfig(panes=2, max_tokens=12, keys=3, key_interval_s=0.05, reps=1)
     res = run_ui_bench(EngineConfig(BackendConfig("llama", device="cpu", n_ctx=2048)), cfg)
     _check(res, 2, 3)

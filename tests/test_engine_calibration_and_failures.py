@@ -7,7 +7,7 @@ import pytest
 
 from backend.fake import FakeBackend
 from backend.protocol import DecodeOutcome, DecodeResult, PlanError
-from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
+from scheduler.types import DoneReason, Message, Phase, RejectReason, Request, SamplingParams
 from tests.engine_driver import assert_clean, by_request, chat, engine_for, text
 
 
@@ -39,14 +39,18 @@ def test_bad_requests_fail_alone_with_clear_errors():
     engine.submit(chat("zero", "s4", "x", max_tokens=0))
     engine.submit(Request("empty", "s5", (), prompt_tokens=()))
     engine.submit(chat("ok", "s6", "duplicate"))
-    ups = by_request(engine.run_until_idle())
+    reports = engine.run_until_idle()
+    ups = by_request(reports)
     errors = {rid: u.error for rid, us in ups.items() for u in us if u.done_reason is DoneReason.ERROR}
     assert "unknown chat role" in errors["role"]
     assert "larger context" in errors["huge"]
     assert "vocabulary" in errors["vocab"]
     assert "max_tokens" in errors["zero"]
     assert "empty" in errors["empty"]
-    assert "already running" in errors["ok"]
+    # The second "ok" is refused apart from the first (a Rejection, not an update under its id).
+    [dup] = [r for report in reports for r in report.rejected]
+    assert dup.reason is RejectReason.DUPLICATE_ID and dup.session_id == "s6" and "already in use" in dup.message
+    assert "ok" not in errors
     assert ups["ok"][-1].done_reason is DoneReason.STOP  # the first "ok" was not disturbed
     assert_clean(engine, "s0")
 

@@ -11,7 +11,9 @@ import urllib.request
 
 import pytest
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/setup.sh")
+from tests.needs import need_real_model  # noqa: E402
+
+need_real_model()
 
 from backend.llama_backend import default_model_path  # noqa: E402
 from magnitude_tui.bench import peers  # noqa: E402

@@ -1,5 +1,5 @@
 """Provides the `magnitude-tui bench` commands (typer): admit, prefill-curve, throughput, fork,
-remote, ui, ui-cpu."""
+remote, serve, soak, ui, ui-cpu."""
 
 from __future__ import annotations
 
@@ -15,40 +15,6 @@ bench_app = typer.Typer(
     help="Measure the claims: the admission stall, the prefill curve, throughput against llama.cpp, fork TTFT. "
          "Each command prints its tables and writes results/<name>-<timestamp>.json, .md and .png.",
 )
-
-ModelOpt = typer.Option(None, "--model", "-m", help="GGUF model path (default: SmolLM2-135M-Instruct Q4_1).")
-DeviceOpt = typer.Option("cpu", "--device", "-d", help="auto | cpu | vulkan | vulkan:N")
-ThreadsOpt = typer.Option(None, "--threads", "-t", help="CPU threads (default: all cores).")
-OutOpt = typer.Option(Path("results"), "--out", help="Directory for the JSON, Markdown and PNG files.")
-CtxOpt = typer.Option(None, "--ctx", help="Context size (default: 8192 real, 65536 simulated; fork/throughput: enough for the work).")
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _spec(kind: str, model, device, threads, ctx):
-    from magnitude_tui.bench.common import BackendConfig
-
-    if not (kind == "llama" or kind.startswith("simulated")):
-        raise typer.BadParameter(f"unknown backend {kind!r}: use 'llama' or 'simulated:<profile>'", param_hint="--backend")
-    return BackendConfig(kind=kind, model=model, device=device, n_threads=threads, n_ctx=ctx)
-
-
-def _finish(result, out: Path, plot) -> None:
-    from magnitude_tui.bench.common import print_result, save_result
-
-    console = Console()
-    print_result(result)
-    paths = save_result(result, out, plot)
-    console.print("wrote " + ", ".join(str(p) for p in paths.values()))
-
-
-def _progress(msg: str) -> None:
-    Console(stderr=True).print(f"[dim]{msg}[/]")
 
 ModelOpt = typer.Option(None, "--model", "-m", help="GGUF model path (default: SmolLM2-135M-Instruct Q4_1).")
 DeviceOpt = typer.Option("cpu", "--device", "-d", help="auto | cpu | vulkan | vulkan:N")
@@ -291,6 +257,36 @@ def ui_cpu(
         from dataclasses import asdict
 
         json_out.write_text(json.dumps([asdict(r) for r in results], indent=1))
+
+@bench_app.command()
+def soak(
+    fake_ops: int = typer.Option(100_000, "--fake-ops", help="State-machine operations on the fake backend."),
+    real_ops: int = typer.Option(2_000, "--real-ops", help="State-machine operations on the real model."),
+    kills: int = typer.Option(10, "--kills", help="Worker kill -9 rounds."),
+    rounds: int = typer.Option(20, "--rounds", help="Rounds of the bad-input table."),
+    floods: int = typer.Option(5, "--floods", help="Floods of 64 requests."),
+    dbs: int = typer.Option(25, "--dbs", help="Damaged database files."),
+    app_kills: int = typer.Option(5, "--app-kills", help="App kill -9 rounds while 8 panes stream."),
+    only: Optional[str] = typer.Option(None, "--only", help="Comma-separated scenarios (default: all; "
+                                       "the names are listed in docs/RELIABILITY.md)."),
+    seed: int = typer.Option(1, "--seed"),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, out: Path = OutOpt,
+) -> None:
+    """The reliability scenarios, long: state machines, bad inputs, flood, kill -9, damaged databases."""
+    from magnitude_tui.bench.soak import SCENARIOS, SoakConfig, run_soak
+
+    chosen = tuple(s.strip() for s in only.split(",") if s.strip()) if only else tuple(SCENARIOS)
+    bad = [s for s in chosen if s not in SCENARIOS]
+    if bad:
+        raise typer.BadParameter(f"unknown scenario {bad[0]!r}: choose from {', '.join(SCENARIOS)}",
+                                 param_hint="--only")
+    cfg = SoakConfig(fake_ops=fake_ops, real_ops=real_ops, bad_rounds=rounds, flood_rounds=floods,
+                     kill_rounds=kills, db_rounds=dbs, app_kill_rounds=app_kills, seed=seed, model=model, device=device)
+    result = run_soak(cfg, chosen, progress=_progress)
+    _finish(result, out, None)
+    if result.data["failures"]:
+        raise typer.Exit(1)
+
 
 
 if __name__ == "__main__":

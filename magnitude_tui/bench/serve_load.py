@@ -10,12 +10,8 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from magnitude_tui.bench.common import PASSAGE, BenchResult, machine_info, median, percentile, rnd
-
-TOPICS = ("a lighthouse keeper", "a lost map", "a spring market", "an autumn storm", "a winter street",
-          "a baker's morning", "a sea wall race", "an old library", "a fishing boat", "a river mouth",
-          "a cat at night", "a gull's argument", "a reef at dawn", "a traveller's return", "a keeper's stairs",
-          "a harbour festival")
+from magnitude_tui.bench.common import PASSAGE, BenchResult, machine_info, percentile, rnd
+from magnitude_tui.bench.remote import TOPICS
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from magnitude_tui.engine.events import (
     Submit,
 )
 from magnitude_tui.engine.protocol import EngineEvent, EngineTarget
-from scheduler.types import DoneReason, Phase, Request, SeqUpdate, StepReport
+from scheduler.types import DoneReason, Phase, Rejection, RejectReason, Request, SeqUpdate, StepReport
 
 _CLOSED = object()
 
@@ -143,11 +143,15 @@ class WorkerClient:
     # ---- commands ----------------------------------------------------------------------------
 
     def submit(self, request: Request) -> None:
-        with self._live_lock:
-            self._live[request.request_id] = request.session_id
-            if not self._ready:
-                self._loading.add(request.request_id)
-                self._events.put([self._loading_update(request.request_id)])
+        rid, sid = getattr(request, "request_id", None), getattr(request, "session_id", None)
+        if isinstance(rid, str) and isinstance(sid, str):
+            with self._live_lock:
+                # A reused id must not take over the live entry: the engine rejects the newcomer,
+                # and the original still needs its error if the worker dies.
+                self._live.setdefault(rid, sid)
+                if not self._ready:
+                    self._loading.add(rid)
+                    self._events.put([self._loading_update(rid)])
         if not self._send(Submit(request)):
             self._fail_live("the engine is not running; restart it")
 
@@ -188,6 +192,7 @@ class WorkerClient:
             for event in batch:
                 if isinstance(event, StepReport):
                     self._forget_finished(event.updates)
+                    self._forget_rejected(event.rejected)
                 elif isinstance(event, LoadProgress):
                     extra.extend(self._load_progress(event.fraction))
                 elif isinstance(event, EngineReady):
@@ -211,6 +216,13 @@ class WorkerClient:
             for u in updates:
                 if u.phase is Phase.DONE:
                     self._live.pop(u.request_id, None)
+
+    def _forget_rejected(self, rejected: list[Rejection]) -> None:
+        with self._live_lock:
+            for r in rejected:
+                # A duplicate's id belongs to the live original, which stays in the table.
+                if r.reason is not RejectReason.DUPLICATE_ID:
+                    self._live.pop(r.request_id, None)
 
     def _death_reason(self) -> str:
         if self._proc is None:

@@ -10,10 +10,13 @@ from backend.protocol import Backend, Clock, DecodeOutcome, DecodeResult, PlanEr
 from magnitude_tui.engine.calibrate import calibration_steps
 from magnitude_tui.engine.context import fit_conversation
 from magnitude_tui.engine.events import Cancel, CloseSession, Command, SetPolicy, Submit
+from magnitude_tui.engine.text import ReplyText
 from scheduler.budget import CostModel, CostParams, parse_policy
 from scheduler.planner import RequestError, Scheduler
 from scheduler.sequence import Sequence
-from scheduler.types import BatchPlan, DoneReason, Phase, Request, SeqUpdate, StepReport
+from scheduler.types import (BatchPlan, DoneReason, ErrorKind, Phase, Rejection, RejectReason, Request, SeqUpdate,
+                             StepReport)
+from scheduler.validation import check_id, check_policy_text, check_request
 
 
 class Engine:
@@ -58,6 +61,8 @@ class Engine:
         self._commands: deque[tuple[Command, float]] = deque()  # with the time each was queued
         self._live: dict[str, Sequence] = {}  # submitted and not yet reported done
         self._extra: list[SeqUpdate] = []  # updates for requests that never became live
+        self._rejected: list[Rejection] = []  # submits refused before they became requests
+        self._sessions_seen: set[str] = set()  # conversations a request named (until closed)
         self._intake: list[Sequence] = []  # submitted, not yet tokenized (phase `preparing`), FIFO
         self._noticed = False  # the last step only announced slow requests; tokenize them now
         self._sampler_owner: dict[int, Sequence] = {}
@@ -66,18 +71,25 @@ class Engine:
     # ---- commands (any thread) -----------------------------------------------------------------
 
     def submit(self, req: Request) -> str:
+        """Queue a request. Whatever is wrong with it is reported by the next step: an update
+        ending it with `error` under its id, or a Rejection when its id cannot carry one (not
+        text, or another live request's)."""
         self._queue(Submit(req))
-        return req.request_id
+        return getattr(req, "request_id", None)
 
     def cancel(self, request_id: str) -> None:
+        """ValueError (here, now) unless the id is text."""
+        check_id("request_id", request_id)
         self._queue(Cancel(request_id))
 
     def close_session(self, session_id: str) -> None:
+        """ValueError (here, now) unless the id is text."""
+        check_id("session_id", session_id)
         self._queue(CloseSession(session_id))
 
     def set_policy(self, policy: str) -> None:
         """Switch the budget policy from the next step; ValueError (here, now) if malformed."""
-        parsed = str(parse_policy(policy))
+        parsed = str(parse_policy(check_policy_text(policy)))
         with self._lock:
             self._policy_text = parsed
         self._queue(SetPolicy(parsed))
@@ -215,15 +227,39 @@ class Engine:
                 self.scheduler.set_policy(cmd.policy)
 
     def _take(self, req: Request, t_submit: float) -> None:
-        """Accept a submitted request as `preparing`; it is tokenized before the next schedule."""
-        seq = Sequence(req, [], t_submit=t_submit)
-        if req.request_id in self._live:
-            seq.phase, seq.done_reason = Phase.DONE, DoneReason.ERROR
-            seq.error = f"request id {req.request_id!r} is already running; use a new id"
+        """Accept a submitted request as `preparing`; it is tokenized before the next schedule.
+        A malformed one ends here, alone, with its error."""
+        rid, sid = getattr(req, "request_id", None), getattr(req, "session_id", None)
+        ids_ok = all(isinstance(x, str) and x for x in (rid, sid))
+        if ids_ok and rid in self._live:
+            self._reject(req, RejectReason.DUPLICATE_ID,
+                         f"request id {rid!r} is already in use by a live request; use a new id")
+            return
+        try:
+            check_request(req)
+            if req.fork_from is not None and req.fork_from not in self._sessions_seen:
+                raise RequestError(
+                    f"fork_from {req.fork_from!r} names no conversation this engine knows (never "
+                    "submitted, or closed); send the request without fork_from to start cold")
+        except RequestError as e:
+            if not ids_ok:
+                self._reject(req, RejectReason.BAD_ID if isinstance(req, Request)
+                             else RejectReason.MALFORMED, str(e))
+                return
+            seq = Sequence(req, [], t_submit=t_submit)
+            seq.phase, seq.done_reason, seq.error = Phase.DONE, DoneReason.ERROR, str(e)
+            seq.error_kind = e.kind
             self._extra.append(self._update(seq, t_submit))
             return
-        self._live[req.request_id] = seq
-        self._intake.append(seq)
+        self._sessions_seen.add(sid)
+        self._live[rid] = Sequence(req, [], t_submit=t_submit)
+        self._intake.append(self._live[rid])
+
+    def _reject(self, req: object, reason: RejectReason, message: str) -> None:
+        rid, sid = getattr(req, "request_id", None), getattr(req, "session_id", None)
+        self._rejected.append(Rejection(
+            request_id=rid if isinstance(rid, str) else repr(rid)[:80],
+            session_id=sid if isinstance(sid, str) else None, reason=reason, message=message))
 
     def _cancel(self, request_id: str) -> None:
         seq = self._live.get(request_id)
@@ -238,6 +274,7 @@ class Engine:
             self._intake.remove(seq)
             self.scheduler.finish(seq, DoneReason.CANCELLED)
         self.scheduler.close_session(session_id)
+        self._sessions_seen.discard(session_id)
 
     def _slow_to_prepare(self, seq: Sequence) -> bool:
         """Long messages: the chat template and tokenizer take long enough for the user to see."""
@@ -256,7 +293,7 @@ class Engine:
         """Tokenize an accepted request and queue it; a bad request fails alone, right here."""
         req = seq.request
         try:
-            seq.detok = self.backend.detokenizer()
+            seq.detok = ReplyText(self.backend.detokenizer(), req.sampling.stop)
             if req.prompt_tokens is not None:
                 prompt = list(req.prompt_tokens)
             else:
@@ -272,9 +309,10 @@ class Engine:
             seq.prompt = prompt
             self.scheduler.add(seq)
         except RequestError as e:
-            self.scheduler.finish(seq, DoneReason.ERROR, str(e))
+            self.scheduler.finish(seq, DoneReason.ERROR, str(e), e.kind)
         except Exception as e:  # a template or tokenizer failure belongs to this request only
-            self.scheduler.finish(seq, DoneReason.ERROR, f"could not prepare the prompt: {e}")
+            self.scheduler.finish(seq, DoneReason.ERROR, f"could not prepare the prompt: {e}",
+                                  ErrorKind.INVALID)
 
     def _window_end(self) -> float | None:
         """When the idle coalescing window closes (None: no window open)."""
@@ -319,6 +357,9 @@ class Engine:
             seq.text_pending += seq.detok.feed(token)
             seq.new_tokens_pending += 1
             emitted.append(seq)
+            if seq.detok.stopped:
+                self.scheduler.finish(seq, DoneReason.STOP)
+                continue
             if len(seq.output) >= seq.max_tokens or seq.num_tokens >= n_ctx_seq:
                 seq.text_pending += seq.detok.flush()
                 self.scheduler.finish(seq, DoneReason.LENGTH)
@@ -350,12 +391,15 @@ class Engine:
                 step_ms: float) -> StepReport | None:
         self._release_samplers()
         updates, self._extra = self._extra, []
+        rejected, self._rejected = self._rejected, []
         for rid, seq in list(self._live.items()):
             if seq.last_reported is None and seq.phase is not Phase.PREPARING:
                 # Its first report: it was preparing before whatever it is doing now.
                 updates.append(SeqUpdate(request_id=rid, session_id=seq.session_id, seq_id=None,
                                          phase=Phase.PREPARING))
             if seq.is_finished:
+                if seq.done_reason is DoneReason.CANCELLED and seq.detok is not None:
+                    seq.text_pending += seq.detok.flush()  # text held for a possible stop string
                 seq.metrics.on_finish(now)
                 del self._live[rid]
             sig = (seq.phase, seq.seq_id, seq.prompt_done, len(seq.output), seq.num_cached,
@@ -363,7 +407,7 @@ class Engine:
             if sig != seq.last_reported or seq.text_pending:
                 seq.last_reported = sig
                 updates.append(self._update(seq, now))
-        if plan is None and not updates:
+        if plan is None and not updates and not rejected:
             return None
         self._num_reports += 1
         s = self.scheduler
@@ -381,6 +425,7 @@ class Engine:
             policy=str(s.policy),
             updates=updates,
             outcome=result.outcome if result else DecodeOutcome.OK,
+            rejected=rejected,
         )
 
     def _update(self, seq: Sequence, now: float) -> SeqUpdate:
@@ -406,6 +451,7 @@ class Engine:
             itl_p95_ms=m.itl_p95_ms,
             itl_max_ms=m.itl_max_ms,
             done_reason=seq.done_reason,
+            error_kind=seq.error_kind,
             error=seq.error,
             waiting_reason=seq.waiting_reason,
             dropped_messages=seq.dropped_messages,
@@ -422,8 +468,9 @@ def _split_cancellations(commands) -> tuple[list[tuple[Command, float]], list[tu
     for entry in commands:
         cmd = entry[0]
         if isinstance(cmd, Submit):
-            rids.add(cmd.request.request_id)
-            sids.add(cmd.request.session_id)
+            # A malformed request may carry anything as its ids; it is rejected when taken in.
+            rids.add(str(getattr(cmd.request, "request_id", None)))
+            sids.add(str(getattr(cmd.request, "session_id", None)))
             keep.append(entry)
         elif ((isinstance(cmd, Cancel) and cmd.request_id not in rids)
               or (isinstance(cmd, CloseSession) and cmd.session_id not in sids)):

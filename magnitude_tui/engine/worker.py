@@ -102,18 +102,9 @@ def _loop(conn: Connection, engine: Engine) -> None:
             cmd = conn.recv()
             if isinstance(cmd, Shutdown):
                 return
-            if isinstance(cmd, Submit):
-                engine.submit(cmd.request)
-            elif isinstance(cmd, Cancel):
-                engine.cancel(cmd.request_id)
-            elif isinstance(cmd, CloseSession):
-                engine.close_session(cmd.session_id)
-            elif isinstance(cmd, SetPolicy):
-                try:
-                    engine.set_policy(cmd.policy)
-                    conn.send([PolicyChanged(policy=cmd.policy)])
-                except ValueError as exc:
-                    conn.send([CommandRejected(message=f"policy not changed: {exc}")])
+            rejected = _apply(engine, cmd)
+            if rejected is not None:
+                conn.send([rejected])
             timeout = 0.0
         report = engine.step()
         if report is not None:
@@ -122,3 +113,25 @@ def _loop(conn: Connection, engine: Engine) -> None:
             # Inside the idle coalescing window: wait for more arrivals without spinning.
             if conn.poll(IDLE_POLL_S):
                 continue
+
+
+def _apply(engine, cmd) -> CommandRejected | PolicyChanged | None:
+    """Hand one command to the engine. A malformed one is answered with CommandRejected and the
+    loop goes on: whatever a client sends, the other requests keep running."""
+    try:
+        if isinstance(cmd, Submit):
+            engine.submit(cmd.request)  # a malformed request is reported by the next step
+        elif isinstance(cmd, Cancel):
+            engine.cancel(cmd.request_id)
+        elif isinstance(cmd, CloseSession):
+            engine.close_session(cmd.session_id)
+        elif isinstance(cmd, SetPolicy):
+            engine.set_policy(cmd.policy)
+            return PolicyChanged(policy=engine.policy)
+        else:
+            return CommandRejected(message=f"unknown command {type(cmd).__name__}: the engine takes "
+                                           "Submit, Cancel, CloseSession, SetPolicy and Shutdown")
+    except ValueError as exc:
+        what = "policy not changed" if isinstance(cmd, SetPolicy) else f"{type(cmd).__name__} ignored"
+        return CommandRejected(message=f"{what}: {exc}")
+    return None

@@ -223,6 +223,8 @@ class WorkspaceScreen(Screen):
                 self.scheduler_panel.record(event)
                 for update in event.updates:
                     self._route(update, event.t)
+                for rejection in event.rejected:
+                    self.notify(rejection.message, title="Request refused", severity="warning")
             elif isinstance(event, SeqUpdate):
                 self.scheduler_panel.track(event)
                 self._route(event)
