@@ -176,7 +176,7 @@ class ScriptedClient:
         for rid, l in list(self.live.items()):
             l.steps += 1
             u = SeqUpdate(rid, l.request.session_id, l.seq_id, l.phase, prompt_total=l.prompt_total,
-                          queue_ms=12.0, dropped_messages=l.dropped)
+                          queue_ms=12.0, dropped_messages=l.dropped, priority=l.request.priority)
             if l.cancelled:
                 u.phase, u.done_reason = Phase.DONE, DoneReason.CANCELLED
             elif l.phase is Phase.QUEUED:

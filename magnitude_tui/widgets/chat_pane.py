@@ -91,6 +91,8 @@ class ChatPane(Vertical):
         if r.role == "subagent":
             task = f" · {r.task}" if r.task else ""
             return f"{r.name} ← {self.parent_name or 'closed pane'}{f' · {role}' if role else ''}{task}"
+        if r.role == "api":
+            return f"{r.name} · API"
         return f"{r.name} · {role or 'main'}"
 
     @property
@@ -178,6 +180,8 @@ class ChatPane(Vertical):
     def _speaker(self, m: MessageRecord) -> str:
         if m.role == "user" and self.record.role == "subagent":
             return f"task from {self.parent_name or 'parent'}"
+        if m.role == "user" and self.record.role == "api":
+            return self.record.task or "API caller"  # the caller the pane is named after
         return "you" if m.role == "user" else self.record.name if m.role == "assistant" else m.role
 
     def rename(self, name: str) -> None:
