@@ -8,7 +8,7 @@ from typing import Callable
 
 from backend.fake import FakeBackend
 from backend.protocol import DecodeOutcome, DecodeResult
-from scheduler.types import BatchPlan
+from scheduler.types import AttentionPath, BatchPlan, plan_kpos
 
 
 class VirtualClock:
@@ -30,7 +30,8 @@ class VirtualClock:
 @dataclass(frozen=True)
 class HardwareProfile:
     """step_ms = fixed_ms + decode_ms * decode_rows + prefill_ms * prefill_rows + attn_ms * kpos,
-    where kpos is the thousands of cached positions the step's rows attend over."""
+    where kpos is the thousands of cells the step's rows attend over as `attention` reads them
+    (`AttentionPath.FLASH`: each row its own visible positions; `DENSE`: every used cell)."""
 
     name: str
     fixed_ms: float
@@ -38,6 +39,7 @@ class HardwareProfile:
     prefill_ms: float
     note: str = ""
     attn_ms: float = 0.0
+    attention: AttentionPath = AttentionPath.FLASH
 
     def step_ms(self, decode_rows: int, prefill_rows: int, kpos: float = 0.0) -> float:
         return (self.fixed_ms + self.decode_ms * decode_rows + self.prefill_ms * prefill_rows
@@ -57,6 +59,13 @@ PROFILES: dict[str, HardwareProfile] = {
     "cpu2core": HardwareProfile(
         "cpu2core", fixed_ms=4.3, decode_ms=6.7, prefill_ms=1000.0 / 210.0,
         note="2 EPYC cores, SmolLM2-135M Q4_1: prefill ~210 tok/s, decode step 11 ms (1) / 58 ms (8)",
+    ),
+    # cpu2core at depth, flash attention off (what the engine picks there): every row reads every
+    # used cell. ATTN_SOURCE gives where the 0.0045 ms per thousand row-cells comes from.
+    "cpu2core-deep": HardwareProfile(
+        "cpu2core-deep", fixed_ms=4.3, decode_ms=6.7, prefill_ms=1000.0 / 210.0, attn_ms=0.0045,
+        attention=AttentionPath.DENSE,
+        note="cpu2core plus attention over every used cell (flash attention off), measured at depth",
     ),
 }
 
@@ -98,14 +107,17 @@ class SimulatedBackend(FakeBackend):
         self.realtime = realtime
         self.clock: Callable[[], float] = time.perf_counter if realtime else (clock or VirtualClock())
         self._step_ms = step_ms
+        self.attention_path = self.profile.attention
 
     def decode(self, plan: BatchPlan) -> DecodeResult:
+        cells_before = self.kv_cells_used()
         result = super().decode(plan)
         if result.outcome is DecodeOutcome.OK:
             if self._step_ms is not None:
                 ms = self._step_ms(plan.n_decode, plan.n_prefill)
             else:
-                ms = self.profile.step_ms(plan.n_decode, plan.n_prefill, plan.attention_kpos)
+                kpos = plan_kpos(plan, self.profile.attention, cells_before)
+                ms = self.profile.step_ms(plan.n_decode, plan.n_prefill, kpos)
         else:
             # A failed llama_decode returns before the compute graph runs: only the fixed cost.
             ms = self.profile.fixed_ms

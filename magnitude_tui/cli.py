@@ -37,6 +37,8 @@ def main(
         "given one context then answer alike)."),
     max_tokens: int = typer.Option(512, "--max-tokens", min=1, help="Longest reply, in tokens."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (default: a fresh one per reply)."),
+    flash_attn: str = typer.Option("auto", "--flash-attn", help="auto (the attention path measured faster "
+                                   "on this model and device; cached) | on | off"),
     verbose: bool = VerboseOpt,
 ) -> None:
     """Launch the app on the default model (no subcommand)."""
@@ -51,7 +53,10 @@ def main(
     # spin while one of them waits for the CPU. Measured on 2 cores with 8 panes streaming
     # (`magnitude-tui bench ui --threads 2,1`): 8-row decode steps took 86 ms p50 / 171 ms p95
     # with 2 threads and 68 / 79 ms with 1. So the app leaves one core to the UI.
+    if flash_attn.strip().lower() not in ("auto", "on", "off"):
+        raise typer.BadParameter(f"expected auto, on or off, got {flash_attn!r}", param_hint="--flash-attn")
     config = EngineConfig(model=model, device=device, policy=policy, n_ctx=n_ctx, verbose=verbose,
+                          flash_attn=flash_attn.strip().lower(),
                           n_threads=threads or max(1, usable_cpus() - 1))
     from magnitude_tui.app import run_app
 
@@ -60,7 +65,15 @@ def main(
 
 
 @app.command()
-def devices(verbose: bool = VerboseOpt) -> None:
+def devices(
+    verbose: bool = VerboseOpt,
+    attention: bool = typer.Option(False, "--attention", help="Also load the model on --device and say which "
+                                   "attention path it runs and why (measured once, then cached)."),
+    model: Optional[str] = ModelOpt,
+    device: str = DeviceOpt,
+    threads: Optional[int] = typer.Option(None, "--threads", help="Engine CPU threads the choice is for "
+                                          "(default: as the app: all cores but one)."),
+) -> None:
     """List the devices this llama.cpp build sees (name, type, memory)."""
     from rich.console import Console
     from rich.table import Table
@@ -79,6 +92,23 @@ def devices(verbose: bool = VerboseOpt) -> None:
     console.print(f"compiled backends: {', '.join(native.compiled_backends())}")
     if "Vulkan" in native.compiled_backends() and not any(d.backend == "Vulkan" for d in native.list_devices()):
         console.print("[dim]no Vulkan device visible; for the CPU Vulkan driver (lavapipe) set GGML_VK_VISIBLE_DEVICES=0[/]")
+    if attention:
+        from backend import usable_cpus
+        from backend.llama_backend import LlamaBackend
+
+        _check_model(model)
+        backend = LlamaBackend.load(model_path=model, device=device, verbose=verbose, n_ctx=4096,
+                                    n_threads=threads or max(1, usable_cpus() - 1))
+        try:
+            choice = backend.attention
+            console.print(f"attention on {backend.device_name}, {backend.n_threads} thread(s): "
+                          f"{choice.summary()}{' (cached)' if choice.cached else ''}")
+            for t in choice.timings:
+                console.print(f"  flash {'on ' if t.flash else 'off'}: fill {t.fill_ms:.0f} ms, decode step "
+                              f"{t.decode_shallow_ms:.1f} ms shallow / {t.decode_deep_ms:.1f} ms deep, "
+                              f"16-row chunk deep {t.chunk_deep_ms:.1f} ms")
+        finally:
+            backend.close()
 
 
 @app.command()

@@ -10,12 +10,12 @@ import math
 from collections import deque
 
 from scheduler.admission import Admission, RequestError
-from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, Policy, parse_policy, share_rows
+from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, Policy, StepShape, parse_policy, share_rows
 from scheduler.ledger import KvCache
 from scheduler.relief import KvRelief
 from scheduler.residency import Residency
 from scheduler.sequence import Sequence
-from scheduler.types import BatchPlan, DoneReason, Phase, SeqSlice, attended_kpos
+from scheduler.types import AttentionPath, BatchPlan, DoneReason, Phase, SeqSlice, attended_kpos, plan_kpos
 
 __all__ = ["RequestError", "Scheduler"]
 
@@ -38,6 +38,8 @@ class Scheduler:
         policy: str | Policy = "target:50",
         gen_reserve: int = 256,
         cost: CostModel | None = None,
+        attention: AttentionPath = AttentionPath.FLASH,
+        n_ubatch: int | None = None,
     ) -> None:
         if n_seq_max > n_batch:
             raise ValueError(f"n_seq_max ({n_seq_max}) must not exceed n_batch ({n_batch}): every "
@@ -49,6 +51,10 @@ class Scheduler:
         self.n_ctx_seq = n_ctx_seq or n_ctx
         self.n_seq_max = n_seq_max
         self.n_batch = n_batch
+        self.n_ubatch = min(n_ubatch or 512, n_batch)
+        # How the backend's attention reads the cache: it decides what a row costs at depth and
+        # whether idle conversations' resident KV slows everyone else's rows.
+        self.attention = attention
         self.gen_reserve = gen_reserve
         self.cost = cost or CostModel()
         self.policy = parse_policy(policy) if isinstance(policy, str) else policy
@@ -59,6 +65,7 @@ class Scheduler:
                                    gen_reserve=gen_reserve)
         self.relief = KvRelief(n_batch)
         self._num_steps = 0
+        self.num_evicted_for_speed = 0  # idle conversations dropped because they slowed every row
         self._rr = 0  # round-robin start among prefilling sequences
 
     # ---- public state --------------------------------------------------------------------------
@@ -76,6 +83,10 @@ class Scheduler:
 
     def kv_used(self) -> int:
         return self.kv.cells_used()
+
+    def kv_idle(self) -> int:
+        """Cells only idle conversations hold: what they cost every row without flash attention."""
+        return self.residency.idle_cells()
 
     def free_slots(self) -> list[int]:
         return self.residency.free_slots()
@@ -157,13 +168,10 @@ class Scheduler:
             allowance = self.n_batch
             budget = self.n_batch
         else:
-            allowance = self.policy.prefill_allowance(
-                len(decoding), self.n_batch, self.cost,
-                decode_kpos=sum(attended_kpos(s.num_computed, 1) for s in decoding),
-                prefill_pos0=max((s.num_computed for s in prefilling), default=0))
+            allowance = self.policy.prefill_allowance(self._shape(decoding, prefilling), self.cost)
             budget = min(self.n_batch, len(decoding) + allowance)
         allowance = self.relief.cap(allowance)
-        grants = self._share_prefill(prefilling, allowance)
+        grants = self._share_prefill(prefilling, allowance, generating=bool(decoding))
         slices = [SeqSlice(s.seq_id, s.num_computed, s.token_range(s.num_computed, s.num_tokens),
                            want_logits=True, is_decode=True) for s in decoding]
         for s, n in grants:
@@ -186,6 +194,7 @@ class Scheduler:
         outcome = getattr(result.outcome, "value", result.outcome)
         planned = [(sl, self._running_at(sl.seq_id)) for sl in plan.slices]
         if outcome == "ok":
+            kpos = plan_kpos(plan, self.attention, self.kv.cells_used())
             ready = []
             for sl, seq in planned:
                 # A sequence cancelled while the step ran is already gone: its slot keeps only
@@ -200,8 +209,9 @@ class Scheduler:
                 if sl.want_logits:
                     ready.append(seq)
                 seq.refresh_phase()
-            self.cost.observe(plan.n_decode, plan.n_prefill, result.step_ms, plan.attention_kpos)
+            self.cost.observe(plan.n_decode, plan.n_prefill, result.step_ms, kpos)
             self.relief.on_success()
+            self._charge_idle_rent(plan)
             return ready
         for sl, seq in planned:
             if seq is not None:
@@ -219,18 +229,42 @@ class Scheduler:
 
     # ---- planning helpers ----------------------------------------------------------------------
 
-    def _share_prefill(self, prefilling: list[Sequence], allowance: int) -> list[tuple[Sequence, int]]:
-        """First come first served under prefill-first; otherwise bounded quanta starting from a
+    def _shape(self, decoding: list[Sequence], prefilling: list[Sequence]) -> StepShape:
+        return StepShape(
+            decode_rows=len(decoding),
+            decode_kpos=sum(attended_kpos(s.num_computed, 1) for s in decoding),
+            prefill_pos0=max((s.num_computed for s in prefilling), default=0),
+            cells_used=self.kv.cells_used(), path=self.attention,
+            n_batch=self.n_batch, n_ubatch=self.n_ubatch)
+
+    def _share_prefill(self, prefilling: list[Sequence], allowance: int,
+                       generating: bool) -> list[tuple[Sequence, int]]:
+        """First come first served under prefill-first; with nothing generating, under target:MS,
+        the prompt closest to its first token first; otherwise bounded quanta starting from a
         different sequence each step (round-robin), so no prompt monopolises the batch."""
         if not prefilling or allowance <= 0:
             return []
         if self.policy.is_prefill_first:
             return share_rows(prefilling, [s.num_pending for s in prefilling], allowance, allowance)
+        if not generating and self.policy.serves_shortest_first:
+            order = sorted(prefilling, key=lambda s: (s.num_pending, s.admit_order))
+            return share_rows(order, [s.num_pending for s in order], allowance, allowance)
         start = self._rr % len(prefilling)
         self._rr += 1
         order = prefilling[start:] + prefilling[:start]
         quantum = max(MIN_PREFILL_QUANTUM, math.ceil(allowance / len(order)))
         return share_rows(order, [s.num_pending for s in order], allowance, quantum)
+
+    def _charge_idle_rent(self, plan: BatchPlan) -> None:
+        """Without flash attention every row of a step reads every resident cell, so an idle
+        conversation's KV slows each running row; once what it has cost the running rows since it
+        went idle exceeds what recomputing it would cost, it is evicted (the rule that is never
+        worse than twice the better of keeping or dropping it, whatever happens next)."""
+        if self.attention is not AttentionPath.DENSE or self.cost.params.attn_ms <= 0:
+            return
+        recompute = lambda n: self.cost.predict(0, n, attended_kpos(0, n))  # noqa: E731
+        self.num_evicted_for_speed += len(
+            self.residency.evict_for_speed(plan.n_rows, self.cost.params.attn_ms, recompute))
 
     def _running_at(self, seq_id: int) -> Sequence | None:
         for s in self.running:

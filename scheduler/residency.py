@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from scheduler.ledger import KvCache, KvLedger
 from scheduler.sequence import Sequence, Session
 
@@ -56,6 +58,7 @@ class Residency:
             self.kv.keep_prefix(session.seq_id, seq.num_computed)
             session.tokens = seq.committed_tokens()
             session.last_used = self._next_tick()
+            session.rent_ms = 0.0
         elif session.seq_id is not None:
             self.release(session)
         if session.seq_id is None:
@@ -80,6 +83,26 @@ class Residency:
         self.release(victim)
         del self.sessions[victim.session_id]
         return True
+
+    def idle_cells(self) -> int:
+        """Cells held only by idle conversations (a prefix a live fork shares is not counted)."""
+        return sum(self.kv.exclusive_cells(s.seq_id) for s in self._slot_owner.values() if s.is_idle)
+
+    def evict_for_speed(self, step_rows: int, attn_ms: float,
+                        recompute_ms: Callable[[int], float]) -> list[str]:
+        """Charge each idle conversation what its cells cost a step of `step_rows` rows that each
+        read every resident cell (`attn_ms` per thousand row-cells), and evict those whose charges
+        since they went idle exceed `recompute_ms(their tokens)`, what their next turn would pay to
+        rebuild them. Returns the evicted conversations' ids."""
+        evicted = []
+        for session in [s for s in self._slot_owner.values() if s.is_idle]:
+            cells = self.kv.exclusive_cells(session.seq_id)
+            session.rent_ms += attn_ms * step_rows * cells / 1000.0
+            if cells and session.rent_ms > recompute_ms(len(session.tokens)):
+                self.release(session)
+                del self.sessions[session.session_id]
+                evicted.append(session.session_id)
+        return evicted
 
     def release(self, session: Session) -> None:
         self.kv.remove(session.seq_id)

@@ -148,6 +148,30 @@ def fork(
     _finish(run_fork(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, plot_fork)
 
 
+@bench_app.command()
+def burst(
+    n: int = typer.Option(11, "--n", help="Subagents forked at once."),
+    context: int = typer.Option(2000, "--context", "-L", help="Tokens of the conversation they fork from."),
+    own: int = typer.Option(200, "--own", "-P", help="Each subagent's own prompt tokens."),
+    gen: int = typer.Option(48, "--gen", help="Tokens each subagent generates."),
+    policy: List[str] = typer.Option(list(("target:50", "prefill-first", "fixed:2048", "target-v1:50")),
+                                     "--policy", "-p", help="Policies to compare; repeatable."),
+    flash: str = typer.Option("off,on", "--flash", help="Flash-attention settings to run (off,on)."),
+    backend: str = typer.Option("llama", "--backend", "-b", help="llama or simulated:<profile>."),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt,
+    threads: int = typer.Option(1, "--threads", "-t", help="CPU threads (default 1: the app's engine on 2 cores)."),
+    ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
+) -> None:
+    """N subagents forked from a long conversation at once: TTFT, ITL and decode step at depth, every policy."""
+    from magnitude_tui.bench.burst import BurstConfig, run_bursts
+
+    flashes = tuple(f.strip() for f in flash.split(",") if f.strip())
+    if not flashes or any(f not in ("on", "off") for f in flashes):
+        raise typer.BadParameter(f"expected on and/or off, got {flash!r}", param_hint="--flash")
+    cfg = BurstConfig(n=n, context=context, own=own, gen=gen, policies=tuple(policy), flash=flashes)
+    _finish(run_bursts(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, None)
+
+
 from magnitude_tui.bench import ui as _ui  # noqa: E402,F401  (registers `bench ui`; imports lazily)
 
 if __name__ == "__main__":

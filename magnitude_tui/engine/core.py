@@ -12,7 +12,7 @@ from magnitude_tui.engine.calibrate import calibration_steps
 from scheduler.budget import CostModel, CostParams, parse_policy
 from scheduler.planner import RequestError, Scheduler
 from scheduler.sequence import Sequence
-from scheduler.types import BatchPlan, DoneReason, Phase, Request, SeqUpdate, StepReport
+from scheduler.types import AttentionPath, BatchPlan, DoneReason, Phase, Request, SeqUpdate, StepReport
 
 
 class Engine:
@@ -51,6 +51,8 @@ class Engine:
             policy=policy,
             gen_reserve=gen_reserve,
             cost=CostModel(_profile_params(backend)),
+            attention=getattr(backend, "attention_path", AttentionPath.FLASH),
+            n_ubatch=getattr(backend, "n_ubatch", None),
         )
         self._policy_text = str(self.scheduler.policy)
         self._lock = threading.Lock()
@@ -163,9 +165,9 @@ class Engine:
             return prior
         if self.scheduler.has_work():
             raise RuntimeError("calibrate() must run before any request is submitted")
-        fit = CostModel(self.scheduler.cost.prior, anchor=0.01, row_cost_range=None)
-        for d, p, ms in calibration_steps(self.backend, self.scheduler):
-            fit.observe(d, p, ms)
+        fit = CostModel(self.scheduler.cost.prior, anchor=1e-3, row_cost_range=None)
+        for d, p, ms, kpos in calibration_steps(self.backend, self.scheduler):
+            fit.observe(d, p, ms, kpos)
         self.scheduler.cost.seed(fit.params)
         return fit.params
 
@@ -383,6 +385,7 @@ class Engine:
             budget=plan.budget if plan else 0,
             kv_used=s.kv_used(),
             kv_total=s.n_ctx,
+            kv_idle=s.kv_idle(),
             waiting=s.num_waiting,
             running=s.num_running,
             policy=str(s.policy),
@@ -441,4 +444,4 @@ def _profile_params(backend) -> CostParams | None:
     prof = getattr(backend, "profile", None)
     if prof is None:
         return None
-    return CostParams(prof.fixed_ms, prof.decode_ms, prof.prefill_ms)
+    return CostParams(prof.fixed_ms, prof.decode_ms, prof.prefill_ms, prof.attn_ms)

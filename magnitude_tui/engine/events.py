@@ -20,6 +20,7 @@ class EngineConfig:
     n_batch: int = 2048
     n_ubatch: int = 512
     n_threads: int | None = None
+    flash_attn: str = "auto"  # auto (measured per model, device and build; cached) | on | off
     verbose: bool = False
     coalesce_ms: float = 5.0
     prepare_notice_chars: int | None = 8000  # a message this long is reported `preparing` before tokenizing

@@ -48,6 +48,7 @@ def build_backend(config: EngineConfig, on_progress=None):
             n_batch=config.n_batch,
             n_ubatch=config.n_ubatch,
             n_threads=config.n_threads,
+            flash_attn=config.flash_attn,
             verbose=config.verbose,
             on_progress=on_progress,
         )

@@ -205,7 +205,7 @@ class WorkspaceScreen(Screen):
         self._resident.clear()
         self.policy = event.policy
         panel = self.scheduler_panel
-        panel.set_engine(event.model, event.device)
+        panel.set_engine(event.model, event.device, event.info.get("attention"))
         panel.set_policy(event.policy)
         self.query_one(ContentSwitcher).current = "workspace"
         pane = self.grid.focused_pane()

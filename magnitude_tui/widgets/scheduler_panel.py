@@ -52,6 +52,7 @@ class SchedulerPanel(Widget):
         self.policy = "—"
         self.model = "loading"
         self.device = "—"
+        self.attention: str | None = None  # the attention path the engine runs, and why
         self._dirty = True
 
     def on_mount(self) -> None:
@@ -67,8 +68,8 @@ class SchedulerPanel(Widget):
         self.policy = policy
         self._dirty = True
 
-    def set_engine(self, model: str, device: str) -> None:
-        self.model, self.device = model, device
+    def set_engine(self, model: str, device: str, attention: str | None = None) -> None:
+        self.model, self.device, self.attention = model, device, attention
         self._dirty = True
 
     def _repaint(self) -> None:
@@ -89,6 +90,8 @@ class SchedulerPanel(Widget):
 
         line("model", (self.model.removesuffix(".gguf"), ""))
         line("device", (self.device, ""))
+        if self.attention:
+            line("attn", (self.attention, "sched--dim"))
         target = policy_target_ms(self.policy)
         line("policy", (self.policy, "sched--kv"))
         if not self.steps:
@@ -121,6 +124,7 @@ class SchedulerPanel(Widget):
 
         filled = round(last.kv_used / last.kv_total * width) if last.kv_total else 0
         line("KV", ("█" * filled, "sched--kv"), ("░" * (width - filled), "sched--dim"))
-        line("", (f"{last.kv_used}/{last.kv_total} cells", ""))
+        line("", (f"{last.kv_used}/{last.kv_total} cells", ""),
+             (f" · {last.kv_idle} idle" if last.kv_idle else "", "sched--dim"))
         line("seqs", (f"{last.running} running · {last.waiting} waiting", ""))
         return text
