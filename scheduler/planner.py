@@ -15,7 +15,8 @@ from scheduler.ledger import KvCache
 from scheduler.relief import KvRelief
 from scheduler.residency import Residency
 from scheduler.sequence import Sequence
-from scheduler.types import AttentionPath, BatchPlan, DoneReason, Phase, SeqSlice, attended_kpos, plan_kpos
+from scheduler.types import (AttentionPath, BatchPlan, DoneReason, Phase, SeqSlice, attended_kpos, plan_kpos,
+                             used_cells_kpos)
 
 __all__ = ["RequestError", "Scheduler"]
 
@@ -262,7 +263,8 @@ class Scheduler:
         worse than twice the better of keeping or dropping it, whatever happens next)."""
         if self.attention is not AttentionPath.DENSE or self.cost.params.attn_ms <= 0:
             return
-        recompute = lambda n: self.cost.predict(0, n, attended_kpos(0, n))  # noqa: E731
+        used = self.kv.cells_used()
+        recompute = lambda n: self.cost.predict(0, n, used_cells_kpos(used, n))  # noqa: E731
         self.num_evicted_for_speed += len(
             self.residency.evict_for_speed(plan.n_rows, self.cost.params.attn_ms, recompute))
 
