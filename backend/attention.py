@@ -218,6 +218,14 @@ def choose(*, key: dict, measure: Callable[[bool], PathTiming]) -> AttentionChoi
     cached = load_cached(key)
     if cached is not None:
         return cached
-    choice = decide((measure(True), measure(False)), key)
+    timings: dict[bool, PathTiming] = {}
+    for flash in (True, False):
+        try:
+            timings[flash] = measure(flash)
+        except Exception as e:  # a path this device cannot run is not a reason to fail the load
+            other = not flash
+            return AttentionChoice(other, f"flash attention {'on' if flash else 'off'} failed in the "
+                                   f"probe ({e})", key=key)
+    choice = decide((timings[True], timings[False]), key)
     store(choice)
     return choice

@@ -258,9 +258,9 @@ class Policy:
 
     @property
     def serves_shortest_first(self) -> bool:
-        """Whether, with nothing generating, prompt rows go to the prompt closest to its first
-        token rather than round-robin: each step then completes whom it can, so a burst of
-        subagents starts one after another instead of all at the very end."""
+        """Whether prompt rows go to the prompt closest to its first token rather than round-robin:
+        each step then completes whom it can, so a burst of subagents starts one after another
+        instead of all at the very end (shortest remaining first minimises the mean wait)."""
         return self.kind == "target"
 
     def prefill_allowance(self, shape: StepShape, cost: CostModel) -> int:

@@ -172,7 +172,7 @@ class Scheduler:
             allowance = self.policy.prefill_allowance(self._shape(decoding, prefilling), self.cost)
             budget = min(self.n_batch, len(decoding) + allowance)
         allowance = self.relief.cap(allowance)
-        grants = self._share_prefill(prefilling, allowance, generating=bool(decoding))
+        grants = self._share_prefill(prefilling, allowance)
         slices = [SeqSlice(s.seq_id, s.num_computed, s.token_range(s.num_computed, s.num_tokens),
                            want_logits=True, is_decode=True) for s in decoding]
         for s, n in grants:
@@ -238,16 +238,16 @@ class Scheduler:
             cells_used=self.kv.cells_used(), path=self.attention,
             n_batch=self.n_batch, n_ubatch=self.n_ubatch)
 
-    def _share_prefill(self, prefilling: list[Sequence], allowance: int,
-                       generating: bool) -> list[tuple[Sequence, int]]:
-        """First come first served under prefill-first; with nothing generating, under target:MS,
-        the prompt closest to its first token first; otherwise bounded quanta starting from a
-        different sequence each step (round-robin), so no prompt monopolises the batch."""
+    def _share_prefill(self, prefilling: list[Sequence], allowance: int) -> list[tuple[Sequence, int]]:
+        """First come first served under prefill-first; under target:MS the prompt closest to its
+        first token first (the order that gets a burst of newcomers started soonest on average; a
+        long prompt waits only for shorter ones that arrived before it finished); otherwise bounded
+        quanta starting from a different sequence each step (round-robin)."""
         if not prefilling or allowance <= 0:
             return []
         if self.policy.is_prefill_first:
             return share_rows(prefilling, [s.num_pending for s in prefilling], allowance, allowance)
-        if not generating and self.policy.serves_shortest_first:
+        if self.policy.serves_shortest_first:
             order = sorted(prefilling, key=lambda s: (s.num_pending, s.admit_order))
             return share_rows(order, [s.num_pending for s in order], allowance, allowance)
         start = self._rr % len(prefilling)

@@ -55,6 +55,8 @@ def admit(
     backend: List[str] = typer.Option(["llama", "simulated:rx9070xt"], "--backend", "-b",
                                       help="llama and/or simulated:<profile> (rx9070xt, cpu2core); repeatable."),
     n_running: int = typer.Option(8, "--n-running", help="Sequences generating when the newcomer arrives."),
+    running_depth: int = typer.Option(0, "--running-depth", help="The running sequences fork from a conversation "
+                                      "this many tokens long, so they decode deep in a context (0: none)."),
     newcomer: int = typer.Option(0, "--newcomer", help="Newcomer prompt tokens (0: 8,000 simulated, else as many as the context allows)."),
     fixed: str = typer.Option("16,32,64,128,256,512,2048", "--fixed", help="Chunk sizes for the fixed:N policies."),
     targets: str = typer.Option("", "--targets", help="Target step times in ms (empty: 1.5x, 2x, 3x the undisturbed decode step)."),
@@ -71,7 +73,7 @@ def admit(
         tgt = tuple(float(x) for x in targets.split(",") if x.strip())
     except ValueError:
         raise typer.BadParameter(f"expected milliseconds like 50,75, got {targets!r}", param_hint="--targets") from None
-    cfg = AdmitConfig(n_running=n_running, newcomer_tokens=newcomer, fixed=_ints(fixed), targets=tgt,
+    cfg = AdmitConfig(n_running=n_running, running_depth=running_depth, newcomer_tokens=newcomer, fixed=_ints(fixed), targets=tgt,
                       prefill_first=not no_prefill_first)
     specs = [_spec(b, model, device, threads, ctx) for b in backend]
     _finish(admit_result(specs, cfg, progress=_progress), out, plot_admit)
