@@ -76,7 +76,7 @@ def test_load_measures_both_paths_caches_the_verdict_and_reports_it(tmp_path, mo
     from backend.llama_backend import LlamaBackend
 
     monkeypatch.setenv("MAGNITUDE_ATTENTION_CACHE", str(tmp_path))
-    b = LlamaBackend.load(device="cpu", n_ctx=1024, n_seq_max=4, n_batch=256)
+    b = LlamaBackend.load(device="cpu", n_ctx=1024, n_seq_max=4, n_batch=256, n_threads=1)
     try:
         choice = b.attention
         assert len(choice.timings) == 2 and not choice.cached
@@ -90,7 +90,7 @@ def test_load_measures_both_paths_caches_the_verdict_and_reports_it(tmp_path, mo
     finally:
         b.close()
     t0 = time.perf_counter()
-    again = LlamaBackend.load(device="cpu", n_ctx=1024, n_seq_max=4, n_batch=256)
+    again = LlamaBackend.load(device="cpu", n_ctx=1024, n_seq_max=4, n_batch=256, n_threads=1)
     try:
         assert again.attention.cached and again.attention.flash == choice.flash
         assert time.perf_counter() - t0 < 10  # no probe this time
