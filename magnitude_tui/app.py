@@ -31,8 +31,9 @@ class MagnitudeApp(App):
 
     def __init__(self, config: EngineConfig, *, client, store: Store, theme: str | None = None,
                  resume: bool = False, export_dir: Path | None = None,
-                 sampling: SamplingParams | None = None) -> None:
+                 sampling: SamplingParams | None = None, serve=None) -> None:
         super().__init__()
+        self.serve = serve
         self.config = config
         self.sampling = sampling or SamplingParams()
         self.client = client
@@ -52,7 +53,7 @@ class MagnitudeApp(App):
         restored = self.store.open_workspace(resume=self._resume)
         self.install_screen(WorkspaceScreen(client=self.client, store=self.store, config=self.config,
                                             restored=restored, export_dir=self._export_dir,
-                                            sampling=self.sampling), "workspace")
+                                            sampling=self.sampling, serve=self.serve), "workspace")
         self.push_screen("workspace")  # it starts the engine once its panes are mounted
 
     def watch_theme(self, theme: str) -> None:
@@ -68,7 +69,8 @@ class MagnitudeApp(App):
 
 
 def run_app(config: EngineConfig, *, theme: str | None, resume: bool,
-            sampling: SamplingParams | None = None) -> None:
+            sampling: SamplingParams | None = None, serve_port: int | None = None,
+            serve_host: str = "127.0.0.1", api_key: str | None = None) -> None:
     """Run the TUI until the user quits: engine worker in its own process, state in SQLite."""
     from magnitude_tui.engine.client import EngineClient
 
@@ -76,9 +78,19 @@ def run_app(config: EngineConfig, *, theme: str | None, resume: bool,
         raise ValueError(f"unknown theme {theme!r}; choose from {', '.join(available_themes())}")
     store = Store()
     client = EngineClient(config)
+    serve = None
+    if serve_port is not None:
+        import os
+
+        from magnitude_tui.serve.app import ServeOptions
+        from magnitude_tui.serve.server import EmbeddedServer
+
+        name = os.path.basename(config.model) if config.model else "SmolLM2-135M-Instruct"
+        serve = EmbeddedServer(client, host=serve_host, port=serve_port,
+                               options=ServeOptions(model_name=name, api_key=api_key))
     try:
         MagnitudeApp(config, client=client, store=store, theme=theme, resume=resume,
-                     sampling=sampling).run()
+                     sampling=sampling, serve=serve).run()
     finally:
         client.stop()
         store.close()

@@ -39,6 +39,11 @@ def main(
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (default: a fresh one per reply)."),
     flash_attn: str = typer.Option("auto", "--flash-attn", help="auto (the attention path measured faster "
                                    "on this model and device; cached) | on | off"),
+    serve_port: Optional[int] = typer.Option(
+        None, "--serve", min=1, max=65535, help="Also serve the engine as an OpenAI-compatible endpoint on "
+        "127.0.0.1:PORT; every HTTP conversation shows as a pane."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Key the --serve endpoint requires "
+                                          "(or set MAGNITUDE_API_KEY)."),
     verbose: bool = VerboseOpt,
 ) -> None:
     """Launch the app on the default model (no subcommand)."""
@@ -61,7 +66,10 @@ def main(
     from magnitude_tui.app import run_app
 
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    run_app(config, theme=theme, resume=resume, sampling=sampling)
+    from magnitude_tui.serve.server import resolve_api_key
+
+    run_app(config, theme=theme, resume=resume, sampling=sampling, serve_port=serve_port,
+            api_key=resolve_api_key(api_key))
 
 
 @app.command()
@@ -140,6 +148,48 @@ def generate(
                         max_tokens=max_tokens, temperature=temperature, seed=seed,
                         stream=stream, verbose=verbose)
     raise typer.Exit(code)
+
+
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (anything but loopback needs --api-key)."),
+    port: int = typer.Option(8080, "--port", min=1, max=65535),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' "
+                                          "(or set MAGNITUDE_API_KEY)."),
+    model: Optional[str] = ModelOpt,
+    device: str = DeviceOpt,
+    policy: str = PolicyOpt,
+    n_ctx: int = CtxOpt,
+    parallel: int = typer.Option(16, "--parallel", "-np", min=1, max=64, help="Sequences in the shared batch."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads (default: all usable)."),
+    max_live: int = typer.Option(64, "--max-queue", min=1, help="Requests in flight before 429."),
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Serve the engine headless as an OpenAI-compatible endpoint (/v1/chat/completions, /v1/models, /health)."""
+    import asyncio
+
+    from magnitude_tui.engine.client import EngineClient
+    from magnitude_tui.engine.events import EngineConfig
+    from magnitude_tui.serve.app import ServeOptions
+    from magnitude_tui.serve.server import ServeConfigError, check_bind, resolve_api_key, serve_async
+
+    _check_model(model)
+    key = resolve_api_key(api_key)
+    try:
+        check_bind(host, key)
+    except ServeConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    config = EngineConfig(model=model, device=device, policy=policy, n_ctx=n_ctx, n_seq_max=parallel,
+                          n_threads=threads, verbose=verbose)
+    client = EngineClient(config, log_path=None if verbose else "auto")
+    client.start()
+    name = os.path.basename(model) if model else "SmolLM2-135M-Instruct"
+    try:
+        asyncio.run(serve_async(client, host=host, port=port,
+                                options=ServeOptions(model_name=name, api_key=key, max_live=max_live)))
+    except KeyboardInterrupt:
+        pass
 
 
 def _check_model(model: Optional[str]) -> None:

@@ -16,7 +16,7 @@ from magnitude_tui.screens.spawn_dialog import SpawnSpec
 from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.pane_grid import MAX_PANES
-from scheduler.types import DoneReason, SeqUpdate
+from scheduler.types import DoneReason, Priority, SeqUpdate
 
 if TYPE_CHECKING:
     from magnitude_tui.screens.workspace import WorkspaceScreen
@@ -55,7 +55,8 @@ class Subagents:
         for record in records:
             self.reported.update(m.author for m in record.messages if m.author)
 
-    async def spawn(self, parent: ChatPane, spec: SpawnSpec, *, tasks: list[str] | None = None) -> list[ChatPane]:
+    async def spawn(self, parent: ChatPane, spec: SpawnSpec, *, tasks: list[str] | None = None,
+                    priority: Priority = Priority.AGENT) -> list[ChatPane]:
         """Open `spec.count` subagent panes that fork `parent`'s conversation and run their task.
 
         Each copies the parent's committed messages (marked inherited) plus its task; all are
@@ -83,11 +84,12 @@ class Subagents:
             children.append(child)
         # Submitted together so the engine's idle coalescing admits the burst in one batch.
         for child in children:
-            ws.submit_turn(child, fork_from=parent.session_id)
+            ws.submit_turn(child, fork_from=parent.session_id, priority=priority)
         return children
 
     async def burst(self, parent: ChatPane, count: int = BURST_DEFAULT) -> list[ChatPane]:
-        return await self.spawn(parent, SpawnSpec(count, "burst"), tasks=burst_tasks(count))
+        return await self.spawn(parent, SpawnSpec(count, "burst"), tasks=burst_tasks(count),
+                                priority=Priority.BACKGROUND)
 
     async def reply_finished(self, event: ChatPane.ReplyFinished) -> None:
         """A pane's reply ended: if it is a subagent's first, post the answer to the parent."""

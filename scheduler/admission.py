@@ -5,8 +5,13 @@ from __future__ import annotations
 from collections import deque
 
 from scheduler.residency import Residency
-from scheduler.sequence import Sequence, common_prefix_len
+from scheduler.sequence import Sequence, Session, common_prefix_len
 from scheduler.types import Phase
+
+# A prefix shorter than this is not worth a KV copy from another conversation (a chat template's
+# opening lines are shared by everyone; the copy is cheap, but so is evaluating a few rows).
+MIN_DONOR_PREFIX = 16
+WAITING_FOR_PREVIOUS_TURN = "waiting for the previous turn of this conversation to finish"
 
 
 class RequestError(ValueError):
@@ -54,10 +59,11 @@ class Admission:
         that can never run (or whose KV set-up failed), with the message to end them with."""
         failed: list[tuple[Sequence, str]] = []
         blocked_reason: str | None = None
-        for seq in list(self.waiting):
+        # Highest class first, first come first served within a class (the sort is stable).
+        for seq in sorted(self.waiting, key=lambda s: s.priority):
             session = self.residency.sessions.get(seq.session_id)
             if session is not None and session.live not in (None, seq):
-                seq.waiting_reason = "waiting for the previous turn of this conversation to finish"
+                seq.waiting_reason = WAITING_FOR_PREVIOUS_TURN
                 continue
             if blocked_reason is not None:
                 # First come, first served: nobody overtakes a request waiting for room.
@@ -100,9 +106,14 @@ class Admission:
         par_n = 0
         if parent is not None and parent.seq_id is not None:
             par_n = min(common_prefix_len(parent.committed_tokens(), tokens), cap)
+        donor, don_n = self._best_donor(tokens, cap, exclude={seq.session_id, parent_id})
+        if don_n > max(own_n, par_n):
+            # Another idle conversation already holds a longer prefix of this prompt (an agent
+            # re-sending its history under a new id, a shared system prompt): share its cells.
+            parent, par_n = donor, don_n
         use_parent = par_n > own_n
         n_reuse = par_n if use_parent else own_n
-        protect = {seq.session_id, parent_id}
+        protect = {seq.session_id, parent_id, parent.session_id if parent is not None else None}
 
         slot = own.seq_id if own is not None else None
         while slot is None:
@@ -145,6 +156,18 @@ class Admission:
         seq.metrics.on_admit(now)
         seq.refresh_phase()
         return None
+
+    def _best_donor(self, tokens: list[int], cap: int, exclude: set) -> tuple[Session | None, int]:
+        """The idle resident conversation sharing the longest prefix with `tokens` (at least
+        MIN_DONOR_PREFIX, at most `cap`), and that length."""
+        best, best_n = None, 0
+        for session in self.residency.sessions.values():
+            if session.session_id in exclude or not session.is_idle or session.seq_id is None:
+                continue
+            n = min(common_prefix_len(session.tokens, tokens), cap)
+            if n > best_n:
+                best, best_n = session, n
+        return (best, best_n) if best_n >= MIN_DONOR_PREFIX else (None, 0)
 
     def reserved_cells(self, seq: Sequence) -> int:
         """KV cells a sequence may come to hold: its tokens, or prompt plus generation reserve."""

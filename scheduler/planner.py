@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from scheduler.admission import Admission, RequestError
+from scheduler.admission import WAITING_FOR_PREVIOUS_TURN, Admission, RequestError
 from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, Policy, StepShape, parse_policy, share_rows
 from scheduler.ledger import KvCache
 from scheduler.relief import KvRelief
@@ -160,6 +160,7 @@ class Scheduler:
         """Admit what fits, then assemble the next batch: decode rows first, prompt rows after."""
         for seq, why in self.admission.admit(now):
             self.finish(seq, DoneReason.ERROR, why)
+        self._make_way(now)
         by_id = sorted(self.running, key=lambda s: s.seq_id)
         decoding = [s for s in by_id if s.is_decoding]
         prefilling = sorted((s for s in self.running if not s.is_decoding), key=lambda s: s.admit_order)
@@ -239,22 +240,51 @@ class Scheduler:
             n_batch=self.n_batch, n_ubatch=self.n_ubatch)
 
     def _share_prefill(self, prefilling: list[Sequence], allowance: int) -> list[tuple[Sequence, int]]:
-        """First come first served under prefill-first; under target:MS the prompt closest to its
-        first token first (the order that gets a burst of newcomers started soonest on average; a
-        long prompt waits only for shorter ones that arrived before it finished); otherwise bounded
-        quanta starting from a different sequence each step (round-robin)."""
+        """A higher priority class first, always. Within a class: first come first served under
+        prefill-first; under target:MS the prompt closest to its first token first (the order that
+        gets a burst of newcomers started soonest on average; a long prompt waits only for shorter
+        ones that arrived before it finished); otherwise bounded quanta starting from a different
+        sequence each step (round-robin)."""
         if not prefilling or allowance <= 0:
             return []
         if self.policy.is_prefill_first:
-            return share_rows(prefilling, [s.num_pending for s in prefilling], allowance, allowance)
+            first = sorted(prefilling, key=lambda s: s.priority)
+            return share_rows(first, [s.num_pending for s in first], allowance, allowance)
         if self.policy.serves_shortest_first:
-            order = sorted(prefilling, key=lambda s: (s.num_pending, s.admit_order))
+            order = sorted(prefilling, key=lambda s: (s.priority, s.num_pending, s.admit_order))
             return share_rows(order, [s.num_pending for s in order], allowance, allowance)
         start = self._rr % len(prefilling)
         self._rr += 1
-        order = prefilling[start:] + prefilling[:start]
-        quantum = max(MIN_PREFILL_QUANTUM, math.ceil(allowance / len(order)))
-        return share_rows(order, [s.num_pending for s in order], allowance, quantum)
+        rotated = prefilling[start:] + prefilling[:start]
+        grants: list[tuple[Sequence, int]] = []
+        # A higher class's prompts take what they can use before a lower class gets any.
+        for cls in sorted({s.priority for s in rotated}):
+            order = [s for s in rotated if s.priority == cls]
+            quantum = max(MIN_PREFILL_QUANTUM, math.ceil(allowance / len(order)))
+            dealt = share_rows(order, [s.num_pending for s in order], allowance, quantum)
+            grants += dealt
+            allowance -= sum(n for _, n in dealt)
+            if allowance <= 0:
+                break
+        return grants
+
+    def _make_way(self, now: float) -> None:
+        """A waiting request of a higher class than something running (a person's turn behind
+        agents) must not wait for a slot or KV room: preempt the newest running sequence of the
+        lowest class below it, and admit again, until it is admitted or nothing is left to take."""
+        for _ in range(self.n_seq_max):
+            blocked = [s for s in self.waiting
+                       if s.waiting_reason and s.waiting_reason != WAITING_FOR_PREVIOUS_TURN]
+            if not blocked:
+                return
+            first = min(blocked, key=lambda s: s.priority)
+            victims = [s for s in self.running if s.priority > first.priority]
+            if not victims:
+                return
+            self.preempt(max(victims, key=lambda s: (s.priority, s.admit_order)))
+            self.admission.hold = False  # the room was freed on purpose, for `first`
+            for seq, why in self.admission.admit(now):
+                self.finish(seq, DoneReason.ERROR, why)
 
     def _charge_idle_rent(self, plan: BatchPlan) -> None:
         """Without flash attention every row of a step reads every resident cell, so an idle

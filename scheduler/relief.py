@@ -14,7 +14,7 @@ KV_FAILURES_BEFORE_GIVING_UP = 3
 class KvRelief:
     """After "no KV slot": retry with half the prompt rows (relaxed again, doubling, after steps
     that succeed), then drop an idle conversation's cache, then preempt the most recently admitted
-    sequence; a lone sequence that still cannot fit after a few tries has run out of room."""
+    sequence of the lowest priority class; a lone sequence that still cannot fit after a few tries has run out of room."""
 
     def __init__(self, n_batch: int) -> None:
         self.n_batch = n_batch
@@ -43,7 +43,8 @@ class KvRelief:
         if evict_idle():
             return "evicted", None
         if len(running) > 1:
-            return "preempt", max(running, key=lambda s: s.admit_order)
+            # The lowest class first, and within it the newest (it has the least to recompute).
+            return "preempt", max(running, key=lambda s: (s.priority, s.admit_order))
         if running and self.failures >= KV_FAILURES_BEFORE_GIVING_UP:
             return "give_up", running[0]
         return "wait", None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from scheduler.metrics import RequestMetrics
-from scheduler.types import DoneReason, Phase, Request
+from scheduler.types import DoneReason, Phase, Priority, Request
 
 
 class Sequence:
@@ -39,6 +39,11 @@ class Sequence:
         self.last_reported: tuple | None = None
 
     # ---- identity ------------------------------------------------------------------------------
+
+    @property
+    def priority(self) -> Priority:
+        return self.request.priority
+
 
     @property
     def request_id(self) -> str:

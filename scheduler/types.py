@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, IntEnum
 
 
 class Phase(str, Enum):
@@ -22,6 +22,19 @@ class DoneReason(str, Enum):
     LENGTH = "length"
     CANCELLED = "cancelled"
     ERROR = "error"
+
+
+class Priority(IntEnum):
+    """Who is waiting for a request; a lower value goes first (admission, prompt rows) and is
+    preempted last. A person typing must never wait behind a crowd of agents."""
+
+    INTERACTIVE = 0  # a person's turn in a pane
+    AGENT = 1  # subagents, API requests
+    BACKGROUND = 2  # bursts, API requests that ask for a low priority
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,7 @@ class Request:
     fork_from: str | None = None
     # Pre-tokenized prompt (skips the chat template); used by benchmarks and tests.
     prompt_tokens: tuple[int, ...] | None = None
+    priority: Priority = Priority.INTERACTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +171,7 @@ class SeqUpdate:
     done_reason: DoneReason | None = None
     error: str | None = None
     waiting_reason: str | None = None
+    priority: Priority = Priority.INTERACTIVE
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -11,7 +12,7 @@ from backend.protocol import DecodeOutcome
 from scheduler.budget import GAP_SLACK, MIN_PREFILL_QUANTUM, CostParams
 from scheduler.planner import RequestError, Scheduler
 from scheduler.sequence import Sequence
-from scheduler.types import BatchPlan, DoneReason, Phase, Request, SamplingParams
+from scheduler.types import BatchPlan, DoneReason, Phase, Priority, Request, SamplingParams
 
 TOKEN = ord("x")
 
@@ -24,7 +25,9 @@ def make(policy="fixed:32", *, n_ctx=4096, n_seq_max=8, n_batch=512, gen_reserve
 
 
 def add(sched, rid, n_prompt, *, session=None, max_tokens=1000, fork_from=None, prompt=None):
-    tokens = list(prompt) if prompt is not None else [100 + (i % 700) for i in range(n_prompt)]
+    # Distinct per conversation (admission shares any idle conversation's prefix, not only a parent's).
+    start = sum(map(ord, session or f"s-{rid}")) * 7
+    tokens = list(prompt) if prompt is not None else [100 + ((i + start) % 700) for i in range(n_prompt)]
     req = Request(rid, session or f"s-{rid}", (), SamplingParams(max_tokens=max_tokens),
                   fork_from=fork_from, prompt_tokens=tuple(tokens))
     seq = Sequence(req, tokens, t_submit=0.0)
@@ -416,4 +419,98 @@ def test_a_fork_never_waits_forever_on_its_idle_parent_slot():
     kid = add(sched, "k", 0, session="kid", fork_from="parent", prompt=parent.prompt + [7, 8])
     step(sched, kv)
     assert kid.phase is Phase.GENERATING and kid.num_cached == 0 and "parent" not in sched.sessions
+    close_all(sched)
+
+
+def test_a_new_conversation_shares_the_longest_prefix_any_idle_one_holds():
+    # An agent re-sends its whole history under a new id: the idle conversation that already
+    # holds it lends its cells, so only the new tail is evaluated.
+    sched, kv = make("fixed:512")
+    history = [200 + i for i in range(40)]
+    first = add(sched, "turn1", 0, session="call-1", max_tokens=1, prompt=history)
+    other = add(sched, "other", 0, session="call-x", max_tokens=1, prompt=history[:20] + [9] * 30)
+    while not (first.is_finished and other.is_finished):
+        step(sched, kv)
+    cells = kv.kv_cells_used()
+    second = add(sched, "turn2", 0, session="call-2", prompt=history + [300 + i for i in range(10)])
+    plan = step(sched, kv)
+    assert second.num_cached == 40 and rows(plan) == {second.seq_id: 10}
+    assert kv.kv_cells_used() == cells + 10  # shared, not copied
+    close_all(sched)
+
+
+def test_a_short_common_opening_is_not_shared():
+    sched, kv = make("fixed:512")
+    a = add(sched, "a", 0, session="a", max_tokens=1, prompt=[7] * 10 + [1] * 30)
+    while not a.is_finished:
+        step(sched, kv)
+    b = add(sched, "b", 0, session="b", prompt=[7] * 10 + [2] * 30)
+    step(sched, kv)
+    assert b.num_cached == 0
+    close_all(sched)
+
+
+def _with_priority(seq, priority):
+    seq.request = replace(seq.request, priority=priority)
+    return seq
+
+
+def test_admission_takes_the_highest_class_first_and_is_fifo_within_it():
+    sched, kv = make(n_seq_max=1)
+    blocker = add(sched, "blocker", 8, max_tokens=2)
+    step(sched, kv)
+    bg = _with_priority(add(sched, "bg", 8, max_tokens=1), Priority.BACKGROUND)
+    a1 = _with_priority(add(sched, "a1", 8, max_tokens=1), Priority.AGENT)
+    a2 = _with_priority(add(sched, "a2", 8, max_tokens=1), Priority.AGENT)
+    while sched.has_work():
+        step(sched, kv)
+    order = [s.request_id for s in sorted((bg, a1, a2), key=lambda s: s.admit_order)]
+    assert order == ["a1", "a2", "bg"] and blocker.is_finished
+    close_all(sched)
+
+
+def test_a_persons_turn_never_waits_behind_agents_for_a_slot():
+    sched, kv = make(n_seq_max=2)
+    agents = [_with_priority(add(sched, f"agent{i}", 8), Priority.AGENT) for i in range(2)]
+    while not all(a.is_decoding for a in agents):
+        step(sched, kv)
+    person = add(sched, "person", 8)  # INTERACTIVE by default
+    plan = step(sched, kv)
+    assert person.seq_id is not None and person.seq_id in rows(plan)
+    newest = max(agents, key=lambda a: a.admit_order)
+    assert newest.phase is Phase.QUEUED and newest.num_preemptions == 1
+    while not person.is_finished and sched.has_work():
+        step(sched, kv, finish_at=3)
+        if person.num_tokens - len(person.prompt) >= 3:
+            sched.finish(person, DoneReason.STOP)
+    sched.close_session(person.session_id)
+    for _ in range(50):  # the preempted agent comes back and recomputes
+        if newest.is_decoding:
+            break
+        step(sched, kv)
+    assert newest.is_decoding
+    close_all(sched)
+
+
+def test_prompt_rows_go_to_the_higher_class_first():
+    sched, kv = make("fixed:32")
+    agent = _with_priority(add(sched, "agent", 200), Priority.AGENT)
+    person = add(sched, "person", 200)
+    plan = step(sched, kv)
+    assert rows(plan) == {person.seq_id: 32}
+    close_all(sched)
+
+
+def test_kv_pressure_preempts_the_lowest_class_first():
+    sched, kv = make("fixed:64", n_ctx=300, gen_reserve=8)
+    person = add(sched, "person", 100)
+    agent = _with_priority(add(sched, "agent", 100), Priority.AGENT)
+    newest = add(sched, "person2", 60)
+    while not (person.is_decoding and agent.is_decoding and newest.is_decoding):
+        step(sched, kv)
+    for _ in range(60):
+        step(sched, kv)
+        if agent.num_preemptions or person.num_preemptions or newest.num_preemptions:
+            break
+    assert agent.num_preemptions == 1 and person.num_preemptions == 0 and newest.num_preemptions == 0
     close_all(sched)

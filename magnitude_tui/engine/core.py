@@ -418,6 +418,7 @@ class Engine:
             done_reason=seq.done_reason,
             error=seq.error,
             waiting_reason=seq.waiting_reason,
+            priority=seq.priority,
         )
 
 

@@ -27,7 +27,7 @@ from magnitude_tui.widgets.loading_view import LoadingView
 from magnitude_tui.widgets.pane_grid import MAX_PANES, PaneGrid
 from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
 from magnitude_tui.widgets.sequences_panel import SequencesPanel
-from scheduler.types import DoneReason, Phase, Request, SamplingParams, SeqUpdate, StepReport
+from scheduler.types import DoneReason, Phase, Priority, Request, SamplingParams, SeqUpdate, StepReport
 
 PUMP_WAIT_S = 0.2  # longest blocking wait for the next batch (bounds shutdown latency)
 PUMP_SLICE_S = 0.02  # longest the pump holds the event loop while draining a backlog
@@ -65,8 +65,11 @@ class WorkspaceScreen(Screen):
     ]
 
     def __init__(self, *, client, store: Store, config: EngineConfig, restored: list[PaneRecord],
-                 export_dir: Path, sampling: SamplingParams | None = None) -> None:
+                 export_dir: Path, sampling: SamplingParams | None = None, serve=None) -> None:
+        """`serve`: an object with `start(workspace)` and `dispatch(batch)` (the HTTP endpoint
+        of `--serve PORT`), fed every engine batch."""
         super().__init__()
+        self.serve = serve
         self.sampling = sampling or SamplingParams()
         self.client = client
         self.store = store
@@ -109,6 +112,8 @@ class WorkspaceScreen(Screen):
         self.set_interval(PAINT_TICK_S, self.paint)
         self.client.start()
         self.run_worker(self._pump_events(), name="engine-events", exclusive=True)
+        if self.serve is not None:
+            self.serve.start(self)
 
     async def _pump_events(self) -> None:
         """Apply engine batches (one per step) as they come, draining a backlog in one go.
@@ -126,6 +131,16 @@ class WorkspaceScreen(Screen):
                     await asyncio.sleep(0)  # let the screen repaint between slices of a backlog
                     deadline = loop.time() + PUMP_SLICE_S
                 batch = self.client.poll_events(0)
+
+    def panes_by_session(self) -> dict[str, ChatPane]:
+        return dict(self._panes)
+
+    def open_pane(self, pane: ChatPane) -> asyncio.Future:
+        """Route the pane's updates from now on and mount it soon (for callers outside a handler,
+        whose request may produce updates before the mount is done)."""
+        self._panes[pane.session_id] = pane
+        self.store.add_pane(pane.record)
+        return asyncio.ensure_future(self.grid.add_pane(pane, focus=False))
 
     async def add_pane(self, pane: ChatPane, *, focus: bool = True) -> None:
         """Mount a pane in the grid and route its session's engine updates to it."""
@@ -168,6 +183,8 @@ class WorkspaceScreen(Screen):
         """One engine batch (one step). Only bookkeeping here: panes repaint on the paint tick,
         the panels on their own timers."""
         self.batches_applied += 1
+        if self.serve is not None:
+            self.serve.dispatch(batch)
         for event in batch:
             if isinstance(event, StepReport):
                 self.scheduler_panel.record(event)
@@ -243,14 +260,16 @@ class WorkspaceScreen(Screen):
             await pane.add_message(MessageRecord("user", text))
             self.submit_turn(pane)
 
-    def submit_turn(self, pane: ChatPane, *, fork_from: str | None = None) -> None:
+    def submit_turn(self, pane: ChatPane, *, fork_from: str | None = None,
+                    priority: Priority = Priority.INTERACTIVE) -> None:
         """Send the pane's conversation as a new request; it forks `fork_from`'s KV when the
-        current worker holds it (else the engine prefills it cold)."""
+        current worker holds it (else the engine prefills it cold). A person's turn is
+        interactive; spawned subagents pass their own class."""
         request_id = f"{pane.session_id}:{uuid.uuid4().hex[:8]}"
         pane.begin_request(request_id)
         fork = fork_from if fork_from in self._resident else None
         self.client.submit(Request(request_id, pane.session_id, pane.conversation(), self.sampling,
-                                   fork_from=fork))
+                                   fork_from=fork, priority=priority))
 
     async def _slash(self, pane: ChatPane, text: str) -> None:
         try:

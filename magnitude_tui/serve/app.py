@@ -1,0 +1,185 @@
+"""Provides the OpenAI-compatible HTTP app: /v1/chat/completions (SSE or not), /v1/models, /health."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse
+
+from magnitude_tui.serve.body import parse_chat
+from magnitude_tui.serve.completion import Completion, Delta
+from magnitude_tui.serve.errors import ErrorType, OpenAIError, invalid
+from magnitude_tui.serve.hub import EngineHub, EngineState
+
+MAX_BODY_BYTES = 4 * 2**20
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model_name: str = "default"
+    api_key: str | None = None
+    max_live: int = 64  # requests in the engine at once; more get 429
+    max_body_bytes: int = MAX_BODY_BYTES
+    default_max_tokens: int | None = None  # None: what the sequence's context leaves
+
+
+def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
+               on_finish: Callable[[Completion, str], None] | None = None) -> FastAPI:
+    """The HTTP app over one engine hub. `on_finish(completion, outcome)` is called once per call
+    (log lines in the headless server)."""
+    api = FastAPI(title="magnitude-tui", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @api.exception_handler(OpenAIError)
+    async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+
+    @api.get("/health")
+    async def health() -> JSONResponse:
+        if hub.state is EngineState.READY:
+            return JSONResponse({"status": "ok"})
+        raise _not_ready(hub)
+
+    @api.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        _authorize(request, options)
+        return JSONResponse({"object": "list", "data": [
+            {"id": options.model_name, "object": "model", "created": 0, "owned_by": "magnitude-tui"}]})
+
+    @api.post("/v1/chat/completions")
+    async def chat(request: Request):
+        _authorize(request, options)
+        body = await _read_json(request, options.max_body_bytes)
+        if hub.state is not EngineState.READY:
+            raise _not_ready(hub)
+        limit = options.default_max_tokens or hub.context_per_sequence
+        call = parse_chat(body, default_max_tokens=limit)
+        if hub.num_live + call.n > options.max_live:
+            raise OpenAIError(429, f"too many requests in flight ({hub.num_live} of {options.max_live}); "
+                              "retry shortly", ErrorType.RATE_LIMIT, "queue_full", retry_after_s=1)
+        client_name = call.user or (f"api@{request.client.host}" if request.client else "api")
+        completion = Completion(hub, call, client_name=client_name)
+        try:
+            await completion.start()
+        except OpenAIError:
+            _finish(completion, "refused")
+            raise
+        except asyncio.CancelledError:
+            completion.cancel()
+            raise
+        if call.stream:
+            return EventSourceResponse(_stream(completion, options, on_finish), ping=15,
+                                       headers={"Cache-Control": "no-cache"})
+        return await _whole(request, completion, options, on_finish)
+
+    def _finish(completion: Completion, outcome: str) -> None:
+        if on_finish is not None:
+            on_finish(completion, outcome)
+
+    api.state.finish = _finish
+    return api
+
+
+def _not_ready(hub: EngineHub) -> OpenAIError:
+    if hub.state is EngineState.FAILED:
+        return OpenAIError(503, f"the engine is down: {hub.failure}", ErrorType.UNAVAILABLE, "engine_failed")
+    return OpenAIError(503, f"the model is loading ({hub.load_fraction:.0%}); retry shortly",
+                       ErrorType.UNAVAILABLE, "model_loading", retry_after_s=2)
+
+
+def _authorize(request: Request, options: ServeOptions) -> None:
+    if options.api_key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), options.api_key):
+        raise OpenAIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                          ErrorType.AUTHENTICATION, "invalid_api_key")
+
+
+async def _read_json(request: Request, limit: int) -> object:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise OpenAIError(413, f"the request body is over {limit:,} bytes", ErrorType.INVALID_REQUEST,
+                          "body_too_large")
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise OpenAIError(413, f"the request body is over {limit:,} bytes", ErrorType.INVALID_REQUEST,
+                              "body_too_large")
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise invalid(None, f"the request body is not valid JSON: {e}", "invalid_json") from None
+
+
+def _chunk(completion: Completion, options: ServeOptions, choices: list[dict], **extra) -> str:
+    body = {"id": completion.id, "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": options.model_name, "choices": choices, **extra}
+    return json.dumps(body, ensure_ascii=False)
+
+
+async def _stream(completion: Completion, options: ServeOptions, on_finish):
+    outcome = "cancelled"
+    try:
+        for c in completion.choices:
+            yield _chunk(completion, options, [{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                                "finish_reason": None}])
+        async for d in completion.deltas():
+            if d.error is not None:
+                yield json.dumps({"error": {"message": d.error, "type": ErrorType.SERVER.value,
+                                            "code": "generation_failed", "param": None}})
+                continue
+            delta = {"content": d.text} if d.text else {}
+            extra = {}
+            if d.finish_reason is not None and all(c.done for c in completion.choices):
+                extra["timings"] = completion.timings()
+            yield _chunk(completion, options, [{"index": d.index, "delta": delta,
+                                                "finish_reason": d.finish_reason}], **extra)
+        if completion.call.include_usage:
+            yield _chunk(completion, options, [], usage=completion.usage())
+        yield "[DONE]"
+        outcome = "error" if any(c.error for c in completion.choices) else "ok"
+    finally:
+        if outcome == "cancelled":
+            completion.cancel()
+        if on_finish is not None:
+            on_finish(completion, outcome)
+
+
+async def _whole(request: Request, completion: Completion, options: ServeOptions, on_finish) -> JSONResponse:
+    """Wait for every choice; a client that hangs up meanwhile cancels the call."""
+    run = asyncio.ensure_future(completion.run_to_end())
+    try:
+        while not run.done():
+            await asyncio.wait({run}, timeout=0.1)
+            if not run.done() and await request.is_disconnected():
+                run.cancel()
+                completion.cancel()
+                if on_finish is not None:
+                    on_finish(completion, "cancelled")
+                return JSONResponse({}, status_code=499)
+        run.result()
+    except BaseException:
+        completion.cancel()
+        raise
+    failed = [c for c in completion.choices if c.error]
+    if on_finish is not None:
+        on_finish(completion, "error" if failed else "ok")
+    if failed and len(failed) == len(completion.choices):
+        raise OpenAIError(500, failed[0].error or "generation failed", ErrorType.SERVER, "generation_failed")
+    return JSONResponse({
+        "id": completion.id, "object": "chat.completion", "created": int(time.time()),
+        "model": options.model_name,
+        "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                     "finish_reason": c.finish_reason or "error"} for c in completion.choices],
+        "usage": completion.usage(),
+        "timings": completion.timings(),
+    })

@@ -1,0 +1,240 @@
+"""Provides Completion: one chat-completions call carried out on the engine (n choices, stop strings, timings)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field, replace
+
+from magnitude_tui.serve.body import ChatCall
+from magnitude_tui.serve.errors import ErrorType, OpenAIError
+from magnitude_tui.serve.hub import EngineHub
+from magnitude_tui.serve.stops import StopMatcher
+from scheduler.types import DoneReason, Phase, Request, SamplingParams, SeqUpdate
+
+
+@dataclass
+class Choice:
+    """One choice's progress as the HTTP side sees it."""
+
+    index: int
+    request_id: str
+    stops: StopMatcher
+    text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+    last: SeqUpdate | None = None
+    generated_at_stop: int | None = None  # tokens generated when a stop string was found
+    phase_at: dict[str, float] = field(default_factory=dict)  # phase -> when first seen
+    t_first_token: float | None = None
+    t_last_token: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+    @property
+    def completion_tokens(self) -> int:
+        if self.generated_at_stop is not None:
+            return self.generated_at_stop
+        return self.last.generated if self.last else 0
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Something a stream sends: new text for a choice, or that choice's end."""
+
+    index: int
+    text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class Completion:
+    """Runs a ChatCall: `n` choices share one evaluated prompt (forks of a one-token request that
+    evaluates it), stop strings are cut before anything is shown, and the call's own timings are
+    measured from the engine's updates as they arrive."""
+
+    def __init__(self, hub: EngineHub, call: ChatCall, *, client_name: str) -> None:
+        self.hub = hub
+        self.call = call
+        self.client_name = client_name
+        self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        self.session_base = hub.session_for(client_name)
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.choices: list[Choice] = []
+        self.prime: Choice | None = None
+        self.t_submit = hub.clock()
+
+    # ---- start -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Submit the choices and wait until each has been checked and taken into the engine.
+        OpenAIError if the prompt is refused (too long, bad tokens): nothing was sent to the
+        client yet, so the error can be a plain HTTP answer."""
+        fork_from = None
+        if self.call.n > 1:
+            fork_from = await self._evaluate_prompt_once()
+        for i in range(self.call.n):
+            sampling = self.call.sampling
+            if sampling.seed is not None and i:
+                sampling = replace(sampling, seed=sampling.seed + i)
+            c = Choice(index=i, request_id=f"{self.id}-{i}", stops=StopMatcher(self.call.stop))
+            self.choices.append(c)
+            session = self.session_base if i == 0 else f"{self.session_base}-c{i}"
+            self.hub.submit(self._request(c.request_id, session, sampling, fork_from), self.queue, tag=i,
+                            client_name=self.client_name)
+        pending = set(range(self.call.n))
+        self._early: list[tuple[int, SeqUpdate, float]] = []
+        while pending:
+            tag, u, t = await self.queue.get()
+            self._early.append((tag, u, t))
+            if u.phase is not Phase.PREPARING:
+                pending.discard(tag)
+            if u.phase is Phase.DONE and u.done_reason is DoneReason.ERROR and not u.generated:
+                self.cancel()
+                raise _refusal(u.error or "the request failed")
+
+    async def _evaluate_prompt_once(self) -> str:
+        session = f"{self.session_base}-prompt"
+        self.prime = Choice(index=-1, request_id=f"{self.id}-prompt", stops=StopMatcher(()))
+        self.hub.submit(self._request(self.prime.request_id, session,
+                                      SamplingParams(temperature=0.0, max_tokens=1), None),
+                        self.queue, tag=-1)
+        while True:
+            _, u, t = await self.queue.get()
+            self._observe(self.prime, u, t)
+            if u.phase is Phase.DONE:
+                if u.done_reason is DoneReason.ERROR:
+                    raise _refusal(u.error or "the request failed")
+                return session
+
+    def _request(self, rid: str, session: str, sampling: SamplingParams, fork_from: str | None) -> Request:
+        return Request(request_id=rid, session_id=session, messages=self.call.messages,
+                       sampling=sampling, fork_from=fork_from, priority=self.call.priority_class)
+
+    # ---- progress ----------------------------------------------------------------------
+
+    async def deltas(self):
+        """Text and endings, choice by choice, as the engine produces them."""
+        backlog, self._early = self._early, []
+        for tag, u, t in backlog:
+            for d in self._apply(tag, u, t):
+                yield d
+        while not all(c.done for c in self.choices):
+            tag, u, t = await self.queue.get()
+            for d in self._apply(tag, u, t):
+                yield d
+
+    def _apply(self, tag: int, u: SeqUpdate, t: float) -> list[Delta]:
+        if tag < 0 or not 0 <= tag < len(self.choices):
+            return []
+        c = self.choices[tag]
+        if c.done:
+            return []
+        self._observe(c, u, t)
+        out = []
+        shown = c.stops.feed(u.text_delta)
+        if c.stops.hit is not None:
+            c.generated_at_stop = u.generated
+            c.finish_reason = "stop"
+            self.hub.cancel(c.request_id)
+        elif u.phase is Phase.DONE:
+            shown += c.stops.flush()
+            if u.done_reason is DoneReason.ERROR:
+                c.error = u.error or "the request failed"
+            elif u.done_reason is DoneReason.CANCELLED:
+                c.error = "cancelled on the server (its pane was closed)"
+            else:
+                c.finish_reason = "length" if u.done_reason is DoneReason.LENGTH else "stop"
+        c.text += shown
+        if shown:
+            out.append(Delta(c.index, text=shown))
+        if c.done:
+            out.append(Delta(c.index, finish_reason=c.finish_reason, error=c.error))
+        return out
+
+    def _observe(self, c: Choice, u: SeqUpdate, t: float) -> None:
+        c.last = u
+        c.phase_at.setdefault(u.phase.value, t)
+        if u.new_tokens:
+            c.t_first_token = c.t_first_token or t
+            c.t_last_token = t
+
+    async def run_to_end(self) -> None:
+        async for _ in self.deltas():
+            pass
+
+    def cancel(self) -> None:
+        """The client went away (or the call failed): stop every choice still running."""
+        for c in self.choices:
+            if not c.done:
+                self.hub.cancel(c.request_id)
+        if self.prime is not None and (self.prime.last is None or self.prime.last.phase is not Phase.DONE):
+            self.hub.cancel(self.prime.request_id)
+
+    # ---- figures -----------------------------------------------------------------------
+
+    def usage(self) -> dict:
+        first = self.prime or self.choices[0]
+        u = first.last
+        prompt = u.prompt_total if u else 0
+        cached = u.cached_tokens if u else 0
+        completion = sum(c.completion_tokens for c in self.choices)
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+    def timings(self) -> dict:
+        """llama-server's `timings` object, plus this engine's own figures under the same key."""
+        c = self.choices[0]
+        first = self.prime or c
+        u, fu = c.last, first.last
+        cache_n = fu.cached_tokens if fu else 0
+        prompt_n = (fu.prompt_total - cache_n) if fu else 0
+        ttft = u.ttft_ms if u and u.ttft_ms is not None else None
+        queue = u.queue_ms if u and u.queue_ms is not None else 0.0
+        prompt_ms = (ttft - queue) if ttft is not None else None
+        if self.prime is not None and fu is not None and fu.ttft_ms is not None:
+            prompt_ms = fu.ttft_ms - (fu.queue_ms or 0.0)
+        predicted_n = c.completion_tokens
+        predicted_ms = ((c.t_last_token - c.t_first_token) * 1000.0
+                        if c.t_first_token is not None and c.t_last_token is not None else 0.0)
+        return {
+            "cache_n": cache_n,
+            "prompt_n": prompt_n,
+            "prompt_ms": _r(prompt_ms),
+            "prompt_per_second": _r(prompt_n / prompt_ms * 1000.0) if prompt_ms else None,
+            "predicted_n": predicted_n,
+            "predicted_ms": _r(predicted_ms),
+            "predicted_per_second": _r((predicted_n - 1) / predicted_ms * 1000.0)
+            if predicted_ms > 0 and predicted_n > 1 else None,
+            "queue_ms": _r(queue),
+            "ttft_ms": _r(ttft),
+            "itl_p50_ms": _r(u.itl_p50_ms) if u else None,
+            "itl_p95_ms": _r(u.itl_p95_ms) if u else None,
+            "phases_ms": self._phase_ms(first if self.prime else c),
+        }
+
+    def _phase_ms(self, c: Choice) -> dict[str, float]:
+        order = sorted(c.phase_at.items(), key=lambda kv: kv[1])
+        out = {}
+        start = self.t_submit
+        for i, (phase, t) in enumerate(order):
+            if phase == Phase.DONE.value:
+                break
+            end = order[i + 1][1] if i + 1 < len(order) else self.hub.clock()
+            out[phase] = _r((end - max(t, start)) * 1000.0)
+        return out
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 2)
+
+
+def _refusal(message: str) -> OpenAIError:
+    """The engine refused the request before it produced anything: say why, as OpenAI would."""
+    code = "context_length_exceeded" if "can hold only" in message or "KV cells" in message else None
+    if "engine" in message and ("restart" in message.lower() or "not running" in message):
+        return OpenAIError(503, message, ErrorType.UNAVAILABLE, "engine_unavailable")
+    return OpenAIError(400, message, ErrorType.INVALID_REQUEST, code, "messages")

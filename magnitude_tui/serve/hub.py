@@ -1,0 +1,109 @@
+"""Provides EngineHub: routes the engine's per-step event batches to the HTTP requests waiting on them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from enum import Enum
+from typing import Callable
+
+from magnitude_tui.engine.events import EngineFailed, EngineReady, LoadProgress
+from scheduler.types import Phase, Request, SeqUpdate, StepReport
+
+
+class EngineState(str, Enum):
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class EngineHub:
+    """One per server. Whoever reads the engine's event stream (the headless server's own task, or
+    the TUI's workspace when both share one engine) hands every batch to `dispatch`; each request's
+    updates land on the queue it was submitted with, stamped with the time they arrived."""
+
+    def __init__(self, client, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.clock = clock
+        self.state = EngineState.LOADING
+        self.load_fraction = 0.0
+        self.failure: str | None = None
+        self.ready: EngineReady | None = None
+        self.last_report: StepReport | None = None
+        self._routes: dict[str, tuple[asyncio.Queue, int]] = {}
+        self._live_sessions: dict[str, str] = {}  # session -> its live request id
+        self._run = uuid.uuid4().hex[:6]  # session ids stay unique across runs (they name panes)
+        # Called for every request sent, with the caller's name (the TUI opens a pane for it).
+        self.on_request: Callable[[Request, str], None] | None = None
+
+    # ---- engine -> requests ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Read the client's event stream until it stops (the headless server)."""
+        async for batch in self.client.events():
+            self.dispatch(batch)
+
+    def dispatch(self, batch: list) -> None:
+        now = self.clock()
+        for ev in batch:
+            if isinstance(ev, StepReport):
+                self.last_report = ev
+                for u in ev.updates:
+                    self._route(u, now)
+            elif isinstance(ev, SeqUpdate):  # the worker died: its live requests' last word
+                self._route(ev, now)
+            elif isinstance(ev, LoadProgress):
+                self.state, self.load_fraction = EngineState.LOADING, ev.fraction
+            elif isinstance(ev, EngineReady):
+                self.state, self.ready, self.failure = EngineState.READY, ev, None
+            elif isinstance(ev, EngineFailed):
+                self.state, self.failure = EngineState.FAILED, ev.message
+
+    def _route(self, u: SeqUpdate, now: float) -> None:
+        route = self._routes.get(u.request_id)
+        if route is None:
+            return
+        queue, tag = route
+        if u.phase is Phase.DONE:
+            del self._routes[u.request_id]
+            if self._live_sessions.get(u.session_id) == u.request_id:
+                del self._live_sessions[u.session_id]
+        queue.put_nowait((tag, u, now))
+
+    # ---- requests -> engine ----------------------------------------------------------------
+
+    def session_for(self, client_name: str) -> str:
+        """The conversation a caller's next request runs in: one per caller while it has one
+        request at a time (its KV stays resident between calls), a fresh one beside it when
+        it sends several at once."""
+        slug = "".join(ch if ch.isalnum() or ch in "-_.@" else "_" for ch in client_name)[:40] or "anon"
+        base, k = f"http-{self._run}-{slug}", 1
+        session = base
+        while session in self._live_sessions:
+            k += 1
+            session = f"{base}-{k}"
+        return session
+
+    def submit(self, request: Request, queue: asyncio.Queue, tag: int = 0, client_name: str = "") -> None:
+        """Send a request; its updates arrive on `queue` as (tag, SeqUpdate, arrival time)."""
+        self._routes[request.request_id] = (queue, tag)
+        self._live_sessions[request.session_id] = request.request_id
+        if self.on_request is not None:
+            self.on_request(request, client_name)
+        self.client.submit(request)
+
+    def cancel(self, request_id: str) -> None:
+        if request_id in self._routes:
+            self.client.cancel(request_id)
+
+    @property
+    def num_live(self) -> int:
+        return len(self._routes)
+
+    @property
+    def context_per_sequence(self) -> int:
+        """Tokens one sequence may hold (prompt plus reply), once the engine is ready."""
+        if self.ready is None:
+            return 4096
+        return int(self.ready.info.get("n_ctx_seq") or self.ready.n_ctx)

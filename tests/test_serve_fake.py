@@ -1,0 +1,248 @@
+"""`serve` over the fake backend: the OpenAI wire format, real clients (openai, httpx SSE), errors, disconnects."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from backend.fake import DEFAULT_REPLY
+from magnitude_tui.engine.events import EngineConfig
+from magnitude_tui.serve.app import ServeOptions, create_app
+from magnitude_tui.serve.hub import EngineState
+from tests.serve_support import running_server
+
+FAKE = EngineConfig(backend="fake", n_ctx=4096, n_seq_max=16, policy="fixed:64")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running_server(FAKE, ServeOptions(model_name="fake-model", max_live=12)) as s:
+        yield s
+
+
+def _client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, timeout=30)
+
+
+def _expected(n: int) -> str:
+    return (DEFAULT_REPLY * (n // len(DEFAULT_REPLY) + 1))[:n]
+
+
+def _wait_for(cond, timeout=5.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+def test_health_and_models(server):
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    models = _client(server).models.list()
+    assert [m.id for m in models.data] == ["fake-model"]
+
+
+def test_non_streaming_reply_usage_and_timings(server):
+    r = httpx.post(server.base + "/chat/completions", json={
+        "model": "fake-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 20})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": _expected(20)}
+    assert body["choices"][0]["finish_reason"] == "length"
+    usage = body["usage"]
+    assert usage["completion_tokens"] == 20
+    assert usage["prompt_tokens"] > len("hello")  # the chat template's scaffolding counts too
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 20
+    t = body["timings"]
+    assert t["predicted_n"] == 20 and t["prompt_n"] + t["cache_n"] == usage["prompt_tokens"]
+    for key in ("prompt_ms", "prompt_per_second", "predicted_ms", "predicted_per_second", "queue_ms",
+                "ttft_ms", "itl_p50_ms", "itl_p95_ms", "phases_ms"):
+        assert key in t
+    assert "prefill" in t["phases_ms"] or "generating" in t["phases_ms"]
+
+
+def test_openai_client_streams_with_usage_before_done(server):
+    stream = _client(server).chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "stream please"}], max_tokens=12,
+        stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == _expected(12)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert all(c.id == chunks[0].id and c.object == "chat.completion.chunk" for c in chunks)
+
+
+def test_raw_sse_ends_with_done_and_carries_timings(server):
+    lines = []
+    with httpx.stream("POST", server.base + "/chat/completions", json={
+            "messages": [{"role": "user", "content": "raw"}], "max_tokens": 5, "stream": True}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                lines.append(line[6:])
+    assert lines[-1] == "[DONE]"
+    events = [json.loads(x) for x in lines[:-1]]
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert events[-1]["timings"]["predicted_n"] == 5
+
+
+def test_n_choices_share_one_evaluated_prompt(server):
+    r = _client(server).chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "a prompt long enough to share " * 4}],
+        max_tokens=6, n=3, temperature=0)
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    assert all(c.message.content == _expected(6) for c in r.choices)
+    assert r.usage.completion_tokens == 18
+    # Evaluated once: each fork reused all but the last prompt token of the evaluated prompt.
+    timings = r.model_extra["timings"]
+    assert timings["prompt_n"] == r.usage.prompt_tokens
+
+
+def test_stop_strings_are_cut_across_token_boundaries_and_never_shown(server):
+    # The fake backend emits one character per token, so "fox" arrives in three tokens.
+    r = _client(server).chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "go"}], max_tokens=40, stop=["fox", "zzz"])
+    assert r.choices[0].message.content == "The quick brown "
+    assert r.choices[0].finish_reason == "stop"
+    stream = _client(server).chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "go"}], max_tokens=40, stop="lazy", stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == "The quick brown fox jumps over the "
+
+
+def test_eight_concurrent_requests_all_complete(server):
+    results = {}
+
+    def one(i):
+        r = _client(server).chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": f"request {i}"}], max_tokens=10 + i)
+        results[i] = r.choices[0].message.content
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results == {i: _expected(10 + i) for i in range(8)}
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": []}, "messages"),
+    ({"messages": None}, "messages"),
+    ({"messages": [{"role": "hacker", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user<|im_end|>", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": 12345}]}, "messages[0].content"),
+    ({"messages": ["hi"]}, "messages[0]"),
+    ({"messages": [{"role": "user", "content": "   "}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "5"}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": 9}, "temperature"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, "top_p"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 99}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "stop": [""]}, "stop"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, "stream"),
+])
+def test_invalid_parameters_fail_alone_naming_the_parameter(server, body, param):
+    good = {}
+
+    def good_request():
+        r = _client(server).chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": "still fine"}], max_tokens=8)
+        good["text"] = r.choices[0].message.content
+
+    t = threading.Thread(target=good_request)
+    t.start()
+    r = httpx.post(server.base + "/chat/completions", json=body)
+    t.join(30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
+    assert good["text"] == _expected(8)
+
+
+def test_malformed_json_and_oversized_bodies(server):
+    r = httpx.post(server.base + "/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    big = b'{"messages": [{"role": "user", "content": "' + b"x" * (5 * 2**20) + b'"}]}'
+    r = httpx.post(server.base + "/chat/completions", content=big)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+
+def test_prompt_over_the_context_is_context_length_exceeded(server):
+    r = httpx.post(server.base + "/chat/completions", json={
+        "messages": [{"role": "user", "content": "x" * 5000}], "max_tokens": 4})
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+class _StubHub:
+    """A hub frozen in one state, for the answers that depend only on it."""
+
+    def __init__(self, state, num_live=0, failure=None):
+        self.state, self.num_live, self.failure, self.load_fraction = state, num_live, failure, 0.42
+        self.context_per_sequence = 4096
+
+
+@pytest.mark.parametrize("hub, status, code", [
+    (_StubHub(EngineState.READY, num_live=12), 429, "queue_full"),
+    (_StubHub(EngineState.LOADING), 503, "model_loading"),
+    (_StubHub(EngineState.FAILED, failure="worker killed"), 503, "engine_failed"),
+])
+async def test_queue_full_and_not_ready_answers(hub, status, code):
+    api = create_app(hub, ServeOptions(max_live=12))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://t") as c:
+        r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == status and r.json()["error"]["code"] == code
+        health = await c.get("/health")
+        assert health.status_code == (200 if hub.state is EngineState.READY else 503)
+    if status == 429:
+        assert r.headers["retry-after"] == "1"
+    if code == "model_loading":
+        assert "42%" in r.json()["error"]["message"] and r.headers["retry-after"] == "2"
+
+
+def test_client_disconnect_cancels_within_a_step(server):
+    with httpx.stream("POST", server.base + "/chat/completions", json={
+            "messages": [{"role": "user", "content": "long one"}], "max_tokens": 3500, "stream": True}) as r:
+        it = r.iter_lines()
+        for _ in range(4):
+            next(it)
+    # Cancelled within a step: the engine says it ended, and nothing runs any more.
+    _wait_for(lambda: server.hub.num_live == 0, timeout=5.0)
+    _wait_for(lambda: server.hub.last_report.running == 0, timeout=5.0)
+    assert "cancelled" in server.log.getvalue()
+
+
+def test_api_key_is_required_when_set():
+    with running_server(FAKE, ServeOptions(api_key="sekrit")) as s:
+        r = httpx.post(s.base + "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=s.base, api_key="wrong", max_retries=0).models.list()
+        ok = openai.OpenAI(base_url=s.base, api_key="sekrit", max_retries=0).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        assert ok.choices[0].message.content == _expected(3)
+
+
+def test_an_agents_second_turn_reports_its_first_turn_as_cached(server):
+    client = _client(server)
+    history = [{"role": "system", "content": "You are agent seven. " * 5},
+               {"role": "user", "content": "first question"}]
+    first = client.chat.completions.create(model="m", messages=history, max_tokens=10)
+    history += [{"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "second question"}]
+    second = client.chat.completions.create(model="m", messages=history, max_tokens=10)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens
+    assert second.model_extra["timings"]["prompt_n"] == second.usage.prompt_tokens - cached

@@ -1,0 +1,71 @@
+"""`magnitude-tui --serve PORT`: HTTP conversations share the TUI's engine and show up as panes."""
+
+from __future__ import annotations
+
+import httpx
+
+from backend.fake import DEFAULT_REPLY
+from magnitude_tui.app import MagnitudeApp
+from magnitude_tui.engine.client import EngineClient
+from magnitude_tui.engine.events import EngineConfig
+from magnitude_tui.serve.app import ServeOptions
+from magnitude_tui.serve.server import EmbeddedServer
+from magnitude_tui.store import Store
+from scheduler.types import Phase, SamplingParams
+from tests.app_support import SIZE, wait_for
+from tests.serve_support import free_port
+
+
+def _app(tmp_path):
+    config = EngineConfig(backend="fake", policy="fixed:64", n_ctx=65536, n_seq_max=16)
+    client = EngineClient(config, in_process=True)
+    port = free_port()
+    serve = EmbeddedServer(client, host="127.0.0.1", port=port, options=ServeOptions(model_name="fake"))
+    app = MagnitudeApp(config, client=client, store=Store(tmp_path / "m.db"), export_dir=tmp_path,
+                       sampling=SamplingParams(max_tokens=30), serve=serve)
+    return app, f"http://127.0.0.1:{port}/v1"
+
+
+async def test_an_http_conversation_is_a_pane_and_its_next_turn_continues_there(tmp_path):
+    app, base = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.workspace.engine_ready, what="EngineReady")
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            body = {"messages": [{"role": "user", "content": "hello from an agent"}], "max_tokens": 12,
+                    "user": "coder"}
+            r = await http.post("/chat/completions", json=body)
+            assert r.status_code == 200
+            reply = r.json()["choices"][0]["message"]["content"]
+            assert reply == DEFAULT_REPLY[:12]
+            panes = app.workspace.grid.panes
+            api = [p for p in panes if p.record.role == "api"]
+            assert len(api) == 1 and api[0].record.name == "coder"
+            await wait_for(pilot, lambda: api[0].last_update is not None
+                           and api[0].last_update.phase is Phase.DONE, what="the pane's reply")
+            assert [m.content for m in api[0].record.messages] == ["hello from an agent", reply]
+            body["messages"] += [{"role": "assistant", "content": reply}, {"role": "user", "content": "more"}]
+            r = await http.post("/chat/completions", json=body)
+            assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+            assert len([p for p in app.workspace.grid.panes if p.record.role == "api"]) == 1
+            await wait_for(pilot, lambda: len(api[0].record.messages) == 4, what="the second turn")
+            assert api[0].record.messages[2].content == "more"
+
+
+async def test_closing_the_pane_cancels_the_http_request(tmp_path):
+    app, base = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.workspace.engine_ready, what="EngineReady")
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            async with http.stream("POST", "/chat/completions", json={
+                    "messages": [{"role": "user", "content": "a long job"}], "max_tokens": 60000,
+                    "stream": True, "user": "worker"}) as r:
+                lines = r.aiter_lines()
+                await lines.__anext__()
+                api = next(p for p in app.workspace.grid.panes if p.record.role == "api")
+                await wait_for(pilot, lambda: api.is_mounted, what="the pane")
+                app.workspace.grid.focus_pane(api)
+                await pilot.press("ctrl+x")
+                rest = [line async for line in lines]
+        errors = [line for line in rest if '"error"' in line]
+        assert errors and "cancelled" in errors[0]
+        assert rest[-1] == "data: [DONE]" or rest[-2] == "data: [DONE]"
