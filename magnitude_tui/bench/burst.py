@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import resource
+import time
 from dataclasses import asdict, dataclass, replace
 
 from magnitude_tui.bench import peers
@@ -25,6 +27,10 @@ class BurstConfig:
     policies: tuple[str, ...] = DEFAULT_POLICIES
     flash: tuple[str, ...] = ("off", "on")
     peer_gen: int = 16  # llama-batched-bench -ntg
+    # Time in CPU seconds of this process (and of the peer's process) instead of wall seconds.
+    # With one thread every step computes on the calling thread, so CPU time is the work done,
+    # whatever else the machine runs: on a shared machine wall time measures the neighbours.
+    cpu_clock: bool = False
 
 
 @dataclass
@@ -44,10 +50,11 @@ def run_burst(backend, policy: str, cfg: BurstConfig, params=None) -> BurstRun:
     each with its own `own` tokens, and generate `gen` tokens each."""
     reset_kv(backend)
     # Submitted between two steps, the burst is taken in by one step: no coalescing window needed.
-    engine = Engine(FixedLength(backend), policy=policy, coalesce_ms=0.0, gen_reserve=cfg.gen)
+    clock = _cpu_clock(backend, cfg)
+    engine = Engine(FixedLength(backend, clock), policy=policy, coalesce_ms=0.0, gen_reserve=cfg.gen, clock=clock)
     if params is not None:
         engine.scheduler.cost.seed(params)
-    clock = backend_clock(backend)
+    clock = clock or backend_clock(backend)
     parent = prompt_tokens(backend, cfg.context, salt=5)
     engine.submit(Request("parent", "parent", (), SamplingParams(max_tokens=1), prompt_tokens=parent))
     engine.run_until_idle()
@@ -89,6 +96,10 @@ def run_burst(backend, policy: str, cfg: BurstConfig, params=None) -> BurstRun:
                     kv_idle_after=kv_idle, evicted_for_speed=evicted)
 
 
+def _cpu_clock(backend, cfg: BurstConfig):
+    return time.process_time if cfg.cpu_clock and not hasattr(backend, "profile") else None
+
+
 def _row(flash: str, policy: str, r: BurstRun, busy: float) -> dict:
     return {
         "flash_attn": flash, "policy": policy,
@@ -113,7 +124,7 @@ def run_bursts(spec: BackendSpec, cfg: BurstConfig, progress=lambda s: None) -> 
                         n_seq_max=max(spec.n_seq_max, cfg.n + 1), flash_attn=flash if flash != "profile" else "auto")
         backend = make_backend(fspec)
         try:
-            calibrator = Engine(backend)
+            calibrator = Engine(FixedLength(backend, _cpu_clock(backend, cfg)))
             params = calibrator.calibrate()
             info[flash] = backend_info(backend) | {"cost": asdict(params),
                                                    "attention": getattr(backend, "info", {}).get("attention")}
@@ -147,6 +158,10 @@ def run_bursts(spec: BackendSpec, cfg: BurstConfig, progress=lambda s: None) -> 
         "conversations evicted because their cells slowed every row (flash attention off only)",
         "others_cores: cores other processes kept busy during a measurement (a shared machine)",
     ]
+    if cfg.cpu_clock:
+        res.notes.append("times are CPU seconds of the engine's process (one thread: every step computes on it) "
+                         "and, for llama-batched-bench, the CPU time of a run with twice the generated tokens minus "
+                         "one with the given number, per step; pp_tok_s and tg_tok_s are the peer's own wall figures")
     if note := not_quiet_note():
         res.notes.append(note)
     return res
@@ -173,17 +188,26 @@ def _peer_rows(spec: BackendSpec, cfg: BurstConfig, progress) -> list[dict]:
 
     rows = []
     for flash in ("off", "on"):
-        def run():
-            return peers.batched_bench(
+        def run(ntg: int = cfg.peer_gen) -> tuple[dict, float]:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            out = peers.batched_bench(
                 bindir, model=spec.model or default_model_path(), seqs=[cfg.n], prompt=cfg.context,
-                gen=cfg.peer_gen, threads=spec.n_threads or 1, n_ctx=spec.n_ctx or 16384, n_batch=2048,
+                gen=ntg, threads=spec.n_threads or 1, n_ctx=spec.n_ctx or 16384, n_batch=2048,
                 n_ubatch=spec.n_ubatch, dev=peers.device_args(spec.device), extra=["-pps", "-fa", flash])
-        out, busy = measured(run, retries=1, progress=progress)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return out, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+        (out, cpu_short), busy = measured(run, retries=1, progress=progress)
         row = out[cfg.n]
+        decode_ms = cfg.n / row["speed_tg"] * 1000 if row.get("speed_tg") else None
+        if cfg.cpu_clock:
+            # The same prompt twice, 2x the generated tokens the second time: the CPU time that
+            # differs is peer_gen decode steps at this depth.
+            (_, cpu_long), _ = measured(lambda: run(2 * cfg.peer_gen), retries=0, progress=progress)
+            decode_ms = (cpu_long - cpu_short) / cfg.peer_gen * 1000
         rows.append({"flash_attn": flash, "npp": cfg.context, "ntg": cfg.peer_gen, "npl": cfg.n,
                      "pp_tok_s": rnd(row.get("speed_pp"), 1), "tg_tok_s": rnd(row.get("speed_tg"), 1),
-                     "decode_step_ms": rnd(cfg.n / row["speed_tg"] * 1000, 1) if row.get("speed_tg") else None,
-                     "others_cores": rnd(busy, 2)})
+                     "decode_step_ms": rnd(decode_ms, 1), "others_cores": rnd(busy, 2)})
         progress(f"llama-batched-bench -fa {flash}: decode step {rows[-1]['decode_step_ms']} ms")
     return rows
 

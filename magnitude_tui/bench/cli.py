@@ -162,15 +162,20 @@ def burst(
     backend: str = typer.Option("llama", "--backend", "-b", help="llama or simulated:<profile>."),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt,
     threads: int = typer.Option(1, "--threads", "-t", help="CPU threads (default 1: the app's engine on 2 cores)."),
+    cpu_clock: bool = typer.Option(False, "--cpu-clock", help="Time in CPU seconds of the engine's process (one "
+                                   "thread only): the work done, whatever else a shared machine runs."),
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
     """N subagents forked from a long conversation at once: TTFT, ITL and decode step at depth, every policy."""
+    if cpu_clock and threads != 1:
+        raise typer.BadParameter("CPU-time measurement needs one thread (--threads 1)", param_hint="--cpu-clock")
     from magnitude_tui.bench.burst import BurstConfig, run_bursts
 
     flashes = tuple(f.strip() for f in flash.split(",") if f.strip())
     if not flashes or any(f not in ("on", "off") for f in flashes):
         raise typer.BadParameter(f"expected on and/or off, got {flash!r}", param_hint="--flash")
-    cfg = BurstConfig(n=n, context=context, own=own, gen=gen, policies=tuple(policy), flash=flashes)
+    cfg = BurstConfig(n=n, context=context, own=own, gen=gen, policies=tuple(policy), flash=flashes,
+                      cpu_clock=cpu_clock)
     _finish(run_bursts(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, None)
 
 

@@ -99,8 +99,11 @@ class FixedLength:
     _PASS = ("tokenize", "tokenize_chat", "detokenizer", "set_sampler", "sample", "free_sampler",
              "kv_remove", "kv_keep_prefix", "kv_copy", "kv_pos_max", "kv_cells_used", "close")
 
-    def __init__(self, backend) -> None:
+    def __init__(self, backend, step_clock: Callable[[], float] | None = None) -> None:
+        """`step_clock` (seconds) re-times each decode with it, e.g. `time.process_time` for the
+        CPU time a one-thread step took whatever else the machine ran; None keeps the backend's."""
         self._backend = backend
+        self._step_clock = step_clock
         self.decode_ms: list[float] = []
         # Bound once, so the hot path pays no __getattr__ fallback per call.
         for name in self._PASS:
@@ -111,7 +114,12 @@ class FixedLength:
         return False
 
     def decode(self, plan):
-        result = self._backend.decode(plan)
+        if self._step_clock is None:
+            result = self._backend.decode(plan)
+        else:
+            t0 = self._step_clock()
+            result = self._backend.decode(plan)
+            result.step_ms = (self._step_clock() - t0) * 1000.0
         self.decode_ms.append(result.step_ms)
         return result
 
