@@ -18,9 +18,17 @@ T = TypeVar("T")
 # the running sequences at under a third of their rate (16 rows: ~2x, a fifth).
 MIN_PREFILL_QUANTUM = 16
 
-# The legacy target policy (`target-v1:MS`, kept so `bench burst` can measure what it did) let a
-# step run this long with nothing generating (or MS, if longer). At depth on 2 CPU cores that held
-# ~20 prompt rows: prefill ran at a fraction of its rate while eleven subagents waited.
+# With nothing generating, target:MS runs every pending prompt row in one step when that step is
+# predicted to take at most this long (or MS, if longer): all the waiting prompts then finish
+# together and decoding starts at full width, with no chunked tail that costs a fixed step cost
+# per few rows (on the RX 9070 XT profile sixteen 64-token prompts, 1,024 rows, take 1.08 s; split
+# into micro-batches the default made 0.94x fixed:2048's tok/s, merged 1.0x). An arrival waits at
+# most this long for the step in flight. Longer work goes in micro-batches.
+IDLE_MERGE_MS = 2000.0
+
+# The legacy target policy (`target-v1:MS`, kept so `bench burst` can measure what it did) sized
+# every step with nothing generating by this (or MS, if longer): at depth on 2 CPU cores that held
+# ~20 prompt rows, and prefill ran at a fraction of its rate while eleven subagents waited.
 IDLE_STEP_MS = 1000.0
 
 # When the target cannot be met (the decode rows plus one quantum already exceed it), target:MS
@@ -215,6 +223,7 @@ class StepShape:
     path: AttentionPath = AttentionPath.FLASH
     n_batch: int = 2048
     n_ubatch: int = 512
+    pending_rows: int = 0  # prompt rows still to evaluate, all prefilling sequences together
 
     def kpos(self, prefill_rows: int) -> float:
         """The step's attention work (thousands) with `prefill_rows` prompt rows added."""
@@ -235,9 +244,9 @@ class Policy:
       decode rows, priced at the depth and occupancy the step runs at. When even one quantum does
       not fit (the decode rows alone, deep in a context, can take longer than MS), the step may
       take up to (1 + GAP_SLACK) x the decode-only step instead. With nothing generating, a step
-      holds one micro-batch (n_ubatch rows, or what fits in MS if more): llama.cpp evaluates a
-      step in micro-batches, one runs prefill near its peak rate, and a bigger step only makes an
-      arrival wait longer.
+      holds every pending prompt row if that takes at most IDLE_MERGE_MS, else one micro-batch
+      (n_ubatch rows, or what fits in MS if more): llama.cpp evaluates a step in micro-batches,
+      one runs prefill near its peak rate, and a bigger step only makes an arrival wait longer.
     - `target-v1:MS`: target:MS as it was before it knew depth and occupancy (16-row floor
       whatever the decode step; up to IDLE_STEP_MS with nothing generating); for comparisons.
     """
@@ -277,6 +286,12 @@ class Policy:
             return min(max(MIN_PREFILL_QUANTUM, cost.rows_within(target, legacy)), room)
         fits = cost.rows_within(self.value, shape)
         if d == 0:
+            # Everything pending in one step, when that is quick: every waiting prompt finishes
+            # together and decoding then starts at full width, with no chunked tail.
+            everything = min(shape.pending_rows, room)
+            quick = max(self.value, IDLE_MERGE_MS)
+            if everything and cost.predict(0, everything, shape.kpos(everything)) <= quick:
+                return everything
             return min(max(shape.n_ubatch, fits), room)
         quantum = cost.predict(d, MIN_PREFILL_QUANTUM, shape.kpos(MIN_PREFILL_QUANTUM))
         if quantum > self.value:  # unreachable: bound the gap by the decode-only step instead

@@ -237,7 +237,8 @@ class Scheduler:
             decode_kpos=sum(attended_kpos(s.num_computed, 1) for s in decoding),
             prefill_pos0=max((s.num_computed for s in prefilling), default=0),
             cells_used=self.kv.cells_used(), path=self.attention,
-            n_batch=self.n_batch, n_ubatch=self.n_ubatch)
+            n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+            pending_rows=sum(s.num_pending for s in prefilling))
 
     def _share_prefill(self, prefilling: list[Sequence], allowance: int) -> list[tuple[Sequence, int]]:
         """A higher priority class first, always. Within a class: first come first served under

@@ -146,3 +146,30 @@ def test_with_flash_attention_idle_kv_costs_nothing_and_stays():
         engine.close_session(sid)
     engine.run_until_idle()
     assert engine.is_empty(), engine.leaks()
+
+
+# A slow machine (the 2-core Xeon at 2.0 GHz: an 8-sequence decode step of ~160 ms, so a
+# 50 ms target is out of reach) and a fast one (the RX 9070 XT profile).
+SLOW = HardwareProfile("xeon2ghz", fixed_ms=10.0, decode_ms=18.75, prefill_ms=1000.0 / 120.0)
+
+
+@pytest.mark.parametrize("profile", [SLOW, "rx9070xt", "cpu2core", "cpu2core-deep"],
+                         ids=lambda p: getattr(p, "name", p))
+def test_the_default_policy_keeps_up_with_fixed_2048_at_every_width(profile):
+    def tok_s(policy: str, n: int) -> float:
+        backend = SimulatedBackend(profile, n_ctx=32768, n_seq_max=16, n_batch=2048)
+        engine = Engine(backend, policy=policy, coalesce_ms=0)
+        engine.calibrate()
+        for i in range(n):
+            engine.submit(Request(f"r{i}", f"r{i}", (), SamplingParams(max_tokens=128),
+                                  prompt_tokens=prompt_tokens(backend, 64, salt=i)))
+        t0 = backend.clock()
+        made = sum(u.new_tokens for r in engine.run_until_idle() for u in r.updates)
+        for i in range(n):
+            engine.close_session(f"r{i}")
+        engine.run_until_idle()
+        assert engine.is_empty() and made == n * 128
+        return made / (backend.clock() - t0)
+
+    for n in (1, 2, 4, 8, 16):
+        assert tok_s("target:50", n) >= 0.97 * tok_s("fixed:2048", n), n

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.budget import (GAP_SLACK, IDLE_STEP_MS, MIN_PREFILL_QUANTUM, CostModel, CostParams, StepShape,
+from scheduler.budget import (GAP_SLACK, IDLE_MERGE_MS, IDLE_STEP_MS, MIN_PREFILL_QUANTUM, CostModel, CostParams, StepShape,
                               parse_policy)
 from scheduler.metrics import RequestMetrics
 from scheduler.types import AttentionPath, attended_kpos
@@ -156,6 +156,10 @@ def test_with_nothing_generating_target_steps_hold_one_micro_batch():
     fast = CostModel(CostParams(fixed_ms=5.0, decode_ms=0.2, prefill_ms=0.05))  # a GPU: 900 rows in 50 ms
     assert target.prefill_allowance(_shape(0), fast) == 900
     assert parse_policy("fixed:32").prefill_allowance(_shape(0), cost) == 32
+    # Everything pending at once when that is quick (1,024 rows: 1.08 s): all finish together.
+    assert target.prefill_allowance(_shape(0, pending_rows=1024), cost) == 1024
+    assert cost.predict(0, 1024) <= IDLE_MERGE_MS < cost.predict(0, 2000)
+    assert target.prefill_allowance(_shape(0, pending_rows=2000), cost) == 512
 
 
 def test_the_previous_target_policy_ran_up_to_a_second_with_nothing_generating():
