@@ -60,12 +60,16 @@ PROFILES: dict[str, HardwareProfile] = {
         "cpu2core", fixed_ms=4.3, decode_ms=6.7, prefill_ms=1000.0 / 210.0,
         note="2 EPYC cores, SmolLM2-135M Q4_1: prefill ~210 tok/s, decode step 11 ms (1) / 58 ms (8)",
     ),
-    # cpu2core at depth, flash attention off (what the engine picks there): every row reads every
-    # used cell. ATTN_SOURCE gives where the 0.0045 ms per thousand row-cells comes from.
+    # 1 engine thread on the 2 EPYC cores (the app's engine there), flash attention off (what the
+    # attention probe picks for decode at depth there), so every row reads every used cell. Source:
+    # the calibration `magnitude-tui bench burst --threads 1 --cpu-clock` fitted on 2026-12-01 (CPU
+    # time of the steps): 7.9 ms a step, 8.9 ms a decode row, 7.3 ms a prompt row and 2.0 ms per
+    # thousand (row, used cell) pairs. An 11-sequence decode step at depth 2,200 then costs
+    # 7.9 + 11 x 8.9 + 2.0 x 11 x 2.3 = 157 ms, 0.32 of it attention.
     "cpu2core-deep": HardwareProfile(
-        "cpu2core-deep", fixed_ms=4.3, decode_ms=6.7, prefill_ms=1000.0 / 210.0, attn_ms=0.0045,
+        "cpu2core-deep", fixed_ms=7.9, decode_ms=8.9, prefill_ms=7.3, attn_ms=2.0,
         attention=AttentionPath.DENSE,
-        note="cpu2core plus attention over every used cell (flash attention off), measured at depth",
+        note="1 thread of 2 EPYC cores, SmolLM2-135M Q4_1, flash attention off: every row reads every used cell",
     ),
 }
 
