@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -126,15 +127,21 @@ def decide(timings: tuple[PathTiming, ...], key: dict) -> AttentionChoice:
 # ---- the probe ---------------------------------------------------------------------------------
 
 def measure_path(backend, flash: bool, tokens: list[int]) -> PathTiming:
-    """Time one context (a LlamaBackend built with this flash setting) and clear its KV."""
+    """Time one context (a LlamaBackend built with this flash setting) and clear its KV.
+
+    With one thread every step computes on this thread, so its CPU time is the step's work
+    whatever else the machine runs (a verdict is cached, so a busy neighbour must not decide
+    it); with more, ggml's helper threads spin while they wait, and wall time is all there is."""
     width = min(PROBE_WIDTH, backend.n_seq_max)
     filler = (tokens * (1 + PROBE_DEPTH // max(1, len(tokens))))[:PROBE_DEPTH + 16]
+    one_thread = getattr(backend, "n_threads", 0) == 1 and backend.device_name == "CPU"
 
     def step(slices: list[SeqSlice]) -> float:
+        t0 = time.process_time()
         result = backend.decode(BatchPlan(0, tuple(slices), sum(len(s.tokens) for s in slices)))
         if result.outcome.value != "ok":
             raise RuntimeError(f"the attention probe's step failed ({result.outcome.value})")
-        return result.step_ms
+        return (time.process_time() - t0) * 1000.0 if one_thread else result.step_ms
 
     def median(times: list[float]) -> float:
         return sorted(times)[len(times) // 2]
