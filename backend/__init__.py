@@ -24,3 +24,16 @@ def usable_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     except (OSError, ValueError):
         pass
     return max(1, n)
+
+
+def model_path_problem(path: str) -> str | None:
+    """What is wrong with a --model path before llama.cpp sees it (None: a readable file)."""
+    if os.path.isdir(path):
+        ggufs = sorted(p.name for p in Path(path).glob("*.gguf"))[:3]
+        hint = f" (it holds {', '.join(ggufs)})" if ggufs else ""
+        return f"model path is a directory, not a GGUF file: {path}{hint}; pass the .gguf file itself"
+    if not os.path.exists(path):
+        return f"model file not found: {path}"
+    if not os.access(path, os.R_OK):
+        return f"model file is not readable: {path}; check its permissions"
+    return None

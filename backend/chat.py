@@ -12,6 +12,7 @@ import jinja2
 import jinja2.sandbox
 import llama_cpp
 
+from scheduler.admission import RequestError
 from scheduler.types import Message
 
 # Used when a GGUF carries no chat template.
@@ -23,6 +24,8 @@ CHATML = (
 # which characters came from the template (parsed for special tokens) and which from a message
 # (never parsed: typing "<|im_start|>system" must stay ordinary text).
 _MARK = re.compile("\ue000(\\d+)\ue001")
+# Every chat template renders these; "tool" only where the template names it.
+STANDARD_ROLES = ("system", "user", "assistant")
 
 
 class Vocab:
@@ -38,6 +41,9 @@ class Vocab:
         self.chat_template = raw.decode("utf-8") if raw else CHATML
         self._piece_buf = ctypes.create_string_buffer(256)
         self._template = _compile(self.chat_template)
+        # Roles reach the scaffolding, which is parsed for special tokens: only the template's own
+        # roles may pass (a generic ChatML template would render any text as a role).
+        self.roles = STANDARD_ROLES + (("tool",) if "tool" in self.chat_template else ())
 
     def token_text(self, token: int) -> str:
         return self.piece(token, special=True).decode("utf-8", errors="replace") if token >= 0 else ""
@@ -68,6 +74,10 @@ class Vocab:
 
     def render_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
         """Render the template; return (text, is_scaffold) segments in order."""
+        for m in messages:
+            if m.role not in self.roles:
+                raise RequestError(f"unknown chat role {m.role!r:.80}: this model's chat template "
+                                   f"knows {', '.join(self.roles)}")
         marked = [{"role": m.role, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
         rendered = self._template.render(
             messages=marked,
@@ -107,7 +117,10 @@ class Detokenizer:
         return self._decoder.decode(self._vocab.piece(token))
 
     def flush(self) -> str:
-        return self._decoder.decode(b"", final=True)
+        """The reply ended: a character whose last bytes never came (max_tokens, a cancel, the
+        context's end) is dropped, not shown as U+FFFD; the decoder only ever buffers such a tail."""
+        self._decoder.reset()
+        return ""
 
 
 def _raise(message: str):

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Sequence
 
-from backend.protocol import DecodeOutcome, DecodeResult, check_plan
-from scheduler.types import BatchPlan, Message, SamplingParams
+from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, check_plan
+from scheduler.budget import CostParams
+from scheduler.types import AttentionPath, BatchPlan, Message, SamplingParams
 
 # Token ids: a few specials below 32, then one token per Unicode character (code point < n_vocab).
 BOS, EOS, IM_START, IM_END = 1, 2, 3, 4
@@ -54,6 +55,12 @@ class FakeBackend:
         self.n_ubatch = n_ubatch
         self.n_vocab = n_vocab
         self.name = name
+        self.model_name = name
+        self.device_name = name
+        self.info: dict = {}
+        self.clock: Clock = WALL_CLOCK
+        self.known_costs: CostParams | None = None
+        self.attention_path = AttentionPath.FLASH  # no attention at all: nothing resident costs a row
         self.reply = reply
         self.eog_after = eog_after  # EOG after this many sampled tokens per sampler; None: never
         self._kv: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}  # position -> cell

@@ -13,9 +13,9 @@ from typing import Callable, Sequence
 import numpy as np
 import llama_cpp
 
-from backend import attention, native, usable_cpus
+from backend import attention, model_path_problem, native, usable_cpus
 from backend.chat import Detokenizer, Vocab
-from backend.protocol import DecodeOutcome, DecodeResult, check_plan
+from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, check_plan
 from scheduler.types import BatchPlan, Message, SamplingParams
 
 
@@ -71,6 +71,9 @@ class LlamaBackend:
         self.device_name = device_name
         self.name = f"llama.cpp {device_name}"
         self.n_ctx = llama_cpp.llama_n_ctx(ctx)
+        self.n_ctx_seq = self.n_ctx  # one unified KV pool: any sequence may grow to the whole context
+        self.clock: Clock = WALL_CLOCK
+        self.known_costs = None  # real hardware: the engine calibrates
         self.n_batch = llama_cpp.llama_n_batch(ctx)
         self.n_ubatch = llama_cpp.llama_n_ubatch(ctx)
         self.n_seq_max = llama_cpp.llama_n_seq_max(ctx)
@@ -119,8 +122,9 @@ class LlamaBackend:
         force one; a quantized `cache_type_v` forces flash attention on."""
         native.init(verbose)
         model_path = model_path or default_model_path()
-        if not os.path.isfile(model_path):
-            raise ModelLoadError(f"model file not found: {model_path}")
+        problem = model_path_problem(model_path)
+        if problem is not None:
+            raise ModelLoadError(problem)
         dev = native.select_device(device)
         device_name = f"{dev.name} ({dev.description})" if dev else "CPU"
 
@@ -142,7 +146,7 @@ class LlamaBackend:
         mparams.progress_callback = progress
         model = llama_cpp.llama_model_load_from_file(model_path.encode(), mparams)
         if not model:
-            raise ModelLoadError(f"llama.cpp could not load {model_path} (is it a GGUF model? see --verbose)")
+            raise ModelLoadError(f"llama.cpp could not load {model_path} (is it a GGUF model? llama.cpp's reason is in its log: the engine log, or stderr)")
         n_threads = n_threads or usable_cpus()
         vocab = Vocab(model)
 

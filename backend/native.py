@@ -42,6 +42,18 @@ def ggml() -> ctypes.CDLL:
     return _ggml
 
 
+# ggml_log_level in the bundled ggml.h. CONT continues the previous line at that line's level.
+LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_CONT = 1, 2, 3, 4, 5
+_last_level = LOG_INFO
+
+
+def log_shown(level: int, previous: int, verbose: bool) -> tuple[bool, int]:
+    """Whether a native log line is written, and the level it counts as (a CONT line continues
+    `previous`). Errors always reach stderr (the worker's log file); the rest only when verbose."""
+    effective = previous if level == LOG_CONT else level
+    return verbose or effective == LOG_ERROR, effective
+
+
 def init(verbose: bool = False) -> None:
     """Initialise llama.cpp once per process and route its logs (quiet unless verbose)."""
     global _log_cb, _verbose, _initialized
@@ -50,8 +62,9 @@ def init(verbose: bool = False) -> None:
 
         @llama_cpp.llama_log_callback
         def _cb(level, text, _user):  # noqa: ANN001 - ctypes signature
-            # Errors (3) always reach stderr (the worker's log file); the rest only when verbose.
-            if _verbose or level == 3:
+            global _last_level
+            shown, _last_level = log_shown(level, _last_level, _verbose)
+            if shown:
                 os.write(2, text or b"")
 
         _log_cb = _cb

@@ -2,33 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from enum import Enum
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
-from scheduler.types import BatchPlan, Message, SamplingParams
+from scheduler.budget import CostParams
+from scheduler.types import AttentionPath, BatchPlan, DecodeOutcome, Message, SamplingParams
 
-
-class DecodeOutcome(str, Enum):
-    """llama_decode's return codes, typed (llama.h)."""
-
-    OK = "ok"  # 0
-    NO_KV_SLOT = "no_kv_slot"  # 1: recoverable, retry smaller or free KV
-    ABORTED = "aborted"  # 2: abort callback fired
-    INVALID_BATCH = "invalid_batch"  # -1
-    FATAL = "fatal"  # < -1
-
-    @classmethod
-    def from_code(cls, code: int) -> "DecodeOutcome":
-        if code == 0:
-            return cls.OK
-        if code == 1:
-            return cls.NO_KV_SLOT
-        if code == 2:
-            return cls.ABORTED
-        if code == -1:
-            return cls.INVALID_BATCH
-        return cls.FATAL
+__all__ = ["Backend", "Clock", "DecodeOutcome", "DecodeResult", "Detokenizer", "PlanError", "WALL_CLOCK", "check_plan"]
 
 
 @dataclass
@@ -77,18 +58,50 @@ def check_plan(plan: BatchPlan, *, n_batch: int, n_seq_max: int, n_ctx_seq: int,
             raise PlanError(f"seq {s.seq_id}: token {bad[0]} outside the vocab (n_vocab={n_vocab})")
 
 
+class Clock(Protocol):
+    """The time a backend's steps take place in: wall time, or a simulation's virtual seconds."""
+
+    def __call__(self) -> float: ...
+    def sleep(self, seconds: float) -> None: ...
+
+
+class WallClock:
+    """Real time (perf_counter); sleeping really sleeps."""
+
+    def __call__(self) -> float:
+        return time.perf_counter()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+WALL_CLOCK = WallClock()
+
+
 class Detokenizer(Protocol):
     def feed(self, token: int) -> str: ...
     def flush(self) -> str: ...
 
 
 class Backend(Protocol):
-    n_ctx: int
+    """Everything the engine, the worker and the benchmarks read from a backend."""
+
+    n_ctx: int  # KV cells, shared by all sequences
+    n_ctx_seq: int  # the most positions one sequence may hold
     n_batch: int
     n_ubatch: int
     n_seq_max: int
     n_vocab: int
     name: str  # e.g. "llama.cpp CPU", "fake", "simulated rx9070xt"
+    model_name: str  # the GGUF file name, or the stand-in's name
+    device_name: str  # where the steps run: "CPU", a Vulkan device, "simulated rx9070xt"
+    info: dict[str, Any]  # model facts for EngineReady (size, parameters, threads...)
+    clock: Clock  # the time step costs and request metrics are measured in
+    # A simulated backend's step costs are known exactly (no calibration); None for real hardware.
+    known_costs: CostParams | None
+    # Which cells a row's attention reads (llama.cpp: flash attention on or off); the cost model
+    # prices rows, and idle conversations' resident KV, by it.
+    attention_path: AttentionPath
 
     def tokenize(self, text: str, *, special: bool = False, add_bos: bool = False) -> list[int]: ...
     def tokenize_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]: ...

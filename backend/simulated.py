@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from backend.fake import FakeBackend
-from backend.protocol import DecodeOutcome, DecodeResult
+from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult
+from scheduler.budget import CostParams
 from scheduler.types import AttentionPath, BatchPlan, plan_kpos
 
 
@@ -47,14 +48,14 @@ class HardwareProfile:
 
 
 PROFILES: dict[str, HardwareProfile] = {
-    # Published figures (DESIGN.md section 1): RX 9070 XT, 9B Q4_K_M. Prefill 962 tok/s; a batched
+    # Published figures (docs/design/engine.md): RX 9070 XT, 9B Q4_K_M. Prefill 962 tok/s; a batched
     # decode step with 8 sequences takes 25.7 ms; one sequence alone gets ~1/5 of 8's aggregate
     # rate, i.e. a ~16 ms step, which splits the 25.7 ms into 14.6 fixed + 8 x 1.3875 per row.
     "rx9070xt": HardwareProfile(
         "rx9070xt", fixed_ms=14.6, decode_ms=1.3875, prefill_ms=1000.0 / 962.0,
         note="RX 9070 XT, 9B Q4_K_M: prefill 962 tok/s, 8-sequence decode step 25.7 ms",
     ),
-    # Measured by hand (DESIGN.md section 6): 2 EPYC cores, CPU backend, SmolLM2-135M Q4_1.
+    # Measured by hand on a 2-core CI-class machine: 2 EPYC cores, CPU backend, SmolLM2-135M Q4_1.
     # Prefill ~210 tok/s; decode step ~11 ms for 1 sequence and ~58 ms for 8.
     "cpu2core": HardwareProfile(
         "cpu2core", fixed_ms=4.3, decode_ms=6.7, prefill_ms=1000.0 / 210.0,
@@ -109,9 +110,13 @@ class SimulatedBackend(FakeBackend):
         super().__init__(n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch,
                          name=f"simulated {self.profile.name}", **kwargs)
         self.realtime = realtime
-        self.clock: Callable[[], float] = time.perf_counter if realtime else (clock or VirtualClock())
+        self._virtual = None if realtime else (clock or VirtualClock())
+        self.clock: Clock = self._virtual or WALL_CLOCK
         self._step_ms = step_ms
-        self.attention_path = self.profile.attention
+        p = self.profile
+        # The profile is the truth: the engine seeds its cost model from it instead of calibrating.
+        self.known_costs = CostParams(p.fixed_ms, p.decode_ms, p.prefill_ms, p.attn_ms)
+        self.attention_path = p.attention
 
     def decode(self, plan: BatchPlan) -> DecodeResult:
         cells_before = self.kv_cells_used()
@@ -125,32 +130,9 @@ class SimulatedBackend(FakeBackend):
         else:
             # A failed llama_decode returns before the compute graph runs: only the fixed cost.
             ms = self.profile.fixed_ms
-        if self.realtime:
+        if self._virtual is None:
             time.sleep(ms / 1000.0)
         else:
-            self.clock.advance(ms / 1000.0)
+            self._virtual.advance(ms / 1000.0)
         result.step_ms = ms
         return result
-
-
-def from_spec(spec: str, **kwargs) -> FakeBackend:
-    """Build "fake" or "simulated:<profile>" (keyword arguments go to the constructor)."""
-    if spec == "fake":
-        return FakeBackend(**kwargs)
-    if spec.startswith("simulated"):
-        return SimulatedBackend(spec.partition(":")[2] or "rx9070xt", **kwargs)
-    raise ValueError(f"unknown backend {spec!r}: use 'fake' or 'simulated:<profile>' "
-                     f"({', '.join(sorted(PROFILES))})")
-
-
-def make_simulated(config) -> SimulatedBackend:
-    """The app worker's simulated backend from an EngineConfig ("simulated:<profile>"): real time,
-    so what the panes show moves at the profiled hardware's pace."""
-    return SimulatedBackend(
-        config.backend.partition(":")[2] or "rx9070xt",
-        n_ctx=config.n_ctx,
-        n_seq_max=config.n_seq_max,
-        n_batch=config.n_batch,
-        n_ubatch=config.n_ubatch,
-        realtime=True,
-    )

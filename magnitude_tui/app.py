@@ -10,6 +10,7 @@ from textual.screen import Screen
 
 from magnitude_tui.commands import palette_commands
 from magnitude_tui.engine.events import EngineConfig
+from magnitude_tui.engine.protocol import EngineClient
 from magnitude_tui.screens.workspace import WorkspaceScreen
 from magnitude_tui.store import Store
 from scheduler.types import SamplingParams
@@ -24,17 +25,17 @@ def available_themes() -> list[str]:
 
 
 class MagnitudeApp(App):
-    """Owns the engine client and the store; the workspace screen does the rest."""
+    """Owns the engine client (any EngineClient: local worker, remote, scripted) and the store;
+    the workspace screen does the rest."""
 
     CSS_PATH = "app.tcss"
     TITLE = "magnitude-tui"
 
-    def __init__(self, config: EngineConfig, *, client, store: Store, theme: str | None = None,
+    def __init__(self, *, client: EngineClient, store: Store, theme: str | None = None,
                  resume: bool = False, export_dir: Path | None = None,
                  sampling: SamplingParams | None = None, serve=None) -> None:
         super().__init__()
         self.serve = serve
-        self.config = config
         self.sampling = sampling or SamplingParams()
         self.client = client
         self.store = store
@@ -51,7 +52,9 @@ class MagnitudeApp(App):
 
     def on_mount(self) -> None:
         restored = self.store.open_workspace(resume=self._resume)
-        self.install_screen(WorkspaceScreen(client=self.client, store=self.store, config=self.config,
+        if self.store.notice:
+            self.notify(self.store.notice, title="Database", severity="warning", timeout=30)
+        self.install_screen(WorkspaceScreen(client=self.client, store=self.store,
                                             restored=restored, export_dir=self._export_dir,
                                             sampling=self.sampling, serve=self.serve), "workspace")
         self.push_screen("workspace")  # it starts the engine once its panes are mounted
@@ -68,28 +71,26 @@ class MagnitudeApp(App):
         self.client.stop()
 
 
-def run_app(config: EngineConfig, *, theme: str | None, resume: bool,
+def run_app(engine: EngineConfig | EngineClient, *, theme: str | None, resume: bool,
             sampling: SamplingParams | None = None, serve_port: int | None = None,
             serve_host: str = "127.0.0.1", api_key: str | None = None) -> None:
-    """Run the TUI until the user quits: engine worker in its own process, state in SQLite."""
-    from magnitude_tui.engine.client import EngineClient
+    """Run the TUI until the user quits: a local engine (its worker in its own process) or a
+    remote client, state in SQLite; with `serve_port`, the OpenAI-compatible endpoint too."""
+    from magnitude_tui.engine.client import WorkerClient
 
     if theme is not None and theme not in available_themes():
         raise ValueError(f"unknown theme {theme!r}; choose from {', '.join(available_themes())}")
-    store = Store()
-    client = EngineClient(config)
+    store = Store()  # StoreError (a newer schema, a locked file) reaches the CLI's message
+    client = WorkerClient(engine) if isinstance(engine, EngineConfig) else engine
     serve = None
     if serve_port is not None:
-        import os
-
         from magnitude_tui.serve.app import ServeOptions
-        from magnitude_tui.serve.server import EmbeddedServer
+        from magnitude_tui.serve.server import EmbeddedServer, served_model_name
 
-        name = os.path.basename(config.model) if config.model else "SmolLM2-135M-Instruct"
         serve = EmbeddedServer(client, host=serve_host, port=serve_port,
-                               options=ServeOptions(model_name=name, api_key=api_key))
+                               options=ServeOptions(model_name=served_model_name(client), api_key=api_key))
     try:
-        MagnitudeApp(config, client=client, store=store, theme=theme, resume=resume,
+        MagnitudeApp(client=client, store=store, theme=theme, resume=resume,
                      sampling=sampling, serve=serve).run()
     finally:
         client.stop()

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -19,6 +18,10 @@ DeviceOpt = typer.Option("auto", "--device", "-d", help="auto | cpu | vulkan | v
 PolicyOpt = typer.Option("target:50", "--policy", "-p", help="prefill-first | fixed:N | target:MS")
 VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show llama.cpp's native logs.")
 CtxOpt = typer.Option(8192, "--ctx", "--n-ctx", help="Context size in tokens (all sequences share it).")
+RemoteOpt = typer.Option(None, "--remote", help="Run on an OpenAI-compatible server (vLLM, SGLang, llama-server) "
+                         "at this URL instead of the local engine; repeat for several (least-loaded first).")
+RemoteModelOpt = typer.Option(None, "--remote-model", help="The served model's name (default: the first the server lists).")
+ApiKeyEnvOpt = typer.Option(None, "--api-key-env", help="Environment variable holding the servers' API key.")
 
 
 @app.callback(invoke_without_command=True)
@@ -44,14 +47,24 @@ def main(
         "127.0.0.1:PORT; every HTTP conversation shows as a pane."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Key the --serve endpoint requires "
                                           "(or set MAGNITUDE_API_KEY)."),
+    remote: Optional[List[str]] = RemoteOpt,
+    remote_model: Optional[str] = RemoteModelOpt,
+    api_key_env: Optional[str] = ApiKeyEnvOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Launch the app on the default model (no subcommand)."""
     if ctx.invoked_subcommand is not None:
         return
-    from backend import usable_cpus
-    from magnitude_tui.engine.events import EngineConfig
+    from magnitude_tui.app import run_app
     from scheduler.types import SamplingParams
+
+    sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    if remote:
+        run_app(_remote_client(remote, remote_model, api_key_env), theme=theme, resume=resume, sampling=sampling)
+        return
+    from backend import usable_cpus
+    from backend.factory import BackendConfig
+    from magnitude_tui.engine.events import EngineConfig
 
     _check_model(model)
     # ggml's CPU threads meet at spinning barriers after every op: when the UI takes a core they
@@ -60,16 +73,18 @@ def main(
     # with 2 threads and 68 / 79 ms with 1. So the app leaves one core to the UI.
     if flash_attn.strip().lower() not in ("auto", "on", "off"):
         raise typer.BadParameter(f"expected auto, on or off, got {flash_attn!r}", param_hint="--flash-attn")
-    config = EngineConfig(model=model, device=device, policy=policy, n_ctx=n_ctx, verbose=verbose,
-                          flash_attn=flash_attn.strip().lower(),
-                          n_threads=threads or max(1, usable_cpus() - 1))
-    from magnitude_tui.app import run_app
-
-    sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, verbose=verbose,
+                            n_threads=threads or max(1, usable_cpus() - 1), flash_attn=flash_attn.strip().lower())
+    config = EngineConfig(backend, policy=policy)
     from magnitude_tui.serve.server import resolve_api_key
+    from magnitude_tui.store import StoreError
 
-    run_app(config, theme=theme, resume=resume, sampling=sampling, serve_port=serve_port,
-            api_key=resolve_api_key(api_key))
+    try:
+        run_app(config, theme=theme, resume=resume, sampling=sampling, serve_port=serve_port,
+                api_key=resolve_api_key(api_key))
+    except StoreError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -132,10 +147,13 @@ def generate(
     policy: str = PolicyOpt,
     n_ctx: int = CtxOpt,
     stream: bool = typer.Option(False, "--stream", help="Print text as it streams (interleaved)."),
+    remote: Optional[List[str]] = RemoteOpt,
+    remote_model: Optional[str] = RemoteModelOpt,
+    api_key_env: Optional[str] = ApiKeyEnvOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Run N prompts as concurrent sequences in ONE context through the engine; print answers and latency."""
-    from magnitude_tui.generate import run_generate
+    from magnitude_tui.generate import local_client, run_generate
 
     if prompts is not None:
         lines = [l.strip() for l in prompts.read_text().splitlines() if l.strip()]
@@ -143,10 +161,12 @@ def generate(
         lines = [prompt] * n
     else:
         raise typer.BadParameter("give a prompt or --prompts FILE")
-    _check_model(model)
-    code = run_generate(lines, model=model, device=device, policy=policy, n_ctx=n_ctx,
-                        max_tokens=max_tokens, temperature=temperature, seed=seed,
-                        stream=stream, verbose=verbose)
+    if remote:
+        client = _remote_client(remote, remote_model, api_key_env)
+    else:
+        _check_model(model)
+        client = local_client(len(lines), model=model, device=device, policy=policy, n_ctx=n_ctx, verbose=verbose)
+    code = run_generate(lines, client, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=stream)
     raise typer.Exit(code)
 
 
@@ -168,10 +188,12 @@ def serve(
     """Serve the engine headless as an OpenAI-compatible endpoint (/v1/chat/completions, /v1/models, /health)."""
     import asyncio
 
-    from magnitude_tui.engine.client import EngineClient
+    from backend.factory import BackendConfig
+    from magnitude_tui.engine.client import WorkerClient
     from magnitude_tui.engine.events import EngineConfig
     from magnitude_tui.serve.app import ServeOptions
-    from magnitude_tui.serve.server import ServeConfigError, check_bind, resolve_api_key, serve_async
+    from magnitude_tui.serve.server import (ServeConfigError, check_bind, resolve_api_key, serve_async,
+                                            served_model_name)
 
     _check_model(model)
     key = resolve_api_key(api_key)
@@ -180,21 +202,34 @@ def serve(
     except ServeConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
-    config = EngineConfig(model=model, device=device, policy=policy, n_ctx=n_ctx, n_seq_max=parallel,
-                          n_threads=threads, verbose=verbose)
-    client = EngineClient(config, log_path=None if verbose else "auto")
+    backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, n_seq_max=parallel, n_threads=threads,
+                            verbose=verbose)
+    client = WorkerClient(EngineConfig(backend, policy=policy), log_path=None if verbose else "auto")
     client.start()
-    name = os.path.basename(model) if model else "SmolLM2-135M-Instruct"
     try:
-        asyncio.run(serve_async(client, host=host, port=port,
-                                options=ServeOptions(model_name=name, api_key=key, max_live=max_live)))
+        asyncio.run(serve_async(client, host=host, port=port, options=ServeOptions(
+            model_name=served_model_name(client), api_key=key, max_live=max_live)))
     except KeyboardInterrupt:
         pass
 
 
+def _remote_client(urls: List[str], model: Optional[str], api_key_env: Optional[str]):
+    from magnitude_tui.remote.client import RemoteClient
+    from magnitude_tui.remote.config import RemoteConfig, api_key_from_env
+
+    try:
+        key = api_key_from_env(api_key_env)
+        return RemoteClient(RemoteConfig(tuple(urls), model=model, api_key=key))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--remote / --api-key-env") from None
+
+
 def _check_model(model: Optional[str]) -> None:
-    if model is not None and not os.path.isfile(model):
-        raise typer.BadParameter(f"model file not found: {model}", param_hint="--model")
+    from backend import model_path_problem
+
+    problem = model_path_problem(model) if model is not None else None
+    if problem is not None:
+        raise typer.BadParameter(problem, param_hint="--model")
 
 
 from magnitude_tui.bench.cli import bench_app  # noqa: E402  (typer and rich only; commands import the rest)

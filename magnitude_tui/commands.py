@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Iterable
 
 from textual.app import SystemCommand
 
-from magnitude_tui.screens.policy_dialog import PRESETS, valid_policy
+from magnitude_tui.screens.policy_dialog import PRESETS, policy_problem
+from magnitude_tui.widgets.pane_grid import MAX_SUBAGENTS
 
 if TYPE_CHECKING:
     from magnitude_tui.screens.workspace import WorkspaceScreen
@@ -39,19 +40,20 @@ def parse_slash(text: str) -> Slash:
         count, task = (int(head), tail.strip()) if head.isdigit() else (1, rest)
         if not task:
             raise ValueError("usage: /spawn N task")
-        if not 1 <= count <= 15:
-            raise ValueError("spawn between 1 and 15 subagents")
+        if not 1 <= count <= MAX_SUBAGENTS:
+            raise ValueError(f"spawn between 1 and {MAX_SUBAGENTS} subagents")
         return Slash("spawn", count, task)
     if name == "burst":
         if rest and not rest.isdigit():
             raise ValueError("usage: /burst [N]")
         count = int(rest) if rest else BURST_DEFAULT
-        if not 1 <= count <= 15:
-            raise ValueError("burst between 1 and 15 subagents")
+        if not 1 <= count <= MAX_SUBAGENTS:
+            raise ValueError(f"burst between 1 and {MAX_SUBAGENTS} subagents")
         return Slash("burst", count)
     if name == "policy":
-        if not valid_policy(rest):
-            raise ValueError("usage: /policy prefill-first | fixed:N | target:MS")
+        problem = policy_problem(rest)
+        if problem:
+            raise ValueError(problem)
         return Slash("policy", arg=rest)
     if name in ("export", "copy", "help"):
         return Slash(name)

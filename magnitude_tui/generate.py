@@ -1,4 +1,5 @@
-"""Provides `magnitude-tui generate`: N concurrent sequences through the engine, printed with rich."""
+"""Provides `magnitude-tui generate`: N concurrent sequences through an engine (local or remote),
+printed with rich."""
 
 from __future__ import annotations
 
@@ -9,17 +10,25 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
-from magnitude_tui.engine.client import EngineClient
+from backend.factory import BackendConfig
+from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import CommandRejected, EngineConfig, EngineFailed, EngineReady, LoadProgress
+from magnitude_tui.engine.protocol import EngineClient
 from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
 
 
-def run_generate(prompts: list[str], *, model, device, policy, n_ctx, max_tokens, temperature, seed,
-                 stream: bool, verbose: bool, backend: str = "llama") -> int:
+def local_client(n_prompts: int, *, model, device, policy, n_ctx, verbose: bool,
+                 backend: str = "llama") -> WorkerClient:
+    """The local engine for `generate`: one sequence slot per prompt (at least 16)."""
+    config = EngineConfig(BackendConfig(backend, model=model, device=device, n_ctx=n_ctx,
+                                        n_seq_max=max(16, n_prompts), verbose=verbose), policy=policy)
+    return WorkerClient(config, log_path=None if verbose else "auto")
+
+
+def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temperature, seed,
+                 stream: bool) -> int:
+    """Submit every prompt at once, stream until all are done, print answers and latency."""
     console = Console()
-    config = EngineConfig(backend=backend, model=model, device=device, policy=policy, n_ctx=n_ctx,
-                          n_seq_max=max(16, len(prompts)), verbose=verbose)
-    client = EngineClient(config, log_path=None if verbose else "auto")
     client.start()
     try:
         if not _wait_ready(client, console):
@@ -73,8 +82,8 @@ def _wait_ready(client: EngineClient, console: Console) -> bool:
                     progress.update(task, completed=ev.fraction, model=ev.model, device=ev.device)
                 elif isinstance(ev, EngineReady):
                     progress.stop()
-                    console.print(f"[green]ready[/]: {ev.model} on {ev.device}, n_ctx={ev.n_ctx}, "
-                                  f"n_seq_max={ev.n_seq_max}, policy={ev.policy}")
+                    sizes = f", n_ctx={ev.n_ctx}, n_seq_max={ev.n_seq_max}" if ev.n_ctx else ""  # 0: a remote engine
+                    console.print(f"[green]ready[/]: {ev.model} on {ev.device}{sizes}, policy={ev.policy}")
                     return True
                 elif isinstance(ev, EngineFailed):
                     progress.stop()
@@ -92,15 +101,25 @@ def _print_results(console, order, prompts, texts, finals, wall, steps) -> None:
         head = f"[bold]#{i}[/] {prompts[i][:60]!r}"
         body = texts[rid].strip() if f.error is None else f"[red]{f.error}[/]"
         console.print(f"{head}\n  {body}\n")
-    table = Table(title=f"{len(order)} sequences in one context: {wall:.2f} s wall, {steps} steps")
-    for col in ("seq", "prompt (cached)", "generated", "queue ms", "TTFT ms", "tok/s", "ITL p50", "ITL p95", "end"):
+    remote = any(f.endpoint for f in finals.values())
+    if remote:  # the server scheduled; every figure here was measured on the client
+        title = f"{len(order)} sequences on {len({f.endpoint for f in finals.values()})} server(s), " \
+                f"client-side figures: {wall:.2f} s wall"
+    else:
+        title = f"{len(order)} sequences in one context: {wall:.2f} s wall, {steps} steps"
+    table = Table(title=title)
+    cols = ["seq", "prompt (cached)", "generated", "queue ms", "TTFT ms", "tok/s", "ITL p50", "ITL p95", "end"]
+    for col in cols + (["server"] if remote else []):
         table.add_column(col, justify="right")
     total = 0
     for i, rid in enumerate(order):
         f = finals[rid]
         total += f.generated
-        table.add_row(str(i), f"{f.prompt_total} ({f.cached_tokens})", str(f.generated), _fmt(f.queue_ms),
+        mark = "~" if f.tokens_estimated else ""  # counted here with tiktoken: the server sent no usage
+        table.add_row(str(i), f"{mark}{f.prompt_total} ({f.cached_tokens})", f"{mark}{f.generated}", _fmt(f.queue_ms),
                       _fmt(f.ttft_ms), _fmt(f.tok_s, ".1f"), _fmt(f.itl_p50_ms, ".1f"), _fmt(f.itl_p95_ms, ".1f"),
-                      f.done_reason.value if f.done_reason else "-")
+                      f.done_reason.value if f.done_reason else "-", *([f.endpoint or "-"] if remote else []))
     console.print(table)
+    if any(f.tokens_estimated for f in finals.values()):
+        console.print("~ estimated with tiktoken (cl100k_base): the server sent no usage")
     console.print(f"aggregate: {total / wall:.1f} generated tok/s")

@@ -9,42 +9,9 @@ from pathlib import Path
 
 import platformdirs
 
-SCHEMA_VERSION = 1
+from magnitude_tui.store_open import SCHEMA_VERSION, StoreError, open_database
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS workspaces (
-    id      INTEGER PRIMARY KEY,
-    created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS panes (
-    id           TEXT PRIMARY KEY,           -- also the engine session id
-    workspace_id INTEGER NOT NULL REFERENCES workspaces(id),
-    name         TEXT NOT NULL,              -- "A1", "A1.2"
-    role         TEXT NOT NULL,              -- "main" | "subagent"
-    parent_id    TEXT REFERENCES panes(id),
-    task         TEXT,
-    position     INTEGER NOT NULL,
-    created      REAL NOT NULL,
-    closed       REAL                        -- NULL while the pane is open
-);
-CREATE TABLE IF NOT EXISTS messages (
-    id          INTEGER PRIMARY KEY,
-    pane_id     TEXT NOT NULL REFERENCES panes(id),
-    role        TEXT NOT NULL,               -- "system" | "user" | "assistant"
-    content     TEXT NOT NULL,
-    complete    INTEGER NOT NULL,            -- 0 while a reply is still streaming (or was cut off)
-    author      TEXT,                        -- set on a subagent's answer posted back to its parent
-    done_reason TEXT,
-    inherited   INTEGER NOT NULL DEFAULT 0,  -- copied from the parent when a subagent was spawned
-    created     REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS messages_by_pane ON messages(pane_id, id);
-CREATE TABLE IF NOT EXISTS settings (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-"""
-
+__all__ = ["SCHEMA_VERSION", "MessageRecord", "PaneRecord", "Store", "StoreError", "default_db_path"]
 
 def default_db_path() -> Path:
     """The database in the user's data directory (created on first use)."""
@@ -78,18 +45,23 @@ class Store:
 
     Writes are single statements in autocommit mode on a WAL database, so a killed process loses
     only what the app had not yet handed over (streaming replies are saved on a short timer).
+    Opening checks the schema version (migrating older files forward, refusing newer ones with
+    StoreError) and moves an unreadable file aside instead of failing; `notice` then says where.
     """
 
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path is not None else default_db_path()
         if str(self.path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(_SCHEMA)
-        self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        opened = open_database(self.path)
+        self._db = opened.db
+        self.moved_to = opened.moved_to
+        self.migrated_from = opened.migrated_from
+        # What the user must be told on start (an unreadable file was moved aside), or None.
+        self.notice: str | None = None
+        if opened.moved_to is not None:
+            self.notice = (f"The database {self.path} could not be read ({opened.why}). It was moved "
+                           f"to {opened.moved_to} and a new, empty one was started.")
         self.workspace_id: int | None = None
 
     # ---- workspaces ---------------------------------------------------------------------------

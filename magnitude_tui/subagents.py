@@ -1,25 +1,34 @@
 """Provides subagents: panes spawned from a parent pane that fork its conversation, run a task
 and post their answer back to the parent.
 
-The workspace owns one `Subagents` and hands it what it needs: the pane grid, the store, and the
-two workspace operations a spawn uses (mount a pane, submit a turn). Names are `<parent>.<k>`
-(A1.1, A1.2…), never reused within a workspace.
+The workspace owns one `Subagents` and hands it what it needs: the store and a `SubagentHost`,
+the few workspace operations a spawn uses (count, find, mount, submit, warn). Names are
+`<parent>.<k>` (A1.1, A1.2…), never reused within a workspace.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable, Protocol
 
 from magnitude_tui.commands import BURST_DEFAULT
 from magnitude_tui.screens.spawn_dialog import SpawnSpec
-from magnitude_tui.store import MessageRecord, PaneRecord
+from magnitude_tui.store import MessageRecord, PaneRecord, Store
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.pane_grid import MAX_PANES
 from scheduler.types import DoneReason, Priority, SeqUpdate
 
-if TYPE_CHECKING:
-    from magnitude_tui.screens.workspace import WorkspaceScreen
+
+class SubagentHost(Protocol):
+    """The workspace operations a spawn uses."""
+
+    def pane_count(self) -> int: ...
+
+    def find_pane(self, session_id: str) -> ChatPane | None: ...
+    async def add_pane(self, pane: ChatPane, *, focus: bool = True) -> None: ...
+    def submit_turn(self, pane: ChatPane, *, fork_from: str | None = None,
+                    priority: Priority = Priority.INTERACTIVE) -> None: ...
+    def warn(self, message: str) -> None: ...
 
 
 def next_name(prefix: str, used: set[str]) -> str:
@@ -46,8 +55,9 @@ def answer_message(child: PaneRecord, message: MessageRecord | None, update: Seq
 class Subagents:
     """Spawns subagent panes and posts each one's first answer back to its parent, exactly once."""
 
-    def __init__(self, workspace: "WorkspaceScreen") -> None:
-        self.workspace = workspace
+    def __init__(self, host: SubagentHost, store: Store) -> None:
+        self.host = host
+        self.store = store
         self.reported: set[str] = set()  # subagents whose answer already went back to the parent
 
     def restore(self, records: Iterable[PaneRecord]) -> None:
@@ -62,13 +72,13 @@ class Subagents:
         Each copies the parent's committed messages (marked inherited) plus its task; all are
         submitted back to back, forking the parent's KV, so the engine admits them in one step.
         """
-        ws = self.workspace
-        free = MAX_PANES - len(ws.grid.panes)
+        host = self.host
+        free = MAX_PANES - host.pane_count()
         count = min(spec.count, free)
         if count < spec.count:
-            ws.notify(f"Room for {free} more pane(s) (at most {MAX_PANES})", severity="warning")
+            host.warn(f"Room for {free} more pane(s) (at most {MAX_PANES})")
         context = parent.conversation(committed_only=True)
-        used = set(ws.store.pane_names())
+        used = set(self.store.pane_names())
         children = []
         for i in range(count):
             name = next_name(f"{parent.record.name}.", used)
@@ -77,14 +87,14 @@ class Subagents:
             messages = [MessageRecord(m.role, m.content, inherited=True) for m in context]
             messages.append(MessageRecord("user", f"You are subagent {name}. Your task: {task}"))
             record = PaneRecord(uuid.uuid4().hex[:12], name, "subagent", parent.session_id, task,
-                                len(ws.grid.panes), messages)
-            ws.store.add_pane(record)
+                                host.pane_count(), messages)
+            self.store.add_pane(record)
             child = ChatPane(record, parent_name=parent.record.name)
-            await ws.add_pane(child, focus=False)
+            await host.add_pane(child, focus=False)
             children.append(child)
         # Submitted together so the engine's idle coalescing admits the burst in one batch.
         for child in children:
-            ws.submit_turn(child, fork_from=parent.session_id, priority=priority)
+            host.submit_turn(child, fork_from=parent.session_id, priority=priority)
         return children
 
     async def burst(self, parent: ChatPane, count: int = BURST_DEFAULT) -> list[ChatPane]:
@@ -98,8 +108,8 @@ class Subagents:
             return
         self.reported.add(child.record.name)
         result = answer_message(child.record, event.message, event.update)
-        parent = self.workspace.grid.pane(child.record.parent_id or "")
+        parent = self.host.find_pane(child.record.parent_id or "")
         if parent is not None:
             await parent.add_message(result)  # held until the parent's own reply is done
         elif child.record.parent_id:
-            self.workspace.store.add_message(child.record.parent_id, result)  # parent closed: keep it on record
+            self.store.add_message(child.record.parent_id, result)  # parent closed: keep it on record

@@ -6,7 +6,7 @@ from collections import deque
 
 from scheduler.residency import Residency
 from scheduler.sequence import Sequence, Session, common_prefix_len
-from scheduler.types import Phase
+from scheduler.types import ErrorKind, Phase
 
 # A prefix shorter than this is not worth a KV copy from another conversation (a chat template's
 # opening lines are shared by everyone; the copy is cheap, but so is evaluating a few rows).
@@ -16,6 +16,14 @@ WAITING_FOR_PREVIOUS_TURN = "waiting for the previous turn of this conversation 
 
 class RequestError(ValueError):
     """A request that can never run as asked; the message says what to change."""
+
+    kind = ErrorKind.INVALID
+
+
+class ContextLengthError(RequestError):
+    """The prompt does not fit a sequence, or the whole cache, however long it waits."""
+
+    kind = ErrorKind.CONTEXT_LENGTH
 
 
 class Admission:
@@ -49,12 +57,12 @@ class Admission:
             raise RequestError(f"max_tokens must be at least 1 (got {seq.max_tokens})")
         limit = min(self.n_ctx_seq, self.n_ctx)
         if n + 1 > limit:
-            raise RequestError(
+            raise ContextLengthError(
                 f"the prompt is {n:,} tokens but a sequence can hold only {limit:,} (prompt plus "
                 "reply); shorten the conversation or start the engine with a larger context (--n-ctx)"
             )
 
-    def admit(self, now: float) -> list[tuple[Sequence, str]]:
+    def admit(self, now: float) -> list[tuple[Sequence, "RequestError"]]:
         """Admit what fits, in order; the rest are `queued` with their reason. Returns the requests
         that can never run (or whose KV set-up failed), with the message to end them with."""
         failed: list[tuple[Sequence, str]] = []
@@ -76,10 +84,10 @@ class Admission:
             try:
                 blocked_reason = self._try_admit(seq, now)
             except RequestError as e:
-                failed.append((seq, str(e)))
+                failed.append((seq, e))
                 continue
             except Exception as e:  # a failing KV operation belongs to this request only
-                failed.append((seq, f"could not set up its KV cache: {e}"))
+                failed.append((seq, RequestError(f"could not set up its KV cache: {e}")))
                 continue
             if blocked_reason is not None:
                 seq.waiting_reason = blocked_reason
@@ -137,8 +145,13 @@ class Admission:
         if need > free:
             if self.running:
                 return f"waiting for KV room: needs {need:,} cells, {max(0, free):,} free"
+            if len(tokens) - n_reuse + 1 > free and parent is not None and parent.is_idle \
+                    and res.evict_lru({seq.session_id}):
+                # Only the idle fork parent holds the room: drop it and start cold, as a request
+                # without fork_from would (the slot case above does the same).
+                return self._try_admit(seq, now)
             if len(tokens) - n_reuse + 1 > free:
-                raise RequestError(
+                raise ContextLengthError(
                     f"the prompt needs {len(tokens) - n_reuse:,} KV cells but the cache has only "
                     f"{max(0, free):,} with nothing else running; start the engine with a larger "
                     "context (--n-ctx) or shorten the conversation"

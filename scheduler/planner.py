@@ -12,11 +12,11 @@ from collections import deque
 from scheduler.admission import WAITING_FOR_PREVIOUS_TURN, Admission, RequestError
 from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, Policy, StepShape, parse_policy, share_rows
 from scheduler.ledger import KvCache
-from scheduler.relief import KvRelief
+from scheduler.relief import KvRelief, Remedy
 from scheduler.residency import Residency
 from scheduler.sequence import Sequence
-from scheduler.types import (AttentionPath, BatchPlan, DoneReason, Phase, SeqSlice, attended_kpos, plan_kpos,
-                             used_cells_kpos)
+from scheduler.types import (AttentionPath, BatchPlan, DecodeOutcome, DoneReason, ErrorKind, Phase, SeqSlice,
+                             attended_kpos, plan_kpos, used_cells_kpos)
 
 __all__ = ["RequestError", "Scheduler"]
 
@@ -118,13 +118,16 @@ class Scheduler:
         self.residency.close(session_id)
         return cancelled
 
-    def finish(self, seq: Sequence, reason: DoneReason, error: str | None = None) -> None:
+    def finish(self, seq: Sequence, reason: DoneReason, error: str | None = None,
+               kind: ErrorKind | None = None) -> None:
         """End a request. A reply that ended normally, or was cancelled after some of its rows were
         committed, leaves its committed KV resident for the conversation's next turn; rows a step
-        evaluated but never committed are trimmed. An error drops the KV."""
+        evaluated but never committed are trimmed. An error drops the KV; `kind` says what sort
+        of error (the engine failing, unless told otherwise)."""
         if seq.is_finished:
             return
         seq.phase, seq.done_reason, seq.error, seq.waiting_reason = Phase.DONE, reason, error, None
+        seq.error_kind = (kind or ErrorKind.FAILED) if reason is DoneReason.ERROR else None
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -140,7 +143,7 @@ class Scheduler:
         seq.output.append(token)
         seq.refresh_phase()
 
-    def preempt(self, seq: Sequence) -> None:
+    def preempt(self, seq: Sequence, why: str = "the KV cache was full") -> None:
         """Free a running sequence's KV and slot; it requeues first and later recomputes its
         prompt and every token generated so far (the text already shown stays shown)."""
         self.residency.unbind(seq)
@@ -149,7 +152,7 @@ class Scheduler:
         seq.num_computed = 0
         seq.num_preemptions += 1
         seq.phase = Phase.QUEUED
-        seq.waiting_reason = (f"preempted: the KV cache was full; will recompute its "
+        seq.waiting_reason = (f"preempted: {why}; will recompute its "
                               f"{seq.num_tokens:,} tokens when there is room")
         self.waiting.appendleft(seq)
         self.admission.hold = True
@@ -158,8 +161,8 @@ class Scheduler:
 
     def schedule(self, now: float = 0.0) -> BatchPlan | None:
         """Admit what fits, then assemble the next batch: decode rows first, prompt rows after."""
-        for seq, why in self.admission.admit(now):
-            self.finish(seq, DoneReason.ERROR, why)
+        for seq, error in self.admission.admit(now):
+            self.finish(seq, DoneReason.ERROR, str(error), error.kind)
         self._make_way(now)
         by_id = sorted(self.running, key=lambda s: s.seq_id)
         decoding = [s for s in by_id if s.is_decoding]
@@ -193,9 +196,9 @@ class Scheduler:
         Progress moves only here, after the native decode succeeded, so a failed step leaves the
         scheduler's view equal to the KV cache.
         """
-        outcome = getattr(result.outcome, "value", result.outcome)
+        outcome: DecodeOutcome = result.outcome
         planned = [(sl, self._running_at(sl.seq_id)) for sl in plan.slices]
-        if outcome == "ok":
+        if outcome is DecodeOutcome.OK:
             kpos = plan_kpos(plan, self.attention, self.kv.cells_used())
             ready = []
             for sl, seq in planned:
@@ -220,10 +223,10 @@ class Scheduler:
                 self.kv.keep_prefix(sl.seq_id, seq.num_computed)
             else:
                 self.residency.trim_orphan(sl.seq_id)
-        if outcome == "no_kv_slot":
+        if outcome is DecodeOutcome.NO_KV_SLOT:
             self._relieve_kv(plan)
-        elif outcome != "aborted":
-            why = error or f"the backend rejected the batch ({outcome}, code {result.code})"
+        elif outcome is not DecodeOutcome.ABORTED:
+            why = error or f"the backend rejected the batch ({outcome.value}, code {result.code})"
             for _, seq in planned:
                 if seq is not None:
                     self.finish(seq, DoneReason.ERROR, f"{why}; this request was stopped, others go on")
@@ -282,10 +285,11 @@ class Scheduler:
             victims = [s for s in self.running if s.priority > first.priority]
             if not victims:
                 return
-            self.preempt(max(victims, key=lambda s: (s.priority, s.admit_order)))
+            self.preempt(max(victims, key=lambda s: (s.priority, s.admit_order)),
+                         f"a {first.priority.label} request needed its room")
             self.admission.hold = False  # the room was freed on purpose, for `first`
-            for seq, why in self.admission.admit(now):
-                self.finish(seq, DoneReason.ERROR, why)
+            for seq, error in self.admission.admit(now):
+                self.finish(seq, DoneReason.ERROR, str(error), error.kind)
 
     def _charge_idle_rent(self, plan: BatchPlan) -> None:
         """Without flash attention every row of a step reads every resident cell, so an idle
@@ -307,11 +311,12 @@ class Scheduler:
 
     def _relieve_kv(self, plan: BatchPlan) -> None:
         """Apply the remedy KvRelief picks after "no KV slot"."""
-        action, seq = self.relief.on_no_kv_slot(
+        verdict = self.relief.on_no_kv_slot(
             plan, self.running, lambda: self.residency.evict_lru(protect=set()))
-        if action == "preempt":
+        seq = verdict.seq
+        if verdict.remedy is Remedy.PREEMPT:
             self.preempt(seq)
-        elif action == "give_up":
+        elif verdict.remedy is Remedy.GIVE_UP:
             if seq.output:
                 self.finish(seq, DoneReason.LENGTH)
             else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import Enum
 from typing import Callable
 
 from scheduler.sequence import Sequence
@@ -9,6 +11,22 @@ from scheduler.types import BatchPlan
 
 # A lone sequence whose decode keeps failing for lack of KV room is out of context, not unlucky.
 KV_FAILURES_BEFORE_GIVING_UP = 3
+
+
+class Remedy(Enum):
+    """What to do after a step failed for lack of a KV slot."""
+
+    SMALLER = "smaller"  # retry with fewer prompt rows (already applied to the cap)
+    EVICTED = "evicted"  # an idle conversation's cache was dropped (already done)
+    PREEMPT = "preempt"  # free a running sequence's KV; it recomputes later
+    GIVE_UP = "give_up"  # a lone sequence is out of context
+    WAIT = "wait"  # nothing to do this step; try again
+
+
+@dataclass(frozen=True)
+class ReliefVerdict:
+    remedy: Remedy
+    seq: Sequence | None = None  # the sequence to preempt or give up on
 
 
 class KvRelief:
@@ -33,18 +51,18 @@ class KvRelief:
                 self.prefill_cap = None
 
     def on_no_kv_slot(self, plan: BatchPlan, running: list[Sequence],
-                      evict_idle: Callable[[], bool]) -> tuple[str, Sequence | None]:
-        """Decide the next remedy: ("smaller", None), ("evicted", None), ("preempt", seq),
-        ("give_up", seq) or ("wait", None). Shrinking and evicting are done here."""
+                      evict_idle: Callable[[], bool]) -> ReliefVerdict:
+        """Decide the next remedy; shrinking and evicting are done here, preempting and giving up
+        are the scheduler's (the verdict names the sequence)."""
         self.failures += 1
         if plan.n_prefill > 1:
             self.prefill_cap = max(1, plan.n_prefill // 2)
-            return "smaller", None
+            return ReliefVerdict(Remedy.SMALLER)
         if evict_idle():
-            return "evicted", None
+            return ReliefVerdict(Remedy.EVICTED)
         if len(running) > 1:
             # The lowest class first, and within it the newest (it has the least to recompute).
-            return "preempt", max(running, key=lambda s: (s.priority, s.admit_order))
+            return ReliefVerdict(Remedy.PREEMPT, max(running, key=lambda s: (s.priority, s.admit_order)))
         if running and self.failures >= KV_FAILURES_BEFORE_GIVING_UP:
-            return "give_up", running[0]
-        return "wait", None
+            return ReliefVerdict(Remedy.GIVE_UP, running[0])
+        return ReliefVerdict(Remedy.WAIT)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from scheduler.metrics import RequestMetrics
-from scheduler.types import DoneReason, Phase, Priority, Request
+from scheduler.types import DoneReason, ErrorKind, Phase, Priority, Request
 
 
 class Sequence:
@@ -26,10 +26,11 @@ class Sequence:
         self.num_computed = 0  # rows committed to this sequence's KV (positions 0..num_computed-1)
         self.num_cached = 0  # rows reused from a session or fork parent at the latest admission
         self.admit_order = -1
+        self.error_kind: ErrorKind | None = None
+        self.num_preemptions = 0  # times its KV was taken away (it recomputes each time)
         self.done_reason: DoneReason | None = None
         self.error: str | None = None
         self.waiting_reason: str | None = None
-        self.num_preemptions = 0
         self.metrics = RequestMetrics(t_submit=t_submit)
         # Engine-side companions, kept here so one object follows the request around.
         self.detok: Any = None

@@ -13,8 +13,31 @@ class Phase(str, Enum):
     QUEUED = "queued"  # waiting for a sequence slot or KV room
     PREPARING = "preparing"  # chat template + tokenization
     PREFILL = "prefill"  # prompt rows being evaluated
+    WAITING = "waiting"  # remote: sent to the server, no token yet (its prefill is not visible)
     GENERATING = "generating"
     DONE = "done"
+
+
+class DecodeOutcome(str, Enum):
+    """What one native step did: llama_decode's return codes, typed (llama.h)."""
+
+    OK = "ok"  # 0
+    NO_KV_SLOT = "no_kv_slot"  # 1: recoverable, retry smaller or free KV
+    ABORTED = "aborted"  # 2: abort callback fired
+    INVALID_BATCH = "invalid_batch"  # -1
+    FATAL = "fatal"  # < -1
+
+    @classmethod
+    def from_code(cls, code: int) -> "DecodeOutcome":
+        if code == 0:
+            return cls.OK
+        if code == 1:
+            return cls.NO_KV_SLOT
+        if code == 2:
+            return cls.ABORTED
+        if code == -1:
+            return cls.INVALID_BATCH
+        return cls.FATAL
 
 
 class DoneReason(str, Enum):
@@ -22,6 +45,14 @@ class DoneReason(str, Enum):
     LENGTH = "length"
     CANCELLED = "cancelled"
     ERROR = "error"
+
+
+class ErrorKind(str, Enum):
+    """Why a request ended with `error`, for callers that answer differently (HTTP 400 vs 500)."""
+
+    INVALID = "invalid_request"  # the request itself is wrong (a field, an id, an empty prompt)
+    CONTEXT_LENGTH = "context_length_exceeded"  # the prompt does not fit a sequence or the cache
+    FAILED = "failed"  # the engine or backend failed while running it
 
 
 class Priority(IntEnum):
@@ -47,6 +78,9 @@ class SamplingParams:
     min_p: float = 0.05
     seed: int | None = None
     max_tokens: int = 256
+    # The reply ends (reason `stop`) where one of these texts first appears in it, matched on the
+    # detokenized text across token boundaries; the stop text and anything after it are never shown.
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,6 +179,23 @@ def plan_kpos(plan: "BatchPlan", path: AttentionPath, cells_used: int) -> float:
     if path is AttentionPath.DENSE:
         return used_cells_kpos(cells_used + plan.n_rows, plan.n_rows)
     return plan.attention_kpos
+@dataclass(frozen=True)
+class ServerTimings:
+    """What a llama-server reports about one reply (its `timings` object), in its own terms."""
+
+    prompt_n: int  # prompt tokens it evaluated (not taken from its cache)
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+    cache_n: int = 0  # prompt tokens reused from its cache
+
+    @property
+    def prompt_tok_s(self) -> float | None:
+        return self.prompt_n / self.prompt_ms * 1000.0 if self.prompt_ms > 0 else None
+
+    @property
+    def predicted_tok_s(self) -> float | None:
+        return self.predicted_n / self.predicted_ms * 1000.0 if self.predicted_ms > 0 else None
 
 
 @dataclass
@@ -169,9 +220,33 @@ class SeqUpdate:
     itl_p95_ms: float | None = None
     itl_max_ms: float | None = None
     done_reason: DoneReason | None = None
+    error_kind: ErrorKind | None = None  # with done_reason ERROR
     error: str | None = None
     waiting_reason: str | None = None
     priority: Priority = Priority.INTERACTIVE
+    load_fraction: float | None = None  # phase `loading`: how much of the model is loaded (0..1)
+    # A remote engine's request: which server runs it, whether the token counts are estimates
+    # (the server sent no usage), and the server's own timings when it reports them.
+    endpoint: str | None = None
+    tokens_estimated: bool = False
+    server_timings: ServerTimings | None = None
+
+
+class RejectReason(str, Enum):
+    DUPLICATE_ID = "duplicate_id"  # another request with this id is still live
+    BAD_ID = "bad_id"  # the request id is missing or not text: no update could carry it
+    MALFORMED = "malformed"  # not a request at all, or a command the engine cannot apply
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A submit the engine refused without it ever becoming a request. Reported apart from the
+    updates because its id may belong to another, live request, which must not look ended."""
+
+    request_id: str  # as given (repr'd when it was not text)
+    session_id: str | None
+    reason: RejectReason
+    message: str
 
 
 @dataclass
@@ -190,7 +265,8 @@ class StepReport:
     running: int
     policy: str
     updates: list[SeqUpdate] = field(default_factory=list)
+    # OK, or the outcome of a step that failed and committed nothing (e.g. NO_KV_SLOT).
+    outcome: DecodeOutcome = DecodeOutcome.OK
+    rejected: list[Rejection] = field(default_factory=list)
     # Cells only idle conversations hold (without flash attention they slow every row).
     kv_idle: int = 0
-    # "ok", or the DecodeOutcome value of a step that failed and committed nothing (e.g. "no_kv_slot").
-    outcome: str = "ok"

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from magnitude_tui.app import MagnitudeApp  # noqa: E402
-from magnitude_tui.engine.client import EngineClient  # noqa: E402
+from backend.factory import BackendConfig  # noqa: E402
+from magnitude_tui.engine.client import WorkerClient  # noqa: E402
 from magnitude_tui.engine.events import EngineConfig  # noqa: E402
 from magnitude_tui.store import Store  # noqa: E402
 from magnitude_tui.widgets.chat_pane import ChatPane  # noqa: E402
@@ -57,7 +58,7 @@ def phases(app: MagnitudeApp) -> list[Phase]:
 
 async def shoot(config: EngineConfig, out: Path, max_tokens: int, timeout: float) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        app = MagnitudeApp(config, client=EngineClient(config), store=Store(Path(tmp) / "shots.db"),
+        app = MagnitudeApp(client=WorkerClient(config), store=Store(Path(tmp) / "shots.db"),
                            theme="magnitude", sampling=SamplingParams(max_tokens=max_tokens),
                            export_dir=Path(tmp))
         async with app.run_test(size=SIZE) as pilot:
@@ -111,7 +112,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "screenshots")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    config = EngineConfig(backend=args.backend, device=args.device, model=args.model, n_ctx=8192)
+    config = EngineConfig(BackendConfig(args.backend, device=args.device, model=args.model, n_ctx=8192))
     asyncio.run(shoot(config, args.out, args.max_tokens, args.timeout))
 
 

@@ -1,4 +1,4 @@
-"""Provides a scripted stand-in for EngineClient, stepped by the test, for deterministic UI tests."""
+"""Provides ScriptedClient, an EngineClient stepped by the test, for deterministic UI tests."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from magnitude_tui.app import MagnitudeApp
-from magnitude_tui.engine.events import (EngineConfig, EngineFailed, EngineReady, LoadProgress,
+from magnitude_tui.engine.events import (CommandRejected, EngineFailed, EngineReady, LoadProgress,
                                          PolicyChanged)
+from magnitude_tui.engine.protocol import EngineTarget
 from magnitude_tui.store import Store
 from scheduler.types import DoneReason, Phase, Request, SamplingParams, SeqUpdate, StepReport
 
@@ -35,7 +36,9 @@ def default_reply(request: Request) -> str:
 
 
 class ScriptedClient:
-    """The EngineClient API; nothing happens until the test calls step() (or ready())."""
+    """An EngineClient; nothing happens until the test calls step() (or ready()). Requests
+    submitted before ready() are reported `loading` at the last load fraction, as the worker
+    client reports them."""
 
     def __init__(self, *, auto_ready: bool = True, reply=default_reply, policy: str = "target:50"):
         self.auto_ready = auto_ready
@@ -50,13 +53,20 @@ class ScriptedClient:
         self.emitted = 0  # batches put on the queue (quiet() compares it with what the app applied)
         self._queue: queue.Queue = queue.Queue()
         self._alive = False
+        self._ready = False
+        self._fraction = 0.0
 
     # ---- EngineClient API ---------------------------------------------------------------------
+
+    @property
+    def target(self) -> EngineTarget:
+        return EngineTarget("scripted.gguf", "CPU")
 
     def start(self) -> None:
         self.started += 1
         self._alive = True
-        self._emit([LoadProgress(0.4, "scripted.gguf", "CPU")])
+        self._ready = False
+        self.load_progress(0.4)
         if self.auto_ready:
             self.ready()
 
@@ -67,6 +77,8 @@ class ScriptedClient:
         words[-1] = words[-1].rstrip()
         total = sum(len(m.content.split()) for m in request.messages) + 8
         self.live[request.request_id] = _Live(request, seq_id, words, prompt_total=total)
+        if not self._ready:
+            self._emit([self._loading_update(request)])
 
     def cancel(self, request_id: str) -> None:
         self.cancelled.append(request_id)
@@ -75,8 +87,18 @@ class ScriptedClient:
 
     def close_session(self, session_id: str) -> None:
         self.closed_sessions.append(session_id)
+        for l in self.live.values():
+            if l.request.session_id == session_id:
+                l.cancelled = True
 
     def set_policy(self, policy: str) -> None:
+        from scheduler.budget import parse_policy
+
+        try:
+            parse_policy(policy)
+        except ValueError as exc:
+            self._emit([CommandRejected(f"policy not changed: {exc}")])
+            return
         self.policy = policy
         self._emit([PolicyChanged(policy)])
 
@@ -99,9 +121,23 @@ class ScriptedClient:
 
     # ---- test controls ------------------------------------------------------------------------
 
+    @property
+    def loaded(self) -> bool:
+        return self._ready
+
+    def load_progress(self, fraction: float) -> None:
+        self._fraction = fraction
+        waiting = [self._loading_update(l.request) for l in self.live.values()]
+        self._emit([LoadProgress(fraction, "scripted.gguf", "CPU"), *waiting])
+
     def ready(self) -> None:
+        self._ready = True
         self._emit([LoadProgress(1.0, "scripted.gguf", "CPU"),
                     EngineReady("scripted.gguf", "CPU", 8192, 16, 2048, self.policy)])
+
+    def _loading_update(self, request: Request) -> SeqUpdate:
+        return SeqUpdate(request.request_id, request.session_id, None, Phase.LOADING,
+                         load_fraction=self._fraction)
 
     def die(self, message: str = "the engine worker was killed by SIGKILL") -> None:
         batch: list[object] = [
@@ -121,6 +157,7 @@ class ScriptedClient:
             if not self.live:
                 return
             self._step()
+        raise AssertionError(f"scripted replies still live after {max_steps} steps: {sorted(self.live)}")
 
     def _step(self) -> None:
         self.step_no += 1
@@ -162,9 +199,9 @@ class ScriptedClient:
 
 
 def make_app(tmp_path: Path, client=None, *, resume: bool = False, theme: str | None = None,
-             config: EngineConfig | None = None, sampling: SamplingParams | None = None) -> MagnitudeApp:
+             sampling: SamplingParams | None = None) -> MagnitudeApp:
     store = Store(tmp_path / "magnitude.db")
-    return MagnitudeApp(config or EngineConfig(backend="fake"), client=client or ScriptedClient(),
+    return MagnitudeApp(client=client or ScriptedClient(),
                         store=store, theme=theme, resume=resume, export_dir=tmp_path / "exports",
                         sampling=sampling)
 

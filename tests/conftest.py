@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from tests.needs import need_real_model
+
 
 @pytest.fixture(scope="session")
 def llama():
     """The real SmolLM2 backend on CPU with room for 16 sequences."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/setup.sh")
+    need_real_model()
     from backend.llama_backend import LlamaBackend
 
     backend = LlamaBackend.load(device="cpu", n_ctx=4096, n_seq_max=16, n_batch=512, n_ubatch=512)

@@ -83,7 +83,8 @@ class Driver:
 
 def engine_for(backend=None, policy="fixed:64", coalesce_ms=0.0, clock=None, **kw):
     backend = backend or FakeBackend()
-    clock = clock or getattr(backend, "clock", None) or VirtualClock()
+    # A fake backend keeps wall time; these tests want the virtual kind (no real waiting).
+    clock = clock or (backend.clock if isinstance(backend.clock, VirtualClock) else VirtualClock())
     return Engine(backend, policy=policy, clock=clock, coalesce_ms=coalesce_ms, **kw), backend
 
 

@@ -1,26 +1,22 @@
-"""Pilot tests of the app on the real engine (EngineClient in process, fake backend)."""
+"""Pilot tests of the app on the real engine (WorkerClient in process, fake backend)."""
 
 from __future__ import annotations
 
-import pytest
-
+from backend.fake import DEFAULT_REPLY
+from backend.factory import BackendConfig
+from magnitude_tui.engine.client import WorkerClient
+from magnitude_tui.engine.events import EngineConfig
+from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
+from scheduler.types import Phase, SamplingParams
 from tests.app_support import SIZE, make_app, wait_for
-
-pytest.importorskip("magnitude_tui.engine.core", reason="the Engine lands with the engine issue")
-
-from backend.fake import DEFAULT_REPLY  # noqa: E402
-from magnitude_tui.engine.client import EngineClient  # noqa: E402
-from magnitude_tui.engine.events import EngineConfig  # noqa: E402
-from magnitude_tui.widgets.scheduler_panel import SchedulerPanel  # noqa: E402
-from scheduler.types import Phase, SamplingParams  # noqa: E402
 
 ENDLESS = SamplingParams(max_tokens=1_000_000)
 
 
 def _engine_app(tmp_path, *, max_tokens: int, policy: str = "fixed:64"):
-    config = EngineConfig(backend="fake", policy=policy, n_ctx=65536, n_seq_max=16)
-    client = EngineClient(config, in_process=True)
-    return make_app(tmp_path, client, config=config, sampling=SamplingParams(max_tokens=max_tokens)), client
+    config = EngineConfig(BackendConfig("fake", n_ctx=65536, n_seq_max=16), policy=policy)
+    client = WorkerClient(config, in_process=True)
+    return make_app(tmp_path, client, sampling=SamplingParams(max_tokens=max_tokens)), client
 
 
 async def _ready(pilot, app) -> None:

@@ -12,7 +12,6 @@ from magnitude_tui.widgets.pane_grid import PaneGrid, tiling
 from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
 from magnitude_tui.widgets.sequences_panel import SequencesPanel
 from textual.command import CommandList
-from textual.widgets import ContentSwitcher
 from scheduler.types import Phase
 
 
@@ -229,12 +228,11 @@ async def test_loading_view_then_ready(tmp_path):
     app = make_app(tmp_path, client)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        switcher = app.workspace.query_one(ContentSwitcher)
-        assert switcher.current == "loading"
         view = app.workspace.query_one(LoadingView)
+        assert view.display
         assert view.query_one("ProgressBar").progress == 40
         client.ready()
-        await wait_for(pilot, lambda: switcher.current == "workspace", what="the workspace")
+        await wait_for(pilot, lambda: not view.display, what="the loading view to go")
 
 
 async def test_engine_death_fails_live_request_and_restarts(tmp_path):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 
 from tests.app_support import SIZE, make_app, wait_for
+from tests.needs import need_real_model
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by scripts/setup.sh")
+need_real_model()
 
-from magnitude_tui.engine.client import EngineClient  # noqa: E402
+from backend.factory import BackendConfig  # noqa: E402
+from magnitude_tui.engine.client import WorkerClient  # noqa: E402
 from magnitude_tui.engine.events import EngineConfig  # noqa: E402
 from scheduler.types import Phase, SamplingParams  # noqa: E402
 
@@ -18,8 +20,8 @@ ORDER = [Phase.PREPARING, Phase.QUEUED, Phase.PREFILL, Phase.GENERATING, Phase.D
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 async def test_two_panes_stream_then_subagents_report_back_on_the_real_model(tmp_path):
-    config = EngineConfig(backend="llama", device="cpu", n_ctx=4096)
-    app = make_app(tmp_path, EngineClient(config), config=config, sampling=SamplingParams(max_tokens=24))
+    config = EngineConfig(BackendConfig("llama", device="cpu", n_ctx=4096))
+    app = make_app(tmp_path, WorkerClient(config), sampling=SamplingParams(max_tokens=24))
     async with app.run_test(size=SIZE) as pilot:
         ws = app.workspace
         seen: dict[str, list[Phase]] = {}

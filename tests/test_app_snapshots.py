@@ -41,6 +41,9 @@ async def _settle(pilot) -> None:
         if agreed == 2:  # three alike in a row: no panel timer was merely late
             return
         previous = current
+    # A snapshot taken now would compare a screen still changing: fail here, with the reason,
+    # rather than as a random diff (or, worse, a match by luck).
+    raise AssertionError("the screen never settled: no three screenshots 0.3 s apart agreed in 9 s")
 
 
 def test_loading_view(snap_compare, tmp_path):

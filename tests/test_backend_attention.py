@@ -129,14 +129,14 @@ def test_the_cost_model_predicts_held_out_deep_steps_within_a_quarter(flash):
     processes (every step computes on the calling thread)."""
     pytest.importorskip("llama_cpp")
     from backend.llama_backend import LlamaBackend
-    from magnitude_tui.bench.common import FixedLength, median, prompt_tokens
+    from magnitude_tui.bench.common import CPU_CLOCK, FixedLength, median, prompt_tokens
     from magnitude_tui.engine.core import Engine
     from scheduler.types import Request, SamplingParams, plan_kpos
 
     llama = LlamaBackend.load(device="cpu", n_ctx=4096, n_seq_max=8, n_batch=512, n_threads=1, flash_attn=flash)
     try:
-        view = FixedLength(llama, time.process_time)  # what the cost model learns from
-        engine = Engine(view, policy="target:50", coalesce_ms=0, clock=time.process_time)
+        view = FixedLength(llama, CPU_CLOCK)  # what the cost model learns from
+        engine = Engine(view, policy="target:50", coalesce_ms=0, clock=CPU_CLOCK)
         engine.calibrate()
         parent = prompt_tokens(llama, 1000, salt=9)
         engine.submit(Request("p", "p", (), SamplingParams(max_tokens=1), prompt_tokens=parent))

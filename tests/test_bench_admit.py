@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from magnitude_tui.bench.admit import AdmitConfig, admit_result, run_admit
 from magnitude_tui.bench.cli import bench_app
-from magnitude_tui.bench.common import BackendSpec, save_result
+from backend.factory import BackendConfig
+from magnitude_tui.bench.common import save_result
 from magnitude_tui.bench.plots import plot_admit
 
 
@@ -24,9 +25,9 @@ ROW_KEYS = {"policy", "chunk", "running_tok_s", "keep", "itl_p50_ms", "itl_p99_m
 
 def test_rx9070xt_profile_reproduces_the_published_arithmetic():
     """8 generating, 8,000 tokens arrive: fixed:32 gives each ~17 tok/s and a ~14.7 s wait;
-    prefill-first freezes everyone for ~8.3 s (DESIGN.md section 1, issue 3)."""
+    prefill-first freezes everyone for ~8.3 s (the RX 9070 XT profile in backend/simulated.py)."""
     cfg = AdmitConfig(fixed=(32,), targets=(50.0,))
-    summary, _ = run_admit(BackendSpec(kind="simulated:rx9070xt"), cfg)
+    summary, _ = run_admit(BackendConfig(kind="simulated:rx9070xt"), cfg)
     rows = {r["policy"]: r for r in summary["rows"]}
     assert summary["newcomer_tokens"] == 8000
     assert summary["undisturbed_step_ms"] == pytest.approx(25.7, abs=0.01)
@@ -47,7 +48,7 @@ def test_rx9070xt_profile_reproduces_the_published_arithmetic():
 
 def test_tiny_simulated_run_writes_json_markdown_and_png(tmp_path):
     cfg = AdmitConfig(n_running=2, newcomer_tokens=256, fixed=(16, 64), targets=(40.0,))
-    result = admit_result([BackendSpec(kind="simulated:cpu2core")], cfg)
+    result = admit_result([BackendConfig(kind="simulated:cpu2core")], cfg)
     paths = save_result(result, tmp_path, plot_admit)
     data = json.loads(paths["json"].read_text())
     rows = next(iter(data["tables"].values()))
@@ -67,7 +68,7 @@ def test_cli_admit_on_a_simulated_profile(tmp_path):
 @pytest.mark.slow
 def test_tiny_real_model_run_is_well_formed(tmp_path):
     cfg = AdmitConfig(n_running=2, warmup_tokens=4, newcomer_tokens=96, fixed=(32,), targets=(60.0,))
-    result = admit_result([BackendSpec(kind="llama", device="cpu", n_ctx=2048)], cfg)
+    result = admit_result([BackendConfig(kind="llama", device="cpu", n_ctx=2048)], cfg)
     paths = save_result(result, tmp_path, plot_admit)
     rows = next(iter(json.loads(paths["json"].read_text())["tables"].values()))
     assert [r["policy"] for r in rows] == ["prefill-first", "fixed:32", "target:60"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from magnitude_tui.bench.burst import BurstConfig, run_bursts
-from magnitude_tui.bench.common import BackendSpec, save_result
+from backend.factory import BackendConfig
+from magnitude_tui.bench.common import save_result
 
 
 @pytest.fixture(autouse=True)
@@ -19,7 +20,7 @@ def _rows(res):
 
 
 def test_simulated_burst_compares_every_policy(tmp_path):
-    res = run_bursts(BackendSpec(kind="simulated:cpu2core-deep"), BurstConfig(n=6, context=1000, own=100, gen=8))
+    res = run_bursts(BackendConfig(kind="simulated:cpu2core-deep"), BurstConfig(n=6, context=1000, own=100, gen=8))
     rows = _rows(res)
     assert set(rows) == {"target:50", "prefill-first", "fixed:2048", "target-v1:50"}
     assert all(r["prompt_rows"] == 6 * 100 for r in rows.values())  # forks evaluate only their own rows
@@ -34,7 +35,7 @@ def test_simulated_burst_compares_every_policy(tmp_path):
 def test_tiny_real_burst_is_well_formed():
     cfg = BurstConfig(n=2, context=96, own=16, gen=3, policies=("target:50", "prefill-first"), flash=("off",),
                       cpu_clock=True)
-    res = run_bursts(BackendSpec(kind="llama", device="cpu", n_threads=1), cfg)
+    res = run_bursts(BackendConfig(kind="llama", device="cpu", n_threads=1), cfg)
     rows = _rows(res)
     assert set(rows) == {"target:50", "prefill-first"}
     assert all(r["flash_attn"] == "off" and r["prompt_rows"] == 2 * 16 for r in rows.values())

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from magnitude_tui.bench.common import BackendSpec, save_result
+from backend.factory import BackendConfig
+from magnitude_tui.bench.common import save_result
 from magnitude_tui.bench.fork import ForkConfig, run_fork
 from magnitude_tui.bench.plots import plot_fork
 
@@ -20,7 +21,7 @@ def _rows(res):
 
 
 def test_simulated_fork_reuses_the_parent_prefix(tmp_path):
-    res = run_fork(BackendSpec(kind="simulated:cpu2core"), ForkConfig(n=3, parent_tokens=400, task_tokens=16, gen=2))
+    res = run_fork(BackendConfig(kind="simulated:cpu2core"), ForkConfig(n=3, parent_tokens=400, task_tokens=16, gen=2))
     rows = _rows(res)
     assert rows["forked"]["cached_min"] == 400 and rows["cold"]["cached_min"] == 0
     assert rows["forked"]["prompt_rows"] == 3 * 16
@@ -31,7 +32,7 @@ def test_simulated_fork_reuses_the_parent_prefix(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_real_fork_is_well_formed():
-    res = run_fork(BackendSpec(kind="llama", device="cpu"), ForkConfig(n=2, parent_tokens=160, task_tokens=8, gen=2))
+    res = run_fork(BackendConfig(kind="llama", device="cpu"), ForkConfig(n=2, parent_tokens=160, task_tokens=8, gen=2))
     rows = _rows(res)
     assert rows["forked"]["cached_min"] == 160
     assert rows["forked"]["prompt_rows"] == 2 * 8

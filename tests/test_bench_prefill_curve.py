@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from magnitude_tui.bench.common import BackendSpec, save_result
+from backend.factory import BackendConfig
+from magnitude_tui.bench.common import save_result
 from magnitude_tui.bench.plots import plot_prefill_curve
 from magnitude_tui.bench.prefill_curve import CurveConfig, curve_result
 
@@ -17,7 +18,7 @@ def _no_waiting_for_a_quiet_machine(monkeypatch):
 
 def test_fit_recovers_the_simulated_cost_model(tmp_path):
     cfg = CurveConfig(chunks=(1, 16, 256), n_decode=4, seqs=(1, 2, 4), reps=1)
-    res = curve_result(BackendSpec(kind="simulated:cpu2core"), cfg)
+    res = curve_result(BackendConfig(kind="simulated:cpu2core"), cfg)
     fit = res.data["fit"]
     assert fit["fixed_ms"] == pytest.approx(4.3, abs=0.01)
     assert fit["decode_ms"] == pytest.approx(6.7, abs=0.01)
@@ -32,7 +33,7 @@ def test_fit_recovers_the_simulated_cost_model(tmp_path):
 @pytest.mark.slow
 def test_tiny_real_curve_is_well_formed(tmp_path):
     cfg = CurveConfig(chunks=(1, 8, 32), n_decode=2, seqs=(1, 2), reps=1)
-    res = curve_result(BackendSpec(kind="llama", device="cpu", n_ctx=1024), cfg)
+    res = curve_result(BackendConfig(kind="llama", device="cpu", n_ctx=1024), cfg)
     assert [r["seqs"] for r in res.data["decode"]] == [1, 2]
     assert all(r["step_ms"] > 0 for r in res.data["decode"])
     assert [r["chunk"] for r in res.data["prefill"]] == [1, 1, 8, 8, 32, 32]

@@ -13,7 +13,8 @@ import warnings
 import pytest
 
 from magnitude_tui.bench import peers
-from magnitude_tui.bench.common import BackendSpec, save_result
+from backend.factory import BackendConfig
+from magnitude_tui.bench.common import save_result
 from magnitude_tui.bench.plots import plot_throughput
 from magnitude_tui.bench.throughput import ThroughputConfig, run_throughput
 
@@ -36,7 +37,7 @@ def test_tiny_throughput_against_every_available_peer(tmp_path):
         warnings.warn("llama.cpp tools not built (scripts/build_llama_tools.sh): only the engine and serial "
                       "Llama are compared here")
     cfg = ThroughputConfig(seqs=(1, 2), prompt=16, gen=8, reps=1, policies=("target:50",), require_tools=require)
-    res = run_throughput(BackendSpec(kind="llama", device="cpu", n_ctx=1024), cfg)
+    res = run_throughput(BackendConfig(kind="llama", device="cpu", n_ctx=1024), cfg)
     want = {"engine target:50", "Llama serial"} | ({"llama-batched-bench", "llama-server -np N"} if found else set())
     assert {m["peer"] for m in res.data["medians"]} == want
     for m in res.data["medians"]:

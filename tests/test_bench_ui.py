@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from backend.factory import BackendConfig
 from magnitude_tui.bench.common import save_result
 from magnitude_tui.bench.ui import UiConfig, run_ui_bench
 from magnitude_tui.engine.events import EngineConfig
+from tests.needs import need_real_model
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +31,7 @@ def _check(res, panes: int, keys: int) -> None:
 @pytest.mark.timeout(120)
 def test_fake_backend_bench_ui_is_well_formed(tmp_path):
     cfg = UiConfig(panes=2, max_tokens=6, keys=3, key_interval_s=0.02, reps=1)
-    res = run_ui_bench(EngineConfig(backend="fake", n_ctx=2048), cfg)
+    res = run_ui_bench(EngineConfig(BackendConfig("fake", n_ctx=2048)), cfg)
     _check(res, 2, 3)
     assert save_result(res, tmp_path)["json"].exists()
 
@@ -37,9 +39,9 @@ def test_fake_backend_bench_ui_is_well_formed(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tiny_real_bench_ui_is_well_formed():
-    pytest.importorskip("llama_cpp")
+    need_real_model()
     cfg = UiConfig(panes=2, max_tokens=12, keys=3, key_interval_s=0.05, reps=1)
-    res = run_ui_bench(EngineConfig(backend="llama", device="cpu", n_ctx=2048), cfg)
+    res = run_ui_bench(EngineConfig(BackendConfig("llama", device="cpu", n_ctx=2048)), cfg)
     _check(res, 2, 3)
     headless = next(iter(res.tables.values()))[0]
     assert headless["steps(2x0)"] > 0 and headless["step_ms_p50"] > 0

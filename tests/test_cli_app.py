@@ -21,12 +21,12 @@ def test_replies_are_sampled_by_default_and_the_options_reach_the_app(monkeypatc
     result, seen = _launch(monkeypatch)
     assert result.exit_code == 0, result.output
     assert seen["sampling"] == SamplingParams(temperature=0.7, max_tokens=512, seed=None)
-    assert seen["config"].n_threads >= 1 and seen["resume"] is False
+    assert seen["config"].backend.n_threads >= 1 and seen["resume"] is False
     result, seen = _launch(monkeypatch, "--temperature", "0", "--max-tokens", "99", "--seed", "7",
                            "--policy", "fixed:64", "--threads", "3", "--resume")
     assert result.exit_code == 0, result.output
     assert seen["sampling"] == SamplingParams(temperature=0.0, max_tokens=99, seed=7)
-    assert (seen["config"].policy, seen["config"].n_threads, seen["resume"]) == ("fixed:64", 3, True)
+    assert (seen["config"].policy, seen["config"].backend.n_threads, seen["resume"]) == ("fixed:64", 3, True)
 
 
 def test_bad_sampling_options_are_refused_before_anything_starts(monkeypatch):
@@ -34,3 +34,21 @@ def test_bad_sampling_options_are_refused_before_anything_starts(monkeypatch):
         result, seen = _launch(monkeypatch, *args)
         assert result.exit_code == 2 and not seen
         assert args[0] in result.output
+
+
+def test_remote_servers_replace_the_local_engine(monkeypatch):
+    from magnitude_tui.engine.protocol import EngineClient
+    from magnitude_tui.remote.client import RemoteClient
+
+    monkeypatch.setenv("MY_KEY", "k")
+    result, seen = _launch(monkeypatch, "--remote", "http://a:1", "--remote", "http://b:2/v1",
+                           "--remote-model", "m", "--api-key-env", "MY_KEY")
+    assert result.exit_code == 0, result.output
+    client = seen["config"]
+    assert isinstance(client, RemoteClient) and isinstance(client, EngineClient)
+    assert client.config.urls == ("http://a:1", "http://b:2/v1")
+    assert (client.config.model, client.config.api_key) == ("m", "k")
+    for args, why in ((["--remote", "a:1"], "not a server URL"),
+                      (["--remote", "http://a:1", "--api-key-env", "UNSET_VAR"], "UNSET_VAR")):
+        result, seen = _launch(monkeypatch, *args)
+        assert result.exit_code == 2 and not seen and why in result.output

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from magnitude_tui.engine.client import EngineClient
+from backend.factory import BackendConfig
+from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import EngineConfig, EngineFailed, EngineReady, LoadProgress
 from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
 
@@ -44,7 +45,7 @@ def wait_ready(client, timeout=120):
 
 def test_killing_the_worker_fails_live_requests_clearly_and_a_new_worker_starts(tmp_path):
     log = tmp_path / "engine.log"
-    client = EngineClient(EngineConfig(backend="llama", device="cpu", n_ctx=2048, n_seq_max=4),
+    client = WorkerClient(EngineConfig(BackendConfig("llama", device="cpu", n_ctx=2048, n_seq_max=4)),
                           log_path=str(log))
     client.start()
     try:
@@ -110,7 +111,8 @@ def test_generate_cli_rejects_a_missing_model_file():
 def test_the_config_reaches_the_engine_in_the_worker():
     # In process (the same serve() on a thread), fake backend: a message as long as the configured
     # notice threshold gets a `preparing` report of its own, with no rows run.
-    client = EngineClient(EngineConfig(backend="fake", policy="fixed:16", prepare_notice_chars=50), in_process=True)
+    client = WorkerClient(EngineConfig(BackendConfig("fake"), policy="fixed:16", prepare_notice_chars=50),
+                          in_process=True)
     client.start()
     try:
         ready, _ = wait_ready(client)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.needs import need_real_model
+
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "magnitude_tui.cli"]
 
@@ -28,7 +30,7 @@ def _lavapipe_installed() -> bool:
 
 
 def test_build_has_vulkan_backend_compiled_in():
-    pytest.importorskip("llama_cpp")
+    need_real_model()
     from backend import native
 
     assert "Vulkan" in native.compiled_backends(), native.compiled_backends()
@@ -51,7 +53,7 @@ def test_devices_lists_vulkan_when_lavapipe_forced():
 
 
 def test_vulkan_device_without_visible_device_is_a_clear_error():
-    pytest.importorskip("llama_cpp")
+    need_real_model()
     r = _run([sys.executable, "-c",
               "from backend.native import select_device\n"
               "try:\n    select_device('vulkan')\nexcept ValueError as e:\n    print('ERR', e)"])

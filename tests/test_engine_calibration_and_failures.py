@@ -7,7 +7,7 @@ import pytest
 
 from backend.fake import FakeBackend
 from backend.protocol import DecodeOutcome, DecodeResult, PlanError
-from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
+from scheduler.types import DoneReason, Message, Phase, RejectReason, Request, SamplingParams
 from tests.engine_driver import assert_clean, by_request, chat, engine_for, text
 
 
@@ -39,14 +39,18 @@ def test_bad_requests_fail_alone_with_clear_errors():
     engine.submit(chat("zero", "s4", "x", max_tokens=0))
     engine.submit(Request("empty", "s5", (), prompt_tokens=()))
     engine.submit(chat("ok", "s6", "duplicate"))
-    ups = by_request(engine.run_until_idle())
+    reports = engine.run_until_idle()
+    ups = by_request(reports)
     errors = {rid: u.error for rid, us in ups.items() for u in us if u.done_reason is DoneReason.ERROR}
     assert "unknown chat role" in errors["role"]
     assert "larger context" in errors["huge"]
     assert "vocabulary" in errors["vocab"]
     assert "max_tokens" in errors["zero"]
     assert "empty" in errors["empty"]
-    assert "already running" in errors["ok"]
+    # The second "ok" is refused apart from the first (a Rejection, not an update under its id).
+    [dup] = [r for report in reports for r in report.rejected]
+    assert dup.reason is RejectReason.DUPLICATE_ID and dup.session_id == "s6" and "already in use" in dup.message
+    assert "ok" not in errors
     assert ups["ok"][-1].done_reason is DoneReason.STOP  # the first "ok" was not disturbed
     assert_clean(engine, "s0")
 
@@ -76,7 +80,7 @@ def test_no_kv_slot_from_the_backend_is_reported_as_the_step_outcome():
     engine.submit(chat("a", "sa", "hi", max_tokens=3))
     backend.fail_next(DecodeOutcome.NO_KV_SLOT)
     report = engine.step()
-    assert report.outcome == "no_kv_slot"
+    assert report.outcome is DecodeOutcome.NO_KV_SLOT
     assert by_request(engine.run_until_idle())["a"][-1].generated == 3
     assert_clean(engine, "sa")
 
@@ -89,7 +93,7 @@ def test_kv_exhaustion_preempts_and_recomputes_without_losing_shown_text():
                               prompt_tokens=tuple(range(100, 140))))
     reports = engine.run_until_idle()
     ups = by_request(reports)
-    assert any(r.outcome == "no_kv_slot" for r in reports)
+    assert any(r.outcome is DecodeOutcome.NO_KV_SLOT for r in reports)
     preempted = [rid for rid, us in ups.items() if any("preempted" in (u.waiting_reason or "") for u in us)]
     assert preempted
     for rid, us in ups.items():

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from backend.simulated import PROFILES, HardwareProfile, SimulatedBackend, VirtualClock, from_spec, get_profile
+from backend.factory import BackendConfig, build_backend
+from backend.simulated import PROFILES, HardwareProfile, SimulatedBackend, VirtualClock, get_profile
 from magnitude_tui.engine.core import Engine
 from scheduler.budget import GAP_SLACK, MIN_PREFILL_QUANTUM, CostParams
 from scheduler.types import Phase, Request, SamplingParams
@@ -121,9 +122,12 @@ def test_profiles_and_specs():
     assert cpu.step_ms(8, 0) == pytest.approx(58.0, abs=0.5)
     with pytest.raises(ValueError, match="rx9070xt"):
         get_profile("simulated:nope")
-    backend = from_spec("simulated:cpu2core", n_ctx=1024)
+    backend = build_backend(BackendConfig("simulated:cpu2core", n_ctx=1024))
     assert backend.profile is cpu and backend.n_ctx == 1024
-    assert from_spec("fake").name == "fake"
+    assert backend.known_costs.fixed_ms == cpu.fixed_ms  # the engine seeds its cost model from it
+    assert build_backend(BackendConfig("fake")).name == "fake"
+    with pytest.raises(ValueError, match="unknown backend 'gpt'"):
+        BackendConfig("gpt")
 
 
 def test_simulated_time_only_passes_in_steps_and_calibration_reads_the_profile():

@@ -11,12 +11,13 @@ import openai
 import pytest
 
 from backend.fake import DEFAULT_REPLY
+from backend.factory import BackendConfig
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions, create_app
 from magnitude_tui.serve.hub import EngineState
 from tests.serve_support import running_server
 
-FAKE = EngineConfig(backend="fake", n_ctx=4096, n_seq_max=16, policy="fixed:64")
+FAKE = EngineConfig(BackendConfig("fake", n_ctx=4096, n_seq_max=16), policy="fixed:64")
 
 
 @pytest.fixture(scope="module")

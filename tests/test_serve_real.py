@@ -5,6 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
+from backend.factory import BackendConfig
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions
 from tests.serve_support import running_server
@@ -16,8 +17,8 @@ QUESTION = [{"role": "user", "content": "Name three colours."}]
 
 @pytest.fixture(scope="module")
 def client():
-    config = EngineConfig(backend="llama", device="cpu", n_ctx=4096, n_seq_max=8, n_batch=512,
-                          n_threads=2, policy="target:50")
+    config = EngineConfig(BackendConfig("llama", device="cpu", n_ctx=4096, n_seq_max=8, n_batch=512,
+                                        n_threads=2), policy="target:50")
     with running_server(config, ServeOptions(model_name="smollm2")) as s:
         yield openai.OpenAI(base_url=s.base, api_key="unused", max_retries=0, timeout=120)
 

@@ -6,7 +6,8 @@ import httpx
 
 from backend.fake import DEFAULT_REPLY
 from magnitude_tui.app import MagnitudeApp
-from magnitude_tui.engine.client import EngineClient
+from backend.factory import BackendConfig
+from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions
 from magnitude_tui.serve.server import EmbeddedServer
@@ -17,11 +18,11 @@ from tests.serve_support import free_port
 
 
 def _app(tmp_path):
-    config = EngineConfig(backend="fake", policy="fixed:64", n_ctx=65536, n_seq_max=16)
-    client = EngineClient(config, in_process=True)
+    config = EngineConfig(BackendConfig("fake", n_ctx=65536, n_seq_max=16), policy="fixed:64")
+    client = WorkerClient(config, in_process=True)
     port = free_port()
     serve = EmbeddedServer(client, host="127.0.0.1", port=port, options=ServeOptions(model_name="fake"))
-    app = MagnitudeApp(config, client=client, store=Store(tmp_path / "m.db"), export_dir=tmp_path,
+    app = MagnitudeApp(client=client, store=Store(tmp_path / "m.db"), export_dir=tmp_path,
                        sampling=SamplingParams(max_tokens=30), serve=serve)
     return app, f"http://127.0.0.1:{port}/v1"
 
@@ -69,3 +70,26 @@ async def test_closing_the_pane_cancels_the_http_request(tmp_path):
         errors = [line for line in rest if '"error"' in line]
         assert errors and "cancelled" in errors[0]
         assert rest[-1] == "data: [DONE]" or rest[-2] == "data: [DONE]"
+
+
+async def test_eight_http_requests_complete_while_a_pane_streams(tmp_path):
+    import asyncio
+
+    app, base = _app(tmp_path)
+    app.sampling = SamplingParams(max_tokens=60_000)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.workspace.engine_ready, what="EngineReady")
+        await pilot.press(*"write", "enter")
+        person = app.workspace.grid.panes[0]
+        await wait_for(pilot, lambda: person.last_update is not None and person.last_update.generated > 0,
+                       what="the pane streaming")
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            replies = await asyncio.gather(*(http.post("/chat/completions", json={
+                "messages": [{"role": "user", "content": f"agent {i}"}], "max_tokens": 20, "user": f"a{i}"})
+                for i in range(8)))
+        assert [r.status_code for r in replies] == [200] * 8
+        assert all(r.json()["choices"][0]["message"]["content"] == DEFAULT_REPLY[:20] for r in replies)
+        assert person.busy  # the person's reply is still streaming beside them
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not person.busy, what="the pane's reply to stop")
+        assert person.record.messages[-1].done_reason == "cancelled"

@@ -7,8 +7,9 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
-from magnitude_tui.bench.common import (BackendSpec, BenchResult, FixedLength, backend_clock, backend_info,
-                                        machine_info, make_backend, measured, median, percentile, prompt_tokens,
+from backend.factory import BackendConfig, build_backend
+from magnitude_tui.bench.common import (BenchResult, FixedLength, backend_clock, backend_info,
+                                        machine_info, measured, median, percentile, prompt_tokens,
                                         reset_kv, rnd)
 from magnitude_tui.engine.core import Engine
 from scheduler.budget import MIN_PREFILL_QUANTUM
@@ -207,7 +208,7 @@ def judge(rows: list[dict], base_tok_s: float) -> None:
         r["meets"] = "both" if ok_keep and ok_ttft else "keep" if ok_keep else "ttft" if ok_ttft else "-"
 
 
-def run_admit(spec: BackendSpec, cfg: AdmitConfig, *, backend=None,
+def run_admit(spec: BackendConfig, cfg: AdmitConfig, *, backend=None,
               progress: Callable[[str], None] = lambda s: None) -> tuple[dict, dict]:
     """Every policy on one backend. Returns (summary for the result, raw series for the plot)."""
     own = backend is None
@@ -215,7 +216,7 @@ def run_admit(spec: BackendSpec, cfg: AdmitConfig, *, backend=None,
         # Room for a ~5,000-token newcomer beside 8 sequences that outlast its slowest admission
         # (positions per sequence stay within the model's trained 8k context; the cells are shared).
         spec = replace(spec, n_ctx=REAL_N_CTX)
-    backend = backend or make_backend(spec)
+    backend = backend or build_backend(spec)
     try:
         newcomer = auto_newcomer(cfg, backend, spec.simulated)
         tail = tail_tokens(newcomer, cfg)
@@ -258,7 +259,7 @@ def run_admit(spec: BackendSpec, cfg: AdmitConfig, *, backend=None,
             backend.close()
 
 
-def admit_result(specs: list[BackendSpec], cfg: AdmitConfig, progress=lambda s: None,
+def admit_result(specs: list[BackendConfig], cfg: AdmitConfig, progress=lambda s: None,
                  keep_series: bool = False) -> BenchResult:
     result = BenchResult(name="admit", title="bench admit: one long prompt arrives while N sequences generate",
                          config={"admit": asdict(cfg), "backends": [asdict(s) for s in specs]},

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import resource
-import time
 from dataclasses import asdict, dataclass, replace
 
+from backend.factory import BackendConfig, build_backend
 from magnitude_tui.bench import peers
-from magnitude_tui.bench.common import (BackendSpec, BenchResult, FixedLength, backend_clock, backend_info,
-                                        machine_info, make_backend, measured, median, not_quiet_note,
-                                        percentile, prompt_tokens, reset_kv, rnd)
+from magnitude_tui.bench.common import (CPU_CLOCK, BenchResult, FixedLength, backend_clock, backend_info, machine_info,
+                                        measured, median, not_quiet_note, percentile, prompt_tokens, reset_kv,
+                                        rnd)
 from magnitude_tui.engine.core import Engine
 from scheduler.types import Request, SamplingParams
 
@@ -97,7 +97,7 @@ def run_burst(backend, policy: str, cfg: BurstConfig, params=None) -> BurstRun:
 
 
 def _cpu_clock(backend, cfg: BurstConfig):
-    return time.process_time if cfg.cpu_clock and not hasattr(backend, "profile") else None
+    return CPU_CLOCK if cfg.cpu_clock and backend.known_costs is None else None
 
 
 def _row(flash: str, policy: str, r: BurstRun, busy: float) -> dict:
@@ -112,7 +112,7 @@ def _row(flash: str, policy: str, r: BurstRun, busy: float) -> dict:
     }
 
 
-def run_bursts(spec: BackendSpec, cfg: BurstConfig, progress=lambda s: None) -> BenchResult:
+def run_bursts(spec: BackendConfig, cfg: BurstConfig, progress=lambda s: None) -> BenchResult:
     res = BenchResult(name="burst", title=f"bench burst: {cfg.n} subagents x {cfg.own} own tokens forked from "
                       f"a {cfg.context:,}-token conversation", config={"burst": asdict(cfg), "backend": asdict(spec)},
                       machine=machine_info())
@@ -122,7 +122,7 @@ def run_bursts(spec: BackendSpec, cfg: BurstConfig, progress=lambda s: None) -> 
     for flash in flashes:
         fspec = replace(spec, n_ctx=spec.n_ctx or max(8192, -(-need // 1024) * 1024),
                         n_seq_max=max(spec.n_seq_max, cfg.n + 1), flash_attn=flash if flash != "profile" else "auto")
-        backend = make_backend(fspec)
+        backend = build_backend(fspec)
         try:
             calibrator = Engine(FixedLength(backend, _cpu_clock(backend, cfg)))
             params = calibrator.calibrate()
@@ -178,7 +178,7 @@ def _ratios(rows: list[dict]) -> None:
         r["ttft_x_v1"] = rnd(r["ttft_p50_s"] / v1, 2) if v1 else None
 
 
-def _peer_rows(spec: BackendSpec, cfg: BurstConfig, progress) -> list[dict]:
+def _peer_rows(spec: BackendConfig, cfg: BurstConfig, progress) -> list[dict]:
     found = peers.tools_dir()
     if found is None:
         progress("llama-batched-bench is not built (scripts/build_llama_tools.sh): no peer row")

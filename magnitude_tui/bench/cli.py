@@ -1,4 +1,5 @@
-"""Provides the `magnitude-tui bench` commands (typer): admit, prefill-curve, throughput, fork."""
+"""Provides the `magnitude-tui bench` commands (typer): admit, prefill-curve, throughput, fork,
+remote, serve, soak, ui, ui-cpu."""
 
 from __future__ import annotations
 
@@ -30,11 +31,11 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _spec(kind: str, model, device, threads, ctx):
-    from magnitude_tui.bench.common import BackendSpec
+    from backend.factory import BackendConfig
 
     if not (kind == "llama" or kind.startswith("simulated")):
         raise typer.BadParameter(f"unknown backend {kind!r}: use 'llama' or 'simulated:<profile>'", param_hint="--backend")
-    return BackendSpec(kind=kind, model=model, device=device, n_threads=threads, n_ctx=ctx)
+    return BackendConfig(kind=kind, model=model, device=device, n_threads=threads, n_ctx=ctx)
 
 
 def _finish(result, out: Path, plot) -> None:
@@ -48,6 +49,7 @@ def _finish(result, out: Path, plot) -> None:
 
 def _progress(msg: str) -> None:
     Console(stderr=True).print(f"[dim]{msg}[/]")
+
 
 
 @bench_app.command()
@@ -179,7 +181,144 @@ def burst(
     _finish(run_bursts(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, None)
 
 
-from magnitude_tui.bench import ui as _ui  # noqa: E402,F401  (registers `bench ui`; imports lazily)
+@bench_app.command("serve")
+def serve_bench(
+    seqs: str = typer.Option("1,4,8,16", "--seqs", help="Concurrent HTTP clients."),
+    gen: int = typer.Option(48, "--gen", help="Tokens each call asks for (greedy)."),
+    agents: int = typer.Option(16, "--agents", help="Agent requests in front of the person's turn."),
+    peers: str = typer.Option("serve,llama-server", "--peers", help="serve and/or llama-server."),
+    model: Optional[str] = ModelOpt, threads: Optional[int] = ThreadsOpt, out: Path = OutOpt,
+) -> None:
+    """N concurrent clients against `serve` and llama-server -np N; a long prompt over HTTP; a person behind agents."""
+    from backend import usable_cpus
+    from magnitude_tui.bench.serve_load import ServeBenchConfig, run_serve_bench
+
+    cfg = ServeBenchConfig(seqs=_ints(seqs), gen=gen, priority_agents=agents, threads=threads or usable_cpus(),
+                           peers=tuple(p.strip() for p in peers.split(",") if p.strip()))
+    _finish(run_serve_bench(cfg, model=model, progress=_progress), out, None)
+
+
+
+@bench_app.command()
+def remote(
+    url: List[str] = typer.Option(..., "--url", help="An OpenAI-compatible server (repeat for several)."),
+    seqs: str = typer.Option("1,4,8", "--seqs", help="Concurrent sequences."),
+    gen: int = typer.Option(64, "--gen", help="max_tokens per sequence (greedy)."),
+    reps: int = typer.Option(1, "--reps", help="Repetitions (medians are reported)."),
+    remote_model: Optional[str] = typer.Option(None, "--remote-model", help="The served model (default: the first listed)."),
+    local: bool = typer.Option(False, "--local", help="Also run the same work on the local engine (same model file)."),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
+    out: Path = OutOpt,
+) -> None:
+    """Client-side aggregate tok/s and TTFT of 1..N concurrent sequences on a server; --local adds the local engine."""
+    from magnitude_tui.bench.remote import RemoteBenchConfig, bench_engines
+    from magnitude_tui.remote.client import RemoteClient
+    from magnitude_tui.remote.config import RemoteConfig
+
+    widths = _ints(seqs)
+    try:
+        engines = {"remote": RemoteClient(RemoteConfig(tuple(url), model=remote_model, max_in_flight=max(widths)))}
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--url") from None
+    if local:
+        from backend.factory import BackendConfig
+        from magnitude_tui.engine.client import WorkerClient
+        from magnitude_tui.engine.events import EngineConfig
+
+        backend = BackendConfig("llama", model=model, device=device, n_threads=threads,
+                                n_ctx=max(8192, max(widths) * (gen + 128)), n_seq_max=max(16, max(widths)))
+        engines["local"] = WorkerClient(EngineConfig(backend))
+    cfg = RemoteBenchConfig(seqs=widths, gen=gen, reps=reps)
+    _finish(bench_engines(engines, cfg, progress=_progress), out, None)
+
+
+@bench_app.command()
+def ui(
+    panes: int = typer.Option(8, "--panes", help="Panes streaming at once."),
+    max_tokens: int = typer.Option(96, "--max-tokens", help="Tokens per reply (greedy; the model may stop early)."),
+    keys: int = typer.Option(30, "--keys", help="Keypresses measured per UI run (while panes stream)."),
+    interval: float = typer.Option(0.12, "--interval", help="Seconds between keypresses."),
+    reps: int = typer.Option(2, "--reps", help="headless/ui pairs per thread setting, run alternately."),
+    threads: str = typer.Option("", "--threads", "-t", help="Comma-separated engine thread counts to compare "
+                                                           "(empty: the engine default)."),
+    backend: str = typer.Option("llama", "--backend", "-b", help="llama | fake | simulated:<profile>."),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt,
+    ctx: int = typer.Option(4096, "--ctx", help="Context size."),
+    out: Path = OutOpt,
+) -> None:
+    """Keypress-to-screen latency while N panes stream, and the engine step time with the UI vs headless."""
+    from backend.factory import BackendConfig
+    from magnitude_tui.bench.ui import UiConfig, run_ui_bench
+    from magnitude_tui.engine.events import EngineConfig
+
+    th = tuple(_ints(threads)) or (None,)
+    try:
+        config = EngineConfig(backend=BackendConfig(kind=backend, device=device, model=model, n_ctx=ctx))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--backend") from None
+    cfg = UiConfig(panes=panes, max_tokens=max_tokens, keys=keys, key_interval_s=interval, reps=reps, threads=th)
+    _finish(run_ui_bench(config, cfg, progress=_progress), out, None)
+
+
+@bench_app.command("ui-cpu")
+def ui_cpu(
+    panes: int = typer.Option(8, "--panes", help="Panes streaming at once."),
+    rate: float = typer.Option(25.0, "--rate", help="Engine steps per second (one token per pane per step)."),
+    seconds: float = typer.Option(10.0, "--seconds", help="Length of the measured window."),
+    reps: int = typer.Option(1, "--reps", help="Runs, one after another (each a fresh app)."),
+    sequences: bool = typer.Option(False, "--sequences", help="With the sequences panel (f2) open."),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="Write a cProfile of the measured window here."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write every run's figures here as JSON."),
+) -> None:
+    """The app's own CPU per wall second and keypress latency while N panes stream, on a stand-in
+    engine (no model: nothing else competes for the CPU, so it is cheap to repeat)."""
+    import json
+    import statistics
+
+    from magnitude_tui.bench.ui_cpu import CpuConfig, run_cpu_bench
+
+    cfg = CpuConfig(panes=panes, step_hz=rate, duration_s=seconds, show_sequences=sequences,
+                    profile=str(profile) if profile else None)
+    results = run_cpu_bench(cfg, reps=reps)
+    for r in results:
+        print(r.summary())
+    if reps > 1:
+        print(f"median app_cores {statistics.median(r.app_cores for r in results):.3f}")
+    if json_out is not None:
+        from dataclasses import asdict
+
+        json_out.write_text(json.dumps([asdict(r) for r in results], indent=1))
+
+@bench_app.command()
+def soak(
+    fake_ops: int = typer.Option(100_000, "--fake-ops", help="State-machine operations on the fake backend."),
+    real_ops: int = typer.Option(2_000, "--real-ops", help="State-machine operations on the real model."),
+    kills: int = typer.Option(10, "--kills", help="Worker kill -9 rounds."),
+    rounds: int = typer.Option(20, "--rounds", help="Rounds of the bad-input table."),
+    floods: int = typer.Option(5, "--floods", help="Floods of 64 requests."),
+    dbs: int = typer.Option(25, "--dbs", help="Damaged database files."),
+    app_kills: int = typer.Option(5, "--app-kills", help="App kill -9 rounds while 8 panes stream."),
+    only: Optional[str] = typer.Option(None, "--only", help="Comma-separated scenarios (default: all; "
+                                       "the names are listed in docs/RELIABILITY.md)."),
+    seed: int = typer.Option(1, "--seed"),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, out: Path = OutOpt,
+) -> None:
+    """The reliability scenarios, long: state machines, bad inputs, flood, kill -9, damaged databases."""
+    from magnitude_tui.bench.soak import SCENARIOS, SoakConfig, run_soak
+
+    chosen = tuple(s.strip() for s in only.split(",") if s.strip()) if only else tuple(SCENARIOS)
+    bad = [s for s in chosen if s not in SCENARIOS]
+    if bad:
+        raise typer.BadParameter(f"unknown scenario {bad[0]!r}: choose from {', '.join(SCENARIOS)}",
+                                 param_hint="--only")
+    cfg = SoakConfig(fake_ops=fake_ops, real_ops=real_ops, bad_rounds=rounds, flood_rounds=floods,
+                     kill_rounds=kills, db_rounds=dbs, app_kill_rounds=app_kills, seed=seed, model=model, device=device)
+    result = run_soak(cfg, chosen, progress=_progress)
+    _finish(result, out, None)
+    if result.data["failures"]:
+        raise typer.Exit(1)
+
+
 
 if __name__ == "__main__":
     bench_app()

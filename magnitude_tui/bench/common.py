@@ -14,6 +14,8 @@ from typing import Any, Callable, Iterable, Sequence
 from rich.console import Console
 from rich.table import Table
 
+from backend.protocol import Backend, Clock
+
 # A plain passage the real tokenizer turns into ordinary text tokens; prompts are cut from it at
 # different offsets so that no two sequences share a prefix (nothing is reusable by accident).
 PASSAGE = (
@@ -29,49 +31,23 @@ PASSAGE = (
 
 # ---- backends ------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class BackendSpec:
-    """How a benchmark builds its backend: `llama` (the real model) or `simulated:<profile>`."""
-
-    kind: str = "llama"
-    model: str | None = None
-    device: str = "cpu"
-    n_ctx: int | None = None  # None: 8192 for the real model, 65536 for a simulated one
-    n_seq_max: int = 16
-    n_batch: int | None = None  # None: 2048 for the real model, 8192 for a simulated one
-    n_ubatch: int = 512
-    n_threads: int | None = None
-    flash_attn: str = "auto"  # auto (measured, cached) | on | off
-
-    @property
-    def simulated(self) -> bool:
-        return self.kind.startswith("simulated")
-
-    @property
-    def profile(self) -> str:
-        return self.kind.split(":", 1)[1] if ":" in self.kind else "rx9070xt"
-
-
-def make_backend(spec: BackendSpec):
-    """Load the backend a spec names (the real model takes a second; a simulated one is instant)."""
-    if spec.simulated:
-        from backend.simulated import SimulatedBackend
-
-        return SimulatedBackend(profile=spec.profile, n_ctx=spec.n_ctx or 65536, n_seq_max=spec.n_seq_max,
-                                n_batch=spec.n_batch or 8192)
-    from backend.llama_backend import LlamaBackend
-
-    return LlamaBackend.load(model_path=spec.model, device=spec.device, n_ctx=spec.n_ctx or 8192,
-                             n_seq_max=spec.n_seq_max, n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch,
-                             n_threads=spec.n_threads, flash_attn=spec.flash_attn)
-
-
-def backend_clock(backend) -> Callable[[], float]:
+def backend_clock(backend: Backend) -> Clock:
     """The clock that measures a backend: a simulated backend's virtual clock, else wall time."""
-    clock = getattr(backend, "clock", None)
-    if clock is None:
-        return time.perf_counter
-    return clock if callable(clock) else clock.now
+    return backend.clock
+
+
+class CpuClock:
+    """CPU seconds of this process. With one llama.cpp thread every step computes on the calling
+    thread, so this measures the work done whatever else a shared machine runs; sleeping sleeps."""
+
+    def __call__(self) -> float:
+        return time.process_time()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+CPU_CLOCK = CpuClock()
 
 
 def profile_costs(backend) -> dict | None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 
-from magnitude_tui.bench.common import (BackendSpec, BenchResult, FixedLength, backend_clock, backend_info,
-                                        machine_info, make_backend, measured, median, prompt_tokens, reset_kv, rnd)
+from backend.factory import BackendConfig, build_backend
+from magnitude_tui.bench.common import (BenchResult, FixedLength, backend_clock, backend_info,
+                                        machine_info, measured, median, prompt_tokens, reset_kv, rnd)
 from magnitude_tui.engine.core import Engine
 from scheduler.types import Request, SamplingParams
 
@@ -45,11 +46,11 @@ def _run(engine: Engine, clock, reqs: list[Request]) -> dict:
             "prefill_rows": prefill_rows, "steps": steps, "total_s": clock() - t0}
 
 
-def run_fork(spec: BackendSpec, cfg: ForkConfig, progress=lambda s: None) -> BenchResult:
+def run_fork(spec: BackendConfig, cfg: ForkConfig, progress=lambda s: None) -> BenchResult:
     need = (cfg.n + 1) * (cfg.parent_tokens + cfg.task_tokens + cfg.gen) + 512
     spec = replace(spec, n_ctx=spec.n_ctx or max(8192, -(-need // 1024) * 1024),
                    n_seq_max=max(spec.n_seq_max, cfg.n + 1))
-    backend = make_backend(spec)
+    backend = build_backend(spec)
     clock = backend_clock(backend)
     parent = prompt_tokens(backend, cfg.parent_tokens, salt=5)
     tasks = [prompt_tokens(backend, cfg.task_tokens, salt=200 + 13 * i) for i in range(cfg.n)]
@@ -89,7 +90,7 @@ def _one(backend, clock, cfg: ForkConfig, mode: str, parent: tuple[int, ...], ta
     return r
 
 
-def _result(spec: BackendSpec, cfg: ForkConfig, out: dict, info: dict) -> BenchResult:
+def _result(spec: BackendConfig, cfg: ForkConfig, out: dict, info: dict) -> BenchResult:
     res = BenchResult(name="fork", title=f"bench fork: {cfg.n} subagents over a {cfg.parent_tokens:,}-token context",
                       config={"fork": asdict(cfg), "backend": asdict(spec)}, machine=machine_info())
     rows = []

@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from magnitude_tui.bench.common import (BackendSpec, BenchResult, backend_info, machine_info, make_backend,
+from backend.factory import BackendConfig, build_backend
+from magnitude_tui.bench.common import (BenchResult, backend_info, machine_info,
                                         measured, median, prompt_tokens, reset_kv, rnd)
 from scheduler.types import BatchPlan, SeqSlice
 
@@ -72,9 +73,9 @@ class _Bench:
         return median(times)
 
 
-def run_curve(spec: BackendSpec, cfg: CurveConfig, *, backend=None, progress=lambda s: None) -> dict:
+def run_curve(spec: BackendConfig, cfg: CurveConfig, *, backend=None, progress=lambda s: None) -> dict:
     own = backend is None
-    backend = backend or make_backend(spec)
+    backend = backend or build_backend(spec)
     try:
         bench = _Bench(backend, cfg)
         bench.timed(min(4, len(bench.decoders)), 64)  # warm-up, not recorded
@@ -181,7 +182,7 @@ def _engine_calibration(backend) -> dict | None:
     return {k: rnd(v, 4) for k, v in asdict(params).items()}
 
 
-def curve_result(spec: BackendSpec, cfg: CurveConfig, progress=lambda s: None) -> BenchResult:
+def curve_result(spec: BackendConfig, cfg: CurveConfig, progress=lambda s: None) -> BenchResult:
     # One slot per decoding sequence plus one for the chunk.
     spec = replace(spec, n_seq_max=max(spec.n_seq_max, max(cfg.seqs) + 1, cfg.n_decode + 1))
     data = run_curve(spec, cfg, progress=progress)

@@ -8,9 +8,10 @@ import pstats
 import time
 from dataclasses import asdict, dataclass
 
+from backend.factory import BackendConfig, build_backend
 from magnitude_tui.bench import peers
-from magnitude_tui.bench.common import (BackendSpec, BenchResult, FixedLength, backend_info, machine_info,
-                                        make_backend, measured, median, prompt_tokens, reset_kv, rnd)
+from magnitude_tui.bench.common import (BenchResult, FixedLength, backend_info, machine_info,
+                                        measured, median, prompt_tokens, reset_kv, rnd)
 from magnitude_tui.engine.core import Engine
 from scheduler.types import Request, SamplingParams
 
@@ -87,10 +88,10 @@ def profile_engine(backend, prompts, gen: int, policy: str) -> list[dict]:
     return sorted(rows, key=lambda r: -r["own_s"])[:15]
 
 
-def run_throughput(spec: BackendSpec, cfg: ThroughputConfig, progress=lambda s: None) -> BenchResult:
+def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s: None) -> BenchResult:
     n_ctx = spec.n_ctx or max(8192, max(cfg.seqs) * (cfg.prompt + cfg.gen) + 256)
-    spec = BackendSpec(**{**asdict(spec), "n_ctx": n_ctx, "n_seq_max": max(spec.n_seq_max, max(cfg.seqs))})
-    backend = make_backend(spec)
+    spec = BackendConfig(**{**asdict(spec), "n_ctx": n_ctx, "n_seq_max": max(spec.n_seq_max, max(cfg.seqs))})
+    backend = build_backend(spec)
     threads = getattr(backend, "n_threads", None) or 1
     model = getattr(backend, "model_path", None)
     res = BenchResult(name="throughput", title="bench throughput: aggregate generated tok/s, same work for every peer",

@@ -19,16 +19,11 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
-import typer
-
-from magnitude_tui.bench.cli import DeviceOpt, ModelOpt, OutOpt, _finish, _ints, _progress, bench_app
-
-# Only typer and the bench sub-app at import time (the CLI imports this module to register the
-# command); the engine, the app and Textual are imported when the benchmark runs.
+# Nothing heavy at import time: the engine, the app and Textual are imported when the benchmark runs.
 
 PROMPTS = (
     "Explain in detail how a CPU cache works.",
@@ -61,12 +56,12 @@ def prompts(n: int) -> list[str]:
 
 
 def recording_client(config):
-    """An EngineClient that keeps every StepReport its consumer takes (the app and the headless
+    """A WorkerClient that keeps every StepReport its consumer takes (the app and the headless
     loop both take batches through poll_events)."""
-    from magnitude_tui.engine.client import EngineClient
+    from magnitude_tui.engine.client import WorkerClient
     from scheduler.types import StepReport
 
-    class RecordingClient(EngineClient):
+    class RecordingClient(WorkerClient):
         def __init__(self, config) -> None:
             super().__init__(config)
             self.steps: list[StepReport] = []
@@ -82,7 +77,10 @@ def recording_client(config):
 
 def _shape(steps: list, rows: int) -> dict:
     """step_ms and the step-to-step interval of the steady steps: `rows` decode rows, no prefill."""
-    ms = [s.step_ms for s in steps if s.decode_rows == rows and s.prefill_rows == 0 and s.outcome == "ok"]
+    from scheduler.types import DecodeOutcome
+
+    ms = [s.step_ms for s in steps
+          if s.decode_rows == rows and s.prefill_rows == 0 and s.outcome is DecodeOutcome.OK]
     gaps = [(b.t - a.t) * 1e3 for a, b in zip(steps, steps[1:])
             if a.decode_rows == b.decode_rows == rows and a.prefill_rows == b.prefill_rows == 0]
     return {"step_ms": ms, "interval_ms": gaps}
@@ -175,7 +173,7 @@ async def run_ui(config, cfg: UiConfig) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         client = recording_client(config)
-        app = MagnitudeApp(config, client=client, store=Store(Path(tmp) / "bench.db"), theme="magnitude",
+        app = MagnitudeApp(client=client, store=Store(Path(tmp) / "bench.db"), theme="magnitude",
                            sampling=SamplingParams(max_tokens=cfg.max_tokens), export_dir=Path(tmp))
         probe = FrameProbe(app)
         keys: list[dict] = []
@@ -250,12 +248,11 @@ async def run_ui(config, cfg: UiConfig) -> dict:
 def run_ui_bench(config, cfg: UiConfig, progress: Callable[[str], None] = lambda s: None):
     """Alternate headless and UI runs of one workload per thread setting; a BenchResult."""
     from magnitude_tui.bench.common import BenchResult, machine_info, measured, median, percentile, rnd
-    from magnitude_tui.engine.events import EngineConfig
 
     machine = machine_info()  # the load average before the runs (save_result adds the one after)
     runs: list[dict] = []
     for threads in cfg.threads:
-        cfg_t = EngineConfig(**{**asdict(config), "n_threads": threads})
+        cfg_t = replace(config, backend=replace(config.backend, n_threads=threads))
         for rep in range(cfg.reps):
             for mode in ("headless", "ui"):
                 progress(f"threads={threads or 'default'} rep {rep + 1}/{cfg.reps}: {mode}")
@@ -300,63 +297,11 @@ def run_ui_bench(config, cfg: UiConfig, progress: Callable[[str], None] = lambda
         "host_cores: CPU the benchmark's own process used per wall second (the app, or the headless poll loop); "
         "others_cores: CPU used by processes other than this one and its worker.",
     ]
-    config_out = {**asdict(cfg), "backend": config.backend, "device": config.device, "model": config.model,
-                  "n_ctx": config.n_ctx, "policy": config.policy}
+    b = config.backend
+    config_out = {**asdict(cfg), "backend": b.kind, "device": b.device, "model": b.model,
+                  "n_ctx": b.ctx_size, "policy": config.policy}
     return BenchResult(name="ui", title=f"UI responsiveness, {cfg.panes} panes streaming",
                        config=config_out, machine=machine,
                        tables={"engine step time, UI attached vs headless": step_rows,
                                "keypress-to-screen latency": key_rows},
                        notes=notes, data={"runs": runs})
-
-
-@bench_app.command()
-def ui(
-    panes: int = typer.Option(8, "--panes", help="Panes streaming at once."),
-    max_tokens: int = typer.Option(96, "--max-tokens", help="Tokens per reply (greedy; the model may stop early)."),
-    keys: int = typer.Option(30, "--keys", help="Keypresses measured per UI run (while panes stream)."),
-    interval: float = typer.Option(0.12, "--interval", help="Seconds between keypresses."),
-    reps: int = typer.Option(2, "--reps", help="headless/ui pairs per thread setting, run alternately."),
-    threads: str = typer.Option("", "--threads", "-t", help="Comma-separated engine thread counts to compare "
-                                                           "(empty: the engine default)."),
-    backend: str = typer.Option("llama", "--backend", "-b", help="llama | fake | simulated:<profile>."),
-    model: Optional[str] = ModelOpt, device: str = DeviceOpt,
-    ctx: int = typer.Option(4096, "--ctx", help="Context size."),
-    out: Path = OutOpt,
-) -> None:
-    """Keypress-to-screen latency while N panes stream, and the engine step time with the UI vs headless."""
-    from magnitude_tui.engine.events import EngineConfig
-
-    th = tuple(_ints(threads)) or (None,)
-    config = EngineConfig(backend=backend, device=device, model=model, n_ctx=ctx)
-    cfg = UiConfig(panes=panes, max_tokens=max_tokens, keys=keys, key_interval_s=interval, reps=reps, threads=th)
-    _finish(run_ui_bench(config, cfg, progress=_progress), out, None)
-
-
-@bench_app.command("ui-cpu")
-def ui_cpu(
-    panes: int = typer.Option(8, "--panes", help="Panes streaming at once."),
-    rate: float = typer.Option(25.0, "--rate", help="Engine steps per second (one token per pane per step)."),
-    seconds: float = typer.Option(10.0, "--seconds", help="Length of the measured window."),
-    reps: int = typer.Option(1, "--reps", help="Runs, one after another (each a fresh app)."),
-    sequences: bool = typer.Option(False, "--sequences", help="With the sequences panel (f2) open."),
-    profile: Optional[Path] = typer.Option(None, "--profile", help="Write a cProfile of the measured window here."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write every run's figures here as JSON."),
-) -> None:
-    """The app's own CPU per wall second and keypress latency while N panes stream, on a stand-in
-    engine (no model: nothing else competes for the CPU, so it is cheap to repeat)."""
-    import json
-    import statistics
-
-    from magnitude_tui.bench.ui_cpu import CpuConfig, run_cpu_bench
-
-    cfg = CpuConfig(panes=panes, step_hz=rate, duration_s=seconds, show_sequences=sequences,
-                    profile=str(profile) if profile else None)
-    results = run_cpu_bench(cfg, reps=reps)
-    for r in results:
-        print(r.summary())
-    if reps > 1:
-        print(f"median app_cores {statistics.median(r.app_cores for r in results):.3f}")
-    if json_out is not None:
-        from dataclasses import asdict
-
-        json_out.write_text(json.dumps([asdict(r) for r in results], indent=1))

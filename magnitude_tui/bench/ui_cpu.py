@@ -95,6 +95,12 @@ class PacedClient:
     # ---- EngineClient API ---------------------------------------------------------------------
 
     @property
+    def target(self):
+        from magnitude_tui.engine.protocol import EngineTarget
+
+        return EngineTarget("paced.gguf", "CPU")
+
+    @property
     def pid(self) -> int | None:
         return None
 
@@ -257,14 +263,13 @@ async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
 
     from magnitude_tui.app import MagnitudeApp
     from magnitude_tui.bench.ui import DIGITS, FrameProbe, prompts
-    from magnitude_tui.engine.events import EngineConfig
     from magnitude_tui.store import Store
     from magnitude_tui.widgets.chat_pane import ChatPane
     from magnitude_tui.widgets.composer import Composer
 
     client = PacedClient(step_hz=cfg.step_hz, tokens=cfg.tokens)
     with tempfile.TemporaryDirectory() as tmp:
-        app = MagnitudeApp(EngineConfig(backend="fake"), client=client, store=Store(Path(tmp) / "cpu.db"),
+        app = MagnitudeApp(client=client, store=Store(Path(tmp) / "cpu.db"),
                            theme="magnitude", export_dir=Path(tmp))
         probe = FrameProbe(app)
         result: CpuResult | None = None

@@ -1,25 +1,28 @@
-"""Provides EngineClient: the app's handle on the engine worker (a spawned process, or a thread in tests)."""
+"""Provides WorkerClient: the EngineClient of a local engine, which runs in a worker (a spawned
+process, or a thread in tests)."""
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing as mp
 import queue
 import signal
 import threading
-from typing import AsyncIterator
 
 from magnitude_tui.engine import worker
 from magnitude_tui.engine.events import (
     Cancel,
     CloseSession,
+    Command,
     EngineConfig,
     EngineFailed,
+    EngineReady,
+    LoadProgress,
     SetPolicy,
     Shutdown,
     Submit,
 )
-from scheduler.types import DoneReason, Phase, Request, SeqUpdate, StepReport
+from magnitude_tui.engine.protocol import EngineEvent, EngineTarget
+from scheduler.types import DoneReason, Phase, Rejection, RejectReason, Request, SeqUpdate, StepReport
 
 _CLOSED = object()
 
@@ -30,8 +33,8 @@ def default_log_path() -> str:
     return str(platformdirs.user_log_path("magnitude-tui") / "engine.log")
 
 
-class EngineClient:
-    """Sends commands to the engine and delivers its event batches (one per step).
+class WorkerClient:
+    """Sends commands to the engine worker and delivers its event batches (one per step).
 
     In process mode the engine lives in a spawned worker process: a native abort there cannot take
     the app down, and rendering never competes with the step loop for the GIL. If the worker dies,
@@ -47,11 +50,16 @@ class EngineClient:
         self._events: queue.Queue = queue.Queue()
         self._live: dict[str, str] = {}  # request_id -> session_id, until its done update arrives
         self._live_lock = threading.Lock()
+        # Submitted before EngineReady: they wait in the pipe while the model loads, and are
+        # reported `loading` with the load's progress until the engine takes them.
+        self._loading: set[str] = set()
+        self._load_fraction = 0.0
         self._conn = None
         self._proc = None
         self._thread = None
         self._reader = None
         self._stopping = False
+        self._ready = False  # EngineReady came from the current worker
         if not in_process:
             # multiprocessing's resource tracker starts on the first spawn and passes
             # sys.stderr's fd to it; inside a Textual app stderr is a capture object with no
@@ -62,8 +70,17 @@ class EngineClient:
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
+    @property
+    def target(self) -> EngineTarget:
+        b = self.config.backend
+        return EngineTarget(model=b.model or "", where=b.device if b.family == "llama" else b.kind)
+
     def start(self) -> None:
         self._stopping = False
+        with self._live_lock:
+            self._ready = False
+            self._loading = set()
+            self._load_fraction = 0.0
         if self.in_process:
             ours, theirs = mp.Pipe(duplex=True)
             self._thread = threading.Thread(
@@ -84,12 +101,12 @@ class EngineClient:
         self._reader.start()
 
     def restart(self) -> None:
-        """Start a new worker (after a death or to apply a new config); events() keeps flowing."""
+        """Start a new worker (after a death or to apply a new config); poll_events() keeps flowing."""
         self._shutdown_worker()
         self.start()
 
     def stop(self) -> None:
-        """Shut the worker down and end events()."""
+        """Shut the worker down; poll_events() then returns None."""
         self._shutdown_worker()
         self._events.put(_CLOSED)
 
@@ -126,8 +143,15 @@ class EngineClient:
     # ---- commands ----------------------------------------------------------------------------
 
     def submit(self, request: Request) -> None:
-        with self._live_lock:
-            self._live[request.request_id] = request.session_id
+        rid, sid = getattr(request, "request_id", None), getattr(request, "session_id", None)
+        if isinstance(rid, str) and isinstance(sid, str):
+            with self._live_lock:
+                # A reused id must not take over the live entry: the engine rejects the newcomer,
+                # and the original still needs its error if the worker dies.
+                self._live.setdefault(rid, sid)
+                if not self._ready:
+                    self._loading.add(rid)
+                    self._events.put([self._loading_update(rid)])
         if not self._send(Submit(request)):
             self._fail_live("the engine is not running; restart it")
 
@@ -140,7 +164,7 @@ class EngineClient:
     def set_policy(self, policy: str) -> None:
         self._send(SetPolicy(policy))
 
-    def _send(self, command) -> bool:
+    def _send(self, command: Command) -> bool:
         try:
             self._conn.send(command)
             return True
@@ -149,36 +173,13 @@ class EngineClient:
 
     # ---- events ------------------------------------------------------------------------------
 
-    def poll_events(self, timeout: float | None = 0.0) -> list | None:
+    def poll_events(self, timeout: float | None = 0.0) -> list[EngineEvent] | None:
         """One batch, or None when none arrived within timeout (sync callers: CLI, benchmarks)."""
         try:
             batch = self._events.get(timeout=timeout) if timeout else self._events.get_nowait()
         except queue.Empty:
             return None
         return None if batch is _CLOSED else batch
-
-    async def events(self) -> AsyncIterator[list]:
-        """Event batches until the client stops: LoadProgress, EngineReady, StepReport, bare
-        SeqUpdate (only when the worker died), EngineFailed, PolicyChanged, CommandRejected.
-
-        Whatever queued up while the consumer was busy comes as one merged batch, so a fast
-        engine costs one thread hop per wake-up, not one per step."""
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = await loop.run_in_executor(None, self._events.get)
-            if batch is _CLOSED:
-                return
-            merged = list(batch)
-            while True:
-                try:
-                    more = self._events.get_nowait()
-                except queue.Empty:
-                    break
-                if more is _CLOSED:
-                    yield merged
-                    return
-                merged.extend(more)
-            yield merged
 
     def _read(self) -> None:
         conn = self._conn
@@ -187,18 +188,41 @@ class EngineClient:
                 batch = conn.recv()
             except (EOFError, OSError):
                 break
+            extra: list = []
             for event in batch:
                 if isinstance(event, StepReport):
                     self._forget_finished(event.updates)
-            self._events.put(batch)
+                    self._forget_rejected(event.rejected)
+                elif isinstance(event, LoadProgress):
+                    extra.extend(self._load_progress(event.fraction))
+                elif isinstance(event, EngineReady):
+                    with self._live_lock:
+                        self._ready, self._loading = True, set()
+            self._events.put(batch + extra)
         if not self._stopping:
             self._fail_live(self._death_reason())
+
+    def _load_progress(self, fraction: float) -> list[SeqUpdate]:
+        with self._live_lock:
+            self._load_fraction = fraction
+            return [self._loading_update(rid) for rid in sorted(self._loading)]
+
+    def _loading_update(self, request_id: str) -> SeqUpdate:
+        return SeqUpdate(request_id=request_id, session_id=self._live[request_id], seq_id=None,
+                         phase=Phase.LOADING, load_fraction=self._load_fraction)
 
     def _forget_finished(self, updates: list[SeqUpdate]) -> None:
         with self._live_lock:
             for u in updates:
                 if u.phase is Phase.DONE:
                     self._live.pop(u.request_id, None)
+
+    def _forget_rejected(self, rejected: list[Rejection]) -> None:
+        with self._live_lock:
+            for r in rejected:
+                # A duplicate's id belongs to the live original, which stays in the table.
+                if r.reason is not RejectReason.DUPLICATE_ID:
+                    self._live.pop(r.request_id, None)
 
     def _death_reason(self) -> str:
         if self._proc is None:
@@ -222,7 +246,7 @@ class EngineClient:
 
     def _fail_live(self, reason: str) -> None:
         with self._live_lock:
-            live, self._live = self._live, {}
+            live, self._live, self._loading = self._live, {}, set()
         batch: list = [
             SeqUpdate(request_id=rid, session_id=sid, seq_id=None, phase=Phase.DONE,
                       done_reason=DoneReason.ERROR, error=reason)

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from typing import Callable
 
-from backend.protocol import DecodeOutcome, DecodeResult, PlanError
+from backend.protocol import Backend, Clock, DecodeOutcome, DecodeResult, PlanError
 from magnitude_tui.engine.calibrate import calibration_steps
+from magnitude_tui.engine.events import Cancel, CloseSession, Command, SetPolicy, Submit
+from magnitude_tui.engine.text import ReplyText
 from scheduler.budget import CostModel, CostParams, parse_policy
 from scheduler.planner import RequestError, Scheduler
 from scheduler.sequence import Sequence
-from scheduler.types import AttentionPath, BatchPlan, DoneReason, Phase, Request, SeqUpdate, StepReport
+from scheduler.types import (BatchPlan, DoneReason, ErrorKind, Phase, Rejection, RejectReason, Request, SeqUpdate,
+                             StepReport)
+from scheduler.validation import check_id, check_policy_text, check_request
 
 
 class Engine:
@@ -25,10 +28,10 @@ class Engine:
 
     def __init__(
         self,
-        backend,
+        backend: Backend,
         *,
         policy: str = "target:50",
-        clock: Callable[[], float] | None = None,
+        clock: Clock | None = None,
         coalesce_ms: float = 5.0,
         gen_reserve: int = 256,
         sleep: Callable[[float], None] | None = None,
@@ -39,26 +42,28 @@ class Engine:
         # report of its own before the chat template and tokenizer run (None: never).
         self.prepare_notice_chars = prepare_notice_chars
         # A simulated backend brings its own virtual clock; metrics must read the same time.
-        self._clock = clock or getattr(backend, "clock", None) or time.perf_counter
-        self._sleep = sleep or getattr(self._clock, "sleep", None) or time.sleep
+        self._clock = clock or backend.clock
+        self._sleep = sleep or self._clock.sleep
         self.coalesce_s = coalesce_ms / 1000.0
         self.scheduler = Scheduler(
             backend,
             n_ctx=backend.n_ctx,
             n_seq_max=backend.n_seq_max,
             n_batch=backend.n_batch,
-            n_ctx_seq=getattr(backend, "n_ctx_seq", None),
+            n_ctx_seq=backend.n_ctx_seq,
             policy=policy,
             gen_reserve=gen_reserve,
-            cost=CostModel(_profile_params(backend)),
-            attention=getattr(backend, "attention_path", AttentionPath.FLASH),
-            n_ubatch=getattr(backend, "n_ubatch", None),
+            cost=CostModel(backend.known_costs),
+            attention=backend.attention_path,
+            n_ubatch=backend.n_ubatch,
         )
         self._policy_text = str(self.scheduler.policy)
         self._lock = threading.Lock()
-        self._commands: deque[tuple] = deque()
+        self._commands: deque[tuple[Command, float]] = deque()  # with the time each was queued
         self._live: dict[str, Sequence] = {}  # submitted and not yet reported done
         self._extra: list[SeqUpdate] = []  # updates for requests that never became live
+        self._rejected: list[Rejection] = []  # submits refused before they became requests
+        self._sessions_seen: set[str] = set()  # conversations a request named (until closed)
         self._intake: list[Sequence] = []  # submitted, not yet tokenized (phase `preparing`), FIFO
         self._noticed = False  # the last step only announced slow requests; tokenize them now
         self._sampler_owner: dict[int, Sequence] = {}
@@ -67,25 +72,33 @@ class Engine:
     # ---- commands (any thread) -----------------------------------------------------------------
 
     def submit(self, req: Request) -> str:
-        t = self._clock()
-        with self._lock:
-            self._commands.append(("submit", req, t))
-        return req.request_id
+        """Queue a request. Whatever is wrong with it is reported by the next step: an update
+        ending it with `error` under its id, or a Rejection when its id cannot carry one (not
+        text, or another live request's)."""
+        self._queue(Submit(req))
+        return getattr(req, "request_id", None)
 
     def cancel(self, request_id: str) -> None:
-        with self._lock:
-            self._commands.append(("cancel", request_id))
+        """ValueError (here, now) unless the id is text."""
+        check_id("request_id", request_id)
+        self._queue(Cancel(request_id))
 
     def close_session(self, session_id: str) -> None:
-        with self._lock:
-            self._commands.append(("close", session_id))
+        """ValueError (here, now) unless the id is text."""
+        check_id("session_id", session_id)
+        self._queue(CloseSession(session_id))
 
     def set_policy(self, policy: str) -> None:
         """Switch the budget policy from the next step; ValueError (here, now) if malformed."""
-        parsed = parse_policy(policy)
+        parsed = str(parse_policy(check_policy_text(policy)))
         with self._lock:
-            self._policy_text = str(parsed)
-            self._commands.append(("policy", parsed))
+            self._policy_text = parsed
+        self._queue(SetPolicy(parsed))
+
+    def _queue(self, command: Command) -> None:
+        t = self._clock()  # a submit's queue time and TTFT count from here
+        with self._lock:
+            self._commands.append((command, t))
 
     @property
     def policy(self) -> str:
@@ -159,7 +172,7 @@ class Engine:
 
     def calibrate(self) -> CostParams:
         """Fit the cost model from a few timed steps on free slots (or read a simulated profile)."""
-        prior = _profile_params(self.backend)
+        prior = self.backend.known_costs
         if prior is not None:
             self.scheduler.cost.seed(prior)
             return prior
@@ -194,19 +207,6 @@ class Engine:
             pending = bool(self._commands)
         return not pending and not self.leaks() and self.scheduler.is_empty()
 
-    def snapshot(self) -> dict:
-        s = self.scheduler
-        return {
-            "policy": str(s.policy),
-            "cost": self.cost,
-            "preparing": [q.request_id for q in self._intake],
-            "waiting": [repr(q) for q in s.waiting],
-            "running": [repr(q) for q in s.running],
-            "sessions": [repr(x) for x in s.sessions.values()],
-            "kv_used": s.kv_used(),
-            "kv_total": s.n_ctx,
-        }
-
     # ---- inside a step -------------------------------------------------------------------------
 
     def _apply_commands(self, cancellations_only: bool = False) -> None:
@@ -217,26 +217,50 @@ class Engine:
             else:
                 todo = list(self._commands)
                 self._commands.clear()
-        for cmd in todo:
-            if cmd[0] == "submit":
-                self._take(cmd[1], cmd[2])
-            elif cmd[0] == "cancel":
-                self._cancel(cmd[1])
-            elif cmd[0] == "close":
-                self._close(cmd[1])
-            elif cmd[0] == "policy":
-                self.scheduler.set_policy(cmd[1])
+        for cmd, t in todo:
+            if isinstance(cmd, Submit):
+                self._take(cmd.request, t)
+            elif isinstance(cmd, Cancel):
+                self._cancel(cmd.request_id)
+            elif isinstance(cmd, CloseSession):
+                self._close(cmd.session_id)
+            elif isinstance(cmd, SetPolicy):
+                self.scheduler.set_policy(cmd.policy)
 
     def _take(self, req: Request, t_submit: float) -> None:
-        """Accept a submitted request as `preparing`; it is tokenized before the next schedule."""
-        seq = Sequence(req, [], t_submit=t_submit)
-        if req.request_id in self._live:
-            seq.phase, seq.done_reason = Phase.DONE, DoneReason.ERROR
-            seq.error = f"request id {req.request_id!r} is already running; use a new id"
+        """Accept a submitted request as `preparing`; it is tokenized before the next schedule.
+        A malformed one ends here, alone, with its error."""
+        rid, sid = getattr(req, "request_id", None), getattr(req, "session_id", None)
+        ids_ok = all(isinstance(x, str) and x for x in (rid, sid))
+        if ids_ok and rid in self._live:
+            self._reject(req, RejectReason.DUPLICATE_ID,
+                         f"request id {rid!r} is already in use by a live request; use a new id")
+            return
+        try:
+            check_request(req)
+            if req.fork_from is not None and req.fork_from not in self._sessions_seen:
+                raise RequestError(
+                    f"fork_from {req.fork_from!r} names no conversation this engine knows (never "
+                    "submitted, or closed); send the request without fork_from to start cold")
+        except RequestError as e:
+            if not ids_ok:
+                self._reject(req, RejectReason.BAD_ID if isinstance(req, Request)
+                             else RejectReason.MALFORMED, str(e))
+                return
+            seq = Sequence(req, [], t_submit=t_submit)
+            seq.phase, seq.done_reason, seq.error = Phase.DONE, DoneReason.ERROR, str(e)
+            seq.error_kind = e.kind
             self._extra.append(self._update(seq, t_submit))
             return
-        self._live[req.request_id] = seq
-        self._intake.append(seq)
+        self._sessions_seen.add(sid)
+        self._live[rid] = Sequence(req, [], t_submit=t_submit)
+        self._intake.append(self._live[rid])
+
+    def _reject(self, req: object, reason: RejectReason, message: str) -> None:
+        rid, sid = getattr(req, "request_id", None), getattr(req, "session_id", None)
+        self._rejected.append(Rejection(
+            request_id=rid if isinstance(rid, str) else repr(rid)[:80],
+            session_id=sid if isinstance(sid, str) else None, reason=reason, message=message))
 
     def _cancel(self, request_id: str) -> None:
         seq = self._live.get(request_id)
@@ -251,6 +275,7 @@ class Engine:
             self._intake.remove(seq)
             self.scheduler.finish(seq, DoneReason.CANCELLED)
         self.scheduler.close_session(session_id)
+        self._sessions_seen.discard(session_id)
 
     def _slow_to_prepare(self, seq: Sequence) -> bool:
         """Long messages: the chat template and tokenizer take long enough for the user to see."""
@@ -269,7 +294,7 @@ class Engine:
         """Tokenize an accepted request and queue it; a bad request fails alone, right here."""
         req = seq.request
         try:
-            seq.detok = self.backend.detokenizer()
+            seq.detok = ReplyText(self.backend.detokenizer(), req.sampling.stop)
             if req.prompt_tokens is not None:
                 prompt = list(req.prompt_tokens)
             else:
@@ -281,9 +306,10 @@ class Engine:
             seq.prompt = prompt
             self.scheduler.add(seq)
         except RequestError as e:
-            self.scheduler.finish(seq, DoneReason.ERROR, str(e))
+            self.scheduler.finish(seq, DoneReason.ERROR, str(e), e.kind)
         except Exception as e:  # a template or tokenizer failure belongs to this request only
-            self.scheduler.finish(seq, DoneReason.ERROR, f"could not prepare the prompt: {e}")
+            self.scheduler.finish(seq, DoneReason.ERROR, f"could not prepare the prompt: {e}",
+                                  ErrorKind.INVALID)
 
     def _window_end(self) -> float | None:
         """When the idle coalescing window closes (None: no window open)."""
@@ -328,6 +354,9 @@ class Engine:
             seq.text_pending += seq.detok.feed(token)
             seq.new_tokens_pending += 1
             emitted.append(seq)
+            if seq.detok.stopped:
+                self.scheduler.finish(seq, DoneReason.STOP)
+                continue
             if len(seq.output) >= seq.max_tokens or seq.num_tokens >= n_ctx_seq:
                 seq.text_pending += seq.detok.flush()
                 self.scheduler.finish(seq, DoneReason.LENGTH)
@@ -359,12 +388,15 @@ class Engine:
                 step_ms: float) -> StepReport | None:
         self._release_samplers()
         updates, self._extra = self._extra, []
+        rejected, self._rejected = self._rejected, []
         for rid, seq in list(self._live.items()):
             if seq.last_reported is None and seq.phase is not Phase.PREPARING:
                 # Its first report: it was preparing before whatever it is doing now.
                 updates.append(SeqUpdate(request_id=rid, session_id=seq.session_id, seq_id=None,
                                          phase=Phase.PREPARING))
             if seq.is_finished:
+                if seq.done_reason is DoneReason.CANCELLED and seq.detok is not None:
+                    seq.text_pending += seq.detok.flush()  # text held for a possible stop string
                 seq.metrics.on_finish(now)
                 del self._live[rid]
             sig = (seq.phase, seq.seq_id, seq.prompt_done, len(seq.output), seq.num_cached,
@@ -372,7 +404,7 @@ class Engine:
             if sig != seq.last_reported or seq.text_pending:
                 seq.last_reported = sig
                 updates.append(self._update(seq, now))
-        if plan is None and not updates:
+        if plan is None and not updates and not rejected:
             return None
         self._num_reports += 1
         s = self.scheduler
@@ -390,7 +422,8 @@ class Engine:
             running=s.num_running,
             policy=str(s.policy),
             updates=updates,
-            outcome=str(getattr(result.outcome, "value", result.outcome)) if result else "ok",
+            outcome=result.outcome if result else DecodeOutcome.OK,
+            rejected=rejected,
         )
 
     def _update(self, seq: Sequence, now: float) -> SeqUpdate:
@@ -416,33 +449,31 @@ class Engine:
             itl_p95_ms=m.itl_p95_ms,
             itl_max_ms=m.itl_max_ms,
             done_reason=seq.done_reason,
+            error_kind=seq.error_kind,
             error=seq.error,
             waiting_reason=seq.waiting_reason,
             priority=seq.priority,
         )
 
 
-def _split_cancellations(commands) -> tuple[list[tuple], list[tuple]]:
+def _split_cancellations(commands) -> tuple[list[tuple[Command, float]], list[tuple[Command, float]]]:
     """The cancel/close commands that can run now, and the rest in order. A cancel (or close)
     that follows a still-pending submit for its request (or session) must wait its turn, or the
     submit would run after it and the cancel would be lost."""
     todo, keep = [], []
     rids, sids = set(), set()
-    for c in commands:
-        if c[0] == "submit":
-            rids.add(c[1].request_id)
-            sids.add(c[1].session_id)
-            keep.append(c)
-        elif (c[0] == "cancel" and c[1] not in rids) or (c[0] == "close" and c[1] not in sids):
-            todo.append(c)
+    for entry in commands:
+        cmd = entry[0]
+        if isinstance(cmd, Submit):
+            # A malformed request may carry anything as its ids; it is rejected when taken in.
+            rids.add(str(getattr(cmd.request, "request_id", None)))
+            sids.add(str(getattr(cmd.request, "session_id", None)))
+            keep.append(entry)
+        elif ((isinstance(cmd, Cancel) and cmd.request_id not in rids)
+              or (isinstance(cmd, CloseSession) and cmd.session_id not in sids)):
+            todo.append(entry)
         else:
-            keep.append(c)
+            keep.append(entry)
     return todo, keep
 
 
-def _profile_params(backend) -> CostParams | None:
-    """A simulated backend's own cost model is the truth; nothing to measure."""
-    prof = getattr(backend, "profile", None)
-    if prof is None:
-        return None
-    return CostParams(prof.fixed_ms, prof.decode_ms, prof.prefill_ms, prof.attn_ms)

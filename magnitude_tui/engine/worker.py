@@ -8,6 +8,8 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from backend.factory import BackendConfig, build_backend
+from magnitude_tui.engine.core import Engine
 from magnitude_tui.engine.events import (
     Cancel,
     CloseSession,
@@ -27,34 +29,6 @@ from magnitude_tui.engine.events import (
 IDLE_POLL_S = 0.002
 
 
-def build_backend(config: EngineConfig, on_progress=None):
-    """Build the backend the config names. Only this function knows the concrete backends."""
-    if config.backend == "fake":
-        from backend.fake import FakeBackend
-
-        return FakeBackend(n_ctx=config.n_ctx, n_seq_max=config.n_seq_max, n_batch=config.n_batch)
-    if config.backend.startswith("simulated"):
-        from backend.simulated import make_simulated
-
-        return make_simulated(config)
-    if config.backend == "llama":
-        from backend.llama_backend import LlamaBackend
-
-        return LlamaBackend.load(
-            model_path=config.model,
-            device=config.device,
-            n_ctx=config.n_ctx,
-            n_seq_max=config.n_seq_max,
-            n_batch=config.n_batch,
-            n_ubatch=config.n_ubatch,
-            n_threads=config.n_threads,
-            flash_attn=config.flash_attn,
-            verbose=config.verbose,
-            on_progress=on_progress,
-        )
-    raise ValueError(f"unknown backend {config.backend!r} (use llama, fake or simulated:<profile>)")
-
-
 def _redirect_native_output(log_path: str | None) -> None:
     """Native code writes to fds 1 and 2; in the worker they must never reach the app's terminal."""
     if not log_path:
@@ -71,14 +45,7 @@ def _redirect_native_output(log_path: str | None) -> None:
 def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -> None:
     """Worker entry point: load, then loop (drain commands, step, send one report per step)."""
     _redirect_native_output(log_path)
-    model_name = os.path.basename(config.model) if config.model else config.backend
-    if config.backend == "llama" and not config.model:
-        try:
-            from backend.llama_backend import default_model_path
-
-            model_name = os.path.basename(default_model_path())
-        except Exception:  # reported properly by the load below
-            pass
+    model_name = _model_name(config.backend)
     last_sent = [0.0]
 
     def on_progress(fraction: float, device: str) -> None:
@@ -89,13 +56,10 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
             conn.send([LoadProgress(fraction=fraction, model=model_name, device=device)])
 
     try:
-        backend = build_backend(config, on_progress=on_progress)
-        from magnitude_tui.engine.core import Engine
-
-        # A simulated backend's virtual clock is picked up by the Engine itself.
+        backend = build_backend(config.backend, on_progress=on_progress)
         engine = Engine(backend, policy=config.policy, coalesce_ms=config.coalesce_ms,
                         prepare_notice_chars=config.prepare_notice_chars)
-        conn.send([LoadProgress(fraction=1.0, model=model_name, device=getattr(backend, "device_name", backend.name),
+        conn.send([LoadProgress(fraction=1.0, model=backend.model_name, device=backend.device_name,
                                 stage="calibrating the step-cost model")])
         engine.calibrate()
     except Exception as exc:  # a load failure ends this worker, with the reason for the user
@@ -103,13 +67,13 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
         traceback.print_exc()
         return
     conn.send([EngineReady(
-        model=getattr(backend, "model_name", model_name),
-        device=getattr(backend, "device_name", backend.name),
+        model=backend.model_name,
+        device=backend.device_name,
         n_ctx=backend.n_ctx,
         n_seq_max=backend.n_seq_max,
         n_batch=backend.n_batch,
         policy=engine.policy,
-        info=getattr(backend, "info", {}) or {},
+        info=dict(backend.info),
     )])
     try:
         _loop(conn, engine)
@@ -117,25 +81,30 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
         backend.close()
 
 
-def _loop(conn: Connection, engine) -> None:
+def _model_name(config: BackendConfig) -> str:
+    """What the loading view names before the backend exists (the file, or the stand-in's kind)."""
+    if config.model:
+        return os.path.basename(config.model)
+    if config.family != "llama":
+        return config.kind
+    try:
+        from backend.llama_backend import default_model_path
+
+        return os.path.basename(default_model_path())
+    except Exception:  # reported properly by the load that follows
+        return "the default model"
+
+
+def _loop(conn: Connection, engine: Engine) -> None:
     while True:
         timeout = 0.0 if engine.has_work() else 0.25
         while conn.poll(timeout):
             cmd = conn.recv()
             if isinstance(cmd, Shutdown):
                 return
-            if isinstance(cmd, Submit):
-                engine.submit(cmd.request)
-            elif isinstance(cmd, Cancel):
-                engine.cancel(cmd.request_id)
-            elif isinstance(cmd, CloseSession):
-                engine.close_session(cmd.session_id)
-            elif isinstance(cmd, SetPolicy):
-                try:
-                    engine.set_policy(cmd.policy)
-                    conn.send([PolicyChanged(policy=cmd.policy)])
-                except ValueError as exc:
-                    conn.send([CommandRejected(message=f"policy not changed: {exc}")])
+            rejected = _apply(engine, cmd)
+            if rejected is not None:
+                conn.send([rejected])
             timeout = 0.0
         report = engine.step()
         if report is not None:
@@ -144,3 +113,25 @@ def _loop(conn: Connection, engine) -> None:
             # Inside the idle coalescing window: wait for more arrivals without spinning.
             if conn.poll(IDLE_POLL_S):
                 continue
+
+
+def _apply(engine, cmd) -> CommandRejected | PolicyChanged | None:
+    """Hand one command to the engine. A malformed one is answered with CommandRejected and the
+    loop goes on: whatever a client sends, the other requests keep running."""
+    try:
+        if isinstance(cmd, Submit):
+            engine.submit(cmd.request)  # a malformed request is reported by the next step
+        elif isinstance(cmd, Cancel):
+            engine.cancel(cmd.request_id)
+        elif isinstance(cmd, CloseSession):
+            engine.close_session(cmd.session_id)
+        elif isinstance(cmd, SetPolicy):
+            engine.set_policy(cmd.policy)
+            return PolicyChanged(policy=engine.policy)
+        else:
+            return CommandRejected(message=f"unknown command {type(cmd).__name__}: the engine takes "
+                                           "Submit, Cancel, CloseSession, SetPolicy and Shutdown")
+    except ValueError as exc:
+        what = "policy not changed" if isinstance(cmd, SetPolicy) else f"{type(cmd).__name__} ignored"
+        return CommandRejected(message=f"{what}: {exc}")
+    return None

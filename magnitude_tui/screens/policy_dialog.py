@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -11,6 +9,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
+
+from scheduler.budget import parse_policy
 
 PRESETS = (
     ("target:25", "chunked prefill, 25 ms target step (snappy decode)"),
@@ -21,11 +21,16 @@ PRESETS = (
     ("fixed:512", "chunked prefill, 512 rows per step (llama.cpp -ub default)"),
     ("prefill-first", "whole prompt in one step; running sequences freeze"),
 )
-_POLICY = re.compile(r"prefill-first|fixed:[1-9]\d*|target:\d+(\.\d+)?")
 
 
-def valid_policy(policy: str) -> bool:
-    return _POLICY.fullmatch(policy.strip()) is not None
+def policy_problem(policy: str) -> str | None:
+    """Why the engine would reject this policy (None: it is valid). The engine's own parser
+    decides, so the dialog, the slash command and the engine agree on every string."""
+    try:
+        parse_policy(policy.strip())
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 class PolicyDialog(ModalScreen[str | None]):
@@ -64,7 +69,8 @@ class PolicyDialog(ModalScreen[str | None]):
     @on(Input.Submitted)
     def _typed(self, event: Input.Submitted) -> None:
         policy = event.value.strip()
-        if valid_policy(policy):
+        problem = policy_problem(policy)
+        if problem is None:
             self.dismiss(policy)
         else:
-            self.notify(f"Not a policy: {policy!r}", severity="warning")
+            self.notify(f"Not a policy: {problem}", severity="warning")

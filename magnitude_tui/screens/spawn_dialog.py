@@ -11,6 +11,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label
 
+from magnitude_tui.widgets.pane_grid import MAX_SUBAGENTS
+
 
 @dataclass(frozen=True)
 class SpawnSpec:
@@ -41,7 +43,7 @@ class SpawnDialog(ModalScreen[SpawnSpec | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label(f"Spawn subagents from {self._parent_name}", id="spawn-title")
-            yield Label("How many (1-15)")
+            yield Label(f"How many (1-{MAX_SUBAGENTS})")
             yield Input(str(self._default_count), type="integer", id="spawn-count")
             yield Label("Task (each subagent sees the whole conversation first)")
             yield Input(self._default_task, placeholder="e.g. list three risks of this plan", id="spawn-task")
@@ -58,8 +60,8 @@ class SpawnDialog(ModalScreen[SpawnSpec | None]):
         count_text = self.query_one("#spawn-count", Input).value.strip()
         task = self.query_one("#spawn-task", Input).value.strip()
         count = int(count_text) if count_text.isdigit() else 0
-        if not 1 <= count <= 15:
-            self.notify("Spawn between 1 and 15 subagents", severity="warning")
+        if not 1 <= count <= MAX_SUBAGENTS:
+            self.notify(f"Spawn between 1 and {MAX_SUBAGENTS} subagents", severity="warning")
             return
         if not task:
             self.notify("Give the subagents a task", severity="warning")

@@ -13,11 +13,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, Footer
+from textual.widgets import Footer
 
 from magnitude_tui.commands import SLASH_HELP, parse_slash
-from magnitude_tui.engine.events import (CommandRejected, EngineConfig, EngineFailed, EngineReady,
+from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
                                          LoadProgress, PolicyChanged)
+from magnitude_tui.engine.protocol import EngineClient
 from magnitude_tui.screens.policy_dialog import PolicyDialog
 from magnitude_tui.screens.spawn_dialog import SpawnDialog, SpawnSpec
 from magnitude_tui.store import MessageRecord, PaneRecord, Store
@@ -64,7 +65,7 @@ class WorkspaceScreen(Screen):
         Binding("ctrl+r", "restart_engine", "Restart", show=False),
     ]
 
-    def __init__(self, *, client, store: Store, config: EngineConfig, restored: list[PaneRecord],
+    def __init__(self, *, client: EngineClient, store: Store, restored: list[PaneRecord],
                  export_dir: Path, sampling: SamplingParams | None = None, serve=None) -> None:
         """`serve`: an object with `start(workspace)` and `dispatch(batch)` (the HTTP endpoint
         of `--serve PORT`), fed every engine batch."""
@@ -73,13 +74,12 @@ class WorkspaceScreen(Screen):
         self.sampling = sampling or SamplingParams()
         self.client = client
         self.store = store
-        self.config = config
         self.export_dir = export_dir
-        self.policy = config.policy
+        self.policy = ""  # the engine's, from EngineReady and PolicyChanged
         self.engine_ready = False
         self._restored = restored
         self._resident: set[str] = set()  # sessions whose KV the current worker holds (fork sources)
-        self.subagents = Subagents(self)
+        self.subagents = Subagents(self, store)
         self._panes: dict[str, ChatPane] = {}  # open panes; outlives the DOM at shutdown, for save()
         self._painted_all = 0.0  # when every pane was last painted (monotonic)
         self.batches_applied = 0  # engine batches taken in (tests wait on it, not on wall time)
@@ -87,15 +87,17 @@ class WorkspaceScreen(Screen):
 
     def compose(self) -> ComposeResult:
         # Held directly: engine events keep arriving while the DOM is torn down at exit.
-        self.loading_view = LoadingView(self.config.model, self.config.device, id="loading")
+        target = self.client.target
+        self.loading_view = LoadingView(target.model or None, target.where, id="loading")
         self.grid = PaneGrid(id="panes")
         self.scheduler_panel = SchedulerPanel(id="scheduler")
         self.sequences_panel = SequencesPanel(id="sequences")
-        with ContentSwitcher(initial="loading", id="switcher"):
-            yield self.loading_view
-            with Horizontal(id="workspace"):
-                yield self.grid
-                yield self.scheduler_panel
+        # The loading view sits above the panes, not instead of them: a message typed while the
+        # model loads is reported `loading` and runs when the engine is ready.
+        yield self.loading_view
+        with Horizontal(id="workspace"):
+            yield self.grid
+            yield self.scheduler_panel
         yield self.sequences_panel
         yield Footer(compact=True, show_command_palette=False)
 
@@ -150,6 +152,17 @@ class WorkspaceScreen(Screen):
     def on_unmount(self) -> None:
         self.save()
 
+    # ---- what subagents use (SubagentHost) ------------------------------------------------------
+
+    def pane_count(self) -> int:
+        return len(self.grid.panes)
+
+    def find_pane(self, session_id: str) -> ChatPane | None:
+        return self.grid.pane(session_id)
+
+    def warn(self, message: str) -> None:
+        self.notify(message, severity="warning")
+
     async def paint(self) -> None:
         """Paint the panes' buffered text and status; the panes painted together share one frame.
 
@@ -190,6 +203,8 @@ class WorkspaceScreen(Screen):
                 self.scheduler_panel.record(event)
                 for update in event.updates:
                     self._route(update, event.t)
+                for rejection in event.rejected:
+                    self.notify(rejection.message, title="Request refused", severity="warning")
             elif isinstance(event, SeqUpdate):
                 self._route(event)
             elif isinstance(event, LoadProgress):
@@ -204,6 +219,8 @@ class WorkspaceScreen(Screen):
                 self.notify(f"Policy is now {event.policy}")
             elif isinstance(event, CommandRejected):
                 self.notify(event.message, severity="warning")
+            elif isinstance(event, EndpointsReport):
+                self.scheduler_panel.record_endpoints(event)
 
     def _route(self, update: SeqUpdate, t: float | None = None) -> None:
         pane = self._panes.get(update.session_id)
@@ -224,7 +241,7 @@ class WorkspaceScreen(Screen):
         panel = self.scheduler_panel
         panel.set_engine(event.model, event.device, event.info.get("attention"))
         panel.set_policy(event.policy)
-        self.query_one(ContentSwitcher).current = "workspace"
+        self.loading_view.display = False
         pane = self.grid.focused_pane()
         if pane is not None:
             self.grid.focus_pane(pane)
@@ -243,7 +260,7 @@ class WorkspaceScreen(Screen):
             self.notify("The engine is running")
             return
         self.loading_view.restarting()
-        self.query_one(ContentSwitcher).current = "loading"
+        self.loading_view.display = True
         self.engine_ready = False
         self.client.restart()
 

@@ -9,8 +9,7 @@ from dataclasses import dataclass, field, replace
 from magnitude_tui.serve.body import ChatCall
 from magnitude_tui.serve.errors import ErrorType, OpenAIError
 from magnitude_tui.serve.hub import EngineHub
-from magnitude_tui.serve.stops import StopMatcher
-from scheduler.types import DoneReason, Phase, Request, SamplingParams, SeqUpdate
+from scheduler.types import DoneReason, ErrorKind, Phase, Request, SamplingParams, SeqUpdate
 
 
 @dataclass
@@ -19,12 +18,10 @@ class Choice:
 
     index: int
     request_id: str
-    stops: StopMatcher
     text: str = ""
     finish_reason: str | None = None
     error: str | None = None
     last: SeqUpdate | None = None
-    generated_at_stop: int | None = None  # tokens generated when a stop string was found
     phase_at: dict[str, float] = field(default_factory=dict)  # phase -> when first seen
     t_first_token: float | None = None
     t_last_token: float | None = None
@@ -35,8 +32,6 @@ class Choice:
 
     @property
     def completion_tokens(self) -> int:
-        if self.generated_at_stop is not None:
-            return self.generated_at_stop
         return self.last.generated if self.last else 0
 
 
@@ -52,8 +47,8 @@ class Delta:
 
 class Completion:
     """Runs a ChatCall: `n` choices share one evaluated prompt (forks of a one-token request that
-    evaluates it), stop strings are cut before anything is shown, and the call's own timings are
-    measured from the engine's updates as they arrive."""
+    evaluates it; the engine cuts stop strings), and the call's own timings are measured from the
+    engine's updates as they arrive."""
 
     def __init__(self, hub: EngineHub, call: ChatCall, *, client_name: str) -> None:
         self.hub = hub
@@ -76,10 +71,10 @@ class Completion:
         if self.call.n > 1:
             fork_from = await self._evaluate_prompt_once()
         for i in range(self.call.n):
-            sampling = self.call.sampling
+            sampling = replace(self.call.sampling, stop=self.call.stop)
             if sampling.seed is not None and i:
                 sampling = replace(sampling, seed=sampling.seed + i)
-            c = Choice(index=i, request_id=f"{self.id}-{i}", stops=StopMatcher(self.call.stop))
+            c = Choice(index=i, request_id=f"{self.id}-{i}")
             self.choices.append(c)
             session = self.session_base if i == 0 else f"{self.session_base}-c{i}"
             self.hub.submit(self._request(c.request_id, session, sampling, fork_from), self.queue, tag=i,
@@ -93,11 +88,11 @@ class Completion:
                 pending.discard(tag)
             if u.phase is Phase.DONE and u.done_reason is DoneReason.ERROR and not u.generated:
                 self.cancel()
-                raise _refusal(u.error or "the request failed")
+                raise _refusal(u)
 
     async def _evaluate_prompt_once(self) -> str:
         session = f"{self.session_base}-prompt"
-        self.prime = Choice(index=-1, request_id=f"{self.id}-prompt", stops=StopMatcher(()))
+        self.prime = Choice(index=-1, request_id=f"{self.id}-prompt")
         self.hub.submit(self._request(self.prime.request_id, session,
                                       SamplingParams(temperature=0.0, max_tokens=1), None),
                         self.queue, tag=-1)
@@ -106,7 +101,7 @@ class Completion:
             self._observe(self.prime, u, t)
             if u.phase is Phase.DONE:
                 if u.done_reason is DoneReason.ERROR:
-                    raise _refusal(u.error or "the request failed")
+                    raise _refusal(u)
                 return session
 
     def _request(self, rid: str, session: str, sampling: SamplingParams, fork_from: str | None) -> Request:
@@ -134,13 +129,8 @@ class Completion:
             return []
         self._observe(c, u, t)
         out = []
-        shown = c.stops.feed(u.text_delta)
-        if c.stops.hit is not None:
-            c.generated_at_stop = u.generated
-            c.finish_reason = "stop"
-            self.hub.cancel(c.request_id)
-        elif u.phase is Phase.DONE:
-            shown += c.stops.flush()
+        shown = u.text_delta
+        if u.phase is Phase.DONE:
             if u.done_reason is DoneReason.ERROR:
                 c.error = u.error or "the request failed"
             elif u.done_reason is DoneReason.CANCELLED:
@@ -232,9 +222,11 @@ def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 2)
 
 
-def _refusal(message: str) -> OpenAIError:
-    """The engine refused the request before it produced anything: say why, as OpenAI would."""
-    code = "context_length_exceeded" if "can hold only" in message or "KV cells" in message else None
-    if "engine" in message and ("restart" in message.lower() or "not running" in message):
-        return OpenAIError(503, message, ErrorType.UNAVAILABLE, "engine_unavailable")
-    return OpenAIError(400, message, ErrorType.INVALID_REQUEST, code, "messages")
+def _refusal(u: SeqUpdate) -> OpenAIError:
+    """The engine ended the request before it produced anything: say why, as OpenAI would."""
+    message = u.error or "the request failed"
+    if u.error_kind is ErrorKind.CONTEXT_LENGTH:
+        return OpenAIError(400, message, ErrorType.INVALID_REQUEST, "context_length_exceeded", "messages")
+    if u.error_kind is ErrorKind.INVALID:
+        return OpenAIError(400, message, ErrorType.INVALID_REQUEST, "invalid_request", "messages")
+    return OpenAIError(503, message, ErrorType.UNAVAILABLE, "engine_unavailable", retry_after_s=2)

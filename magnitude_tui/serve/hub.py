@@ -39,10 +39,15 @@ class EngineHub:
 
     # ---- engine -> requests ----------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Read the client's event stream until it stops (the headless server)."""
-        async for batch in self.client.events():
-            self.dispatch(batch)
+    async def run(self, wait_s: float = 0.2) -> None:
+        """Read the client's event stream until cancelled (the headless server): a blocking wait
+        on a thread, then whatever else is already queued without one."""
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await loop.run_in_executor(None, self.client.poll_events, wait_s)
+            while batch is not None:
+                self.dispatch(batch)
+                batch = self.client.poll_events(0)
 
     def dispatch(self, batch: list) -> None:
         now = self.clock()

@@ -89,6 +89,14 @@ async def _announce_ready(hub: EngineHub, out: TextIO, started: asyncio.Event | 
         started.set()
 
 
+def served_model_name(client) -> str:
+    """The name /v1/models lists: the model file's name, or the default model's."""
+    import os
+
+    model = client.target.model
+    return os.path.basename(model) if model else "SmolLM2-135M-Instruct"
+
+
 def resolve_api_key(flag: str | None) -> str | None:
     return flag or os.environ.get(API_KEY_ENV) or None
 

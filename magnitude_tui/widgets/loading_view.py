@@ -10,10 +10,11 @@ from magnitude_tui.engine.events import EngineFailed, LoadProgress
 
 
 class LoadingView(Middle):
-    """Shown until the engine reports ready (or failed)."""
+    """Shown above the panes until the engine reports ready (or failed)."""
 
     DEFAULT_CSS = """
-    LoadingView { background: $background; }
+    LoadingView { background: $background; height: auto; }
+    LoadingView > Center { height: auto; }
     LoadingView #loading-box { width: 64; height: auto; padding: 1 2; border: round $primary;
                                background: $surface; }
     LoadingView .title { text-style: bold; color: $primary; width: 1fr; content-align: center middle; }

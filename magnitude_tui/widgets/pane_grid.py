@@ -10,6 +10,8 @@ from textual.reactive import reactive
 from magnitude_tui.widgets.chat_pane import ChatPane
 
 MAX_PANES = 16
+# A spawn keeps its parent pane open, so at most this many subagents fit beside it.
+MAX_SUBAGENTS = MAX_PANES - 1
 
 
 def tiling(n: int) -> tuple[int, int]:

@@ -1,14 +1,16 @@
-"""Provides the scheduler panel: step time against target, decode vs prefill rows, budget, KV, queue."""
+"""Provides the scheduler panel: step time against target, decode vs prefill rows, budget, KV, queue;
+for a remote engine, its servers instead."""
 
 from __future__ import annotations
 
-import re
 from collections import deque
 
 from rich.text import Text
 from textual.widget import Widget
 
-from magnitude_tui.widgets.format import fmt_ms, spark
+from magnitude_tui.engine.events import EndpointsReport
+from magnitude_tui.widgets.format import fmt_ms, fmt_rate, spark
+from scheduler.budget import parse_policy
 from scheduler.types import StepReport
 
 HISTORY = 120
@@ -18,8 +20,11 @@ _LABEL = 8  # width of the left-hand labels
 
 def policy_target_ms(policy: str) -> float | None:
     """The target step time a "target:MS" policy asks for (None for token-count policies)."""
-    match = re.fullmatch(r"target:(\d+(?:\.\d+)?)", policy.strip())
-    return float(match.group(1)) if match else None
+    try:
+        parsed = parse_policy(policy)
+    except ValueError:
+        return None
+    return parsed.value if parsed.kind == "target" else None
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -53,6 +58,7 @@ class SchedulerPanel(Widget):
         self.model = "loading"
         self.device = "—"
         self.attention: str | None = None  # the attention path the engine runs, and why
+        self.endpoints: EndpointsReport | None = None  # a remote engine's servers
         self._dirty = True
 
     def on_mount(self) -> None:
@@ -62,6 +68,11 @@ class SchedulerPanel(Widget):
     def record(self, report: StepReport) -> None:
         self.steps.append(report)
         self.policy = report.policy
+        self._dirty = True
+
+    def record_endpoints(self, report: EndpointsReport) -> None:
+        self.endpoints = report
+        self.border_title = "servers"
         self._dirty = True
 
     def set_policy(self, policy: str) -> None:
@@ -92,6 +103,9 @@ class SchedulerPanel(Widget):
         line("device", (self.device, ""))
         if self.attention:
             line("attn", (self.attention, "sched--dim"))
+        if self.endpoints is not None:
+            self._render_endpoints(line)
+            return text
         target = policy_target_ms(self.policy)
         line("policy", (self.policy, "sched--kv"))
         if not self.steps:
@@ -128,3 +142,16 @@ class SchedulerPanel(Widget):
              (f" · {last.kv_idle} idle" if last.kv_idle else "", "sched--dim"))
         line("seqs", (f"{last.running} running · {last.waiting} waiting", ""))
         return text
+
+    def _render_endpoints(self, line) -> None:
+        """Per server, only what the client measures: no step, budget or KV figures exist here."""
+        for e in self.endpoints.endpoints:
+            line("server", (e.url.removeprefix("http://").removeprefix("https://"),
+                            "sched--ok" if e.healthy else "sched--over"))
+            if not e.healthy:
+                line("", (f"dead: {e.last_error or 'not answering'}", "sched--over"))
+            line("", (f"{e.in_flight}/{e.limit} in flight · {e.queued} queued", ""))
+            line("", (f"{fmt_rate(e.tok_s)} tok/s", "sched--decode"))
+            line("", (f"TTFT p50 {fmt_ms(e.ttft_p50_ms)} · p95 {fmt_ms(e.ttft_p95_ms)}", ""))
+            line("", (f"{e.errors} errors", "sched--over" if e.errors else "sched--dim"),
+                 (f" · last: {e.last_error}" if e.errors and e.healthy and e.last_error else "", "sched--dim"))

@@ -125,7 +125,7 @@ class SequencesPanel(Vertical):
             "—" if u.seq_id is None else str(u.seq_id),
             Text(phase, style=self.get_component_rich_style(style_key)),
             prompt,
-            str(u.generated),
+            f"~{u.generated}" if u.tokens_estimated else str(u.generated),
             fmt_ms(u.queue_ms),
             fmt_ms(u.ttft_ms),
             fmt_rate(rate),

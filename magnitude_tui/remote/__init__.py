@@ -1,0 +1,1 @@
+"""remote package: an EngineClient for OpenAI-compatible servers (vLLM, SGLang, llama-server)."""

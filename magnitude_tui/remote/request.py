@@ -1,0 +1,185 @@
+"""Provides run_request: one chat-completions request streamed from the pool's servers, with
+bounded retries and a clear error for every way it can fail."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import time
+from contextlib import aclosing
+from typing import Callable
+
+import httpx
+
+from magnitude_tui.remote.config import RemoteConfig, base_url
+from magnitude_tui.remote.metrics import RemoteSeq
+from magnitude_tui.remote.pool import Endpoint, EndpointPool, NoEndpoint
+from magnitude_tui.remote.stream import DONE, Chunk, MalformedStream, ServerError, events
+from scheduler.types import DoneReason, Phase, Request
+
+RETRY_STATUS = (429, 500, 502, 503, 504)
+
+
+class RequestFailed(RuntimeError):
+    """This request cannot be answered; the message says why and what to do."""
+
+
+class _Retry(Exception):
+    def __init__(self, why: str, wait_s: float, endpoint_dead: bool = False) -> None:
+        super().__init__(why)
+        self.why, self.wait_s, self.endpoint_dead = why, wait_s, endpoint_dead
+
+
+def request_body(request: Request, model: str) -> dict:
+    s = request.sampling
+    body = {
+        "model": model,
+        "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": s.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        # Not in OpenAI's own API, but vLLM, SGLang and llama-server all take them.
+        "top_k": s.top_k,
+        "min_p": s.min_p,
+    }
+    if s.seed is not None:
+        body["seed"] = s.seed
+    return body
+
+
+def retry_after_s(response: httpx.Response, attempt: int, cap: float) -> float:
+    """Retry-After in seconds or as an HTTP date; without one, 0.5 s doubling per attempt."""
+    raw = response.headers.get("retry-after")
+    wait = 0.5 * 2 ** attempt
+    if raw:
+        try:
+            wait = float(raw)
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(raw)
+            if when is not None:
+                wait = when.timestamp() - time.time()
+    return min(cap, max(0.0, wait))
+
+
+async def run_request(seq: RemoteSeq, *, pool: EndpointPool, http: httpx.AsyncClient, config: RemoteConfig,
+                      model: str, changed: Callable[[RemoteSeq], None], prefer: str | None = None) -> None:
+    """Stream one request to its end; `changed(seq)` after every state change. Ends with the
+    sequence finished (stop, length or error); cancelling the task closes the stream, which
+    frees the server's slot."""
+    failed: set[str] = set()  # servers this request found dead
+    attempt = 0
+    while True:
+        try:
+            endpoint = pool.pick(avoid=failed, prefer=prefer)
+        except NoEndpoint as exc:
+            raise RequestFailed(str(exc)) from None
+        if endpoint.in_flight >= endpoint.limit:
+            seq.phase = Phase.QUEUED
+            seq.waiting_reason = f"waiting for a slot on {endpoint.url} ({endpoint.in_flight} in flight)"
+            changed(seq)
+        await endpoint.acquire()
+        try:
+            await _stream(seq, endpoint, attempt, http=http, config=config, model=model, changed=changed)
+            return
+        except _Retry as retry:
+            if retry.endpoint_dead:
+                failed.add(endpoint.url)
+            attempt += 1
+            if attempt > config.max_retries:
+                raise RequestFailed(f"{retry.why}; gave up after {config.max_retries} retries") from None
+            wait = retry.wait_s
+            seq.phase, seq.waiting_reason = Phase.QUEUED, f"{retry.why}; retrying in {wait:.1f} s"
+            changed(seq)
+        finally:
+            endpoint.release()
+        await asyncio.sleep(wait)
+
+
+async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: httpx.AsyncClient, config: RemoteConfig,
+                  model: str, changed: Callable[[RemoteSeq], None]) -> None:
+    url = base_url(endpoint.url) + "/chat/completions"
+    seq.sent(endpoint.url)
+    changed(seq)
+    got_text = False
+    try:
+        async with http.stream("POST", url, json=request_body(seq.request, model)) as response:
+            if response.status_code != 200:
+                await _refuse(response, endpoint, model, config, attempt)
+            finish_reason = None
+            async with aclosing(events(response.aiter_lines())) as stream:
+                async for item in stream:
+                    if item is DONE:
+                        break
+                    chunk: Chunk = item
+                    if chunk.text:
+                        if not got_text:
+                            got_text = True
+                            endpoint.on_first_token(seq.ttft_ms or 0.0)
+                        seq.delta(chunk.text)
+                        endpoint.on_tokens(1)
+                        changed(seq)
+                    if chunk.usage is not None:
+                        seq.usage = chunk.usage
+                    if chunk.timings is not None:
+                        seq.timings = chunk.timings
+                    if chunk.finish_reason is not None:
+                        finish_reason = chunk.finish_reason
+            if finish_reason is None:
+                endpoint.mark_dead("a stream ended mid-reply")
+                raise RequestFailed(f"the stream from {endpoint.url} ended mid-reply (no finish_reason); "
+                                    "the server may have stopped. Other servers take new work")
+    except httpx.ConnectError as exc:
+        endpoint.mark_dead(f"connection refused ({exc})")
+        raise _Retry(f"{endpoint.url} refused the connection; is the server running?", 0.0,
+                     endpoint_dead=True) from None
+    except httpx.TimeoutException as exc:
+        endpoint.error("timeout")
+        what = "connect" if isinstance(exc, httpx.ConnectTimeout) else "answer"
+        limit = config.connect_timeout_s if what == "connect" else config.read_timeout_s
+        raise RequestFailed(f"{endpoint.url} did not {what} within {limit:g} s (timeout)") from None
+    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+        endpoint.mark_dead(f"stream broke ({type(exc).__name__})")
+        raise RequestFailed(f"the connection to {endpoint.url} broke mid-reply ({exc or type(exc).__name__}); "
+                            "the server may have stopped. Other servers take new work") from None
+    except MalformedStream as exc:
+        endpoint.error("malformed stream")
+        raise RequestFailed(f"{endpoint.url} sent a malformed stream: {exc}") from None
+    except ServerError as exc:
+        endpoint.error(str(exc))
+        raise RequestFailed(f"{endpoint.url}: {exc}") from None
+    seq.finish(DoneReason.LENGTH if finish_reason == "length" else DoneReason.STOP)
+
+
+async def _refuse(response: httpx.Response, endpoint: Endpoint, model: str, config: RemoteConfig,
+                  attempt: int) -> None:
+    """Turn a non-200 answer into a retry (429, 5xx) or a clear failure (the rest)."""
+    body = (await response.aread()).decode(errors="replace")
+    detail = _error_message(body)
+    code = response.status_code
+    if code in RETRY_STATUS:
+        endpoint.error(f"HTTP {code}")
+        wait = retry_after_s(response, attempt, config.max_retry_wait_s)
+        raise _Retry(f"{endpoint.url} answered {code} ({detail or 'busy'})", wait)
+    endpoint.error(f"HTTP {code}")
+    if code in (401, 403):
+        raise RequestFailed(f"{endpoint.url} refused the API key ({code}: {detail}); pass the variable "
+                            "that holds the key with --api-key-env")
+    if code == 404:
+        listed = f"; it serves: {', '.join(endpoint.models)}" if endpoint.models else ""
+        raise RequestFailed(f"{endpoint.url} does not serve model {model!r} (404: {detail}){listed}; "
+                            "choose one with --remote-model")
+    raise RequestFailed(f"{endpoint.url} rejected the request ({code}: {detail})")
+
+
+def _error_message(body: str) -> str:
+    import json
+
+    try:
+        err = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return body.strip()[:200]
+    if isinstance(err, dict):
+        return str(err.get("message", err))[:200]
+    return str(err or body)[:200]

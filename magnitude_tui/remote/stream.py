@@ -1,0 +1,105 @@
+"""Provides the reading of an OpenAI chat-completions stream (server-sent events) into typed chunks."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from scheduler.types import ServerTimings
+
+
+class MalformedStream(ValueError):
+    """The server's stream is not what the OpenAI API promises (what it sent is in the message)."""
+
+
+class ServerError(RuntimeError):
+    """The server reported an error inside the stream (e.g. the context was exceeded)."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None = None  # prompt_tokens_details.cached_tokens, when sent
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one `data:` event carried that the client uses (any of it may be absent)."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    timings: ServerTimings | None = None
+
+
+DONE = object()  # the `data: [DONE]` sentinel
+
+
+async def events(lines: AsyncIterator[str]) -> AsyncIterator[Chunk | object]:
+    """Chunks from the lines of an SSE body, then DONE if the server sent `[DONE]`. Comment
+    lines (`: ping`) and other fields are skipped; one event's data may span several lines."""
+    data: list[str] = []
+    async for line in lines:
+        if line == "":
+            if data:
+                payload, data = "\n".join(data), []
+                if payload.strip() == "[DONE]":
+                    yield DONE
+                    return
+                yield parse_chunk(payload)
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        if field == "data":
+            data.append(value[1:] if value.startswith(" ") else value)
+        elif field not in ("event", "id", "retry"):
+            raise MalformedStream(f"not a server-sent event line: {line[:120]!r}")
+    if data:  # a last event without its blank line
+        payload = "\n".join(data)
+        if payload.strip() == "[DONE]":
+            yield DONE
+            return
+        yield parse_chunk(payload)
+
+
+def parse_chunk(payload: str) -> Chunk:
+    try:
+        body = json.loads(payload)
+    except json.JSONDecodeError:
+        raise MalformedStream(f"a stream event is not JSON: {payload[:120]!r}") from None
+    if not isinstance(body, dict):
+        raise MalformedStream(f"a stream event is not a JSON object: {payload[:120]!r}")
+    if "error" in body:
+        err = body["error"]
+        message = err.get("message", err) if isinstance(err, dict) else err
+        raise ServerError(f"the server reported: {message}")
+    choices = body.get("choices")
+    if not isinstance(choices, list):
+        raise MalformedStream(f"a stream event has no 'choices' list: {payload[:120]!r}")
+    text, finish = "", None
+    for choice in choices[:1]:  # one completion per request (n=1)
+        delta = choice.get("delta") or {}
+        text = delta.get("content") or ""
+        finish = choice.get("finish_reason")
+    return Chunk(text=text, finish_reason=finish, usage=_usage(body.get("usage")),
+                 timings=_timings(body.get("timings")))
+
+
+def _usage(raw) -> Usage | None:
+    if not isinstance(raw, dict) or "completion_tokens" not in raw:
+        return None
+    details = raw.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return Usage(int(raw.get("prompt_tokens", 0)), int(raw["completion_tokens"]),
+                 int(cached) if cached is not None else None)
+
+
+def _timings(raw) -> ServerTimings | None:
+    if not isinstance(raw, dict) or "predicted_n" not in raw:
+        return None
+    return ServerTimings(prompt_n=int(raw.get("prompt_n", 0)), prompt_ms=float(raw.get("prompt_ms", 0.0)),
+                         predicted_n=int(raw["predicted_n"]), predicted_ms=float(raw.get("predicted_ms", 0.0)),
+                         cache_n=int(raw.get("cache_n", 0)))

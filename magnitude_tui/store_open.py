@@ -1,0 +1,188 @@
+"""Provides open_database: the store's schema check, forward migration, and recovery from a bad file."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS workspaces (
+    id      INTEGER PRIMARY KEY,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS panes (
+    id           TEXT PRIMARY KEY,           -- also the engine session id
+    workspace_id INTEGER NOT NULL REFERENCES workspaces(id),
+    name         TEXT NOT NULL,              -- "A1", "A1.2"
+    role         TEXT NOT NULL,              -- "main" | "subagent"
+    parent_id    TEXT REFERENCES panes(id),
+    task         TEXT,
+    position     INTEGER NOT NULL,
+    created      REAL NOT NULL,
+    closed       REAL                        -- NULL while the pane is open
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id          INTEGER PRIMARY KEY,
+    pane_id     TEXT NOT NULL REFERENCES panes(id),
+    role        TEXT NOT NULL,               -- "system" | "user" | "assistant"
+    content     TEXT NOT NULL,
+    complete    INTEGER NOT NULL,            -- 0 while a reply is still streaming (or was cut off)
+    author      TEXT,                        -- set on a subagent's answer posted back to its parent
+    done_reason TEXT,
+    inherited   INTEGER NOT NULL DEFAULT 0,  -- copied from the parent when a subagent was spawned
+    created     REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_pane ON messages(pane_id, id);
+CREATE TABLE IF NOT EXISTS settings (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+# The columns each table of the current schema must have: a file stamped with our version but
+# laid out otherwise would fail later with "no such column" in the middle of a session.
+COLUMNS = {
+    "workspaces": {"id", "created"},
+    "panes": {"id", "workspace_id", "name", "role", "parent_id", "task", "position", "created", "closed"},
+    "messages": {"id", "pane_id", "role", "content", "complete", "author", "done_reason", "inherited",
+                 "created"},
+    "settings": {"key", "value"},
+}
+
+# MIGRATIONS[n] turns a database of schema n into schema n + 1, inside one transaction. Add one
+# whenever SCHEMA_VERSION goes up, so every older file is carried forward, never rewritten.
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+
+
+class StoreError(RuntimeError):
+    """The database exists but must not be touched (e.g. written by a newer version)."""
+
+
+class _Unreadable(Exception):
+    """The file is not a database of ours that this version can read: it is moved aside."""
+
+
+@dataclass
+class Opened:
+    db: sqlite3.Connection
+    moved_to: Path | None  # where an unreadable file went (None: nothing was moved)
+    why: str | None  # what was wrong with it
+    migrated_from: int | None  # the schema version the file had before migrating forward
+
+
+def open_database(path: Path) -> Opened:
+    """Open (or create) the store at `path` on schema SCHEMA_VERSION.
+
+    A corrupt file, or one that is not a database of ours, is renamed to
+    `<name>.unreadable-<time>` (with its -wal and -shm files: never deleted) and a new one is
+    started; the caller tells the user where it went. A newer schema raises StoreError (the file
+    belongs to a newer version of the app, which still reads it).
+    """
+    try:
+        db, migrated_from = _open(path)
+        return Opened(db, None, None, migrated_from)
+    except _Unreadable as e:
+        if str(path) == ":memory:":
+            raise StoreError(f"the in-memory database is unusable: {e}") from None
+        moved = _move_aside(path)
+        db, _ = _open(path)
+        return Opened(db, moved, str(e), None)
+
+
+def _open(path: Path) -> tuple[sqlite3.Connection, int | None]:
+    # Read the header before SQLite does: opening a file that is not a database may make SQLite
+    # tidy away a -wal beside it, and nothing of the user's is ever removed.
+    if str(path) != ":memory:" and path.is_file() and path.stat().st_size:
+        with open(path, "rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                raise _Unreadable("file is not a database")
+    db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    try:
+        return db, _prepare(db, path)
+    except _Unreadable:
+        db.close()
+        raise
+    except sqlite3.OperationalError as e:  # locked by another instance, read-only, no access
+        db.close()
+        raise StoreError(f"could not open the database {path}: {e}; close any other magnitude-tui "
+                         "using it and check the file's permissions") from None
+    except sqlite3.DatabaseError as e:  # "file is not a database", "disk image is malformed"
+        db.close()
+        raise _Unreadable(str(e)) from None
+    except BaseException:
+        db.close()
+        raise
+
+
+def _prepare(db: sqlite3.Connection, path: Path) -> int | None:
+    """Check, migrate or create the schema; returns the version migrated from (None: none)."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"the database {path} has schema version {version}, written by a newer magnitude-tui "
+            f"(this one reads up to {SCHEMA_VERSION}); upgrade magnitude-tui, or move the file "
+            "away to start with an empty one")
+    check = [r[0] for r in db.execute("PRAGMA quick_check")]
+    if check != ["ok"]:
+        raise _Unreadable(f"integrity check failed: {'; '.join(check[:3])}")
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if version == 0 and tables:
+        raise _Unreadable(f"it holds tables of another program ({', '.join(sorted(tables)[:5])}) "
+                          "and no magnitude-tui schema version")
+    if version == SCHEMA_VERSION:
+        _check_columns(db)
+    # Only now is the file known to be ours: switching to WAL rewrites its header.
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("PRAGMA foreign_keys=ON")
+    if version == 0:
+        db.executescript(SCHEMA)
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        return None
+    migrated_from = None
+    if version < SCHEMA_VERSION:
+        migrated_from = version
+        db.execute("BEGIN")
+        try:
+            for v in range(version, SCHEMA_VERSION):
+                if v not in MIGRATIONS:
+                    raise _Unreadable(f"no migration from schema version {v}")
+                MIGRATIONS[v](db)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        _check_columns(db)
+    return migrated_from
+
+
+def _check_columns(db: sqlite3.Connection) -> None:
+    for table, wanted in COLUMNS.items():
+        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+        missing = wanted - have
+        if missing:
+            what = "is missing" if have else "has no table"
+            raise _Unreadable(f"it is stamped schema {SCHEMA_VERSION} but {what} "
+                              f"{table}({', '.join(sorted(missing))})")
+
+
+def _move_aside(path: Path) -> Path:
+    """Rename the file and its WAL companions; a stale -wal next to a new file would corrupt it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}.unreadable-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.unreadable-{stamp}-{n}")
+    path.rename(target)
+    for suffix in ("-wal", "-shm", "-journal"):
+        companion = path.with_name(path.name + suffix)
+        if companion.exists():
+            companion.rename(target.with_name(target.name + suffix))
+    return target

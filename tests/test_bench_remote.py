@@ -1,0 +1,28 @@
+"""`bench remote`: the same burst through any two EngineClients, client-side figures and a ratio."""
+
+from __future__ import annotations
+
+from backend.factory import BackendConfig
+from magnitude_tui.bench.common import save_result
+from magnitude_tui.bench.remote import RemoteBenchConfig, bench_engines
+from magnitude_tui.engine.client import WorkerClient
+from magnitude_tui.engine.events import EngineConfig
+from magnitude_tui.remote.client import RemoteClient
+from magnitude_tui.remote.config import RemoteConfig
+from tests.openai_stub import Script, StubServer
+
+
+def test_bench_remote_compares_a_server_with_the_local_engine(tmp_path):
+    with StubServer(Script(words=6, delay_s=0.01)) as stub:
+        engines = {"remote": RemoteClient(RemoteConfig((stub.url,), max_in_flight=4)),
+                   "local": WorkerClient(EngineConfig(BackendConfig("fake", n_ctx=8192)), in_process=True)}
+        result = bench_engines(engines, RemoteBenchConfig(seqs=(1, 3), gen=5))
+    [rows] = result.tables.values()
+    assert [r["seqs"] for r in rows] == [1, 3]
+    for row in rows:
+        assert row["remote tok/s"] > 0 and row["local tok/s"] > 0 and row["remote TTFT p50 ms"] > 0
+        assert row["remote/local"] == round(row["remote tok/s"] / row["local tok/s"], 2)
+    made = {(r["engine"], r["seqs"]): r["made"] for r in result.data["runs"]}
+    assert made[("remote", 3)] == 15 and made[("local", 3)] == 15  # 3 replies of max_tokens=5 each
+    assert len(stub.requests) == 4
+    assert save_result(result, tmp_path)["md"].read_text().count("remote/local") == 1
