@@ -168,3 +168,21 @@ def test_the_cost_model_predicts_held_out_deep_steps_within_a_quarter(flash):
         llama.close()
     assert len(errors) >= 20
     assert median(errors) <= 0.25, sorted(errors)
+
+
+@pytest.mark.slow
+def test_devices_reports_the_attention_choice_and_why(tmp_path, monkeypatch):
+    pytest.importorskip("llama_cpp")
+    from typer.testing import CliRunner
+
+    from backend.llama_backend import _build_id, default_model_path
+    from magnitude_tui.cli import app
+
+    monkeypatch.setenv("MAGNITUDE_ATTENTION_CACHE", str(tmp_path))
+    key = attention.cache_key(model_path=default_model_path(), device="CPU", n_threads=1, n_ubatch=512,
+                              build=_build_id())
+    attention.store(attention.decide((_timing(True, 800.0), _timing(False, 410.0)), key))  # as measured before
+    result = CliRunner().invoke(app, ["devices", "--attention", "--device", "cpu", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert "flash attention off: measured 410 vs 800 ms" in result.output and "(cached)" in result.output
+    assert "flash on : fill 5000 ms" in result.output and "flash off: fill 5000 ms" in result.output
