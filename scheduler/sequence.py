@@ -38,6 +38,7 @@ class Sequence:
         self.text_pending = ""
         self.new_tokens_pending = 0
         self.last_reported: tuple | None = None
+        self.dropped_messages = 0  # oldest messages left out so the conversation fits its sequence
 
     # ---- identity ------------------------------------------------------------------------------
 

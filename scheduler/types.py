@@ -223,6 +223,9 @@ class SeqUpdate:
     error_kind: ErrorKind | None = None  # with done_reason ERROR
     error: str | None = None
     waiting_reason: str | None = None
+    # How many of the request's oldest messages (after its system messages) were left out so the
+    # conversation fits its sequence with room for a reply (0: all of it was sent).
+    dropped_messages: int = 0
     priority: Priority = Priority.INTERACTIVE
     load_fraction: float | None = None  # phase `loading`: how much of the model is loaded (0..1)
     # A remote engine's request: which server runs it, whether the token counts are estimates

@@ -170,13 +170,13 @@ def test_a_cancel_inside_a_character_shows_no_replacement_mark(clean_llama):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
 def test_a_short_random_soak_on_the_real_model_keeps_the_books_straight(clean_llama):
-    # Short here (about 70 steps); `bench soak --real-ops N` runs the long version.
+    # Short here (about 55 steps: seconds on a quiet 2-core machine, minutes on a loaded one);
+    # `bench soak --real-ops N` runs the long version.
     rng = random.Random(7)
     engine = Engine(clean_llama, policy="target:50", coalesce_ms=0, gen_reserve=16)
     h = EngineHarness(engine, exact_cells=False)
-    while h.stats.ops < 100:
+    while h.stats.ops < 80:
         h.random_op(rng)
     h.finish()
     assert h.stats.finished and h.leaked() == (0, 0)

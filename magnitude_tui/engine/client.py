@@ -148,10 +148,11 @@ class WorkerClient:
             with self._live_lock:
                 # A reused id must not take over the live entry: the engine rejects the newcomer,
                 # and the original still needs its error if the worker dies.
-                self._live.setdefault(rid, sid)
-                if not self._ready:
-                    self._loading.add(rid)
-                    self._events.put([self._loading_update(rid)])
+                if rid not in self._live:
+                    self._live[rid] = sid
+                    if not self._ready:
+                        self._loading.add(rid)
+                        self._events.put([self._loading_update(rid)])
         if not self._send(Submit(request)):
             self._fail_live("the engine is not running; restart it")
 
@@ -223,6 +224,7 @@ class WorkerClient:
                 # A duplicate's id belongs to the live original, which stays in the table.
                 if r.reason is not RejectReason.DUPLICATE_ID:
                     self._live.pop(r.request_id, None)
+                    self._loading.discard(r.request_id)
 
     def _death_reason(self) -> str:
         if self._proc is None:

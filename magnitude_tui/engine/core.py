@@ -8,6 +8,7 @@ from typing import Callable
 
 from backend.protocol import Backend, Clock, DecodeOutcome, DecodeResult, PlanError
 from magnitude_tui.engine.calibrate import calibration_steps
+from magnitude_tui.engine.context import fit_conversation
 from magnitude_tui.engine.events import Cancel, CloseSession, Command, SetPolicy, Submit
 from magnitude_tui.engine.text import ReplyText
 from scheduler.budget import CostModel, CostParams, parse_policy
@@ -298,7 +299,11 @@ class Engine:
             if req.prompt_tokens is not None:
                 prompt = list(req.prompt_tokens)
             else:
-                prompt = list(self.backend.tokenize_chat(req.messages))
+                # A conversation that outgrew its sequence drops its oldest turns (context.py).
+                limit = min(self.scheduler.n_ctx_seq, self.scheduler.n_ctx)
+                fitted = fit_conversation(req.messages, lambda ms: list(self.backend.tokenize_chat(ms)),
+                                          limit, seq.max_tokens)
+                prompt, seq.dropped_messages = fitted.prompt, fitted.dropped
             bad = [t for t in prompt if not 0 <= t < self.backend.n_vocab]
             if bad:
                 raise RequestError(f"token id {bad[0]} is outside the model's vocabulary "
@@ -452,6 +457,7 @@ class Engine:
             error_kind=seq.error_kind,
             error=seq.error,
             waiting_reason=seq.waiting_reason,
+            dropped_messages=seq.dropped_messages,
             priority=seq.priority,
         )
 
