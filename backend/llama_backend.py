@@ -6,6 +6,7 @@ import ctypes
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
