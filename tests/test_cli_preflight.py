@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 import magnitude_tui.app
 from magnitude_tui.cli import app
 from tests.gguf_files import tiny_gguf
+from tests.needs import need_real_model
 
 
 @pytest.fixture
@@ -103,7 +104,7 @@ def test_help_shows_flags_without_a_value(monkeypatch):
 def test_vulkan_without_a_vulkan_device_is_refused(tmp_path, model):
     # A fresh process: the device registry is read once per process, and lavapipe is visible
     # only when GGML_VK_VISIBLE_DEVICES names it (other tests set it).
-    pytest.importorskip("llama_cpp")
+    need_real_model()
     env = {k: v for k, v in os.environ.items() if k != "GGML_VK_VISIBLE_DEVICES"}
     probe = subprocess.run([sys.executable, "-c", "from backend import native; "
                             "print(any(d.backend == 'Vulkan' for d in native.list_devices()))"],

@@ -8,6 +8,7 @@ from backend.fake import FakeBackend
 from magnitude_tui.engine.context import fit_conversation, headroom, reply_room
 from magnitude_tui.engine.core import Engine
 from scheduler.types import DoneReason, Message, Request, SamplingParams
+from tests.needs import need_real_model
 
 
 def _words(messages) -> list[int]:
@@ -78,7 +79,7 @@ def test_the_real_model_keeps_answering_past_its_context():
     """SmolLM2 in a 512-token context, twelve turns of short questions: every turn answers,
     the overflowing ones say how many messages they dropped, and the turn after a trim reuses the
     trimmed prompt's KV (cached tokens reported)."""
-    pytest.importorskip("llama_cpp")
+    need_real_model()
     from backend.llama_backend import LlamaBackend
 
     backend = LlamaBackend.load(device="cpu", n_ctx=512, n_seq_max=4, n_batch=512, n_ubatch=512,

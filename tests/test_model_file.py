@@ -10,6 +10,7 @@ import pytest
 
 from backend.model_file import GGML_BLOCKS, ModelFileError, check_gguf
 from tests.gguf_files import tiny_gguf
+from tests.needs import need_real_model
 
 
 def test_a_tiny_gguf_passes_and_every_cut_of_it_fails(tmp_path):
@@ -24,7 +25,8 @@ def test_a_tiny_gguf_passes_and_every_cut_of_it_fails(tmp_path):
 
 @pytest.mark.slow
 def test_the_type_table_matches_libggml():
-    llama_cpp = pytest.importorskip("llama_cpp")
+    need_real_model()
+    import llama_cpp
     lib = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
     lib.ggml_type_size.restype = ctypes.c_size_t
     lib.ggml_blck_size.restype = ctypes.c_int64
@@ -34,7 +36,7 @@ def test_the_type_table_matches_libggml():
 
 @pytest.mark.slow
 def test_the_real_model_passes_and_a_truncated_copy_is_refused(tmp_path):
-    pytest.importorskip("llama_cpp")
+    need_real_model()
     from backend.llama_backend import default_model_path
 
     path = default_model_path()
