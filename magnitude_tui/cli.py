@@ -41,6 +41,8 @@ def main(
         "subagents given one context then answer alike)."),
     max_tokens: int = typer.Option(512, "--max-tokens", help="Longest reply, in tokens (at least 1)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (default: a fresh one per reply)."),
+    flash_attn: str = typer.Option("auto", "--flash-attn", help="auto (the attention path measured faster "
+                                   "on this model and device; cached) | on | off"),
     serve_port: Optional[int] = typer.Option(
         None, "--serve", min=1, max=65535, help="Also serve the engine as an OpenAI-compatible endpoint on "
         "127.0.0.1:PORT; every HTTP conversation shows as a pane."),
@@ -74,6 +76,8 @@ def main(
         roles = preflight.check_agents(agents)
         if not remote:
             preflight.check_policy(policy)
+            if flash_attn.strip().lower() not in ("auto", "on", "off"):
+                raise preflight.OptionError(f"--flash-attn: expected auto, on or off, got {flash_attn!r}")
             model_path = preflight.check_model(model)
             preflight.check_device(device)
     except preflight.OptionError as exc:
@@ -98,7 +102,8 @@ def main(
         # streaming (`magnitude-tui bench ui --threads 2,1`): 8-row decode steps took 86 ms p50 /
         # 171 ms p95 with 2 threads and 68 / 79 ms with 1. So the app leaves one core to the UI.
         backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, verbose=verbose,
-                                n_threads=threads or max(1, usable_cpus() - 1))
+                                n_threads=threads or max(1, usable_cpus() - 1),
+                                flash_attn=flash_attn.strip().lower())
         engine = EngineConfig(backend, policy=policy)
     # --serve exposes the local engine; a remote one is already a server.
     serving = {} if remote else {"serve_port": serve_port, "api_key": resolve_api_key(api_key)}
@@ -117,7 +122,15 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 @app.command()
-def devices(verbose: bool = VerboseOpt) -> None:
+def devices(
+    verbose: bool = VerboseOpt,
+    attention: bool = typer.Option(False, "--attention", help="Also load the model on --device and say which "
+                                   "attention path it runs and why (measured once, then cached)."),
+    model: Optional[str] = ModelOpt,
+    device: str = DeviceOpt,
+    threads: Optional[int] = typer.Option(None, "--threads", help="Engine CPU threads the choice is for "
+                                          "(default: as the app: all cores but one)."),
+) -> None:
     """List the devices this llama.cpp build sees (name, type, memory)."""
     from rich.console import Console
     from rich.table import Table
@@ -136,6 +149,23 @@ def devices(verbose: bool = VerboseOpt) -> None:
     console.print(f"compiled backends: {', '.join(native.compiled_backends())}")
     if "Vulkan" in native.compiled_backends() and not any(d.backend == "Vulkan" for d in native.list_devices()):
         console.print("[dim]no Vulkan device visible; for the CPU Vulkan driver (lavapipe) set GGML_VK_VISIBLE_DEVICES=0[/]")
+    if attention:
+        from backend import usable_cpus
+        from backend.llama_backend import LlamaBackend
+
+        _check_model(model)
+        backend = LlamaBackend.load(model_path=model, device=device, verbose=verbose, n_ctx=4096,
+                                    n_threads=threads or max(1, usable_cpus() - 1))
+        try:
+            choice = backend.attention
+            console.print(f"attention on {backend.device_name}, {backend.n_threads} thread(s): "
+                          f"{choice.summary()}{' (cached)' if choice.cached else ''}")
+            for t in choice.timings:
+                console.print(f"  flash {'on ' if t.flash else 'off'}: fill {t.fill_ms:.0f} ms, decode step "
+                              f"{t.decode_shallow_ms:.1f} ms shallow / {t.decode_deep_ms:.1f} ms deep, "
+                              f"16-row chunk deep {t.chunk_deep_ms:.1f} ms")
+        finally:
+            backend.close()
 
 
 @app.command()

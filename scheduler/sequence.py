@@ -123,6 +123,7 @@ class Session:
         self.tokens: list[int] = []  # KV content while idle (while live, the live seq's is current)
         self.live: Sequence | None = None  # the request currently holding this conversation
         self.last_used = 0
+        self.rent_ms = 0.0  # what its resident cells cost other rows since it went idle
 
     @property
     def is_idle(self) -> bool:

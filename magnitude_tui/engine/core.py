@@ -55,6 +55,8 @@ class Engine:
             policy=policy,
             gen_reserve=gen_reserve,
             cost=CostModel(backend.known_costs),
+            attention=backend.attention_path,
+            n_ubatch=backend.n_ubatch,
         )
         self._policy_text = str(self.scheduler.policy)
         self._lock = threading.Lock()
@@ -177,9 +179,9 @@ class Engine:
             return prior
         if self.scheduler.has_work():
             raise RuntimeError("calibrate() must run before any request is submitted")
-        fit = CostModel(self.scheduler.cost.prior, anchor=0.01, row_cost_range=None)
-        for d, p, ms in calibration_steps(self.backend, self.scheduler):
-            fit.observe(d, p, ms)
+        fit = CostModel(self.scheduler.cost.prior, anchor=1e-3, row_cost_range=None)
+        for d, p, ms, kpos in calibration_steps(self.backend, self.scheduler):
+            fit.observe(d, p, ms, kpos)
         self.scheduler.cost.seed(fit.params)
         return fit.params
 
@@ -420,6 +422,7 @@ class Engine:
             budget=plan.budget if plan else 0,
             kv_used=s.kv_used(),
             kv_total=s.n_ctx,
+            kv_idle=s.kv_idle(),
             waiting=s.num_waiting,
             running=s.num_running,
             policy=str(s.policy),
@@ -478,3 +481,5 @@ def _split_cancellations(commands) -> tuple[list[tuple[Command, float]], list[tu
         else:
             keep.append(entry)
     return todo, keep
+
+

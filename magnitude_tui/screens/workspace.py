@@ -264,7 +264,7 @@ class WorkspaceScreen(Screen):
         for pane in self._panes.values():
             pane.context_size = event.n_ctx
         panel = self.scheduler_panel
-        panel.set_engine(event.model, event.device)
+        panel.set_engine(event.model, event.device, event.info.get("attention"))
         panel.set_policy(event.policy)
         self.loading_view.display = False
         # Give focus back to the pane the user was in when ctrl+r was pressed.

@@ -57,6 +57,7 @@ class SchedulerPanel(Widget):
         self.policy = "—"
         self.model = "loading"
         self.device = "—"
+        self.attention: str | None = None  # the attention path the engine runs, and why
         self.stopped = False  # the engine died: nothing runs until it is restarted
         # The live tok/s of each generating sequence, as its pane shows it: the panel's rate is
         # their sum, so the two always agree, and it drops to nothing when no sequence generates.
@@ -104,8 +105,8 @@ class SchedulerPanel(Widget):
         self.policy = policy
         self._dirty = True
 
-    def set_engine(self, model: str, device: str) -> None:
-        self.model, self.device = model, device
+    def set_engine(self, model: str, device: str, attention: str | None = None) -> None:
+        self.model, self.device, self.attention = model, device, attention
         self._dirty = True
 
     def _repaint(self) -> None:
@@ -126,6 +127,8 @@ class SchedulerPanel(Widget):
 
         line("model", (self.model.removesuffix(".gguf"), ""))
         line("device", (self.device, ""))
+        if self.attention:
+            line("attn", (self.attention, "sched--dim"))
         if self.endpoints is not None:
             self._render_endpoints(line)
             return text
@@ -163,7 +166,8 @@ class SchedulerPanel(Widget):
 
         filled = round(last.kv_used / last.kv_total * width) if last.kv_total else 0
         line("KV", ("█" * filled, "sched--kv"), ("░" * (width - filled), "sched--dim"))
-        line("", (f"{last.kv_used}/{last.kv_total} cells", ""))
+        line("", (f"{last.kv_used}/{last.kv_total} cells", ""),
+             (f" · {last.kv_idle} idle" if last.kv_idle else "", "sched--dim"))
         if self.stopped:
             line("seqs", ("engine stopped · ctrl+r restarts it", "sched--over"))
         else:
