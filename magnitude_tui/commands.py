@@ -16,9 +16,10 @@ if TYPE_CHECKING:
 BURST_DEFAULT = 8
 
 SLASH_HELP = (
-    "/spawn N task — N subagents fork this conversation and report back · "
+    "/spawn [ROLE] N task — N subagents (with a role from agents.toml) fork this conversation and "
+    "report back · "
     "/burst [N] — N subagents at once · /policy P — prefill-first | fixed:N | target:MS · "
-    "/export · /copy"
+    "/retry · /export · /copy"
 )
 
 
@@ -26,23 +27,29 @@ SLASH_HELP = (
 class Slash:
     """A parsed slash command."""
 
-    name: str  # spawn | burst | policy | export | copy | help
+    name: str  # spawn | burst | policy | export | copy | retry | help
     count: int = 0
     arg: str = ""
+    role: str | None = None
 
 
-def parse_slash(text: str) -> Slash:
-    """Parse '/name args'; raises ValueError with a message meant for the user."""
+def parse_slash(text: str, roles: Iterable[str] = ()) -> Slash:
+    """Parse '/name args'; raises ValueError with a message meant for the user. `roles` are the
+    agent names /spawn accepts before its count."""
     name, _, rest = text[1:].strip().partition(" ")
     name, rest = name.lower(), rest.strip()
     if name == "spawn":
         head, _, tail = rest.partition(" ")
+        role = None
+        if head in set(roles):
+            role, rest = head, tail.strip()
+            head, _, tail = rest.partition(" ")
         count, task = (int(head), tail.strip()) if head.isdigit() else (1, rest)
         if not task:
-            raise ValueError("usage: /spawn N task")
+            raise ValueError("usage: /spawn [ROLE] N task")
         if not 1 <= count <= MAX_SUBAGENTS:
             raise ValueError(f"spawn between 1 and {MAX_SUBAGENTS} subagents")
-        return Slash("spawn", count, task)
+        return Slash("spawn", count, task, role)
     if name == "burst":
         if rest and not rest.isdigit():
             raise ValueError("usage: /burst [N]")
@@ -55,7 +62,7 @@ def parse_slash(text: str) -> Slash:
         if problem:
             raise ValueError(problem)
         return Slash("policy", arg=rest)
-    if name in ("export", "copy", "help"):
+    if name in ("export", "copy", "retry", "help"):
         return Slash(name)
     raise ValueError(f"unknown command /{name}; {SLASH_HELP}")
 
@@ -80,6 +87,12 @@ def palette_commands(screen: "WorkspaceScreen") -> Iterable[SystemCommand]:
                         screen.action_export)
     yield SystemCommand("Copy last answer", "Copy the focused pane's last reply (ctrl+y)",
                         screen.action_copy_answer)
+    yield SystemCommand("Retry reply", "Drop the focused pane's last reply and ask again (ctrl+g)",
+                        screen.action_retry)
+    yield SystemCommand("Agent settings", "Role, system prompt, temperature, max tokens of the pane (f6)",
+                        screen.action_agent_settings)
+    yield SystemCommand("Conversations", "Open, reopen, rename, delete or search conversations (f4)",
+                        screen.action_conversations)
     yield SystemCommand("Toggle sequences panel", "Per-sequence latency table (f2)",
                         screen.action_toggle_sequences)
     yield SystemCommand("Toggle scheduler panel", "Step time, rows, budget, KV (f3)",

@@ -9,7 +9,18 @@ from pathlib import Path
 
 import platformdirs
 
+from magnitude_tui.agents import AgentSettings
 from magnitude_tui.store_open import SCHEMA_VERSION, StoreError, open_database
+
+PANE_SETTINGS_TABLE = """
+CREATE TABLE IF NOT EXISTS pane_settings (   -- a pane's agent settings, when not the defaults
+    pane_id     TEXT PRIMARY KEY REFERENCES panes(id),
+    role        TEXT,                        -- the agents.toml definition they came from
+    system      TEXT NOT NULL,
+    temperature REAL,                        -- NULL: the app's default
+    max_tokens  INTEGER
+);
+"""
 
 __all__ = ["SCHEMA_VERSION", "MessageRecord", "PaneRecord", "Store", "StoreError", "default_db_path"]
 
@@ -29,6 +40,21 @@ class MessageRecord:
     id: int | None = None  # assigned by the store
 
 
+@dataclass(frozen=True)
+class ConversationRow:
+    """One line of the conversation list: a pane of any workspace, open or closed."""
+
+    id: str
+    name: str
+    role: str
+    workspace_id: int
+    is_open: bool  # open in the current workspace
+    closed: float | None
+    messages: int
+    preview: str  # the first thing the user asked
+    updated: float  # the newest message's time (or the pane's creation)
+
+
 @dataclass
 class PaneRecord:
     id: str
@@ -38,6 +64,7 @@ class PaneRecord:
     task: str | None = None
     position: int = 0
     messages: list[MessageRecord] = field(default_factory=list)
+    settings: AgentSettings = AgentSettings()
 
 
 class Store:
@@ -62,6 +89,8 @@ class Store:
         if opened.moved_to is not None:
             self.notice = (f"The database {self.path} could not be read ({opened.why}). It was moved "
                            f"to {opened.moved_to} and a new, empty one was started.")
+        # Added within schema 1, idempotently: a database from before it simply gains the table.
+        self._db.executescript(PANE_SETTINGS_TABLE)
         self.workspace_id: int | None = None
 
     # ---- workspaces ---------------------------------------------------------------------------
@@ -86,6 +115,7 @@ class Store:
         panes = [PaneRecord(*row) for row in rows]
         for pane in panes:
             pane.messages = self.messages(pane.id)
+            pane.settings = self.pane_settings(pane.id)
         return panes
 
     def pane_names(self) -> list[str]:
@@ -105,6 +135,21 @@ class Store:
         )
         for message in pane.messages:
             self.add_message(pane.id, message)
+        if not pane.settings.is_default:
+            self.set_pane_settings(pane.id, pane.settings)
+
+    def set_pane_settings(self, pane_id: str, settings: AgentSettings) -> None:
+        self._db.execute(
+            "INSERT INTO pane_settings (pane_id, role, system, temperature, max_tokens) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT(pane_id) DO UPDATE SET role = excluded.role, system = excluded.system, "
+            "temperature = excluded.temperature, max_tokens = excluded.max_tokens",
+            (pane_id, settings.role, settings.system, settings.temperature, settings.max_tokens),
+        )
+
+    def pane_settings(self, pane_id: str) -> AgentSettings:
+        row = self._db.execute("SELECT role, system, temperature, max_tokens FROM pane_settings "
+                               "WHERE pane_id = ?", (pane_id,)).fetchone()
+        return AgentSettings(*row) if row else AgentSettings()
 
     def close_pane(self, pane_id: str) -> None:
         self._db.execute("UPDATE panes SET closed = ? WHERE id = ?", (time.time(), pane_id))
@@ -113,6 +158,46 @@ class Store:
         with self._transaction():
             for position, pane_id in enumerate(pane_ids):
                 self._db.execute("UPDATE panes SET position = ? WHERE id = ?", (position, pane_id))
+
+    def reopen_pane(self, pane_id: str, position: int) -> PaneRecord:
+        """Open a closed pane (of any workspace) in the current workspace, with its messages."""
+        self._db.execute("UPDATE panes SET closed = NULL, workspace_id = ?, position = ? WHERE id = ?",
+                         (self.workspace_id, position, pane_id))
+        row = self._db.execute("SELECT id, name, role, parent_id, task, position FROM panes WHERE id = ?",
+                               (pane_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no conversation {pane_id!r}")
+        pane = PaneRecord(*row)
+        pane.messages = self.messages(pane_id)
+        pane.settings = self.pane_settings(pane_id)
+        return pane
+
+    def rename_pane(self, pane_id: str, name: str) -> None:
+        self._db.execute("UPDATE panes SET name = ? WHERE id = ?", (name, pane_id))
+
+    def delete_pane(self, pane_id: str) -> None:
+        """Forget a conversation and its messages (its subagents lose their parent link)."""
+        with self._transaction():
+            self._db.execute("UPDATE panes SET parent_id = NULL WHERE parent_id = ?", (pane_id,))
+            self._db.execute("DELETE FROM messages WHERE pane_id = ?", (pane_id,))
+            self._db.execute("DELETE FROM pane_settings WHERE pane_id = ?", (pane_id,))
+            self._db.execute("DELETE FROM panes WHERE id = ?", (pane_id,))
+
+    def conversations(self, search: str = "") -> list[ConversationRow]:
+        """Every conversation, newest activity first; `search` matches names and message text."""
+        like = f"%{search.strip()}%"
+        rows = self._db.execute(
+            "SELECT p.id, p.name, p.role, p.workspace_id, p.closed, "
+            "(SELECT COUNT(*) FROM messages m WHERE m.pane_id = p.id AND m.inherited = 0), "
+            "(SELECT content FROM messages m WHERE m.pane_id = p.id AND m.role = 'user' "
+            " AND m.inherited = 0 ORDER BY id LIMIT 1), "
+            "COALESCE((SELECT MAX(created) FROM messages m WHERE m.pane_id = p.id), p.created) AS updated "
+            "FROM panes p WHERE (? = '%%' OR p.name LIKE ? OR EXISTS (SELECT 1 FROM messages m "
+            " WHERE m.pane_id = p.id AND m.content LIKE ?)) ORDER BY updated DESC",
+            (like, like, like),
+        ).fetchall()
+        return [ConversationRow(r[0], r[1], r[2], r[3], r[3] == self.workspace_id and r[4] is None,
+                                r[4], r[5], " ".join((r[6] or "").split())[:80], r[7]) for r in rows]
 
     # ---- messages -----------------------------------------------------------------------------
 
@@ -136,6 +221,9 @@ class Store:
                     "UPDATE messages SET content = ?, complete = ?, done_reason = ? WHERE id = ?",
                     (m.content, int(m.complete), m.done_reason, m.id),
                 )
+
+    def delete_message(self, message_id: int) -> None:
+        self._db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
 
     def messages(self, pane_id: str) -> list[MessageRecord]:
         rows = self._db.execute(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from typing import Iterable, Protocol
 
+from magnitude_tui.agents import AgentSettings
 from magnitude_tui.commands import BURST_DEFAULT
 from magnitude_tui.screens.spawn_dialog import SpawnSpec
 from magnitude_tui.store import MessageRecord, PaneRecord, Store
@@ -55,9 +56,10 @@ def answer_message(child: PaneRecord, message: MessageRecord | None, update: Seq
 class Subagents:
     """Spawns subagent panes and posts each one's first answer back to its parent, exactly once."""
 
-    def __init__(self, host: SubagentHost, store: Store) -> None:
+    def __init__(self, host: SubagentHost, store: Store, roles: dict[str, AgentSettings] | None = None) -> None:
         self.host = host
         self.store = store
+        self.roles = roles or {}  # named agent definitions a spawn may ask for
         self.reported: set[str] = set()  # subagents whose answer already went back to the parent
 
     def restore(self, records: Iterable[PaneRecord]) -> None:
@@ -77,7 +79,10 @@ class Subagents:
         count = min(spec.count, free)
         if count < spec.count:
             host.warn(f"Room for {free} more pane(s) (at most {MAX_PANES})")
-        context = parent.conversation(committed_only=True)
+        # The child sends its own system prompt (its role's, else the parent's) ahead of the
+        # inherited messages; with the parent's, the prefix matches and the fork shares its KV.
+        context = parent.conversation(committed_only=True, with_system=False)
+        settings = self.roles.get(spec.role, parent.record.settings) if spec.role else parent.record.settings
         used = set(self.store.pane_names())
         children = []
         for i in range(count):
@@ -87,7 +92,7 @@ class Subagents:
             messages = [MessageRecord(m.role, m.content, inherited=True) for m in context]
             messages.append(MessageRecord("user", f"You are subagent {name}. Your task: {task}"))
             record = PaneRecord(uuid.uuid4().hex[:12], name, "subagent", parent.session_id, task,
-                                host.pane_count(), messages)
+                                host.pane_count(), messages, settings)
             self.store.add_pane(record)
             child = ChatPane(record, parent_name=parent.record.name)
             await host.add_pane(child, focus=False)
@@ -101,11 +106,12 @@ class Subagents:
         return await self.spawn(parent, SpawnSpec(count, "burst"), tasks=burst_tasks(count),
                                 priority=Priority.BACKGROUND)
 
-    async def reply_finished(self, event: ChatPane.ReplyFinished) -> None:
-        """A pane's reply ended: if it is a subagent's first, post the answer to the parent."""
+    async def reply_finished(self, event: ChatPane.ReplyFinished) -> bool:
+        """A pane's reply ended: if it is a subagent's first, post the answer to the parent (and
+        say so: True)."""
         child = event.pane
         if child.record.role != "subagent" or child.record.name in self.reported:
-            return
+            return False
         self.reported.add(child.record.name)
         result = answer_message(child.record, event.message, event.update)
         parent = self.host.find_pane(child.record.parent_id or "")
@@ -113,3 +119,4 @@ class Subagents:
             await parent.add_message(result)  # held until the parent's own reply is done
         elif child.record.parent_id:
             self.store.add_message(child.record.parent_id, result)  # parent closed: keep it on record
+        return True

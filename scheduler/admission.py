@@ -105,7 +105,9 @@ class Admission:
         tokens = seq.all_tokens()
         cap = len(tokens) - 1  # at least one row must be evaluated to get logits
         own = res.sessions.get(seq.session_id)
-        parent_id = seq.request.fork_from
+        # A later turn of a forked conversation may reuse its parent's prefix again (after its own
+        # KV was evicted, that is all that is left of it).
+        parent_id = seq.request.fork_from or res.fork_parent.get(seq.session_id)
         parent = res.sessions.get(parent_id) if parent_id and parent_id != seq.session_id else None
         own_cached = own.committed_tokens() if own is not None else []
         own_n = min(common_prefix_len(own_cached, tokens), cap)

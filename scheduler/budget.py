@@ -7,6 +7,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TypeVar
 
+from scheduler.types import AttentionPath, attended_kpos, used_cells_kpos
+
 T = TypeVar("T")
 
 # When the decode rows alone already exceed the target, prompts still get this many rows per step,
@@ -16,12 +18,24 @@ T = TypeVar("T")
 # the running sequences at under a third of their rate (16 rows: ~2x, a fifth).
 MIN_PREFILL_QUANTUM = 16
 
-# With nothing generating, target:MS lets a step run this long (or MS, if longer). There is no
-# inter-token gap to protect then, but a request that arrives waits for the step in flight, and a
-# prompt's progress shows only when its step ends: on 2 CPU cores a 1,600-token prompt in one step
-# sat 12 s at `preparing`, then jumped to generating. Prefill runs at full rate from ~128-row
-# chunks there (`bench prefill-curve`), and a GPU fits all of n_batch in far less than a second.
+# With nothing generating, target:MS runs every pending prompt row in one step when that step is
+# predicted to take at most this long (or MS, if longer): all the waiting prompts then finish
+# together and decoding starts at full width, with no chunked tail that costs a fixed step cost
+# per few rows (on the RX 9070 XT profile sixteen 64-token prompts, 1,024 rows, take 1.08 s; split
+# into micro-batches the default made 0.94x fixed:2048's tok/s, merged 1.0x). An arrival waits at
+# most this long for the step in flight. Longer work goes in micro-batches.
+IDLE_MERGE_MS = 2000.0
+
+# The legacy target policy (`target-v1:MS`, kept so `bench burst` can measure what it did) sized
+# every step with nothing generating by this (or MS, if longer): at depth on 2 CPU cores that held
+# ~20 prompt rows, and prefill ran at a fraction of its rate while eleven subagents waited.
 IDLE_STEP_MS = 1000.0
+
+# When the target cannot be met (the decode rows plus one quantum already exceed it), target:MS
+# keeps each generating sequence's gap within (1 + GAP_SLACK) x the decode-only step and gives the
+# newcomers everything that fits in that: the running sequences keep at least half their rate and
+# the prompts get at least as much of the machine as they would alone between two decode steps.
+GAP_SLACK = 1.0
 
 _N = 4  # features of a step: 1, decode rows, prompt rows, attention (thousands of positions)
 
@@ -114,6 +128,23 @@ class CostModel:
         b = p.prefill_ms + p.attn_ms * (prefill_pos0 + 0.5) / 1000.0
         return int(2.0 * room / (b + math.sqrt(b * b + 4.0 * a * room)))
 
+    def rows_within(self, target_ms: float, shape: "StepShape") -> int:
+        """The most prompt rows the step `shape` describes can take and still be predicted to
+        finish within `target_ms` (0 if none), up to the batch's room. The cost rises with every
+        row (a row's own work and, deep in a context, its attention), so a bisection finds it."""
+        room = max(0, shape.n_batch - shape.decode_rows)
+        cost = lambda n: self.predict(shape.decode_rows, n, shape.kpos(n))  # noqa: E731
+        if room == 0 or cost(1) > target_ms:
+            return 0
+        lo, hi = 1, room
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if cost(mid) <= target_ms:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def _accumulate(self, x: tuple[float, ...], y: float, sign: float) -> None:
         for i in range(_N):
             self._xy[i] += sign * x[i] * y
@@ -177,6 +208,32 @@ def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
 
 
 @dataclass(frozen=True)
+class StepShape:
+    """The next step before its prompt rows: what a policy needs to price adding some.
+
+    `decode_kpos` is the visible positions (thousands) the decode rows attend over and
+    `prefill_pos0` where the next prompt chunk starts (the deepest prompt, to be safe); under
+    `AttentionPath.DENSE` every row instead reads all `cells_used` resident cells plus the step's own.
+    """
+
+    decode_rows: int = 0
+    decode_kpos: float = 0.0
+    prefill_pos0: int = 0
+    cells_used: int = 0
+    path: AttentionPath = AttentionPath.FLASH
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    pending_rows: int = 0  # prompt rows still to evaluate, all prefilling sequences together
+
+    def kpos(self, prefill_rows: int) -> float:
+        """The step's attention work (thousands) with `prefill_rows` prompt rows added."""
+        rows = self.decode_rows + prefill_rows
+        if self.path is AttentionPath.DENSE:
+            return used_cells_kpos(self.cells_used + rows, rows)
+        return self.decode_kpos + attended_kpos(self.prefill_pos0, prefill_rows)
+
+
+@dataclass(frozen=True)
 class Policy:
     """How many prompt rows a step may hold beside its decode rows.
 
@@ -184,12 +241,17 @@ class Policy:
       prompt rows (first come, first served, up to n_batch) and every generating sequence waits.
     - `fixed:N`: N prompt rows per step beside the decode rows (the chunk size).
     - `target:MS`: as many prompt rows as the cost model says fit in MS milliseconds beside the
-      decode rows (deep in a long prompt each row costs more), and at least MIN_PREFILL_QUANTUM.
-      With nothing generating there is no inter-token gap to protect, only the wait of whoever
-      arrives next: the prompts get what fits in max(MS, IDLE_STEP_MS).
+      decode rows, priced at the depth and occupancy the step runs at. When even one quantum does
+      not fit (the decode rows alone, deep in a context, can take longer than MS), the step may
+      take up to (1 + GAP_SLACK) x the decode-only step instead. With nothing generating, a step
+      holds every pending prompt row if that takes at most IDLE_MERGE_MS, else one micro-batch
+      (n_ubatch rows, or what fits in MS if more): llama.cpp evaluates a step in micro-batches,
+      one runs prefill near its peak rate, and a bigger step only makes an arrival wait longer.
+    - `target-v1:MS`: target:MS as it was before it knew depth and occupancy (16-row floor
+      whatever the decode step; up to IDLE_STEP_MS with nothing generating); for comparisons.
     """
 
-    kind: str  # "prefill-first" | "fixed" | "target"
+    kind: str  # "prefill-first" | "fixed" | "target" | "target-v1"
     value: float = 0.0
 
     def __str__(self) -> str:
@@ -197,28 +259,49 @@ class Policy:
             return "prefill-first"
         if self.kind == "fixed":
             return f"fixed:{int(self.value)}"
-        return f"target:{self.value:g}"
+        return f"{self.kind}:{self.value:g}"
 
     @property
     def is_prefill_first(self) -> bool:
         return self.kind == "prefill-first"
 
-    def prefill_allowance(self, decode_rows: int, n_batch: int, cost: CostModel, *,
-                          decode_kpos: float = 0.0, prefill_pos0: int = 0) -> int:
-        """Prompt rows for the next step beside `decode_rows` decode rows; `decode_kpos` and
-        `prefill_pos0` (where the next prompt chunk starts) let target:MS price the attention."""
-        room = max(0, n_batch - decode_rows)
+    @property
+    def serves_shortest_first(self) -> bool:
+        """Whether prompt rows go to the prompt closest to its first token rather than round-robin:
+        each step then completes whom it can, so a burst of subagents starts one after another
+        instead of all at the very end (shortest remaining first minimises the mean wait)."""
+        return self.kind == "target"
+
+    def prefill_allowance(self, shape: StepShape, cost: CostModel) -> int:
+        """Prompt rows for the next step beside `shape.decode_rows` decode rows."""
+        d = shape.decode_rows
+        room = max(0, shape.n_batch - d)
         if self.kind == "prefill-first":
-            return n_batch
+            return shape.n_batch
         if self.kind == "fixed":
             return min(int(self.value), room)
-        target = self.value if decode_rows else max(self.value, IDLE_STEP_MS)
-        fits = cost.prefill_rows_within(target, decode_rows, decode_kpos, prefill_pos0)
+        if self.kind == "target-v1":
+            legacy = StepShape(d, shape.decode_kpos, shape.prefill_pos0, n_batch=shape.n_batch)
+            target = self.value if d else max(self.value, IDLE_STEP_MS)
+            return min(max(MIN_PREFILL_QUANTUM, cost.rows_within(target, legacy)), room)
+        fits = cost.rows_within(self.value, shape)
+        if d == 0:
+            # Everything pending in one step, when that is quick: every waiting prompt finishes
+            # together and decoding then starts at full width, with no chunked tail.
+            everything = min(shape.pending_rows, room)
+            quick = max(self.value, IDLE_MERGE_MS)
+            if everything and cost.predict(0, everything, shape.kpos(everything)) <= quick:
+                return everything
+            return min(max(shape.n_ubatch, fits), room)
+        quantum = cost.predict(d, MIN_PREFILL_QUANTUM, shape.kpos(MIN_PREFILL_QUANTUM))
+        if quantum > self.value:  # unreachable: bound the gap by the decode-only step instead
+            gap = (1.0 + GAP_SLACK) * cost.predict(d, 0, shape.kpos(0))
+            fits = max(fits, cost.rows_within(gap, shape))
         return min(max(MIN_PREFILL_QUANTUM, fits), room)
 
 
 def parse_policy(text: str) -> Policy:
-    """Parse "prefill-first", "fixed:N" or "target:MS"; ValueError says what is accepted."""
+    """Parse "prefill-first", "fixed:N", "target:MS" or "target-v1:MS"; ValueError says what is accepted."""
     s = text.strip().lower()
     if s == "prefill-first":
         return Policy("prefill-first")
@@ -228,10 +311,10 @@ def parse_policy(text: str) -> Policy:
             n = int(arg)
             if n >= 1:
                 return Policy("fixed", float(n))
-        elif sep and kind == "target":
+        elif sep and kind in ("target", "target-v1"):
             ms = float(arg)
             if ms > 0 and math.isfinite(ms):
-                return Policy("target", ms)
+                return Policy(kind, ms)
     except ValueError:
         pass
     raise ValueError(

@@ -36,6 +36,10 @@ class KvLedger:
     def positions(self, seq_id: int) -> int:
         return len(self._cells[seq_id])
 
+    def exclusive_cells(self, seq_id: int) -> int:
+        """Cells no other sequence shares: what removing this sequence would free."""
+        return sum(1 for c in self._cells[seq_id] if self._refs[c] == 1)
+
     def remove(self, seq_id: int) -> None:
         self.kv.kv_remove(seq_id)
         self._forget(seq_id, 0)

@@ -10,12 +10,13 @@ import math
 from collections import deque
 
 from scheduler.admission import WAITING_FOR_PREVIOUS_TURN, Admission, RequestError
-from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, Policy, parse_policy, share_rows
+from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, Policy, StepShape, parse_policy, share_rows
 from scheduler.ledger import KvCache
 from scheduler.relief import KvRelief, Remedy
 from scheduler.residency import Residency
 from scheduler.sequence import Sequence
-from scheduler.types import BatchPlan, DecodeOutcome, DoneReason, ErrorKind, Phase, SeqSlice, attended_kpos
+from scheduler.types import (AttentionPath, BatchPlan, DecodeOutcome, DoneReason, ErrorKind, Phase, SeqSlice,
+                             attended_kpos, plan_kpos, used_cells_kpos)
 
 __all__ = ["RequestError", "Scheduler"]
 
@@ -38,6 +39,8 @@ class Scheduler:
         policy: str | Policy = "target:50",
         gen_reserve: int = 256,
         cost: CostModel | None = None,
+        attention: AttentionPath = AttentionPath.FLASH,
+        n_ubatch: int | None = None,
     ) -> None:
         if n_seq_max > n_batch:
             raise ValueError(f"n_seq_max ({n_seq_max}) must not exceed n_batch ({n_batch}): every "
@@ -49,6 +52,10 @@ class Scheduler:
         self.n_ctx_seq = n_ctx_seq or n_ctx
         self.n_seq_max = n_seq_max
         self.n_batch = n_batch
+        self.n_ubatch = min(n_ubatch or 512, n_batch)
+        # How the backend's attention reads the cache: it decides what a row costs at depth and
+        # whether idle conversations' resident KV slows everyone else's rows.
+        self.attention = attention
         self.gen_reserve = gen_reserve
         self.cost = cost or CostModel()
         self.policy = parse_policy(policy) if isinstance(policy, str) else policy
@@ -59,6 +66,7 @@ class Scheduler:
                                    gen_reserve=gen_reserve)
         self.relief = KvRelief(n_batch)
         self._num_steps = 0
+        self.num_evicted_for_speed = 0  # idle conversations dropped because they slowed every row
         self._rr = 0  # round-robin start among prefilling sequences
 
     # ---- public state --------------------------------------------------------------------------
@@ -76,6 +84,10 @@ class Scheduler:
 
     def kv_used(self) -> int:
         return self.kv.cells_used()
+
+    def kv_idle(self) -> int:
+        """Cells only idle conversations hold: what they cost every row without flash attention."""
+        return self.residency.idle_cells()
 
     def free_slots(self) -> list[int]:
         return self.residency.free_slots()
@@ -161,10 +173,7 @@ class Scheduler:
             allowance = self.n_batch
             budget = self.n_batch
         else:
-            allowance = self.policy.prefill_allowance(
-                len(decoding), self.n_batch, self.cost,
-                decode_kpos=sum(attended_kpos(s.num_computed, 1) for s in decoding),
-                prefill_pos0=max((s.num_computed for s in prefilling), default=0))
+            allowance = self.policy.prefill_allowance(self._shape(decoding, prefilling), self.cost)
             budget = min(self.n_batch, len(decoding) + allowance)
         allowance = self.relief.cap(allowance)
         grants = self._share_prefill(prefilling, allowance)
@@ -190,6 +199,7 @@ class Scheduler:
         outcome: DecodeOutcome = result.outcome
         planned = [(sl, self._running_at(sl.seq_id)) for sl in plan.slices]
         if outcome is DecodeOutcome.OK:
+            kpos = plan_kpos(plan, self.attention, self.kv.cells_used())
             ready = []
             for sl, seq in planned:
                 # A sequence cancelled while the step ran is already gone: its slot keeps only
@@ -204,8 +214,9 @@ class Scheduler:
                 if sl.want_logits:
                     ready.append(seq)
                 seq.refresh_phase()
-            self.cost.observe(plan.n_decode, plan.n_prefill, result.step_ms, plan.attention_kpos)
+            self.cost.observe(plan.n_decode, plan.n_prefill, result.step_ms, kpos)
             self.relief.on_success()
+            self._charge_idle_rent(plan)
             return ready
         for sl, seq in planned:
             if seq is not None:
@@ -223,14 +234,29 @@ class Scheduler:
 
     # ---- planning helpers ----------------------------------------------------------------------
 
+    def _shape(self, decoding: list[Sequence], prefilling: list[Sequence]) -> StepShape:
+        return StepShape(
+            decode_rows=len(decoding),
+            decode_kpos=sum(attended_kpos(s.num_computed, 1) for s in decoding),
+            prefill_pos0=max((s.num_computed for s in prefilling), default=0),
+            cells_used=self.kv.cells_used(), path=self.attention,
+            n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+            pending_rows=sum(s.num_pending for s in prefilling))
+
     def _share_prefill(self, prefilling: list[Sequence], allowance: int) -> list[tuple[Sequence, int]]:
-        """First come first served under prefill-first; otherwise bounded quanta starting from a
-        different sequence each step (round-robin), so no prompt monopolises the batch."""
+        """A higher priority class first, always. Within a class: first come first served under
+        prefill-first; under target:MS the prompt closest to its first token first (the order that
+        gets a burst of newcomers started soonest on average; a long prompt waits only for shorter
+        ones that arrived before it finished); otherwise bounded quanta starting from a different
+        sequence each step (round-robin)."""
         if not prefilling or allowance <= 0:
             return []
         if self.policy.is_prefill_first:
             first = sorted(prefilling, key=lambda s: s.priority)
             return share_rows(first, [s.num_pending for s in first], allowance, allowance)
+        if self.policy.serves_shortest_first:
+            order = sorted(prefilling, key=lambda s: (s.priority, s.num_pending, s.admit_order))
+            return share_rows(order, [s.num_pending for s in order], allowance, allowance)
         start = self._rr % len(prefilling)
         self._rr += 1
         rotated = prefilling[start:] + prefilling[:start]
@@ -264,6 +290,18 @@ class Scheduler:
             self.admission.hold = False  # the room was freed on purpose, for `first`
             for seq, error in self.admission.admit(now):
                 self.finish(seq, DoneReason.ERROR, str(error), error.kind)
+
+    def _charge_idle_rent(self, plan: BatchPlan) -> None:
+        """Without flash attention every row of a step reads every resident cell, so an idle
+        conversation's KV slows each running row; once what it has cost the running rows since it
+        went idle exceeds what recomputing it would cost, it is evicted (the rule that is never
+        worse than twice the better of keeping or dropping it, whatever happens next)."""
+        if self.attention is not AttentionPath.DENSE or self.cost.params.attn_ms <= 0:
+            return
+        used = self.kv.cells_used()
+        recompute = lambda n: self.cost.predict(0, n, used_cells_kpos(used, n))  # noqa: E731
+        self.num_evicted_for_speed += len(
+            self.residency.evict_for_speed(plan.n_rows, self.cost.params.attn_ms, recompute))
 
     def _running_at(self, seq_id: int) -> Sequence | None:
         for s in self.running:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from scheduler.ledger import KvCache, KvLedger
 from scheduler.sequence import Sequence, Session
 
@@ -20,6 +22,9 @@ class Residency:
         self.n_seq_max = n_seq_max
         self.sessions: dict[str, Session] = {}
         self._slot_owner: dict[int, Session] = {}
+        # Which conversation each fork started from, kept past eviction: a later turn of an evicted
+        # subagent reuses its parent's prefix again and rebuilds only its own rows.
+        self.fork_parent: dict[str, str] = {}
         self._tick = 0  # LRU clock for idle sessions
 
     def free_slots(self) -> list[int]:
@@ -33,6 +38,7 @@ class Residency:
         own = self.sessions.get(seq.session_id)
         if parent is not None:
             self.kv.copy(parent.seq_id, slot, n_reuse)
+            self.fork_parent[seq.session_id] = parent.session_id
         elif own is not None and own.seq_id == slot:
             self.kv.keep_prefix(slot, n_reuse)
         else:
@@ -56,6 +62,7 @@ class Residency:
             self.kv.keep_prefix(session.seq_id, seq.num_computed)
             session.tokens = seq.committed_tokens()
             session.last_used = self._next_tick()
+            session.rent_ms = 0.0
         elif session.seq_id is not None:
             self.release(session)
         if session.seq_id is None:
@@ -68,6 +75,7 @@ class Residency:
     def close(self, session_id: str) -> None:
         """Forget a conversation and free its slot and KV."""
         session = self.sessions.pop(session_id, None)
+        self.fork_parent.pop(session_id, None)
         if session is not None and session.seq_id is not None:
             self.release(session)
 
@@ -80,6 +88,27 @@ class Residency:
         self.release(victim)
         del self.sessions[victim.session_id]
         return True
+
+    def idle_cells(self) -> int:
+        """Cells held only by idle conversations (a prefix a live fork shares is not counted)."""
+        return sum(self.kv.exclusive_cells(s.seq_id) for s in self._slot_owner.values() if s.is_idle)
+
+    def evict_for_speed(self, step_rows: int, attn_ms: float,
+                        recompute_ms: Callable[[int], float]) -> list[str]:
+        """Charge each idle conversation what its cells cost a step of `step_rows` rows that each
+        read every resident cell (`attn_ms` per thousand row-cells), and evict those whose charges
+        since they went idle exceed `recompute_ms(cells)`, what their next turn would pay to rebuild
+        the cells only they hold (a prefix shared with the conversation they forked from stays
+        resident while it holds it, and is reused again). Returns the evicted conversations' ids."""
+        evicted = []
+        for session in [s for s in self._slot_owner.values() if s.is_idle]:
+            cells = self.kv.exclusive_cells(session.seq_id)
+            session.rent_ms += attn_ms * step_rows * cells / 1000.0
+            if cells and session.rent_ms > recompute_ms(cells):
+                self.release(session)
+                del self.sessions[session.session_id]
+                evicted.append(session.session_id)
+        return evicted
 
     def release(self, session: Session) -> None:
         self.kv.remove(session.seq_id)

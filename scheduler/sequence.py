@@ -38,6 +38,7 @@ class Sequence:
         self.text_pending = ""
         self.new_tokens_pending = 0
         self.last_reported: tuple | None = None
+        self.dropped_messages = 0  # oldest messages left out so the conversation fits its sequence
 
     # ---- identity ------------------------------------------------------------------------------
 
@@ -122,6 +123,7 @@ class Session:
         self.tokens: list[int] = []  # KV content while idle (while live, the live seq's is current)
         self.live: Sequence | None = None  # the request currently holding this conversation
         self.last_used = 0
+        self.rent_ms = 0.0  # what its resident cells cost other rows since it went idle
 
     @property
     def is_idle(self) -> bool:

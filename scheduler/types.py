@@ -151,6 +151,34 @@ def attended_kpos(pos0: int, rows: int) -> float:
     return (rows * pos0 + rows * (rows + 1) / 2) / 1000.0
 
 
+class AttentionPath(str, Enum):
+    """Which cells a row's attention really reads, as the backend's attention kernel computes it.
+
+    llama.cpp sizes the attention of a step by `n_kv`, the highest used cell of the (unified) cache
+    rounded up to 256. With flash attention each row skips the cells its mask hides, so it pays for
+    its own visible positions only. Without it, every row multiplies against all `n_kv` cells and
+    masks afterwards: every resident cell, an idle conversation's included, costs every row.
+    """
+
+    FLASH = "flash"  # a row reads its own visible cells
+    DENSE = "dense"  # a row reads every used cell of the cache
+
+
+# llama.cpp pads the cells a step attends over to a multiple of this (llama_kv_cache::get_n_kv).
+KV_PAD = 256
+
+
+def used_cells_kpos(cells_used: int, rows: int) -> float:
+    """Attention work of `rows` rows that each read the whole used cell range, in thousands."""
+    n_kv = -(-max(cells_used, 1) // KV_PAD) * KV_PAD
+    return rows * n_kv / 1000.0
+
+
+def plan_kpos(plan: "BatchPlan", path: AttentionPath, cells_used: int) -> float:
+    """The attention work of a step under `path`; `cells_used` are the cells resident before it."""
+    if path is AttentionPath.DENSE:
+        return used_cells_kpos(cells_used + plan.n_rows, plan.n_rows)
+    return plan.attention_kpos
 @dataclass(frozen=True)
 class ServerTimings:
     """What a llama-server reports about one reply (its `timings` object), in its own terms."""
@@ -195,6 +223,9 @@ class SeqUpdate:
     error_kind: ErrorKind | None = None  # with done_reason ERROR
     error: str | None = None
     waiting_reason: str | None = None
+    # How many of the request's oldest messages (after its system messages) were left out so the
+    # conversation fits its sequence with room for a reply (0: all of it was sent).
+    dropped_messages: int = 0
     priority: Priority = Priority.INTERACTIVE
     load_fraction: float | None = None  # phase `loading`: how much of the model is loaded (0..1)
     # A remote engine's request: which server runs it, whether the token counts are estimates
@@ -240,3 +271,5 @@ class StepReport:
     # OK, or the outcome of a step that failed and committed nothing (e.g. NO_KV_SLOT).
     outcome: DecodeOutcome = DecodeOutcome.OK
     rejected: list[Rejection] = field(default_factory=list)
+    # Cells only idle conversations hold (without flash attention they slow every row).
+    kv_idle: int = 0

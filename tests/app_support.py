@@ -28,6 +28,7 @@ class _Live:
     cancelled: bool = False
     steps: int = 0
     text: list[str] = field(default_factory=list)
+    dropped: int = 0  # messages the "engine" left out to fit the context
 
 
 def default_reply(request: Request) -> str:
@@ -49,6 +50,7 @@ class ScriptedClient:
         self.closed_sessions: list[str] = []
         self.live: dict[str, _Live] = {}
         self.step_no = 0
+        self.drop_next = 0  # the next request reports this many of its oldest messages dropped
         self.started = 0
         self.emitted = 0  # batches put on the queue (quiet() compares it with what the app applied)
         self._queue: queue.Queue = queue.Queue()
@@ -76,7 +78,8 @@ class ScriptedClient:
         words = [w + " " for w in self.reply(request).split(" ")]
         words[-1] = words[-1].rstrip()
         total = sum(len(m.content.split()) for m in request.messages) + 8
-        self.live[request.request_id] = _Live(request, seq_id, words, prompt_total=total)
+        self.live[request.request_id] = _Live(request, seq_id, words, prompt_total=total, dropped=self.drop_next)
+        self.drop_next = 0
         if not self._ready:
             self._emit([self._loading_update(request)])
 
@@ -135,6 +138,14 @@ class ScriptedClient:
         self._emit([LoadProgress(1.0, "scripted.gguf", "CPU"),
                     EngineReady("scripted.gguf", "CPU", 8192, 16, 2048, self.policy)])
 
+    def fail_to_start(self, reason: str) -> None:
+        """What the real client delivers when the load fails: the worker's reason, then the
+        generic news that its process exited."""
+        self._alive = False
+        self._emit([EngineFailed(reason, restartable=False)])
+        self._emit([EngineFailed("the engine worker (pid 1) exited with code 0; native log: engine.log. "
+                                 "Restart the engine to continue.")])
+
     def _loading_update(self, request: Request) -> SeqUpdate:
         return SeqUpdate(request.request_id, request.session_id, None, Phase.LOADING,
                          load_fraction=self._fraction)
@@ -165,7 +176,7 @@ class ScriptedClient:
         for rid, l in list(self.live.items()):
             l.steps += 1
             u = SeqUpdate(rid, l.request.session_id, l.seq_id, l.phase, prompt_total=l.prompt_total,
-                          queue_ms=12.0)
+                          queue_ms=12.0, dropped_messages=l.dropped, priority=l.request.priority)
             if l.cancelled:
                 u.phase, u.done_reason = Phase.DONE, DoneReason.CANCELLED
             elif l.phase is Phase.QUEUED:
@@ -199,11 +210,11 @@ class ScriptedClient:
 
 
 def make_app(tmp_path: Path, client=None, *, resume: bool = False, theme: str | None = None,
-             sampling: SamplingParams | None = None) -> MagnitudeApp:
+             sampling: SamplingParams | None = None, roles=None) -> MagnitudeApp:
     store = Store(tmp_path / "magnitude.db")
     return MagnitudeApp(client=client or ScriptedClient(),
                         store=store, theme=theme, resume=resume, export_dir=tmp_path / "exports",
-                        sampling=sampling)
+                        sampling=sampling, roles=roles)
 
 
 async def wait_for(pilot, condition, timeout: float = 30.0, what: str = "condition") -> None:

@@ -26,7 +26,7 @@ async def _ready(pilot, app) -> None:
 async def _say(pilot, text: str) -> None:
     """Type short text key by key; paste long text into the focused composer, then Enter."""
     if len(text) > 24:
-        pilot.app.focused.insert_text_at_cursor(text)
+        pilot.app.focused.insert(text)
         await pilot.press("enter")
     else:
         await pilot.press(*text, "enter")
@@ -101,7 +101,7 @@ async def test_close_pane_frees_its_sequence(tmp_path):
         await _say(pilot, "endless")
         panel = app.workspace.query_one(SchedulerPanel)
         await wait_for(pilot, lambda: panel.steps and panel.steps[-1].running == 1, what="A2 running")
-        await pilot.press("ctrl+x")
+        await pilot.press("ctrl+x", "y")  # it is replying: confirmed in the dialog
         await wait_for(pilot, lambda: len(app.workspace.grid.panes) == 1, what="A2 closed")
         await _say(pilot, "short one")  # A1 now; its steps show A2's sequence gone
         await wait_for(pilot, lambda: panel.steps[-1].running == 1 and panel.steps[-1].decode_rows == 1,

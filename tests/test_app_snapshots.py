@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from textual.widgets import Input
+from textual.widgets import Input, TextArea
+
+from magnitude_tui.agents import AgentSettings
 
 from tests.app_support import SIZE, ScriptedClient, make_app, quiet, wait_for
 
@@ -29,7 +31,7 @@ async def _settle(pilot) -> None:
     random), then wait until three screenshots 0.3 s apart agree (paint tick 0.1 s, panels 0.25 s)."""
     await wait_for(pilot, lambda: quiet(pilot.app), what="every engine batch applied and painted")
     for screen in pilot.app.screen_stack:
-        for widget in screen.query(Input):
+        for widget in [*screen.query(Input), *screen.query(TextArea)]:
             widget.cursor_blink = False
         for transcript in screen.query(".transcript"):
             transcript.styles.scrollbar_size_vertical = 0
@@ -130,6 +132,57 @@ def test_policy_dialog(snap_compare, tmp_path):
 
     async def run_before(pilot):
         await pilot.press("ctrl+l")
+        await _settle(pilot)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_context_gauge_and_dropped_turns(snap_compare, tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+
+    async def run_before(pilot):
+        for text in ("one", "two", "three"):
+            await _say(pilot, text)
+            client.run_to_completion()
+            await wait_for(pilot, lambda: quiet(pilot.app), what="the reply")
+        client.drop_next = 2
+        await _say(pilot, "four")
+        client.run_to_completion()
+        await _say(pilot, "five")  # queued behind nothing: sent at once, then shown streaming
+        client.step(3)
+        await _settle(pilot)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_conversation_list(snap_compare, tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+
+    async def run_before(pilot):
+        pilot.app.store._db.execute("UPDATE panes SET created = 0")  # ages shown as dates, not minutes
+        for i, text in enumerate(("plan the trip", "pack the bags")):
+            if i:
+                await pilot.press("ctrl+n")
+            await _say(pilot, text)
+            client.run_to_completion()
+            await wait_for(pilot, lambda: quiet(pilot.app), what="the reply")
+        pilot.app.workspace.save()
+        pilot.app.store._db.execute("UPDATE messages SET created = 86400 * 365 * 30 + id")
+        await pilot.press("ctrl+x", "f4")
+        pilot.app.clear_notifications()  # the "Closed A2" toast times out: not part of the shot
+        await _settle(pilot)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_agent_dialog(snap_compare, tmp_path):
+    roles = {"critic": AgentSettings("critic", "You find the weakest point of a plan.", 0.2, 200)}
+    app = make_app(tmp_path, roles=roles)
+
+    async def run_before(pilot):
+        await pilot.press("f6", *"critic")
         await _settle(pilot)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)

@@ -57,7 +57,9 @@ def test_batched_greedy_equals_solo_greedy(clean_llama):
             agreeing += 1
         else:
             assert m[diverge] < 0.5, f"seq {s} diverged at token {diverge} with a clear margin {m[diverge]:.2f}"
-    assert agreeing >= len(prompts) // 2, "most sequences should match their solo run over 12 tokens"
+    # How many near-ties these prompts meet depends on the CPU's kernels (on one machine three of
+    # the four met one within 12 tokens); the margin check above is what catches a batching bug.
+    assert agreeing >= 1, "no sequence matched its solo run over 12 tokens"
 
 
 def test_answers_are_coherent(clean_llama):

@@ -178,7 +178,9 @@ def test_forked_subagents_reuse_the_parent_prefix_and_start_far_sooner():
     assert all(k.cached_tokens >= 1000 for k in forked)
     assert all(k.cached_tokens == 0 for k in cold)
     assert all(k.done_reason is DoneReason.LENGTH for k in forked + cold)
-    assert max(k.ttft_ms for k in forked) * 5 < min(k.ttft_ms for k in cold)
+    # Cold prompts are served shortest first, so the first cold one starts after one prompt's
+    # prefill; the typical one waits for several.
+    assert max(k.ttft_ms for k in forked) * 5 < sorted(k.ttft_ms for k in cold)[len(cold) // 2]
     assert [text([k]) for k in forked] == [text([k]) for k in cold]
 
 

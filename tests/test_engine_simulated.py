@@ -9,7 +9,7 @@ import pytest
 from backend.factory import BackendConfig, build_backend
 from backend.simulated import PROFILES, HardwareProfile, SimulatedBackend, VirtualClock, get_profile
 from magnitude_tui.engine.core import Engine
-from scheduler.budget import MIN_PREFILL_QUANTUM
+from scheduler.budget import GAP_SLACK, MIN_PREFILL_QUANTUM, CostParams
 from scheduler.types import Phase, Request, SamplingParams
 
 N_RUNNING = 8
@@ -102,11 +102,15 @@ def test_target_keeps_every_gap_near_the_target_and_admits_the_newcomer():
     assert got["ttft_s"] == pytest.approx(math.ceil(N_PROMPT / rows) * step_ms / 1000.0, rel=1e-3)
 
 
-def test_target_below_the_decode_step_still_gives_prompts_a_minimum_quantum():
+def test_a_target_below_the_decode_step_bounds_the_gap_by_the_decode_step_instead():
     got = _admission("target:20")  # 8 decode rows alone take 25.7 ms
-    step_ms = RX.step_ms(N_RUNNING, MIN_PREFILL_QUANTUM)
+    # The step may take (1 + GAP_SLACK) x 25.7 = 51.4 ms: 24 prompt rows beside the decode rows.
+    rows = math.floor(GAP_SLACK * RX.step_ms(N_RUNNING, 0) / RX.prefill_ms)
+    assert rows == 24 > MIN_PREFILL_QUANTUM
+    step_ms = RX.step_ms(N_RUNNING, rows)
     assert got["max_gap_s"] == pytest.approx(step_ms / 1000.0, rel=1e-3)
-    assert got["ttft_s"] == pytest.approx(N_PROMPT / MIN_PREFILL_QUANTUM * step_ms / 1000.0, rel=1e-3)
+    assert got["max_gap_s"] <= (1 + GAP_SLACK) * RX.step_ms(N_RUNNING, 0) / 1000.0
+    assert got["ttft_s"] == pytest.approx(math.ceil(N_PROMPT / rows) * step_ms / 1000.0, rel=1e-3)
 
 
 def test_profiles_and_specs():
@@ -154,7 +158,7 @@ def test_target_holds_deep_in_a_long_prompt_where_each_row_costs_more():
     deep = HardwareProfile("deep", fixed_ms=5.0, decode_ms=5.0, prefill_ms=3.5, attn_ms=0.4)
     backend = SimulatedBackend(deep, n_ctx=65536, n_seq_max=16, n_batch=2048)
     engine = Engine(backend, policy="target:200", coalesce_ms=0)
-    engine.calibrate()
+    engine.scheduler.cost.seed(CostParams(5.0, 5.0, 3.5))  # as a calibration near position 0 saw it
     assert engine.cost.attn_ms == 0.0
     for i in range(8):
         engine.submit(_req(f"run{i}", 16))

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.budget import IDLE_STEP_MS, MIN_PREFILL_QUANTUM, CostModel, CostParams, parse_policy
+from scheduler.budget import (GAP_SLACK, IDLE_MERGE_MS, IDLE_STEP_MS, MIN_PREFILL_QUANTUM, CostModel, CostParams, StepShape,
+                              parse_policy)
 from scheduler.metrics import RequestMetrics
-from scheduler.types import attended_kpos
+from scheduler.types import AttentionPath, attended_kpos
 
 RX = CostParams(fixed_ms=14.6, decode_ms=1.3875, prefill_ms=1000.0 / 962.0)
 
@@ -43,14 +44,35 @@ def test_bad_policies_say_what_is_accepted(text):
         parse_policy(text)
 
 
+def _shape(decode_rows: int, n_batch: int = 2048, **kw) -> StepShape:
+    return StepShape(decode_rows=decode_rows, n_batch=n_batch, **kw)
+
+
 def test_policy_allowances():
     cost = CostModel(RX)
-    assert parse_policy("fixed:32").prefill_allowance(8, 2048, cost) == 32
-    assert parse_policy("fixed:32").prefill_allowance(8, 20, cost) == 12  # never past n_batch
-    assert parse_policy("prefill-first").prefill_allowance(8, 2048, cost) == 2048
+    assert parse_policy("fixed:32").prefill_allowance(_shape(8), cost) == 32
+    assert parse_policy("fixed:32").prefill_allowance(_shape(8, 20), cost) == 12  # never past n_batch
+    assert parse_policy("prefill-first").prefill_allowance(_shape(8), cost) == 2048
     # (50 - 25.7) ms / 1.0395 ms per prompt row = 23.4 -> 23 rows beside 8 decode rows.
-    assert parse_policy("target:50").prefill_allowance(8, 2048, cost) == 23
-    assert parse_policy("target:10").prefill_allowance(8, 2048, cost) == MIN_PREFILL_QUANTUM
+    assert parse_policy("target:50").prefill_allowance(_shape(8), cost) == 23
+    # Under 10 ms the 8 decode rows (25.7 ms) cannot run at all: the step may take twice the
+    # decode-only step instead, (51.4 - 25.7) / 1.0395 = 24.7 rows.
+    assert GAP_SLACK == 1.0
+    assert parse_policy("target:10").prefill_allowance(_shape(8), cost) == 24
+    # The policy before depth awareness gave the 16-row floor there.
+    assert parse_policy("target-v1:10").prefill_allowance(_shape(8), cost) == MIN_PREFILL_QUANTUM
+    assert str(parse_policy("target-v1:50")) == "target-v1:50"
+
+
+def test_an_unreachable_target_bounds_the_gap_by_the_decode_only_step():
+    # 2 CPU cores at depth: 11 decode rows take 400 ms; a prompt row costs 5 ms.
+    cost = CostModel(CostParams(fixed_ms=20.0, decode_ms=34.5, prefill_ms=5.0))
+    decode_only = cost.predict(11, 0)
+    rows = parse_policy("target:50").prefill_allowance(_shape(11), cost)
+    assert rows == int(decode_only * GAP_SLACK / 5.0)  # 399.5 ms of prompt rows beside them
+    assert cost.predict(11, rows) <= (1 + GAP_SLACK) * decode_only < cost.predict(11, rows + 1)
+    # Where one quantum still fits, the target stands.
+    assert parse_policy("target:50").prefill_allowance(_shape(0), CostModel(RX)) >= 23
 
 
 def test_cost_model_recovers_the_hardware_from_measured_steps():
@@ -123,16 +145,42 @@ def test_a_pinned_intercept_refits_the_slopes():
     assert online.predict(0, 16) == pytest.approx(100.0, rel=0.15)
 
 
-def test_with_nothing_generating_target_steps_may_run_a_second_not_more():
+def test_with_nothing_generating_target_steps_hold_one_micro_batch():
+    cost = CostModel(RX)
+    target = parse_policy("target:50")
+    # Nobody generates: one micro-batch (n_ubatch rows), prefill's efficient unit, not one second.
+    assert target.prefill_allowance(_shape(0, n_ubatch=512), cost) == 512
+    assert target.prefill_allowance(_shape(0, n_ubatch=256), cost) == 256
+    assert target.prefill_allowance(_shape(1), cost) == 32  # someone generates: 50 ms
+    assert parse_policy("target:3000").prefill_allowance(_shape(0), cost) == 2048  # a longer target stands
+    fast = CostModel(CostParams(fixed_ms=5.0, decode_ms=0.2, prefill_ms=0.05))  # a GPU: 900 rows in 50 ms
+    assert target.prefill_allowance(_shape(0), fast) == 900
+    assert parse_policy("fixed:32").prefill_allowance(_shape(0), cost) == 32
+    # Everything pending at once when that is quick (1,024 rows: 1.08 s): all finish together.
+    assert target.prefill_allowance(_shape(0, pending_rows=1024), cost) == 1024
+    assert cost.predict(0, 1024) <= IDLE_MERGE_MS < cost.predict(0, 2000)
+    assert target.prefill_allowance(_shape(0, pending_rows=2000), cost) == 512
+
+
+def test_the_previous_target_policy_ran_up_to_a_second_with_nothing_generating():
     cost = CostModel(RX)  # 962 prompt tok/s: a second holds (1000 - 14.6) / 1.04 = 947 rows
-    idle = parse_policy("target:50").prefill_allowance(0, 2048, cost)
+    idle = parse_policy("target-v1:50").prefill_allowance(_shape(0), cost)
     assert idle == cost.prefill_rows_within(IDLE_STEP_MS, 0) == 947
     assert cost.predict(0, idle) <= IDLE_STEP_MS < cost.predict(0, idle + 1)
-    assert parse_policy("target:50").prefill_allowance(1, 2048, cost) == 32  # someone generates: 50 ms
-    assert parse_policy("target:3000").prefill_allowance(0, 2048, cost) == 2048  # a longer target stands
-    fast = CostModel(CostParams(fixed_ms=5.0, decode_ms=0.2, prefill_ms=0.05))  # a GPU: n_batch in 0.1 s
-    assert parse_policy("target:50").prefill_allowance(0, 2048, fast) == 2048
-    assert parse_policy("fixed:32").prefill_allowance(0, 2048, cost) == 32
+
+
+def test_without_flash_attention_every_resident_cell_costs_every_row():
+    cost = CostModel(CostParams(fixed_ms=5.0, decode_ms=5.0, prefill_ms=3.5, attn_ms=1.0))
+    target = parse_policy("target:300")
+    flash = _shape(8, decode_kpos=8 * 0.3, prefill_pos0=300)
+    dense_empty = _shape(8, cells_used=600, path=AttentionPath.DENSE)
+    dense_idle = _shape(8, cells_used=600 + 4000, path=AttentionPath.DENSE)  # idle conversations' KV
+    rows = [target.prefill_allowance(s, cost) for s in (flash, dense_empty, dense_idle)]
+    assert rows[0] > rows[1] > rows[2] >= MIN_PREFILL_QUANTUM
+    # The whole used range, rounded up to llama.cpp's 256-cell padding, for every row.
+    assert dense_idle.kpos(10) == pytest.approx(18 * 4864 / 1000)
+    for shape, n in zip((flash, dense_empty), rows):
+        assert cost.predict(8, n, shape.kpos(n)) <= 300 < cost.predict(8, n + 1, shape.kpos(n + 1))
 
 
 def test_target_prices_prompt_rows_deep_in_a_long_context():
@@ -140,7 +188,7 @@ def test_target_prices_prompt_rows_deep_in_a_long_context():
     truth = CostParams(fixed_ms=5.0, decode_ms=5.0, prefill_ms=3.5, attn_ms=1.4)
     model = CostModel(truth)
     shallow = model.prefill_rows_within(93, 8, prefill_pos0=0)
-    deep = parse_policy("target:93").prefill_allowance(8, 2048, model, prefill_pos0=5000)
+    deep = parse_policy("target:93").prefill_allowance(_shape(8, prefill_pos0=5000), model)
     assert shallow == 13  # (93 - 45) / 3.5 = 13.7
     assert deep == MIN_PREFILL_QUANTUM  # 3.5 + 1.4 * 5.0 = 10.5 ms a row: 4 fit; the floor is 16
     fits = model.prefill_rows_within(93, 8, prefill_pos0=5000)

@@ -9,7 +9,7 @@ import pytest
 
 from backend.fake import FakeBackend
 from backend.protocol import DecodeOutcome
-from scheduler.budget import MIN_PREFILL_QUANTUM, CostParams
+from scheduler.budget import GAP_SLACK, MIN_PREFILL_QUANTUM, CostParams
 from scheduler.planner import RequestError, Scheduler
 from scheduler.sequence import Sequence
 from scheduler.types import BatchPlan, DoneReason, Phase, Priority, Request, SamplingParams
@@ -128,11 +128,25 @@ def test_decode_never_starves_behind_prompts_and_prompts_never_starve_behind_dec
     sched.cost.seed(CostParams(fixed_ms=10.0, decode_ms=2.0, prefill_ms=1.0))
     gens = generating(sched, kv, 12)
     big = add(sched, "big", 300)
+    # 12 decode rows take 34 ms: the step may take twice that, so 34 prompt rows fit beside them.
+    chunk = int((1 + GAP_SLACK) * sched.cost.predict(12, 0) - sched.cost.predict(12, 0))
+    assert chunk == 34
     while big.phase is not Phase.GENERATING:
         pending = len(big.prompt) - big.num_computed
         plan = step(sched, kv)
-        assert plan.n_decode == 12 and plan.n_prefill == min(MIN_PREFILL_QUANTUM, pending)
-    assert all(len(g.output) >= 300 // MIN_PREFILL_QUANTUM for g in gens)
+        assert plan.n_decode == 12 and plan.n_prefill == min(chunk, pending)
+    assert all(len(g.output) >= 300 // chunk for g in gens)
+    close_all(sched)
+
+
+def test_with_nothing_generating_the_prompt_closest_to_its_first_token_goes_first():
+    sched, kv = make("target:10", n_seq_max=16, n_batch=512)
+    sched.cost.seed(CostParams(fixed_ms=10.0, decode_ms=2.0, prefill_ms=1.0))
+    long_one = add(sched, "long", 900)
+    subs = [add(sched, f"sub{i}", 200) for i in range(4)]
+    plan = step(sched, kv)  # one micro-batch (512 rows), the shortest prompts first
+    assert rows(plan) == {subs[0].seq_id: 200, subs[1].seq_id: 200, subs[2].seq_id: 112}
+    assert [s.phase for s in subs[:2]] == [Phase.GENERATING] * 2 and long_one.num_computed == 0
     close_all(sched)
 
 

@@ -65,7 +65,7 @@ async def test_closing_the_pane_cancels_the_http_request(tmp_path):
                 api = next(p for p in app.workspace.grid.panes if p.record.role == "api")
                 await wait_for(pilot, lambda: api.is_mounted, what="the pane")
                 app.workspace.grid.focus_pane(api)
-                await pilot.press("ctrl+x")
+                await pilot.press("ctrl+x", "y")  # it is replying: confirmed in the dialog
                 rest = [line async for line in lines]
         errors = [line for line in rest if '"error"' in line]
         assert errors and "cancelled" in errors[0]

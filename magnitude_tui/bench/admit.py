@@ -25,7 +25,10 @@ TTFT_RATIO = 1.6  # "... while the newcomer's TTFT stays within ~1.6x of prefill
 @dataclass(frozen=True)
 class AdmitConfig:
     n_running: int = 8
-    running_prompt: int = 32  # tokens per running sequence's prompt
+    running_prompt: int = 32  # tokens per running sequence's own prompt
+    # The running sequences fork from one conversation this many tokens long (0: none), so they
+    # decode deep in a context, as subagents do; the newcomer arrives behind them.
+    running_depth: int = 0
     warmup_tokens: int = 8  # each running sequence has generated this many before the arrival
     newcomer_tokens: int = 0  # 0: 8,000 on a simulated profile, else the most the context allows
     newcomer_gen: int = 4
@@ -53,7 +56,8 @@ def auto_newcomer(cfg: AdmitConfig, backend, simulated: bool) -> int:
     prompt that fits beside the running sequences (which must outlast the smallest chunking of it)."""
     if cfg.newcomer_tokens:
         return cfg.newcomer_tokens
-    room = min(backend.n_ctx, getattr(backend, "n_ctx_seq", backend.n_ctx)) - 64 - cfg.newcomer_gen
+    room = (min(backend.n_ctx, getattr(backend, "n_ctx_seq", backend.n_ctx)) - 64 - cfg.newcomer_gen
+            - cfg.running_depth)
     per_seq = cfg.running_prompt + cfg.warmup_tokens + 16
     q = _smallest_chunk(cfg)
     # L + N * (per_seq + L/q) <= room
@@ -82,9 +86,7 @@ def run_policy(backend, policy: str, cfg: AdmitConfig, newcomer: int, tail: int)
     clock = backend_clock(backend)
     sampling = SamplingParams(temperature=0.0, max_tokens=cfg.warmup_tokens + tail)
     running = [f"run{i}" for i in range(cfg.n_running)]
-    for i, rid in enumerate(running):
-        engine.submit(Request(request_id=rid, session_id=rid, messages=(), sampling=sampling,
-                              prompt_tokens=prompt_tokens(backend, cfg.running_prompt, salt=i + 1)))
+    submit_running(engine, backend, cfg, running, sampling)
     tokens: dict[str, list[float]] = defaultdict(list)
     steps: list[tuple[float, int, int]] = []
 
@@ -112,11 +114,25 @@ def run_policy(backend, policy: str, cfg: AdmitConfig, newcomer: int, tail: int)
     pump(lambda: bool(tokens["newcomer"]))
     t_first, i_first = tokens["newcomer"][0], len(steps)
     pump(lambda: not engine.has_work())
-    for rid in [*running, "newcomer"]:
+    for rid in [*running, "newcomer", "context"]:
         engine.close_session(rid)
     engine.step()
     reset_kv(backend)
     return Trace(t_arrival, t_first, steps[-1][0], dict(tokens), steps, i_arrival, i_first, running)
+
+
+def submit_running(engine: Engine, backend, cfg: AdmitConfig, ids: list[str], sampling: SamplingParams) -> None:
+    """The running sequences: each its own short prompt, forked from a `running_depth`-token
+    conversation (its turn runs first) when there is one."""
+    context: tuple[int, ...] = ()
+    if cfg.running_depth:
+        context = prompt_tokens(backend, cfg.running_depth, salt=4242)
+        engine.submit(Request("context", "context", (), SamplingParams(max_tokens=1), prompt_tokens=context))
+        engine.run_until_idle()
+    for i, rid in enumerate(ids):
+        engine.submit(Request(request_id=rid, session_id=rid, messages=(), sampling=sampling,
+                              fork_from="context" if context else None,
+                              prompt_tokens=context + prompt_tokens(backend, cfg.running_prompt, salt=i + 1)))
 
 
 def undisturbed(backend, cfg: AdmitConfig) -> float:
@@ -124,9 +140,7 @@ def undisturbed(backend, cfg: AdmitConfig) -> float:
     reset_kv(backend)
     engine = Engine(FixedLength(backend), policy="prefill-first", coalesce_ms=0.0)
     sampling = SamplingParams(temperature=0.0, max_tokens=24)
-    for i in range(cfg.n_running):
-        engine.submit(Request(request_id=f"u{i}", session_id=f"u{i}", messages=(), sampling=sampling,
-                              prompt_tokens=prompt_tokens(backend, cfg.running_prompt, salt=i + 1)))
+    submit_running(engine, backend, cfg, [f"u{i}" for i in range(cfg.n_running)], sampling)
     times: dict[str, list[float]] = defaultdict(list)
     for report in engine.run_until_idle():
         for u in report.updates:

@@ -57,6 +57,8 @@ def admit(
     backend: List[str] = typer.Option(["llama", "simulated:rx9070xt"], "--backend", "-b",
                                       help="llama and/or simulated:<profile> (rx9070xt, cpu2core); repeatable."),
     n_running: int = typer.Option(8, "--n-running", help="Sequences generating when the newcomer arrives."),
+    running_depth: int = typer.Option(0, "--running-depth", help="The running sequences fork from a conversation "
+                                      "this many tokens long, so they decode deep in a context (0: none)."),
     newcomer: int = typer.Option(0, "--newcomer", help="Newcomer prompt tokens (0: 8,000 simulated, else as many as the context allows)."),
     fixed: str = typer.Option("16,32,64,128,256,512,2048", "--fixed", help="Chunk sizes for the fixed:N policies."),
     targets: str = typer.Option("", "--targets", help="Target step times in ms (empty: 1.5x, 2x, 3x the undisturbed decode step)."),
@@ -73,7 +75,7 @@ def admit(
         tgt = tuple(float(x) for x in targets.split(",") if x.strip())
     except ValueError:
         raise typer.BadParameter(f"expected milliseconds like 50,75, got {targets!r}", param_hint="--targets") from None
-    cfg = AdmitConfig(n_running=n_running, newcomer_tokens=newcomer, fixed=_ints(fixed), targets=tgt,
+    cfg = AdmitConfig(n_running=n_running, running_depth=running_depth, newcomer_tokens=newcomer, fixed=_ints(fixed), targets=tgt,
                       prefill_first=not no_prefill_first)
     specs = [_spec(b, model, device, threads, ctx) for b in backend]
     _finish(admit_result(specs, cfg, progress=_progress), out, plot_admit)
@@ -148,6 +150,35 @@ def fork(
 
     cfg = ForkConfig(n=n, parent_tokens=parent, task_tokens=task, gen=gen, policy=policy, reps=reps)
     _finish(run_fork(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, plot_fork)
+
+
+@bench_app.command()
+def burst(
+    n: int = typer.Option(11, "--n", help="Subagents forked at once."),
+    context: int = typer.Option(2000, "--context", "-L", help="Tokens of the conversation they fork from."),
+    own: int = typer.Option(200, "--own", "-P", help="Each subagent's own prompt tokens."),
+    gen: int = typer.Option(48, "--gen", help="Tokens each subagent generates."),
+    policy: List[str] = typer.Option(list(("target:50", "prefill-first", "fixed:2048", "target-v1:50")),
+                                     "--policy", "-p", help="Policies to compare; repeatable."),
+    flash: str = typer.Option("off,on", "--flash", help="Flash-attention settings to run (off,on)."),
+    backend: str = typer.Option("llama", "--backend", "-b", help="llama or simulated:<profile>."),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt,
+    threads: int = typer.Option(1, "--threads", "-t", help="CPU threads (default 1: the app's engine on 2 cores)."),
+    cpu_clock: bool = typer.Option(False, "--cpu-clock", help="Time in CPU seconds of the engine's process (one "
+                                   "thread only): the work done, whatever else a shared machine runs."),
+    ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
+) -> None:
+    """N subagents forked from a long conversation at once: TTFT, ITL and decode step at depth, every policy."""
+    if cpu_clock and threads != 1:
+        raise typer.BadParameter("CPU-time measurement needs one thread (--threads 1)", param_hint="--cpu-clock")
+    from magnitude_tui.bench.burst import BurstConfig, run_bursts
+
+    flashes = tuple(f.strip() for f in flash.split(",") if f.strip())
+    if not flashes or any(f not in ("on", "off") for f in flashes):
+        raise typer.BadParameter(f"expected on and/or off, got {flash!r}", param_hint="--flash")
+    cfg = BurstConfig(n=n, context=context, own=own, gen=gen, policies=tuple(policy), flash=flashes,
+                      cpu_clock=cpu_clock)
+    _finish(run_bursts(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, None)
 
 
 @bench_app.command("serve")

@@ -198,7 +198,7 @@ async def run_ui(config, cfg: UiConfig) -> dict:
                     composer = pane.query_one(Composer)
                     composer.focus()
                     await asyncio.sleep(0.02)  # not pilot.pause(): it waits for an idle app
-                    composer.insert_text_at_cursor(text)
+                    composer.insert(text)
                     send("enter", "\r")  # not pilot.press: that waits for an idle app, and streaming panes never idle
                     limit = time.monotonic() + 10
                     while not (pane.busy or len(pane.record.messages) > 1):  # the Submitted chain is asynchronous

@@ -8,6 +8,7 @@ from typing import Callable
 
 from backend.protocol import Backend, Clock, DecodeOutcome, DecodeResult, PlanError
 from magnitude_tui.engine.calibrate import calibration_steps
+from magnitude_tui.engine.context import fit_conversation
 from magnitude_tui.engine.events import Cancel, CloseSession, Command, SetPolicy, Submit
 from magnitude_tui.engine.text import ReplyText
 from scheduler.budget import CostModel, CostParams, parse_policy
@@ -54,6 +55,8 @@ class Engine:
             policy=policy,
             gen_reserve=gen_reserve,
             cost=CostModel(backend.known_costs),
+            attention=backend.attention_path,
+            n_ubatch=backend.n_ubatch,
         )
         self._policy_text = str(self.scheduler.policy)
         self._lock = threading.Lock()
@@ -176,9 +179,9 @@ class Engine:
             return prior
         if self.scheduler.has_work():
             raise RuntimeError("calibrate() must run before any request is submitted")
-        fit = CostModel(self.scheduler.cost.prior, anchor=0.01, row_cost_range=None)
-        for d, p, ms in calibration_steps(self.backend, self.scheduler):
-            fit.observe(d, p, ms)
+        fit = CostModel(self.scheduler.cost.prior, anchor=1e-3, row_cost_range=None)
+        for d, p, ms, kpos in calibration_steps(self.backend, self.scheduler):
+            fit.observe(d, p, ms, kpos)
         self.scheduler.cost.seed(fit.params)
         return fit.params
 
@@ -296,7 +299,11 @@ class Engine:
             if req.prompt_tokens is not None:
                 prompt = list(req.prompt_tokens)
             else:
-                prompt = list(self.backend.tokenize_chat(req.messages))
+                # A conversation that outgrew its sequence drops its oldest turns (context.py).
+                limit = min(self.scheduler.n_ctx_seq, self.scheduler.n_ctx)
+                fitted = fit_conversation(req.messages, lambda ms: list(self.backend.tokenize_chat(ms)),
+                                          limit, seq.max_tokens)
+                prompt, seq.dropped_messages = fitted.prompt, fitted.dropped
             bad = [t for t in prompt if not 0 <= t < self.backend.n_vocab]
             if bad:
                 raise RequestError(f"token id {bad[0]} is outside the model's vocabulary "
@@ -415,6 +422,7 @@ class Engine:
             budget=plan.budget if plan else 0,
             kv_used=s.kv_used(),
             kv_total=s.n_ctx,
+            kv_idle=s.kv_idle(),
             waiting=s.num_waiting,
             running=s.num_running,
             policy=str(s.policy),
@@ -449,6 +457,7 @@ class Engine:
             error_kind=seq.error_kind,
             error=seq.error,
             waiting_reason=seq.waiting_reason,
+            dropped_messages=seq.dropped_messages,
             priority=seq.priority,
         )
 
@@ -472,3 +481,5 @@ def _split_cancellations(commands) -> tuple[list[tuple[Command, float]], list[tu
         else:
             keep.append(entry)
     return todo, keep
+
+

@@ -18,6 +18,7 @@ from magnitude_tui.widgets.pane_grid import MAX_SUBAGENTS
 class SpawnSpec:
     count: int
     task: str
+    role: str | None = None  # a role from agents.toml (None: the parent's settings)
 
 
 class SpawnDialog(ModalScreen[SpawnSpec | None]):
@@ -34,8 +35,10 @@ class SpawnDialog(ModalScreen[SpawnSpec | None]):
     SpawnDialog Button { margin-left: 1; }
     """
 
-    def __init__(self, parent_name: str, *, count: int = 3, task: str = "") -> None:
+    def __init__(self, parent_name: str, *, count: int = 3, task: str = "",
+                 roles: tuple[str, ...] = ()) -> None:
         super().__init__()
+        self._roles = roles
         self._parent_name = parent_name
         self._default_count = count
         self._default_task = task
@@ -47,6 +50,9 @@ class SpawnDialog(ModalScreen[SpawnSpec | None]):
             yield Input(str(self._default_count), type="integer", id="spawn-count")
             yield Label("Task (each subagent sees the whole conversation first)")
             yield Input(self._default_task, placeholder="e.g. list three risks of this plan", id="spawn-task")
+            known = ", ".join(self._roles) if self._roles else "none defined in agents.toml"
+            yield Label(f"Role (optional: {known})")
+            yield Input("", placeholder="the parent's settings", id="spawn-role")
             with Horizontal():
                 yield Button("Cancel", id="spawn-cancel")
                 yield Button("Spawn", variant="primary", id="spawn-ok")
@@ -66,7 +72,12 @@ class SpawnDialog(ModalScreen[SpawnSpec | None]):
         if not task:
             self.notify("Give the subagents a task", severity="warning")
             return
-        self.dismiss(SpawnSpec(count, task))
+        role = self.query_one("#spawn-role", Input).value.strip() or None
+        if role is not None and role not in self._roles:
+            self.notify(f"No role {role!r}; known: {', '.join(self._roles) or 'none'}", severity="warning",
+                        markup=False)
+            return
+        self.dismiss(SpawnSpec(count, task, role))
 
     @on(Button.Pressed, "#spawn-cancel")
     def _cancel(self) -> None:

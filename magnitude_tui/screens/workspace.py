@@ -15,15 +15,19 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from magnitude_tui.commands import SLASH_HELP, parse_slash
+from magnitude_tui.agents import AgentSettings
+from magnitude_tui.conversations import Conversations
 from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
                                          LoadProgress, PolicyChanged)
 from magnitude_tui.engine.protocol import EngineClient
+from magnitude_tui.export import export_pane
 from magnitude_tui.screens.policy_dialog import PolicyDialog
-from magnitude_tui.screens.spawn_dialog import SpawnDialog, SpawnSpec
-from magnitude_tui.store import MessageRecord, PaneRecord, Store
+from magnitude_tui.screens.spawn_dialog import SpawnDialog
+from magnitude_tui.store import PaneRecord, Store
 from magnitude_tui.subagents import Subagents, next_name
+from magnitude_tui.turns import Turns
 from magnitude_tui.widgets.chat_pane import ChatPane
+from magnitude_tui.widgets.composer import Composer
 from magnitude_tui.widgets.loading_view import LoadingView
 from magnitude_tui.widgets.pane_grid import MAX_PANES, PaneGrid
 from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
@@ -46,31 +50,41 @@ _PANELS = Binding.Group("Panels")
 class WorkspaceScreen(Screen):
     """Chat panes side by side; every action here also appears in the palette (commands.py)."""
 
+    # The footer holds what fits in 120 columns; the rest (zoom, save, theme, copy, retry, restart)
+    # is in the README's key table and the palette, like every action. Quit is the app's binding.
     BINDINGS = [
         Binding("ctrl+p", "app.command_palette", "Palette", priority=True),
         Binding("ctrl+n", "new_pane", "New"),
         Binding("ctrl+x", "close_pane", "Close"),
-        Binding("tab", "next_pane", "Next pane", key_display="⇥", group=_PANES),
-        Binding("shift+tab", "prev_pane", "Previous pane", key_display="⇤", group=_PANES),
-        Binding("ctrl+o", "zoom", "Zoom"),
+        # Priority: focus must move as the key is read, so the keys typed after it in the same
+        # burst (a fast typist, tmux send-keys) reach the pane it moved to.
+        Binding("tab", "next_pane", "Next pane", key_display="⇥", group=_PANES, priority=True),
+        Binding("shift+tab", "prev_pane", "Previous pane", key_display="⇤", group=_PANES, priority=True),
+        Binding("ctrl+o", "zoom", "Zoom", show=False),
         Binding("escape", "cancel", "Stop"),
         Binding("ctrl+s", "spawn", "Spawn"),
         Binding("ctrl+b", "burst", "Burst"),
         Binding("ctrl+l", "policy", "Policy"),
-        Binding("ctrl+t", "app.change_theme", "Theme"),
-        Binding("f5", "export", "Save"),
-        Binding("ctrl+y", "copy_answer", "Copy"),
+        Binding("f4", "conversations", "Chats"),
+        Binding("f6", "agent_settings", "Agent"),
+        Binding("f5", "export", "Save", show=False),
         Binding("f2", "toggle_sequences", "Sequences panel", group=_PANELS),
         Binding("f3", "toggle_scheduler", "Scheduler panel", group=_PANELS),
+        Binding("ctrl+t", "app.change_theme", "Theme", show=False),
+        Binding("ctrl+y", "copy_answer", "Copy", show=False),
+        Binding("ctrl+g", "retry", "Retry", show=False),
         Binding("ctrl+r", "restart_engine", "Restart", show=False),
     ]
 
     def __init__(self, *, client: EngineClient, store: Store, restored: list[PaneRecord],
-                 export_dir: Path, sampling: SamplingParams | None = None, serve=None) -> None:
+                 export_dir: Path, sampling: SamplingParams | None = None, serve=None,
+                 roles: dict[str, AgentSettings] | None = None) -> None:
         """`serve`: an object with `start(workspace)` and `dispatch(batch)` (the HTTP endpoint
-        of `--serve PORT`), fed every engine batch."""
+        of `--serve PORT`), fed every engine batch. `roles`: named agent definitions for
+        /spawn ROLE and the spawn and agent dialogs."""
         super().__init__()
         self.serve = serve
+        self.roles = roles or {}
         self.sampling = sampling or SamplingParams()
         self.client = client
         self.store = store
@@ -79,7 +93,11 @@ class WorkspaceScreen(Screen):
         self.engine_ready = False
         self._restored = restored
         self._resident: set[str] = set()  # sessions whose KV the current worker holds (fork sources)
-        self.subagents = Subagents(self, store)
+        self.subagents = Subagents(self, store, self.roles)
+        self.conversations = Conversations(self)
+        self.turns = Turns(self)
+        self._focus_after_restart: str | None = None  # the pane that had focus when ctrl+r was pressed
+        self.n_ctx_seq: int | None = None  # tokens one sequence can hold (from EngineReady)
         self._panes: dict[str, ChatPane] = {}  # open panes; outlives the DOM at shutdown, for save()
         self._painted_all = 0.0  # when every pane was last painted (monotonic)
         self.batches_applied = 0  # engine batches taken in (tests wait on it, not on wall time)
@@ -141,12 +159,14 @@ class WorkspaceScreen(Screen):
         """Route the pane's updates from now on and mount it soon (for callers outside a handler,
         whose request may produce updates before the mount is done)."""
         self._panes[pane.session_id] = pane
+        pane.context_size = self.n_ctx_seq
         self.store.add_pane(pane.record)
         return asyncio.ensure_future(self.grid.add_pane(pane, focus=False))
 
     async def add_pane(self, pane: ChatPane, *, focus: bool = True) -> None:
         """Mount a pane in the grid and route its session's engine updates to it."""
         self._panes[pane.session_id] = pane
+        pane.context_size = self.n_ctx_seq
         await self.grid.add_pane(pane, focus=focus)
 
     def on_unmount(self) -> None:
@@ -206,6 +226,7 @@ class WorkspaceScreen(Screen):
                 for rejection in event.rejected:
                     self.notify(rejection.message, title="Request refused", severity="warning")
             elif isinstance(event, SeqUpdate):
+                self.scheduler_panel.track(event)
                 self._route(event)
             elif isinstance(event, LoadProgress):
                 self.loading_view.progress(event)
@@ -236,18 +257,29 @@ class WorkspaceScreen(Screen):
 
     def _ready(self, event: EngineReady) -> None:
         self.engine_ready = True
+        self.app.engine_failed(None)
         self._resident.clear()
         self.policy = event.policy
+        self.n_ctx_seq = event.n_ctx  # one unified KV pool: a sequence may use all of it
+        for pane in self._panes.values():
+            pane.context_size = event.n_ctx
         panel = self.scheduler_panel
-        panel.set_engine(event.model, event.device)
+        panel.set_engine(event.model, event.device, event.info.get("attention"))
         panel.set_policy(event.policy)
         self.loading_view.display = False
-        pane = self.grid.focused_pane()
+        # Give focus back to the pane the user was in when ctrl+r was pressed.
+        pane = self.grid.pane(self._focus_after_restart or "") or self.grid.focused_pane()
+        self._focus_after_restart = None
         if pane is not None:
             self.grid.focus_pane(pane)
 
     def _failed(self, event: EngineFailed) -> None:
         self._resident.clear()
+        self.scheduler_panel.engine_stopped()
+        # The first failure carries the reason (a load error); the worker's exit comes after it.
+        first = self.app.failure is None
+        if first:
+            self.app.engine_failed(event.message)
         if not self.engine_ready:
             self.loading_view.failed(event)
             return
@@ -259,6 +291,9 @@ class WorkspaceScreen(Screen):
         if self.engine_ready and self.client.alive:
             self.notify("The engine is running")
             return
+        focused = self.grid.focused_pane()
+        self._focus_after_restart = focused.session_id if focused is not None else None
+        self.app.engine_failed(None)
         self.loading_view.restarting()
         self.loading_view.display = True
         self.engine_ready = False
@@ -268,14 +303,17 @@ class WorkspaceScreen(Screen):
 
     @on(ChatPane.Submitted)
     async def _submitted(self, event: ChatPane.Submitted) -> None:
-        pane, text = event.pane, event.text
-        if text.startswith("/"):
-            await self._slash(pane, text)
-        elif pane.busy:
-            self.notify(f"{pane.record.name} is still replying; Esc cancels it", severity="warning")
-        else:
-            await pane.add_message(MessageRecord("user", text))
-            self.submit_turn(pane)
+        await self.turns.submitted(event.pane, event.text, event.editing)
+
+    @on(ChatPane.ReplyFinished)
+    async def _reply_finished(self, event: ChatPane.ReplyFinished) -> None:
+        await self.turns.reply_finished(event)
+
+    @on(Composer.RecallRequested)
+    def _recall(self, event: Composer.RecallRequested) -> None:
+        pane = self.grid.focused_pane()
+        if pane is not None and pane.composer is event.composer:
+            self.turns.edit_last(pane)
 
     def submit_turn(self, pane: ChatPane, *, fork_from: str | None = None,
                     priority: Priority = Priority.INTERACTIVE) -> None:
@@ -285,31 +323,14 @@ class WorkspaceScreen(Screen):
         request_id = f"{pane.session_id}:{uuid.uuid4().hex[:8]}"
         pane.begin_request(request_id)
         fork = fork_from if fork_from in self._resident else None
-        self.client.submit(Request(request_id, pane.session_id, pane.conversation(), self.sampling,
+        sampling = pane.record.settings.sampling(self.sampling)
+        self.client.submit(Request(request_id, pane.session_id, pane.conversation(), sampling,
                                    fork_from=fork, priority=priority))
 
-    async def _slash(self, pane: ChatPane, text: str) -> None:
-        try:
-            command = parse_slash(text)
-        except ValueError as exc:
-            self.notify(str(exc), severity="warning")
-            return
-        if command.name == "spawn":
-            await self.subagents.spawn(pane, SpawnSpec(command.count, command.arg))
-        elif command.name == "burst":
-            await self.subagents.burst(pane, command.count)
-        elif command.name == "policy":
-            self.switch_policy(command.arg)
-        elif command.name == "export":
-            self.action_export()
-        elif command.name == "copy":
-            self.action_copy_answer()
-        else:
-            self.notify(SLASH_HELP, timeout=10)
-
-    @on(ChatPane.ReplyFinished)
-    async def _reply_finished(self, event: ChatPane.ReplyFinished) -> None:
-        await self.subagents.reply_finished(event)
+    def release_session(self, pane: ChatPane) -> None:
+        """Give the pane's KV back to the pool (its next turn prefills again)."""
+        self.client.close_session(pane.session_id)
+        self._resident.discard(pane.session_id)
 
     # ---- actions ------------------------------------------------------------------------------
 
@@ -322,10 +343,12 @@ class WorkspaceScreen(Screen):
         self.store.add_pane(record)
         await self.add_pane(ChatPane(record))
 
+    @work(exclusive=True, group="close")
     async def action_close_pane(self) -> None:
-        pane = self.grid.focused_pane()
-        if pane is None:
-            return
+        await self.conversations.close_focused()
+
+    async def close_pane(self, pane: ChatPane) -> None:
+        """Close a pane now: cancel its reply, free its sequence and KV, keep it in the store."""
         if pane.request_id is not None:
             self.client.cancel(pane.request_id)
         self.client.close_session(pane.session_id)
@@ -333,11 +356,15 @@ class WorkspaceScreen(Screen):
         self._save_pane(pane)
         self.store.close_pane(pane.session_id)
         self.sequences_panel.forget(pane.session_id)
-        del self._panes[pane.session_id]
+        self._panes.pop(pane.session_id, None)
         await self.grid.remove_pane(pane)
         self.store.set_positions([p.session_id for p in self.grid.panes])
         if not self.grid.panes:
             await self.action_new_pane()
+
+    @work(exclusive=True, group="conversations")
+    async def action_conversations(self) -> None:
+        await self.conversations.choose()
 
     def action_next_pane(self) -> None:
         self.grid.cycle(1)
@@ -358,7 +385,7 @@ class WorkspaceScreen(Screen):
         parent = self.grid.focused_pane()
         if parent is None:
             return
-        spec = await self.app.push_screen_wait(SpawnDialog(parent.record.name))
+        spec = await self.app.push_screen_wait(SpawnDialog(parent.record.name, roles=tuple(self.roles)))
         if spec is not None:
             await self.subagents.spawn(parent, spec)
 
@@ -376,14 +403,19 @@ class WorkspaceScreen(Screen):
     def switch_policy(self, policy: str) -> None:
         self.client.set_policy(policy)  # the panel changes when PolicyChanged comes back
 
+    @work(exclusive=True, group="agent")
+    async def action_agent_settings(self) -> None:
+        await self.conversations.edit_settings()
+
+    async def action_retry(self) -> None:
+        pane = self.grid.focused_pane()
+        if pane is not None:
+            await self.turns.retry(pane)
+
     def action_export(self) -> None:
         pane = self.grid.focused_pane()
-        if pane is None:
-            return
-        self.export_dir.mkdir(parents=True, exist_ok=True)
-        path = self.export_dir / f"magnitude-{pane.record.name}-{time.strftime('%Y%m%d-%H%M%S')}.md"
-        path.write_text(pane.to_markdown(), encoding="utf-8")
-        self.notify(f"Exported {pane.record.name} to {path}")
+        if pane is not None:
+            self.notify(f"Exported {pane.record.name} to {export_pane(pane, self.export_dir)}")
 
     def action_copy_answer(self) -> None:
         pane = self.grid.focused_pane()

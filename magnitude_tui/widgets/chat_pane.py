@@ -9,10 +9,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message as TextualMessage
-from textual.widgets import Input, Static
+from textual.widgets import Static
 
+from magnitude_tui.agents import AgentSettings
 from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.widgets.composer import Composer
+from magnitude_tui.widgets.format import fmt_count
 from magnitude_tui.widgets.message_view import MessageView
 from magnitude_tui.widgets.status_line import StatusLine
 from scheduler.types import DoneReason, Message, Phase, SeqUpdate
@@ -41,6 +43,7 @@ class ChatPane(Vertical):
 
         pane: "ChatPane"
         text: str
+        editing: MessageRecord | None = None  # the message this text replaces (Up, then Enter)
 
     @dataclass
     class ReplyFinished(TextualMessage):
@@ -61,6 +64,13 @@ class ChatPane(Vertical):
         self._held_results: list[MessageRecord] = []
         self._unsaved: dict[int, MessageRecord] = {}  # id(message) -> message, in creation order
         self._status_dirty = True
+        self.queued: list[str] = []  # typed while a reply streamed; sent one turn each, in order
+        self.editing: MessageRecord | None = None  # the message the composer holds for a resend
+        self.context_size: int | None = None  # tokens one sequence holds (from EngineReady)
+        self._sent: list[MessageRecord] = []  # the records the current request carries, in order
+        self._dropped: set[int] = set()  # id() of messages left out of the context (it was full)
+        self._notes: list[str] = []  # context notes waiting for the next paint
+        self._gauge = ""
         self.composer = Composer()  # held: the paint tick reads it even while the pane is torn down
         self.border_title = self.title
         for m in record.messages:
@@ -77,10 +87,13 @@ class ChatPane(Vertical):
     @property
     def title(self) -> str:
         r = self.record
+        role = r.settings.role
         if r.role == "subagent":
             task = f" · {r.task}" if r.task else ""
-            return f"{r.name} ← {self.parent_name or 'closed pane'}{task}"
-        return f"{r.name} · main"
+            return f"{r.name} ← {self.parent_name or 'closed pane'}{f' · {role}' if role else ''}{task}"
+        if r.role == "api":
+            return f"{r.name} · API"
+        return f"{r.name} · {role or 'main'}"
 
     @property
     def busy(self) -> bool:
@@ -91,16 +104,40 @@ class ChatPane(Vertical):
         """A reply ended and its ending is not painted and settled yet (the next flush does it)."""
         return bool(self._ended)
 
-    def conversation(self, *, committed_only: bool = False) -> tuple[Message, ...]:
-        """The messages the next turn sends (the engine reuses whatever prefix it still holds).
+    def conversation(self, *, committed_only: bool = False, with_system: bool = True) -> tuple[Message, ...]:
+        """The messages the next turn sends (the engine reuses whatever prefix it still holds):
+        the pane's system prompt, then its messages.
 
         `committed_only` leaves out a reply that is still streaming (what a spawned subagent forks).
+        Messages dropped when the context filled up are not sent again.
         """
-        return tuple(
-            Message(m.role, m.content)
-            for m in self.record.messages
-            if m.content and not (committed_only and self._reply is not None and m is self._reply.message)
-        )
+        system = self.record.settings.system
+        head = (Message("system", system),) if system and with_system else ()
+        return head + tuple(Message(m.role, m.content) for m in self._in_context(committed_only))
+
+    def apply_settings(self, settings: AgentSettings) -> None:
+        """New system prompt and sampling: they apply from the next turn on."""
+        self.record.settings = settings
+        self.border_title = self.title
+
+    def _in_context(self, committed_only: bool = False) -> list[MessageRecord]:
+        return [m for m in self.record.messages
+                if m.content and id(m) not in self._dropped
+                and not (committed_only and self._reply is not None and m is self._reply.message)]
+
+    @property
+    def context_used(self) -> int | None:
+        """Tokens the conversation holds in its sequence after the latest request (None: unknown)."""
+        u = self.last_update
+        return u.prompt_total + u.generated if u is not None and u.prompt_total else None
+
+    def gauge_text(self) -> str:
+        """The context gauge in the pane's bottom border: tokens used of the sequence's context."""
+        used, size = self.context_used, self.context_size
+        if used is None or not size:
+            return ""
+        filled = min(8, round(used / size * 8))
+        return f"ctx {'▰' * filled}{'▱' * (8 - filled)} {fmt_count(used)}/{fmt_count(size)}"
 
     def last_answer(self) -> str | None:
         for m in reversed(self.record.messages):
@@ -108,13 +145,12 @@ class ChatPane(Vertical):
                 return m.content
         return None
 
-    def to_markdown(self) -> str:
-        lines = [f"# {self.title}", ""]
-        for m in self.record.messages:
-            who = f"{m.author} (subagent answer)" if m.author else m.role
-            who += " (inherited context)" if m.inherited else ""
-            lines += [f"## {who}", "", m.content, ""]
-        return "\n".join(lines)
+    def is_streaming(self, message: MessageRecord) -> bool:
+        return self._reply is not None and message is self._reply.message
+
+    def is_dropped(self, message: MessageRecord) -> bool:
+        """Left out of the context when it filled up (no longer sent to the model)."""
+        return id(message) in self._dropped
 
     def take_unsaved(self) -> list[MessageRecord]:
         """Messages created or changed since the last call, oldest first (the app persists them)."""
@@ -133,29 +169,106 @@ class ChatPane(Vertical):
             for m in self.record.messages:
                 if not m.inherited:
                     yield MessageView(m, speaker=self._speaker(m))
+        yield Static("", classes="queued-note", markup=False)
         yield StatusLine()
         yield self.composer
 
     def on_mount(self) -> None:
         self.query_one(".transcript").anchor()
+        self._show_note()
 
     def _speaker(self, m: MessageRecord) -> str:
         if m.role == "user" and self.record.role == "subagent":
             return f"task from {self.parent_name or 'parent'}"
+        if m.role == "user" and self.record.role == "api":
+            return self.record.task or "API caller"  # the caller the pane is named after
         return "you" if m.role == "user" else self.record.name if m.role == "assistant" else m.role
 
+    def rename(self, name: str) -> None:
+        self.record.name = name
+        self.border_title = self.title
+
     def focus_composer(self) -> None:
-        self.composer.focus()
+        # At once, not on the next message-loop turn as Widget.focus() does: keys that arrived in
+        # the same burst as a pane switch are forwarded to whatever has focus when each is read.
+        if self.composer.is_attached:
+            self.screen.set_focus(self.composer)
+        else:
+            self.composer.focus()
 
     def action_scroll_transcript(self, direction: int) -> None:
         t = self.query_one(".transcript", VerticalScroll)
         t.scroll_page_down() if direction > 0 else t.scroll_page_up()
 
-    @on(Input.Submitted)
-    def _composer_submitted(self, event: Input.Submitted) -> None:
+    @on(Composer.Submitted)
+    def _composer_submitted(self, event: Composer.Submitted) -> None:
         event.stop()
-        if event.value.strip():
-            self.post_message(self.Submitted(self, self.composer.take().strip()))  # pastes put back whole
+        editing, self.editing = self.editing, None
+        self.post_message(self.Submitted(self, event.text, editing))
+        self._show_note()
+
+    # ---- messages typed while a reply streams --------------------------------------------------
+
+    def queue(self, text: str) -> None:
+        """Hold a message until the running reply ends (then it is the next turn)."""
+        self.queued.append(text)
+        self._show_note()
+
+    def next_queued(self) -> str | None:
+        text = self.queued.pop(0) if self.queued else None
+        self._show_note()
+        return text
+
+    def return_to_composer(self, texts: list[str]) -> None:
+        """Put messages back into the composer, before whatever is being typed there now."""
+        parts = [t for t in [*texts, self.composer.text] if t.strip()]
+        self.composer.value = "\n\n".join(parts)
+
+    def _show_note(self) -> None:
+        for note in self.query(".queued-note"):
+            note.display = bool(self.queued) or self.editing is not None
+            if self.queued:
+                first = self.queued[0].splitlines()[0] if self.queued[0].strip() else ""
+                more = f" (+{len(self.queued) - 1} more)" if len(self.queued) > 1 else ""
+                note.update(f"queued: {first}{more} · sent when this reply ends · esc stops the "
+                            "reply and returns it to the composer")
+            elif self.editing is not None:
+                note.update("editing your last message · enter sends it again and replaces the reply "
+                            "below it · empty the composer to cancel")
+
+    # ---- editing and retrying -----------------------------------------------------------------
+
+    def last_prompt(self) -> MessageRecord | None:
+        """The user's own latest message (not a subagent's answer, not inherited context)."""
+        return next((m for m in reversed(self.record.messages)
+                     if m.role == "user" and not m.author and not m.inherited), None)
+
+    def start_editing(self, message: MessageRecord) -> None:
+        self.editing = message
+        self.composer.value = message.content
+        self._show_note()
+
+    @on(Composer.Changed)
+    def _composer_changed(self, event: Composer.Changed) -> None:
+        if self.editing is not None and not self.composer.text:
+            self.editing = None
+            self._show_note()
+
+    async def truncate(self, message: MessageRecord, *, keep: bool) -> list[MessageRecord]:
+        """Remove the messages after `message` (and `message` itself unless `keep`) from the
+        transcript; returns what was removed (the caller deletes it from the store)."""
+        index = next(i for i, m in enumerate(self.record.messages) if m is message) + int(keep)
+        removed = self.record.messages[index:]
+        del self.record.messages[index:]
+        gone = {id(m) for m in removed}
+        for m in removed:
+            self._unsaved.pop(id(m), None)
+        for view in self.query(MessageView):
+            if id(view.message) in gone:
+                await view.remove()
+        self.editing = None
+        self._show_note()
+        return removed
 
     # ---- conversation -------------------------------------------------------------------------
 
@@ -169,7 +282,20 @@ class ChatPane(Vertical):
         for transcript in self.query(".transcript"):  # none before compose or while torn down
             await transcript.mount(MessageView(message, speaker=self._speaker(message)))
 
+    async def withdraw_last_prompt(self) -> MessageRecord | None:
+        """Take back the last message if it is the user's own and unanswered (None otherwise)."""
+        last = self.record.messages[-1] if self.record.messages else None
+        if self.busy or last is None or last.role != "user" or last.author or last.inherited:
+            return None
+        self.record.messages.pop()
+        self._unsaved.pop(id(last), None)
+        for view in self.query(MessageView):
+            if view.message is last:
+                await view.remove()
+        return last
+
     def begin_request(self, request_id: str) -> None:
+        self._sent = self._in_context()
         self.request_id = request_id
         self.last_update = None
         self._status_dirty = True
@@ -182,6 +308,8 @@ class ChatPane(Vertical):
         """
         if update.request_id != self.request_id:
             return  # a late update for a request this pane already gave up on
+        if update.dropped_messages and not (self.last_update and self.last_update.dropped_messages):
+            self._drop_oldest(update.dropped_messages)
         self.last_update = update
         self._status_dirty = True
         if update.text_delta:
@@ -211,10 +339,14 @@ class ChatPane(Vertical):
             await self._settle(reply, update)
         if self._reply is not None:
             await self._paint(self._reply)
+        await self._paint_notes()
         if self._status_dirty:
             self._status_dirty = False
             for status in self.query(StatusLine):  # none while the pane is torn down
                 status.show(self.last_update)
+            gauge = self.gauge_text()
+            if gauge and gauge != self._gauge:  # a new request keeps the last gauge until it knows
+                self._gauge = self.border_subtitle = gauge
         if ended and not self._ended and not self.busy:
             held, self._held_results = self._held_results, []
             for message in held:
@@ -240,6 +372,29 @@ class ChatPane(Vertical):
         elif note:
             self.notify(f"{self.record.name}: {note}", severity="error")
         self.post_message(self.ReplyFinished(self, reply.message if reply else None, update))
+
+    def _drop_oldest(self, count: int) -> None:
+        """The engine left out the oldest `count` messages after the system ones: stop sending them."""
+        # The pane's system prompt is sent ahead of these records and never dropped.
+        first = 0
+        while first < len(self._sent) and self._sent[first].role == "system":
+            first += 1
+        dropped = self._sent[first:first + count]
+        self._dropped.update(id(m) for m in dropped)
+        turns = sum(m.role == "user" for m in dropped)
+        self._notes.append(f"context full: the oldest {turns} turn{'s' * (turns != 1)} ({count} messages) "
+                           "no longer fit and are not sent to the model; the system prompt and the "
+                           "latest turns are kept")
+
+    async def _paint_notes(self) -> None:
+        notes, self._notes = self._notes, []
+        transcripts = self.query(".transcript")
+        if not notes or not transcripts:
+            return
+        for view in self.query(MessageView):
+            view.set_class(id(view.message) in self._dropped, "-dropped")
+        for note in notes:
+            await transcripts.first().mount(Static(note, classes="context-note", markup=False))
 
     def _mark_unsaved(self, message: MessageRecord) -> None:
         self._unsaved.setdefault(id(message), message)

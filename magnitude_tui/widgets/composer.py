@@ -1,63 +1,106 @@
-"""Provides the one-line message composer at the bottom of each pane."""
+"""Provides the multi-line message composer at the bottom of each pane."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from textual import events
-from textual.widgets import Input
+from textual.message import Message
+from textual.widgets import TextArea
+
+# Terminals send a plain carriage return for shift+enter unless they speak the kitty keyboard
+# protocol (tmux and most terminals do not), so ctrl+j, which arrives everywhere as a line feed,
+# starts a new line too. (alt+enter is no use: tmux delivers it as esc, then enter.)
+NEWLINE_KEYS = ("shift+enter", "ctrl+j")
+MAX_ROWS = 8
 
 
-class Composer(Input):
+class Composer(TextArea):
     """Where the user types a message or a slash command (/spawn N task, /burst N, /policy P).
 
-    A one-line Input keeps only the first line of a paste; a pasted document or code block would
-    lose the rest without a word. So a paste of several lines is held whole and shows as a
-    placeholder (`[pasted text #1: 42 lines, 1,830 chars]`) that `take()` puts back on send.
+    Enter sends; ctrl+j (or shift+enter, where the terminal reports it) starts a new line; up on the first line, in an
+    empty composer, recalls the last message for editing (the pane decides what that means).
+    The text is taken the moment Enter arrives: keys typed right after it (a fast typist, a
+    paste, tmux send-keys) start the next message instead of joining the one being sent.
     """
 
-    DEFAULT_CSS = """
-    Composer { height: 1; border: none; padding: 0 1; background: $boost; }
-    Composer:focus { background: $primary 15%; }
+    DEFAULT_CSS = f"""
+    Composer {{ height: auto; max-height: {MAX_ROWS + 1}; min-height: 1; border: none;
+                padding: 0 1; background: $boost; }}
+    Composer:focus {{ background: $primary 15%; border: none; }}
+    Composer .text-area--cursor-line {{ background: transparent; }}
     """
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        # ctrl+x closes the pane (a workspace key); a one-line composer can live without cut.
-        return False if action == "cut" else super().check_action(action, parameters)
+    @dataclass
+    class Submitted(Message):
+        """Enter was pressed with this text (already taken out of the composer)."""
+
+        composer: "Composer"
+        text: str
+
+    @dataclass
+    class RecallRequested(Message):
+        """Up was pressed in an empty composer: the user wants the last message back to edit."""
+
+        composer: "Composer"
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(placeholder="Message · /spawn N task · /burst N · /policy P", compact=True, **kwargs)
+        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus",
+                         compact=True, highlight_cursor_line=False,
+                         placeholder="Message · /spawn N task · /burst N · /policy P · /help", **kwargs)
         self.typed_at = -1.0  # when a key last reached this composer (monotonic): the user is typing
-        self._pastes: dict[str, str] = {}  # placeholder -> the pasted text it stands for
-        self._pasted = 0
 
-    async def _on_key(self, event: events.Key) -> None:
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # ctrl+x closes the pane, ctrl+y copies the last answer and f6 opens the agent settings
+        # (workspace keys): the composer gives up cut, redo and select-line for them.
+        if action in ("cut", "redo", "select_line"):
+            return False
+        return super().check_action(action, parameters)
+
+    @property
+    def value(self) -> str:
+        return self.text
+
+    @value.setter
+    def value(self, text: str) -> None:
+        self.load_text(text)
+        self.move_cursor(self.document.end)
+
+    # Textual calls `_on_key` / `_on_paste` of every class in the MRO until one prevents the
+    # default, so these handle what they take over and otherwise leave TextArea's to run next.
+    def _on_key(self, event: events.Key) -> None:
         self.typed_at = time.monotonic()
-        await super()._on_key(event)
+        if event.key == "enter":
+            self.submit()
+        elif event.key in NEWLINE_KEYS:
+            self.insert("\n")
+        elif event.key == "up" and not self.text:
+            self.post_message(self.RecallRequested(self))
+        else:
+            return
+        event.stop()
+        event.prevent_default()
 
     def _on_paste(self, event: events.Paste) -> None:
+        # Handled whole here (and not bubbled): terminals paste line breaks as CR or CRLF, and
+        # the message keeps them as newlines.
         event.stop()
-        event.prevent_default()  # Input's own handler would insert the first line again
+        event.prevent_default()
         self.typed_at = time.monotonic()
-        text = event.text.replace("\r\n", "\n").replace("\r", "\n").strip("\n")
-        if "\n" in text:
-            self._pasted += 1
-            shown = f"[pasted text #{self._pasted}: {text.count(chr(10)) + 1} lines, {len(text):,} chars]"
-            self._pastes[shown] = text
-            text = shown
-        if not text:
-            return
-        if self.selection.is_empty:
-            self.insert_text_at_cursor(text)
-        else:
-            self.replace(text, *self.selection)
+        text = event.text.replace("\r\n", "\n").replace("\r", "\n")
+        self.move_cursor(self.replace(text, *self.selection).end_location)
+
+    def submit(self) -> None:
+        """Take the text now and announce it; an empty composer sends nothing. Submitted is posted
+        before the clearing's Changed, so a listener sees the send first."""
+        text = self.text
+        if text.strip():
+            self.post_message(self.Submitted(self, text.strip("\n")))
+        self.clear()
 
     def take(self) -> str:
-        """The message to send: the text with every paste placeholder still in it replaced by what
-        was pasted; the composer is left empty."""
-        value = self.value
-        for shown, text in self._pastes.items():
-            value = value.replace(shown, text)
-        self._pastes.clear()
+        """The composer's text; the composer is left empty."""
+        text = self.text
         self.clear()
-        return value
+        return text

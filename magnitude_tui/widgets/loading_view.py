@@ -48,6 +48,10 @@ class LoadingView(Middle):
         self.query_one("#loading-status", Static).update(event.stage)
 
     def failed(self, event: EngineFailed) -> None:
+        """Show why the engine could not start. The first failure is the reason (a load error);
+        the news that the worker process then exited adds nothing and is not shown over it."""
+        if self.has_class("-failed"):
+            return
         self.add_class("-failed")
         status = self.query_one("#loading-status", Static)
         status.add_class("error")

@@ -11,7 +11,7 @@ from textual.widget import Widget
 from magnitude_tui.engine.events import EndpointsReport
 from magnitude_tui.widgets.format import fmt_ms, fmt_rate, spark
 from scheduler.budget import parse_policy
-from scheduler.types import StepReport
+from scheduler.types import Phase, SeqUpdate, StepReport
 
 HISTORY = 120
 REFRESH_S = 0.25
@@ -57,6 +57,11 @@ class SchedulerPanel(Widget):
         self.policy = "—"
         self.model = "loading"
         self.device = "—"
+        self.attention: str | None = None  # the attention path the engine runs, and why
+        self.stopped = False  # the engine died: nothing runs until it is restarted
+        # The live tok/s of each generating sequence, as its pane shows it: the panel's rate is
+        # their sum, so the two always agree, and it drops to nothing when no sequence generates.
+        self.rates: dict[str, float] = {}
         self.endpoints: EndpointsReport | None = None  # a remote engine's servers
         self._dirty = True
 
@@ -67,7 +72,29 @@ class SchedulerPanel(Widget):
     def record(self, report: StepReport) -> None:
         self.steps.append(report)
         self.policy = report.policy
+        self.stopped = False
+        for update in report.updates:
+            self.track(update)
         self._dirty = True
+
+    def track(self, update: SeqUpdate) -> None:
+        """Keep the sequence's live rate while it generates; forget it once it is done."""
+        if update.phase is Phase.GENERATING and update.tok_s_live is not None:
+            self.rates[update.request_id] = update.tok_s_live
+        elif update.phase is Phase.DONE:
+            self.rates.pop(update.request_id, None)
+        self._dirty = True
+
+    def engine_stopped(self) -> None:
+        """The engine died: no rate, no running sequences, until EngineReady comes again."""
+        self.stopped = True
+        self.rates.clear()
+        self._dirty = True
+
+    @property
+    def rate(self) -> float | None:
+        """Tokens per second over every generating sequence (None when none generates)."""
+        return sum(self.rates.values()) if self.rates and not self.stopped else None
 
     def record_endpoints(self, report: EndpointsReport) -> None:
         self.endpoints = report
@@ -78,8 +105,8 @@ class SchedulerPanel(Widget):
         self.policy = policy
         self._dirty = True
 
-    def set_engine(self, model: str, device: str) -> None:
-        self.model, self.device = model, device
+    def set_engine(self, model: str, device: str, attention: str | None = None) -> None:
+        self.model, self.device, self.attention = model, device, attention
         self._dirty = True
 
     def _repaint(self) -> None:
@@ -100,6 +127,8 @@ class SchedulerPanel(Widget):
 
         line("model", (self.model.removesuffix(".gguf"), ""))
         line("device", (self.device, ""))
+        if self.attention:
+            line("attn", (self.attention, "sched--dim"))
         if self.endpoints is not None:
             self._render_endpoints(line)
             return text
@@ -128,15 +157,21 @@ class SchedulerPanel(Widget):
              (f" {last.decode_rows:>3}", ""))
         line("prefill", (spark([r.prefill_rows for r in recent], width, top=rows_top), "sched--prefill"),
              (f" {last.prefill_rows:>3}", ""))
-        total_ms = sum(times)
-        decode_rate = sum(r.decode_rows for r in recent) / total_ms * 1000 if total_ms else 0.0
         line("budget", (f"{last.budget} rows", ""), (f" · step #{last.step}", "sched--dim"))
-        line("rate", (f"{decode_rate:.1f} tok/s decode, all seqs", ""))
+        rate = self.rate
+        if rate is None:
+            line("rate", ("— (engine stopped)" if self.stopped else "— (nothing generating)", "sched--dim"))
+        else:
+            line("rate", (f"{rate:.1f} tok/s", ""), (f" · sum of {len(self.rates)} generating", "sched--dim"))
 
         filled = round(last.kv_used / last.kv_total * width) if last.kv_total else 0
         line("KV", ("█" * filled, "sched--kv"), ("░" * (width - filled), "sched--dim"))
-        line("", (f"{last.kv_used}/{last.kv_total} cells", ""))
-        line("seqs", (f"{last.running} running · {last.waiting} waiting", ""))
+        line("", (f"{last.kv_used}/{last.kv_total} cells", ""),
+             (f" · {last.kv_idle} idle" if last.kv_idle else "", "sched--dim"))
+        if self.stopped:
+            line("seqs", ("engine stopped · ctrl+r restarts it", "sched--over"))
+        else:
+            line("seqs", (f"{last.running} running · {last.waiting} waiting", ""))
         return text
 
     def _render_endpoints(self, line) -> None:

@@ -12,7 +12,7 @@ from textual.containers import Vertical
 from textual.widgets import DataTable
 
 from magnitude_tui.widgets.format import fmt_count, fmt_ms, fmt_rate, spark
-from scheduler.types import Phase, SeqUpdate
+from scheduler.types import Phase, Priority, SeqUpdate
 
 REFRESH_S = 0.25
 RATE_SAMPLE_S = 0.25  # engine-clock spacing of the rate sparkline's samples
@@ -22,8 +22,10 @@ SPARK_WIDTH = 12
 # Every column has a fixed width (its widest value: "done·cancelled", "99.9k/99.9k (99.9k)",
 # "123.4 s", 12 sparkline cells): a table that sized columns to what it had seen so far grew
 # sideways as values changed, and how wide it got depended on when it happened to repaint.
-COLUMNS = {"pane": 7, "seq": 3, "phase": 14, "prompt (cached)": 19, "gen": 5, "queue": 7, "TTFT": 7,
+COLUMNS = {"pane": 7, "seq": 3, "class": 5, "phase": 14, "prompt (cached)": 19, "gen": 5, "queue": 7, "TTFT": 7,
            "tok/s": 5, "ITL p50/p95/max": 20, "rate": SPARK_WIDTH}
+# A sequence's priority class: a person's turn, an agent (subagent, API call), background (burst).
+CLASS_LABEL = {Priority.INTERACTIVE: "you", Priority.AGENT: "agent", Priority.BACKGROUND: "bg"}
 
 
 @dataclass
@@ -123,6 +125,7 @@ class SequencesPanel(Vertical):
         return [
             row.name,
             "—" if u.seq_id is None else str(u.seq_id),
+            CLASS_LABEL[u.priority],
             Text(phase, style=self.get_component_rich_style(style_key)),
             prompt,
             f"~{u.generated}" if u.tokens_estimated else str(u.generated),

@@ -95,8 +95,14 @@ class StatusLine(Horizontal):
         """Most telling figure first, so a narrow pane cuts the least useful ones."""
         if u is None:
             return "Enter sends · /spawn N task · Esc cancels"
-        prompt = (f"{fmt_count(u.prompt_done)}/{fmt_count(u.prompt_total)} "
-                  f"({fmt_count(u.cached_tokens)} cached)") if u.prompt_total else None
+        if not u.prompt_total:
+            prompt = None
+        elif u.phase in (Phase.LOADING, Phase.QUEUED, Phase.PREPARING):
+            # Not admitted yet: how much of the prompt is cached is only known at admission.
+            prompt = f"{fmt_count(u.prompt_total)} prompt tokens"
+        else:
+            prompt = (f"{fmt_count(u.prompt_done)}/{fmt_count(u.prompt_total)} "
+                      f"({fmt_count(u.cached_tokens)} cached)")
         rate = u.tok_s_live if u.phase is not Phase.DONE else u.tok_s
         latency = [f"TTFT {fmt_ms(u.ttft_ms)}", f"{fmt_rate(rate)} tok/s", f"ITL p95 {fmt_ms(u.itl_p95_ms)}"]
         if u.phase is Phase.LOADING:

@@ -1,0 +1,238 @@
+"""Provides the attention-path choice: flash attention on or off, measured per model, device and build."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from scheduler.types import AttentionPath, BatchPlan, SeqSlice
+
+# The probe: PROBE_WIDTH sequences decode near position 0 and again over a shared PROBE_DEPTH-token
+# prefix, and that prefix is filled in PROBE_CHUNK-row prompt steps. On 2 CPU cores and
+# SmolLM2-135M this takes a few seconds per path; the verdict is cached, so only a model, device,
+# thread count or llama.cpp build seen for the first time pays it.
+PROBE_DEPTH = 1024
+PROBE_WIDTH = 8
+PROBE_CHUNK = 256
+PROBE_REPEATS = 3
+# The verdict weighs the paths on one reference workload: fill a PROBE_DEPTH-token prompt, then
+# this many decode steps of PROBE_WIDTH sequences near position 0 and as many at depth.
+REFERENCE_STEPS = 32
+
+# ggml type ids (ggml.h) of the V-cache types a user may ask for. A quantized V cache is only
+# implemented inside llama.cpp's flash-attention kernels: without them the context fails to start.
+CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+UNQUANTIZED = ("f32", "f16", "bf16")
+
+
+# What a user may ask for: "auto" (measure, or read the cached measurement), "on" or "off".
+FLASH_ATTN_CHOICES = ("auto", "on", "off")
+
+
+def check_flash_attn(value: str) -> str:
+    v = value.strip().lower()
+    if v not in FLASH_ATTN_CHOICES:
+        raise ValueError(f"unknown flash-attention setting {value!r}: use auto, on or off")
+    return v
+
+
+def check_cache_type(value: str) -> str:
+    v = value.strip().lower()
+    if v not in CACHE_TYPES:
+        raise ValueError(f"unknown KV cache type {value!r}: use one of {', '.join(CACHE_TYPES)}")
+    return v
+
+
+@dataclass(frozen=True)
+class PathTiming:
+    """One attention path measured by the probe (milliseconds, medians of PROBE_REPEATS)."""
+
+    flash: bool
+    fill_ms: float  # the PROBE_DEPTH-token prompt, in PROBE_CHUNK-row steps
+    decode_shallow_ms: float  # PROBE_WIDTH decode rows a few positions deep
+    decode_deep_ms: float  # PROBE_WIDTH decode rows over the shared PROBE_DEPTH-token prefix
+    chunk_deep_ms: float  # 16 prompt rows at depth PROBE_DEPTH
+
+    @property
+    def reference_ms(self) -> float:
+        return self.fill_ms + REFERENCE_STEPS * (self.decode_shallow_ms + self.decode_deep_ms)
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    """Which path the context runs, why, and the measurements behind it (if any)."""
+
+    flash: bool
+    reason: str
+    timings: tuple[PathTiming, ...] = ()
+    cached: bool = False
+    key: dict = field(default_factory=dict)
+
+    @property
+    def path(self) -> AttentionPath:
+        return AttentionPath.FLASH if self.flash else AttentionPath.DENSE
+
+    def summary(self) -> str:
+        """One line for the logs and `devices --attention`: what and why."""
+        return f"flash attention {'on' if self.flash else 'off'}: {self.reason}"
+
+    def short(self) -> str:
+        """A few words for the scheduler panel."""
+        state = f"flash {'on' if self.flash else 'off'}"
+        if len(self.timings) == 2:
+            on, off = sorted(self.timings, key=lambda t: not t.flash)
+            best, other = (on, off) if self.flash else (off, on)
+            return f"{state} · measured {other.reference_ms / best.reference_ms:.2f}x"
+        return f"{state} · {self.reason}"
+
+    def deep_samples(self) -> list[tuple[int, int, float, int, int]]:
+        """The chosen path's steps at depth, for the cost model's calibration:
+        (decode_rows, prefill_rows, step_ms, position of the first row, cells resident before)."""
+        mine = next((t for t in self.timings if t.flash == self.flash), None)
+        if mine is None:
+            return []
+        return [(PROBE_WIDTH, 0, mine.decode_deep_ms, PROBE_DEPTH, PROBE_DEPTH),
+                (0, 16, mine.chunk_deep_ms, PROBE_DEPTH, PROBE_DEPTH)]
+
+
+def forced_choice(flash_attn: str, cache_type_v: str) -> AttentionChoice | None:
+    """The choice when nothing needs measuring: asked for explicitly, or forced by the V cache."""
+    if cache_type_v not in UNQUANTIZED:
+        if flash_attn == "off":
+            raise ValueError(f"a quantized V cache ({cache_type_v}) needs flash attention: use "
+                             "--flash-attn on or auto, or an f16 V cache")
+        return AttentionChoice(True, f"a quantized V cache ({cache_type_v}) needs it")
+    if flash_attn in ("on", "off"):
+        return AttentionChoice(flash_attn == "on", f"asked for (--flash-attn {flash_attn})")
+    return None
+
+
+def decide(timings: tuple[PathTiming, ...], key: dict) -> AttentionChoice:
+    """Pick the path that finishes the reference workload sooner; say by how much."""
+    on = next(t for t in timings if t.flash)
+    off = next(t for t in timings if not t.flash)
+    best, other = (on, off) if on.reference_ms < off.reference_ms else (off, on)
+    reason = (f"measured {best.decode_deep_ms:.0f} vs {other.decode_deep_ms:.0f} ms for a "
+              f"{PROBE_WIDTH}-sequence decode step {PROBE_DEPTH} deep, {best.fill_ms / 1000:.1f} vs "
+              f"{other.fill_ms / 1000:.1f} s to fill it ({other.reference_ms / best.reference_ms:.2f}x "
+              f"on the reference workload)")
+    return AttentionChoice(best.flash, reason, timings, key=key)
+
+
+# ---- the probe ---------------------------------------------------------------------------------
+
+def measure_path(backend, flash: bool, tokens: list[int]) -> PathTiming:
+    """Time one context (a LlamaBackend built with this flash setting) and clear its KV.
+
+    With one thread every step computes on this thread, so its CPU time is the step's work
+    whatever else the machine runs (a verdict is cached, so a busy neighbour must not decide
+    it); with more, ggml's helper threads spin while they wait, and wall time is all there is."""
+    width = min(PROBE_WIDTH, backend.n_seq_max)
+    filler = (tokens * (1 + PROBE_DEPTH // max(1, len(tokens))))[:PROBE_DEPTH + 16]
+    one_thread = getattr(backend, "n_threads", 0) == 1 and backend.device_name == "CPU"
+
+    def step(slices: list[SeqSlice]) -> float:
+        t0 = time.process_time()
+        result = backend.decode(BatchPlan(0, tuple(slices), sum(len(s.tokens) for s in slices)))
+        if result.outcome.value != "ok":
+            raise RuntimeError(f"the attention probe's step failed ({result.outcome.value})")
+        return (time.process_time() - t0) * 1000.0 if one_thread else result.step_ms
+
+    def median(times: list[float]) -> float:
+        return sorted(times)[len(times) // 2]
+
+    def decode_all() -> float:
+        return step([SeqSlice(s, backend.kv_pos_max(s) + 1, (filler[0],), True, True) for s in range(width)])
+
+    try:
+        for s in range(width):
+            step([SeqSlice(s, 0, tuple(filler[:4]), True, False)])
+        shallow = median([decode_all() for _ in range(PROBE_REPEATS)])
+        for s in range(width):
+            backend.kv_remove(s)
+        fill = 0.0
+        for pos in range(0, PROBE_DEPTH, PROBE_CHUNK):
+            n = min(PROBE_CHUNK, PROBE_DEPTH - pos)
+            fill += step([SeqSlice(0, pos, tuple(filler[pos:pos + n]), n == PROBE_DEPTH - pos, False)])
+        chunks = []
+        for _ in range(PROBE_REPEATS):
+            chunks.append(step([SeqSlice(0, PROBE_DEPTH, tuple(filler[PROBE_DEPTH:PROBE_DEPTH + 16]),
+                                         True, False)]))
+            backend.kv_keep_prefix(0, PROBE_DEPTH)
+        for s in range(1, width):
+            backend.kv_copy(0, s, PROBE_DEPTH)
+        deep = []
+        for _ in range(PROBE_REPEATS):
+            deep.append(decode_all())
+            for s in range(width):
+                backend.kv_keep_prefix(s, PROBE_DEPTH)
+        return PathTiming(flash, fill, shallow, median(deep), median(chunks))
+    finally:
+        for s in range(width):
+            backend.kv_remove(s)
+
+
+# ---- the cache ---------------------------------------------------------------------------------
+
+def cache_dir() -> Path:
+    env = os.environ.get("MAGNITUDE_ATTENTION_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "magnitude-tui" / "attention"
+
+
+def cache_key(*, model_path: str, device: str, n_threads: int, n_ubatch: int, build: str) -> dict:
+    st = os.stat(model_path)
+    return {"model": os.path.abspath(model_path), "model_size": st.st_size, "model_mtime": int(st.st_mtime),
+            "device": device, "n_threads": n_threads, "n_ubatch": n_ubatch, "build": build,
+            "probe": [PROBE_DEPTH, PROBE_WIDTH, PROBE_CHUNK]}
+
+
+def _cache_file(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return cache_dir() / f"{digest}.json"
+
+
+def load_cached(key: dict) -> AttentionChoice | None:
+    try:
+        data = json.loads(_cache_file(key).read_text())
+        if data.get("key") != key:
+            return None
+        timings = tuple(PathTiming(**t) for t in data["timings"])
+        return AttentionChoice(data["flash"], data["reason"], timings, cached=True, key=key)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store(choice: AttentionChoice) -> None:
+    """Keep the verdict for the next start; a read-only cache only costs the next start a probe."""
+    try:
+        path = _cache_file(choice.key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": choice.key, "flash": choice.flash, "reason": choice.reason,
+                                    "timings": [asdict(t) for t in choice.timings]}, indent=1))
+    except OSError:
+        pass
+
+
+def choose(*, key: dict, measure: Callable[[bool], PathTiming]) -> AttentionChoice:
+    """The cached verdict for `key`, else measure both paths (`measure(flash)`) and cache it."""
+    cached = load_cached(key)
+    if cached is not None:
+        return cached
+    timings: dict[bool, PathTiming] = {}
+    for flash in (True, False):
+        try:
+            timings[flash] = measure(flash)
+        except Exception as e:  # a path this device cannot run is not a reason to fail the load
+            other = not flash
+            return AttentionChoice(other, f"flash attention {'on' if flash else 'off'} failed in the "
+                                   f"probe ({e})", key=key)
+    choice = decide((timings[True], timings[False]), key)
+    store(choice)
+    return choice

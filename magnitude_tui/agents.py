@@ -1,0 +1,97 @@
+"""Provides agent settings: a pane's system prompt and sampling, and the named agent definitions
+(roles) read from agents.toml in the config directory.
+
+    # ~/.config/magnitude-tui/agents.toml
+    [critic]
+    system = "You look for the weakest point of a plan and say it in two sentences."
+    temperature = 0.3
+    max_tokens = 200
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import platformdirs
+
+from scheduler.types import SamplingParams
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+_KEYS = {"system", "temperature", "max_tokens"}
+
+
+class AgentFileError(ValueError):
+    """agents.toml cannot be used; the message names the file, the role and what to fix."""
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What one pane sends besides its messages. None means the app's default."""
+
+    role: str | None = None  # the named definition these came from (shown in the pane title)
+    system: str = ""
+    temperature: float | None = None
+    max_tokens: int | None = None
+
+    def sampling(self, default: SamplingParams) -> SamplingParams:
+        changes = {}
+        if self.temperature is not None:
+            changes["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            changes["max_tokens"] = self.max_tokens
+        return replace(default, **changes) if changes else default
+
+    @property
+    def is_default(self) -> bool:
+        return self == AgentSettings()
+
+
+def agents_path() -> Path:
+    return Path(platformdirs.user_config_dir("magnitude-tui", appauthor=False)) / "agents.toml"
+
+
+def check_settings(*, temperature: float | None, max_tokens: int | None) -> None:
+    """ValueError (one line for the user) if a temperature or max_tokens cannot be used."""
+    if temperature is not None and not (temperature >= 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature {temperature} is not allowed; use 0 (greedy) or more")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens {max_tokens} is too small; a reply needs at least 1 token")
+
+
+def load_agents(path: Path | None = None) -> dict[str, AgentSettings]:
+    """The roles defined in agents.toml (none when the file does not exist)."""
+    path = path or agents_path()
+    if not path.exists():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise AgentFileError(f"{path}: {exc}") from None
+    roles = {}
+    for name, table in data.items():
+        if not isinstance(table, dict):
+            raise AgentFileError(f"{path}: {name!r} must be a table ([{name}] with system, temperature, max_tokens)")
+        unknown = set(table) - _KEYS
+        if unknown:
+            raise AgentFileError(f"{path}: [{name}] has unknown key(s) {', '.join(sorted(unknown))}; "
+                                 f"use {', '.join(sorted(_KEYS))}")
+        system, temperature, max_tokens = table.get("system", ""), table.get("temperature"), table.get("max_tokens")
+        if not isinstance(system, str):
+            raise AgentFileError(f"{path}: [{name}] system must be a string")
+        if temperature is not None and not isinstance(temperature, (int, float)):
+            raise AgentFileError(f"{path}: [{name}] temperature must be a number")
+        if max_tokens is not None and not isinstance(max_tokens, int):
+            raise AgentFileError(f"{path}: [{name}] max_tokens must be an integer")
+        try:
+            check_settings(temperature=temperature, max_tokens=max_tokens)
+        except ValueError as exc:
+            raise AgentFileError(f"{path}: [{name}] {exc}") from None
+        roles[name] = AgentSettings(name, system, None if temperature is None else float(temperature), max_tokens)
+    return roles

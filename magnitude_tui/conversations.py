@@ -1,0 +1,102 @@
+"""Provides conversation management for the workspace: closing a pane (asking first when it is
+replying), the conversation list's open, reopen, rename and delete, and a pane's agent settings."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from magnitude_tui.screens.agent_dialog import AgentDialog
+from magnitude_tui.screens.confirm_dialog import ConfirmDialog
+from magnitude_tui.screens.conversation_list import ConversationList, ListAction, ListChoice
+from magnitude_tui.widgets.chat_pane import ChatPane
+from magnitude_tui.widgets.pane_grid import MAX_PANES
+
+if TYPE_CHECKING:
+    from magnitude_tui.screens.workspace import WorkspaceScreen
+
+
+class Conversations:
+    """What happens to whole conversations; the workspace owns one and calls it from its actions
+    (both run inside workers, since they wait for dialogs)."""
+
+    def __init__(self, workspace: "WorkspaceScreen") -> None:
+        self.workspace = workspace
+
+    async def close_focused(self) -> None:
+        """ctrl+x: close the focused pane, after a confirmation if it is still replying."""
+        ws = self.workspace
+        pane = ws.grid.focused_pane()
+        if pane is None:
+            return
+        name = pane.record.name
+        if pane.busy:
+            ok = await ws.app.push_screen_wait(ConfirmDialog(
+                f"Close {name}?",
+                f"{name} is still replying. Closing stops the reply and frees its sequence; the "
+                "conversation stays saved and f4 reopens it.", confirm="Close"))
+            if not ok or not pane.is_attached:
+                return
+        await ws.close_pane(pane)
+        ws.notify(f"Closed {name} · f4 lists conversations to reopen it", timeout=4)
+
+    async def choose(self) -> None:
+        """f4: the conversation list; act on what the user picked there."""
+        ws = self.workspace
+        choice: ListChoice | None = await ws.app.push_screen_wait(ConversationList(ws.store.conversations))
+        if choice is None:
+            return
+        if choice.action is ListAction.OPEN:
+            await self.open(choice.row.id)
+        elif choice.action is ListAction.RENAME:
+            self.rename(choice.row.id, choice.name)
+        elif choice.action is ListAction.DELETE:
+            ok = await ws.app.push_screen_wait(ConfirmDialog(
+                f"Delete {choice.row.name}?",
+                f"{choice.row.messages} messages are removed from the database for good.", confirm="Delete"))
+            if ok:
+                await self.delete(choice.row.id)
+
+    async def open(self, pane_id: str) -> ChatPane | None:
+        """Focus the conversation's pane, reopening it (from any workspace) when it is closed."""
+        ws = self.workspace
+        pane = ws.grid.pane(pane_id)
+        if pane is None:
+            if ws.grid.is_full:
+                ws.notify(f"At most {MAX_PANES} panes; close one first", severity="warning")
+                return None
+            record = ws.store.reopen_pane(pane_id, len(ws.grid.panes))
+            parent = ws.grid.pane(record.parent_id or "")
+            ws.subagents.restore([record])
+            pane = ChatPane(record, parent_name=parent.record.name if parent else None)
+            await ws.add_pane(pane, focus=False)
+            ws.store.set_positions([p.session_id for p in ws.grid.panes])
+        ws.grid.focus_pane(pane)
+        return pane
+
+    async def edit_settings(self) -> None:
+        """f6: the focused pane's role, system prompt and sampling, from its next turn on."""
+        ws = self.workspace
+        pane = ws.grid.focused_pane()
+        if pane is None:
+            return
+        settings = await ws.app.push_screen_wait(AgentDialog(pane.record.name, pane.record.settings, ws.roles))
+        if settings is not None and pane.is_attached:
+            pane.apply_settings(settings)
+            ws.store.set_pane_settings(pane.session_id, settings)
+
+    def rename(self, pane_id: str, name: str) -> None:
+        ws = self.workspace
+        pane = ws.grid.pane(pane_id)
+        if pane is not None and name != pane.record.name and name in ws.store.pane_names():
+            ws.notify(f"{name} is already taken in this workspace", severity="warning")
+            return
+        ws.store.rename_pane(pane_id, name)
+        if pane is not None:
+            pane.rename(name)
+
+    async def delete(self, pane_id: str) -> None:
+        ws = self.workspace
+        pane = ws.grid.pane(pane_id)
+        if pane is not None:
+            await ws.close_pane(pane)
+        ws.store.delete_pane(pane_id)

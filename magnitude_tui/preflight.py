@@ -1,0 +1,89 @@
+"""Provides the checks the command line runs on its options and model file before the app opens.
+
+A bad option found inside the engine worker would surface only after the TUI took the terminal,
+as a log path on the loading view; here each one is a single line on stderr and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from pathlib import Path
+
+from backend.model_file import ModelFileError, check_gguf, default_model_path
+from magnitude_tui.agents import AgentFileError, AgentSettings, load_agents
+
+# llama.cpp pads a context to a multiple of 256 cells; a smaller or unpadded size would be
+# changed behind the user's back (--n-ctx 64 became 256), so such a size is refused instead.
+CTX_STEP = 256
+MIN_N_CTX = CTX_STEP
+
+
+class OptionError(ValueError):
+    """An option or the model file cannot work; the message is one line naming the option."""
+
+
+def check_model(model: str | None) -> str:
+    """The model path to load (the default model when None); OptionError if it cannot load."""
+    try:
+        path = model if model is not None else default_model_path()
+        check_gguf(path)
+    except ModelFileError as exc:
+        raise OptionError(f"--model: {exc}") from None
+    return path
+
+
+def check_device(spec: str) -> None:
+    """The device must be auto, cpu, vulkan or vulkan:N, and a Vulkan one must exist here."""
+    s = spec.strip().lower()
+    if s in ("auto", "cpu"):
+        return
+    if not re.fullmatch(r"vulkan(:\d+)?", s):
+        raise OptionError(f"--device: unknown device {spec!r}; use auto, cpu, vulkan or vulkan:N")
+    try:
+        from backend import native
+    except ImportError as exc:
+        raise OptionError(f"--device {spec}: llama-cpp-python is not importable ({exc}); "
+                          "run scripts/setup.sh") from None
+    try:
+        native.select_device(s)
+    except native.DeviceError as exc:
+        raise OptionError(f"--device {spec}: {exc}") from None
+
+
+def check_policy(policy: str) -> None:
+    from scheduler.budget import parse_policy
+
+    try:
+        parse_policy(policy)
+    except ValueError as exc:
+        raise OptionError(f"--policy: {exc}") from None
+
+
+def check_theme(theme: str | None, available: list[str]) -> None:
+    if theme is not None and theme not in available:
+        raise OptionError(f"--theme: unknown theme {theme!r}; choose from {', '.join(available)}")
+
+
+def check_numbers(*, n_ctx: int, threads: int | None, temperature: float, max_tokens: int) -> None:
+    if n_ctx < MIN_N_CTX:
+        raise OptionError(f"--n-ctx: {n_ctx} is too small; the smallest context is {MIN_N_CTX} tokens")
+    if n_ctx % CTX_STEP:
+        up = -(-n_ctx // CTX_STEP) * CTX_STEP
+        raise OptionError(f"--n-ctx: {n_ctx} is not a multiple of {CTX_STEP} (llama.cpp would round "
+                          f"it up to {up}); pass --n-ctx {up}")
+    if threads is not None and threads < 1:
+        raise OptionError(f"--threads: {threads} is not a thread count; use 1 or more (or leave it out)")
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise OptionError(f"--temperature: {temperature} is not allowed; use 0 (greedy) or more")
+    if max_tokens < 1:
+        raise OptionError(f"--max-tokens: {max_tokens} is too small; a reply needs at least 1 token")
+
+
+def check_agents(path: Path | None = None) -> dict[str, AgentSettings]:
+    """The roles in agents.toml; OptionError (naming the file and the role) if it cannot be used."""
+    try:
+        return load_agents(path)
+    except AgentFileError as exc:
+        raise OptionError(f"agents file: {exc}") from None

@@ -1,0 +1,112 @@
+"""Provides the turns of a conversation: what Enter does (send, queue, slash command, resend an
+edited message), retrying a reply, and what happens when a reply ends."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from magnitude_tui.commands import SLASH_HELP, parse_slash
+from magnitude_tui.screens.spawn_dialog import SpawnSpec
+from magnitude_tui.store import MessageRecord
+from magnitude_tui.widgets.chat_pane import ChatPane
+from scheduler.types import DoneReason
+
+if TYPE_CHECKING:
+    from magnitude_tui.screens.workspace import WorkspaceScreen
+
+
+class Turns:
+    """The workspace owns one; it decides what each message typed into a pane becomes."""
+
+    def __init__(self, workspace: "WorkspaceScreen") -> None:
+        self.workspace = workspace
+
+    async def submitted(self, pane: ChatPane, text: str, editing: MessageRecord | None = None) -> None:
+        if text.startswith("/"):
+            await self.slash(pane, text)
+        elif editing is not None and not pane.busy and any(m is editing for m in pane.record.messages):
+            await self._forget(pane, await pane.truncate(editing, keep=False))
+            await self.send(pane, text)
+        elif pane.busy or pane.queued:
+            pane.queue(text)  # the next turn, once the reply (and anything queued before) is done
+        else:
+            await self.send(pane, text)
+
+    async def send(self, pane: ChatPane, text: str) -> None:
+        await pane.add_message(MessageRecord("user", text))
+        self.workspace.submit_turn(pane)
+
+    def edit_last(self, pane: ChatPane) -> None:
+        """Up in an empty composer: the last message comes back to be edited and sent again."""
+        if pane.busy:
+            self.workspace.notify(f"{pane.record.name} is replying; esc stops it before an edit",
+                                  severity="warning")
+            return
+        message = pane.last_prompt()
+        if message is not None:
+            pane.start_editing(message)
+
+    async def retry(self, pane: ChatPane) -> None:
+        """ctrl+g: drop the latest reply and ask again with the same conversation."""
+        if pane.busy:
+            self.workspace.notify(f"{pane.record.name} is replying; esc stops it first", severity="warning")
+            return
+        last = next((m for m in reversed(pane.record.messages) if m.role != "assistant"), None)
+        if last is None:
+            self.workspace.notify("Nothing to retry yet", severity="warning")
+            return
+        await self._forget(pane, await pane.truncate(last, keep=True))
+        self.workspace.submit_turn(pane)
+
+    async def _forget(self, pane: ChatPane, removed: list[MessageRecord]) -> None:
+        for message in removed:
+            if message.id is not None:
+                self.workspace.store.delete_message(message.id)
+
+    async def slash(self, pane: ChatPane, text: str) -> None:
+        ws = self.workspace
+        try:
+            command = parse_slash(text, ws.roles)
+        except ValueError as exc:
+            ws.notify(str(exc), severity="warning", markup=False)
+            return
+        if command.name == "spawn":
+            await ws.subagents.spawn(pane, SpawnSpec(command.count, command.arg, command.role))
+        elif command.name == "burst":
+            await ws.subagents.burst(pane, command.count)
+        elif command.name == "policy":
+            ws.switch_policy(command.arg)
+        elif command.name == "export":
+            ws.action_export()
+        elif command.name == "copy":
+            ws.action_copy_answer()
+        elif command.name == "retry":
+            await self.retry(pane)
+        else:
+            ws.notify(SLASH_HELP, timeout=10, markup=False)
+
+    async def reply_finished(self, event: ChatPane.ReplyFinished) -> None:
+        ws, pane = self.workspace, event.pane
+        reported = await ws.subagents.reply_finished(event)
+        if reported and not pane.busy:
+            ws.release_session(pane)  # its answer is in the parent now: the KV goes back to the pool
+        reason = event.update.done_reason
+        if reason is DoneReason.CANCELLED and event.message is None:
+            await self._withdraw_prompt(pane)
+        if pane.busy or not pane.queued:
+            return
+        if reason in (DoneReason.STOP, DoneReason.LENGTH):
+            await self.send(pane, pane.next_queued() or "")
+        else:  # stopped (esc) or failed: what was queued goes back to the composer, unsent
+            pane.return_to_composer([t for t in iter(pane.next_queued, None)])
+
+    async def _withdraw_prompt(self, pane: ChatPane) -> None:
+        """A reply cancelled before its first token: its prompt leaves the context and returns to
+        the composer, so the conversation does not silently keep a question nobody answered."""
+        message = await pane.withdraw_last_prompt()
+        if message is None:
+            return
+        await self._forget(pane, [message])
+        pane.return_to_composer([message.content])
+        self.workspace.notify(f"{pane.record.name}: stopped before the reply began; your message is "
+                              "back in the composer and out of the context", timeout=6)

@@ -1,0 +1,86 @@
+"""Agents with roles: agents.toml, /spawn ROLE, the agent dialog (f6), the role in the title."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+import magnitude_tui.app
+from magnitude_tui.agents import AgentFileError, AgentSettings, load_agents
+from magnitude_tui.cli import app as cli
+from magnitude_tui.screens.agent_dialog import AgentDialog
+from tests.app_support import SIZE, ScriptedClient, make_app, settle, wait_for
+from tests.gguf_files import tiny_gguf
+
+CRITIC = AgentSettings("critic", "You find the weakest point.", 0.2, 50)
+
+
+def test_agents_toml_defines_roles(tmp_path):
+    path = tmp_path / "agents.toml"
+    path.write_text('[critic]\nsystem = "You find the weakest point."\ntemperature = 0.2\nmax_tokens = 50\n'
+                    '[scribe]\nsystem = "You write it down."\n')
+    assert load_agents(path) == {"critic": CRITIC, "scribe": AgentSettings("scribe", "You write it down.")}
+    assert load_agents(tmp_path / "none.toml") == {}
+    for bad, says in [('[x]\ntemp = 1\n', "unknown key(s) temp"), ('[x]\ntemperature = -1\n', "temperature -1"),
+                      ('[x]\nmax_tokens = "a"\n', "max_tokens must be an integer"), ('x = 1\n', "must be a table"),
+                      ('[x\n', "agents.toml")]:
+        path.write_text(bad)
+        with pytest.raises(AgentFileError, match=says.replace("(", r"\(").replace(")", r"\)")):
+            load_agents(path)
+
+
+def test_a_bad_agents_file_is_refused_before_the_app_opens(monkeypatch, tmp_path):
+    started = []
+    monkeypatch.setattr(magnitude_tui.app, "run_app", lambda config, **kw: started.append(kw))
+    agents = tmp_path / "agents.toml"
+    agents.write_text("[critic]\ntemperature = 'hot'\n")
+    model = str(tiny_gguf(tmp_path / "m.gguf"))
+    result = CliRunner().invoke(cli, ["--model", model, "--agents", str(agents)])
+    assert result.exit_code == 2 and not started
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "temperature must be a number" in result.stderr
+    agents.write_text('[critic]\nsystem = "x"\n')
+    result = CliRunner().invoke(cli, ["--model", model, "--agents", str(agents)])
+    assert result.exit_code == 0 and list(started[0]["roles"]) == ["critic"]
+
+
+async def test_spawn_with_a_role_uses_its_prompt_and_sampling(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client, roles={"critic": CRITIC})
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press(*"plan a trip", "enter")
+        client.run_to_completion()
+        await settle(pilot)
+        await pilot.press(*"/spawn critic 2 find the flaw", "enter")
+        await wait_for(pilot, lambda: len(client.submitted) == 3, what="two critics")
+        for request in client.submitted[1:]:
+            assert request.messages[0].role == "system" and request.messages[0].content == CRITIC.system
+            assert (request.sampling.temperature, request.sampling.max_tokens) == (0.2, 50)
+            assert "find the flaw" in request.messages[-1].content
+        children = app.workspace.grid.panes[1:]
+        assert all(" · critic · find the flaw" in c.border_title for c in children)
+
+
+async def test_the_agent_dialog_sets_a_panes_role_and_it_is_kept(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client, roles={"critic": CRITIC})
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.workspace.grid.panes[0]
+        await pilot.press("f6")
+        await wait_for(pilot, lambda: isinstance(app.screen, AgentDialog), what="the dialog")
+        await pilot.press(*"critic")
+        await wait_for(pilot, lambda: app.screen.query_one("#agent-system").text == CRITIC.system,
+                       what="the role's prompt filled in")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: pane.record.settings == CRITIC, what="the settings applied")
+        assert pane.border_title == "A1 · critic"
+        await pilot.press(*"hi", "enter")
+        await wait_for(pilot, lambda: client.submitted, what="the turn")
+        request = client.submitted[0]
+        assert [m.role for m in request.messages] == ["system", "user"]
+        assert request.sampling.temperature == 0.2 and request.sampling.max_tokens == 50
+        client.run_to_completion()
+        await settle(pilot)
+    again = make_app(tmp_path, ScriptedClient(), resume=True, roles={"critic": CRITIC})
+    async with again.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: again.workspace.grid.panes, what="the restored pane")
+        assert again.workspace.grid.panes[0].record.settings == CRITIC

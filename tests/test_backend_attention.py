@@ -1,0 +1,188 @@
+"""The attention path: chosen by measurement (cached), forced when asked or by a quantized V cache,
+and reported; on the real model, the cost model then predicts steps deep in a context."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from backend import attention
+from backend.attention import AttentionChoice, PathTiming
+from scheduler.types import AttentionPath
+
+KEY = {"model": "/m.gguf", "device": "CPU", "n_threads": 1, "build": "x"}
+
+
+def _timing(flash: bool, deep: float, fill: float = 5000.0) -> PathTiming:
+    return PathTiming(flash=flash, fill_ms=fill, decode_shallow_ms=60.0, decode_deep_ms=deep, chunk_deep_ms=90.0)
+
+
+def test_the_faster_path_on_the_reference_workload_wins_and_says_why():
+    choice = attention.decide((_timing(True, 800.0), _timing(False, 410.0)), KEY)
+    assert not choice.flash and choice.path is AttentionPath.DENSE
+    assert "410 vs 800 ms" in choice.reason and "1024 deep" in choice.reason
+    assert choice.short().startswith("flash off · measured")
+    gpu = attention.decide((_timing(True, 20.0, fill=300.0), _timing(False, 45.0, fill=420.0)), KEY)
+    assert gpu.flash and gpu.path is AttentionPath.FLASH
+
+
+def test_forced_choices_are_respected():
+    assert attention.forced_choice("auto", "f16") is None
+    off = attention.forced_choice("off", "f16")
+    assert not off.flash and "asked for" in off.reason
+    q8 = attention.forced_choice("auto", "q8_0")
+    assert q8.flash and "quantized V cache" in q8.reason
+    with pytest.raises(ValueError, match="needs flash attention"):
+        attention.forced_choice("off", "q4_0")
+    with pytest.raises(ValueError, match="auto, on or off"):
+        attention.check_flash_attn("sometimes")
+
+
+def test_the_verdict_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MAGNITUDE_ATTENTION_CACHE", str(tmp_path))
+    calls = []
+
+    def measure(flash: bool) -> PathTiming:
+        calls.append(flash)
+        return _timing(flash, 800.0 if flash else 410.0)
+
+    first = attention.choose(key=KEY, measure=measure)
+    assert calls == [True, False] and not first.cached
+    again = attention.choose(key=KEY, measure=measure)
+    assert calls == [True, False] and again.cached and again.flash == first.flash
+    assert again.timings == first.timings
+    other = attention.choose(key=KEY | {"n_threads": 2}, measure=measure)  # another key measures again
+    assert calls == [True, False, True, False] and not other.cached
+
+
+def test_a_path_the_device_cannot_run_is_skipped_not_fatal(tmp_path, monkeypatch):
+    monkeypatch.setenv("MAGNITUDE_ATTENTION_CACHE", str(tmp_path))
+
+    def measure(flash: bool) -> PathTiming:
+        if flash:
+            raise RuntimeError("unsupported")
+        return _timing(False, 400.0)
+
+    choice = attention.choose(key=KEY, measure=measure)
+    assert not choice.flash and "failed in the probe" in choice.reason
+
+
+# ---- the real model ------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_load_measures_both_paths_caches_the_verdict_and_reports_it(tmp_path, monkeypatch):
+    pytest.importorskip("llama_cpp")
+    from backend.llama_backend import LlamaBackend
+
+    monkeypatch.setenv("MAGNITUDE_ATTENTION_CACHE", str(tmp_path))
+    b = LlamaBackend.load(device="cpu", n_ctx=1024, n_seq_max=4, n_batch=256, n_threads=1)
+    try:
+        choice = b.attention
+        assert len(choice.timings) == 2 and not choice.cached
+        assert {t.flash for t in choice.timings} == {True, False}
+        assert all(t.decode_deep_ms > 0 and t.fill_ms > 0 for t in choice.timings)
+        best = min(choice.timings, key=lambda t: t.reference_ms)
+        assert choice.flash == best.flash
+        assert b.attention_path is (AttentionPath.FLASH if choice.flash else AttentionPath.DENSE)
+        assert b.info["attention"] == choice.short() and "measured" in b.info["attention_reason"]
+        assert b.kv_cells_used() == 0  # the probe left nothing behind
+    finally:
+        b.close()
+    t0 = time.perf_counter()
+    again = LlamaBackend.load(device="cpu", n_ctx=1024, n_seq_max=4, n_batch=256, n_threads=1)
+    try:
+        assert again.attention.cached and again.attention.flash == choice.flash
+        assert time.perf_counter() - t0 < 10  # no probe this time
+    finally:
+        again.close()
+
+
+@pytest.mark.slow
+def test_forced_settings_and_a_quantized_v_cache_run(tmp_path, monkeypatch):
+    pytest.importorskip("llama_cpp")
+    from backend.llama_backend import LlamaBackend
+    from scheduler.types import BatchPlan, SeqSlice
+
+    monkeypatch.setenv("MAGNITUDE_ATTENTION_CACHE", str(tmp_path))
+    for kwargs, flash in (({"flash_attn": "off"}, False), ({"flash_attn": "on"}, True),
+                          ({"cache_type_v": "q8_0"}, True)):
+        b = LlamaBackend.load(device="cpu", n_ctx=512, n_seq_max=2, n_batch=128, **kwargs)
+        try:
+            assert b.attention.flash is flash and not b.attention.timings  # nothing measured
+            toks = tuple(b.tokenize("Hello there, how are you?"))
+            result = b.decode(BatchPlan(0, (SeqSlice(0, 0, toks, True, False),), len(toks)))
+            assert result.outcome.value == "ok"
+        finally:
+            b.close()
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="needs flash attention"):
+        LlamaBackend.load(device="cpu", n_ctx=512, n_seq_max=2, flash_attn="off", cache_type_v="q4_0")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flash", ["off", "on"])
+def test_the_cost_model_predicts_held_out_deep_steps_within_a_quarter(flash):
+    """Calibrate, then run subagents forked from a 1,000-token context: each step is predicted
+    before it is measured (held out), then learned from, as the engine does while it runs. One
+    thread and CPU time, so what is measured is the step's work and not a busy machine's other
+    processes (every step computes on the calling thread)."""
+    pytest.importorskip("llama_cpp")
+    from backend.llama_backend import LlamaBackend
+    from magnitude_tui.bench.common import CPU_CLOCK, FixedLength, median, prompt_tokens
+    from magnitude_tui.engine.core import Engine
+    from scheduler.types import Request, SamplingParams, plan_kpos
+
+    llama = LlamaBackend.load(device="cpu", n_ctx=4096, n_seq_max=8, n_batch=512, n_threads=1, flash_attn=flash)
+    try:
+        view = FixedLength(llama, CPU_CLOCK)  # what the cost model learns from
+        engine = Engine(view, policy="target:50", coalesce_ms=0, clock=CPU_CLOCK)
+        engine.calibrate()
+        parent = prompt_tokens(llama, 1000, salt=9)
+        engine.submit(Request("p", "p", (), SamplingParams(max_tokens=1), prompt_tokens=parent))
+        engine.run_until_idle()
+        for i in range(6):
+            engine.submit(Request(f"k{i}", f"k{i}", (), SamplingParams(max_tokens=24), fork_from="p",
+                                  prompt_tokens=parent + prompt_tokens(llama, 40, salt=60 + i)))
+        sched = engine.scheduler
+        errors, original = [], sched.schedule
+
+        def predicting_schedule(now=0.0):
+            plan = original(now)
+            if plan is not None:
+                kpos = plan_kpos(plan, sched.attention, sched.kv.cells_used())
+                predicting_schedule.predicted = sched.cost.predict(plan.n_decode, plan.n_prefill, kpos)
+            return plan
+
+        sched.schedule = predicting_schedule
+        while engine.has_work():
+            report = engine.step()
+            if report is not None and report.decode_rows + report.prefill_rows:
+                measured_ms = view.decode_ms[-1]
+                errors.append(abs(predicting_schedule.predicted - measured_ms) / measured_ms)
+        for sid in ("p", *(f"k{i}" for i in range(6))):
+            engine.close_session(sid)
+        engine.run_until_idle()
+        assert engine.is_empty(), engine.leaks()
+    finally:
+        llama.close()
+    assert len(errors) >= 20
+    assert median(errors) <= 0.25, sorted(errors)
+
+
+@pytest.mark.slow
+def test_devices_reports_the_attention_choice_and_why(tmp_path, monkeypatch):
+    pytest.importorskip("llama_cpp")
+    from typer.testing import CliRunner
+
+    from backend.llama_backend import _build_id, default_model_path
+    from magnitude_tui.cli import app
+
+    monkeypatch.setenv("MAGNITUDE_ATTENTION_CACHE", str(tmp_path))
+    key = attention.cache_key(model_path=default_model_path(), device="CPU", n_threads=1, n_ubatch=512,
+                              build=_build_id())
+    attention.store(attention.decide((_timing(True, 800.0), _timing(False, 410.0)), key))  # as measured before
+    result = CliRunner().invoke(app, ["devices", "--attention", "--device", "cpu", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert "flash attention off: measured 410 vs 800 ms" in result.output and "(cached)" in result.output
+    assert "flash on : fill 5000 ms" in result.output and "flash off: fill 5000 ms" in result.output

@@ -1,0 +1,28 @@
+"""The scheduler panel reports the attention path the engine runs and the KV idle conversations hold."""
+
+from __future__ import annotations
+
+from textual.app import App, ComposeResult
+
+from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
+from scheduler.types import StepReport
+
+
+class _PanelApp(App):
+    def compose(self) -> ComposeResult:
+        yield SchedulerPanel()
+
+
+async def test_the_panel_shows_the_attention_choice_and_resident_idle_kv():
+    app = _PanelApp()
+    async with app.run_test(size=(60, 30)):
+        panel = app.query_one(SchedulerPanel)
+        panel.set_engine("SmolLM2.gguf", "CPU", "flash off · measured 1.90x")
+        panel.record(StepReport(step=1, t=0.0, step_ms=40.0, decode_rows=8, prefill_rows=0, budget=24,
+                                kv_used=3000, kv_total=8192, waiting=0, running=8, policy="target:50",
+                                kv_idle=1200))
+        text = panel.render().plain
+        assert "attn    flash off · measured 1.90x" in text
+        assert "3000/8192 cells · 1200 idle" in text
+        panel.set_engine("fake", "fake")  # a backend that chose nothing says nothing
+        assert "attn" not in panel.render().plain
