@@ -10,6 +10,7 @@ import pytest
 from backend import attention
 from backend.attention import AttentionChoice, PathTiming
 from scheduler.types import AttentionPath
+from tests.needs import need_real_model
 
 KEY = {"model": "/m.gguf", "device": "CPU", "n_threads": 1, "build": "x"}
 
@@ -72,7 +73,7 @@ def test_a_path_the_device_cannot_run_is_skipped_not_fatal(tmp_path, monkeypatch
 
 @pytest.mark.slow
 def test_load_measures_both_paths_caches_the_verdict_and_reports_it(tmp_path, monkeypatch):
-    pytest.importorskip("llama_cpp")
+    need_real_model()
     from backend.llama_backend import LlamaBackend
 
     monkeypatch.setenv("MAGNITUDE_ATTENTION_CACHE", str(tmp_path))
@@ -100,7 +101,7 @@ def test_load_measures_both_paths_caches_the_verdict_and_reports_it(tmp_path, mo
 
 @pytest.mark.slow
 def test_forced_settings_and_a_quantized_v_cache_run(tmp_path, monkeypatch):
-    pytest.importorskip("llama_cpp")
+    need_real_model()
     from backend.llama_backend import LlamaBackend
     from scheduler.types import BatchPlan, SeqSlice
 
@@ -127,7 +128,7 @@ def test_the_cost_model_predicts_held_out_deep_steps_within_a_quarter(flash):
     before it is measured (held out), then learned from, as the engine does while it runs. One
     thread and CPU time, so what is measured is the step's work and not a busy machine's other
     processes (every step computes on the calling thread)."""
-    pytest.importorskip("llama_cpp")
+    need_real_model()
     from backend.llama_backend import LlamaBackend
     from magnitude_tui.bench.common import CPU_CLOCK, FixedLength, median, prompt_tokens
     from magnitude_tui.engine.core import Engine
@@ -172,7 +173,7 @@ def test_the_cost_model_predicts_held_out_deep_steps_within_a_quarter(flash):
 
 @pytest.mark.slow
 def test_devices_reports_the_attention_choice_and_why(tmp_path, monkeypatch):
-    pytest.importorskip("llama_cpp")
+    need_real_model()
     from typer.testing import CliRunner
 
     from backend.llama_backend import _build_id, default_model_path
