@@ -191,11 +191,12 @@ def serve_bench(
 ) -> None:
     """N concurrent clients against `serve` and llama-server -np N; a long prompt over HTTP; a person behind agents."""
     from backend import usable_cpus
+    from magnitude_tui.bench.plots import plot_serve
     from magnitude_tui.bench.serve_load import ServeBenchConfig, run_serve_bench
 
     cfg = ServeBenchConfig(seqs=_ints(seqs), gen=gen, priority_agents=agents, threads=threads or usable_cpus(),
                            peers=tuple(p.strip() for p in peers.split(",") if p.strip()))
-    _finish(run_serve_bench(cfg, model=model, progress=_progress), out, None)
+    _finish(run_serve_bench(cfg, model=model, progress=_progress), out, plot_serve)
 
 
 

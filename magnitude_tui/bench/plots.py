@@ -186,3 +186,30 @@ def plot_fork(result: BenchResult, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_serve(result: BenchResult, path: Path) -> None:
+    """Aggregate tok/s by concurrent clients (serve vs llama-server), and the person's TTFT with
+    and without priority classes beside the same turn on an idle engine."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    rows = result.tables.get("concurrent clients", [])
+    for label, prefix, color in (("serve (this engine)", "serve", "tab:blue"),
+                                 ("llama-server -np N", "llama-server", "tab:orange")):
+        pts = sorted((r["clients"], r["agg_tok_s"]) for r in rows if r["peer"].startswith(prefix))
+        if pts:
+            ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=label)
+    ax1.set_xlabel("concurrent HTTP clients")
+    ax1.set_ylabel("aggregate generated tok/s")
+    ax1.grid(True, alpha=0.3)
+    ax1.legend()
+    prio = result.tables.get("a person's turn behind agents", [])
+    if prio:
+        labels = ["idle engine"] + [r["mode"] for r in prio]
+        values = [prio[0]["idle_ttft_ms"] / 1000.0] + [r["person_ttft_ms"] / 1000.0 for r in prio]
+        ax2.bar(range(len(values)), values, color=["tab:gray", "tab:green", "tab:red"][:len(values)])
+        ax2.set_xticks(range(len(values)), [label.split(" (")[0] for label in labels], fontsize=8)
+        ax2.set_ylabel("the person's TTFT (s)")
+        ax2.set_title("a person's 50-token turn behind agents", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
