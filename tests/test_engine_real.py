@@ -134,12 +134,19 @@ def test_forked_subagents_reuse_the_parent_prefix(clean_llama):
     forks = [d.submit(f"f{i}", f"child{i}", history + [Message("user", t)], max_tokens=2, fork_from="parent")
              for i, t in enumerate(tasks)]
     d.run_until_done(*forks, timeout=600)
-    colds = [d.submit(f"c{i}", f"cold{i}", history + [Message("user", t)], max_tokens=2)
+    cached = [d.seen[r].last.cached_tokens for r in forks]
+    # Admission shares any idle conversation's prefix, so the cold runs need the forks gone.
+    for s in ["parent"] + [f"child{i}" for i in range(8)]:
+        engine.close_session(s)
+    d.run_until(lambda: not engine.has_work())
+    # The same prompts, each opened by its own system line so that no two share a prefix: the
+    # first colds would otherwise lend theirs to the ones admitted after them.
+    colds = [d.submit(f"c{i}", f"cold{i}", [Message("system", f"Run {i}.")] + history + [Message("user", t)],
+                      max_tokens=2)
              for i, t in enumerate(tasks)]
     d.run_until_done(*colds, timeout=900)
     fork_ttft = [d.seen[r].last.ttft_ms for r in forks]
     cold_ttft = [d.seen[r].last.ttft_ms for r in colds]
-    cached = [d.seen[r].last.cached_tokens for r in forks]
     print(f"\nparent context {d.seen['p'].last.prompt_total} tokens; forked cached {min(cached)}..{max(cached)}")
     print(f"8 forked: TTFT max {max(fork_ttft):.0f} ms; 8 cold: TTFT max {max(cold_ttft):.0f} ms "
           f"(ratio {max(cold_ttft) / max(fork_ttft):.1f}x)")
@@ -147,7 +154,7 @@ def test_forked_subagents_reuse_the_parent_prefix(clean_llama):
     assert all(d.seen[r].last.cached_tokens == 0 for r in colds)
     assert all(d.seen[r].last.error is None for r in forks + colds)
     assert max(fork_ttft) * 3 < max(cold_ttft)
-    for s in ["parent"] + [f"child{i}" for i in range(8)] + [f"cold{i}" for i in range(8)]:
+    for s in [f"cold{i}" for i in range(8)]:
         engine.close_session(s)
     d.run_until(lambda: not engine.has_work())
     assert engine.is_empty(), engine.leaks()
