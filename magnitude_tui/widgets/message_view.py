@@ -127,9 +127,11 @@ class MessageView(Vertical):
 
     def refresh_header(self) -> None:
         text = self._header_text()
-        if self.is_mounted and text != self._header:
+        # Mounted is not enough: while the app closes (or before compose) the header may be gone.
+        headers = self.query(".header") if self.is_mounted else None
+        if headers and text != self._header:
             self._header = text
-            self.query_one(".header", Static).update(text)
+            headers.first(Static).update(text)
 
 
 def settled_prefix(text: str) -> int:

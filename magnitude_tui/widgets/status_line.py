@@ -55,6 +55,8 @@ class StatusLine(Horizontal):
         Only what changed is touched: the badge (its width follows its text, so it lays out
         again) changes with the phase; the metrics line has a fixed width and is only repainted.
         """
+        if not self.query(".badge"):  # not composed yet, or torn down as the app closes
+            return
         badge_class, badge_text = self._badge_class(update), self._badge_text(update)
         prefilling = update is not None and update.phase in _PROMPT_PHASES
         bar = (update.prompt_total, update.prompt_done) if prefilling and update.prompt_total else None
