@@ -6,7 +6,9 @@ import time
 from dataclasses import dataclass
 
 from textual import events
+from textual.geometry import Region
 from textual.message import Message
+from textual.strip import Strip
 from textual.widgets import TextArea
 
 # Terminals send a plain carriage return for shift+enter unless they speak the kitty keyboard
@@ -50,6 +52,13 @@ class Composer(TextArea):
                          compact=True, highlight_cursor_line=False,
                          placeholder="Message · /spawn N task · /burst N · /policy P · /help", **kwargs)
         self.typed_at = -1.0  # when a key last reached this composer (monotonic): the user is typing
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # A composer whose pane was just closed can still be in the frame being drawn after
+        # Textual dropped its component styles (TextArea then raises KeyError): draw nothing.
+        if not self.is_attached:
+            return [Strip.blank(crop.width) for _ in range(crop.height)]
+        return super().render_lines(crop)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # ctrl+x closes the pane, ctrl+y copies the last answer and f6 opens the agent settings
