@@ -24,17 +24,21 @@ def client():
 
 
 def test_greedy_replies_repeat_and_usage_matches_the_stream(client):
+    # The first call prefills cold, in chunks whose sizes follow the step timing; llama.cpp's sums
+    # depend on the batch shape, so a greedy reply after a cold prefill may differ in a late token
+    # from one after a warm one (seen once in CI). Every call after the first starts from the same
+    # cached prompt KV and decodes alone, so those must repeat exactly.
     a = client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=16, temperature=0)
     b = client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=16, temperature=0)
-    assert a.choices[0].message.content and a.choices[0].message.content == b.choices[0].message.content
+    assert a.choices[0].message.content and b.choices[0].message.content
     # The second identical call reuses the first one's KV (all but the last prompt token).
     assert b.usage.prompt_tokens_details.cached_tokens == b.usage.prompt_tokens - 1
     stream = client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=16, temperature=0,
                                             stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == a.choices[0].message.content
-    assert chunks[-1].usage.completion_tokens == a.usage.completion_tokens
+    assert text == b.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == b.usage.completion_tokens
 
 
 def test_seeded_sampling_is_reproducible_and_n_forks_one_prompt(client):
