@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from magnitude_tui.engine.warm_store import discard_saved
 from magnitude_tui.screens.agent_dialog import AgentDialog
 from magnitude_tui.screens.confirm_dialog import ConfirmDialog
 from magnitude_tui.screens.conversation_list import ConversationList, ListAction, ListChoice
@@ -70,6 +71,7 @@ class Conversations:
             pane = ChatPane(record, parent_name=parent.record.name if parent else None)
             await ws.add_pane(pane, focus=False)
             ws.store.set_positions([p.session_id for p in ws.grid.panes])
+            ws.restore_sessions([pane])
         ws.grid.focus_pane(pane)
         return pane
 
@@ -100,3 +102,5 @@ class Conversations:
         if pane is not None:
             await ws.close_pane(pane)
         ws.store.delete_pane(pane_id)
+        if ws.app.warm_dir is not None:
+            discard_saved(ws.app.warm_dir, pane_id)
