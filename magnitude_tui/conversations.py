@@ -16,6 +16,15 @@ if TYPE_CHECKING:
     from magnitude_tui.screens.workspace import WorkspaceScreen
 
 
+def free_name(name: str, taken: set[str]) -> str:
+    """`name` if no open pane has it, else the first free of `name (2)`, `name (3)`..."""
+    k, candidate = 1, name
+    while candidate in taken:
+        k += 1
+        candidate = f"{name} ({k})"
+    return candidate
+
+
 class Conversations:
     """What happens to whole conversations; the workspace owns one and calls it from its actions
     (both run inside workers, since they wait for dialogs)."""
@@ -65,13 +74,19 @@ class Conversations:
             if ws.grid.is_full:
                 ws.notify(f"At most {MAX_PANES} panes; close one first", severity="warning")
                 return None
+            taken = set(ws.store.pane_names())
             record = ws.store.reopen_pane(pane_id, len(ws.grid.panes))
+            if record.name in taken:  # a new pane took the name while this one was closed
+                old, record.name = record.name, free_name(record.name, taken)
+                ws.store.rename_pane(record.id, record.name)
+                ws.notify(f"{old} is open already; the reopened conversation is {record.name}", timeout=5)
             parent = ws.grid.pane(record.parent_id or "")
             ws.subagents.restore([record])
             pane = ChatPane(record, parent_name=parent.record.name if parent else None)
             await ws.add_pane(pane, focus=False)
             ws.store.set_positions([p.session_id for p in ws.grid.panes])
             ws.restore_sessions([pane])
+            await ws.turns.send_restored_queue([pane])
         ws.grid.focus_pane(pane)
         return pane
 

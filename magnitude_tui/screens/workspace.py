@@ -134,6 +134,7 @@ class WorkspaceScreen(Screen):
         self.set_interval(PAINT_TICK_S, self.paint)
         self.client.start()
         self.restore_sessions(self.grid.panes)
+        await self.turns.send_restored_queue(self.grid.panes)
         self.run_worker(self._pump_events(), name="engine-events", exclusive=True)
         if self.serve is not None:
             self.serve.start(self)
