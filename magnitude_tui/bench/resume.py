@@ -24,12 +24,13 @@ class ResumeConfig:
 
 
 def conversation(backend, n_tokens: int) -> list[Message]:
-    """User and assistant turns cut from a passage until the templated chat holds ~n_tokens,
-    ending with an assistant reply (the turn the app quit after)."""
+    """User and assistant turns cut from a passage until the templated chat up to the last user
+    message holds at least n_tokens; the last assistant message is replaced by the model's reply
+    to that message (the turn the app quit after)."""
     words = PASSAGE.split()
     messages: list[Message] = []
     i = 0
-    while len(backend.tokenize_chat(messages, add_generation_prompt=False)) < n_tokens:
+    while len(backend.tokenize_chat(messages[:-1], add_generation_prompt=True)) < n_tokens:
         turn = " ".join(words[(i * 37 + k) % len(words)] for k in range(60))
         messages += [Message("user", f"Question {i + 1}: what do you make of this? {turn}"),
                      Message("assistant", f"Answer {i + 1}: {turn[::-1][:200]}")]
