@@ -22,6 +22,18 @@ EngineEvent = Union[LoadProgress, EngineReady, EngineFailed, PolicyChanged, Comm
                     StepReport, SeqUpdate, EndpointsReport, SessionRestored]
 
 
+def seq_updates(batch: list[EngineEvent]) -> list[SeqUpdate]:
+    """Every sequence update in a batch: those inside step reports and those sent on their own
+    (a request loading, failing before it ran, or ended by a dead engine)."""
+    out: list[SeqUpdate] = []
+    for event in batch:
+        if isinstance(event, StepReport):
+            out.extend(event.updates)
+        elif isinstance(event, SeqUpdate):
+            out.append(event)
+    return out
+
+
 class EventStream:
     """The queue between a client's reader thread and its consumer: batches go in, `poll` takes
     one out; after `close()` the consumer gets None (the stream ended), as EngineClient promises."""
