@@ -106,6 +106,23 @@ def test_a_restored_conversation_prefills_only_the_new_turn_and_answers_alike(tm
     assert _turn(cold, "s1:2", "s1", follow_up)[-1].cached_tokens == 0
 
 
+def test_a_restored_conversation_is_forked_and_evicted_like_any_resident_one(tmp_path):
+    first, clock = _engine(tmp_path)
+    history = _first_exchange(first)
+    _idle_save(first, clock)
+    resumed, _ = _engine(tmp_path, backend=FakeBackend(n_ctx=4096, n_seq_max=2))
+    restored = _restore(resumed, "s1", history).tokens
+    fork = Request("sub:1", "sub", tuple(history + [Message("user", "Your task: one idea.")]),
+                   SamplingParams(max_tokens=REPLY_TOKENS), fork_from="s1")
+    resumed.submit(fork)
+    done = [u for r in resumed.run_until_idle() for u in r.updates if u.request_id == "sub:1"][-1]
+    assert done.cached_tokens == restored and done.error is None  # the subagent shares its cells
+    assert resumed.leaks() == []
+    # Both slots are held by idle conversations; a newcomer evicts the least recently used.
+    _turn(resumed, "new:1", "new", [Message("user", "hello")])
+    assert "s1" not in resumed.scheduler.sessions and resumed.leaks() == []
+
+
 def test_resume_before_anything_was_saved_starts_cold(tmp_path):
     engine, _ = _engine(tmp_path)
     notice = _restore(engine, "never-saved", [Message("user", HISTORY)])
