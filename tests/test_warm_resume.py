@@ -3,13 +3,15 @@ refused (cold start, never a crash) when anything does not match."""
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from backend.fake import FakeBackend
 from magnitude_tui.engine.core import Engine
 from magnitude_tui.engine.events import RestoreOutcome, SessionRestored
 from magnitude_tui.engine.warm import SAVE_AFTER_S
-from magnitude_tui.engine.warm_store import WarmStore
+from magnitude_tui.engine.warm_store import MAGIC, WarmStore
 from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate
 
 HISTORY = "Tell me about lighthouses and the keepers who lived in them, at some length please."
@@ -162,7 +164,7 @@ def test_an_edited_conversation_keeps_only_the_part_that_still_matches(tmp_path)
     assert edited_question.is_empty()
 
 
-@pytest.mark.parametrize("damage", ["flip a state byte", "truncate", "garbage"])
+@pytest.mark.parametrize("damage", ["flip a state byte", "truncate", "garbage", "header not an object"])
 def test_a_damaged_file_is_reported_deleted_and_never_loaded(tmp_path, damage):
     first, clock = _engine(tmp_path)
     history = _first_exchange(first)
@@ -173,8 +175,10 @@ def test_a_damaged_file_is_reported_deleted_and_never_loaded(tmp_path, damage):
         data[-3] ^= 0xFF
     elif damage == "truncate":
         del data[len(data) // 2:]
-    else:
+    elif damage == "garbage":
         data[:] = b"\x00not a saved state at all" * 10
+    else:
+        data[:] = MAGIC + struct.pack("<I", 2) + b"[]"
     path.write_bytes(bytes(data))
 
     resumed, _ = _engine(tmp_path)
