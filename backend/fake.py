@@ -47,6 +47,7 @@ class FakeBackend:
         reply: str = DEFAULT_REPLY,
         eog_after: int | None = None,
         name: str = "fake",
+        max_threads: int = 0,
     ) -> None:
         self.n_ctx = n_ctx
         self.n_ctx_seq = n_ctx_seq or n_ctx
@@ -62,6 +63,10 @@ class FakeBackend:
         self.known_costs: CostParams | None = None
         self.attention_path = AttentionPath.FLASH  # no attention at all: nothing resident costs a row
         self.reply = reply
+        # No CPU threads to choose unless a test gives it some (the simulated backend prices them).
+        self.max_threads = max_threads
+        self.n_threads = max_threads
+        self.thread_changes: list[int] = []
         self.eog_after = eog_after  # EOG after this many sampled tokens per sampler; None: never
         self._kv: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}  # position -> cell
         self._kv_tokens: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}
@@ -80,6 +85,12 @@ class FakeBackend:
     def fail_next(self, outcome: DecodeOutcome = DecodeOutcome.NO_KV_SLOT, times: int = 1) -> None:
         """Make the next `times` decodes return `outcome` without touching the KV cache."""
         self._faults.extend([outcome] * times)
+
+    def set_n_threads(self, n: int) -> None:
+        if not 1 <= n <= max(1, self.max_threads):
+            raise ValueError(f"thread count {n} outside 1..{self.max_threads}")
+        self.n_threads = n
+        self.thread_changes.append(n)
 
     # ---- text ----------------------------------------------------------------------------------
 

@@ -71,6 +71,9 @@ class LlamaBackend:
         self.n_seq_max = llama_cpp.llama_n_seq_max(ctx)
         self.n_vocab = vocab.n_vocab
         self.n_threads = n_threads
+        # The engine may choose any count up to what this process may use (or the count asked for,
+        # if more: a user who asked for it knows their machine).
+        self.max_threads = max(n_threads, usable_cpus())
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._samplers: dict[int, ctypes.c_void_p] = {}
         self._greedy = llama_cpp.llama_sampler_init_greedy()
@@ -266,6 +269,14 @@ class LlamaBackend:
         outcome = DecodeOutcome.from_code(code)
         return DecodeResult(outcome=outcome, step_ms=step_ms,
                             logit_rows=logit_rows if outcome is DecodeOutcome.OK else {}, code=code)
+
+    def set_n_threads(self, n: int) -> None:
+        """Run the next steps (decode and prompt rows alike) on n CPU threads."""
+        if not 1 <= n <= self.max_threads:
+            raise ValueError(f"thread count {n} outside 1..{self.max_threads}")
+        llama_cpp.llama_set_n_threads(self._ctx, n, n)
+        self.n_threads = n
+        self.info["n_threads"] = n
 
     def logits(self, logit_row: int) -> np.ndarray:
         """The logits of one batch row as a numpy view (valid until the next decode)."""

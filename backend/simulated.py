@@ -104,6 +104,7 @@ class SimulatedBackend(FakeBackend):
         n_seq_max: int = 16,
         n_batch: int = 8192,
         realtime: bool = False,
+        thread_factor: Callable[[int], float] | None = None,
         **kwargs,
     ) -> None:
         self.profile = get_profile(profile) if isinstance(profile, str) else profile
@@ -113,6 +114,9 @@ class SimulatedBackend(FakeBackend):
         self._virtual = None if realtime else (clock or VirtualClock())
         self.clock: Clock = self._virtual or WALL_CLOCK
         self._step_ms = step_ms
+        # How much longer a step takes on n threads than the profile says (a busy machine: give it
+        # `max_threads` too); None: the thread count changes nothing.
+        self._thread_factor = thread_factor
         p = self.profile
         # The profile is the truth: the engine seeds its cost model from it instead of calibrating.
         self.known_costs = CostParams(p.fixed_ms, p.decode_ms, p.prefill_ms, p.attn_ms)
@@ -130,6 +134,8 @@ class SimulatedBackend(FakeBackend):
         else:
             # A failed llama_decode returns before the compute graph runs: only the fixed cost.
             ms = self.profile.fixed_ms
+        if self._thread_factor is not None:
+            ms *= self._thread_factor(self.n_threads)
         if self._virtual is None:
             time.sleep(ms / 1000.0)
         else:

@@ -35,7 +35,8 @@ def main(
                                 help="Restore the last session's conversations."),
     n_ctx: int = CtxOpt,
     threads: Optional[int] = typer.Option(
-        None, "--threads", help="Engine CPU threads (default: all cores but one, left to the UI)."),
+        None, "--threads", help="Engine CPU threads, fixed (default: chosen between steps from measured "
+        "step times, starting with all cores but one, left to the UI)."),
     temperature: float = typer.Option(
         0.7, "--temperature", help="Sampling temperature for every reply, 0 or more (0 = greedy: "
         "subagents given one context then answer alike)."),
@@ -100,11 +101,12 @@ def main(
         # ggml's CPU threads meet at spinning barriers after every op: when the UI takes a core
         # they spin while one of them waits for the CPU. Measured on 2 cores with 8 panes
         # streaming (`magnitude-tui bench ui --threads 2,1`): 8-row decode steps took 86 ms p50 /
-        # 171 ms p95 with 2 threads and 68 / 79 ms with 1. So the app leaves one core to the UI.
+        # 171 ms p95 with 2 threads and 68 / 79 ms with 1. So the app starts with one core left to
+        # the UI; unless --threads fixes the count, the engine then measures whether more pay.
         backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, verbose=verbose,
                                 n_threads=threads or max(1, usable_cpus() - 1),
                                 flash_attn=flash_attn.strip().lower())
-        engine = EngineConfig(backend, policy=policy)
+        engine = EngineConfig(backend, policy=policy, auto_threads=threads is None)
     # --serve exposes the local engine; a remote one is already a server.
     serving = {} if remote else {"serve_port": serve_port, "api_key": resolve_api_key(api_key)}
     try:
@@ -181,6 +183,8 @@ def generate(
     policy: str = PolicyOpt,
     n_ctx: int = CtxOpt,
     stream: bool = typer.Option(False, "--stream", help="Print text as it streams (interleaved)."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads, fixed "
+                                          "(default: chosen between steps from measured step times)."),
     remote: Optional[List[str]] = RemoteOpt,
     remote_model: Optional[str] = RemoteModelOpt,
     api_key_env: Optional[str] = ApiKeyEnvOpt,
@@ -202,12 +206,13 @@ def generate(
         from magnitude_tui import preflight
 
         try:
-            preflight.check_numbers(n_ctx=n_ctx, threads=None, temperature=temperature, max_tokens=max_tokens)
+            preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens)
             preflight.check_policy(policy)
             preflight.check_device(device)
         except preflight.OptionError as exc:
             _fail(str(exc))
-        client = local_client(len(lines), model=model, device=device, policy=policy, n_ctx=n_ctx, verbose=verbose)
+        client = local_client(len(lines), model=model, device=device, policy=policy, n_ctx=n_ctx, verbose=verbose,
+                              threads=threads)
     code = run_generate(lines, client, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=stream)
     raise typer.Exit(code)
 
@@ -223,7 +228,8 @@ def serve(
     policy: str = PolicyOpt,
     n_ctx: int = CtxOpt,
     parallel: int = typer.Option(16, "--parallel", "-np", min=1, max=64, help="Sequences in the shared batch."),
-    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads (default: all usable)."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads, fixed (default: "
+                                          "chosen between steps from measured step times, up to all usable)."),
     max_live: int = typer.Option(64, "--max-queue", min=1, help="Requests in flight before 429."),
     verbose: bool = VerboseOpt,
 ) -> None:
@@ -246,7 +252,8 @@ def serve(
         raise typer.Exit(2)
     backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, n_seq_max=parallel, n_threads=threads,
                             verbose=verbose)
-    client = WorkerClient(EngineConfig(backend, policy=policy), log_path=None if verbose else "auto")
+    client = WorkerClient(EngineConfig(backend, policy=policy, auto_threads=threads is None),
+                          log_path=None if verbose else "auto")
     client.start()
     try:
         asyncio.run(serve_async(client, host=host, port=port, options=ServeOptions(

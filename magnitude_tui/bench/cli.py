@@ -1,5 +1,5 @@
 """Provides the `magnitude-tui bench` commands (typer): admit, prefill-curve, throughput, fork,
-remote, serve, soak, ui, ui-cpu."""
+remote, serve, soak, contention, ui, ui-cpu."""
 
 from __future__ import annotations
 
@@ -319,6 +319,23 @@ def soak(
     if result.data["failures"]:
         raise typer.Exit(1)
 
+
+@bench_app.command()
+def contention(
+    seqs: int = typer.Option(8, "--seqs", help="Concurrent sequences (llama-batched-bench -npl)."),
+    gen: int = typer.Option(32, "--gen", help="Tokens generated per sequence (-ntg)."),
+    reps: int = typer.Option(2, "--reps", help="Rounds of every variant under each load."),
+    loads: Optional[str] = typer.Option(None, "--loads", help="Busy processes per load, comma-separated "
+                                        "(default: 0, 1 and one per core)."),
+    fixed: bool = typer.Option(False, "--fixed", help="Also run the engine with every core, fixed (the old default)."),
+    model: Optional[str] = ModelOpt, out: Path = OutOpt,
+) -> None:
+    """The engine beside busy processes: tok/s against its quiet figure and llama-batched-bench -t 1..cores."""
+    from magnitude_tui.bench.contention import ContentionConfig, run_contention
+
+    cfg = ContentionConfig(seqs=seqs, gen=gen, reps=reps, loads=_ints(loads) if loads else None,
+                           engine_fixed=fixed, model=model)
+    _finish(run_contention(cfg, progress=_progress), out, None)
 
 
 if __name__ == "__main__":

@@ -6,16 +6,17 @@ import threading
 from collections import deque
 from typing import Callable
 
-from backend.protocol import Backend, Clock, DecodeOutcome, DecodeResult, PlanError
+from backend.protocol import WALL_CLOCK, Backend, Clock, DecodeOutcome, DecodeResult, PlanError
 from magnitude_tui.engine.calibrate import calibration_steps
 from magnitude_tui.engine.context import fit_conversation
 from magnitude_tui.engine.events import Cancel, CloseSession, Command, SetPolicy, Submit
 from magnitude_tui.engine.text import ReplyText
+from magnitude_tui.engine.threads import CpuLoad, ThreadGovernor, ThreadState
 from scheduler.budget import CostModel, CostParams, parse_policy
 from scheduler.planner import RequestError, Scheduler
 from scheduler.sequence import Sequence
 from scheduler.types import (BatchPlan, DoneReason, ErrorKind, Phase, Rejection, RejectReason, Request, SeqUpdate,
-                             StepReport)
+                             StepReport, plan_kpos)
 from scheduler.validation import check_id, check_policy_text, check_request
 
 
@@ -37,7 +38,10 @@ class Engine:
         gen_reserve: int = 256,
         sleep: Callable[[float], None] | None = None,
         prepare_notice_chars: int | None = 8000,
+        auto_threads: bool = False,
     ) -> None:
+        """`auto_threads`: choose the backend's CPU thread count between steps, from 1 up to its
+        `max_threads`, by measuring (see engine/threads.py); off, the count stays as loaded."""
         self.backend = backend
         # A request whose messages hold this many characters is announced as `preparing` in a
         # report of its own before the chat template and tokenizer run (None: never).
@@ -69,6 +73,12 @@ class Engine:
         self._noticed = False  # the last step only announced slow requests; tokenize them now
         self._sampler_owner: dict[int, Sequence] = {}
         self._num_reports = 0
+        self.threads: ThreadGovernor | None = None
+        if auto_threads and backend.max_threads > 1:
+            # Other processes' load means something only in real time (not on a simulated clock).
+            load = CpuLoad(backend.max_threads) if self._clock is WALL_CLOCK else None
+            self.threads = ThreadGovernor(start=max(1, min(backend.n_threads, backend.max_threads)),
+                                          max_threads=backend.max_threads, load=load, now=self._clock())
 
     # ---- commands (any thread) -----------------------------------------------------------------
 
@@ -137,12 +147,17 @@ class Engine:
         plan = self.scheduler.schedule(now)
         if plan is None:
             return self._report(None, None, now, 0.0)
+        predicted_ms = self._predicted_ms(plan)
         t0 = self._clock()
         result, error = self._decode(plan)
         self._apply_commands(cancellations_only=True)
         ready = self.scheduler.postprocess(plan, result, error)
         self._sample(ready, result)
         t1 = self._clock()
+        if self.threads is not None and result.outcome is DecodeOutcome.OK:
+            n = self.threads.after_step(t1, result.step_ms, predicted_ms)
+            if n != self.backend.n_threads:
+                self.backend.set_n_threads(n)
         return self._report(plan, result, t1, (t1 - t0) * 1000.0)
 
     def run_until_idle(self, max_steps: int = 100_000) -> list[StepReport]:
@@ -329,6 +344,15 @@ class Engine:
         end = self._window_end()
         return end is not None and now < end
 
+    def _predicted_ms(self, plan: BatchPlan) -> float:
+        """The step's time by the calibrated cost (the prior, not the live fit: the live fit
+        follows the thread count's own times, so it could not tell one count from another)."""
+        if self.threads is None:
+            return 0.0
+        s = self.scheduler
+        return s.cost.prior.predict(plan.n_decode, plan.n_prefill,
+                                    plan_kpos(plan, s.attention, s.kv.cells_used()))
+
     def _decode(self, plan: BatchPlan) -> tuple[DecodeResult, str | None]:
         try:
             return self.backend.decode(plan), None
@@ -429,7 +453,14 @@ class Engine:
             updates=updates,
             outcome=result.outcome if result else DecodeOutcome.OK,
             rejected=rejected,
+            threads=self._thread_state(),
         )
+
+    def _thread_state(self) -> ThreadState | None:
+        if self.threads is not None:
+            return self.threads.state
+        n = self.backend.n_threads
+        return ThreadState(n, n, "fixed") if n else None
 
     def _update(self, seq: Sequence, now: float) -> SeqUpdate:
         m = seq.metrics

@@ -18,6 +18,9 @@ class EngineConfig:
     policy: str = "target:50"
     coalesce_ms: float = 5.0
     prepare_notice_chars: int | None = 8000  # a message this long is reported `preparing` before tokenizing
+    # Choose the CPU thread count between steps from measured step times (engine/threads.py), up
+    # to the CPUs this process may use; off, it stays at the backend's `n_threads`.
+    auto_threads: bool = True
 
 
 # ---- worker -> app -------------------------------------------------------------------------

@@ -58,7 +58,7 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
     try:
         backend = build_backend(config.backend, on_progress=on_progress)
         engine = Engine(backend, policy=config.policy, coalesce_ms=config.coalesce_ms,
-                        prepare_notice_chars=config.prepare_notice_chars)
+                        prepare_notice_chars=config.prepare_notice_chars, auto_threads=config.auto_threads)
         conn.send([LoadProgress(fraction=1.0, model=backend.model_name, device=backend.device_name,
                                 stage="calibrating the step-cost model")])
         engine.calibrate()
