@@ -55,6 +55,9 @@ def main(
     agents: Optional[Path] = typer.Option(
         None, "--agents", help="Agent definitions (TOML: [role] system, temperature, max_tokens; "
         "default: agents.toml in the user config directory)."),
+    kv_disk_mb: int = typer.Option(
+        1024, "--kv-disk-mb", help="Disk the saved KV of idle conversations may take, in MB (warm "
+        "--resume: a conversation's next reply starts from it; least recently used dropped first; 0 = off)."),
     check: bool = typer.Option(False, "--check", metavar=" ",
                                help="Check the options and the model file, print what would run, and exit."),
     verbose: bool = VerboseOpt,
@@ -70,6 +73,8 @@ def main(
     # inside the engine worker, would cost a full-screen app and show up as a log path.
     try:
         preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens)
+        if kv_disk_mb < 0:
+            raise preflight.OptionError(f"--kv-disk-mb: expected 0 (off) or more, got {kv_disk_mb}")
         if theme is not None:
             from magnitude_tui.app import available_themes
 
@@ -97,6 +102,7 @@ def main(
         from backend import usable_cpus
         from backend.factory import BackendConfig
         from magnitude_tui.engine.events import EngineConfig
+        from magnitude_tui.store import default_db_path
 
         # ggml's CPU threads meet at spinning barriers after every op: when the UI takes a core
         # they spin while one of them waits for the CPU. Measured on 2 cores with 8 panes
@@ -106,7 +112,9 @@ def main(
         backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, verbose=verbose,
                                 n_threads=threads or max(1, usable_cpus() - 1),
                                 flash_attn=flash_attn.strip().lower())
-        engine = EngineConfig(backend, policy=policy, auto_threads=threads is None)
+        # Saved KV lives next to the database it belongs with (the conversations' own store).
+        engine = EngineConfig(backend, policy=policy, auto_threads=threads is None,
+                              warm_dir=str(default_db_path().parent / "kv"), warm_budget_mb=kv_disk_mb)
     # --serve exposes the local engine; a remote one is already a server.
     serving = {} if remote else {"serve_port": serve_port, "api_key": resolve_api_key(api_key)}
     try:

@@ -118,6 +118,22 @@ class Scheduler:
         self.residency.close(session_id)
         return cancelled
 
+    def restore_session(self, session_id: str, tokens: list[int], state: bytes) -> str | None:
+        """Make a saved conversation resident and idle again (its next turn reuses `tokens`, the
+        first positions of `state`), if that takes no one's room: a free slot and cells neither
+        used nor promised to running sequences. Returns why not (None: restored). A backend that
+        refuses the state raises, with nothing held."""
+        if session_id in self.sessions:
+            return "the conversation is already resident"
+        free = self.free_slots()
+        if not free:
+            return f"no free sequence slot (all {self.n_seq_max} in use)"
+        room = self.admission.kv_free()
+        if len(tokens) > room:
+            return f"needs {len(tokens):,} KV cells, {max(0, room):,} free"
+        self.residency.adopt(session_id, free[0], tokens, state)
+        return None
+
     def finish(self, seq: Sequence, reason: DoneReason, error: str | None = None,
                kind: ErrorKind | None = None) -> None:
         """End a request. A reply that ended normally, or was cancelled after some of its rows were

@@ -1,5 +1,5 @@
 """Provides the `magnitude-tui bench` commands (typer): admit, prefill-curve, throughput, fork,
-remote, serve, soak, contention, ui, ui-cpu."""
+resume, remote, serve, soak, contention, ui, ui-cpu."""
 
 from __future__ import annotations
 
@@ -150,6 +150,22 @@ def fork(
 
     cfg = ForkConfig(n=n, parent_tokens=parent, task_tokens=task, gen=gen, policy=policy, reps=reps)
     _finish(run_fork(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, plot_fork)
+
+
+@bench_app.command()
+def resume(
+    history: int = typer.Option(2000, "--history", help="Tokens of the conversation before the resume."),
+    gen: int = typer.Option(8, "--gen", help="Tokens of the reply after the resume."),
+    reps: int = typer.Option(3, "--reps", help="Cold and warm runs each (they alternate)."),
+    policy: str = typer.Option("fixed:512", "--policy", "-p"),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
+    ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
+) -> None:
+    """TTFT of the first reply after a resume: the history prefilled again (cold) vs its KV restored from disk (warm)."""
+    from magnitude_tui.bench.resume import ResumeConfig, run_resume
+
+    cfg = ResumeConfig(history_tokens=history, gen=gen, reps=reps, policy=policy)
+    _finish(run_resume(_spec("llama", model, device, threads, ctx), cfg, progress=_progress), out, None)
 
 
 @bench_app.command()

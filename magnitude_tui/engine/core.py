@@ -9,9 +9,12 @@ from typing import Callable
 from backend.protocol import WALL_CLOCK, Backend, Clock, DecodeOutcome, DecodeResult, PlanError
 from magnitude_tui.engine.calibrate import calibration_steps
 from magnitude_tui.engine.context import fit_conversation
-from magnitude_tui.engine.events import Cancel, CloseSession, Command, SetPolicy, Submit
+from magnitude_tui.engine.events import (Cancel, CloseSession, Command, RestoreOutcome, RestoreSession,
+                                         SessionRestored, SetPolicy, Submit)
 from magnitude_tui.engine.text import ReplyText
 from magnitude_tui.engine.threads import CpuLoad, ThreadGovernor, ThreadState
+from magnitude_tui.engine.warm import WarmResume
+from magnitude_tui.engine.warm_store import WarmStore
 from scheduler.budget import CostModel, CostParams, parse_policy
 from scheduler.planner import RequestError, Scheduler
 from scheduler.sequence import Sequence
@@ -39,9 +42,11 @@ class Engine:
         sleep: Callable[[float], None] | None = None,
         prepare_notice_chars: int | None = 8000,
         auto_threads: bool = False,
+        warm: WarmStore | None = None,
     ) -> None:
         """`auto_threads`: choose the backend's CPU thread count between steps, from 1 up to its
-        `max_threads`, by measuring (see engine/threads.py); off, the count stays as loaded."""
+        `max_threads`, by measuring (see engine/threads.py); off, the count stays as loaded.
+        `warm`: where idle conversations' KV is saved, and restored from (None: nowhere)."""
         self.backend = backend
         # A request whose messages hold this many characters is announced as `preparing` in a
         # report of its own before the chat template and tokenizer run (None: never).
@@ -79,6 +84,8 @@ class Engine:
             load = CpuLoad(backend.max_threads) if self._clock is WALL_CLOCK else None
             self.threads = ThreadGovernor(start=max(1, min(backend.n_threads, backend.max_threads)),
                                           max_threads=backend.max_threads, load=load, now=self._clock())
+        self.warm = WarmResume(backend, self.scheduler, warm) if warm is not None else None
+        self._notices: list[SessionRestored] = []  # answers to RestoreSession, for take_notices()
 
     # ---- commands (any thread) -----------------------------------------------------------------
 
@@ -105,6 +112,22 @@ class Engine:
         with self._lock:
             self._policy_text = parsed
         self._queue(SetPolicy(parsed))
+
+    def restore_session(self, session_id: str, messages) -> None:
+        """Bring back the conversation's saved KV (warm resume); answered by a SessionRestored
+        from take_notices() after the next step. ValueError (here, now) unless the id is text."""
+        check_id("session_id", session_id)
+        self._queue(RestoreSession(session_id, tuple(messages)))
+
+    def take_notices(self) -> list[SessionRestored]:
+        """What the engine has to say besides step reports (owner thread)."""
+        notices, self._notices = self._notices, []
+        return notices
+
+    def shutdown(self) -> None:
+        """The app is quitting: save the conversations whose latest reply is not saved yet."""
+        if self.warm is not None:
+            self.warm.save_all()
 
     def _queue(self, command: Command) -> None:
         t = self._clock()  # a submit's queue time and TTFT count from here
@@ -135,6 +158,8 @@ class Engine:
         their `preparing` update shares the report with their first `queued`/`prefill` one.
         """
         now = self._clock()
+        if self.warm is not None:
+            self.warm.tick(now)
         self._apply_commands()
         if not self._noticed and any(self._slow_to_prepare(q) for q in self._intake
                                      if q.last_reported is None):
@@ -242,6 +267,9 @@ class Engine:
                 self._close(cmd.session_id)
             elif isinstance(cmd, SetPolicy):
                 self.scheduler.set_policy(cmd.policy)
+            elif isinstance(cmd, RestoreSession):
+                self._notices.append(self.warm.restore(cmd) if self.warm is not None else SessionRestored(
+                    cmd.session_id, RestoreOutcome.UNSUPPORTED, detail="this engine saves no KV"))
 
     def _take(self, req: Request, t_submit: float) -> None:
         """Accept a submitted request as `preparing`; it is tokenized before the next schedule.
@@ -428,6 +456,8 @@ class Engine:
                     seq.text_pending += seq.detok.flush()  # text held for a possible stop string
                 seq.metrics.on_finish(now)
                 del self._live[rid]
+                if self.warm is not None and seq.done_reason is not DoneReason.ERROR:
+                    self.warm.went_idle(seq.session_id, now)
             sig = (seq.phase, seq.seq_id, seq.prompt_done, len(seq.output), seq.num_cached,
                    seq.waiting_reason, seq.done_reason)
             if sig != seq.last_reported or seq.text_pending:
