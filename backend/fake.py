@@ -61,6 +61,7 @@ class FakeBackend:
         self.clock: Clock = WALL_CLOCK
         self.known_costs: CostParams | None = None
         self.attention_path = AttentionPath.FLASH  # no attention at all: nothing resident costs a row
+        self.attention_tile_rows = 0
         self.reply = reply
         self.eog_after = eog_after  # EOG after this many sampled tokens per sampler; None: never
         self._kv: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}  # position -> cell

@@ -102,6 +102,9 @@ class Backend(Protocol):
     # Which cells a row's attention reads (llama.cpp: flash attention on or off); the cost model
     # prices rows, and idle conversations' resident KV, by it.
     attention_path: AttentionPath
+    # Steps with fewer rows than this run attention one row at a time, dearer per row deep in a
+    # context (llama.cpp's CPU flash-attention kernel: 64); 0 when the kernel has no such step.
+    attention_tile_rows: int
 
     def tokenize(self, text: str, *, special: bool = False, add_bos: bool = False) -> list[int]: ...
     def tokenize_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]: ...
