@@ -110,10 +110,14 @@ def throughput(
     peers: str = typer.Option("batched-bench,server,serial", "--peers", help="Which peers to run."),
     require_tools: bool = typer.Option(False, "--require-tools", help="Fail if llama.cpp's tools are not built."),
     profile: bool = typer.Option(False, "--profile", help="Also cProfile one engine run at 8 sequences."),
+    cpu_clock: bool = typer.Option(False, "--cpu-clock", help="Time the engine's runs in CPU seconds of its process "
+                                   "(one thread only): the work done, whatever else a shared machine runs."),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
     """Aggregate generated tok/s at 1..16 sequences: this engine vs llama-batched-bench, llama-server, serial Llama."""
+    if cpu_clock and threads != 1:
+        raise typer.BadParameter("CPU-time measurement needs one thread (--threads 1)", param_hint="--cpu-clock")
     from magnitude_tui.bench.peers import PeerError
     from magnitude_tui.bench.plots import plot_throughput
     from magnitude_tui.bench.throughput import PEERS, ThroughputConfig, run_throughput
@@ -123,7 +127,7 @@ def throughput(
     if bad:
         raise typer.BadParameter(f"unknown peer {bad[0]!r}: choose from {', '.join(PEERS)}", param_hint="--peers")
     cfg = ThroughputConfig(seqs=_ints(seqs), prompt=prompt, gen=gen, reps=reps, policies=tuple(policy),
-                           peers=chosen, require_tools=require_tools, profile=profile)
+                           peers=chosen, require_tools=require_tools, profile=profile, cpu_clock=cpu_clock)
     try:
         result = run_throughput(_spec("llama", model, device, threads, ctx), cfg, progress=_progress)
     except PeerError as e:
