@@ -125,7 +125,8 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
         engine_run(backend, prompts[cfg.seqs[0]], 8, cfg.policies[0])  # warm-up
         # Repetitions outermost and every peer inside each one: a noisy neighbour hits all of them alike.
         for rep in range(cfg.reps):
-            for policy in cfg.policies:
+            # Every other repetition in the opposite order: what runs first must not decide a ratio.
+            for policy in (cfg.policies if rep % 2 == 0 else cfg.policies[::-1]):
                 for n in cfg.seqs:
                     r, busy = measured(lambda: engine_run(backend, prompts[n], cfg.gen, policy, cfg.cpu_clock),
                                        progress=progress)
