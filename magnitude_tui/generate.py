@@ -13,7 +13,7 @@ from rich.table import Table
 from backend.factory import BackendConfig
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import CommandRejected, EngineConfig, EngineFailed, EngineReady, LoadProgress
-from magnitude_tui.engine.protocol import EngineClient
+from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
 
 
@@ -51,7 +51,7 @@ def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temper
                 console.print("[red]no progress from the engine for 60 s[/]")
                 return 1
             for ev in batch:
-                updates = ev.updates if isinstance(ev, StepReport) else [ev] if isinstance(ev, SeqUpdate) else []
+                updates = seq_updates([ev])
                 steps += isinstance(ev, StepReport)
                 if isinstance(ev, (EngineFailed, CommandRejected)):
                     console.print(f"[red]{ev.message}[/]")
