@@ -66,6 +66,7 @@ class FakeBackend:
         self.attention_path = AttentionPath.FLASH  # no attention at all: nothing resident costs a row
         self.state_layout = f"{name}:vocab={n_vocab}"
         self.states_loaded = 0  # kv_load calls that succeeded (tests tell warm from cold by it)
+        self.attention_tile_rows = 0
         self.reply = reply
         # No CPU threads to choose unless a test gives it some (the simulated backend prices them).
         self.max_threads = max_threads

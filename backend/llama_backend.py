@@ -102,6 +102,7 @@ class LlamaBackend:
         # The attention path this context runs and why; the cost model prices rows by it.
         self.attention = choice or attention.AttentionChoice(False, "not measured")
         self.attention_path = self.attention.path
+        self.attention_tile_rows = attention.tile_rows(self.attention, device_name)
         self.info["attention"] = self.attention.short()
         self.info["attention_reason"] = self.attention.summary()
         # A sequence state holds K and V rows as this context lays them out: the model, the build

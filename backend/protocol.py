@@ -115,6 +115,9 @@ class Backend(Protocol):
     # What a saved sequence state fits (model file, build, KV cache types, attention path): a state
     # saved under another layout is never handed to kv_load.
     state_layout: str
+    # Steps with fewer rows than this run attention one row at a time, dearer per row deep in a
+    # context (llama.cpp's CPU flash-attention kernel: 64); 0 when the kernel has no such step.
+    attention_tile_rows: int
 
     def tokenize(self, text: str, *, special: bool = False, add_bos: bool = False) -> list[int]: ...
     def tokenize_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]: ...

@@ -41,6 +41,7 @@ class Scheduler:
         cost: CostModel | None = None,
         attention: AttentionPath = AttentionPath.FLASH,
         n_ubatch: int | None = None,
+        attention_tile: int = 0,
     ) -> None:
         if n_seq_max > n_batch:
             raise ValueError(f"n_seq_max ({n_seq_max}) must not exceed n_batch ({n_batch}): every "
@@ -56,6 +57,7 @@ class Scheduler:
         # How the backend's attention reads the cache: it decides what a row costs at depth and
         # whether idle conversations' resident KV slows everyone else's rows.
         self.attention = attention
+        self.attention_tile = attention_tile  # steps under this many rows attend one row at a time
         self.gen_reserve = gen_reserve
         self.cost = cost or CostModel()
         self.policy = parse_policy(policy) if isinstance(policy, str) else policy
@@ -257,7 +259,7 @@ class Scheduler:
             prefill_pos0=max((s.num_computed for s in prefilling), default=0),
             cells_used=self.kv.cells_used(), path=self.attention,
             n_batch=self.n_batch, n_ubatch=self.n_ubatch,
-            pending_rows=sum(s.num_pending for s in prefilling))
+            pending_rows=sum(s.num_pending for s in prefilling), tile_rows=self.attention_tile)
 
     def _share_prefill(self, prefilling: list[Sequence], allowance: int) -> list[tuple[Sequence, int]]:
         """A higher priority class first, always. Within a class: first come first served under

@@ -65,6 +65,7 @@ class Engine:
             gen_reserve=gen_reserve,
             cost=CostModel(backend.known_costs),
             attention=backend.attention_path,
+            attention_tile=backend.attention_tile_rows,
             n_ubatch=backend.n_ubatch,
         )
         self._policy_text = str(self.scheduler.policy)
