@@ -33,6 +33,9 @@ class BackendConfig:
     # A simulated backend sleeps its steps' time for real (the app, where a person watches);
     # otherwise its time passes on a virtual clock (tests and benchmarks simulate minutes in ms).
     realtime: bool = False
+    # A smaller GGUF with the same vocabulary that drafts tokens for speculative decoding
+    # (`--draft-model`); None: only n-gram lookup drafts.
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.family not in _DEFAULT_N_CTX:
