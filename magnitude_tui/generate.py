@@ -18,10 +18,11 @@ from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, 
 
 
 def local_client(n_prompts: int, *, model, device, policy, n_ctx, verbose: bool,
-                 backend: str = "llama") -> WorkerClient:
+                 backend: str = "llama", draft_model: str | None = None) -> WorkerClient:
     """The local engine for `generate`: one sequence slot per prompt (at least 16)."""
     config = EngineConfig(BackendConfig(backend, model=model, device=device, n_ctx=n_ctx,
-                                        n_seq_max=max(16, n_prompts), verbose=verbose), policy=policy)
+                                        n_seq_max=max(16, n_prompts), verbose=verbose,
+                                        draft_model=draft_model), policy=policy)
     return WorkerClient(config, log_path=None if verbose else "auto")
 
 

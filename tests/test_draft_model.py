@@ -4,6 +4,8 @@ KV on forget, and refuses a draft model with another vocabulary."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from backend.draft_model import DraftModelSource, DraftWant
@@ -27,7 +29,7 @@ def pair():
     from backend.llama_backend import LlamaBackend, default_model_path
 
     target = LlamaBackend.load(model_path=default_model_path(), device="cpu", n_ctx=1024, n_seq_max=4,
-                               n_batch=256, flash_attn="off")
+                               n_batch=256, n_threads=1, flash_attn="off")
     source = DraftModelSource.load(target.model_path, target, device="cpu", flash_attn="off")
     yield target, source
     source.close()
@@ -121,15 +123,65 @@ def test_draft_cost_is_measured_and_grows_with_k(pair):
     assert 0 < source.draft_ms(1, 1) < source.draft_ms(2, 1) <= source.draft_ms(2, 4)
 
 
-def test_a_draft_model_with_another_vocabulary_is_refused(tmp_path):
-    need_real_model()
+def test_a_draft_model_with_another_vocabulary_is_refused(tmp_path, other_vocab):
     from backend.llama_backend import default_model_path
 
     target = default_model_path()
     facts = read_vocab_facts(target)
     assert vocab_mismatch(facts, facts) is None
-    bad = with_u32_key(target, tmp_path / "other-eos.gguf", "tokenizer.ggml.eos_token_id", facts.eos + 1)
+    assert vocab_mismatch(facts, replace(facts, n_vocab=facts.n_vocab + 1)).startswith("its vocabulary has")
+    assert "tokenizes a probe text differently" in vocab_mismatch(facts, replace(facts, probe=facts.probe[:-1]))
     with pytest.raises(DraftModelError, match="eos token"):
-        check_draft_vocab(target, str(bad))
+        check_draft_vocab(target, other_vocab)
     with pytest.raises(DraftModelError, match="not found"):
         check_draft_vocab(target, str(tmp_path / "missing.gguf"))
+
+
+@pytest.fixture(scope="module")
+def other_vocab(tmp_path_factory):
+    """The default model with another EOS id: loadable, but its drafts would mean other things."""
+    need_real_model()
+    from backend.llama_backend import default_model_path
+
+    target = default_model_path()
+    eos = read_vocab_facts(target).eos
+    return str(with_u32_key(target, tmp_path_factory.mktemp("draft") / "other-eos.gguf",
+                            "tokenizer.ggml.eos_token_id", eos + 1))
+
+
+@pytest.mark.parametrize("command", [[], ["generate", "hello"]])
+@pytest.mark.parametrize("case", ["other vocabulary", "truncated"])
+def test_cli_refuses_a_bad_draft_model_in_one_line(monkeypatch, tmp_path, other_vocab, command, case):
+    from typer.testing import CliRunner
+
+    import magnitude_tui.app
+    import magnitude_tui.generate
+    from magnitude_tui.cli import app
+
+    started = []
+    monkeypatch.setattr(magnitude_tui.app, "run_app", lambda config, **kw: started.append(config))
+    monkeypatch.setattr(magnitude_tui.generate, "run_generate", lambda *a, **kw: started.append(a) or 0)
+    path, says = other_vocab, "its eos token is"
+    if case == "truncated":
+        path, says = str(tmp_path / "cut.gguf"), "is truncated"
+        with open(other_vocab, "rb") as f:
+            (tmp_path / "cut.gguf").write_bytes(f.read(1 << 20))
+    result = CliRunner().invoke(app, [*command, "--draft-model", path])
+    assert result.exit_code == 2 and not started, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("magnitude-tui: --draft-model: ") and says in lines[0], lines
+
+
+def test_cli_passes_a_good_draft_model_to_the_engine(monkeypatch):
+    need_real_model()
+    from typer.testing import CliRunner
+
+    import magnitude_tui.app
+    from backend.llama_backend import default_model_path
+    from magnitude_tui.cli import app
+
+    started = []
+    monkeypatch.setattr(magnitude_tui.app, "run_app", lambda config, **kw: started.append(config))
+    result = CliRunner().invoke(app, ["--draft-model", default_model_path()])
+    assert result.exit_code == 0, result.output
+    assert started[0].backend.draft_model == default_model_path()
