@@ -34,7 +34,8 @@ class BackendConfig:
     # A simulated backend sleeps its steps' time for real (the app, where a person watches);
     # otherwise its time passes on a virtual clock (tests and benchmarks simulate minutes in ms).
     realtime: bool = False
-    # A GGUF with the target's vocabulary that drafts tokens for speculative decoding (llama only).
+    # A smaller GGUF with the same vocabulary that drafts tokens for speculative decoding
+    # (`--draft-model`, llama only); None: only n-gram lookup drafts.
     draft_model: str | None = None
 
     def __post_init__(self) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections import deque
+from enum import Enum
 from typing import Callable, Sequence
 
 from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, check_plan
 from scheduler.budget import CostParams
+from scheduler.drafts import DraftKind
 from scheduler.types import AttentionPath, BatchPlan, Message, SamplingParams
 
 # Token ids: a few specials below 32, then one token per Unicode character (code point < n_vocab).
@@ -67,7 +69,7 @@ class FakeBackend:
         self._kv_tokens: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}
         self._refs: dict[int, int] = {}  # cell -> how many sequences hold it
         self._next_cell = 0
-        self._logits: dict[int, int] = {}  # seq_id -> batch row of its logits in the last decode
+        self._logits: dict[int, tuple[int, ...]] = {}  # seq_id -> batch rows of its logits in the last decode
         self.samplers: dict[int, SamplingParams] = {}
         self._sampled: dict[int, int] = {}
         self._faults: deque[DecodeOutcome] = deque()
@@ -143,8 +145,9 @@ class FakeBackend:
                 self._kv_tokens[sl.seq_id].append(t)
             row += len(sl.tokens)
             if sl.want_logits:
-                self._logits[sl.seq_id] = row - 1
-        return DecodeResult(DecodeOutcome.OK, 0.0, dict(self._logits), 0)
+                self._logits[sl.seq_id] = tuple(range(row - sl.n_logits, row))
+        return DecodeResult(DecodeOutcome.OK, 0.0, {s: rows[0] for s, rows in self._logits.items()}, 0,
+                            draft_rows={s: rows[1:] for s, rows in self._logits.items() if len(rows) > 1})
 
     def set_sampler(self, seq_id: int, params: SamplingParams) -> None:
         self.samplers[seq_id] = params
@@ -154,13 +157,21 @@ class FakeBackend:
         """The next character of `reply` (cycling), or EOG after `eog_after` tokens."""
         if seq_id not in self.samplers:
             raise RuntimeError(f"seq {seq_id} has no sampler: call set_sampler first")
-        if self._logits.get(seq_id) != logit_row:
+        if logit_row not in self._logits.get(seq_id, ()):
             raise RuntimeError(f"seq {seq_id}: row {logit_row} holds no logits for it in the last decode")
         n = self._sampled[seq_id]
         self._sampled[seq_id] = n + 1
+        return self._reply_token(n)
+
+    def _reply_token(self, n: int) -> int:
         if self.eog_after is not None and n >= self.eog_after:
             return IM_END
         return ord(self.reply[n % len(self.reply)])
+
+    def next_tokens(self, seq_id: int, k: int) -> list[int]:
+        """What the next k samples of this sequence will return (scripted drafts guess from it)."""
+        n = self._sampled.get(seq_id, 0)
+        return [self._reply_token(n + i) for i in range(k)]
 
     def free_sampler(self, seq_id: int) -> None:
         self.samplers.pop(seq_id, None)
@@ -211,3 +222,34 @@ class FakeBackend:
 
     def close(self) -> None:
         self.closed = True
+
+
+class Acceptance(Enum):
+    """What ScriptedDrafts' guesses let the target accept."""
+
+    ALL = "all"  # every guess is the token the fake will sample
+    NONE = "none"  # the first guess is already wrong
+    HALF = "half"  # the first half of each guess is right, the rest wrong
+
+
+class ScriptedDrafts:
+    """A DraftSource for tests: it knows what the FakeBackend will sample next and guesses it
+    right or wrong as scripted, so acceptance patterns can be asserted token by token."""
+
+    def __init__(self, backend: FakeBackend, acceptance: Acceptance = Acceptance.ALL, *,
+                 kind: DraftKind = DraftKind.DRAFT_MODEL, ms: float = 0.0) -> None:
+        self.backend, self.acceptance, self.kind, self.ms = backend, acceptance, kind, ms
+        self.proposed: list[tuple[int, int]] = []  # (key, k) per proposal
+        self.forgotten: list[int] = []
+
+    def propose(self, key: int, tokens: Sequence[int], k: int) -> list[int]:
+        truth = self.backend.next_tokens(key, k)  # the decode row's sample comes first
+        good = {Acceptance.ALL: k, Acceptance.NONE: 0, Acceptance.HALF: k // 2}[self.acceptance]
+        self.proposed.append((key, k))
+        return [t if i < good else ord("#") for i, t in enumerate(truth)]
+
+    def draft_ms(self, k: int, n_sequences: int) -> float:
+        return self.ms * k if n_sequences else 0.0
+
+    def forget(self, key: int) -> None:
+        self.forgotten.append(key)

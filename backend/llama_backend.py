@@ -244,6 +244,7 @@ class LlamaBackend:
         logits = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
         n_seq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
         logit_rows: dict[int, int] = {}
+        draft_rows: dict[int, tuple[int, ...]] = {}
         row = 0
         for s in plan.slices:
             k = len(s.tokens)
@@ -253,8 +254,11 @@ class LlamaBackend:
             for i in range(row, row + k):
                 b.seq_id[i][0] = s.seq_id
             if s.want_logits:
-                logits[row + k - 1] = 1
-                logit_rows[s.seq_id] = row + k - 1
+                first = row + k - 1 - s.n_draft  # a decode row verifying drafts: every row after it too
+                logits[first:row + k] = 1
+                logit_rows[s.seq_id] = first
+                if s.n_draft:
+                    draft_rows[s.seq_id] = tuple(range(first + 1, row + k))
             row += k
         n_seq[:n] = 1
         b.n_tokens = n
@@ -265,7 +269,8 @@ class LlamaBackend:
         step_ms = (time.perf_counter() - t0) * 1000.0
         outcome = DecodeOutcome.from_code(code)
         return DecodeResult(outcome=outcome, step_ms=step_ms,
-                            logit_rows=logit_rows if outcome is DecodeOutcome.OK else {}, code=code)
+                            logit_rows=logit_rows if outcome is DecodeOutcome.OK else {}, code=code,
+                            draft_rows=draft_rows if outcome is DecodeOutcome.OK else {})
 
     def logits(self, logit_row: int) -> np.ndarray:
         """The logits of one batch row as a numpy view (valid until the next decode)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from scheduler.budget import CostParams
@@ -18,6 +18,9 @@ class DecodeResult:
     step_ms: float  # wall time of the step including device synchronisation
     logit_rows: dict[int, int]  # seq_id -> batch row holding that sequence's logits
     code: int = 0
+    # Speculation: seq_id -> the rows after its decode row, in order, whose logits judge its draft
+    # tokens (row i follows draft token i); only for slices that carried drafts.
+    draft_rows: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 class PlanError(ValueError):
@@ -51,6 +54,9 @@ def check_plan(plan: BatchPlan, *, n_batch: int, n_seq_max: int, n_ctx_seq: int,
         expected = next_pos(s.seq_id)
         if s.pos0 != expected:
             raise PlanError(f"seq {s.seq_id}: slice starts at position {s.pos0}, cache continues at {expected}")
+        if s.n_draft and (not s.is_decode or not s.want_logits or s.n_draft >= len(s.tokens)):
+            raise PlanError(f"seq {s.seq_id}: {s.n_draft} draft rows in a slice of {len(s.tokens)} that is "
+                            "not a decode slice with logits")
         if s.pos0 + len(s.tokens) > n_ctx_seq:
             raise PlanError(f"seq {s.seq_id}: positions up to {s.pos0 + len(s.tokens)} exceed the context ({n_ctx_seq})")
         bad = [t for t in s.tokens if not 0 <= t < n_vocab]

@@ -123,10 +123,11 @@ class SimulatedBackend(FakeBackend):
         result = super().decode(plan)
         if result.outcome is DecodeOutcome.OK:
             if self._step_ms is not None:
-                ms = self._step_ms(plan.n_decode, plan.n_prefill)
+                ms = self._step_ms(plan.n_decode + plan.n_draft, plan.n_prefill)
             else:
                 kpos = plan_kpos(plan, self.profile.attention, cells_before)
-                ms = self.profile.step_ms(plan.n_decode, plan.n_prefill, kpos)
+                # A draft row carries logits like a decode row and costs what one does.
+                ms = self.profile.step_ms(plan.n_decode + plan.n_draft, plan.n_prefill, kpos)
         else:
             # A failed llama_decode returns before the compute graph runs: only the fixed cost.
             ms = self.profile.fixed_ms

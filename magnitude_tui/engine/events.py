@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from backend.factory import BackendConfig
+from scheduler.speculation import SpecMode
 from scheduler.types import Request
 
 
@@ -18,6 +19,8 @@ class EngineConfig:
     policy: str = "target:50"
     coalesce_ms: float = 5.0
     prepare_notice_chars: int | None = 8000  # a message this long is reported `preparing` before tokenizing
+    # Speculative decoding (`--spec`): auto drafts where the cost model says it pays.
+    spec: SpecMode = SpecMode.AUTO
 
 
 # ---- worker -> app -------------------------------------------------------------------------
@@ -108,9 +111,14 @@ class SetPolicy:
 
 
 @dataclass(frozen=True)
+class SetSpec:
+    mode: SpecMode
+
+
+@dataclass(frozen=True)
 class Shutdown:
     pass
 
 
 # What the engine takes (Engine.submit & co. queue these; the worker pipe carries them as they are).
-Command = Union[Submit, Cancel, CloseSession, SetPolicy, Shutdown]
+Command = Union[Submit, Cancel, CloseSession, SetPolicy, SetSpec, Shutdown]
