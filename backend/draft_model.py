@@ -18,19 +18,10 @@ from typing import Callable, Sequence
 from backend.draft_vocab import DraftModelError, check_draft_vocab
 from backend.llama_backend import LlamaBackend, ModelLoadError
 from backend.protocol import DecodeOutcome
-from scheduler.drafts import DraftKind
+from scheduler.drafts import DraftKind, DraftWant
 from scheduler.types import BatchPlan, SeqSlice
 
-__all__ = ["DraftModelSource", "DraftStats", "DraftWant", "StepCost"]
-
-
-@dataclass(frozen=True)
-class DraftWant:
-    """One sequence's request for drafts in a step: its committed tokens and how many to guess."""
-
-    key: int
-    tokens: Sequence[int]
-    k: int
+__all__ = ["DraftModelSource", "DraftStats", "StepCost"]
 
 
 @dataclass
@@ -85,10 +76,11 @@ class DraftModelSource:
 
     @classmethod
     def load(cls, path: str, target: LlamaBackend, *, device: str = "auto", flash_attn: str = "auto",
-             verbose: bool = False) -> "DraftModelSource":
+             verbose: bool = False, clock: Callable[[], float] = time.perf_counter) -> "DraftModelSource":
         """Load `path` beside `target`: same device and threads, one slot per target slot, a context
         as large as the target's (it holds the same committed tokens). DraftModelError (one line)
-        when the file is not a usable draft for the target's vocabulary."""
+        when the file is not a usable draft for the target's vocabulary. `clock` (seconds) times
+        its steps for `draft_ms`: the bench's CPU clock on a shared machine, else wall time."""
         check_draft_vocab(target.model_path, path)
         try:
             backend = LlamaBackend.load(model_path=path, device=device, n_ctx=target.n_ctx,
@@ -98,7 +90,7 @@ class DraftModelSource:
         except ModelLoadError as exc:
             raise DraftModelError(f"--draft-model: {exc}") from None
         try:
-            return cls(backend)
+            return cls(backend, clock=clock)
         except Exception:
             backend.close()
             raise

@@ -4,10 +4,12 @@ benchmarks build a backend."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from backend.protocol import Backend
-from scheduler.drafts import DraftSource
+
+if TYPE_CHECKING:
+    from backend.draft_model import DraftModelSource
 
 # What each kind of backend gets when the config leaves a size open: the real model's context
 # holds a few agents' conversations; a simulated one models a GPU server's much larger pool.
@@ -84,7 +86,7 @@ def build_backend(config: BackendConfig, on_progress: Callable[[float, str], Non
                              **sizes)
 
 
-def build_draft_source(config: BackendConfig, target: Backend) -> DraftSource | None:
+def build_draft_source(config: BackendConfig, target: Backend) -> "DraftModelSource | None":
     """The draft-model source `config.draft_model` names, beside `target` (None when it names none).
     Raises DraftModelError (one line) when the file cannot draft for the target."""
     if config.draft_model is None:
