@@ -47,10 +47,10 @@ def _burst(server: Server, prompts: list[list[int]], n_predict: int) -> tuple[li
         with urllib.request.urlopen(req, timeout=1800) as r:
             return json.loads(r.read())
 
-    cpu0 = _cpu_s(server.proc.pid)
+    cpu0 = _cpu_s(server.pid)
     with ThreadPoolExecutor(len(prompts)) as pool:
         replies = list(pool.map(one, prompts))
-    return replies, _cpu_s(server.proc.pid) - cpu0
+    return replies, _cpu_s(server.pid) - cpu0
 
 
 def run_peer(spec: BackendConfig, cfg, lengths: dict, progress) -> list[dict]:

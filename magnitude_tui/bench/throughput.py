@@ -144,7 +144,7 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
                                       n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch, dev=dev) as srv:
                         srv.burst([list(p) for p in prompts[n][:1]], 4)  # warm-up
                         (wall, made), busy = measured(lambda: srv.burst([list(p) for p in prompts[n]], cfg.gen),
-                                                      pids=(srv.proc.pid,), progress=progress)
+                                                      pids=(srv.pid,), progress=progress)
                     runs.append({"peer": "llama-server -np N", "seqs": n, "rep": rep, "tok_s": made / wall,
                                  "tg_tok_s": None, "made": made, "wall_s": wall, "others": busy})
             if serial is not None:

@@ -4,7 +4,6 @@ process, or a thread in tests)."""
 from __future__ import annotations
 
 import multiprocessing as mp
-import queue
 import signal
 import threading
 
@@ -21,10 +20,9 @@ from magnitude_tui.engine.events import (
     Shutdown,
     Submit,
 )
-from magnitude_tui.engine.protocol import EngineEvent, EngineTarget
+from magnitude_tui.engine.protocol import EngineEvent, EngineTarget, EventStream
 from scheduler.types import DoneReason, Phase, Rejection, RejectReason, Request, SeqUpdate, StepReport
 
-_CLOSED = object()
 
 
 def default_log_path() -> str:
@@ -47,7 +45,7 @@ class WorkerClient:
         self.config = config
         self.in_process = in_process
         self.log_path = default_log_path() if log_path == "auto" else log_path
-        self._events: queue.Queue = queue.Queue()
+        self._events = EventStream()
         self._live: dict[str, str] = {}  # request_id -> session_id, until its done update arrives
         self._live_lock = threading.Lock()
         # Submitted before EngineReady: they wait in the pipe while the model loads, and are
@@ -108,7 +106,7 @@ class WorkerClient:
     def stop(self) -> None:
         """Shut the worker down; poll_events() then returns None."""
         self._shutdown_worker()
-        self._events.put(_CLOSED)
+        self._events.close()
 
     def _shutdown_worker(self) -> None:
         self._stopping = True
@@ -176,11 +174,7 @@ class WorkerClient:
 
     def poll_events(self, timeout: float | None = 0.0) -> list[EngineEvent] | None:
         """One batch, or None when none arrived within timeout (sync callers: CLI, benchmarks)."""
-        try:
-            batch = self._events.get(timeout=timeout) if timeout else self._events.get_nowait()
-        except queue.Empty:
-            return None
-        return None if batch is _CLOSED else batch
+        return self._events.poll(timeout)
 
     def _read(self) -> None:
         conn = self._conn

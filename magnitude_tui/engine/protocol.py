@@ -8,6 +8,7 @@ OpenAI-compatible server), and the tests' scripted clients.
 
 from __future__ import annotations
 
+import queue
 from dataclasses import dataclass
 from typing import Protocol, Union, runtime_checkable
 
@@ -19,6 +20,29 @@ from scheduler.types import Request, SeqUpdate, StepReport
 # local engine, one per network read for a remote one (never one per token).
 EngineEvent = Union[LoadProgress, EngineReady, EngineFailed, PolicyChanged, CommandRejected,
                     StepReport, SeqUpdate, EndpointsReport]
+
+
+class EventStream:
+    """The queue between a client's reader thread and its consumer: batches go in, `poll` takes
+    one out; after `close()` the consumer gets None (the stream ended), as EngineClient promises."""
+
+    _CLOSED = object()
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue = queue.Queue()
+
+    def put(self, batch: list[EngineEvent]) -> None:
+        self._queue.put(batch)
+
+    def close(self) -> None:
+        self._queue.put(self._CLOSED)
+
+    def poll(self, timeout: float | None = 0.0) -> list[EngineEvent] | None:
+        try:
+            batch = self._queue.get(timeout=timeout) if timeout else self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        return None if batch is self._CLOSED else batch
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,13 @@ FLUSH_S), so the app takes them exactly as it takes a local engine's step report
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 
 import httpx
 
 from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
                                          LoadProgress)
-from magnitude_tui.engine.protocol import EngineEvent, EngineTarget
+from magnitude_tui.engine.protocol import EngineEvent, EngineTarget, EventStream
 from magnitude_tui.remote.config import RemoteConfig, base_url
 from magnitude_tui.remote.metrics import RemoteSeq
 from magnitude_tui.remote.pool import EndpointPool
@@ -25,7 +24,6 @@ from scheduler.types import DoneReason, Phase, Request, SeqUpdate
 
 FLUSH_S = 0.02  # updates gathered this long go out as one batch
 STATUS_S = 0.5  # the endpoints' figures are sent at most this often
-_CLOSED = object()
 
 
 class RemoteClient:
@@ -35,7 +33,7 @@ class RemoteClient:
         self.config = config
         self.model: str | None = config.model
         self.pool = EndpointPool(config.urls, config.max_in_flight)
-        self._events: queue.Queue = queue.Queue()
+        self._events = EventStream()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._http: httpx.AsyncClient | None = None
@@ -74,7 +72,7 @@ class RemoteClient:
 
     def stop(self) -> None:
         self._shutdown()
-        self._events.put(_CLOSED)
+        self._events.close()
 
     def submit(self, request: Request) -> None:
         self._call(self._submit, request)
@@ -90,11 +88,7 @@ class RemoteClient:
                                           f"({', '.join(self.config.urls)}); policies apply to the local engine")])
 
     def poll_events(self, timeout: float | None = 0.0) -> list[EngineEvent] | None:
-        try:
-            batch = self._events.get(timeout=timeout) if timeout else self._events.get_nowait()
-        except queue.Empty:
-            return None
-        return None if batch is _CLOSED else batch
+        return self._events.poll(timeout)
 
     # ---- the loop thread ---------------------------------------------------------------------
 
