@@ -101,16 +101,18 @@ def _step_all(engine: Engine, reqs: list[Request]) -> _Run:
 def _task_runs(engine: Engine, task: Task, prompts: list[tuple[int, ...]], cfg: SpecBenchConfig,
                modes: tuple[str, ...], off_texts: dict, progress) -> list[dict]:
     """Every width and mode of one task on one engine. Each sequence keeps its conversation (and
-    its prompt's KV) between runs, so only the first turn, a warm-up, evaluates the prompts: every
-    measured run starts from resident prompts and differs only in its mode. `off_texts` carries
-    the `off` replies per (width, repetition) to the runs of another engine."""
+    its prompt's KV) between runs, so only a first turn, a warm-up, evaluates a prompt: every
+    measured run starts from resident prompts and differs only in its mode. Widths go up, and
+    each warms up only its new sequences: no conversation outside the width is resident (without
+    flash attention every row would read its cells too). `off_texts` carries the `off` replies
+    per (width, repetition) to the runs of another engine."""
     sampling = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens)
-    width = max(cfg.widths)
-    engine.set_spec(SpecMode.OFF)
-    _step_all(engine, [Request(f"{task.value}-warm-{i}", f"s{i}", (), replace(sampling, max_tokens=1),
-                               prompt_tokens=prompts[i]) for i in range(width)])
-    rows = []
-    for w in cfg.widths:
+    rows, warm = [], 0
+    for w in sorted(cfg.widths):
+        engine.set_spec(SpecMode.OFF)
+        _step_all(engine, [Request(f"{task.value}-warm-{i}", f"s{i}", (), replace(sampling, max_tokens=1),
+                                   prompt_tokens=prompts[i]) for i in range(warm, w)])
+        warm = max(warm, w)
         for rep in range(cfg.reps):
             for mode in modes:  # side by side: modes alternate inside each repetition
                 engine.set_spec(mode)
