@@ -18,11 +18,13 @@ from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, 
 
 
 def local_client(n_prompts: int, *, model, device, policy, n_ctx, verbose: bool,
-                 backend: str = "llama", threads: int | None = None) -> WorkerClient:
+                 backend: str = "llama", threads: int | None = None,
+                 draft_model: str | None = None) -> WorkerClient:
     """The local engine for `generate`: one sequence slot per prompt (at least 16); `threads`
     fixes the CPU thread count (None: the engine chooses it between steps)."""
     config = EngineConfig(BackendConfig(backend, model=model, device=device, n_ctx=n_ctx, n_threads=threads,
-                                        n_seq_max=max(16, n_prompts), verbose=verbose), policy=policy,
+                                        n_seq_max=max(16, n_prompts), verbose=verbose,
+                                        draft_model=draft_model), policy=policy,
                           auto_threads=threads is None)
     return WorkerClient(config, log_path=None if verbose else "auto")
 
