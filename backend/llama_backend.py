@@ -82,6 +82,9 @@ class LlamaBackend:
         self.n_seq_max = llama_cpp.llama_n_seq_max(ctx)
         self.n_vocab = vocab.n_vocab
         self.n_threads = n_threads
+        # The engine may choose any count up to what this process may use (or the count asked for,
+        # if more: a user who asked for it knows their machine).
+        self.max_threads = max(n_threads, usable_cpus())
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._samplers: dict[int, ctypes.c_void_p] = {}
         self._greedy = llama_cpp.llama_sampler_init_greedy()
@@ -99,6 +102,7 @@ class LlamaBackend:
         # The attention path this context runs and why; the cost model prices rows by it.
         self.attention = choice or attention.AttentionChoice(False, "not measured")
         self.attention_path = self.attention.path
+        self.attention_tile_rows = attention.tile_rows(self.attention, device_name)
         self.info["attention"] = self.attention.short()
         self.info["attention_reason"] = self.attention.summary()
         # A sequence state holds K and V rows as this context lays them out: the model, the build
@@ -259,6 +263,7 @@ class LlamaBackend:
         logits = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
         n_seq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
         logit_rows: dict[int, int] = {}
+        draft_rows: dict[int, tuple[int, ...]] = {}
         row = 0
         for s in plan.slices:
             k = len(s.tokens)
@@ -268,8 +273,11 @@ class LlamaBackend:
             for i in range(row, row + k):
                 b.seq_id[i][0] = s.seq_id
             if s.want_logits:
-                logits[row + k - 1] = 1
-                logit_rows[s.seq_id] = row + k - 1
+                first = row + k - 1 - s.n_draft  # a decode row verifying drafts: every row after it too
+                logits[first:row + k] = 1
+                logit_rows[s.seq_id] = first
+                if s.n_draft:
+                    draft_rows[s.seq_id] = tuple(range(first + 1, row + k))
             row += k
         n_seq[:n] = 1
         b.n_tokens = n
@@ -280,7 +288,16 @@ class LlamaBackend:
         step_ms = (time.perf_counter() - t0) * 1000.0
         outcome = DecodeOutcome.from_code(code)
         return DecodeResult(outcome=outcome, step_ms=step_ms,
-                            logit_rows=logit_rows if outcome is DecodeOutcome.OK else {}, code=code)
+                            logit_rows=logit_rows if outcome is DecodeOutcome.OK else {}, code=code,
+                            draft_rows=draft_rows if outcome is DecodeOutcome.OK else {})
+
+    def set_n_threads(self, n: int) -> None:
+        """Run the next steps (decode and prompt rows alike) on n CPU threads."""
+        if not 1 <= n <= self.max_threads:
+            raise ValueError(f"thread count {n} outside 1..{self.max_threads}")
+        llama_cpp.llama_set_n_threads(self._ctx, n, n)
+        self.n_threads = n
+        self.info["n_threads"] = n
 
     def logits(self, logit_row: int) -> np.ndarray:
         """The logits of one batch row as a numpy view (valid until the next decode)."""

@@ -89,16 +89,24 @@ class Store:
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path is not None else default_db_path()
         if str(self.path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                pass  # a read-only place: open_database runs the session in memory and says why
         opened = open_database(self.path)
         self._db = opened.db
         self.moved_to = opened.moved_to
         self.migrated_from = opened.migrated_from
         # What the user must be told on start (an unreadable file was moved aside), or None.
         self.notice: str | None = None
+        # Why nothing will be saved this session (None: everything is saved as usual).
+        self.read_only = opened.read_only
         if opened.moved_to is not None:
             self.notice = (f"The database {self.path} could not be read ({opened.why}). It was moved "
                            f"to {opened.moved_to} and a new, empty one was started.")
+        elif opened.read_only is not None:
+            self.notice = (f"History will not be saved: {opened.read_only}. This session runs on a copy "
+                           f"in memory; make {self.path} and its directory writable and restart to save again.")
         # Added within schema 1, idempotently: a database from before it simply gains the table.
         self._db.executescript(PANE_SETTINGS_TABLE + QUEUED_TABLE)
         self.workspace_id: int | None = None

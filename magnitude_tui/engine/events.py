@@ -8,6 +8,7 @@ from enum import Enum
 from typing import Union
 
 from backend.factory import BackendConfig
+from scheduler.speculation import SpecMode
 from scheduler.types import Message, Request
 
 DEFAULT_WARM_BUDGET_MB = 1024  # saved conversation KV on disk, all models together (LRU beyond it)
@@ -21,10 +22,15 @@ class EngineConfig:
     policy: str = "target:50"
     coalesce_ms: float = 5.0
     prepare_notice_chars: int | None = 8000  # a message this long is reported `preparing` before tokenizing
+    # Choose the CPU thread count between steps from measured step times (engine/threads.py), up
+    # to the CPUs this process may use; off, it stays at the backend's `n_threads`.
+    auto_threads: bool = True
     # Where idle conversations' KV is saved for warm resume (None: not saved), and how many MB of
     # disk it may take there.
     warm_dir: str | None = None
     warm_budget_mb: int = DEFAULT_WARM_BUDGET_MB
+    # Speculative decoding (`--spec`): auto drafts where the cost model says it pays.
+    spec: SpecMode = SpecMode.AUTO
 
 
 # ---- worker -> app -------------------------------------------------------------------------
@@ -150,9 +156,14 @@ class RestoreSession:
 
 
 @dataclass(frozen=True)
+class SetSpec:
+    mode: SpecMode
+
+
+@dataclass(frozen=True)
 class Shutdown:
     pass
 
 
 # What the engine takes (Engine.submit & co. queue these; the worker pipe carries them as they are).
-Command = Union[Submit, Cancel, CloseSession, SetPolicy, RestoreSession, Shutdown]
+Command = Union[Submit, Cancel, CloseSession, SetPolicy, SetSpec, RestoreSession, Shutdown]

@@ -8,7 +8,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
-from backend.factory import BackendConfig, build_backend
+from backend.factory import BackendConfig, build_backend, build_draft_source
 from magnitude_tui.engine.core import Engine
 from magnitude_tui.engine.events import (
     Cancel,
@@ -57,10 +57,17 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
             last_sent[0] = now
             conn.send([LoadProgress(fraction=fraction, model=model_name, device=device)])
 
+    draft = None
     try:
         backend = build_backend(config.backend, on_progress=on_progress)
+        if config.backend.draft_model is not None:
+            conn.send([LoadProgress(fraction=1.0, model=os.path.basename(config.backend.draft_model),
+                                    device=backend.device_name, stage="loading the draft model")])
+            draft = build_draft_source(config.backend, backend)
         engine = Engine(backend, policy=config.policy, coalesce_ms=config.coalesce_ms,
-                        prepare_notice_chars=config.prepare_notice_chars, warm=_warm_store(config, backend))
+                        prepare_notice_chars=config.prepare_notice_chars, auto_threads=config.auto_threads,
+                        warm=_warm_store(config, backend), spec=config.spec,
+                        drafts={draft.kind: draft} if draft is not None else None)
         conn.send([LoadProgress(fraction=1.0, model=backend.model_name, device=backend.device_name,
                                 stage="calibrating the step-cost model")])
         engine.calibrate()
@@ -75,11 +82,13 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
         n_seq_max=backend.n_seq_max,
         n_batch=backend.n_batch,
         policy=engine.policy,
-        info=dict(backend.info),
+        info=dict(backend.info, **({"draft_model": draft.model_name} if draft is not None else {})),
     )])
     try:
         _loop(conn, engine)
     finally:
+        if draft is not None:
+            draft.close()
         backend.close()
 
 
