@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import tempfile
@@ -28,6 +29,7 @@ from typing import Callable
 
 
 from magnitude_tui.bench.common import BenchResult, machine_info, percentile, rnd
+from magnitude_tui.engine.warm_store import WarmStore
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ def _walk(make_engine: Callable[[], object], ops: int, seed: int, *, exact_cells
     failures: list[str] = []
     leaked = [0, 0]
     finished: dict[str, int] = {}
+    restores: dict[str, int] = {}
     t0 = time.monotonic()
     while done < ops:
         h = EngineHarness(make_engine(), exact_cells=exact_cells, one_char_per_token=one_char)
@@ -79,9 +82,11 @@ def _walk(make_engine: Callable[[], object], ops: int, seed: int, *, exact_cells
         lost += h.stats.lost_tokens
         for k, v in h.stats.finished.items():
             finished[k] = finished.get(k, 0) + v
+        for k, v in h.stats.restores.items():
+            restores[k] = restores.get(k, 0) + v
         progress(f"  {done:,}/{ops:,} operations, {len(failures)} failures")
     extra = {"steps": steps, "requests": sum(finished.values()), "preemptions": preempted,
-             "done_reasons": finished, "seconds": rnd(time.monotonic() - t0, 1)}
+             "done_reasons": finished, "warm_restores": restores, "seconds": rnd(time.monotonic() - t0, 1)}
     return {"leaked": leaked, "lost": lost, **extra}, failures
 
 
@@ -92,13 +97,21 @@ def machine_fake(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
 
     shapes = random.Random(cfg.seed)  # each episode: another slot count and end-of-generation
 
+    kv_dir = tempfile.mkdtemp(prefix="magnitude-soak-kv-")
+
     def make():
         rng = shapes
         backend = FakeBackend(n_ctx=700, n_seq_max=rng.choice([3, 5, 8]), n_batch=96,
                               eog_after=rng.choice([None, 12]))
-        return Engine(backend, policy="fixed:32", clock=VirtualClock(), coalesce_ms=0, gen_reserve=24)
+        engine = Engine(backend, policy="fixed:32", clock=VirtualClock(), coalesce_ms=0, gen_reserve=24,
+                        warm=WarmStore(kv_dir, layout=backend.state_layout, budget_bytes=8 << 20))
+        engine.warm.save_after_s = 0.0  # saved as soon as idle: conversations swap to disk and back often
+        return engine
 
-    res, failures = _walk(make, cfg.fake_ops, cfg.seed, exact_cells=True, one_char=True, progress=progress)
+    try:
+        res, failures = _walk(make, cfg.fake_ops, cfg.seed, exact_cells=True, one_char=True, progress=progress)
+    finally:
+        shutil.rmtree(kv_dir, ignore_errors=True)
     return soak_row("state machine, fake backend", f"{cfg.fake_ops:,} ops", len(failures),
                 f"{res['leaked'][0]}/{res['leaked'][1]}", f"{res['lost']} tokens",
                 **{k: v for k, v in res.items() if k not in ("leaked", "lost")}), failures
@@ -111,15 +124,20 @@ def machine_real(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
 
     backend = LlamaBackend.load(model_path=cfg.model, device=cfg.device, n_ctx=2048, n_seq_max=6,
                                 n_batch=512)
+    kv_dir = tempfile.mkdtemp(prefix="magnitude-soak-kv-")
     try:
         def make():
             reset_kv(backend)
-            return Engine(backend, policy="target:50", coalesce_ms=0, gen_reserve=16)
+            engine = Engine(backend, policy="target:50", coalesce_ms=0, gen_reserve=16,
+                            warm=WarmStore(kv_dir, layout=backend.state_layout, budget_bytes=256 << 20))
+            engine.warm.save_after_s = 0.0  # llama.cpp's sequence states go out and back in under load
+            return engine
 
         res, failures = _walk(make, cfg.real_ops, cfg.seed, exact_cells=False, one_char=False,
                               progress=progress)
     finally:
         backend.close()
+        shutil.rmtree(kv_dir, ignore_errors=True)
     return soak_row("state machine, real model", f"{cfg.real_ops:,} ops", len(failures),
                 f"{res['leaked'][0]}/{res['leaked'][1]}", f"{res['lost']} tokens",
                 **{k: v for k, v in res.items() if k not in ("leaked", "lost")}), failures

@@ -40,6 +40,7 @@ class HarnessStats:
     max_kv_used: int = 0
     preemptions: int = 0
     lost_tokens: int = 0  # tokens generated but never shown, or shown twice
+    restores: dict[str, int] = field(default_factory=dict)  # warm-resume outcome -> count
 
 
 class EngineHarness:
@@ -100,6 +101,13 @@ class EngineHarness:
         self.sessions.pop(session, None)
         self.stats.ops += 1
 
+    def swap(self, session: str) -> None:
+        """The conversation's KV leaves memory and comes back from its saved state (warm resume)
+        as far as its history still matches it, or it stays cold (an engine with a WarmStore)."""
+        self.engine.close_session(session)
+        self.engine.restore_session(session, self.sessions[session])
+        self.stats.ops += 1
+
     def set_policy(self, policy: str) -> None:
         self.engine.set_policy(policy)
         self.stats.ops += 1
@@ -111,6 +119,8 @@ class EngineHarness:
 
     def step(self) -> StepReport | None:
         report = self.engine.step()
+        for notice in self.engine.take_notices():
+            self.stats.restores[notice.outcome.value] = self.stats.restores.get(notice.outcome.value, 0) + 1
         self.stats.steps += 1
         self.stats.ops += 1
         if report is not None:
@@ -136,6 +146,8 @@ class EngineHarness:
             self.set_policy(rng.choice(POLICIES))
         elif r < 0.24 and hasattr(self.backend, "fail_next"):
             self.kv_full()
+        elif r < 0.25 and self.sessions and self.engine.warm is not None:
+            self.swap(rng.choice(list(self.sessions)))
         else:
             self.step()
 
@@ -210,6 +222,8 @@ class EngineHarness:
 
     def finish(self, max_steps: int = 100_000) -> None:
         """Close every conversation, run to idle, and demand that nothing is left."""
+        if self.engine.warm is not None:
+            self.engine.warm.store.close()  # its writer thread ends with the episode
         for sid in list(self.engine.scheduler.sessions) + list(self.sessions):
             self.engine.close_session(sid)
         self.sessions.clear()

@@ -22,6 +22,9 @@ MIN_RESTORE_TOKENS = 16
 # for the worker a few seconds more before it kills it).
 SHUTDOWN_SAVE_S = 4.0
 
+# Outcomes of ordinary operation (nothing saved yet, a full cache), logged only at info level;
+# the others mean a state was there and could not be used, which the log must show.
+_EXPECTED = (RestoreOutcome.NOT_SAVED, RestoreOutcome.NO_ROOM)
 _FOUND_OUTCOME = {Found.NOTHING: RestoreOutcome.NOT_SAVED, Found.OTHER_LAYOUT: RestoreOutcome.OTHER_LAYOUT,
                   Found.DAMAGED: RestoreOutcome.CORRUPT}
 
@@ -41,6 +44,7 @@ class WarmResume:
         self.scheduler = scheduler
         self.store = store
         self._idle_since: dict[str, float] = {}  # conversations whose latest reply is not saved yet
+        self.save_after_s = SAVE_AFTER_S  # the soak tests save at once, to restore often
         self.last_save_ms = 0.0  # copying the latest saved state out of the KV cache
         self.last_state_bytes = 0
         self.num_saved = 0
@@ -51,8 +55,8 @@ class WarmResume:
         self._idle_since[session_id] = now
 
     def tick(self, now: float) -> None:
-        """Save the conversation idle longest, if it has been idle SAVE_AFTER_S (one per step)."""
-        due = [(t, sid) for sid, t in self._idle_since.items() if now - t >= SAVE_AFTER_S]
+        """Save the conversation idle longest, if it has been idle `save_after_s` (one per step)."""
+        due = [(t, sid) for sid, t in self._idle_since.items() if now - t >= self.save_after_s]
         if due:
             self._save(min(due)[1])
 
@@ -95,7 +99,9 @@ class WarmResume:
 
         def answer(outcome: RestoreOutcome, detail: str = "", tokens: int = 0, size: int = 0) -> SessionRestored:
             ms = (time.perf_counter() - t0) * 1000.0
-            if outcome is not RestoreOutcome.RESTORED and outcome is not RestoreOutcome.NOT_SAVED:
+            if outcome in _EXPECTED:
+                log.info("warm resume: %s starts cold (%s): %s", sid, outcome.value, detail)
+            elif outcome is not RestoreOutcome.RESTORED:
                 log.warning("warm resume: %s starts cold (%s): %s", sid, outcome.value, detail)
             return SessionRestored(sid, outcome, tokens=tokens, load_ms=ms, state_bytes=size, detail=detail)
 
