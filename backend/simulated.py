@@ -124,6 +124,7 @@ class SimulatedBackend(FakeBackend):
         n_seq_max: int = 16,
         n_batch: int = 8192,
         realtime: bool = False,
+        thread_factor: Callable[[int], float] | None = None,
         **kwargs,
     ) -> None:
         self.profile = get_profile(profile) if isinstance(profile, str) else profile
@@ -133,6 +134,9 @@ class SimulatedBackend(FakeBackend):
         self._virtual = None if realtime else (clock or VirtualClock())
         self.clock: Clock = self._virtual or WALL_CLOCK
         self._step_ms = step_ms
+        # How much longer a step takes on n threads than the profile says (a busy machine: give it
+        # `max_threads` too); None: the thread count changes nothing.
+        self._thread_factor = thread_factor
         p = self.profile
         # The profile is the truth: the engine seeds its cost model from it instead of calibrating.
         self.known_costs = CostParams(p.fixed_ms, p.decode_ms, p.prefill_ms, p.attn_ms)
@@ -144,13 +148,16 @@ class SimulatedBackend(FakeBackend):
         result = super().decode(plan)
         if result.outcome is DecodeOutcome.OK:
             if self._step_ms is not None:
-                ms = self._step_ms(plan.n_decode, plan.n_prefill)
+                ms = self._step_ms(plan.n_decode + plan.n_draft, plan.n_prefill)
             else:
                 kpos = plan_kpos(plan, self.profile.attention, cells_before)
-                ms = self.profile.step_ms(plan.n_decode, plan.n_prefill, kpos)
+                # A draft row carries logits like a decode row and costs what one does.
+                ms = self.profile.step_ms(plan.n_decode + plan.n_draft, plan.n_prefill, kpos)
         else:
             # A failed llama_decode returns before the compute graph runs: only the fixed cost.
             ms = self.profile.fixed_ms
+        if self._thread_factor is not None:
+            ms *= self._thread_factor(self.n_threads)
         if self._virtual is None:
             time.sleep(ms / 1000.0)
         else:

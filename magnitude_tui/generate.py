@@ -14,14 +14,18 @@ from backend.factory import BackendConfig
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import CommandRejected, EngineConfig, EngineFailed, EngineReady, LoadProgress
 from magnitude_tui.engine.protocol import EngineClient, seq_updates
-from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
+from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport, ThreadState
 
 
 def local_client(n_prompts: int, *, model, device, policy, n_ctx, verbose: bool,
-                 backend: str = "llama") -> WorkerClient:
-    """The local engine for `generate`: one sequence slot per prompt (at least 16)."""
-    config = EngineConfig(BackendConfig(backend, model=model, device=device, n_ctx=n_ctx,
-                                        n_seq_max=max(16, n_prompts), verbose=verbose), policy=policy)
+                 backend: str = "llama", threads: int | None = None,
+                 draft_model: str | None = None) -> WorkerClient:
+    """The local engine for `generate`: one sequence slot per prompt (at least 16); `threads`
+    fixes the CPU thread count (None: the engine chooses it between steps)."""
+    config = EngineConfig(BackendConfig(backend, model=model, device=device, n_ctx=n_ctx, n_threads=threads,
+                                        n_seq_max=max(16, n_prompts), verbose=verbose,
+                                        draft_model=draft_model), policy=policy,
+                          auto_threads=threads is None)
     return WorkerClient(config, log_path=None if verbose else "auto")
 
 
@@ -45,6 +49,7 @@ def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temper
                                   sampling=sampling))
         t0 = time.perf_counter()
         steps = 0
+        threads: ThreadState | None = None
         while len(finals) < len(prompts):
             batch = client.poll_events(timeout=60)
             if batch is None:
@@ -52,7 +57,9 @@ def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temper
                 return 1
             for ev in batch:
                 updates = seq_updates([ev])
-                steps += isinstance(ev, StepReport)
+                if isinstance(ev, StepReport):
+                    steps += 1
+                    threads = ev.threads or threads
                 if isinstance(ev, (EngineFailed, CommandRejected)):
                     console.print(f"[red]{ev.message}[/]")
                 for u in updates:
@@ -63,6 +70,8 @@ def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temper
                         finals[u.request_id] = u
         wall = time.perf_counter() - t0
         _print_results(console, order, prompts, texts, finals, wall, steps)
+        if threads is not None:
+            console.print(f"CPU threads: {threads.short()}: {threads.why}")
         return 0 if all(f.error is None for f in finals.values()) else 1
     finally:
         client.stop()

@@ -1,5 +1,5 @@
 """Provides the `magnitude-tui bench` commands (typer): admit, prefill-curve, throughput, fork,
-burst, target-depth, remote, serve, soak, ui, ui-cpu."""
+burst, target-depth, resume, remote, serve, soak, spec, contention, ui, ui-cpu."""
 
 from __future__ import annotations
 
@@ -136,6 +136,52 @@ def throughput(
     _finish(result, out, plot_throughput)
 
 
+@bench_app.command("spec")
+def spec_bench(
+    seqs: str = typer.Option("1,2,4,8,16", "--seqs", help="Concurrent sequences (widths)."),
+    tasks: str = typer.Option("repetitive,quoting,chat", "--tasks", help="Tasks: repetitive, quoting, chat."),
+    modes: str = typer.Option("off,ngram,auto,draft", "--modes", help="--spec modes to compare (off first)."),
+    max_tokens: int = typer.Option(48, "--max-tokens", help="Longest reply per sequence (greedy; EOS ends it)."),
+    reps: int = typer.Option(1, "--reps", help="Repetitions (modes alternate inside each; medians reported)."),
+    policy: str = typer.Option("target:50", "--policy", "-p"),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft GGUF for the draft mode "
+                                              "(default: the model itself, an upper bound on acceptance)."),
+    backend: str = typer.Option("llama", "--backend", "-b", help="llama, or simulated:<profile> (a smoke run)."),
+    sim_profile: str = typer.Option("rx9070xt", "--sim-profile", help="The simulated GPU replaying the acceptance."),
+    peer: bool = typer.Option(True, "--peer/--no-peer", help="Also run llama-server with and without its n-gram speculation."),
+    wall_clock: bool = typer.Option(False, "--wall-clock", help="Time in wall seconds instead of the engine "
+                                    "process's CPU seconds (only meaningful on a quiet machine)."),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt,
+    threads: int = typer.Option(1, "--threads", "-t", help="CPU threads (1: CPU time measures the work)."),
+    ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
+) -> None:
+    """Speculative decoding: off / ngram / auto / draft at 1..16 sequences on three tasks, llama-server's
+    own n-gram speculation beside it, and a simulated GPU replaying the measured acceptance."""
+    from magnitude_tui.bench.plots import plot_spec
+    from magnitude_tui.bench.spec import SpecBenchConfig, run_spec
+    from magnitude_tui.bench.spec_peer import run_peer
+    from magnitude_tui.bench.spec_tasks import Task
+    from scheduler.speculation import parse_spec_mode
+
+    chosen_tasks = tuple(t.strip() for t in tasks.split(",") if t.strip())
+    for t in chosen_tasks:
+        if t not in {x.value for x in Task}:
+            raise typer.BadParameter(f"unknown task {t!r}: use repetitive, quoting, chat", param_hint="--tasks")
+    try:
+        chosen_modes = tuple(parse_spec_mode(m).value for m in modes.split(",") if m.strip())
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--modes") from None
+    if not chosen_modes or chosen_modes[0] != "off":
+        raise typer.BadParameter("the modes must start with off (every ratio is to it)", param_hint="--modes")
+    cfg = SpecBenchConfig(widths=_ints(seqs), tasks=chosen_tasks, modes=chosen_modes, max_tokens=max_tokens,
+                          reps=reps, policy=policy, draft_model=draft_model, cpu_clock=not wall_clock,
+                          peer=peer, sim_profile=sim_profile)
+    spec = _spec(backend, model, device, threads, ctx)
+    real = spec.family == "llama"
+    result = run_spec(spec, cfg, progress=_progress, peer=run_peer if peer and real else None)
+    _finish(result, out, plot_spec)
+
+
 @bench_app.command()
 def fork(
     n: int = typer.Option(8, "--n", help="Subagents."),
@@ -154,6 +200,22 @@ def fork(
 
     cfg = ForkConfig(n=n, parent_tokens=parent, task_tokens=task, gen=gen, policy=policy, reps=reps)
     _finish(run_fork(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, plot_fork)
+
+
+@bench_app.command()
+def resume(
+    history: int = typer.Option(2000, "--history", help="Tokens of the conversation before the resume."),
+    gen: int = typer.Option(8, "--gen", help="Tokens of the reply after the resume."),
+    reps: int = typer.Option(3, "--reps", help="Cold and warm runs each (they alternate)."),
+    policy: str = typer.Option("fixed:512", "--policy", "-p"),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
+    ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
+) -> None:
+    """TTFT of the first reply after a resume: the history prefilled again (cold) vs its KV restored from disk (warm)."""
+    from magnitude_tui.bench.resume import ResumeConfig, run_resume
+
+    cfg = ResumeConfig(history_tokens=history, gen=gen, reps=reps, policy=policy)
+    _finish(run_resume(_spec("llama", model, device, threads, ctx), cfg, progress=_progress), out, None)
 
 
 @bench_app.command()
@@ -346,6 +408,23 @@ def soak(
     if result.data["failures"]:
         raise typer.Exit(1)
 
+
+@bench_app.command()
+def contention(
+    seqs: int = typer.Option(8, "--seqs", help="Concurrent sequences (llama-batched-bench -npl)."),
+    gen: int = typer.Option(32, "--gen", help="Tokens generated per sequence (-ntg)."),
+    reps: int = typer.Option(2, "--reps", help="Rounds of every variant under each load."),
+    loads: Optional[str] = typer.Option(None, "--loads", help="Busy processes per load, comma-separated "
+                                        "(default: 0, 1 and one per core)."),
+    fixed: bool = typer.Option(False, "--fixed", help="Also run the engine with every core, fixed (the old default)."),
+    model: Optional[str] = ModelOpt, out: Path = OutOpt,
+) -> None:
+    """The engine beside busy processes: tok/s against its quiet figure and llama-batched-bench -t 1..cores."""
+    from magnitude_tui.bench.contention import ContentionConfig, run_contention
+
+    cfg = ContentionConfig(seqs=seqs, gen=gen, reps=reps, loads=_ints(loads) if loads else None,
+                           engine_fixed=fixed, model=model)
+    _finish(run_contention(cfg, progress=_progress), out, None)
 
 
 if __name__ == "__main__":

@@ -100,11 +100,11 @@ class Server:
     """llama-server on 127.0.0.1 with N slots (continuous batching), stopped on exit."""
 
     def __init__(self, bindir: Path, *, model: str, parallel: int, threads: int, n_ctx: int, n_batch: int,
-                 n_ubatch: int, dev: list[str]) -> None:
+                 n_ubatch: int, dev: list[str], extra: list[str] | None = None) -> None:
         self.port = free_port()
         cmd = [str(bindir / "llama-server"), "-m", model, "--host", "127.0.0.1", "--port", str(self.port),
                "-np", str(parallel), "-cb", "-kvu", "-c", str(n_ctx), "-b", str(n_batch), "-ub", str(n_ubatch),
-               "-t", str(threads), "-tb", str(threads), *dev, "--no-webui", "-cram", "0"]
+               "-t", str(threads), "-tb", str(threads), *dev, "--no-webui", "-cram", "0", *(extra or [])]
         self.process = ServerProcess(cmd, self.port, "llama-server")
 
     @property

@@ -1,5 +1,5 @@
-"""Provides the scheduler panel: step time against target, decode vs prefill rows, budget, KV, queue;
-for a remote engine, its servers instead."""
+"""Provides the scheduler panel: step time against target, decode vs prefill rows, budget, CPU
+threads, KV, queue; for a remote engine, its servers instead."""
 
 from __future__ import annotations
 
@@ -158,6 +158,10 @@ class SchedulerPanel(Widget):
         line("prefill", (spark([r.prefill_rows for r in recent], width, top=rows_top), "sched--prefill"),
              (f" {last.prefill_rows:>3}", ""))
         line("budget", (f"{last.budget} rows", ""), (f" · step #{last.step}", "sched--dim"))
+        if last.threads is not None:
+            # The CPU thread count the engine chose between steps, and why (engine/threads.py).
+            line("threads", (last.threads.short(), ""))
+            line("", (last.threads.why, "sched--dim"))
         rate = self.rate
         if rate is None:
             line("rate", ("— (engine stopped)" if self.stopped else "— (nothing generating)", "sched--dim"))
