@@ -127,14 +127,17 @@ def run_target_depth(spec: BackendConfig, cfg: TargetDepthConfig, progress=lambd
     try:
         params = Engine(FixedLength(backend, CPU_CLOCK if cfg.cpu_clock and backend.known_costs is None
                                     else None)).calibrate()
-        rows = []
+        rows, traces = [], {}
         for depth in cfg.depths:
-            rows.append(_row(run_depth(backend, depth, cfg, params)))
+            run = run_depth(backend, depth, cfg, params)
+            traces[str(depth)] = {"step_ms": [rnd(x, 1) for x in run.steps_ms], "prompt_rows": run.prompt_rows}
+            rows.append(_row(run))
             progress(f"depth {depth:>5}: target {rows[-1]['target_ms']:g} ms, step p50 {rows[-1]['step_p50_ms']} "
                      f"p99 {rows[-1]['step_p99_ms']} ms ({rows[-1]['p99_x_target']}x)")
         res.tables["step time against the target, per depth"] = rows
         res.data = {"backend": backend_info(backend) | {"cost": asdict(params),
-                                                        "attention": getattr(backend, "info", {}).get("attention")}}
+                                                        "attention": getattr(backend, "info", {}).get("attention")},
+                    "steps": traces}
     finally:
         backend.close()
     res.notes += [
