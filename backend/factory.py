@@ -4,9 +4,12 @@ benchmarks build a backend."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from backend.protocol import Backend
+
+if TYPE_CHECKING:
+    from backend.draft_model import DraftModelSource
 
 # What each kind of backend gets when the config leaves a size open: the real model's context
 # holds a few agents' conversations; a simulated one models a GPU server's much larger pool.
@@ -33,6 +36,9 @@ class BackendConfig:
     # A simulated backend sleeps its steps' time for real (the app, where a person watches);
     # otherwise its time passes on a virtual clock (tests and benchmarks simulate minutes in ms).
     realtime: bool = False
+    # A smaller GGUF with the same vocabulary that drafts tokens for speculative decoding
+    # (`--draft-model`, llama only); None: only n-gram lookup drafts.
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.family not in _DEFAULT_N_CTX:
@@ -78,3 +84,18 @@ def build_backend(config: BackendConfig, on_progress: Callable[[float, str], Non
     return LlamaBackend.load(model_path=config.model, device=config.device, n_threads=config.n_threads,
                              flash_attn=config.flash_attn, verbose=config.verbose, on_progress=on_progress,
                              **sizes)
+
+
+def build_draft_source(config: BackendConfig, target: Backend) -> "DraftModelSource | None":
+    """The draft-model source `config.draft_model` names, beside `target` (None when it names none).
+    Raises DraftModelError (one line) when the file cannot draft for the target."""
+    if config.draft_model is None:
+        return None
+    from backend.draft_vocab import DraftModelError
+
+    if config.family != "llama":
+        raise DraftModelError(f"--draft-model needs the llama backend, not {config.kind!r}")
+    from backend.draft_model import DraftModelSource
+
+    return DraftModelSource.load(config.draft_model, target, device=config.device,
+                                 flash_attn=config.flash_attn, verbose=config.verbose)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import struct
 from collections import deque
+from enum import Enum
 from typing import Callable, Sequence
 
-from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, check_plan
+from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, KvStateError, check_plan
 from scheduler.budget import CostParams
+from scheduler.drafts import DraftKind
 from scheduler.types import AttentionPath, BatchPlan, Message, SamplingParams
 
 # Token ids: a few specials below 32, then one token per Unicode character (code point < n_vocab).
@@ -14,6 +17,7 @@ BOS, EOS, IM_START, IM_END = 1, 2, 3, 4
 _SPECIAL_TEXT = {"<s>": BOS, "</s>": EOS, "<|im_start|>": IM_START, "<|im_end|>": IM_END}
 _ROLES = ("system", "user", "assistant", "tool")
 DEFAULT_REPLY = "The quick brown fox jumps over the lazy dog. "
+_STATE_MAGIC = b"FAKEKV1\0"  # a fake sequence state: this, the count, then one int32 per position
 
 
 class FakeDetokenizer:
@@ -62,6 +66,9 @@ class FakeBackend:
         self.clock: Clock = WALL_CLOCK
         self.known_costs: CostParams | None = None
         self.attention_path = AttentionPath.FLASH  # no attention at all: nothing resident costs a row
+        self.state_layout = f"{name}:vocab={n_vocab}"
+        self.states_loaded = 0  # kv_load calls that succeeded (tests tell warm from cold by it)
+        self.attention_tile_rows = 0
         self.reply = reply
         # No CPU threads to choose unless a test gives it some (the simulated backend prices them).
         self.max_threads = max_threads
@@ -72,7 +79,7 @@ class FakeBackend:
         self._kv_tokens: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}
         self._refs: dict[int, int] = {}  # cell -> how many sequences hold it
         self._next_cell = 0
-        self._logits: dict[int, int] = {}  # seq_id -> batch row of its logits in the last decode
+        self._logits: dict[int, tuple[int, ...]] = {}  # seq_id -> batch rows of its logits in the last decode
         self.samplers: dict[int, SamplingParams] = {}
         self._sampled: dict[int, int] = {}
         self._faults: deque[DecodeOutcome] = deque()
@@ -154,8 +161,9 @@ class FakeBackend:
                 self._kv_tokens[sl.seq_id].append(t)
             row += len(sl.tokens)
             if sl.want_logits:
-                self._logits[sl.seq_id] = row - 1
-        return DecodeResult(DecodeOutcome.OK, 0.0, dict(self._logits), 0)
+                self._logits[sl.seq_id] = tuple(range(row - sl.n_logits, row))
+        return DecodeResult(DecodeOutcome.OK, 0.0, {s: rows[0] for s, rows in self._logits.items()}, 0,
+                            draft_rows={s: rows[1:] for s, rows in self._logits.items() if len(rows) > 1})
 
     def set_sampler(self, seq_id: int, params: SamplingParams) -> None:
         self.samplers[seq_id] = params
@@ -165,13 +173,21 @@ class FakeBackend:
         """The next character of `reply` (cycling), or EOG after `eog_after` tokens."""
         if seq_id not in self.samplers:
             raise RuntimeError(f"seq {seq_id} has no sampler: call set_sampler first")
-        if self._logits.get(seq_id) != logit_row:
+        if logit_row not in self._logits.get(seq_id, ()):
             raise RuntimeError(f"seq {seq_id}: row {logit_row} holds no logits for it in the last decode")
         n = self._sampled[seq_id]
         self._sampled[seq_id] = n + 1
+        return self._reply_token(n)
+
+    def _reply_token(self, n: int) -> int:
         if self.eog_after is not None and n >= self.eog_after:
             return IM_END
         return ord(self.reply[n % len(self.reply)])
+
+    def next_tokens(self, seq_id: int, k: int) -> list[int]:
+        """What the next k samples of this sequence will return (scripted drafts guess from it)."""
+        n = self._sampled.get(seq_id, 0)
+        return [self._reply_token(n + i) for i in range(k)]
 
     def free_sampler(self, seq_id: int) -> None:
         self.samplers.pop(seq_id, None)
@@ -216,9 +232,62 @@ class FakeBackend:
     def kv_cells_used(self) -> int:
         return len(self._refs)
 
+    def kv_save(self, seq_id: int) -> bytes:
+        tokens = self._kv_tokens[seq_id]
+        return _STATE_MAGIC + struct.pack(f"<I{len(tokens)}i", len(tokens), *tokens)
+
+    def kv_load(self, seq_id: int, state: bytes) -> int:
+        """Like llama_state_seq_set_data: the sequence is emptied, then refilled from the state
+        into free cells; a state that is not one, or needs more cells than are free, is refused."""
+        self.kv_remove(seq_id)
+        head = len(_STATE_MAGIC) + 4
+        if bytes(state[:len(_STATE_MAGIC)]) != _STATE_MAGIC or len(state) < head:
+            raise KvStateError("not a sequence state of this backend")
+        (n,) = struct.unpack_from("<I", state, len(_STATE_MAGIC))
+        if len(state) != head + 4 * n:
+            raise KvStateError(f"the state says {n} positions but holds {(len(state) - head) // 4}")
+        if len(self._refs) + n > self.n_ctx:
+            raise KvStateError(f"{n} cells needed, {self.n_ctx - len(self._refs)} free")
+        tokens = list(struct.unpack_from(f"<{n}i", state, head))
+        self._kv[seq_id] = [self._new_cell() for _ in tokens]
+        self._kv_tokens[seq_id] = tokens
+        self.states_loaded += 1
+        return n
+
     def kv_tokens(self, seq_id: int) -> list[int]:
         """The tokens whose KV the sequence holds (tests compare them with what was planned)."""
         return list(self._kv_tokens[seq_id])
 
     def close(self) -> None:
         self.closed = True
+
+
+class Acceptance(Enum):
+    """What ScriptedDrafts' guesses let the target accept."""
+
+    ALL = "all"  # every guess is the token the fake will sample
+    NONE = "none"  # the first guess is already wrong
+    HALF = "half"  # the first half of each guess is right, the rest wrong
+
+
+class ScriptedDrafts:
+    """A DraftSource for tests: it knows what the FakeBackend will sample next and guesses it
+    right or wrong as scripted, so acceptance patterns can be asserted token by token."""
+
+    def __init__(self, backend: FakeBackend, acceptance: Acceptance = Acceptance.ALL, *,
+                 kind: DraftKind = DraftKind.DRAFT_MODEL, ms: float = 0.0) -> None:
+        self.backend, self.acceptance, self.kind, self.ms = backend, acceptance, kind, ms
+        self.proposed: list[tuple[int, int]] = []  # (key, k) per proposal
+        self.forgotten: list[int] = []
+
+    def propose(self, key: int, tokens: Sequence[int], k: int) -> list[int]:
+        truth = self.backend.next_tokens(key, k)  # the decode row's sample comes first
+        good = {Acceptance.ALL: k, Acceptance.NONE: 0, Acceptance.HALF: k // 2}[self.acceptance]
+        self.proposed.append((key, k))
+        return [t if i < good else ord("#") for i, t in enumerate(truth)]
+
+    def draft_ms(self, k: int, n_sequences: int) -> float:
+        return self.ms * k if n_sequences else 0.0
+
+    def forget(self, key: int) -> None:
+        self.forgotten.append(key)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from scheduler.budget import CostParams
 from scheduler.types import AttentionPath, BatchPlan, DecodeOutcome, Message, SamplingParams
 
-__all__ = ["Backend", "Clock", "DecodeOutcome", "DecodeResult", "Detokenizer", "PlanError", "WALL_CLOCK", "check_plan"]
+__all__ = ["Backend", "Clock", "DecodeOutcome", "DecodeResult", "Detokenizer", "KvStateError", "PlanError",
+           "WALL_CLOCK", "check_plan"]
 
 
 @dataclass
@@ -18,6 +19,9 @@ class DecodeResult:
     step_ms: float  # wall time of the step including device synchronisation
     logit_rows: dict[int, int]  # seq_id -> batch row holding that sequence's logits
     code: int = 0
+    # Speculation: seq_id -> the rows after its decode row, in order, whose logits judge its draft
+    # tokens (row i follows draft token i); only for slices that carried drafts.
+    draft_rows: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 class PlanError(ValueError):
@@ -51,11 +55,19 @@ def check_plan(plan: BatchPlan, *, n_batch: int, n_seq_max: int, n_ctx_seq: int,
         expected = next_pos(s.seq_id)
         if s.pos0 != expected:
             raise PlanError(f"seq {s.seq_id}: slice starts at position {s.pos0}, cache continues at {expected}")
+        if s.n_draft and (not s.is_decode or not s.want_logits or s.n_draft >= len(s.tokens)):
+            raise PlanError(f"seq {s.seq_id}: {s.n_draft} draft rows in a slice of {len(s.tokens)} that is "
+                            "not a decode slice with logits")
         if s.pos0 + len(s.tokens) > n_ctx_seq:
             raise PlanError(f"seq {s.seq_id}: positions up to {s.pos0 + len(s.tokens)} exceed the context ({n_ctx_seq})")
         bad = [t for t in s.tokens if not 0 <= t < n_vocab]
         if bad:
             raise PlanError(f"seq {s.seq_id}: token {bad[0]} outside the vocab (n_vocab={n_vocab})")
+
+
+class KvStateError(RuntimeError):
+    """A saved sequence state could not be restored (another layout, damaged, no room); the
+    sequence it was loaded into is left empty."""
 
 
 class Clock(Protocol):
@@ -106,6 +118,12 @@ class Backend(Protocol):
     # to choose); the engine may change the count between steps with `set_n_threads`.
     n_threads: int
     max_threads: int
+    # What a saved sequence state fits (model file, build, KV cache types, attention path): a state
+    # saved under another layout is never handed to kv_load.
+    state_layout: str
+    # Steps with fewer rows than this run attention one row at a time, dearer per row deep in a
+    # context (llama.cpp's CPU flash-attention kernel: 64); 0 when the kernel has no such step.
+    attention_tile_rows: int
 
     def tokenize(self, text: str, *, special: bool = False, add_bos: bool = False) -> list[int]: ...
     def tokenize_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]: ...
@@ -123,5 +141,12 @@ class Backend(Protocol):
     def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None: ...
     def kv_pos_max(self, seq_id: int) -> int: ...  # -1 when empty
     def kv_cells_used(self) -> int: ...
+    def kv_save(self, seq_id: int) -> bytes:
+        """A copy of one sequence's KV cells (llama.cpp's per-sequence state), for kv_load later."""
+        ...
+    def kv_load(self, seq_id: int, state: bytes) -> int:
+        """Replace `seq_id`'s KV with a state kv_save returned; the positions it now holds.
+        KvStateError (and `seq_id` empty) when the state does not fit this context."""
+        ...
 
     def close(self) -> None: ...

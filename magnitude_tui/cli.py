@@ -22,6 +22,8 @@ RemoteOpt = typer.Option(None, "--remote", help="Run on an OpenAI-compatible ser
                          "at this URL instead of the local engine; repeat for several (least-loaded first).")
 RemoteModelOpt = typer.Option(None, "--remote-model", help="The served model's name (default: the first the server lists).")
 ApiKeyEnvOpt = typer.Option(None, "--api-key-env", help="Environment variable holding the servers' API key.")
+DraftModelOpt = typer.Option(None, "--draft-model", help="A GGUF with the model's vocabulary that drafts tokens "
+                             "for speculative decoding (the model itself works: an upper bound on acceptance).")
 
 
 @app.callback(invoke_without_command=True)
@@ -52,9 +54,13 @@ def main(
     remote: Optional[List[str]] = RemoteOpt,
     remote_model: Optional[str] = RemoteModelOpt,
     api_key_env: Optional[str] = ApiKeyEnvOpt,
+    draft_model: Optional[str] = DraftModelOpt,
     agents: Optional[Path] = typer.Option(
         None, "--agents", help="Agent definitions (TOML: [role] system, temperature, max_tokens; "
         "default: agents.toml in the user config directory)."),
+    kv_disk_mb: int = typer.Option(
+        1024, "--kv-disk-mb", help="Disk the saved KV of idle conversations may take, in MB (warm "
+        "--resume: a conversation's next reply starts from it; least recently used dropped first; 0 = off)."),
     check: bool = typer.Option(False, "--check", metavar=" ",
                                help="Check the options and the model file, print what would run, and exit."),
     verbose: bool = VerboseOpt,
@@ -70,6 +76,8 @@ def main(
     # inside the engine worker, would cost a full-screen app and show up as a log path.
     try:
         preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens)
+        if kv_disk_mb < 0:
+            raise preflight.OptionError(f"--kv-disk-mb: expected 0 (off) or more, got {kv_disk_mb}")
         if theme is not None:
             from magnitude_tui.app import available_themes
 
@@ -80,6 +88,7 @@ def main(
             if flash_attn.strip().lower() not in ("auto", "on", "off"):
                 raise preflight.OptionError(f"--flash-attn: expected auto, on or off, got {flash_attn!r}")
             model_path = preflight.check_model(model)
+            preflight.check_draft_model(draft_model, model_path)
             preflight.check_device(device)
     except preflight.OptionError as exc:
         _fail(str(exc))
@@ -97,6 +106,7 @@ def main(
         from backend import usable_cpus
         from backend.factory import BackendConfig
         from magnitude_tui.engine.events import EngineConfig
+        from magnitude_tui.store import default_db_path
 
         # ggml's CPU threads meet at spinning barriers after every op: when the UI takes a core
         # they spin while one of them waits for the CPU. Measured on 2 cores with 8 panes
@@ -105,8 +115,10 @@ def main(
         # the UI; unless --threads fixes the count, the engine then measures whether more pay.
         backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, verbose=verbose,
                                 n_threads=threads or max(1, usable_cpus() - 1),
-                                flash_attn=flash_attn.strip().lower())
-        engine = EngineConfig(backend, policy=policy, auto_threads=threads is None)
+                                flash_attn=flash_attn.strip().lower(), draft_model=draft_model)
+        # Saved KV lives next to the database it belongs with (the conversations' own store).
+        engine = EngineConfig(backend, policy=policy, auto_threads=threads is None,
+                              warm_dir=str(default_db_path().parent / "kv"), warm_budget_mb=kv_disk_mb)
     # --serve exposes the local engine; a remote one is already a server.
     serving = {} if remote else {"serve_port": serve_port, "api_key": resolve_api_key(api_key)}
     try:
@@ -185,6 +197,7 @@ def generate(
     stream: bool = typer.Option(False, "--stream", help="Print text as it streams (interleaved)."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads, fixed "
                                           "(default: chosen between steps from measured step times)."),
+    draft_model: Optional[str] = DraftModelOpt,
     remote: Optional[List[str]] = RemoteOpt,
     remote_model: Optional[str] = RemoteModelOpt,
     api_key_env: Optional[str] = ApiKeyEnvOpt,
@@ -202,7 +215,7 @@ def generate(
     if remote:
         client = _remote_client(remote, remote_model, api_key_env)
     else:
-        _check_model(model)
+        model_path = _check_model(model, draft_model)
         from magnitude_tui import preflight
 
         try:
@@ -211,8 +224,8 @@ def generate(
             preflight.check_device(device)
         except preflight.OptionError as exc:
             _fail(str(exc))
-        client = local_client(len(lines), model=model, device=device, policy=policy, n_ctx=n_ctx, verbose=verbose,
-                              threads=threads)
+        client = local_client(len(lines), model=model_path, device=device, policy=policy, n_ctx=n_ctx,
+                              verbose=verbose, threads=threads, draft_model=draft_model)
     code = run_generate(lines, client, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=stream)
     raise typer.Exit(code)
 
@@ -231,6 +244,7 @@ def serve(
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads, fixed (default: "
                                           "chosen between steps from measured step times, up to all usable)."),
     max_live: int = typer.Option(64, "--max-queue", min=1, help="Requests in flight before 429."),
+    draft_model: Optional[str] = DraftModelOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Serve the engine headless as an OpenAI-compatible endpoint (/v1/chat/completions, /v1/models, /health)."""
@@ -243,7 +257,7 @@ def serve(
     from magnitude_tui.serve.server import (ServeConfigError, check_bind, resolve_api_key, serve_async,
                                             served_model_name)
 
-    _check_model(model)
+    _check_model(model, draft_model)
     key = resolve_api_key(api_key)
     try:
         check_bind(host, key)
@@ -251,7 +265,7 @@ def serve(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, n_seq_max=parallel, n_threads=threads,
-                            verbose=verbose)
+                            verbose=verbose, draft_model=draft_model)
     client = WorkerClient(EngineConfig(backend, policy=policy, auto_threads=threads is None),
                           log_path=None if verbose else "auto")
     client.start()
@@ -273,13 +287,16 @@ def _remote_client(urls: List[str], model: Optional[str], api_key_env: Optional[
         raise typer.BadParameter(str(exc), param_hint="--remote / --api-key-env") from None
 
 
-def _check_model(model: Optional[str]) -> None:
+def _check_model(model: Optional[str], draft_model: Optional[str] = None) -> str:
+    """The model path to load; a bad --model or --draft-model ends the command with one line."""
     from magnitude_tui import preflight
 
     try:
-        preflight.check_model(model)
+        path = preflight.check_model(model)
+        preflight.check_draft_model(draft_model, path)
     except preflight.OptionError as exc:
         _fail(str(exc))
+    return path
 
 
 from magnitude_tui.bench.cli import bench_app  # noqa: E402  (typer and rich only; commands import the rest)

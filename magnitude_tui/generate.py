@@ -13,16 +13,18 @@ from rich.table import Table
 from backend.factory import BackendConfig
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import CommandRejected, EngineConfig, EngineFailed, EngineReady, LoadProgress
-from magnitude_tui.engine.protocol import EngineClient
+from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport, ThreadState
 
 
 def local_client(n_prompts: int, *, model, device, policy, n_ctx, verbose: bool,
-                 backend: str = "llama", threads: int | None = None) -> WorkerClient:
+                 backend: str = "llama", threads: int | None = None,
+                 draft_model: str | None = None) -> WorkerClient:
     """The local engine for `generate`: one sequence slot per prompt (at least 16); `threads`
     fixes the CPU thread count (None: the engine chooses it between steps)."""
     config = EngineConfig(BackendConfig(backend, model=model, device=device, n_ctx=n_ctx, n_threads=threads,
-                                        n_seq_max=max(16, n_prompts), verbose=verbose), policy=policy,
+                                        n_seq_max=max(16, n_prompts), verbose=verbose,
+                                        draft_model=draft_model), policy=policy,
                           auto_threads=threads is None)
     return WorkerClient(config, log_path=None if verbose else "auto")
 
@@ -54,7 +56,7 @@ def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temper
                 console.print("[red]no progress from the engine for 60 s[/]")
                 return 1
             for ev in batch:
-                updates = ev.updates if isinstance(ev, StepReport) else [ev] if isinstance(ev, SeqUpdate) else []
+                updates = seq_updates([ev])
                 if isinstance(ev, StepReport):
                     steps += 1
                     threads = ev.threads or threads

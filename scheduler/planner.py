@@ -12,9 +12,12 @@ from collections import deque
 from scheduler.admission import WAITING_FOR_PREVIOUS_TURN, Admission, RequestError
 from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, Policy, StepShape, parse_policy, share_rows
 from scheduler.ledger import KvCache
-from scheduler.relief import KvRelief, Remedy
+from scheduler.relief import DRAFT_PAUSE_STEPS, KvRelief, Remedy
 from scheduler.residency import Residency
+from scheduler.drafts import DraftKind
 from scheduler.sequence import Sequence
+from scheduler.speculation import SpecMode
+from scheduler.speculator import Speculator
 from scheduler.types import (AttentionPath, BatchPlan, DecodeOutcome, DoneReason, ErrorKind, Phase, SeqSlice,
                              attended_kpos, plan_kpos, used_cells_kpos)
 
@@ -41,6 +44,8 @@ class Scheduler:
         cost: CostModel | None = None,
         attention: AttentionPath = AttentionPath.FLASH,
         n_ubatch: int | None = None,
+        attention_tile: int = 0,
+        speculator: Speculator | None = None,
     ) -> None:
         if n_seq_max > n_batch:
             raise ValueError(f"n_seq_max ({n_seq_max}) must not exceed n_batch ({n_batch}): every "
@@ -56,6 +61,7 @@ class Scheduler:
         # How the backend's attention reads the cache: it decides what a row costs at depth and
         # whether idle conversations' resident KV slows everyone else's rows.
         self.attention = attention
+        self.attention_tile = attention_tile  # steps under this many rows attend one row at a time
         self.gen_reserve = gen_reserve
         self.cost = cost or CostModel()
         self.policy = parse_policy(policy) if isinstance(policy, str) else policy
@@ -65,6 +71,8 @@ class Scheduler:
                                    n_ctx_seq=self.n_ctx_seq, n_seq_max=n_seq_max,
                                    gen_reserve=gen_reserve)
         self.relief = KvRelief(n_batch)
+        # Which sequences verify draft tokens in the rows a step has left (speculation.md).
+        self.speculator = speculator or Speculator()
         self._num_steps = 0
         self.num_evicted_for_speed = 0  # idle conversations dropped because they slowed every row
         self._rr = 0  # round-robin start among prefilling sequences
@@ -73,6 +81,10 @@ class Scheduler:
 
     def set_policy(self, policy: str | Policy) -> None:
         self.policy = parse_policy(policy) if isinstance(policy, str) else policy
+
+    def set_spec(self, mode: SpecMode) -> None:
+        """Switch speculation from the next step; ValueError if the mode's source is missing."""
+        self.speculator.set_mode(mode)
 
     @property
     def num_waiting(self) -> int:
@@ -118,6 +130,22 @@ class Scheduler:
         self.residency.close(session_id)
         return cancelled
 
+    def restore_session(self, session_id: str, tokens: list[int], state: bytes) -> str | None:
+        """Make a saved conversation resident and idle again (its next turn reuses `tokens`, the
+        first positions of `state`), if that takes no one's room: a free slot and cells neither
+        used nor promised to running sequences. Returns why not (None: restored). A backend that
+        refuses the state raises, with nothing held."""
+        if session_id in self.sessions:
+            return "the conversation is already resident"
+        free = self.free_slots()
+        if not free:
+            return f"no free sequence slot (all {self.n_seq_max} in use)"
+        room = self.admission.kv_free()
+        if len(tokens) > room:
+            return f"needs {len(tokens):,} KV cells, {max(0, room):,} free"
+        self.residency.adopt(session_id, free[0], tokens, state)
+        return None
+
     def finish(self, seq: Sequence, reason: DoneReason, error: str | None = None,
                kind: ErrorKind | None = None) -> None:
         """End a request. A reply that ended normally, or was cancelled after some of its rows were
@@ -134,7 +162,10 @@ class Scheduler:
             self.waiting.remove(seq)
         keep = reason in (DoneReason.STOP, DoneReason.LENGTH) or (
             reason is DoneReason.CANCELLED and seq.num_computed > 0)
+        # Committed KV only: draft rows a step verified but sampling did not accept are trimmed.
         self.residency.retire(seq, keep)
+        self.speculator.forget(seq.seq_id)
+        seq.draft, seq.draft_kind = (), None
         seq.seq_id = None
         self.admission.hold = False
 
@@ -143,11 +174,30 @@ class Scheduler:
         seq.output.append(token)
         seq.refresh_phase()
 
+    def accept_draft(self, seq: Sequence) -> None:
+        """The token just appended equals the next draft token: the draft row that evaluated it
+        is now committed KV, and the next row's logits may be sampled."""
+        if seq.num_computed >= self.kv.positions(seq.seq_id):
+            raise RuntimeError(f"{seq!r}: no verified draft row left to accept")
+        seq.num_computed += 1
+        seq.refresh_phase()
+
+    def settle_draft(self, seq: Sequence, kind: DraftKind, drafted: int, judged: int, accepted: int) -> None:
+        """Sampling of a speculative step is over: of `drafted` draft tokens, `judged` were
+        compared with a sampled token and `accepted` taken. Rows past the committed ones leave the KV cache and the ledger (a finished request
+        was trimmed when it ended)."""
+        self.speculator.verified(seq, kind, drafted, judged, accepted)
+        seq.draft, seq.draft_kind = (), None
+        if not seq.is_finished and seq.seq_id is not None and self.kv.positions(seq.seq_id) > seq.num_computed:
+            self.kv.keep_prefix(seq.seq_id, seq.num_computed)
+
     def preempt(self, seq: Sequence, why: str = "the KV cache was full") -> None:
         """Free a running sequence's KV and slot; it requeues first and later recomputes its
         prompt and every token generated so far (the text already shown stays shown)."""
         self.residency.unbind(seq)
         self.running.remove(seq)
+        self.speculator.forget(seq.seq_id)
+        seq.draft, seq.draft_kind = (), None
         seq.seq_id = None
         seq.num_computed = 0
         seq.num_preemptions += 1
@@ -177,8 +227,14 @@ class Scheduler:
             budget = min(self.n_batch, len(decoding) + allowance)
         allowance = self.relief.cap(allowance)
         grants = self._share_prefill(prefilling, allowance)
-        slices = [SeqSlice(s.seq_id, s.num_computed, s.token_range(s.num_computed, s.num_tokens),
-                           want_logits=True, is_decode=True) for s in decoding]
+        drafts = self._drafts(decoding, prefilling, grants)
+        budget = min(self.n_batch, budget + sum(len(t) for _, t in drafts.values()))
+        slices = []
+        for s in decoding:
+            kind, draft = drafts.get(s.seq_id, (None, ()))
+            s.draft, s.draft_kind = draft, kind
+            slices.append(SeqSlice(s.seq_id, s.num_computed, s.token_range(s.num_computed, s.num_tokens) + draft,
+                                   want_logits=True, is_decode=True, n_draft=len(draft)))
         for s, n in grants:
             end = s.num_computed + n
             slices.append(SeqSlice(s.seq_id, s.num_computed, s.token_range(s.num_computed, end),
@@ -209,18 +265,22 @@ class Scheduler:
                     continue
                 if seq.num_computed != sl.pos0:
                     continue
-                seq.num_computed += len(sl.tokens)
+                # Draft rows are in the KV cache (and the ledger mirrors it) but not committed:
+                # sampling commits those it accepts, and the rest are trimmed (settle_draft).
+                seq.num_computed += len(sl.tokens) - sl.n_draft
                 self.kv.grow(sl.seq_id, len(sl.tokens))
                 if sl.want_logits:
                     ready.append(seq)
                 seq.refresh_phase()
-            self.cost.observe(plan.n_decode, plan.n_prefill, result.step_ms, kpos)
+            # A draft row carries logits like a decode row, and is priced as one.
+            self.cost.observe(plan.n_decode + plan.n_draft, plan.n_prefill, result.step_ms, kpos)
             self.relief.on_success()
             self._charge_idle_rent(plan)
             return ready
         for sl, seq in planned:
             if seq is not None:
                 self.kv.keep_prefix(sl.seq_id, seq.num_computed)
+                seq.draft, seq.draft_kind = (), None
             else:
                 self.residency.trim_orphan(sl.seq_id)
         if outcome is DecodeOutcome.NO_KV_SLOT:
@@ -241,7 +301,25 @@ class Scheduler:
             prefill_pos0=max((s.num_computed for s in prefilling), default=0),
             cells_used=self.kv.cells_used(), path=self.attention,
             n_batch=self.n_batch, n_ubatch=self.n_ubatch,
-            pending_rows=sum(s.num_pending for s in prefilling))
+            pending_rows=sum(s.num_pending for s in prefilling), tile_rows=self.attention_tile)
+
+    def _drafts(self, decoding: list[Sequence], prefilling: list[Sequence],
+                grants: list[tuple[Sequence, int]]):
+        """Draft tokens for the rows the step has left once every decode row and the prompts'
+        grants are placed: drafts never take a decode row's or a newcomer's place. While prompt
+        rows still wait beyond this step, drafts may only use the time a target policy leaves."""
+        if not decoding or self.speculator.mode is SpecMode.OFF:
+            return {}
+        granted = sum(n for _, n in grants)
+        room_rows = max(0, min(self.n_batch, max(self.n_ubatch, len(decoding))) - len(decoding) - granted)
+        shape = self._shape(decoding, prefilling)
+        room_ms = None
+        if sum(s.num_pending for s in prefilling) > granted:
+            base = self.cost.predict(len(decoding), granted, shape.kpos(granted))
+            target = self.policy.value if self.policy.kind in ("target", "target-v1") else 0.0
+            room_ms = max(0.0, target - base)
+        return self.speculator.plan(decoding, cost=self.cost, shape=shape, prefill_rows=granted,
+                                    room_rows=room_rows, room_ms=room_ms, n_ctx_seq=self.n_ctx_seq)
 
     def _share_prefill(self, prefilling: list[Sequence], allowance: int) -> list[tuple[Sequence, int]]:
         """A higher priority class first, always. Within a class: first come first served under
@@ -314,7 +392,9 @@ class Scheduler:
         verdict = self.relief.on_no_kv_slot(
             plan, self.running, lambda: self.residency.evict_lru(protect=set()))
         seq = verdict.seq
-        if verdict.remedy is Remedy.PREEMPT:
+        if verdict.remedy is Remedy.NO_DRAFTS:
+            self.speculator.pause(DRAFT_PAUSE_STEPS)
+        elif verdict.remedy is Remedy.PREEMPT:
             self.preempt(seq)
         elif verdict.remedy is Remedy.GIVE_UP:
             if seq.output:

@@ -12,10 +12,15 @@ from scheduler.types import BatchPlan
 # A lone sequence whose decode keeps failing for lack of KV room is out of context, not unlucky.
 KV_FAILURES_BEFORE_GIVING_UP = 3
 
+# After "no KV slot" in a step that verified drafts, no drafts for this many steps: their rows are
+# the cheapest to give up (each is only a guess), and the cache is near full.
+DRAFT_PAUSE_STEPS = 32
+
 
 class Remedy(Enum):
     """What to do after a step failed for lack of a KV slot."""
 
+    NO_DRAFTS = "no_drafts"  # retry without draft rows for a while
     SMALLER = "smaller"  # retry with fewer prompt rows (already applied to the cap)
     EVICTED = "evicted"  # an idle conversation's cache was dropped (already done)
     PREEMPT = "preempt"  # free a running sequence's KV; it recomputes later
@@ -30,7 +35,7 @@ class ReliefVerdict:
 
 
 class KvRelief:
-    """After "no KV slot": retry with half the prompt rows (relaxed again, doubling, after steps
+    """After "no KV slot": first retry without draft rows, then with half the prompt rows (relaxed again, doubling, after steps
     that succeed), then drop an idle conversation's cache, then preempt the most recently admitted
     sequence of the lowest priority class; a lone sequence that still cannot fit after a few tries has run out of room."""
 
@@ -54,6 +59,8 @@ class KvRelief:
                       evict_idle: Callable[[], bool]) -> ReliefVerdict:
         """Decide the next remedy; shrinking and evicting are done here, preempting and giving up
         are the scheduler's (the verdict names the sequence)."""
+        if plan.n_draft > 0:
+            return ReliefVerdict(Remedy.NO_DRAFTS)
         self.failures += 1
         if plan.n_prefill > 1:
             self.prefill_cap = max(1, plan.n_prefill // 2)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from scheduler.drafts import DraftKind
 from scheduler.metrics import RequestMetrics
+from scheduler.speculation import SpecState
 from scheduler.types import DoneReason, ErrorKind, Phase, Priority, Request
 
 
@@ -39,6 +41,14 @@ class Sequence:
         self.new_tokens_pending = 0
         self.last_reported: tuple | None = None
         self.dropped_messages = 0  # oldest messages left out so the conversation fits its sequence
+        # Speculation: the draft tokens the step in flight verifies after its decode row (its KV
+        # rows stay uncommitted until sampling accepts them), their source, and totals.
+        self.draft: tuple[int, ...] = ()
+        self.draft_kind: DraftKind | None = None
+        self.spec = SpecState()
+        self.num_drafted = 0  # draft tokens verified
+        self.num_accepted = 0  # of them accepted
+        self.num_gen_steps = 0  # steps that gave it tokens while generating
 
     # ---- identity ------------------------------------------------------------------------------
 

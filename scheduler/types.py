@@ -117,6 +117,14 @@ class SeqSlice:
     tokens: tuple[int, ...]
     want_logits: bool  # the LAST row of the slice produces logits (decode rows, final prompt chunk)
     is_decode: bool
+    # Speculation: the last `n_draft` tokens are guesses to verify (a decode slice only). The decode
+    # row and every draft row then produce logits: row i's logits judge draft token i + 1.
+    n_draft: int = 0
+
+    @property
+    def n_logits(self) -> int:
+        """How many rows of this slice (its last ones) produce logits."""
+        return (1 + self.n_draft) if self.want_logits else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +141,13 @@ class BatchPlan:
 
     @property
     def n_decode(self) -> int:
-        return sum(len(s.tokens) for s in self.slices if s.is_decode)
+        """Decode rows: one per generating sequence (its draft rows are counted apart)."""
+        return sum(len(s.tokens) - s.n_draft for s in self.slices if s.is_decode)
+
+    @property
+    def n_draft(self) -> int:
+        """Draft rows: speculated tokens the step verifies beside the decode rows."""
+        return sum(s.n_draft for s in self.slices)
 
     @property
     def n_prefill(self) -> int:
@@ -233,6 +247,16 @@ class SeqUpdate:
     endpoint: str | None = None
     tokens_estimated: bool = False
     server_timings: ServerTimings | None = None
+    # Speculation: draft tokens verified for this request so far, how many were accepted, and
+    # the tokens it gained per generating step (1.0 without speculation).
+    drafted: int = 0
+    accepted: int = 0
+    tokens_per_step: float | None = None
+
+    @property
+    def acceptance(self) -> float | None:
+        """Share of verified draft tokens that were accepted (None before any was drafted)."""
+        return self.accepted / self.drafted if self.drafted else None
 
 
 class RejectReason(str, Enum):
@@ -288,3 +312,7 @@ class StepReport:
     # Cells only idle conversations hold (without flash attention they slow every row).
     kv_idle: int = 0
     threads: ThreadState | None = None  # None: the backend has no CPU threads to choose
+    # Speculation: draft rows the step verified, how many of them were accepted, and the mode.
+    draft_rows: int = 0
+    draft_accepted: int = 0
+    spec: str = "off"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from magnitude_tui.app import MagnitudeApp
 from magnitude_tui.engine.events import (CommandRejected, EngineFailed, EngineReady, LoadProgress,
-                                         PolicyChanged)
+                                         PolicyChanged, RestoreOutcome, SessionRestored)
 from magnitude_tui.engine.protocol import EngineTarget
 from magnitude_tui.store import Store
 from scheduler.types import DoneReason, Phase, Request, SamplingParams, SeqUpdate, StepReport
@@ -48,6 +48,7 @@ class ScriptedClient:
         self.submitted: list[Request] = []
         self.cancelled: list[str] = []
         self.closed_sessions: list[str] = []
+        self.restored: list[tuple[str, tuple]] = []  # restore_session calls: (session id, messages)
         self.live: dict[str, _Live] = {}
         self.step_no = 0
         self.drop_next = 0  # the next request reports this many of its oldest messages dropped
@@ -93,6 +94,11 @@ class ScriptedClient:
         for l in self.live.values():
             if l.request.session_id == session_id:
                 l.cancelled = True
+
+    def restore_session(self, session_id: str, messages: tuple) -> None:
+        """Recorded, and answered as an engine with nothing saved answers."""
+        self.restored.append((session_id, tuple(messages)))
+        self._emit([SessionRestored(session_id, RestoreOutcome.NOT_SAVED, detail="a scripted engine saves no KV")])
 
     def set_policy(self, policy: str) -> None:
         from scheduler.budget import parse_policy

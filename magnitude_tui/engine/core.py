@@ -9,10 +9,18 @@ from typing import Callable
 from backend.protocol import WALL_CLOCK, Backend, Clock, DecodeOutcome, DecodeResult, PlanError
 from magnitude_tui.engine.calibrate import calibration_steps
 from magnitude_tui.engine.context import fit_conversation
-from magnitude_tui.engine.events import Cancel, CloseSession, Command, SetPolicy, Submit
+from magnitude_tui.engine.events import (Cancel, CloseSession, Command, RestoreOutcome, RestoreSession,
+                                         SessionRestored, SetPolicy, SetSpec, Submit)
+from magnitude_tui.engine.sampling import StepSampler
 from magnitude_tui.engine.text import ReplyText
 from magnitude_tui.engine.threads import CpuLoad, ThreadGovernor, ThreadState
+from magnitude_tui.engine.warm import WarmResume
+from magnitude_tui.engine.warm_store import WarmStore
 from scheduler.budget import CostModel, CostParams, parse_policy
+from scheduler.drafts import DraftKind, DraftSource
+from scheduler.ngram import NgramSource
+from scheduler.speculation import SpecMode, available_sources, parse_spec_mode
+from scheduler.speculator import Speculator
 from scheduler.planner import RequestError, Scheduler
 from scheduler.sequence import Sequence
 from scheduler.types import (BatchPlan, DoneReason, ErrorKind, Phase, Rejection, RejectReason, Request, SeqUpdate,
@@ -39,9 +47,13 @@ class Engine:
         sleep: Callable[[float], None] | None = None,
         prepare_notice_chars: int | None = 8000,
         auto_threads: bool = False,
+        warm: WarmStore | None = None,
+        spec: SpecMode | str = SpecMode.OFF,
+        drafts: dict[DraftKind, DraftSource] | None = None,
     ) -> None:
         """`auto_threads`: choose the backend's CPU thread count between steps, from 1 up to its
-        `max_threads`, by measuring (see engine/threads.py); off, the count stays as loaded."""
+        `max_threads`, by measuring (see engine/threads.py); off, the count stays as loaded.
+        `warm`: where idle conversations' KV is saved, and restored from (None: nowhere)."""
         self.backend = backend
         # A request whose messages hold this many characters is announced as `preparing` in a
         # report of its own before the chat template and tokenizer run (None: never).
@@ -60,8 +72,12 @@ class Engine:
             gen_reserve=gen_reserve,
             cost=CostModel(backend.known_costs),
             attention=backend.attention_path,
+            attention_tile=backend.attention_tile_rows,
             n_ubatch=backend.n_ubatch,
+            # n-gram lookup is always there; a draft model only when one was loaded.
+            speculator=Speculator({DraftKind.NGRAM: NgramSource(), **(drafts or {})}, parse_spec_mode(spec)),
         )
+        self._spec_text = self.scheduler.speculator.mode.value
         self._policy_text = str(self.scheduler.policy)
         self._lock = threading.Lock()
         self._commands: deque[tuple[Command, float]] = deque()  # with the time each was queued
@@ -71,7 +87,7 @@ class Engine:
         self._sessions_seen: set[str] = set()  # conversations a request named (until closed)
         self._intake: list[Sequence] = []  # submitted, not yet tokenized (phase `preparing`), FIFO
         self._noticed = False  # the last step only announced slow requests; tokenize them now
-        self._sampler_owner: dict[int, Sequence] = {}
+        self._sampler = StepSampler(backend, self.scheduler, self._clock)
         self._num_reports = 0
         self.threads: ThreadGovernor | None = None
         if auto_threads and backend.max_threads > 1:
@@ -79,6 +95,8 @@ class Engine:
             load = CpuLoad(backend.max_threads) if self._clock is WALL_CLOCK else None
             self.threads = ThreadGovernor(start=max(1, min(backend.n_threads, backend.max_threads)),
                                           max_threads=backend.max_threads, load=load, now=self._clock())
+        self.warm = WarmResume(backend, self.scheduler, warm) if warm is not None else None
+        self._notices: list[SessionRestored] = []  # answers to RestoreSession, for take_notices()
 
     # ---- commands (any thread) -----------------------------------------------------------------
 
@@ -105,6 +123,35 @@ class Engine:
         with self._lock:
             self._policy_text = parsed
         self._queue(SetPolicy(parsed))
+
+    def restore_session(self, session_id: str, messages) -> None:
+        """Bring back the conversation's saved KV (warm resume); answered by a SessionRestored
+        from take_notices() after the next step. ValueError (here, now) unless the id is text."""
+        check_id("session_id", session_id)
+        self._queue(RestoreSession(session_id, tuple(messages)))
+
+    def take_notices(self) -> list[SessionRestored]:
+        """What the engine has to say besides step reports (owner thread)."""
+        notices, self._notices = self._notices, []
+        return notices
+
+    def shutdown(self) -> None:
+        """The app is quitting: save the conversations whose latest reply is not saved yet."""
+        if self.warm is not None:
+            self.warm.save_all()
+
+    def set_spec(self, mode: SpecMode | str) -> None:
+        """Switch speculation from the next step; ValueError (here, now) for an unknown mode or
+        one whose draft source is not loaded."""
+        parsed = parse_spec_mode(mode)
+        available_sources(parsed, self.scheduler.speculator.sources)
+        with self._lock:
+            self._spec_text = parsed.value
+        self._queue(SetSpec(parsed))
+
+    @property
+    def spec(self) -> str:
+        return self._spec_text
 
     def _queue(self, command: Command) -> None:
         t = self._clock()  # a submit's queue time and TTFT count from here
@@ -135,6 +182,8 @@ class Engine:
         their `preparing` update shares the report with their first `queued`/`prefill` one.
         """
         now = self._clock()
+        if self.warm is not None:
+            self.warm.tick(now)
         self._apply_commands()
         if not self._noticed and any(self._slow_to_prepare(q) for q in self._intake
                                      if q.last_reported is None):
@@ -152,7 +201,7 @@ class Engine:
         result, error = self._decode(plan)
         self._apply_commands(cancellations_only=True)
         ready = self.scheduler.postprocess(plan, result, error)
-        self._sample(ready, result)
+        self._sampler.sample(ready, result)
         t1 = self._clock()
         if self.threads is not None and result.outcome is DecodeOutcome.OK:
             n = self.threads.after_step(t1, result.step_ms, predicted_ms)
@@ -213,8 +262,8 @@ class Engine:
         problems = self.scheduler.leaks()
         if self._live:
             problems.append(f"live requests: {sorted(self._live)}")
-        if self._sampler_owner:
-            problems.append(f"samplers held for seq ids {sorted(self._sampler_owner)}")
+        if self._sampler.owner:
+            problems.append(f"samplers held for seq ids {sorted(self._sampler.owner)}")
         return problems
 
     def is_empty(self) -> bool:
@@ -242,6 +291,10 @@ class Engine:
                 self._close(cmd.session_id)
             elif isinstance(cmd, SetPolicy):
                 self.scheduler.set_policy(cmd.policy)
+            elif isinstance(cmd, RestoreSession):
+                self._restore(cmd)
+            elif isinstance(cmd, SetSpec):
+                self.scheduler.set_spec(cmd.mode)
 
     def _take(self, req: Request, t_submit: float) -> None:
         """Accept a submitted request as `preparing`; it is tokenized before the next schedule.
@@ -271,6 +324,15 @@ class Engine:
         self._sessions_seen.add(sid)
         self._live[rid] = Sequence(req, [], t_submit=t_submit)
         self._intake.append(self._live[rid])
+
+    def _restore(self, cmd: RestoreSession) -> None:
+        if self.warm is None:
+            notice = SessionRestored(cmd.session_id, RestoreOutcome.UNSUPPORTED, detail="this engine saves no KV")
+        else:
+            notice = self.warm.restore(cmd)
+        if notice.outcome is RestoreOutcome.RESTORED:
+            self._sessions_seen.add(cmd.session_id)  # a known conversation: subagents may fork it
+        self._notices.append(notice)
 
     def _reject(self, req: object, reason: RejectReason, message: str) -> None:
         rid, sid = getattr(req, "request_id", None), getattr(req, "session_id", None)
@@ -362,60 +424,9 @@ class Engine:
         except Exception as e:
             return DecodeResult(DecodeOutcome.FATAL, 0.0, {}, -2), f"the backend failed: {e}"
 
-    def _sample(self, ready: list[Sequence], result: DecodeResult) -> None:
-        """Sample one token for every sequence whose logits this step produced."""
-        emitted = []
-        n_ctx_seq = self.scheduler.n_ctx_seq
-        for seq in ready:
-            if seq.is_finished or seq.seq_id is None:
-                continue
-            try:
-                self._ensure_sampler(seq)
-                token = self.backend.sample(seq.seq_id, result.logit_rows[seq.seq_id])
-            except Exception as e:
-                self.scheduler.finish(seq, DoneReason.ERROR, f"sampling failed: {e}")
-                continue
-            if self.backend.is_eog(token):
-                seq.text_pending += seq.detok.flush()
-                self.scheduler.finish(seq, DoneReason.STOP)
-                continue
-            self.scheduler.append_token(seq, token)
-            seq.text_pending += seq.detok.feed(token)
-            seq.new_tokens_pending += 1
-            emitted.append(seq)
-            if seq.detok.stopped:
-                self.scheduler.finish(seq, DoneReason.STOP)
-                continue
-            if len(seq.output) >= seq.max_tokens or seq.num_tokens >= n_ctx_seq:
-                seq.text_pending += seq.detok.flush()
-                self.scheduler.finish(seq, DoneReason.LENGTH)
-        now = self._clock()
-        for seq in emitted:
-            seq.metrics.on_token(now)
-
-    def _ensure_sampler(self, seq: Sequence) -> None:
-        slot = seq.seq_id
-        if seq.sampler_seq == slot:
-            return
-        owner = self._sampler_owner.get(slot)
-        if owner is not None and owner is not seq:
-            self.backend.free_sampler(slot)
-            owner.sampler_seq = None
-        self.backend.set_sampler(slot, seq.request.sampling)
-        self._sampler_owner[slot] = seq
-        seq.sampler_seq = slot
-
-    def _release_samplers(self) -> None:
-        """Free the sampler of every request that ended or lost its slot (preempted)."""
-        for slot, seq in list(self._sampler_owner.items()):
-            if seq.is_finished or seq.seq_id != slot:
-                self.backend.free_sampler(slot)
-                seq.sampler_seq = None
-                del self._sampler_owner[slot]
-
     def _report(self, plan: BatchPlan | None, result: DecodeResult | None, now: float,
                 step_ms: float) -> StepReport | None:
-        self._release_samplers()
+        self._sampler.release()
         updates, self._extra = self._extra, []
         rejected, self._rejected = self._rejected, []
         for rid, seq in list(self._live.items()):
@@ -428,6 +439,8 @@ class Engine:
                     seq.text_pending += seq.detok.flush()  # text held for a possible stop string
                 seq.metrics.on_finish(now)
                 del self._live[rid]
+                if self.warm is not None and seq.done_reason is not DoneReason.ERROR:
+                    self.warm.went_idle(seq.session_id, now)
             sig = (seq.phase, seq.seq_id, seq.prompt_done, len(seq.output), seq.num_cached,
                    seq.waiting_reason, seq.done_reason)
             if sig != seq.last_reported or seq.text_pending:
@@ -454,6 +467,9 @@ class Engine:
             outcome=result.outcome if result else DecodeOutcome.OK,
             rejected=rejected,
             threads=self._thread_state(),
+            draft_rows=plan.n_draft if plan else 0,
+            draft_accepted=self._sampler.accepted if plan else 0,
+            spec=s.speculator.mode.value,
         )
 
     def _thread_state(self) -> ThreadState | None:
@@ -490,6 +506,9 @@ class Engine:
             waiting_reason=seq.waiting_reason,
             dropped_messages=seq.dropped_messages,
             priority=seq.priority,
+            drafted=seq.num_drafted,
+            accepted=seq.num_accepted,
+            tokens_per_step=len(seq.output) / seq.num_gen_steps if seq.num_gen_steps else None,
         )
 
 

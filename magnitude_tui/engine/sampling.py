@@ -1,0 +1,103 @@
+"""Provides StepSampler: a step's logits turned into committed tokens, drafts verified on the way."""
+
+from __future__ import annotations
+
+from backend.protocol import Backend, Clock, DecodeResult
+from scheduler.planner import Scheduler
+from scheduler.sequence import Sequence
+from scheduler.types import DoneReason
+
+
+class StepSampler:
+    """Samples every sequence whose logits a step produced, with the sequence's own sampler chain.
+
+    A sequence that verified draft tokens is sampled row after row (llama.cpp's sample-and-accept
+    rule): the decode row's token first; while the sampled token equals the next draft token, that
+    draft row's logits are sampled too. The first token that differs is kept (it is what the
+    target model chose) and ends the run, so 1..k+1 tokens are committed per step and, at
+    temperature 0, exactly the tokens generation without drafts would give. EOS, a stop string
+    or max_tokens inside the run end it there: nothing after is shown or kept.
+    """
+
+    def __init__(self, backend: Backend, scheduler: Scheduler, clock: Clock) -> None:
+        self.backend = backend
+        self.scheduler = scheduler
+        self.clock = clock
+        self.owner: dict[int, Sequence] = {}  # seq slot -> the request whose sampler it holds
+        self.accepted = 0  # draft tokens accepted in the last step
+
+    def sample(self, ready: list[Sequence], result: DecodeResult) -> None:
+        emitted: list[tuple[Sequence, int]] = []
+        self.accepted = 0
+        for seq in ready:
+            if seq.is_finished or seq.seq_id is None:
+                continue
+            n = self._sample_run(seq, result)
+            if n:
+                emitted.append((seq, n))
+        now = self.clock()
+        for seq, n in emitted:
+            seq.num_gen_steps += 1
+            for _ in range(n):
+                seq.metrics.on_token(now)
+
+    def _sample_run(self, seq: Sequence, result: DecodeResult) -> int:
+        """Sample the sequence's rows in order; return how many tokens it gained."""
+        slot, draft, kind = seq.seq_id, seq.draft, seq.draft_kind
+        rows = (result.logit_rows[slot], *result.draft_rows.get(slot, ()))[:1 + len(draft)]
+        gained = judged = accepted = 0
+        for i, row in enumerate(rows):
+            try:
+                self._ensure_sampler(seq)
+                token = self.backend.sample(slot, row)
+            except Exception as e:
+                self.scheduler.finish(seq, DoneReason.ERROR, f"sampling failed: {e}")
+                break
+            gained += self._emit(seq, token)
+            if seq.is_finished or i >= len(draft):
+                break  # the reply ended inside the run, or the bonus row was the last one
+            judged += 1
+            if token != draft[i]:
+                break  # the target chose otherwise: its token is kept, the rest of the draft is not
+            accepted += 1
+            self.scheduler.accept_draft(seq)
+        if draft:
+            self.scheduler.settle_draft(seq, kind, len(draft), judged, accepted)
+            self.accepted += accepted
+        return gained
+
+    def _emit(self, seq: Sequence, token: int) -> bool:
+        """Commit one sampled token (or end the reply on it); True if it became visible output."""
+        if self.backend.is_eog(token):
+            seq.text_pending += seq.detok.flush()
+            self.scheduler.finish(seq, DoneReason.STOP)
+            return False
+        self.scheduler.append_token(seq, token)
+        seq.text_pending += seq.detok.feed(token)
+        seq.new_tokens_pending += 1
+        if seq.detok.stopped:
+            self.scheduler.finish(seq, DoneReason.STOP)
+        elif len(seq.output) >= seq.max_tokens or seq.num_tokens >= self.scheduler.n_ctx_seq:
+            seq.text_pending += seq.detok.flush()
+            self.scheduler.finish(seq, DoneReason.LENGTH)
+        return True
+
+    def _ensure_sampler(self, seq: Sequence) -> None:
+        slot = seq.seq_id
+        if seq.sampler_seq == slot:
+            return
+        owner = self.owner.get(slot)
+        if owner is not None and owner is not seq:
+            self.backend.free_sampler(slot)
+            owner.sampler_seq = None
+        self.backend.set_sampler(slot, seq.request.sampling)
+        self.owner[slot] = seq
+        seq.sampler_seq = slot
+
+    def release(self) -> None:
+        """Free the sampler of every request that ended or lost its slot (preempted)."""
+        for slot, seq in list(self.owner.items()):
+            if seq.is_finished or seq.seq_id != slot:
+                self.backend.free_sampler(slot)
+                seq.sampler_seq = None
+                del self.owner[slot]

@@ -1,0 +1,156 @@
+"""Provides the speculation policy: which sequences draft in a step, from which source, how many rows.
+
+Draft rows are rows: they compete with everything else for the step. Verifying k drafts of one
+sequence costs k more rows with logits; what they buy is the drafts the target model accepts. So
+per step, with each sequence's acceptance estimate p (the chance that a draft token is accepted
+given the one before it was), the j-th draft row of a sequence is worth p^j expected tokens, and
+rows are added best first while they raise the step's committed tokens per ms (SmartSpec's goodput
+rule). When a row costs as much as a decode row and the step already holds many decode rows (8-16
+sequences on a CPU), no draft row pays and k is 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable, Sequence as Seq
+
+from scheduler.drafts import DraftKind, DraftSource
+
+__all__ = ["AcceptanceEstimate", "DraftOffer", "SpecMode", "draft_lengths", "parse_spec_mode"]
+
+# The most draft rows one sequence verifies in a step; beyond ~8 even a 0.9 acceptance rate adds
+# under half a token per row.
+K_MAX = 8
+
+# A moving estimate: each verification's evidence is worth this much of the next one's, so about
+# the last dozen verifications count (a reply moves between copying and writing anew).
+DECAY = 0.92
+# How many observations the prior (the source's estimate over all sequences) is worth in a new
+# sequence's estimate, so one lucky or unlucky first verification does not decide its drafting.
+PRIOR_WEIGHT = 4.0
+# Where a source's estimate starts before any sequence used it. n-gram lookup must earn its rows:
+# at 0.5 it does not pay on a CPU, and its free shadow guesses (below) raise it where it would.
+PRIORS = {DraftKind.NGRAM: 0.5, DraftKind.DRAFT_MODEL: 0.7}
+
+
+class SpecMode(str, Enum):
+    """`--spec`: which drafts a step verifies."""
+
+    OFF = "off"  # never speculate
+    NGRAM = "ngram"  # always verify n-gram lookup's guesses (K_MAX rows when it has them)
+    DRAFT = "draft"  # always verify the draft model's guesses (K_MAX rows)
+    AUTO = "auto"  # any source, k per sequence and step from the cost model and acceptance
+
+    @property
+    def forced(self) -> DraftKind | None:
+        """The one source a forced mode drafts with at full length (None: off or adaptive)."""
+        return {SpecMode.NGRAM: DraftKind.NGRAM, SpecMode.DRAFT: DraftKind.DRAFT_MODEL}.get(self)
+
+
+def parse_spec_mode(text: object) -> SpecMode:
+    """`off`, `ngram`, `draft` or `auto`; ValueError says what is accepted."""
+    if isinstance(text, SpecMode):
+        return text
+    try:
+        return SpecMode(str(text).strip().lower())
+    except ValueError:
+        raise ValueError(f"unknown speculation mode {text!r}: use off, ngram, draft or auto") from None
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Decayed counts of accepted draft tokens (hits) and first rejections (misses).
+
+    Under the usual model (each draft token accepted with probability p once the one before it
+    was), a verification of k tokens that accepts a of them shows a hits and, if a < k, one miss;
+    hits / (hits + misses) is then the maximum-likelihood p."""
+
+    hits: float = 0.0
+    misses: float = 0.0
+
+    def observe(self, accepted: int, rejected: bool) -> None:
+        self.hits = self.hits * DECAY + accepted
+        self.misses = self.misses * DECAY + (1.0 if rejected else 0.0)
+
+    def p(self, prior: float, weight: float = PRIOR_WEIGHT) -> float:
+        return (self.hits + weight * prior) / (self.hits + self.misses + weight)
+
+
+@dataclass
+class SpecState:
+    """One sequence's speculation: per-source estimates and what it drafted and accepted."""
+
+    estimates: dict[DraftKind, AcceptanceEstimate] = field(default_factory=dict)
+    # A free source's guess while the sequence did not draft, judged against the next token:
+    # (source, position the guessed token would take, guessed token).
+    shadow: tuple[DraftKind, int, int] | None = None
+
+    def estimate(self, kind: DraftKind) -> AcceptanceEstimate:
+        return self.estimates.setdefault(kind, AcceptanceEstimate())
+
+
+@dataclass(frozen=True)
+class DraftOffer:
+    """One sequence's case for drafting this step, in the policy's numbers."""
+
+    p: float  # per-token acceptance estimate
+    cap: int  # most draft rows it may verify (proposal length, max_tokens, context, K_MAX)
+    row_ms: float  # what one more of its rows adds to the step
+    source: int = 0  # which entry of `draft_ms` prices its source's drafting
+
+
+def draft_lengths(offers: Seq[DraftOffer], *, base_ms: float, base_tokens: float, room_rows: int,
+                  room_ms: float | None = None,
+                  draft_ms: Seq[Callable[[int, int], float]] = ()) -> list[int]:
+    """Draft rows per offer that maximise expected committed tokens per ms of the step.
+
+    `base_ms` is the step without drafts and `base_tokens` what it commits (one per generating
+    sequence). A row is added (best expected tokens per ms first) while it raises the ratio, the
+    step has rows left (`room_rows`), and the extra time stays within `room_ms` (None: no cap).
+    `draft_ms[i](k, n)` is what source i costs to propose k tokens for each of n sequences.
+    """
+    ks = [0] * len(offers)
+    tokens, ms, extra_ms = float(base_tokens), float(base_ms), 0.0
+
+    def source_ms(src: int, ks_now: list[int]) -> float:
+        if src >= len(draft_ms):
+            return 0.0
+        mine = [k for o, k in zip(offers, ks_now) if o.source == src and k > 0]
+        return draft_ms[src](max(mine), len(mine)) if mine else 0.0
+
+    for _ in range(room_rows):
+        best, best_rate, best_cost = -1, 0.0, 0.0
+        for i, o in enumerate(offers):
+            if ks[i] >= o.cap or o.p <= 0.0:
+                continue
+            trial = ks[:]
+            trial[i] += 1
+            cost = o.row_ms + source_ms(o.source, trial) - source_ms(o.source, ks)
+            gain = o.p ** (ks[i] + 1)
+            rate = gain / cost if cost > 0 else float("inf")
+            if rate > best_rate:
+                best, best_rate, best_cost = i, rate, cost
+        if best < 0 or ms <= 0 or best_rate * ms <= tokens:
+            break  # the best row left would lower tokens per ms
+        if room_ms is not None and extra_ms + best_cost > room_ms:
+            break
+        ks[best] += 1
+        tokens += offers[best].p ** ks[best]
+        ms += best_cost
+        extra_ms += best_cost
+    return ks
+
+
+def available_sources(mode: SpecMode, sources: dict[DraftKind, DraftSource]) -> list[DraftSource]:
+    """The sources a mode drafts with; ValueError when a forced mode's source is missing."""
+    if mode is SpecMode.OFF:
+        return []
+    forced = mode.forced
+    if forced is None:
+        return list(sources.values())
+    if forced not in sources:
+        hint = " (start with --draft-model PATH)" if forced is DraftKind.DRAFT_MODEL else ""
+        raise ValueError(f"--spec {mode.value} needs a {forced.value} draft source, and none is "
+                         f"loaded{hint}; use --spec auto or off")
+    return [sources[forced]]

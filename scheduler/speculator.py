@@ -1,0 +1,179 @@
+"""Provides Speculator: the drafts of one step, per generating sequence, and what they taught.
+
+The planner asks it, after decode rows and prompt rows are placed, which sequences verify which
+draft tokens in the rows left; the engine tells it, through the planner, how many were accepted.
+"""
+
+from __future__ import annotations
+
+from scheduler.budget import CostModel, StepShape
+from scheduler.drafts import DraftKind, DraftSource, DraftWant, propose_all
+from scheduler.sequence import Sequence
+from scheduler.speculation import (K_MAX, PRIORS, AcceptanceEstimate, DraftOffer, SpecMode, available_sources,
+                                   draft_lengths)
+from scheduler.types import KV_PAD, AttentionPath
+
+__all__ = ["Speculator"]
+
+
+class Speculator:
+    """Chooses drafts for a step under a `SpecMode` from the given sources, and keeps the moving
+    acceptance estimates (per source over all sequences, per sequence on its own)."""
+
+    def __init__(self, sources: dict[DraftKind, DraftSource] | None = None,
+                 mode: SpecMode = SpecMode.OFF) -> None:
+        self.sources: dict[DraftKind, DraftSource] = dict(sources or {})
+        self.overall = {kind: AcceptanceEstimate() for kind in DraftKind}
+        self.mode = SpecMode.OFF
+        self.set_mode(mode)
+        self.paused_steps = 0  # no drafts for this many steps (after "no KV slot" with drafts)
+        self.num_drafted = 0
+        self.num_accepted = 0
+
+    def set_mode(self, mode: SpecMode) -> None:
+        """ValueError when the mode needs a source that is not loaded (`draft` without a model)."""
+        available_sources(mode, self.sources)
+        self.mode = mode
+
+    def pause(self, steps: int) -> None:
+        self.paused_steps = max(self.paused_steps, steps)
+
+    def p(self, seq: Sequence, kind: DraftKind) -> float:
+        """The sequence's acceptance estimate for a source, drawn toward the source's overall one."""
+        return seq.spec.estimate(kind).p(self.overall[kind].p(PRIORS[kind]))
+
+    # ---- planning ------------------------------------------------------------------------------
+
+    def plan(self, decoding: list[Sequence], *, cost: CostModel, shape: StepShape, prefill_rows: int,
+             room_rows: int, room_ms: float | None, n_ctx_seq: int) -> dict[int, tuple[DraftKind, tuple[int, ...]]]:
+        """Draft tokens per seq id for the sequences that speculate in this step."""
+        for seq in decoding:
+            self._judge_shadow(seq)
+        if self.paused_steps > 0:
+            self.paused_steps -= 1
+            return {}
+        sources = available_sources(self.mode, self.sources)
+        if not sources or room_rows <= 0 or not decoding:
+            return {}
+        kinds = [s.kind for s in sources]
+        caps = {seq.seq_id: self._cap(seq, n_ctx_seq) for seq in decoding}
+        # Free sources guess now, for everyone: the guess decides their offer, and a guess not
+        # verified is judged later for free against the token that comes (the shadow estimate).
+        guesses: dict[int, list[int]] = {}
+        guessed_by: dict[int, DraftKind] = {}
+        for seq in decoding:
+            for src in sources:
+                if caps[seq.seq_id] > 0 and src.draft_ms(1, 1) == 0.0:
+                    guesses[seq.seq_id] = src.propose(seq.seq_id, seq.all_tokens(), K_MAX)[:caps[seq.seq_id]]
+                    guessed_by[seq.seq_id] = src.kind
+                    break
+        if self.mode.forced is not None:
+            ks = self._forced(decoding, sources[0], guesses, caps, room_rows)
+            chosen = {seq.seq_id: sources[0].kind for seq in decoding}
+        else:
+            ks, chosen = self._adaptive(decoding, sources, kinds, guesses, caps, cost=cost, shape=shape,
+                                        prefill_rows=prefill_rows, room_rows=room_rows, room_ms=room_ms)
+        # A paid source (a draft model) drafts for all its sequences in one call: one batch per
+        # draft position, not one per sequence.
+        wants: dict[DraftKind, list[DraftWant]] = {}
+        for seq in decoding:
+            k, kind = ks.get(seq.seq_id, 0), chosen.get(seq.seq_id)
+            if k > 0 and kind is not None and not (self.sources[kind].draft_ms(1, 1) == 0.0
+                                                   and guesses.get(seq.seq_id)):
+                wants.setdefault(kind, []).append(DraftWant(seq.seq_id, seq.all_tokens(), k))
+        drafted = {kind: propose_all(self.sources[kind], ws) for kind, ws in wants.items()}
+        out: dict[int, tuple[DraftKind, tuple[int, ...]]] = {}
+        for seq in decoding:
+            k, kind = ks.get(seq.seq_id, 0), chosen.get(seq.seq_id)
+            guess = guesses.get(seq.seq_id, [])
+            if k > 0 and kind is not None:
+                src = self.sources[kind]
+                tokens = guess[:k] if src.draft_ms(1, 1) == 0.0 and guess else drafted[kind].get(
+                    seq.seq_id, [])[:k]
+                if tokens:
+                    out[seq.seq_id] = (kind, tuple(tokens))
+                    continue
+            if guess:
+                seq.spec.shadow = (guessed_by[seq.seq_id], seq.num_tokens, guess[0])
+        return out
+
+    def _cap(self, seq: Sequence, n_ctx_seq: int) -> int:
+        """Draft rows the sequence could use: each step commits at most k + 1 tokens, and the
+        verified rows must stay inside its context."""
+        left = seq.max_tokens - len(seq.output) - 1
+        return max(0, min(K_MAX, left, n_ctx_seq - seq.num_computed - 1))
+
+    def _forced(self, decoding, source: DraftSource, guesses, caps, room_rows) -> dict[int, int]:
+        ks: dict[int, int] = {}
+        for seq in decoding:
+            want = len(guesses.get(seq.seq_id, [])) if source.draft_ms(1, 1) == 0.0 else caps[seq.seq_id]
+            ks[seq.seq_id] = k = min(want, room_rows)
+            room_rows -= k
+        return ks
+
+    def _adaptive(self, decoding, sources, kinds, guesses, caps, *, cost: CostModel, shape: StepShape,
+                  prefill_rows: int, room_rows: int, room_ms: float | None):
+        params = cost.params
+        offers, owners, chosen = [], [], {}
+        for seq in decoding:
+            best: tuple[float, DraftKind, int] | None = None
+            for src in sources:
+                free = src.draft_ms(1, 1) == 0.0
+                cap = len(guesses.get(seq.seq_id, [])) if free else caps[seq.seq_id]
+                if cap <= 0:
+                    continue
+                p = self.p(seq, src.kind)
+                if best is None or p > best[0]:
+                    best = (p, src.kind, cap)
+            if best is None:
+                continue
+            p, kind, cap = best
+            chosen[seq.seq_id] = kind
+            # One more row of this sequence: a row with logits, attending over its positions (or,
+            # without flash attention, over every used cell).
+            if shape.path is AttentionPath.DENSE:
+                n_kv = -(-(shape.cells_used + 1) // KV_PAD) * KV_PAD
+                attn = params.attn_ms * n_kv / 1000.0
+            else:
+                attn = params.attn_ms * (seq.num_computed + 2) / 1000.0
+            offers.append(DraftOffer(p=p, cap=cap, row_ms=params.decode_ms + attn, source=kinds.index(kind)))
+            owners.append(seq.seq_id)
+        if not offers:
+            return {}, chosen
+        base_ms = cost.predict(shape.decode_rows, prefill_rows, shape.kpos(prefill_rows))
+        ks = draft_lengths(offers, base_ms=base_ms, base_tokens=shape.decode_rows, room_rows=room_rows,
+                           room_ms=room_ms, draft_ms=[s.draft_ms for s in sources])
+        return dict(zip(owners, ks)), chosen
+
+    def _judge_shadow(self, seq: Sequence) -> None:
+        """A guess made while the sequence did not draft, against the token that came after."""
+        shadow, seq.spec.shadow = seq.spec.shadow, None
+        if shadow is None:
+            return
+        kind, pos, token = shadow
+        if seq.num_tokens <= pos:
+            seq.spec.shadow = shadow  # not decided yet (the step failed)
+            return
+        hit = seq.token_range(pos, pos + 1)[0] == token
+        seq.spec.estimate(kind).observe(int(hit), not hit)
+        self.overall[kind].observe(int(hit), not hit)
+
+    # ---- after sampling ------------------------------------------------------------------------
+
+    def verified(self, seq: Sequence, kind: DraftKind, drafted: int, judged: int, accepted: int) -> None:
+        """Sampling accepted `accepted` of the `drafted` draft tokens it verified; `judged` of
+        them were compared with a sampled token (the reply may end before the rest are)."""
+        rejected = accepted < judged
+        seq.spec.estimate(kind).observe(accepted, rejected)
+        self.overall[kind].observe(accepted, rejected)
+        seq.num_drafted += drafted
+        seq.num_accepted += accepted
+        self.num_drafted += drafted
+        self.num_accepted += accepted
+
+    def forget(self, seq_id: int | None) -> None:
+        """The slot's tokens are no longer the ones its sources indexed (ended, preempted)."""
+        if seq_id is None:
+            return
+        for src in self.sources.values():
+            src.forget(seq_id)

@@ -1,0 +1,259 @@
+"""Speculative decoding in the engine on the fake backend: scripted acceptance patterns, the KV rows
+and ledger after each, replies ending inside a draft, cancel, "no KV slot", forks and next turns."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.fake import DEFAULT_REPLY, Acceptance, FakeBackend, ScriptedDrafts
+from backend.protocol import DecodeOutcome
+from scheduler.drafts import DraftKind
+from scheduler.speculation import SpecMode
+from scheduler.types import DoneReason, Message, Request, SamplingParams
+from tests.engine_driver import assert_clean, by_request, chat, engine_for, text
+
+
+def spec_engine(acceptance=Acceptance.ALL, *, eog_after=None, mode="draft", **kw):
+    backend = FakeBackend(eog_after=eog_after, **{k: kw.pop(k) for k in list(kw) if k.startswith("n_")})
+    drafts = ScriptedDrafts(backend, acceptance)
+    engine, _ = engine_for(backend, spec=mode, drafts={DraftKind.DRAFT_MODEL: drafts}, **kw)
+    return engine, backend, drafts
+
+
+def assert_kv_matches(engine, backend):
+    """Ledger equals the backend's cells, and every live sequence's KV holds exactly its committed
+    tokens (no rejected draft row left behind)."""
+    s = engine.scheduler
+    assert s.kv.mismatches() == [] and s.kv_used() == backend.kv_cells_used()
+    for seq in s.running:
+        assert backend.kv_tokens(seq.seq_id) == seq.committed_tokens()
+
+
+def run_checked(engine, backend):
+    reports = []
+    while engine.has_work():
+        r = engine.step()
+        if r is not None:
+            reports.append(r)
+            assert_kv_matches(engine, backend)
+    return reports
+
+
+@pytest.mark.parametrize("acceptance, accepted_per_step", [
+    (Acceptance.ALL, 8), (Acceptance.NONE, 0), (Acceptance.HALF, 4)])
+def test_scripted_acceptance_gives_the_same_reply_with_the_right_rows_and_ledger(acceptance, accepted_per_step):
+    engine, backend, drafts = spec_engine(acceptance, eog_after=40)
+    engine.submit(chat("r", "s", "hello"))
+    reports = run_checked(engine, backend)
+    ups = by_request(reports)["r"]
+    assert text(ups) == (DEFAULT_REPLY * 2)[:40] and ups[-1].done_reason is DoneReason.STOP
+    spec_steps = [r for r in reports if r.draft_rows]
+    assert spec_steps and all(r.decode_rows == 1 and r.draft_rows == 8 for r in spec_steps)
+    # Every step but the last (where the EOS cuts the run) accepts the scripted share.
+    assert [r.draft_accepted for r in spec_steps[:-1]] == [accepted_per_step] * (len(spec_steps) - 1)
+    # The first token comes from the prompt's last row; then each step samples 1 + accepted,
+    # the 40th token's row included (its sample is the EOS).
+    assert len(spec_steps) == -(-40 // (1 + accepted_per_step))
+    last = ups[-1]
+    assert last.accepted == sum(r.draft_accepted for r in reports) and last.drafted == 8 * len(spec_steps)
+    gen_steps = 1 + sum(1 for r in spec_steps if any(u.new_tokens for u in r.updates))
+    assert last.tokens_per_step == pytest.approx(40 / gen_steps)
+    # The conversation keeps exactly the prompt and the reply's tokens: the row of the last one
+    # was evaluated (its logits gave the EOS), no draft row after it stayed.
+    seq_id = ups[-1].seq_id
+    prompt = backend.tokenize_chat([Message("user", "hello")])
+    assert backend.kv_tokens(seq_id) == prompt + [ord(c) for c in (DEFAULT_REPLY * 2)[:40]]
+    assert_clean(engine, "s")
+    assert seq_id in drafts.forgotten
+
+
+def test_max_tokens_inside_an_accepted_draft_ends_the_reply_exactly_there():
+    engine, backend, drafts = spec_engine(Acceptance.ALL)
+    engine.submit(chat("r", "s", "hello", max_tokens=13))
+    reports = run_checked(engine, backend)
+    ups = by_request(reports)["r"]
+    assert text(ups) == DEFAULT_REPLY[:13] and ups[-1].done_reason is DoneReason.LENGTH
+    assert ups[-1].generated == 13
+    # Drafts never reach past max_tokens: after the first token, 1 + 8, then 1 + 2.
+    assert [r.draft_rows for r in reports if r.draft_rows] == [8, 2]
+    prompt = backend.tokenize_chat([Message("user", "hello")])
+    assert backend.kv_tokens(ups[-1].seq_id) == prompt + [ord(c) for c in DEFAULT_REPLY[:12]]
+    assert_clean(engine, "s")
+
+
+def test_a_stop_string_inside_an_accepted_draft_shows_and_keeps_nothing_after_it():
+    engine, backend, _ = spec_engine(Acceptance.ALL)
+    engine.submit(Request("r", "s", (Message("user", "hello"),), SamplingParams(max_tokens=64, stop=("brown",))))
+    reports = run_checked(engine, backend)
+    ups = by_request(reports)["r"]
+    assert text(ups) == "The quick " and ups[-1].done_reason is DoneReason.STOP
+    # The run stopped on the token that completed "brown": it is the last token committed, and
+    # no draft row after it stayed in the cache.
+    prompt = backend.tokenize_chat([Message("user", "hello")])
+    assert backend.kv_tokens(ups[-1].seq_id) == prompt + [ord(c) for c in "The quick brow"]
+    assert_clean(engine, "s")
+
+
+def test_eos_inside_an_accepted_draft_ends_the_reply_and_trims_the_rows_after_it():
+    engine, backend, _ = spec_engine(Acceptance.ALL, eog_after=5)
+    engine.submit(chat("r", "s", "hello"))
+    reports = run_checked(engine, backend)
+    ups = by_request(reports)["r"]
+    assert text(ups) == DEFAULT_REPLY[:5] and ups[-1].done_reason is DoneReason.STOP
+    assert [r.draft_rows for r in reports if r.draft_rows] == [8]  # one step: 4 accepted, then EOS
+    assert ups[-1].accepted == 4
+    # The 5th token's draft row was evaluated and accepted; its logits gave the EOS; the 3 draft
+    # rows after it are gone.
+    prompt = backend.tokenize_chat([Message("user", "hello")])
+    assert backend.kv_tokens(ups[-1].seq_id) == prompt + [ord(c) for c in DEFAULT_REPLY[:5]]
+    assert_clean(engine, "s")
+
+
+def test_a_cancel_while_a_sequence_speculates_keeps_only_its_committed_rows():
+    engine, backend, _ = spec_engine(Acceptance.ALL)
+    engine.submit(chat("r", "s", "hello"))
+    seen = []
+
+    def cancel_during_a_speculative_step(plan):
+        if plan.n_draft and not seen:
+            seen.append(plan)
+            engine.cancel("r")  # arrives while the step runs: applied before sampling
+        return None
+
+    backend.fault_when = cancel_during_a_speculative_step
+    reports = run_checked(engine, backend)
+    ups = by_request(reports)["r"]
+    assert ups[-1].done_reason is DoneReason.CANCELLED and text(ups) == DEFAULT_REPLY[:1]
+    # Committed: the prompt; the first token was sampled but never evaluated. The step's decode
+    # row and its 8 draft rows are all gone.
+    prompt = backend.tokenize_chat([Message("user", "hello")])
+    slot = seen[0].slices[0].seq_id
+    assert backend.kv_tokens(slot) == prompt
+    assert engine.scheduler.kv.mismatches() == []
+    assert_clean(engine, "s")
+
+
+def test_no_kv_slot_in_a_speculative_step_drops_the_drafts_first():
+    engine, backend, _ = spec_engine(Acceptance.ALL)
+    engine.submit(chat("r", "s", "hello"))
+    failed = []
+
+    def fail_the_first_speculative_step(plan):
+        if plan.n_draft and not failed:
+            failed.append(plan)
+            return DecodeOutcome.NO_KV_SLOT
+        return None
+
+    backend.fault_when = fail_the_first_speculative_step
+    engine.submit(chat("q", "t", "there"))
+    reports = run_checked(engine, backend)
+    outcomes = [r.outcome for r in reports]
+    assert outcomes.count(DecodeOutcome.NO_KV_SLOT) == 1
+    after = reports[outcomes.index(DecodeOutcome.NO_KV_SLOT) + 1]
+    # The retry keeps every decode row and drops only the draft rows; nobody was preempted.
+    assert after.draft_rows == 0 and after.decode_rows == failed[0].n_decode
+    ups = by_request(reports)
+    assert text(ups["r"]) == text(ups["q"]) == (DEFAULT_REPLY * 6)[:256]
+    assert all(u.waiting_reason is None for u in ups["r"] + ups["q"])
+    assert_clean(engine, "s", "t")
+
+
+def test_forks_and_next_turns_give_the_same_replies_and_cache_with_speculation():
+    def scenario(mode):
+        backend = FakeBackend(eog_after=30)
+        engine, _ = engine_for(backend, spec=mode)
+        engine.submit(chat("a1", "A", "tell me a story"))
+        engine.run_until_idle()
+        story = DEFAULT_REPLY[:30]
+        engine.submit(chat("a2", "A", "tell me a story", ("assistant", story), "again"))
+        engine.submit(chat("f1", "F", "tell me a story", ("assistant", story), "a fork", fork_from="A"))
+        reports = engine.run_until_idle()
+        for r in reports:
+            assert engine.scheduler.kv.mismatches() == []
+        ups = by_request(reports)
+        seen = {rid: (text(u), u[-1].cached_tokens, u[-1].done_reason) for rid, u in ups.items()}
+        drafted = sum(r.draft_rows for r in reports)
+        assert_clean(engine, "A", "F")
+        return seen, drafted
+
+    off, none_drafted = scenario("off")
+    ngram, drafted = scenario("ngram")
+    assert none_drafted == 0 and drafted > 0
+    assert ngram == off
+    assert off["a2"][1] > 30 and off["f1"][1] > 30  # the previous turn was reused as cache
+
+
+def test_drafts_never_push_decode_rows_or_a_newcomers_prompt_quantum_out():
+    engine, backend, _ = spec_engine(Acceptance.ALL, n_batch=24, n_ubatch=24, policy="fixed:16")
+    for i in range(4):
+        engine.submit(chat(f"r{i}", f"s{i}", "hi", max_tokens=60))
+    while len(engine.scheduler.running) < 4 or not all(s.is_decoding for s in engine.scheduler.running):
+        engine.step()
+    slots = {s.seq_id for s in engine.scheduler.running}
+    engine.submit(chat("new", "n", "a newcomer with a longer prompt than the others"))
+    first = len(backend.decode_calls)
+    reports = run_checked(engine, backend)
+    for plan in backend.decode_calls:
+        assert plan.n_rows <= 24
+    newcomer_steps = [p for p in backend.decode_calls[first:] if any(not s.is_decode for s in p.slices)]
+    assert len(newcomer_steps) > 2 and not any(s.seq_id in slots for p in newcomer_steps
+                                               for s in p.slices if not s.is_decode)
+    for plan in newcomer_steps[:-1]:  # every step but its last chunk: 4 decode rows, the quantum
+        assert plan.n_decode == 4 and plan.n_prefill == 16 and plan.n_draft <= 4
+    assert any(r.draft_rows for r in reports)
+    ups = by_request(reports)
+    assert all(ups[f"r{i}"][-1].done_reason is DoneReason.LENGTH for i in range(4))
+    assert_clean(engine, "n", *(f"s{i}" for i in range(4)))
+
+
+def test_the_mode_switches_live_and_draft_without_a_model_fails_at_once():
+    engine, backend = engine_for(FakeBackend())
+    assert engine.spec == "off"
+    with pytest.raises(ValueError, match="--draft-model"):
+        engine.set_spec("draft")
+    with pytest.raises(ValueError, match="off, ngram, draft or auto"):
+        engine.set_spec("fast")
+    with pytest.raises(ValueError, match="--draft-model"):
+        engine_for(FakeBackend(), spec=SpecMode.DRAFT)
+    engine.submit(chat("r", "s", "hello", max_tokens=120))
+    reports = [engine.step() for _ in range(3)]
+    assert not any(r.draft_rows for r in reports if r)
+    engine.set_spec("ngram")
+    assert engine.spec == "ngram"
+    reports = engine.run_until_idle()
+    assert reports[0].spec == "ngram" and sum(r.draft_accepted for r in reports) > 0
+    assert_clean(engine, "s")
+
+
+PROSE = ("Speculative decoding lets a small guesser propose several tokens that the large model "
+         "then checks in one pass; when the guesses are right the reply moves ahead by several "
+         "tokens per step, and when they are wrong the extra rows were wasted work that other "
+         "sequences in the same batch paid for with a slower step. Whether it pays depends on "
+         "the hardware, the width of the batch and how predictable the text is. ")
+
+
+@pytest.mark.parametrize("profile", ["cpu2core", "rx9070xt"])
+@pytest.mark.parametrize("reply", [DEFAULT_REPLY, PROSE], ids=["repetitive", "prose"])
+def test_auto_never_loses_to_off_and_wins_where_replies_repeat(profile, reply):
+    from backend.simulated import SimulatedBackend
+
+    def run(mode, n):
+        backend = SimulatedBackend(profile, n_ctx=32768, n_batch=2048, reply=reply)
+        engine, _ = engine_for(backend, policy="target:50", spec=mode)
+        for i in range(n):
+            engine.submit(chat(f"r{i}", f"s{i}", "hi", max_tokens=300))
+        reports = engine.run_until_idle()
+        texts = {rid: text(u) for rid, u in by_request(reports).items()}
+        elapsed = reports[-1].t - reports[0].t
+        assert_clean(engine, *(f"s{i}" for i in range(n)))
+        return elapsed, sum(r.draft_rows for r in reports), texts
+
+    for n in (1, 4, 16):
+        t_off, _, off = run("off", n)
+        t_auto, rows, auto = run("auto", n)
+        assert auto == off
+        assert t_off / t_auto >= 0.97, (n, t_off, t_auto, rows)
+        if reply == DEFAULT_REPLY and n == 1:
+            assert t_off / t_auto >= 1.3  # one sequence copying itself: drafting pays
+        if reply == PROSE and profile == "cpu2core" and n == 16:
+            assert rows == 0  # a draft row there costs what a decode row earns

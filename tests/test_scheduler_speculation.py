@@ -1,0 +1,119 @@
+"""The speculation policy with plain numbers: n-gram lookup, the acceptance estimate, and how many
+draft rows pay on a CPU and on a GPU profile."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.drafts import DraftKind
+from scheduler.ngram import NgramIndex, NgramSource
+from scheduler.speculation import (K_MAX, AcceptanceEstimate, DraftOffer, SpecMode, available_sources, draft_lengths,
+                                   parse_spec_mode)
+
+# The simulated profiles' per-row costs (backend/simulated.py), as the cost model holds them.
+CPU = dict(fixed=4.3, row=6.7)  # 2 EPYC cores, SmolLM2-135M: 11 ms for 1 sequence, 58 ms for 8
+GPU = dict(fixed=14.6, row=1.3875)  # RX 9070 XT, 9B: the step is mostly reading the weights once
+
+
+def lengths(profile, n_seqs, p, cap=K_MAX, room_rows=512, room_ms=None):
+    base = profile["fixed"] + profile["row"] * n_seqs
+    offers = [DraftOffer(p=p, cap=cap, row_ms=profile["row"])] * n_seqs
+    return draft_lengths(offers, base_ms=base, base_tokens=n_seqs, room_rows=room_rows, room_ms=room_ms)
+
+
+def test_ngram_lookup_proposes_what_followed_the_longest_earlier_match():
+    index = NgramIndex()
+    index.extend([1, 2, 3, 4, 5, 9, 9, 2, 3, 4])
+    # Suffix (2, 3, 4) occurred before, followed by 5, 9, 9, 2 ...
+    assert index.lookup(3) == [5, 9, 9]
+    index.extend([7])
+    # (4, 7) never occurred, nor does any longer suffix; a single token is not a match.
+    assert index.lookup(3) == []
+    index.extend([1, 2])
+    assert index.lookup(2) == [3, 4]  # (1, 2) at the start; the latest (2,) alone would not count
+
+
+def test_ngram_lookup_prefers_the_latest_occurrence_and_never_matches_the_suffix_itself():
+    index = NgramIndex()
+    index.extend([5, 6, 1, 5, 6, 2, 5, 6])
+    assert index.lookup(1) == [2]  # the latest earlier (5, 6) was followed by 2, not 1
+    fresh = NgramIndex()
+    fresh.extend([8, 9])
+    assert fresh.lookup(4) == []  # the only (8, 9) is the suffix itself
+
+
+def test_ngram_source_keeps_one_index_per_sequence_and_rebuilds_when_tokens_are_rewritten():
+    src = NgramSource()
+    assert src.propose(0, [1, 2, 3, 1, 2], 2) == [3, 1]
+    assert src.propose(0, [1, 2, 3, 1, 2, 3], 3) == [1, 2, 3]  # extended, not rescanned
+    assert src._index[0].tokens == [1, 2, 3, 1, 2, 3]
+    assert src.propose(1, [7, 8, 7], 2) == []  # another sequence, its own index
+    assert src.propose(0, [4, 4, 9, 4, 4], 2) == [9, 4]  # other tokens on the key: rebuilt
+    src.forget(0)
+    assert 0 not in src._index
+    assert src.draft_ms(8, 16) == 0.0 and src.propose(1, [1, 2, 1, 2], 0) == []
+
+
+def test_the_acceptance_estimate_is_hits_over_trials_drawn_toward_the_prior():
+    est = AcceptanceEstimate()
+    assert est.p(prior=0.5) == 0.5
+    for _ in range(40):
+        est.observe(accepted=3, rejected=True)  # 3 of 4 judged each time: p = 0.75
+    assert est.p(prior=0.5) == pytest.approx(0.75, abs=0.02)
+    for _ in range(40):
+        est.observe(accepted=0, rejected=True)
+    # It moves (recent verifications count most); the prior's 4 observations keep it off 0.
+    assert est.p(prior=0.5) < 0.2
+
+
+def test_one_sequence_on_a_cpu_drafts_a_few_rows_when_acceptance_is_high():
+    # 1 sequence, step 11 ms for 1 token. p = 0.9: a row of 6.7 ms buys 0.9 tokens (0.134/ms,
+    # over 1/11 = 0.091/ms); the second 0.81 (0.121 > 1.9/17.7 = 0.107); the third 0.729
+    # (0.109 < 2.71/24.4 = 0.111) would lower the ratio.
+    assert lengths(CPU, 1, 0.9) == [2]
+    assert lengths(CPU, 1, 0.5) == [0]  # 0.5/6.7 = 0.075 < 0.091: no row pays
+
+
+def test_eight_and_sixteen_sequences_on_a_cpu_never_draft():
+    # 8 sequences: 58 ms for 8 tokens (0.138/ms); even p = 0.9 buys 0.134/ms per row.
+    assert lengths(CPU, 8, 0.9) == [0] * 8
+    assert lengths(CPU, 16, 0.9) == [0] * 16
+
+
+def test_a_gpu_step_dominated_by_the_weights_drafts_long_at_low_width():
+    # 1 sequence: 16 ms per token; a 1.39 ms row that buys 0.9^j tokens pays up to K_MAX.
+    assert lengths(GPU, 1, 0.9) == [K_MAX]
+    # 4 sequences at 0.8: 3 rows each take the step from 4 tokens in 20.2 ms to 11.8 in 36.8 ms
+    # (0.32/ms); a fourth row buys 0.41 tokens for 1.39 ms (0.29/ms) and would lower it.
+    assert lengths(GPU, 4, 0.8) == [3] * 4
+    assert lengths(GPU, 16, 0.3) == [0] * 16  # 36.8 ms for 16 tokens: 0.3/1.39 = 0.216 < 0.435
+
+
+def test_draft_rows_respect_the_caps_rooms_and_the_sources_cost():
+    assert lengths(GPU, 1, 0.9, cap=3) == [3]
+    assert sum(lengths(GPU, 4, 0.9, room_rows=5)) == 5
+    assert lengths(GPU, 1, 0.9, room_ms=3.0) == [2]  # 2 rows of 1.39 ms fit in 3 ms
+    # A draft model that costs 12 ms per drafted token (serial steps): 0.7 tokens for 13.4 ms
+    # is worth less than the 1 token per 16 ms the step makes anyway.
+    offer = DraftOffer(p=0.7, cap=K_MAX, row_ms=GPU["row"])
+    slow = draft_lengths([offer], base_ms=16.0, base_tokens=1, room_rows=64, draft_ms=[lambda k, n: 12.0 * k])
+    assert slow == [0]
+    cheap = draft_lengths([offer], base_ms=16.0, base_tokens=1, room_rows=64, draft_ms=[lambda k, n: 0.2 * k])
+    assert cheap[0] >= 3
+
+
+def test_rows_go_to_the_sequences_most_likely_to_accept_them():
+    offers = [DraftOffer(p=0.95, cap=K_MAX, row_ms=1.0), DraftOffer(p=0.2, cap=K_MAX, row_ms=1.0)]
+    ks = draft_lengths(offers, base_ms=10.0, base_tokens=2, room_rows=4)
+    assert ks[0] == 4 and ks[1] == 0
+
+
+def test_spec_modes_parse_and_a_forced_mode_needs_its_source():
+    assert parse_spec_mode(" Auto ") is SpecMode.AUTO and parse_spec_mode(SpecMode.OFF) is SpecMode.OFF
+    with pytest.raises(ValueError, match="off, ngram, draft or auto"):
+        parse_spec_mode("lookahead")
+    ngram = {DraftKind.NGRAM: NgramSource()}
+    assert available_sources(SpecMode.OFF, ngram) == []
+    assert [s.kind for s in available_sources(SpecMode.AUTO, ngram)] == [DraftKind.NGRAM]
+    with pytest.raises(ValueError, match="--draft-model"):
+        available_sources(SpecMode.DRAFT, ngram)
