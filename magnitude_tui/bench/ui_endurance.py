@@ -19,7 +19,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from magnitude_tui.bench.ui_cpu import PacedClient, _pct
+from magnitude_tui.bench.common import percentile
+from magnitude_tui.bench.ui_cpu import PacedClient
 
 
 def rss_mb() -> float:
@@ -194,7 +195,7 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
                     config=asdict(cfg), wall_s=wall, tokens=client.flood_sent, resizes=resized,
                     rss_start_mb=rss_start, rss_mid_mb=rss_mid or rss_end, rss_end_mb=rss_end,
                     reply_chars=len(flooded.record.messages[-1].content), keys=keys,
-                    key_p50_ms=statistics.median(got) if got else None, key_p95_ms=_pct(got, 95),
+                    key_p50_ms=statistics.median(got) if got else None, key_p95_ms=percentile(got, 95),
                     key_max_ms=max(got) if got else None, settle_s=settle_s)
         finally:
             client.stop()
