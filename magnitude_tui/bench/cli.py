@@ -388,6 +388,8 @@ def soak(
     floods: int = typer.Option(5, "--floods", help="Floods of 64 requests."),
     dbs: int = typer.Option(25, "--dbs", help="Damaged database files."),
     app_kills: int = typer.Option(5, "--app-kills", help="App kill -9 rounds while 8 panes stream."),
+    contention_reps: int = typer.Option(2, "--contention-reps", help="Rounds of every variant under each load."),
+    ui_flood: int = typer.Option(100_000, "--ui-flood", help="Tokens into one pane in the UI endurance run."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated scenarios (default: all; "
                                        "the names are listed in docs/RELIABILITY.md)."),
     seed: int = typer.Option(1, "--seed"),
@@ -402,7 +404,8 @@ def soak(
         raise typer.BadParameter(f"unknown scenario {bad[0]!r}: choose from {', '.join(SCENARIOS)}",
                                  param_hint="--only")
     cfg = SoakConfig(fake_ops=fake_ops, real_ops=real_ops, bad_rounds=rounds, flood_rounds=floods,
-                     kill_rounds=kills, db_rounds=dbs, app_kill_rounds=app_kills, seed=seed, model=model, device=device)
+                     kill_rounds=kills, db_rounds=dbs, app_kill_rounds=app_kills, seed=seed, model=model, device=device,
+                     contention_reps=contention_reps, ui_flood=ui_flood)
     result = run_soak(cfg, chosen, progress=_progress)
     _finish(result, out, None)
     if result.data["failures"]:

@@ -74,13 +74,14 @@ def device_args(device_name: str) -> list[str]:
 
 def batched_bench(bindir: Path, *, model: str, seqs: list[int], prompt: int, gen: int, threads: int,
                   n_ctx: int, n_batch: int, n_ubatch: int, dev: list[str],
-                  extra: list[str] | None = None) -> dict[int, dict]:
+                  extra: list[str] | None = None, timeout_s: float = 3600) -> dict[int, dict]:
     """One llama-batched-bench run over every batch width; {seqs: its JSON line}. `extra`: more
-    flags (e.g. -pps for a prompt shared by every sequence, -fa on|off)."""
+    flags (e.g. -pps for a prompt shared by every sequence, -fa on|off). subprocess.TimeoutExpired
+    after `timeout_s`."""
     cmd = [str(bindir / "llama-batched-bench"), "-m", model, "-c", str(n_ctx), "-b", str(n_batch),
            "-ub", str(n_ubatch), "-t", str(threads), "-tb", str(threads), "-kvu", *dev,
            "-npp", str(prompt), "-ntg", str(gen), "-npl", ",".join(map(str, seqs)), "--output-format", "jsonl", *(extra or [])]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         raise PeerError(f"llama-batched-bench failed ({proc.returncode}): {proc.stderr[-800:]}")
     out = {}

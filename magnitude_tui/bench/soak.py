@@ -11,7 +11,8 @@ Scenarios (each row: operations or duration, failures, leaked KV cells/slots, da
 - corrupt databases: random bytes, a damaged half, a truncation, another program's file, a newer
   schema: the store must move the file aside intact (or refuse a newer one) and start;
 - corrupt model files: each handed to a real engine worker, which must fail with a reason;
-- app kill -9 while 8 panes stream (soak_app.py): at most 1 s of received text lost on resume.
+- app kill -9 while 8 panes stream (soak_app.py): at most 1 s of received text lost on resume;
+- CPU contention and UI endurance (soak_perf.py): figures against their targets.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class SoakConfig:
     seed: int = 1
     model: str | None = None
     device: str = "cpu"
+    contention_reps: int = 2
+    ui_flood: int = 100_000
 
 
 def soak_row(scenario: str, amount: str, failures: int, leaked: str, lost: str, **extra) -> dict:
@@ -409,6 +412,18 @@ def _app_kill(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
     return app_kill(cfg, progress)
 
 
+def _contention(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
+    from magnitude_tui.bench.soak_perf import contention
+
+    return contention(cfg, progress)
+
+
+def _ui_endurance(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
+    from magnitude_tui.bench.soak_perf import ui_endurance
+
+    return ui_endurance(cfg, progress)
+
+
 # ---- the command -----------------------------------------------------------------------------
 
 SCENARIOS: dict[str, Callable[[SoakConfig, Callable[[str], None]], tuple[dict, list[str]]]] = {
@@ -420,6 +435,8 @@ SCENARIOS: dict[str, Callable[[SoakConfig, Callable[[str], None]], tuple[dict, l
     "databases": databases,
     "model-files": model_files,
     "app-kill": _app_kill,
+    "contention": _contention,
+    "ui-endurance": _ui_endurance,
 }
 
 

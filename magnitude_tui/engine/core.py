@@ -475,7 +475,7 @@ class Engine:
     def _thread_state(self) -> ThreadState | None:
         if self.threads is not None:
             return self.threads.state
-        n = self.backend.n_threads
+        n = self.backend.n_threads  # 0: no CPU threads to choose
         return ThreadState(n, n, "fixed") if n else None
 
     def _update(self, seq: Sequence, now: float) -> SeqUpdate:

@@ -18,6 +18,13 @@ from textual.widgets import Markdown, Static
 from magnitude_tui.store import MessageRecord
 from magnitude_tui.widgets.streaming_text import StreamingText
 
+# A reply longer than this is drawn as StreamingText from there on (light Markdown styling), never
+# as Markdown widgets: each finished block mounted as Markdown, and the whole parsed again when it
+# ends, cost layout work that grows with the reply. With one pane receiving 100,000 tokens beside
+# seven streaming ones (`bench soak --only ui-endurance`), keys took seconds to reach the screen
+# and the finished reply froze the app while it was parsed.
+LONG_REPLY_CHARS = 16_000
+
 
 class MessageView(Vertical):
     """A message; an assistant reply that is still streaming grows through `write()`."""
@@ -45,6 +52,8 @@ class MessageView(Vertical):
         self._settled = not streaming  # the body is one Markdown document, on screen (finish() done)
         self._body_lock = asyncio.Lock()
         self._header = ""
+        self._streamed = 0  # characters written so far
+        self._long = len(message.content) > LONG_REPLY_CHARS  # drawn as StreamingText only
 
     @staticmethod
     def kind_of(message: MessageRecord) -> str:
@@ -59,6 +68,8 @@ class MessageView(Vertical):
         yield Static(self._header, classes="header", markup=False)
         if self._streaming:  # the Markdown comes with the first finished block (see write)
             yield StreamingText()
+        elif self._long:
+            yield StreamingText(self.message.content)
         elif self.kind_of(self.message) == "user" and "\n" in self.message.content.strip():
             # What the user wrote over several lines (a pasted block: code, a log) is shown as
             # written; as Markdown its line breaks and indentation would collapse into one paragraph.
@@ -94,6 +105,12 @@ class MessageView(Vertical):
                 # is in self.message already.
                 return
             tail = tails.first()
+            self._streamed += len(fragment)
+            if self._streamed > LONG_REPLY_CHARS:
+                self._long = True
+            if self._long:
+                tail.append(fragment)
+                return
             # A block can only end at a newline, and the tail holds none that ended one.
             pending = tail.text + fragment if "\n" in fragment else ""
             cut = settled_prefix(pending)
@@ -111,7 +128,11 @@ class MessageView(Vertical):
                 return
             self._finished = True
             text = self.message.content + (f"\n\n> {note}\n" if note else "")
-            if self._streaming and self.is_attached:  # the streamed pieces give way to one document
+            if self._long and self.is_attached:  # too long to parse as one document: keep it drawn
+                tails = self.query(StreamingText)
+                if note and tails:
+                    tails.last().append(f"\n\n> {note}\n")
+            elif self._streaming and self.is_attached:  # the streamed pieces give way to one document
                 pieces = list(self.query("StreamingText, Markdown"))
                 # Mount the whole first, then drop the pieces: no frame shows the body missing.
                 await self.mount(Markdown(text), before=pieces[0] if pieces else None)

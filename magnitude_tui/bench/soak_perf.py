@@ -1,0 +1,59 @@
+"""Provides the soak's two timed scenarios: CPU contention (14) and UI endurance (15). Their
+targets are figures, not invariants: a miss is shown in the row, not counted as a failure, since
+on a shared machine it may be the neighbours'. What is counted: a request that errs, a key the app
+never shows, a reply that does not arrive whole."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+from magnitude_tui.bench.soak import SoakConfig, soak_row
+
+
+def contention(cfg: SoakConfig, progress: Callable[[str], None]) -> tuple[dict, list[str]]:
+    from magnitude_tui.bench.contention import KEEP_PEER, KEEP_QUIET, ContentionConfig, run_contention
+
+    t0 = time.monotonic()
+    try:
+        result = run_contention(ContentionConfig(reps=cfg.contention_reps, model=cfg.model), progress)
+    except RuntimeError as e:
+        return soak_row("CPU contention", f"{time.monotonic() - t0:.0f} s", 1, "-", "-"), [str(e)]
+    rows = result.tables["contention"]
+    parts, met = [], True
+    for r in rows:
+        vs_quiet, vs_peer = r.get("engine vs quiet"), r.get("engine vs best peer")
+        parts.append(f"{r['load']}: {r['engine tok/s']} tok/s on {r['engine threads']} threads, "
+                     f"{vs_quiet}x quiet, {vs_peer}x best peer ({r['best peer']}), loadavg {r['loadavg 1m']}")
+        if r["load"] != "quiet":
+            met = met and (vs_quiet or 0) >= KEEP_QUIET and (vs_peer or 0) >= KEEP_PEER
+    return soak_row("CPU contention", f"{len(rows)} loads x {cfg.contention_reps} reps, {time.monotonic() - t0:.0f} s",
+                    0, "-", "-", contention="; ".join(parts),
+                    targets_met="yes" if met else "no"), []
+
+
+def ui_endurance(cfg: SoakConfig, progress: Callable[[str], None]) -> tuple[dict, list[str]]:
+    from magnitude_tui.bench.ui_cpu import CpuConfig, run_cpu
+    from magnitude_tui.bench.ui_endurance import EnduranceConfig, run_endurance
+
+    progress(f"  {cfg.ui_flood:,} tokens into one pane while 7 stream, 50 resizes")
+    endured = asyncio.run(run_endurance(EnduranceConfig(flood=cfg.ui_flood)))
+    progress(f"  {endured.summary()}")
+    # The same machine a moment later, 8 panes streaming and nothing else: what the flood adds.
+    base = asyncio.run(run_cpu(CpuConfig(duration_s=15.0, key_interval_s=0.1)))
+    progress(f"  baseline: {base.summary()}")
+    failures = []
+    if endured.keys_missed:
+        failures.append(f"{endured.keys_missed} of {len(endured.keys)} keys not on screen within 2 s")
+    if endured.tokens < cfg.ui_flood:
+        failures.append(f"only {endured.tokens} of {cfg.ui_flood} tokens arrived")
+    ratio = (endured.key_p95_ms / base.key_p95_ms) if endured.key_p95_ms and base.key_p95_ms else None
+    return soak_row(
+        "UI endurance: 1 flooded pane, 7 streaming, resizes", f"{endured.tokens:,} tokens, {endured.resizes} resizes, "
+        f"{endured.wall_s:.0f} s", len(failures), "-", "-",
+        rss_mib=f"{endured.rss_start_mb:.0f} -> {endured.rss_mid_mb:.0f} -> {endured.rss_end_mb:.0f}",
+        key_p95_ms=f"{endured.key_p95_ms:.0f} (p50 {endured.key_p50_ms:.0f}; 8 panes streaming alone: "
+                   f"p95 {base.key_p95_ms:.0f}, p50 {base.key_p50_ms:.0f})" if endured.key_p95_ms and base.key_p95_ms else "-",
+        key_p95_vs_baseline=round(ratio, 2) if ratio else None,
+        settled_s=round(endured.settle_s, 1)), failures

@@ -1,0 +1,201 @@
+"""Provides the UI endurance run (scenario 15): one pane receives a flood of tokens while the
+others stream and the terminal is resized again and again; the app's memory and its key-to-screen
+latency are measured throughout.
+
+The real MagnitudeApp runs headless on `FloodClient`, the paced stand-in engine of `bench ui-cpu`
+with one request (the first pane's) given many tokens per step. Keys are timed as `bench ui` times
+them (from handing the key to the app to the first frame showing it); the terminal is resized
+between keys. Memory is the process's resident set, read at the start of the flood, halfway
+through and at the end: a reply that grows by 100,000 tokens holds its text, but what the app
+keeps beside it must not grow with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from magnitude_tui.bench.common import percentile
+from magnitude_tui.bench.ui_cpu import PacedClient
+
+
+def rss_mb() -> float:
+    """This process's resident memory in MiB (Linux; 0 elsewhere)."""
+    try:
+        import os
+
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class FloodClient(PacedClient):
+    """PacedClient whose first request gets `burst` tokens per step until it has `flood` tokens."""
+
+    def __init__(self, *, flood: int, burst: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.flood, self.burst = flood, burst
+        self.flood_id: str | None = None
+        self.flood_sent = 0
+
+    def submit(self, request) -> None:
+        super().submit(request)
+        if self.flood_id is None:
+            self.flood_id = request.request_id
+
+    def _step(self, t: float):
+        from scheduler.types import DoneReason, Phase
+
+        report = super()._step(t)
+        for u in report.updates:
+            if u.request_id != self.flood_id or u.phase is not Phase.GENERATING:
+                continue
+            words = [self.words[(self.flood_sent + i) % len(self.words)] for i in range(self.burst)]
+            self.flood_sent += self.burst
+            u.text_delta += "".join(words)
+            u.new_tokens += self.burst
+            u.generated = self.flood_sent
+            if self.flood_sent >= self.flood:
+                u.phase, u.done_reason = Phase.DONE, DoneReason.LENGTH
+                with self._lock:
+                    self._live.pop(u.request_id, None)
+        return report
+
+
+@dataclass
+class EnduranceConfig:
+    panes: int = 8
+    flood: int = 100_000  # tokens into the first pane
+    burst: int = 40  # of them per step
+    step_hz: float = 25.0
+    resizes: int = 50
+    sizes: tuple = ((160, 50), (120, 40), (200, 60), (100, 34))
+    key_interval_s: float = 0.1
+    settle_timeout_s: float = 120.0  # for the flooded pane's reply to end and be drawn
+
+
+@dataclass
+class EnduranceResult:
+    config: dict
+    wall_s: float
+    tokens: int
+    resizes: int
+    rss_start_mb: float
+    rss_mid_mb: float
+    rss_end_mb: float
+    reply_chars: int
+    keys: list = field(default_factory=list)  # latency ms per key (None: not painted within 2 s)
+    key_p50_ms: float | None = None
+    key_p95_ms: float | None = None
+    key_max_ms: float | None = None
+    settle_s: float = 0.0  # from the flood's last token to its reply drawn as one document
+
+    @property
+    def keys_missed(self) -> int:
+        return sum(1 for k in self.keys if k is None)
+
+    def summary(self) -> str:
+        f = lambda v: "—" if v is None else f"{v:.0f}"  # noqa: E731
+        return (f"{self.tokens:,} tokens into one pane ({self.reply_chars:,} chars) beside "
+                f"{self.config['panes'] - 1} streaming, {self.resizes} resizes in {self.wall_s:.0f} s: "
+                f"RSS {self.rss_start_mb:.0f} -> {self.rss_mid_mb:.0f} -> {self.rss_end_mb:.0f} MiB; "
+                f"keypress p50 {f(self.key_p50_ms)} p95 {f(self.key_p95_ms)} max {f(self.key_max_ms)} ms "
+                f"({len(self.keys)} keys, {self.keys_missed} missed); settled {self.settle_s:.1f} s after")
+
+
+async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceResult:
+    from textual import events
+    from textual.geometry import Size
+
+    from magnitude_tui.app import MagnitudeApp
+    from magnitude_tui.bench.ui import DIGITS, FrameProbe, prompts
+    from magnitude_tui.store import Store
+    from magnitude_tui.widgets.chat_pane import ChatPane
+    from magnitude_tui.widgets.composer import Composer
+
+    client = FloodClient(flood=cfg.flood, burst=cfg.burst, step_hz=cfg.step_hz, tokens=10**9)
+    with tempfile.TemporaryDirectory() as tmp:
+        app = MagnitudeApp(client=client, store=Store(Path(tmp) / "endurance.db"), theme="magnitude",
+                           export_dir=Path(tmp))
+        probe = FrameProbe(app)
+        try:
+            async with app.run_test(size=cfg.sizes[0]) as pilot:
+                ws = app.workspace
+                limit = time.monotonic() + 30
+                while not ws.engine_ready:
+                    if time.monotonic() > limit:
+                        raise RuntimeError("the stand-in engine did not report ready")
+                    await pilot.pause(0.02)
+                for _ in range(cfg.panes - len(ws.grid.panes)):
+                    await pilot.press("ctrl+n")
+                panes = ws.grid.panes
+                for pane, text in zip(panes, prompts(len(panes))):
+                    pane.post_message(ChatPane.Submitted(pane, text))
+                composer = panes[1].query_one(Composer)  # typed into a pane beside the flood
+                composer.focus()
+
+                def send(key: str, char: str) -> None:
+                    event = events.Key(key, char)
+                    event.set_sender(app)
+                    app._driver.send_message(event)
+
+                def resize(size: tuple[int, int]) -> None:  # what the terminal driver does on SIGWINCH
+                    app._driver._size = Size(*size)
+                    app.post_message(events.Resize(Size(*size), Size(*size)))
+
+                rss_start, rss_mid = rss_mb(), None
+                keys: list[float | None] = []
+                t0, i, resized = time.perf_counter(), 0, 0
+                resize_every = max(1.0, cfg.flood / cfg.burst / cfg.step_hz / cfg.resizes)
+                next_resize = t0 + resize_every
+                while client.flood_sent < cfg.flood:
+                    now = time.perf_counter()
+                    if resized < cfg.resizes and now >= next_resize:
+                        resized += 1
+                        resize(cfg.sizes[resized % len(cfg.sizes)])
+                        next_resize = now + resize_every
+                        await asyncio.sleep(0.05)
+                    if rss_mid is None and client.flood_sent >= cfg.flood // 2:
+                        rss_mid = rss_mb()
+                    ch = DIGITS[i % len(DIGITS)]
+                    if i % len(DIGITS) == 0:
+                        composer.value = ""
+                        await asyncio.sleep(0.05)
+                    r = composer.region
+                    probe.expect(composer.value + ch, (r.y, r.x, r.right))
+                    send(ch, ch)
+                    try:
+                        await asyncio.wait_for(probe.seen.wait(), 2.0)
+                    except asyncio.TimeoutError:
+                        pass
+                    keys.append(probe.latency_ms())
+                    i += 1
+                    await asyncio.sleep(cfg.key_interval_s)
+                while resized < cfg.resizes:  # the rest, if the flood outran them
+                    resized += 1
+                    resize(cfg.sizes[resized % len(cfg.sizes)])
+                    await asyncio.sleep(0.05)
+                wall = time.perf_counter() - t0
+                t_end = time.perf_counter()
+                flooded = panes[0]
+                deadline = time.monotonic() + cfg.settle_timeout_s
+                while flooded.busy or flooded.has_ended:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the flooded pane's reply did not settle")
+                    await asyncio.sleep(0.05)
+                settle_s = time.perf_counter() - t_end
+                rss_end = rss_mb()
+                got = [k for k in keys if k is not None]
+                return EnduranceResult(
+                    config=asdict(cfg), wall_s=wall, tokens=client.flood_sent, resizes=resized,
+                    rss_start_mb=rss_start, rss_mid_mb=rss_mid or rss_end, rss_end_mb=rss_end,
+                    reply_chars=len(flooded.record.messages[-1].content), keys=keys,
+                    key_p50_ms=statistics.median(got) if got else None, key_p95_ms=percentile(got, 95),
+                    key_max_ms=max(got) if got else None, settle_s=settle_s)
+        finally:
+            client.stop()
