@@ -88,6 +88,8 @@ def main(
         _fail(str(exc))
     if check:
         where = f"remote {', '.join(remote)}" if remote else f"model {model_path}, device {device}"
+        if draft_model is not None and not remote:
+            where += f", draft model {draft_model}"
         typer.echo(f"ok: {where}, policy {policy}, n_ctx {n_ctx}, roles: {', '.join(roles) or 'none'}")
         return
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)

@@ -186,6 +186,8 @@ def test_cli_passes_a_good_draft_model_to_the_engine(monkeypatch):
     result = CliRunner().invoke(app, ["--draft-model", default_model_path()])
     assert result.exit_code == 0, result.output
     assert started[0].backend.draft_model == default_model_path()
+    result = CliRunner().invoke(app, ["--draft-model", default_model_path(), "--check"])
+    assert result.exit_code == 0 and f"draft model {default_model_path()}" in result.stdout
 
 
 def test_the_engine_verifies_the_draft_models_guesses_for_all_sequences_in_one_batch(pair):
