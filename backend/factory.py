@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from backend.protocol import Backend
+from scheduler.drafts import DraftKind, DraftSource
 
 # What each kind of backend gets when the config leaves a size open: the real model's context
 # holds a few agents' conversations; a simulated one models a GPU server's much larger pool.
@@ -81,3 +82,12 @@ def build_backend(config: BackendConfig, on_progress: Callable[[float, str], Non
     return LlamaBackend.load(model_path=config.model, device=config.device, n_threads=config.n_threads,
                              flash_attn=config.flash_attn, verbose=config.verbose, on_progress=on_progress,
                              **sizes)
+
+
+def build_drafts(config: BackendConfig, target: Backend) -> dict[DraftKind, DraftSource]:
+    """The draft sources a config asks for beside the engine's own n-gram lookup: a draft model
+    when `draft_model` names one (checked against the target's vocabulary), else none."""
+    if config.draft_model is None:
+        return {}
+    raise ValueError(f"--draft-model {config.draft_model}: draft models are not supported by this build; "
+                     "use --spec ngram or auto")

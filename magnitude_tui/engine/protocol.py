@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import Protocol, Union, runtime_checkable
 
 from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
-                                         LoadProgress, PolicyChanged)
+                                         LoadProgress, PolicyChanged, SpecChanged)
 from scheduler.types import Request, SeqUpdate, StepReport
 
 # What an engine's event stream carries. A batch is one list of these: one per engine step for a
 # local engine, one per network read for a remote one (never one per token).
-EngineEvent = Union[LoadProgress, EngineReady, EngineFailed, PolicyChanged, CommandRejected,
+EngineEvent = Union[LoadProgress, EngineReady, EngineFailed, PolicyChanged, SpecChanged, CommandRejected,
                     StepReport, SeqUpdate, EndpointsReport]
 
 
@@ -57,6 +57,10 @@ class EngineClient(Protocol):
     def close_session(self, session_id: str) -> None: ...
     def set_policy(self, policy: str) -> None:
         """Answered in the stream by PolicyChanged or CommandRejected."""
+        ...
+
+    def set_spec(self, mode: str) -> None:
+        """Speculation off | ngram | draft | auto; answered by SpecChanged or CommandRejected."""
         ...
 
     def poll_events(self, timeout: float | None = 0.0) -> list[EngineEvent] | None:

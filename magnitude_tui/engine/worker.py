@@ -8,7 +8,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
-from backend.factory import BackendConfig, build_backend
+from backend.factory import BackendConfig, build_backend, build_drafts
 from magnitude_tui.engine.core import Engine
 from magnitude_tui.engine.events import (
     Cancel,
@@ -20,6 +20,8 @@ from magnitude_tui.engine.events import (
     LoadProgress,
     PolicyChanged,
     SetPolicy,
+    SetSpec,
+    SpecChanged,
     Shutdown,
     Submit,
 )
@@ -58,7 +60,8 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
     try:
         backend = build_backend(config.backend, on_progress=on_progress)
         engine = Engine(backend, policy=config.policy, coalesce_ms=config.coalesce_ms,
-                        prepare_notice_chars=config.prepare_notice_chars)
+                        prepare_notice_chars=config.prepare_notice_chars, spec=config.spec,
+                        drafts=build_drafts(config.backend, backend))
         conn.send([LoadProgress(fraction=1.0, model=backend.model_name, device=backend.device_name,
                                 stage="calibrating the step-cost model")])
         engine.calibrate()
@@ -74,6 +77,7 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
         n_batch=backend.n_batch,
         policy=engine.policy,
         info=dict(backend.info),
+        spec=engine.spec,
     )])
     try:
         _loop(conn, engine)
@@ -128,10 +132,14 @@ def _apply(engine, cmd) -> CommandRejected | PolicyChanged | None:
         elif isinstance(cmd, SetPolicy):
             engine.set_policy(cmd.policy)
             return PolicyChanged(policy=engine.policy)
+        elif isinstance(cmd, SetSpec):
+            engine.set_spec(cmd.mode)
+            return SpecChanged(spec=engine.spec)
         else:
             return CommandRejected(message=f"unknown command {type(cmd).__name__}: the engine takes "
-                                           "Submit, Cancel, CloseSession, SetPolicy and Shutdown")
+                                           "Submit, Cancel, CloseSession, SetPolicy, SetSpec and Shutdown")
     except ValueError as exc:
-        what = "policy not changed" if isinstance(cmd, SetPolicy) else f"{type(cmd).__name__} ignored"
+        what = {SetPolicy: "policy not changed", SetSpec: "speculation not changed"}.get(
+            type(cmd), f"{type(cmd).__name__} ignored")
         return CommandRejected(message=f"{what}: {exc}")
     return None

@@ -89,6 +89,10 @@ class RemoteClient:
         self._events.put([CommandRejected(f"policy not changed: a remote engine schedules on its servers "
                                           f"({', '.join(self.config.urls)}); policies apply to the local engine")])
 
+    def set_spec(self, mode: str) -> None:
+        self._events.put([CommandRejected(f"speculation not changed: a remote engine decodes on its servers "
+                                          f"({', '.join(self.config.urls)}); --spec applies to the local engine")])
+
     def poll_events(self, timeout: float | None = 0.0) -> list[EngineEvent] | None:
         try:
             batch = self._events.get(timeout=timeout) if timeout else self._events.get_nowait()
