@@ -4,10 +4,12 @@ benchmarks build a backend."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from backend.protocol import Backend
-from scheduler.drafts import DraftKind, DraftSource
+
+if TYPE_CHECKING:
+    from backend.draft_model import DraftModelSource
 
 # What each kind of backend gets when the config leaves a size open: the real model's context
 # holds a few agents' conversations; a simulated one models a GPU server's much larger pool.
@@ -35,7 +37,7 @@ class BackendConfig:
     # otherwise its time passes on a virtual clock (tests and benchmarks simulate minutes in ms).
     realtime: bool = False
     # A smaller GGUF with the same vocabulary that drafts tokens for speculative decoding
-    # (`--draft-model`); None: only n-gram lookup drafts.
+    # (`--draft-model`, llama only); None: only n-gram lookup drafts.
     draft_model: str | None = None
 
     def __post_init__(self) -> None:
@@ -84,10 +86,16 @@ def build_backend(config: BackendConfig, on_progress: Callable[[float, str], Non
                              **sizes)
 
 
-def build_drafts(config: BackendConfig, target: Backend) -> dict[DraftKind, DraftSource]:
-    """The draft sources a config asks for beside the engine's own n-gram lookup: a draft model
-    when `draft_model` names one (checked against the target's vocabulary), else none."""
+def build_draft_source(config: BackendConfig, target: Backend) -> "DraftModelSource | None":
+    """The draft-model source `config.draft_model` names, beside `target` (None when it names none).
+    Raises DraftModelError (one line) when the file cannot draft for the target."""
     if config.draft_model is None:
-        return {}
-    raise ValueError(f"--draft-model {config.draft_model}: draft models are not supported by this build; "
-                     "use --spec ngram or auto")
+        return None
+    from backend.draft_vocab import DraftModelError
+
+    if config.family != "llama":
+        raise DraftModelError(f"--draft-model needs the llama backend, not {config.kind!r}")
+    from backend.draft_model import DraftModelSource
+
+    return DraftModelSource.load(config.draft_model, target, device=config.device,
+                                 flash_attn=config.flash_attn, verbose=config.verbose)

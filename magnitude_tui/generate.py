@@ -13,16 +13,20 @@ from rich.table import Table
 from backend.factory import BackendConfig
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import CommandRejected, EngineConfig, EngineFailed, EngineReady, LoadProgress
-from magnitude_tui.engine.protocol import EngineClient
+from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from scheduler.speculation import SpecMode
-from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
+from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport, ThreadState
 
 
 def local_client(n_prompts: int, *, model, device, policy, n_ctx, verbose: bool,
-                 backend: str = "llama", spec: SpecMode = SpecMode.AUTO) -> WorkerClient:
-    """The local engine for `generate`: one sequence slot per prompt (at least 16)."""
-    config = EngineConfig(BackendConfig(backend, model=model, device=device, n_ctx=n_ctx,
-                                        n_seq_max=max(16, n_prompts), verbose=verbose), policy=policy, spec=spec)
+                 backend: str = "llama", threads: int | None = None,
+                 draft_model: str | None = None, spec: SpecMode = SpecMode.AUTO) -> WorkerClient:
+    """The local engine for `generate`: one sequence slot per prompt (at least 16); `threads`
+    fixes the CPU thread count (None: the engine chooses it between steps)."""
+    config = EngineConfig(BackendConfig(backend, model=model, device=device, n_ctx=n_ctx, n_threads=threads,
+                                        n_seq_max=max(16, n_prompts), verbose=verbose,
+                                        draft_model=draft_model), policy=policy,
+                          auto_threads=threads is None, spec=spec)
     return WorkerClient(config, log_path=None if verbose else "auto")
 
 
@@ -46,16 +50,19 @@ def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temper
                                   sampling=sampling))
         t0 = time.perf_counter()
         steps = 0
-        rows = {"decode": 0, "prefill": 0, "draft": 0, "accepted": 0}
+        threads: ThreadState | None = None
+        rows = {"steps": 0, "decode": 0, "prefill": 0, "draft": 0, "accepted": 0}
         while len(finals) < len(prompts):
             batch = client.poll_events(timeout=60)
             if batch is None:
                 console.print("[red]no progress from the engine for 60 s[/]")
                 return 1
             for ev in batch:
-                updates = ev.updates if isinstance(ev, StepReport) else [ev] if isinstance(ev, SeqUpdate) else []
-                if isinstance(ev, StepReport) and ev.decode_rows + ev.prefill_rows:
+                updates = seq_updates([ev])
+                if isinstance(ev, StepReport):
                     steps += 1
+                    threads = ev.threads or threads
+                    rows["steps"] += bool(ev.decode_rows + ev.prefill_rows)
                     rows["decode"] += ev.decode_rows
                     rows["prefill"] += ev.prefill_rows
                     rows["draft"] += ev.draft_rows
@@ -70,6 +77,8 @@ def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temper
                         finals[u.request_id] = u
         wall = time.perf_counter() - t0
         _print_results(console, order, prompts, texts, finals, wall, steps, rows)
+        if threads is not None:
+            console.print(f"CPU threads: {threads.short()}: {threads.why}")
         return 0 if all(f.error is None for f in finals.values()) else 1
     finally:
         client.stop()
@@ -134,8 +143,8 @@ def _print_results(console, order, prompts, texts, finals, wall, steps, rows=Non
     if any(f.tokens_estimated for f in finals.values()):
         console.print("~ estimated with tiktoken (cl100k_base): the server sent no usage")
     console.print(f"aggregate: {total / wall:.1f} generated tok/s")
-    if rows and steps:
-        drafted = rows["draft"]
+    if rows and rows["steps"]:
+        steps, drafted = rows["steps"], rows["draft"]
         share = f", {rows['accepted']}/{drafted} accepted ({100 * rows['accepted'] / drafted:.0f} %)" if drafted else ""
         console.print(f"rows per step: {rows['decode'] / steps:.1f} decode, {rows['prefill'] / steps:.1f} prompt, "
                       f"{drafted / steps:.1f} draft{share}")

@@ -34,6 +34,26 @@ def check_model(model: str | None) -> str:
     return path
 
 
+def check_draft_model(draft_model: str | None, model_path: str) -> None:
+    """A --draft-model must be a complete GGUF with the model's vocabulary (checked on tokenizer-only
+    loads, milliseconds); OptionError names what differs."""
+    if draft_model is None:
+        return
+    try:
+        check_gguf(draft_model)
+    except ModelFileError as exc:
+        raise OptionError(f"--draft-model: {exc}") from None
+    try:
+        from backend.draft_vocab import DraftModelError, check_draft_vocab
+    except ImportError as exc:
+        raise OptionError(f"--draft-model: llama-cpp-python is not importable ({exc}); "
+                          "run scripts/setup.sh") from None
+    try:
+        check_draft_vocab(model_path, draft_model)
+    except DraftModelError as exc:
+        raise OptionError(f"--draft-model: {exc}") from None
+
+
 def check_device(spec: str) -> None:
     """The device must be auto, cpu, vulkan or vulkan:N, and a Vulkan one must exist here."""
     s = spec.strip().lower()

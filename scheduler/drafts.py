@@ -7,10 +7,11 @@ rejected is never shown to them, so they stay in step with what the user sees.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol, Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
-__all__ = ["DraftKind", "DraftSource"]
+__all__ = ["BatchedDraftSource", "DraftKind", "DraftSource", "DraftWant", "propose_all"]
 
 
 class DraftKind(str, Enum):
@@ -36,3 +37,29 @@ class DraftSource(Protocol):
     def forget(self, key: int) -> None:
         """The sequence ended, or its committed tokens were rewritten (preemption, a new turn)."""
         ...
+
+
+@dataclass(frozen=True)
+class DraftWant:
+    """One sequence's ask in a step: its committed tokens and how many guesses it may verify."""
+
+    key: int
+    tokens: Sequence[int]
+    k: int
+
+
+@runtime_checkable
+class BatchedDraftSource(DraftSource, Protocol):
+    """A source that drafts for several sequences at once (a draft model: one step of the draft
+    model per draft position, all sequences in its batch), so n sequences do not cost n times one."""
+
+    def propose_many(self, wants: Sequence[DraftWant]) -> dict[int, list[int]]:
+        """key -> up to k guesses for each want (what `propose` would give, one call for all)."""
+        ...
+
+
+def propose_all(source: DraftSource, wants: Sequence[DraftWant]) -> dict[int, list[int]]:
+    """Every want's guesses from one source: in one call when it drafts in batches, else in turn."""
+    if isinstance(source, BatchedDraftSource):
+        return source.propose_many(wants)
+    return {w.key: source.propose(w.key, w.tokens, w.k) for w in wants}

@@ -7,7 +7,7 @@ draft tokens in the rows left; the engine tells it, through the planner, how man
 from __future__ import annotations
 
 from scheduler.budget import CostModel, StepShape
-from scheduler.drafts import DraftKind, DraftSource
+from scheduler.drafts import DraftKind, DraftSource, DraftWant, propose_all
 from scheduler.sequence import Sequence
 from scheduler.speculation import (K_MAX, PRIORS, AcceptanceEstimate, DraftOffer, SpecMode, available_sources,
                                    draft_lengths)
@@ -73,14 +73,23 @@ class Speculator:
         else:
             ks, chosen = self._adaptive(decoding, sources, kinds, guesses, caps, cost=cost, shape=shape,
                                         prefill_rows=prefill_rows, room_rows=room_rows, room_ms=room_ms)
+        # A paid source (a draft model) drafts for all its sequences in one call: one batch per
+        # draft position, not one per sequence.
+        wants: dict[DraftKind, list[DraftWant]] = {}
+        for seq in decoding:
+            k, kind = ks.get(seq.seq_id, 0), chosen.get(seq.seq_id)
+            if k > 0 and kind is not None and not (self.sources[kind].draft_ms(1, 1) == 0.0
+                                                   and guesses.get(seq.seq_id)):
+                wants.setdefault(kind, []).append(DraftWant(seq.seq_id, seq.all_tokens(), k))
+        drafted = {kind: propose_all(self.sources[kind], ws) for kind, ws in wants.items()}
         out: dict[int, tuple[DraftKind, tuple[int, ...]]] = {}
         for seq in decoding:
             k, kind = ks.get(seq.seq_id, 0), chosen.get(seq.seq_id)
             guess = guesses.get(seq.seq_id, [])
             if k > 0 and kind is not None:
                 src = self.sources[kind]
-                tokens = guess[:k] if src.draft_ms(1, 1) == 0.0 and guess else src.propose(
-                    seq.seq_id, seq.all_tokens(), k)[:k]
+                tokens = guess[:k] if src.draft_ms(1, 1) == 0.0 and guess else drafted[kind].get(
+                    seq.seq_id, [])[:k]
                 if tokens:
                     out[seq.seq_id] = (kind, tuple(tokens))
                     continue

@@ -48,6 +48,7 @@ class ScriptedClient:
         self.submitted: list[Request] = []
         self.cancelled: list[str] = []
         self.closed_sessions: list[str] = []
+        self.restored: list[tuple[str, tuple]] = []  # restore_session calls: (session id, messages)
         self.live: dict[str, _Live] = {}
         self.step_no = 0
         self.drop_next = 0  # the next request reports this many of its oldest messages dropped
@@ -93,6 +94,9 @@ class ScriptedClient:
         for l in self.live.values():
             if l.request.session_id == session_id:
                 l.cancelled = True
+
+    def restore_session(self, session_id: str, messages: tuple) -> None:
+        self.restored.append((session_id, tuple(messages)))
 
     def set_policy(self, policy: str) -> None:
         from scheduler.budget import parse_policy

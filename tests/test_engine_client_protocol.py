@@ -15,10 +15,10 @@ from magnitude_tui.bench.ui_cpu import PacedClient
 from magnitude_tui.engine import worker
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import CommandRejected, EngineConfig, EngineReady, LoadProgress, PolicyChanged
-from magnitude_tui.engine.protocol import EngineClient
+from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from magnitude_tui.remote.client import RemoteClient
 from magnitude_tui.remote.config import RemoteConfig
-from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, SeqUpdate
 from tests.app_support import ScriptedClient
 from tests.openai_stub import Script, StubServer
 
@@ -54,14 +54,7 @@ class Harness:
         return [u for u in _updates(self.seen) if u.request_id == rid]
 
 
-def _updates(events) -> list[SeqUpdate]:
-    out = []
-    for e in events:
-        if isinstance(e, StepReport):
-            out.extend(e.updates)
-        elif isinstance(e, SeqUpdate):
-            out.append(e)
-    return out
+_updates = seq_updates
 
 
 @pytest.fixture(params=KINDS)

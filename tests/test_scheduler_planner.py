@@ -3,81 +3,15 @@
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 
 import pytest
 
 from backend.fake import FakeBackend
 from backend.protocol import DecodeOutcome
-from scheduler.budget import GAP_SLACK, MIN_PREFILL_QUANTUM, CostParams
+from scheduler.budget import GAP_SLACK, CostParams
 from scheduler.planner import RequestError, Scheduler
-from scheduler.sequence import Sequence
-from scheduler.types import BatchPlan, DoneReason, Phase, Priority, Request, SamplingParams
-
-TOKEN = ord("x")
-
-
-def make(policy="fixed:32", *, n_ctx=4096, n_seq_max=8, n_batch=512, gen_reserve=64):
-    kv = FakeBackend(n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch)
-    sched = Scheduler(kv, n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch, policy=policy,
-                      gen_reserve=gen_reserve)
-    return sched, kv
-
-
-def add(sched, rid, n_prompt, *, session=None, max_tokens=1000, fork_from=None, prompt=None):
-    # Distinct per conversation (admission shares any idle conversation's prefix, not only a parent's).
-    start = sum(map(ord, session or f"s-{rid}")) * 7
-    tokens = list(prompt) if prompt is not None else [100 + ((i + start) % 700) for i in range(n_prompt)]
-    req = Request(rid, session or f"s-{rid}", (), SamplingParams(max_tokens=max_tokens),
-                  fork_from=fork_from, prompt_tokens=tuple(tokens))
-    seq = Sequence(req, tokens, t_submit=0.0)
-    sched.add(seq)
-    return seq
-
-
-def check(plan: BatchPlan, sched: Scheduler) -> None:
-    """Invariants every plan keeps, whatever the policy."""
-    assert plan.n_rows <= plan.budget <= sched.n_batch
-    seen = [sl.seq_id for sl in plan.slices]
-    assert len(seen) == len(set(seen)), "one slice per sequence"
-    decode = [sl for sl in plan.slices if sl.is_decode]
-    assert plan.slices[: len(decode)] == tuple(decode), "decode rows come first"
-    assert [sl.seq_id for sl in decode] == sorted(sl.seq_id for sl in decode), "stable seq-id order"
-    assert all(len(sl.tokens) == 1 and sl.want_logits for sl in decode)
-
-
-def step(sched, kv, *, finish_at=None):
-    """One step with hand-made model output: every ready sequence samples TOKEN."""
-    plan = sched.schedule()
-    if plan is None:
-        return None
-    check(plan, sched)
-    result = kv.decode(plan)
-    for seq in sched.postprocess(plan, result):
-        sched.append_token(seq, TOKEN)
-        if len(seq.output) >= (finish_at or seq.max_tokens):
-            sched.finish(seq, DoneReason.LENGTH)
-    return plan
-
-
-def rows(plan):
-    return {sl.seq_id: len(sl.tokens) for sl in plan.slices}
-
-
-def close_all(sched):
-    for sid in list(sched.sessions):
-        sched.close_session(sid)
-    for seq in [*sched.running, *sched.waiting]:
-        sched.finish(seq, DoneReason.CANCELLED)
-    assert sched.is_empty(), sched.leaks()
-
-
-def generating(sched, kv, n, prompt=4):
-    seqs = [add(sched, f"g{i}", prompt) for i in range(n)]
-    while not all(s.phase is Phase.GENERATING for s in seqs):
-        step(sched, kv)
-    return seqs
-
+from scheduler.types import DoneReason, Phase
+from tests.planner_driver import TOKEN, add, close_all, generating, make, rows, step
 
 def test_decode_rows_first_in_seq_id_order_then_prompt_rows():
     sched, kv = make("fixed:32")
@@ -447,70 +381,4 @@ def test_a_short_common_opening_is_not_shared():
     b = add(sched, "b", 0, session="b", prompt=[7] * 10 + [2] * 30)
     step(sched, kv)
     assert b.num_cached == 0
-    close_all(sched)
-
-
-def _with_priority(seq, priority):
-    seq.request = replace(seq.request, priority=priority)
-    return seq
-
-
-def test_admission_takes_the_highest_class_first_and_is_fifo_within_it():
-    sched, kv = make(n_seq_max=1)
-    blocker = add(sched, "blocker", 8, max_tokens=2)
-    step(sched, kv)
-    bg = _with_priority(add(sched, "bg", 8, max_tokens=1), Priority.BACKGROUND)
-    a1 = _with_priority(add(sched, "a1", 8, max_tokens=1), Priority.AGENT)
-    a2 = _with_priority(add(sched, "a2", 8, max_tokens=1), Priority.AGENT)
-    while sched.has_work():
-        step(sched, kv)
-    order = [s.request_id for s in sorted((bg, a1, a2), key=lambda s: s.admit_order)]
-    assert order == ["a1", "a2", "bg"] and blocker.is_finished
-    close_all(sched)
-
-
-def test_a_persons_turn_never_waits_behind_agents_for_a_slot():
-    sched, kv = make(n_seq_max=2)
-    agents = [_with_priority(add(sched, f"agent{i}", 8), Priority.AGENT) for i in range(2)]
-    while not all(a.is_decoding for a in agents):
-        step(sched, kv)
-    person = add(sched, "person", 8)  # INTERACTIVE by default
-    plan = step(sched, kv)
-    assert person.seq_id is not None and person.seq_id in rows(plan)
-    newest = max(agents, key=lambda a: a.admit_order)
-    assert newest.phase is Phase.QUEUED and newest.num_preemptions == 1
-    while not person.is_finished and sched.has_work():
-        step(sched, kv, finish_at=3)
-        if person.num_tokens - len(person.prompt) >= 3:
-            sched.finish(person, DoneReason.STOP)
-    sched.close_session(person.session_id)
-    for _ in range(50):  # the preempted agent comes back and recomputes
-        if newest.is_decoding:
-            break
-        step(sched, kv)
-    assert newest.is_decoding
-    close_all(sched)
-
-
-def test_prompt_rows_go_to_the_higher_class_first():
-    sched, kv = make("fixed:32")
-    agent = _with_priority(add(sched, "agent", 200), Priority.AGENT)
-    person = add(sched, "person", 200)
-    plan = step(sched, kv)
-    assert rows(plan) == {person.seq_id: 32}
-    close_all(sched)
-
-
-def test_kv_pressure_preempts_the_lowest_class_first():
-    sched, kv = make("fixed:64", n_ctx=300, gen_reserve=8)
-    person = add(sched, "person", 100)
-    agent = _with_priority(add(sched, "agent", 100), Priority.AGENT)
-    newest = add(sched, "person2", 60)
-    while not (person.is_decoding and agent.is_decoding and newest.is_decoding):
-        step(sched, kv)
-    for _ in range(60):
-        step(sched, kv)
-        if agent.num_preemptions or person.num_preemptions or newest.num_preemptions:
-            break
-    assert agent.num_preemptions == 1 and person.num_preemptions == 0 and newest.num_preemptions == 0
     close_all(sched)

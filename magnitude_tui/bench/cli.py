@@ -1,5 +1,5 @@
 """Provides the `magnitude-tui bench` commands (typer): admit, prefill-curve, throughput, fork,
-remote, serve, soak, ui, ui-cpu."""
+burst, target-depth, resume, remote, serve, soak, spec, contention, ui, ui-cpu."""
 
 from __future__ import annotations
 
@@ -110,10 +110,14 @@ def throughput(
     peers: str = typer.Option("batched-bench,server,serial", "--peers", help="Which peers to run."),
     require_tools: bool = typer.Option(False, "--require-tools", help="Fail if llama.cpp's tools are not built."),
     profile: bool = typer.Option(False, "--profile", help="Also cProfile one engine run at 8 sequences."),
+    cpu_clock: bool = typer.Option(False, "--cpu-clock", help="Time the engine's runs in CPU seconds of its process "
+                                   "(one thread only): the work done, whatever else a shared machine runs."),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
     """Aggregate generated tok/s at 1..16 sequences: this engine vs llama-batched-bench, llama-server, serial Llama."""
+    if cpu_clock and threads != 1:
+        raise typer.BadParameter("CPU-time measurement needs one thread (--threads 1)", param_hint="--cpu-clock")
     from magnitude_tui.bench.peers import PeerError
     from magnitude_tui.bench.plots import plot_throughput
     from magnitude_tui.bench.throughput import PEERS, ThroughputConfig, run_throughput
@@ -123,13 +127,59 @@ def throughput(
     if bad:
         raise typer.BadParameter(f"unknown peer {bad[0]!r}: choose from {', '.join(PEERS)}", param_hint="--peers")
     cfg = ThroughputConfig(seqs=_ints(seqs), prompt=prompt, gen=gen, reps=reps, policies=tuple(policy),
-                           peers=chosen, require_tools=require_tools, profile=profile)
+                           peers=chosen, require_tools=require_tools, profile=profile, cpu_clock=cpu_clock)
     try:
         result = run_throughput(_spec("llama", model, device, threads, ctx), cfg, progress=_progress)
     except PeerError as e:
         Console(stderr=True).print(f"[red]{e}[/]")
         raise typer.Exit(1)
     _finish(result, out, plot_throughput)
+
+
+@bench_app.command("spec")
+def spec_bench(
+    seqs: str = typer.Option("1,2,4,8,16", "--seqs", help="Concurrent sequences (widths)."),
+    tasks: str = typer.Option("repetitive,quoting,chat", "--tasks", help="Tasks: repetitive, quoting, chat."),
+    modes: str = typer.Option("off,ngram,auto,draft", "--modes", help="--spec modes to compare (off first)."),
+    max_tokens: int = typer.Option(48, "--max-tokens", help="Longest reply per sequence (greedy; EOS ends it)."),
+    reps: int = typer.Option(1, "--reps", help="Repetitions (modes alternate inside each; medians reported)."),
+    policy: str = typer.Option("target:50", "--policy", "-p"),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft GGUF for the draft mode "
+                                              "(default: the model itself, an upper bound on acceptance)."),
+    backend: str = typer.Option("llama", "--backend", "-b", help="llama, or simulated:<profile> (a smoke run)."),
+    sim_profile: str = typer.Option("rx9070xt", "--sim-profile", help="The simulated GPU replaying the acceptance."),
+    peer: bool = typer.Option(True, "--peer/--no-peer", help="Also run llama-server with and without its n-gram speculation."),
+    wall_clock: bool = typer.Option(False, "--wall-clock", help="Time in wall seconds instead of the engine "
+                                    "process's CPU seconds (only meaningful on a quiet machine)."),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt,
+    threads: int = typer.Option(1, "--threads", "-t", help="CPU threads (1: CPU time measures the work)."),
+    ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
+) -> None:
+    """Speculative decoding: off / ngram / auto / draft at 1..16 sequences on three tasks, llama-server's
+    own n-gram speculation beside it, and a simulated GPU replaying the measured acceptance."""
+    from magnitude_tui.bench.plots import plot_spec
+    from magnitude_tui.bench.spec import SpecBenchConfig, run_spec
+    from magnitude_tui.bench.spec_peer import run_peer
+    from magnitude_tui.bench.spec_tasks import Task
+    from scheduler.speculation import parse_spec_mode
+
+    chosen_tasks = tuple(t.strip() for t in tasks.split(",") if t.strip())
+    for t in chosen_tasks:
+        if t not in {x.value for x in Task}:
+            raise typer.BadParameter(f"unknown task {t!r}: use repetitive, quoting, chat", param_hint="--tasks")
+    try:
+        chosen_modes = tuple(parse_spec_mode(m).value for m in modes.split(",") if m.strip())
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--modes") from None
+    if not chosen_modes or chosen_modes[0] != "off":
+        raise typer.BadParameter("the modes must start with off (every ratio is to it)", param_hint="--modes")
+    cfg = SpecBenchConfig(widths=_ints(seqs), tasks=chosen_tasks, modes=chosen_modes, max_tokens=max_tokens,
+                          reps=reps, policy=policy, draft_model=draft_model, cpu_clock=not wall_clock,
+                          peer=peer, sim_profile=sim_profile)
+    spec = _spec(backend, model, device, threads, ctx)
+    real = spec.family == "llama"
+    result = run_spec(spec, cfg, progress=_progress, peer=run_peer if peer and real else None)
+    _finish(result, out, plot_spec)
 
 
 @bench_app.command()
@@ -150,6 +200,22 @@ def fork(
 
     cfg = ForkConfig(n=n, parent_tokens=parent, task_tokens=task, gen=gen, policy=policy, reps=reps)
     _finish(run_fork(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, plot_fork)
+
+
+@bench_app.command()
+def resume(
+    history: int = typer.Option(2000, "--history", help="Tokens of the conversation before the resume."),
+    gen: int = typer.Option(8, "--gen", help="Tokens of the reply after the resume."),
+    reps: int = typer.Option(3, "--reps", help="Cold and warm runs each (they alternate)."),
+    policy: str = typer.Option("fixed:512", "--policy", "-p"),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
+    ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
+) -> None:
+    """TTFT of the first reply after a resume: the history prefilled again (cold) vs its KV restored from disk (warm)."""
+    from magnitude_tui.bench.resume import ResumeConfig, run_resume
+
+    cfg = ResumeConfig(history_tokens=history, gen=gen, reps=reps, policy=policy)
+    _finish(run_resume(_spec("llama", model, device, threads, ctx), cfg, progress=_progress), out, None)
 
 
 @bench_app.command()
@@ -179,6 +245,29 @@ def burst(
     cfg = BurstConfig(n=n, context=context, own=own, gen=gen, policies=tuple(policy), flash=flashes,
                       cpu_clock=cpu_clock)
     _finish(run_bursts(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, None)
+
+
+@bench_app.command("target-depth")
+def target_depth(
+    depths: str = typer.Option("0,2000,6000", "--depths", help="Depths of the conversation the running sequences fork from."),
+    n_running: int = typer.Option(4, "--n-running", help="Sequences generating when the newcomer arrives."),
+    newcomer: int = typer.Option(1000, "--newcomer", help="Tokens of the prompt that arrives behind them."),
+    target: float = typer.Option(50.0, "--target", help="target:MS wherever the decode rows plus a quantum fit in it."),
+    backend: str = typer.Option("llama", "--backend", "-b", help="llama or simulated:<profile>."),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt,
+    threads: int = typer.Option(1, "--threads", "-t", help="CPU threads (default 1: the app's engine on 2 cores)."),
+    cpu_clock: bool = typer.Option(False, "--cpu-clock", help="Time in CPU seconds of the engine's process (one "
+                                   "thread only): the work done, whatever else a shared machine runs."),
+    ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
+) -> None:
+    """Does target:MS hold its target deep in a context? p50/p99 step against the target per depth."""
+    if cpu_clock and threads != 1:
+        raise typer.BadParameter("CPU-time measurement needs one thread (--threads 1)", param_hint="--cpu-clock")
+    from magnitude_tui.bench.target_depth import TargetDepthConfig, run_target_depth
+
+    cfg = TargetDepthConfig(depths=_ints(depths), n_running=n_running, newcomer=newcomer, target_ms=target,
+                            cpu_clock=cpu_clock)
+    _finish(run_target_depth(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, None)
 
 
 @bench_app.command("serve")
@@ -319,6 +408,23 @@ def soak(
     if result.data["failures"]:
         raise typer.Exit(1)
 
+
+@bench_app.command()
+def contention(
+    seqs: int = typer.Option(8, "--seqs", help="Concurrent sequences (llama-batched-bench -npl)."),
+    gen: int = typer.Option(32, "--gen", help="Tokens generated per sequence (-ntg)."),
+    reps: int = typer.Option(2, "--reps", help="Rounds of every variant under each load."),
+    loads: Optional[str] = typer.Option(None, "--loads", help="Busy processes per load, comma-separated "
+                                        "(default: 0, 1 and one per core)."),
+    fixed: bool = typer.Option(False, "--fixed", help="Also run the engine with every core, fixed (the old default)."),
+    model: Optional[str] = ModelOpt, out: Path = OutOpt,
+) -> None:
+    """The engine beside busy processes: tok/s against its quiet figure and llama-batched-bench -t 1..cores."""
+    from magnitude_tui.bench.contention import ContentionConfig, run_contention
+
+    cfg = ContentionConfig(seqs=seqs, gen=gen, reps=reps, loads=_ints(loads) if loads else None,
+                           engine_fixed=fixed, model=model)
+    _finish(run_contention(cfg, progress=_progress), out, None)
 
 
 if __name__ == "__main__":

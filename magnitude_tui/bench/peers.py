@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from magnitude_tui.local_server import ServerProcess, ServerStartError, free_port
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 TOOLS = ("llama-batched-bench", "llama-server")
@@ -100,39 +100,30 @@ class Server:
     """llama-server on 127.0.0.1 with N slots (continuous batching), stopped on exit."""
 
     def __init__(self, bindir: Path, *, model: str, parallel: int, threads: int, n_ctx: int, n_batch: int,
-                 n_ubatch: int, dev: list[str]) -> None:
-        self.port = _free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
-        self.cmd = [str(bindir / "llama-server"), "-m", model, "--host", "127.0.0.1", "--port", str(self.port),
-                    "-np", str(parallel), "-cb", "-kvu", "-c", str(n_ctx), "-b", str(n_batch), "-ub", str(n_ubatch),
-                    "-t", str(threads), "-tb", str(threads), *dev, "--no-webui", "-cram", "0"]
-        self.proc: subprocess.Popen | None = None
+                 n_ubatch: int, dev: list[str], extra: list[str] | None = None) -> None:
+        self.port = free_port()
+        cmd = [str(bindir / "llama-server"), "-m", model, "--host", "127.0.0.1", "--port", str(self.port),
+               "-np", str(parallel), "-cb", "-kvu", "-c", str(n_ctx), "-b", str(n_batch), "-ub", str(n_ubatch),
+               "-t", str(threads), "-tb", str(threads), *dev, "--no-webui", "-cram", "0", *(extra or [])]
+        self.process = ServerProcess(cmd, self.port, "llama-server")
+
+    @property
+    def cmd(self) -> list[str]:
+        return self.process.cmd
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.proc.pid if self.process.proc is not None else None
 
     def __enter__(self) -> "Server":
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise PeerError(f"llama-server exited with {self.proc.returncode}; log: {self.log.name}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.2)
-        self.__exit__(None, None, None)
-        raise PeerError(f"llama-server did not become ready within 180 s; log: {self.log.name}")
+        try:
+            self.process.__enter__()
+        except ServerStartError as e:
+            raise PeerError(str(e)) from None
+        return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        self.process.__exit__(*exc)
 
     def complete(self, tokens: list[int], n_predict: int) -> dict:
         body = json.dumps({"prompt": tokens, "n_predict": n_predict, "temperature": 0.0, "ignore_eos": True,
@@ -149,12 +140,6 @@ class Server:
             replies = list(pool.map(lambda p: self.complete(p, n_predict), prompts))
             wall = time.perf_counter() - t0
         return wall, sum(int(r.get("tokens_predicted", 0)) for r in replies)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- llama-cpp-python's high-level Llama, one request at a time ---------------------------------

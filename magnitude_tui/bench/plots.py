@@ -213,3 +213,41 @@ def plot_serve(result: BenchResult, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_spec(result: BenchResult, path: Path) -> None:
+    """Each mode's aggregate tok/s ÷ off by width: the real model (top) and the simulated GPU
+    replaying its acceptance (bottom), one column per task; llama-server's n-gram ÷ its own none."""
+    tables = list(result.tables.items())
+    real = next((rows for title, rows in tables if title.startswith("engine on")), [])
+    sim = next((rows for title, rows in tables if title.startswith("simulated")), [])
+    peer = next((rows for title, rows in tables if title.startswith("llama-server")), [])
+    tasks = list(dict.fromkeys(r["task"] for r in real))
+    fig, axes = plt.subplots(2, max(1, len(tasks)), figsize=(4.2 * max(1, len(tasks)), 7), squeeze=False)
+    colors = {"off": "tab:gray", "ngram": "tab:blue", "auto": "tab:green", "draft": "tab:purple"}
+    for row, (label, rows) in enumerate((("real model", real), ("simulated GPU", sim))):
+        for col, task in enumerate(tasks):
+            ax = axes[row][col]
+            for mode, color in colors.items():
+                pts = sorted((r["seqs"], r["x_off_agg"]) for r in rows
+                             if r["task"] == task and r["mode"] == mode and r["x_off_agg"] is not None)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=mode)
+            if row == 0:
+                pts = sorted((r["seqs"], r["x_none_agg"]) for r in peer
+                             if r.get("task") == task and r.get("spec_type") == "ngram-simple" and r.get("x_none_agg"))
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], "s--", color="tab:orange",
+                            label="llama-server ngram")
+            ax.axhline(1.0, color="black", lw=0.8)
+            ax.axhline(0.97, color="tab:red", lw=0.6, ls=":")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{label}: {task}", fontsize=10)
+            ax.set_xlabel("sequences")
+            ax.set_ylabel("aggregate tok/s ÷ off")
+            ax.grid(True, alpha=0.3)
+            if col == 0:
+                ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

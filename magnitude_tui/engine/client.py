@@ -4,7 +4,6 @@ process, or a thread in tests)."""
 from __future__ import annotations
 
 import multiprocessing as mp
-import queue
 import signal
 import threading
 
@@ -17,15 +16,20 @@ from magnitude_tui.engine.events import (
     EngineFailed,
     EngineReady,
     LoadProgress,
+    RestoreSession,
     SetPolicy,
     SetSpec,
     Shutdown,
     Submit,
 )
-from magnitude_tui.engine.protocol import EngineEvent, EngineTarget
-from scheduler.types import DoneReason, Phase, Rejection, RejectReason, Request, SeqUpdate, StepReport
+from magnitude_tui.engine.protocol import EngineEvent, EngineTarget, EventStream
+from scheduler.types import DoneReason, Message, Phase, Rejection, RejectReason, Request, SeqUpdate, StepReport
 
-_CLOSED = object()
+
+
+# How long a worker told to shut down may take before it is killed: it first saves the
+# conversations whose latest reply is not on disk yet (warm resume; a few seconds at most).
+SHUTDOWN_WAIT_S = 10.0
 
 
 def default_log_path() -> str:
@@ -48,7 +52,7 @@ class WorkerClient:
         self.config = config
         self.in_process = in_process
         self.log_path = default_log_path() if log_path == "auto" else log_path
-        self._events: queue.Queue = queue.Queue()
+        self._events = EventStream()
         self._live: dict[str, str] = {}  # request_id -> session_id, until its done update arrives
         self._live_lock = threading.Lock()
         # Submitted before EngineReady: they wait in the pipe while the model loads, and are
@@ -109,7 +113,7 @@ class WorkerClient:
     def stop(self) -> None:
         """Shut the worker down; poll_events() then returns None."""
         self._shutdown_worker()
-        self._events.put(_CLOSED)
+        self._events.close()
 
     def _shutdown_worker(self) -> None:
         self._stopping = True
@@ -119,12 +123,12 @@ class WorkerClient:
             except (OSError, EOFError, BrokenPipeError):
                 pass
         if self._proc is not None:
-            self._proc.join(timeout=5)
+            self._proc.join(timeout=SHUTDOWN_WAIT_S)
             if self._proc.is_alive():
                 self._proc.kill()
                 self._proc.join(timeout=5)
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=SHUTDOWN_WAIT_S)
         if self._reader is not None:
             self._reader.join(timeout=5)
         if self._conn is not None:
@@ -169,6 +173,9 @@ class WorkerClient:
     def set_spec(self, mode: str) -> None:
         self._send(SetSpec(mode))
 
+    def restore_session(self, session_id: str, messages: tuple[Message, ...]) -> None:
+        self._send(RestoreSession(session_id, tuple(messages)))
+
     def _send(self, command: Command) -> bool:
         try:
             self._conn.send(command)
@@ -180,11 +187,7 @@ class WorkerClient:
 
     def poll_events(self, timeout: float | None = 0.0) -> list[EngineEvent] | None:
         """One batch, or None when none arrived within timeout (sync callers: CLI, benchmarks)."""
-        try:
-            batch = self._events.get(timeout=timeout) if timeout else self._events.get_nowait()
-        except queue.Empty:
-            return None
-        return None if batch is _CLOSED else batch
+        return self._events.poll(timeout)
 
     def _read(self) -> None:
         conn = self._conn

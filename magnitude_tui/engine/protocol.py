@@ -8,17 +8,53 @@ OpenAI-compatible server), and the tests' scripted clients.
 
 from __future__ import annotations
 
+import queue
 from dataclasses import dataclass
 from typing import Protocol, Union, runtime_checkable
 
 from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
-                                         LoadProgress, PolicyChanged, SpecChanged)
-from scheduler.types import Request, SeqUpdate, StepReport
+                                         LoadProgress, PolicyChanged, SessionRestored, SpecChanged)
+from scheduler.types import Message, Request, SeqUpdate, StepReport
 
 # What an engine's event stream carries. A batch is one list of these: one per engine step for a
 # local engine, one per network read for a remote one (never one per token).
 EngineEvent = Union[LoadProgress, EngineReady, EngineFailed, PolicyChanged, SpecChanged, CommandRejected,
-                    StepReport, SeqUpdate, EndpointsReport]
+                    StepReport, SeqUpdate, EndpointsReport, SessionRestored]
+
+
+def seq_updates(batch: list[EngineEvent]) -> list[SeqUpdate]:
+    """Every sequence update in a batch: those inside step reports and those sent on their own
+    (a request loading, failing before it ran, or ended by a dead engine)."""
+    out: list[SeqUpdate] = []
+    for event in batch:
+        if isinstance(event, StepReport):
+            out.extend(event.updates)
+        elif isinstance(event, SeqUpdate):
+            out.append(event)
+    return out
+
+
+class EventStream:
+    """The queue between a client's reader thread and its consumer: batches go in, `poll` takes
+    one out; after `close()` the consumer gets None (the stream ended), as EngineClient promises."""
+
+    _CLOSED = object()
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue = queue.Queue()
+
+    def put(self, batch: list[EngineEvent]) -> None:
+        self._queue.put(batch)
+
+    def close(self) -> None:
+        self._queue.put(self._CLOSED)
+
+    def poll(self, timeout: float | None = 0.0) -> list[EngineEvent] | None:
+        try:
+            batch = self._queue.get(timeout=timeout) if timeout else self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        return None if batch is self._CLOSED else batch
 
 
 @dataclass(frozen=True)
@@ -57,6 +93,11 @@ class EngineClient(Protocol):
     def close_session(self, session_id: str) -> None: ...
     def set_policy(self, policy: str) -> None:
         """Answered in the stream by PolicyChanged or CommandRejected."""
+        ...
+    def restore_session(self, session_id: str, messages: tuple[Message, ...]) -> None:
+        """Warm resume: bring back the conversation's saved KV, as far as `messages` (its
+        conversation so far) still start with it. Answered in the stream by SessionRestored (an
+        engine that keeps no saved KV answers UNSUPPORTED)."""
         ...
 
     def set_spec(self, mode: str) -> None:

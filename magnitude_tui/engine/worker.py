@@ -8,7 +8,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
-from backend.factory import BackendConfig, build_backend, build_drafts
+from backend.factory import BackendConfig, build_backend, build_draft_source
 from magnitude_tui.engine.core import Engine
 from magnitude_tui.engine.events import (
     Cancel,
@@ -19,12 +19,14 @@ from magnitude_tui.engine.events import (
     EngineReady,
     LoadProgress,
     PolicyChanged,
+    RestoreSession,
     SetPolicy,
     SetSpec,
     SpecChanged,
     Shutdown,
     Submit,
 )
+from magnitude_tui.engine.warm_store import WarmStore
 
 # How long the loop blocks on the pipe when the engine has nothing to do. Short enough that the
 # coalescing window (a few ms) is honoured without spinning.
@@ -57,11 +59,17 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
             last_sent[0] = now
             conn.send([LoadProgress(fraction=fraction, model=model_name, device=device)])
 
+    draft = None
     try:
         backend = build_backend(config.backend, on_progress=on_progress)
+        if config.backend.draft_model is not None:
+            conn.send([LoadProgress(fraction=1.0, model=os.path.basename(config.backend.draft_model),
+                                    device=backend.device_name, stage="loading the draft model")])
+            draft = build_draft_source(config.backend, backend)
         engine = Engine(backend, policy=config.policy, coalesce_ms=config.coalesce_ms,
-                        prepare_notice_chars=config.prepare_notice_chars, spec=config.spec,
-                        drafts=build_drafts(config.backend, backend))
+                        prepare_notice_chars=config.prepare_notice_chars, auto_threads=config.auto_threads,
+                        warm=_warm_store(config, backend), spec=config.spec,
+                        drafts={draft.kind: draft} if draft is not None else None)
         conn.send([LoadProgress(fraction=1.0, model=backend.model_name, device=backend.device_name,
                                 stage="calibrating the step-cost model")])
         engine.calibrate()
@@ -76,13 +84,22 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
         n_seq_max=backend.n_seq_max,
         n_batch=backend.n_batch,
         policy=engine.policy,
-        info=dict(backend.info),
+        info=dict(backend.info, **({"draft_model": draft.model_name} if draft is not None else {})),
         spec=engine.spec,
     )])
     try:
         _loop(conn, engine)
     finally:
+        if draft is not None:
+            draft.close()
         backend.close()
+
+
+def _warm_store(config: EngineConfig, backend) -> WarmStore | None:
+    """Where this engine saves idle conversations' KV (None when the config turns it off)."""
+    if not config.warm_dir or config.warm_budget_mb <= 0:
+        return None
+    return WarmStore(config.warm_dir, layout=backend.state_layout, budget_bytes=config.warm_budget_mb << 20)
 
 
 def _model_name(config: BackendConfig) -> str:
@@ -105,14 +122,16 @@ def _loop(conn: Connection, engine: Engine) -> None:
         while conn.poll(timeout):
             cmd = conn.recv()
             if isinstance(cmd, Shutdown):
+                engine.shutdown()
                 return
             rejected = _apply(engine, cmd)
             if rejected is not None:
                 conn.send([rejected])
             timeout = 0.0
         report = engine.step()
-        if report is not None:
-            conn.send([report])
+        notices = engine.take_notices()
+        if report is not None or notices:
+            conn.send([*notices, *([report] if report is not None else [])])
         elif engine.has_work():
             # Inside the idle coalescing window: wait for more arrivals without spinning.
             if conn.poll(IDLE_POLL_S):
@@ -135,9 +154,12 @@ def _apply(engine, cmd) -> CommandRejected | PolicyChanged | None:
         elif isinstance(cmd, SetSpec):
             engine.set_spec(cmd.mode)
             return SpecChanged(spec=engine.spec)
+        elif isinstance(cmd, RestoreSession):
+            engine.restore_session(cmd.session_id, cmd.messages)
         else:
             return CommandRejected(message=f"unknown command {type(cmd).__name__}: the engine takes "
-                                           "Submit, Cancel, CloseSession, SetPolicy, SetSpec and Shutdown")
+                                           "Submit, Cancel, CloseSession, SetPolicy, SetSpec, RestoreSession "
+                                           "and Shutdown")
     except ValueError as exc:
         what = {SetPolicy: "policy not changed", SetSpec: "speculation not changed"}.get(
             type(cmd), f"{type(cmd).__name__} ignored")

@@ -9,23 +9,21 @@ FLUSH_S), so the app takes them exactly as it takes a local engine's step report
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 
 import httpx
 
 from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
-                                         LoadProgress)
-from magnitude_tui.engine.protocol import EngineEvent, EngineTarget
+                                         LoadProgress, RestoreOutcome, SessionRestored)
+from magnitude_tui.engine.protocol import EngineEvent, EngineTarget, EventStream
 from magnitude_tui.remote.config import RemoteConfig, base_url
 from magnitude_tui.remote.metrics import RemoteSeq
 from magnitude_tui.remote.pool import EndpointPool
 from magnitude_tui.remote.request import RequestFailed, run_request
-from scheduler.types import DoneReason, Phase, Request, SeqUpdate
+from scheduler.types import DoneReason, Message, Phase, Request, SeqUpdate
 
 FLUSH_S = 0.02  # updates gathered this long go out as one batch
 STATUS_S = 0.5  # the endpoints' figures are sent at most this often
-_CLOSED = object()
 
 
 class RemoteClient:
@@ -35,7 +33,7 @@ class RemoteClient:
         self.config = config
         self.model: str | None = config.model
         self.pool = EndpointPool(config.urls, config.max_in_flight)
-        self._events: queue.Queue = queue.Queue()
+        self._events = EventStream()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._http: httpx.AsyncClient | None = None
@@ -74,7 +72,7 @@ class RemoteClient:
 
     def stop(self) -> None:
         self._shutdown()
-        self._events.put(_CLOSED)
+        self._events.close()
 
     def submit(self, request: Request) -> None:
         self._call(self._submit, request)
@@ -93,12 +91,13 @@ class RemoteClient:
         self._events.put([CommandRejected(f"speculation not changed: a remote engine decodes on its servers "
                                           f"({', '.join(self.config.urls)}); --spec applies to the local engine")])
 
+    def restore_session(self, session_id: str, messages: tuple[Message, ...]) -> None:
+        self._events.put([SessionRestored(session_id, RestoreOutcome.UNSUPPORTED,
+                                          detail="a remote engine keeps no saved KV here; its servers "
+                                          "manage their own prompt caches")])
+
     def poll_events(self, timeout: float | None = 0.0) -> list[EngineEvent] | None:
-        try:
-            batch = self._events.get(timeout=timeout) if timeout else self._events.get_nowait()
-        except queue.Empty:
-            return None
-        return None if batch is _CLOSED else batch
+        return self._events.poll(timeout)
 
     # ---- the loop thread ---------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
+from enum import Enum
 from typing import Callable
 
 from fastapi import FastAPI, Request
@@ -30,8 +31,17 @@ class ServeOptions:
     default_max_tokens: int | None = None  # None: what the sequence's context leaves
 
 
+class Outcome(str, Enum):
+    """How one HTTP call ended, for the per-call log line."""
+
+    OK = "ok"
+    ERROR = "error"  # a choice failed while generating
+    CANCELLED = "cancelled"  # the client hung up
+    REFUSED = "refused"  # answered with an error before anything ran
+
+
 def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
-               on_finish: Callable[[Completion, str], None] | None = None) -> FastAPI:
+               on_finish: Callable[[Completion, Outcome], None] | None = None) -> FastAPI:
     """The HTTP app over one engine hub. `on_finish(completion, outcome)` is called once per call
     (log lines in the headless server)."""
     api = FastAPI(title="magnitude-tui", docs_url=None, redoc_url=None, openapi_url=None)
@@ -68,7 +78,7 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
         try:
             await completion.start()
         except OpenAIError:
-            _finish(completion, "refused")
+            _finish(completion, Outcome.REFUSED)
             raise
         except asyncio.CancelledError:
             completion.cancel()
@@ -78,11 +88,10 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
                                        headers={"Cache-Control": "no-cache"})
         return await _whole(request, completion, options, on_finish)
 
-    def _finish(completion: Completion, outcome: str) -> None:
+    def _finish(completion: Completion, outcome: Outcome) -> None:
         if on_finish is not None:
             on_finish(completion, outcome)
 
-    api.state.finish = _finish
     return api
 
 
@@ -127,7 +136,7 @@ def _chunk(completion: Completion, options: ServeOptions, choices: list[dict], *
 
 
 async def _stream(completion: Completion, options: ServeOptions, on_finish):
-    outcome = "cancelled"
+    outcome = Outcome.CANCELLED
     try:
         for c in completion.choices:
             yield _chunk(completion, options, [{"index": c.index, "delta": {"role": "assistant", "content": ""},
@@ -146,9 +155,9 @@ async def _stream(completion: Completion, options: ServeOptions, on_finish):
         if completion.call.include_usage:
             yield _chunk(completion, options, [], usage=completion.usage())
         yield "[DONE]"
-        outcome = "error" if any(c.error for c in completion.choices) else "ok"
+        outcome = Outcome.ERROR if any(c.error for c in completion.choices) else Outcome.OK
     finally:
-        if outcome == "cancelled":
+        if outcome is Outcome.CANCELLED:
             completion.cancel()
         if on_finish is not None:
             on_finish(completion, outcome)
@@ -164,7 +173,7 @@ async def _whole(request: Request, completion: Completion, options: ServeOptions
                 run.cancel()
                 completion.cancel()
                 if on_finish is not None:
-                    on_finish(completion, "cancelled")
+                    on_finish(completion, Outcome.CANCELLED)
                 return JSONResponse({}, status_code=499)
         run.result()
     except BaseException:
@@ -172,7 +181,7 @@ async def _whole(request: Request, completion: Completion, options: ServeOptions
         raise
     failed = [c for c in completion.choices if c.error]
     if on_finish is not None:
-        on_finish(completion, "error" if failed else "ok")
+        on_finish(completion, Outcome.ERROR if failed else Outcome.OK)
     if failed and len(failed) == len(completion.choices):
         raise OpenAIError(500, failed[0].error or "generation failed", ErrorType.SERVER, "generation_failed")
     return JSONResponse({

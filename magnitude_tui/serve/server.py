@@ -8,7 +8,7 @@ import os
 import sys
 from typing import TextIO
 
-from magnitude_tui.serve.app import ServeOptions, create_app
+from magnitude_tui.serve.app import Outcome, ServeOptions, create_app
 from magnitude_tui.serve.completion import Completion
 from magnitude_tui.serve.hub import EngineHub
 
@@ -33,12 +33,12 @@ def check_bind(host: str, api_key: str | None) -> None:
             f"Pass --api-key KEY or set {API_KEY_ENV}, or bind 127.0.0.1")
 
 
-def log_line(completion: Completion, outcome: str) -> str:
+def log_line(completion: Completion, outcome: Outcome) -> str:
     """One line per finished call: who, outcome, prompt (cached), tokens, queue, TTFT, tok/s."""
     t = completion.timings() if completion.choices else {}
     u = completion.usage() if completion.choices else {}
     cached = u.get("prompt_tokens_details", {}).get("cached_tokens", 0)
-    parts = [f"{completion.id[:20]}", completion.client_name, outcome]
+    parts = [f"{completion.id[:20]}", completion.client_name, outcome.value]
     if u:
         parts.append(f"prompt {u['prompt_tokens']} ({cached} cached)")
         parts.append(f"{u['completion_tokens']} tokens")

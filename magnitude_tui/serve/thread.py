@@ -12,15 +12,10 @@ from dataclasses import dataclass
 
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import EngineConfig
+from magnitude_tui.local_server import free_port
 from magnitude_tui.serve.app import ServeOptions
 from magnitude_tui.serve.hub import EngineHub
 from magnitude_tui.serve.server import serve_async
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""Provides the scheduler panel: step time against target, decode vs prefill rows, budget, KV, queue;
-for a remote engine, its servers instead."""
+"""Provides the scheduler panel: step time against target, decode vs prefill rows, budget, CPU
+threads, KV, queue; for a remote engine, its servers instead."""
 
 from __future__ import annotations
 
@@ -171,6 +171,10 @@ class SchedulerPanel(Widget):
             line("", (f"spec {self.spec}", "sched--kv"),
                  (f" · {accepted}/{drafted} accepted" if drafted else " · no drafts lately", "sched--dim"))
         line("budget", (f"{last.budget} rows", ""), (f" · step #{last.step}", "sched--dim"))
+        if last.threads is not None:
+            # The CPU thread count the engine chose between steps, and why (engine/threads.py).
+            line("threads", (last.threads.short(), ""))
+            line("", (last.threads.why, "sched--dim"))
         rate = self.rate
         if rate is None:
             line("rate", ("— (engine stopped)" if self.stopped else "— (nothing generating)", "sched--dim"))

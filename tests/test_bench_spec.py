@@ -1,0 +1,94 @@
+"""bench spec: every mode and width measured side by side, greedy replies identical to `off`, the
+acceptance trace recorded on one backend and replayed on a simulated GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.factory import BackendConfig
+from magnitude_tui.bench.common import save_result
+from magnitude_tui.bench.plots import plot_spec
+from magnitude_tui.bench.spec import SpecBenchConfig, run_spec
+from magnitude_tui.bench.spec_trace import Guess, RecordingSource, TraceDrafts
+from scheduler.drafts import DraftKind
+
+
+@pytest.fixture(autouse=True)
+def _no_waiting_for_a_quiet_machine(monkeypatch):
+    monkeypatch.setenv("MAGNITUDE_BENCH_WAIT_QUIET", "0")
+
+
+class _Fixed:
+    """A draft source that always proposes the same tokens."""
+
+    kind = DraftKind.NGRAM
+
+    def __init__(self, draft: list[int]) -> None:
+        self.draft = draft
+
+    def propose(self, key, tokens, k):
+        return self.draft[:k]
+
+    def draft_ms(self, k, n):
+        return 0.0
+
+    def forget(self, key):
+        pass
+
+
+def test_recording_judges_each_guess_against_what_the_sequence_commits_later():
+    rec = RecordingSource(_Fixed([5, 6, 7]))
+    rec.propose(0, [1, 2], 3)
+    rec.propose(0, [1, 2, 5], 3)  # one token seen so far and it matched: not judged yet
+    assert rec.guesses == []
+    rec.propose(0, [1, 2, 5, 6, 9], 3)  # 5, 6 matched, then 9 instead of 7
+    assert rec.guesses[0] == Guess(asked=3, proposed=3, matched=2)
+    rec.propose(0, [1, 2, 5, 6, 9, 5, 6, 7, 8], 2)
+    assert rec.guesses[1:] == [Guess(3, 3, 0), Guess(3, 3, 3)]  # at 3 it saw 6 9 5; at 5, 5 6 7
+    rec.forget(0)  # the last guess (at 9) was never judged: dropped, not counted as a miss
+    assert len(rec.guesses) == 3
+
+
+def test_trace_drafts_replay_how_many_guesses_matched():
+    from backend.fake import FakeBackend
+
+    backend = FakeBackend(n_seq_max=2)
+    truth = backend.next_tokens(0, 4)
+    src = TraceDrafts(backend, DraftKind.NGRAM, [Guess(8, 4, 2), Guess(8, 0, 0), Guess(8, 3, 3)])
+    src._cursor[0] = 0
+    first = src.propose(0, [], 8)
+    assert first[:2] == truth[:2] and first[2] != truth[2] and first[3] != truth[3] and len(first) == 4
+    assert src.propose(0, [], 8) == []
+    assert src.propose(0, [], 2) == truth[:2]  # a shorter ask takes the first tokens of the guess
+
+
+def test_simulated_spec_bench_measures_every_mode_and_replays_the_trace(tmp_path):
+    cfg = SpecBenchConfig(widths=(1, 3), tasks=("repetitive", "chat"), max_tokens=24, sim_profile="rx9070xt")
+    res = run_spec(BackendConfig(kind="simulated:cpu2core"), cfg)
+    real, sim, traces = res.tables.values()  # no peer table without a peer
+    assert {(r["task"], r["seqs"], r["mode"]) for r in real} == {
+        (t, w, m) for t in cfg.tasks for w in cfg.widths for m in cfg.modes}
+    for r in real:
+        assert r["same_text_as_off"] in (None, True), r  # speculation never changes a greedy reply
+        assert r["per_seq_tok_s"] > 0 and r["agg_tok_s"] > 0
+    draft = [r for r in real if r["mode"] == "draft"]
+    assert all(r["acceptance"] == 1.0 and r["tokens_per_step"] > 2 for r in draft)  # scripted: all right
+    assert {t["source"] for t in traces} == {"ngram", "draft"} and all(t["guesses"] > 0 for t in traces)
+    assert len(sim) == len(real)
+    # Replayed on a GPU-like profile (a step is mostly its fixed cost), drafts that are always
+    # right make several tokens a step; auto never does worse than off.
+    gpu = {(r["task"], r["seqs"], r["mode"]): r for r in sim}
+    assert gpu[("repetitive", 1, "draft")]["x_off_agg"] > 2.0
+    assert gpu[("repetitive", 1, "draft")]["acceptance"] == 1.0
+    assert all(r["x_off_agg"] >= 0.97 for r in sim if r["mode"] == "auto")
+    assert res.data["targets"]["simulated_repetitive_auto_x_off"]
+    assert save_result(res, tmp_path, plot_spec)["png"].exists()
+
+
+@pytest.mark.slow
+def test_tiny_real_spec_bench_is_well_formed():
+    cfg = SpecBenchConfig(widths=(1,), tasks=("chat",), modes=("off", "ngram"), max_tokens=6, peer=False)
+    res = run_spec(BackendConfig(kind="llama", device="cpu", n_threads=1), cfg)
+    real = next(iter(res.tables.values()))
+    assert [r["mode"] for r in real] == ["off", "ngram"]
+    assert real[1]["same_text_as_off"] is True

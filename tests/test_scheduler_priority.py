@@ -1,0 +1,75 @@
+"""Priority classes in the planner: a person's turn first, then agents, then background work
+(admission, prompt rows, and which sequence KV pressure preempts)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from scheduler.types import DoneReason, Phase, Priority
+from tests.planner_driver import add, close_all, make, rows, step
+
+
+def _with_priority(seq, priority):
+    seq.request = replace(seq.request, priority=priority)
+    return seq
+
+
+def test_admission_takes_the_highest_class_first_and_is_fifo_within_it():
+    sched, kv = make(n_seq_max=1)
+    blocker = add(sched, "blocker", 8, max_tokens=2)
+    step(sched, kv)
+    bg = _with_priority(add(sched, "bg", 8, max_tokens=1), Priority.BACKGROUND)
+    a1 = _with_priority(add(sched, "a1", 8, max_tokens=1), Priority.AGENT)
+    a2 = _with_priority(add(sched, "a2", 8, max_tokens=1), Priority.AGENT)
+    while sched.has_work():
+        step(sched, kv)
+    order = [s.request_id for s in sorted((bg, a1, a2), key=lambda s: s.admit_order)]
+    assert order == ["a1", "a2", "bg"] and blocker.is_finished
+    close_all(sched)
+
+
+def test_a_persons_turn_never_waits_behind_agents_for_a_slot():
+    sched, kv = make(n_seq_max=2)
+    agents = [_with_priority(add(sched, f"agent{i}", 8), Priority.AGENT) for i in range(2)]
+    while not all(a.is_decoding for a in agents):
+        step(sched, kv)
+    person = add(sched, "person", 8)  # INTERACTIVE by default
+    plan = step(sched, kv)
+    assert person.seq_id is not None and person.seq_id in rows(plan)
+    newest = max(agents, key=lambda a: a.admit_order)
+    assert newest.phase is Phase.QUEUED and newest.num_preemptions == 1
+    while not person.is_finished and sched.has_work():
+        step(sched, kv, finish_at=3)
+        if person.num_tokens - len(person.prompt) >= 3:
+            sched.finish(person, DoneReason.STOP)
+    sched.close_session(person.session_id)
+    for _ in range(50):  # the preempted agent comes back and recomputes
+        if newest.is_decoding:
+            break
+        step(sched, kv)
+    assert newest.is_decoding
+    close_all(sched)
+
+
+def test_prompt_rows_go_to_the_higher_class_first():
+    sched, kv = make("fixed:32")
+    agent = _with_priority(add(sched, "agent", 200), Priority.AGENT)
+    person = add(sched, "person", 200)
+    plan = step(sched, kv)
+    assert rows(plan) == {person.seq_id: 32}
+    close_all(sched)
+
+
+def test_kv_pressure_preempts_the_lowest_class_first():
+    sched, kv = make("fixed:64", n_ctx=300, gen_reserve=8)
+    person = add(sched, "person", 100)
+    agent = _with_priority(add(sched, "agent", 100), Priority.AGENT)
+    newest = add(sched, "person2", 60)
+    while not (person.is_decoding and agent.is_decoding and newest.is_decoding):
+        step(sched, kv)
+    for _ in range(60):
+        step(sched, kv)
+        if agent.num_preemptions or person.num_preemptions or newest.num_preemptions:
+            break
+    assert agent.num_preemptions == 1 and person.num_preemptions == 0 and newest.num_preemptions == 0
+    close_all(sched)
