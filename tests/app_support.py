@@ -9,7 +9,7 @@ from pathlib import Path
 
 from magnitude_tui.app import MagnitudeApp
 from magnitude_tui.engine.events import (CommandRejected, EngineFailed, EngineReady, LoadProgress,
-                                         PolicyChanged)
+                                         PolicyChanged, RestoreOutcome, SessionRestored)
 from magnitude_tui.engine.protocol import EngineTarget
 from magnitude_tui.store import Store
 from scheduler.types import DoneReason, Phase, Request, SamplingParams, SeqUpdate, StepReport
@@ -96,7 +96,9 @@ class ScriptedClient:
                 l.cancelled = True
 
     def restore_session(self, session_id: str, messages: tuple) -> None:
+        """Recorded, and answered as an engine with nothing saved answers."""
         self.restored.append((session_id, tuple(messages)))
+        self._emit([SessionRestored(session_id, RestoreOutcome.NOT_SAVED, detail="a scripted engine saves no KV")])
 
     def set_policy(self, policy: str) -> None:
         from scheduler.budget import parse_policy

@@ -14,7 +14,8 @@ from backend.factory import BackendConfig
 from magnitude_tui.bench.ui_cpu import PacedClient
 from magnitude_tui.engine import worker
 from magnitude_tui.engine.client import WorkerClient
-from magnitude_tui.engine.events import CommandRejected, EngineConfig, EngineReady, LoadProgress, PolicyChanged
+from magnitude_tui.engine.events import (CommandRejected, EngineConfig, EngineReady, LoadProgress, PolicyChanged,
+                                         RestoreOutcome, SessionRestored)
 from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from magnitude_tui.remote.client import RemoteClient
 from magnitude_tui.remote.config import RemoteConfig
@@ -139,6 +140,13 @@ def test_every_client_satisfies_the_engine_client_protocol(harness):
     answer = harness.events(lambda evs: any(isinstance(e, (CommandRejected, PolicyChanged)) for e in evs))
     assert any(isinstance(e, PolicyChanged) and e.policy == "fixed:32" or isinstance(e, CommandRejected)
                for e in answer)
+
+    # Warm resume: every engine answers, even one that keeps no saved KV (then it says why).
+    client.restore_session("s1", (Message("user", "hello there"),))
+    answer = harness.events(lambda evs: any(isinstance(e, SessionRestored) for e in evs))
+    [restored] = [e for e in answer if isinstance(e, SessionRestored)]
+    assert restored.session_id == "s1" and restored.outcome is not RestoreOutcome.RESTORED
+    assert restored.detail
 
     assert client.alive
     client.stop()

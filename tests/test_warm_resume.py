@@ -3,13 +3,15 @@ refused (cold start, never a crash) when anything does not match."""
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from backend.fake import FakeBackend
 from magnitude_tui.engine.core import Engine
 from magnitude_tui.engine.events import RestoreOutcome, SessionRestored
 from magnitude_tui.engine.warm import SAVE_AFTER_S
-from magnitude_tui.engine.warm_store import WarmStore
+from magnitude_tui.engine.warm_store import MAGIC, WarmStore
 from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate
 
 HISTORY = "Tell me about lighthouses and the keepers who lived in them, at some length please."
@@ -106,6 +108,23 @@ def test_a_restored_conversation_prefills_only_the_new_turn_and_answers_alike(tm
     assert _turn(cold, "s1:2", "s1", follow_up)[-1].cached_tokens == 0
 
 
+def test_a_restored_conversation_is_forked_and_evicted_like_any_resident_one(tmp_path):
+    first, clock = _engine(tmp_path)
+    history = _first_exchange(first)
+    _idle_save(first, clock)
+    resumed, _ = _engine(tmp_path, backend=FakeBackend(n_ctx=4096, n_seq_max=2))
+    restored = _restore(resumed, "s1", history).tokens
+    fork = Request("sub:1", "sub", tuple(history + [Message("user", "Your task: one idea.")]),
+                   SamplingParams(max_tokens=REPLY_TOKENS), fork_from="s1")
+    resumed.submit(fork)
+    done = [u for r in resumed.run_until_idle() for u in r.updates if u.request_id == "sub:1"][-1]
+    assert done.cached_tokens == restored and done.error is None  # the subagent shares its cells
+    assert resumed.leaks() == []
+    # Both slots are held by idle conversations; a newcomer evicts the least recently used.
+    _turn(resumed, "new:1", "new", [Message("user", "hello")])
+    assert "s1" not in resumed.scheduler.sessions and resumed.leaks() == []
+
+
 def test_resume_before_anything_was_saved_starts_cold(tmp_path):
     engine, _ = _engine(tmp_path)
     notice = _restore(engine, "never-saved", [Message("user", HISTORY)])
@@ -145,7 +164,7 @@ def test_an_edited_conversation_keeps_only_the_part_that_still_matches(tmp_path)
     assert edited_question.is_empty()
 
 
-@pytest.mark.parametrize("damage", ["flip a state byte", "truncate", "garbage"])
+@pytest.mark.parametrize("damage", ["flip a state byte", "truncate", "garbage", "header not an object"])
 def test_a_damaged_file_is_reported_deleted_and_never_loaded(tmp_path, damage):
     first, clock = _engine(tmp_path)
     history = _first_exchange(first)
@@ -156,8 +175,10 @@ def test_a_damaged_file_is_reported_deleted_and_never_loaded(tmp_path, damage):
         data[-3] ^= 0xFF
     elif damage == "truncate":
         del data[len(data) // 2:]
-    else:
+    elif damage == "garbage":
         data[:] = b"\x00not a saved state at all" * 10
+    else:
+        data[:] = MAGIC + struct.pack("<I", 2) + b"[]"
     path.write_bytes(bytes(data))
 
     resumed, _ = _engine(tmp_path)

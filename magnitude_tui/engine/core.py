@@ -292,8 +292,7 @@ class Engine:
             elif isinstance(cmd, SetPolicy):
                 self.scheduler.set_policy(cmd.policy)
             elif isinstance(cmd, RestoreSession):
-                self._notices.append(self.warm.restore(cmd) if self.warm is not None else SessionRestored(
-                    cmd.session_id, RestoreOutcome.UNSUPPORTED, detail="this engine saves no KV"))
+                self._restore(cmd)
             elif isinstance(cmd, SetSpec):
                 self.scheduler.set_spec(parse_spec_mode(cmd.mode))
 
@@ -325,6 +324,15 @@ class Engine:
         self._sessions_seen.add(sid)
         self._live[rid] = Sequence(req, [], t_submit=t_submit)
         self._intake.append(self._live[rid])
+
+    def _restore(self, cmd: RestoreSession) -> None:
+        if self.warm is None:
+            notice = SessionRestored(cmd.session_id, RestoreOutcome.UNSUPPORTED, detail="this engine saves no KV")
+        else:
+            notice = self.warm.restore(cmd)
+        if notice.outcome is RestoreOutcome.RESTORED:
+            self._sessions_seen.add(cmd.session_id)  # a known conversation: subagents may fork it
+        self._notices.append(notice)
 
     def _reject(self, req: object, reason: RejectReason, message: str) -> None:
         rid, sid = getattr(req, "request_id", None), getattr(req, "session_id", None)

@@ -191,10 +191,15 @@ class WarmStore:
             return Lookup(Found.NOTHING, detail="no saved KV for this conversation")
         try:
             saved = self._read(path, session_id)
-        except (OSError, ValueError, struct.error) as exc:
+        except FileNotFoundError:  # the budget dropped it a moment ago
+            return Lookup(Found.NOTHING, detail="no saved KV for this conversation")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error) as exc:
             path.unlink(missing_ok=True)
             return Lookup(Found.DAMAGED, detail=f"{path.name} is damaged ({exc}); deleted")
-        os.utime(path)  # least recently used goes first: a load counts as a use
+        try:
+            os.utime(path)  # least recently used goes first: a load counts as a use
+        except OSError:
+            pass  # dropped by the budget meanwhile: the state in hand is still good
         return Lookup(Found.STATE, saved)
 
     def _read(self, path: Path, session_id: str) -> SavedState:

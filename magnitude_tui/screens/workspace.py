@@ -264,6 +264,8 @@ class WorkspaceScreen(Screen):
     def _warm_answers(self, answers: list[SessionRestored]) -> None:
         for answer in answers:
             self.warm[answer.session_id] = answer
+            if answer.outcome is RestoreOutcome.RESTORED:
+                self._resident.add(answer.session_id)  # its subagents fork its restored KV
         names = [f"{p.record.name} ({a.tokens:,} tokens)" for a in answers
                  if a.outcome is RestoreOutcome.RESTORED and (p := self._panes.get(a.session_id))]
         if names:
