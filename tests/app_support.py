@@ -117,6 +117,8 @@ class ScriptedClient:
 
         try:
             self.spec = parse_spec_mode(mode).value
+            if self.spec == "draft":
+                raise ValueError("--spec draft needs a draft source, and none is loaded")
         except ValueError as exc:
             self._emit([CommandRejected(f"speculation not changed: {exc}")])
             return
