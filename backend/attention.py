@@ -24,6 +24,17 @@ PROBE_REPEATS = 3
 # this many decode steps of PROBE_WIDTH sequences near position 0 and as many at depth.
 REFERENCE_STEPS = 32
 
+# llama.cpp's CPU flash-attention kernel (ggml-cpu ops.cpp, GGML_FA_TILE_Q in this build) runs a
+# step's attention as tiled matrix products only when the step has at least this many rows, one
+# row at a time below it; deep in a context a smaller step then costs more than a full tile.
+CPU_FLASH_TILE_ROWS = 64
+
+
+def tile_rows(choice: "AttentionChoice", device_name: str) -> int:
+    """Rows below which a step's attention runs one row at a time (0: no such threshold known)."""
+    return CPU_FLASH_TILE_ROWS if choice.flash and device_name == "CPU" else 0
+
+
 # ggml type ids (ggml.h) of the V-cache types a user may ask for. A quantized V cache is only
 # implemented inside llama.cpp's flash-attention kernels: without them the context fails to start.
 CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}

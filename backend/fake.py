@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from enum import Enum
 from typing import Callable, Sequence
 
-from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, check_plan
+from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, KvStateError, check_plan
 from scheduler.budget import CostParams
 from scheduler.drafts import DraftKind
 from scheduler.types import AttentionPath, BatchPlan, Message, SamplingParams
@@ -16,6 +17,7 @@ BOS, EOS, IM_START, IM_END = 1, 2, 3, 4
 _SPECIAL_TEXT = {"<s>": BOS, "</s>": EOS, "<|im_start|>": IM_START, "<|im_end|>": IM_END}
 _ROLES = ("system", "user", "assistant", "tool")
 DEFAULT_REPLY = "The quick brown fox jumps over the lazy dog. "
+_STATE_MAGIC = b"FAKEKV1\0"  # a fake sequence state: this, the count, then one int32 per position
 
 
 class FakeDetokenizer:
@@ -49,6 +51,7 @@ class FakeBackend:
         reply: str = DEFAULT_REPLY,
         eog_after: int | None = None,
         name: str = "fake",
+        max_threads: int = 0,
     ) -> None:
         self.n_ctx = n_ctx
         self.n_ctx_seq = n_ctx_seq or n_ctx
@@ -63,7 +66,14 @@ class FakeBackend:
         self.clock: Clock = WALL_CLOCK
         self.known_costs: CostParams | None = None
         self.attention_path = AttentionPath.FLASH  # no attention at all: nothing resident costs a row
+        self.state_layout = f"{name}:vocab={n_vocab}"
+        self.states_loaded = 0  # kv_load calls that succeeded (tests tell warm from cold by it)
+        self.attention_tile_rows = 0
         self.reply = reply
+        # No CPU threads to choose unless a test gives it some (the simulated backend prices them).
+        self.max_threads = max_threads
+        self.n_threads = max_threads
+        self.thread_changes: list[int] = []
         self.eog_after = eog_after  # EOG after this many sampled tokens per sampler; None: never
         self._kv: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}  # position -> cell
         self._kv_tokens: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}
@@ -82,6 +92,12 @@ class FakeBackend:
     def fail_next(self, outcome: DecodeOutcome = DecodeOutcome.NO_KV_SLOT, times: int = 1) -> None:
         """Make the next `times` decodes return `outcome` without touching the KV cache."""
         self._faults.extend([outcome] * times)
+
+    def set_n_threads(self, n: int) -> None:
+        if not 1 <= n <= max(1, self.max_threads):
+            raise ValueError(f"thread count {n} outside 1..{self.max_threads}")
+        self.n_threads = n
+        self.thread_changes.append(n)
 
     # ---- text ----------------------------------------------------------------------------------
 
@@ -215,6 +231,28 @@ class FakeBackend:
 
     def kv_cells_used(self) -> int:
         return len(self._refs)
+
+    def kv_save(self, seq_id: int) -> bytes:
+        tokens = self._kv_tokens[seq_id]
+        return _STATE_MAGIC + struct.pack(f"<I{len(tokens)}i", len(tokens), *tokens)
+
+    def kv_load(self, seq_id: int, state: bytes) -> int:
+        """Like llama_state_seq_set_data: the sequence is emptied, then refilled from the state
+        into free cells; a state that is not one, or needs more cells than are free, is refused."""
+        self.kv_remove(seq_id)
+        head = len(_STATE_MAGIC) + 4
+        if bytes(state[:len(_STATE_MAGIC)]) != _STATE_MAGIC or len(state) < head:
+            raise KvStateError("not a sequence state of this backend")
+        (n,) = struct.unpack_from("<I", state, len(_STATE_MAGIC))
+        if len(state) != head + 4 * n:
+            raise KvStateError(f"the state says {n} positions but holds {(len(state) - head) // 4}")
+        if len(self._refs) + n > self.n_ctx:
+            raise KvStateError(f"{n} cells needed, {self.n_ctx - len(self._refs)} free")
+        tokens = list(struct.unpack_from(f"<{n}i", state, head))
+        self._kv[seq_id] = [self._new_cell() for _ in tokens]
+        self._kv_tokens[seq_id] = tokens
+        self.states_loaded += 1
+        return n
 
     def kv_tokens(self, seq_id: int) -> list[int]:
         """The tokens whose KV the sequence holds (tests compare them with what was planned)."""

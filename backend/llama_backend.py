@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import sys
 import time
@@ -14,7 +15,7 @@ import llama_cpp
 
 from backend import attention, model_file, model_path_problem, native, usable_cpus
 from backend.chat import Detokenizer, Vocab
-from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, check_plan
+from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, KvStateError, check_plan
 from scheduler.types import BatchPlan, Message, SamplingParams
 
 
@@ -30,6 +31,15 @@ def _build_id() -> str:
     except OSError:
         stamp = 0
     return f"{getattr(llama_cpp, '__version__', '?')}:{stamp}:{llama_cpp.llama_print_system_info().decode()[:200]}"
+
+
+def model_identity(path: str) -> str:
+    """The model file as saved states need it: size, modification time and a hash of its header
+    (the GGUF metadata and the first tensors), cheap enough to compute at every load."""
+    st = os.stat(path)
+    with open(path, "rb") as f:
+        head = hashlib.sha256(f.read(1 << 20)).hexdigest()[:16]
+    return f"{os.path.basename(path)}:{st.st_size}:{st.st_mtime_ns}:{head}"
 
 
 class ModelLoadError(RuntimeError):
@@ -52,7 +62,8 @@ class LlamaBackend:
     """
 
     def __init__(self, *, model, ctx, vocab: Vocab, model_path: str, device_name: str, n_threads: int,
-                 choice: attention.AttentionChoice | None = None, owns_model: bool = True):
+                 choice: attention.AttentionChoice | None = None, owns_model: bool = True,
+                 cache_type_v: str = "f16"):
         self._model = model
         self._owns_model = owns_model  # a probe context borrows the model it measures
         self._ctx = ctx
@@ -71,6 +82,9 @@ class LlamaBackend:
         self.n_seq_max = llama_cpp.llama_n_seq_max(ctx)
         self.n_vocab = vocab.n_vocab
         self.n_threads = n_threads
+        # The engine may choose any count up to what this process may use (or the count asked for,
+        # if more: a user who asked for it knows their machine).
+        self.max_threads = max(n_threads, usable_cpus())
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._samplers: dict[int, ctypes.c_void_p] = {}
         self._greedy = llama_cpp.llama_sampler_init_greedy()
@@ -88,8 +102,13 @@ class LlamaBackend:
         # The attention path this context runs and why; the cost model prices rows by it.
         self.attention = choice or attention.AttentionChoice(False, "not measured")
         self.attention_path = self.attention.path
+        self.attention_tile_rows = attention.tile_rows(self.attention, device_name)
         self.info["attention"] = self.attention.short()
         self.info["attention_reason"] = self.attention.summary()
+        # A sequence state holds K and V rows as this context lays them out: the model, the build
+        # that wrote them, the V type and whether V is transposed (flash attention off).
+        self.state_layout = (f"{model_identity(model_path)}|{_build_id()}|k=f16|v={cache_type_v}|"
+                             f"flash={'on' if self.attention.flash else 'off'}")
 
     # ---- construction ----------------------------------------------------------------------
 
@@ -192,7 +211,7 @@ class LlamaBackend:
         if on_progress is not None:
             on_progress(1.0, device_name)
         return cls(model=model, ctx=ctx, vocab=vocab, model_path=model_path,
-                   device_name=device_name, n_threads=n_threads, choice=choice)
+                   device_name=device_name, n_threads=n_threads, choice=choice, cache_type_v=cache_type_v)
 
     def close(self) -> None:
         """Free children before parents, exactly once."""
@@ -272,6 +291,14 @@ class LlamaBackend:
                             logit_rows=logit_rows if outcome is DecodeOutcome.OK else {}, code=code,
                             draft_rows=draft_rows if outcome is DecodeOutcome.OK else {})
 
+    def set_n_threads(self, n: int) -> None:
+        """Run the next steps (decode and prompt rows alike) on n CPU threads."""
+        if not 1 <= n <= self.max_threads:
+            raise ValueError(f"thread count {n} outside 1..{self.max_threads}")
+        llama_cpp.llama_set_n_threads(self._ctx, n, n)
+        self.n_threads = n
+        self.info["n_threads"] = n
+
     def logits(self, logit_row: int) -> np.ndarray:
         """The logits of one batch row as a numpy view (valid until the next decode)."""
         ptr = llama_cpp.llama_get_logits_ith(self._ctx, logit_row)
@@ -324,3 +351,23 @@ class LlamaBackend:
     def kv_cells_used(self) -> int:
         """Positions held, summed over sequences (a prefix shared by forks counts once per sequence)."""
         return sum(self.kv_pos_max(s) + 1 for s in range(self.n_seq_max))
+
+    def kv_save(self, seq_id: int) -> bytes:
+        """llama.cpp's per-sequence state: a copy of the cells (positions, K and V rows) it holds."""
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, seq_id)
+        buf = bytearray(size)
+        n = llama_cpp.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(buf), size, seq_id)
+        if n == 0:
+            raise KvStateError(f"llama.cpp could not copy the state of seq {seq_id} (see the engine log)")
+        del buf[n:]
+        return buf  # a bytearray: a state is tens of MB, not copied once more
+
+    def kv_load(self, seq_id: int, state: bytes) -> int:
+        size = len(state)
+        src = bytearray(state) if isinstance(state, bytes) else state  # ctypes needs a writable buffer
+        n = llama_cpp.llama_state_seq_set_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(src), size, seq_id)
+        if n == 0:
+            self.kv_remove(seq_id)
+            raise KvStateError(f"llama.cpp refused the saved state for seq {seq_id} (no room, or another "
+                               "layout; see the engine log)")
+        return self.kv_pos_max(seq_id) + 1

@@ -9,7 +9,8 @@ from typing import Any, Callable, Protocol, Sequence
 from scheduler.budget import CostParams
 from scheduler.types import AttentionPath, BatchPlan, DecodeOutcome, Message, SamplingParams
 
-__all__ = ["Backend", "Clock", "DecodeOutcome", "DecodeResult", "Detokenizer", "PlanError", "WALL_CLOCK", "check_plan"]
+__all__ = ["Backend", "Clock", "DecodeOutcome", "DecodeResult", "Detokenizer", "KvStateError", "PlanError",
+           "WALL_CLOCK", "check_plan"]
 
 
 @dataclass
@@ -64,6 +65,11 @@ def check_plan(plan: BatchPlan, *, n_batch: int, n_seq_max: int, n_ctx_seq: int,
             raise PlanError(f"seq {s.seq_id}: token {bad[0]} outside the vocab (n_vocab={n_vocab})")
 
 
+class KvStateError(RuntimeError):
+    """A saved sequence state could not be restored (another layout, damaged, no room); the
+    sequence it was loaded into is left empty."""
+
+
 class Clock(Protocol):
     """The time a backend's steps take place in: wall time, or a simulation's virtual seconds."""
 
@@ -108,6 +114,16 @@ class Backend(Protocol):
     # Which cells a row's attention reads (llama.cpp: flash attention on or off); the cost model
     # prices rows, and idle conversations' resident KV, by it.
     attention_path: AttentionPath
+    # CPU threads a step runs on, and the most it may use (0 and 0: a backend with no CPU threads
+    # to choose); the engine may change the count between steps with `set_n_threads`.
+    n_threads: int
+    max_threads: int
+    # What a saved sequence state fits (model file, build, KV cache types, attention path): a state
+    # saved under another layout is never handed to kv_load.
+    state_layout: str
+    # Steps with fewer rows than this run attention one row at a time, dearer per row deep in a
+    # context (llama.cpp's CPU flash-attention kernel: 64); 0 when the kernel has no such step.
+    attention_tile_rows: int
 
     def tokenize(self, text: str, *, special: bool = False, add_bos: bool = False) -> list[int]: ...
     def tokenize_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]: ...
@@ -118,11 +134,19 @@ class Backend(Protocol):
     def set_sampler(self, seq_id: int, params: SamplingParams) -> None: ...
     def sample(self, seq_id: int, logit_row: int) -> int: ...
     def free_sampler(self, seq_id: int) -> None: ...
+    def set_n_threads(self, n: int) -> None: ...
 
     def kv_remove(self, seq_id: int) -> None: ...
     def kv_keep_prefix(self, seq_id: int, n_tokens: int) -> None: ...
     def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None: ...
     def kv_pos_max(self, seq_id: int) -> int: ...  # -1 when empty
     def kv_cells_used(self) -> int: ...
+    def kv_save(self, seq_id: int) -> bytes:
+        """A copy of one sequence's KV cells (llama.cpp's per-sequence state), for kv_load later."""
+        ...
+    def kv_load(self, seq_id: int, state: bytes) -> int:
+        """Replace `seq_id`'s KV with a state kv_save returned; the positions it now holds.
+        KvStateError (and `seq_id` empty) when the state does not fit this context."""
+        ...
 
     def close(self) -> None: ...

@@ -32,7 +32,12 @@ class VirtualClock:
 class HardwareProfile:
     """step_ms = fixed_ms + decode_ms * decode_rows + prefill_ms * prefill_rows + attn_ms * kpos,
     where kpos is the thousands of cells the step's rows attend over as `attention` reads them
-    (`AttentionPath.FLASH`: each row its own visible positions; `DENSE`: every used cell)."""
+    (`AttentionPath.FLASH`: each row its own visible positions; `DENSE`: every used cell).
+
+    `tile_rows` models llama.cpp's CPU flash-attention kernel, which runs a step's attention as
+    tiles of matrix products only when the step holds at least that many rows (GGML_FA_TILE_Q, 64)
+    and one row at a time below it: a step of fewer rows pays `vec_attn_ms` per thousand
+    positions instead of `attn_ms`. 0: one price whatever the step's size."""
 
     name: str
     fixed_ms: float
@@ -41,10 +46,13 @@ class HardwareProfile:
     note: str = ""
     attn_ms: float = 0.0
     attention: AttentionPath = AttentionPath.FLASH
+    tile_rows: int = 0
+    vec_attn_ms: float = 0.0
 
     def step_ms(self, decode_rows: int, prefill_rows: int, kpos: float = 0.0) -> float:
-        return (self.fixed_ms + self.decode_ms * decode_rows + self.prefill_ms * prefill_rows
-                + self.attn_ms * kpos)
+        one_row_at_a_time = decode_rows + prefill_rows < self.tile_rows
+        attn = self.vec_attn_ms if one_row_at_a_time else self.attn_ms
+        return self.fixed_ms + self.decode_ms * decode_rows + self.prefill_ms * prefill_rows + attn * kpos
 
 
 PROFILES: dict[str, HardwareProfile] = {
@@ -71,6 +79,18 @@ PROFILES: dict[str, HardwareProfile] = {
         "cpu2core-deep", fixed_ms=7.9, decode_ms=8.9, prefill_ms=7.3, attn_ms=2.0,
         attention=AttentionPath.DENSE,
         note="1 thread of 2 EPYC cores, SmolLM2-135M Q4_1, flash attention off: every row reads every used cell",
+    ),
+    # The same thread with flash attention on. Source: the step trace of the burst (11 subagents x
+    # 200 tokens over 2,000, CPU time, 2026-12-01): below 64 rows a step runs attention one row at
+    # a time (an 11-row decode step at depth 2,200 took 340 ms, 4 decode + 53 prompt rows
+    # 1,574 ms), at 64 rows or more in tiles (4 + 60 rows 762 ms, a 512-row chunk at ~2,100
+    # 5.9 s): 5 ms a step, 8 ms a decode row, 6 ms a prompt row, 10 ms per thousand positions
+    # below the tile and 2.6 at or above it.
+    "cpu1thread-flash": HardwareProfile(
+        "cpu1thread-flash", fixed_ms=5.0, decode_ms=8.0, prefill_ms=6.0, attn_ms=2.6,
+        attention=AttentionPath.FLASH, tile_rows=64, vec_attn_ms=10.0,
+        note="1 thread of 2 EPYC cores, SmolLM2-135M Q4_1, flash attention on: steps under 64 rows "
+             "run attention one row at a time",
     ),
 }
 
@@ -104,6 +124,7 @@ class SimulatedBackend(FakeBackend):
         n_seq_max: int = 16,
         n_batch: int = 8192,
         realtime: bool = False,
+        thread_factor: Callable[[int], float] | None = None,
         **kwargs,
     ) -> None:
         self.profile = get_profile(profile) if isinstance(profile, str) else profile
@@ -113,10 +134,14 @@ class SimulatedBackend(FakeBackend):
         self._virtual = None if realtime else (clock or VirtualClock())
         self.clock: Clock = self._virtual or WALL_CLOCK
         self._step_ms = step_ms
+        # How much longer a step takes on n threads than the profile says (a busy machine: give it
+        # `max_threads` too); None: the thread count changes nothing.
+        self._thread_factor = thread_factor
         p = self.profile
         # The profile is the truth: the engine seeds its cost model from it instead of calibrating.
         self.known_costs = CostParams(p.fixed_ms, p.decode_ms, p.prefill_ms, p.attn_ms)
         self.attention_path = p.attention
+        self.attention_tile_rows = p.tile_rows
 
     def decode(self, plan: BatchPlan) -> DecodeResult:
         cells_before = self.kv_cells_used()
@@ -131,6 +156,8 @@ class SimulatedBackend(FakeBackend):
         else:
             # A failed llama_decode returns before the compute graph runs: only the fixed cost.
             ms = self.profile.fixed_ms
+        if self._thread_factor is not None:
+            ms *= self._thread_factor(self.n_threads)
         if self._virtual is None:
             time.sleep(ms / 1000.0)
         else:

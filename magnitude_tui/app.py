@@ -38,8 +38,11 @@ class MagnitudeApp(App):
     def __init__(self, *, client: EngineClient, store: Store, theme: str | None = None,
                  resume: bool = False, export_dir: Path | None = None,
                  sampling: SamplingParams | None = None, serve=None,
-                 roles: dict[str, AgentSettings] | None = None) -> None:
+                 roles: dict[str, AgentSettings] | None = None, warm_dir: Path | None = None) -> None:
+        """`warm_dir`: where the engine saves conversations' KV (deleting a conversation deletes
+        its files there too)."""
         super().__init__()
+        self.warm_dir = warm_dir
         self.serve = serve
         self.roles = roles or {}  # named agent definitions (agents.toml)
         self.failure: str | None = None  # why the engine is down (None while it runs or loads)
@@ -108,8 +111,9 @@ def run_app(engine: EngineConfig | EngineClient, *, theme: str | None, resume: b
 
         serve = EmbeddedServer(client, host=serve_host, port=serve_port,
                                options=ServeOptions(model_name=served_model_name(client), api_key=api_key))
+    warm_dir = Path(engine.warm_dir) if isinstance(engine, EngineConfig) and engine.warm_dir else None
     app = MagnitudeApp(client=client, store=store, theme=theme, resume=resume, sampling=sampling,
-                       serve=serve, roles=roles)
+                       serve=serve, roles=roles, warm_dir=warm_dir)
     try:
         app.run()
         return app.failure

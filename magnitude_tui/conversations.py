@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from magnitude_tui.engine.warm_store import discard_saved
 from magnitude_tui.screens.agent_dialog import AgentDialog
 from magnitude_tui.screens.confirm_dialog import ConfirmDialog
 from magnitude_tui.screens.conversation_list import ConversationList, ListAction, ListChoice
@@ -13,6 +14,15 @@ from magnitude_tui.widgets.pane_grid import MAX_PANES
 
 if TYPE_CHECKING:
     from magnitude_tui.screens.workspace import WorkspaceScreen
+
+
+def free_name(name: str, taken: set[str]) -> str:
+    """`name` if no open pane has it, else the first free of `name (2)`, `name (3)`..."""
+    k, candidate = 1, name
+    while candidate in taken:
+        k += 1
+        candidate = f"{name} ({k})"
+    return candidate
 
 
 class Conversations:
@@ -64,12 +74,19 @@ class Conversations:
             if ws.grid.is_full:
                 ws.notify(f"At most {MAX_PANES} panes; close one first", severity="warning")
                 return None
+            taken = set(ws.store.pane_names())
             record = ws.store.reopen_pane(pane_id, len(ws.grid.panes))
+            if record.name in taken:  # a new pane took the name while this one was closed
+                old, record.name = record.name, free_name(record.name, taken)
+                ws.store.rename_pane(record.id, record.name)
+                ws.notify(f"{old} is open already; the reopened conversation is {record.name}", timeout=5)
             parent = ws.grid.pane(record.parent_id or "")
             ws.subagents.restore([record])
             pane = ChatPane(record, parent_name=parent.record.name if parent else None)
             await ws.add_pane(pane, focus=False)
             ws.store.set_positions([p.session_id for p in ws.grid.panes])
+            ws.restore_sessions([pane])
+            await ws.turns.send_restored_queue([pane])
         ws.grid.focus_pane(pane)
         return pane
 
@@ -100,3 +117,5 @@ class Conversations:
         if pane is not None:
             await ws.close_pane(pane)
         ws.store.delete_pane(pane_id)
+        if ws.app.warm_dir is not None:
+            discard_saved(ws.app.warm_dir, pane_id)

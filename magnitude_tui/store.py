@@ -22,6 +22,15 @@ CREATE TABLE IF NOT EXISTS pane_settings (   -- a pane's agent settings, when no
 );
 """
 
+QUEUED_TABLE = """
+CREATE TABLE IF NOT EXISTS queued (          -- messages typed while a pane was replying, not sent yet
+    pane_id  TEXT NOT NULL REFERENCES panes(id),
+    position INTEGER NOT NULL,               -- the order they are sent in
+    content  TEXT NOT NULL,
+    PRIMARY KEY (pane_id, position)
+);
+"""
+
 __all__ = ["SCHEMA_VERSION", "MessageRecord", "PaneRecord", "Store", "StoreError", "default_db_path"]
 
 def default_db_path() -> Path:
@@ -65,6 +74,7 @@ class PaneRecord:
     position: int = 0
     messages: list[MessageRecord] = field(default_factory=list)
     settings: AgentSettings = AgentSettings()
+    queued: list[str] = field(default_factory=list)  # typed while it replied, not sent yet
 
 
 class Store:
@@ -79,18 +89,26 @@ class Store:
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path is not None else default_db_path()
         if str(self.path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                pass  # a read-only place: open_database runs the session in memory and says why
         opened = open_database(self.path)
         self._db = opened.db
         self.moved_to = opened.moved_to
         self.migrated_from = opened.migrated_from
         # What the user must be told on start (an unreadable file was moved aside), or None.
         self.notice: str | None = None
+        # Why nothing will be saved this session (None: everything is saved as usual).
+        self.read_only = opened.read_only
         if opened.moved_to is not None:
             self.notice = (f"The database {self.path} could not be read ({opened.why}). It was moved "
                            f"to {opened.moved_to} and a new, empty one was started.")
+        elif opened.read_only is not None:
+            self.notice = (f"History will not be saved: {opened.read_only}. This session runs on a copy "
+                           f"in memory; make {self.path} and its directory writable and restart to save again.")
         # Added within schema 1, idempotently: a database from before it simply gains the table.
-        self._db.executescript(PANE_SETTINGS_TABLE)
+        self._db.executescript(PANE_SETTINGS_TABLE + QUEUED_TABLE)
         self.workspace_id: int | None = None
 
     # ---- workspaces ---------------------------------------------------------------------------
@@ -116,11 +134,14 @@ class Store:
         for pane in panes:
             pane.messages = self.messages(pane.id)
             pane.settings = self.pane_settings(pane.id)
+            pane.queued = self.queued(pane.id)
         return panes
 
     def pane_names(self) -> list[str]:
-        """Every pane name used in this workspace, open or closed (names are never reused)."""
-        rows = self._db.execute("SELECT name FROM panes WHERE workspace_id = ?", (self.workspace_id,))
+        """The names of the panes open in this workspace: a closed pane's name, or the name a pane
+        was renamed from, is free for the next new pane (a reopened pane that clashes is renamed)."""
+        rows = self._db.execute("SELECT name FROM panes WHERE workspace_id = ? AND closed IS NULL",
+                                (self.workspace_id,))
         return [r[0] for r in rows]
 
     # ---- panes --------------------------------------------------------------------------------
@@ -170,6 +191,7 @@ class Store:
         pane = PaneRecord(*row)
         pane.messages = self.messages(pane_id)
         pane.settings = self.pane_settings(pane_id)
+        pane.queued = self.queued(pane_id)
         return pane
 
     def rename_pane(self, pane_id: str, name: str) -> None:
@@ -181,6 +203,7 @@ class Store:
             self._db.execute("UPDATE panes SET parent_id = NULL WHERE parent_id = ?", (pane_id,))
             self._db.execute("DELETE FROM messages WHERE pane_id = ?", (pane_id,))
             self._db.execute("DELETE FROM pane_settings WHERE pane_id = ?", (pane_id,))
+            self._db.execute("DELETE FROM queued WHERE pane_id = ?", (pane_id,))
             self._db.execute("DELETE FROM panes WHERE id = ?", (pane_id,))
 
     def conversations(self, search: str = "") -> list[ConversationRow]:
@@ -198,6 +221,17 @@ class Store:
         ).fetchall()
         return [ConversationRow(r[0], r[1], r[2], r[3], r[3] == self.workspace_id and r[4] is None,
                                 r[4], r[5], " ".join((r[6] or "").split())[:80], r[7]) for r in rows]
+
+    def set_queued(self, pane_id: str, texts: list[str]) -> None:
+        """The pane's queued messages are now exactly `texts` (in the order they will be sent)."""
+        with self._transaction():
+            self._db.execute("DELETE FROM queued WHERE pane_id = ?", (pane_id,))
+            self._db.executemany("INSERT INTO queued (pane_id, position, content) VALUES (?, ?, ?)",
+                                 [(pane_id, i, text) for i, text in enumerate(texts)])
+
+    def queued(self, pane_id: str) -> list[str]:
+        rows = self._db.execute("SELECT content FROM queued WHERE pane_id = ? ORDER BY position", (pane_id,))
+        return [r[0] for r in rows]
 
     # ---- messages -----------------------------------------------------------------------------
 

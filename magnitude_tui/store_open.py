@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -67,12 +68,17 @@ class _Unreadable(Exception):
     """The file is not a database of ours that this version can read: it is moved aside."""
 
 
+class _ReadOnly(Exception):
+    """The file (or its directory) cannot be written: the session runs on a copy in memory."""
+
+
 @dataclass
 class Opened:
     db: sqlite3.Connection
     moved_to: Path | None  # where an unreadable file went (None: nothing was moved)
     why: str | None  # what was wrong with it
     migrated_from: int | None  # the schema version the file had before migrating forward
+    read_only: str | None = None  # why nothing will be saved (the store runs on a copy in memory)
 
 
 def open_database(path: Path) -> Opened:
@@ -81,11 +87,15 @@ def open_database(path: Path) -> Opened:
     A corrupt file, or one that is not a database of ours, is renamed to
     `<name>.unreadable-<time>` (with its -wal and -shm files: never deleted) and a new one is
     started; the caller tells the user where it went. A newer schema raises StoreError (the file
-    belongs to a newer version of the app, which still reads it).
+    belongs to a newer version of the app, which still reads it). A file or directory that cannot
+    be written is read into memory (or an empty store starts there) and `read_only` says why:
+    the app shows the history and goes on, saving nothing.
     """
     try:
         db, migrated_from = _open(path)
         return Opened(db, None, None, migrated_from)
+    except _ReadOnly as e:
+        return _open_copy(path, str(e))
     except _Unreadable as e:
         if str(path) == ":memory:":
             raise StoreError(f"the in-memory database is unusable: {e}") from None
@@ -94,13 +104,34 @@ def open_database(path: Path) -> Opened:
         return Opened(db, moved, str(e), None)
 
 
-def _open(path: Path) -> tuple[sqlite3.Connection, int | None]:
+def read_only_reason(path: Path) -> str | None:
+    """Why the store at `path` cannot be written (None: it can, as far as the system says)."""
+    if str(path) == ":memory:":
+        return None
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"the file {path} is read-only"
+    directory = path.parent
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent  # the nearest existing ancestor is where it would be created
+    if not os.access(directory, os.W_OK):
+        return f"the directory {directory} is read-only"
+    return None
+
+
+def _check_header(path: Path) -> None:
     # Read the header before SQLite does: opening a file that is not a database may make SQLite
     # tidy away a -wal beside it, and nothing of the user's is ever removed.
     if str(path) != ":memory:" and path.is_file() and path.stat().st_size:
         with open(path, "rb") as f:
             if f.read(16) != b"SQLite format 3\x00":
                 raise _Unreadable("file is not a database")
+
+
+def _open(path: Path) -> tuple[sqlite3.Connection, int | None]:
+    reason = read_only_reason(path)
+    if reason is not None:
+        raise _ReadOnly(reason)
+    _check_header(path)
     db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
     try:
         return db, _prepare(db, path)
@@ -109,6 +140,8 @@ def _open(path: Path) -> tuple[sqlite3.Connection, int | None]:
         raise
     except sqlite3.OperationalError as e:  # locked by another instance, read-only, no access
         db.close()
+        if "readonly" in str(e) or "read-only" in str(e):  # e.g. a read-only mount
+            raise _ReadOnly(f"SQLite cannot write {path}: {e}") from None
         raise StoreError(f"could not open the database {path}: {e}; close any other magnitude-tui "
                          "using it and check the file's permissions") from None
     except sqlite3.DatabaseError as e:  # "file is not a database", "disk image is malformed"
@@ -117,6 +150,44 @@ def _open(path: Path) -> tuple[sqlite3.Connection, int | None]:
     except BaseException:
         db.close()
         raise
+
+
+def _open_copy(path: Path, reason: str) -> Opened:
+    """The store read into memory from a file that cannot be written (or empty, if there is none
+    or it cannot be read): the session shows what was saved and saves nothing."""
+    mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    why = reason
+    try:
+        if path.is_file() and path.stat().st_size:
+            _check_header(path)
+            _copy_into(path, mem)
+        migrated_from = _prepare(mem, path)
+    except (_Unreadable, sqlite3.DatabaseError, OSError) as e:
+        mem.close()
+        mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        migrated_from = _prepare(mem, path)
+        why = f"{reason}, and it could not be read either ({e}); it was left as it is"
+    return Opened(mem, None, None, migrated_from, read_only=why)
+
+
+def _copy_into(path: Path, mem: sqlite3.Connection) -> None:
+    # mode=ro still wants to create the -shm of a WAL database; where the directory is read-only
+    # too, immutable=1 reads the file as it is (without a -wal it may hold).
+    last: Exception | None = None
+    for flags in ("mode=ro", "immutable=1"):
+        try:
+            src = sqlite3.connect(f"{path.resolve().as_uri()}?{flags}", uri=True)
+        except sqlite3.Error as e:
+            last = e
+            continue
+        try:
+            src.backup(mem)
+            return
+        except sqlite3.Error as e:
+            last = e
+        finally:
+            src.close()
+    raise sqlite3.DatabaseError(str(last))
 
 
 def _prepare(db: sqlite3.Connection, path: Path) -> int | None:

@@ -3,7 +3,7 @@ and post their answer back to the parent.
 
 The workspace owns one `Subagents` and hands it what it needs: the store and a `SubagentHost`,
 the few workspace operations a spawn uses (count, find, mount, submit, warn). Names are
-`<parent>.<k>` (A1.1, A1.2…), never reused within a workspace.
+`<parent>.<k>` (A1.1, A1.2…), the lowest number no open pane has.
 """
 
 from __future__ import annotations
@@ -33,9 +33,12 @@ class SubagentHost(Protocol):
 
 
 def next_name(prefix: str, used: set[str]) -> str:
-    """The first unused name prefix+N (names are never reused within a workspace)."""
-    numbers = {int(n[len(prefix):]) for n in used if n.startswith(prefix) and n[len(prefix):].isdigit()}
-    return f"{prefix}{max(numbers, default=0) + 1}"
+    """The name prefix+N with the lowest N (from 1) that `used` (the open panes' names) lacks: a
+    closed or renamed pane's name is taken again by the next new pane."""
+    n = 1
+    while f"{prefix}{n}" in used:
+        n += 1
+    return f"{prefix}{n}"
 
 
 def burst_tasks(count: int) -> list[str]:

@@ -29,6 +29,7 @@ class Turns:
             await self.send(pane, text)
         elif pane.busy or pane.queued:
             pane.queue(text)  # the next turn, once the reply (and anything queued before) is done
+            self._keep_queue(pane)
         else:
             await self.send(pane, text)
 
@@ -99,6 +100,19 @@ class Turns:
             await self.send(pane, pane.next_queued() or "")
         else:  # stopped (esc) or failed: what was queued goes back to the composer, unsent
             pane.return_to_composer([t for t in iter(pane.next_queued, None)])
+        self._keep_queue(pane)
+
+    async def send_restored_queue(self, panes: list[ChatPane]) -> None:
+        """On resume: a pane whose reply the quit (or a crash) cut off sends what was queued behind
+        it, as that reply's end would have; the rest stays queued behind this turn."""
+        for pane in panes:
+            if pane.queued and not pane.busy:
+                await self.send(pane, pane.next_queued() or "")
+                self._keep_queue(pane)
+
+    def _keep_queue(self, pane: ChatPane) -> None:
+        """Queued messages are in the store at once: a crash or quit must not lose them."""
+        self.workspace.store.set_queued(pane.session_id, pane.queued)
 
     async def _withdraw_prompt(self, pane: ChatPane) -> None:
         """A reply cancelled before its first token: its prompt leaves the context and returns to

@@ -37,6 +37,12 @@ IDLE_STEP_MS = 1000.0
 # the prompts get at least as much of the machine as they would alone between two decode steps.
 GAP_SLACK = 1.0
 
+# llama.cpp's CPU flash-attention kernel computes a step's attention in tiles of matrix products
+# only when the step holds at least GGML_FA_TILE_Q (64) rows; below that it goes one row at a time.
+# Deep in a context that makes a small step dearer than a full tile: on 1 thread at depth 2,200,
+# 4 decode + 53 prompt rows took 1,574 ms and 4 + 60 took 762 ms (SmolLM2-135M, 2026-12-01). The
+# backend says how many rows its tile holds (`StepShape.tile_rows`, 0 when it has none).
+
 _N = 4  # features of a step: 1, decode rows, prompt rows, attention (thousands of positions)
 
 
@@ -224,6 +230,7 @@ class StepShape:
     n_batch: int = 2048
     n_ubatch: int = 512
     pending_rows: int = 0  # prompt rows still to evaluate, all prefilling sequences together
+    tile_rows: int = 0  # fewer rows than this run attention one row at a time (0: no such kernel)
 
     def kpos(self, prefill_rows: int) -> float:
         """The step's attention work (thousands) with `prefill_rows` prompt rows added."""
@@ -297,6 +304,10 @@ class Policy:
         if quantum > self.value:  # unreachable: bound the gap by the decode-only step instead
             gap = (1.0 + GAP_SLACK) * cost.predict(d, 0, shape.kpos(0))
             fits = max(fits, cost.rows_within(gap, shape))
+            # A step short of the attention tile runs every row, decode rows too, one at a time:
+            # filling the tile costs the running sequences less than the floor's step and gives
+            # the newcomers several times the rows.
+            return min(max(MIN_PREFILL_QUANTUM, shape.tile_rows - d, fits), room)
         return min(max(MIN_PREFILL_QUANTUM, fits), room)
 
 

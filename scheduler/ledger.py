@@ -12,6 +12,7 @@ class KvCache(Protocol):
     def kv_keep_prefix(self, seq_id: int, n_tokens: int) -> None: ...
     def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None: ...
     def kv_pos_max(self, seq_id: int) -> int: ...
+    def kv_load(self, seq_id: int, state: bytes) -> int: ...
 
 
 class KvLedger:
@@ -63,6 +64,20 @@ class KvLedger:
         for c in shared:
             self._refs[c] += 1
         self._cells[dst_seq] = list(shared)
+
+    def load(self, seq_id: int, state: bytes, n_tokens: int) -> None:
+        """Restore a saved state into `seq_id` and keep its first `n_tokens` positions; the cells
+        are new (a restored conversation shares none with the ones it was forked from)."""
+        self.remove(seq_id)
+        try:
+            held = self.kv.kv_load(seq_id, state)
+            if held < n_tokens:
+                raise ValueError(f"the state holds {held} positions, {n_tokens} were expected")
+            self.kv.kv_keep_prefix(seq_id, n_tokens)
+        except Exception:
+            self.kv.kv_remove(seq_id)
+            raise
+        self.grow(seq_id, n_tokens)
 
     def grow(self, seq_id: int, n_tokens: int) -> None:
         """Record rows a successful decode appended to the sequence."""

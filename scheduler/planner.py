@@ -44,6 +44,7 @@ class Scheduler:
         cost: CostModel | None = None,
         attention: AttentionPath = AttentionPath.FLASH,
         n_ubatch: int | None = None,
+        attention_tile: int = 0,
         speculator: Speculator | None = None,
     ) -> None:
         if n_seq_max > n_batch:
@@ -60,6 +61,7 @@ class Scheduler:
         # How the backend's attention reads the cache: it decides what a row costs at depth and
         # whether idle conversations' resident KV slows everyone else's rows.
         self.attention = attention
+        self.attention_tile = attention_tile  # steps under this many rows attend one row at a time
         self.gen_reserve = gen_reserve
         self.cost = cost or CostModel()
         self.policy = parse_policy(policy) if isinstance(policy, str) else policy
@@ -127,6 +129,22 @@ class Scheduler:
             self.finish(seq, DoneReason.CANCELLED)
         self.residency.close(session_id)
         return cancelled
+
+    def restore_session(self, session_id: str, tokens: list[int], state: bytes) -> str | None:
+        """Make a saved conversation resident and idle again (its next turn reuses `tokens`, the
+        first positions of `state`), if that takes no one's room: a free slot and cells neither
+        used nor promised to running sequences. Returns why not (None: restored). A backend that
+        refuses the state raises, with nothing held."""
+        if session_id in self.sessions:
+            return "the conversation is already resident"
+        free = self.free_slots()
+        if not free:
+            return f"no free sequence slot (all {self.n_seq_max} in use)"
+        room = self.admission.kv_free()
+        if len(tokens) > room:
+            return f"needs {len(tokens):,} KV cells, {max(0, room):,} free"
+        self.residency.adopt(session_id, free[0], tokens, state)
+        return None
 
     def finish(self, seq: Sequence, reason: DoneReason, error: str | None = None,
                kind: ErrorKind | None = None) -> None:
@@ -283,7 +301,7 @@ class Scheduler:
             prefill_pos0=max((s.num_computed for s in prefilling), default=0),
             cells_used=self.kv.cells_used(), path=self.attention,
             n_batch=self.n_batch, n_ubatch=self.n_ubatch,
-            pending_rows=sum(s.num_pending for s in prefilling))
+            pending_rows=sum(s.num_pending for s in prefilling), tile_rows=self.attention_tile)
 
     def _drafts(self, decoding: list[Sequence], prefilling: list[Sequence],
                 grants: list[tuple[Sequence, int]]):

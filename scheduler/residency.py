@@ -50,6 +50,17 @@ class Residency:
         self._slot_owner[slot] = own
         return own
 
+    def adopt(self, session_id: str, slot: int, tokens: list[int], state: bytes) -> Session:
+        """A conversation's KV comes back from a saved state into free `slot` (its first
+        len(tokens) positions): resident and idle, exactly as if its last turn had just ended."""
+        assert slot not in self._slot_owner and session_id not in self.sessions
+        self.kv.load(slot, state, len(tokens))
+        session = self.sessions[session_id] = Session(session_id)
+        session.seq_id, session.tokens = slot, list(tokens)
+        session.last_used = self._next_tick()
+        self._slot_owner[slot] = session
+        return session
+
     def retire(self, seq: Sequence, keep: bool) -> None:
         """`seq` ended. With `keep`, its conversation stays resident with exactly the committed
         tokens (rows a step evaluated but never committed are trimmed); otherwise the slot and its

@@ -276,6 +276,20 @@ class Rejection:
     message: str
 
 
+@dataclass(frozen=True)
+class ThreadState:
+    """The engine's CPU thread count for the next step, its range, and why (shown to the user)."""
+
+    n_threads: int
+    max_threads: int
+    why: str
+    others_cores: float | None = None  # CPU other processes used lately, in cores (None: unknown)
+
+    def short(self) -> str:
+        busy = f" · others {self.others_cores:.1f} cores" if self.others_cores is not None else ""
+        return f"{self.n_threads} of {self.max_threads}{busy}"
+
+
 @dataclass
 class StepReport:
     """One per engine step: the step's shape and every request update it caused."""
@@ -297,6 +311,7 @@ class StepReport:
     rejected: list[Rejection] = field(default_factory=list)
     # Cells only idle conversations hold (without flash attention they slow every row).
     kv_idle: int = 0
+    threads: ThreadState | None = None  # None: the backend has no CPU threads to choose
     # Speculation: draft rows the step verified, how many of them were accepted, and the mode.
     draft_rows: int = 0
     draft_accepted: int = 0

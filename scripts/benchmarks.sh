@@ -18,4 +18,8 @@ bench prefill-curve
 bench throughput --require-tools --profile
 bench fork
 bench ui --threads 2,1
+# Depth: subagents forked from a long conversation, and target:MS deep in a context. One engine
+# thread timed in CPU seconds, so a busy machine costs wall time but does not decide the ratios.
+bench burst -p target-v1:50 -p target:50 -p prefill-first --flash on,off --threads 1 --cpu-clock
+bench target-depth --threads 1 --cpu-clock
 .venv/bin/python scripts/benchmarks_report.py "$out"

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 MARKER = "<!-- generated below by scripts/benchmarks_report.py: do not edit by hand -->"
-ORDER = ("admit", "prefill-curve", "throughput", "fork", "ui")
+ORDER = ("admit", "prefill-curve", "throughput", "fork", "ui", "burst", "target-depth")
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from magnitude_tui.app import MagnitudeApp
 from magnitude_tui.engine.events import (CommandRejected, EngineFailed, EngineReady, LoadProgress,
-                                         PolicyChanged)
+                                         PolicyChanged, RestoreOutcome, SessionRestored)
 from magnitude_tui.engine.protocol import EngineTarget
 from magnitude_tui.store import Store
 from scheduler.types import DoneReason, Phase, Request, SamplingParams, SeqUpdate, StepReport
@@ -48,6 +48,7 @@ class ScriptedClient:
         self.submitted: list[Request] = []
         self.cancelled: list[str] = []
         self.closed_sessions: list[str] = []
+        self.restored: list[tuple[str, tuple]] = []  # restore_session calls: (session id, messages)
         self.live: dict[str, _Live] = {}
         self.step_no = 0
         self.drop_next = 0  # the next request reports this many of its oldest messages dropped
@@ -94,6 +95,11 @@ class ScriptedClient:
             if l.request.session_id == session_id:
                 l.cancelled = True
 
+    def restore_session(self, session_id: str, messages: tuple) -> None:
+        """Recorded, and answered as an engine with nothing saved answers."""
+        self.restored.append((session_id, tuple(messages)))
+        self._emit([SessionRestored(session_id, RestoreOutcome.NOT_SAVED, detail="a scripted engine saves no KV")])
+
     def set_policy(self, policy: str) -> None:
         from scheduler.budget import parse_policy
 
@@ -104,6 +110,19 @@ class ScriptedClient:
             return
         self.policy = policy
         self._emit([PolicyChanged(policy)])
+
+    def set_spec(self, mode: str) -> None:
+        from magnitude_tui.engine.events import SpecChanged
+        from scheduler.speculation import parse_spec_mode
+
+        try:
+            self.spec = parse_spec_mode(mode).value
+            if self.spec == "draft":
+                raise ValueError("--spec draft needs a draft source, and none is loaded")
+        except ValueError as exc:
+            self._emit([CommandRejected(f"speculation not changed: {exc}")])
+            return
+        self._emit([SpecChanged(self.spec)])
 
     def poll_events(self, timeout: float | None = 0.0) -> list | None:
         try:

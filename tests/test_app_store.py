@@ -27,7 +27,7 @@ def test_resume_reopens_the_latest_workspace_and_updates_never_duplicate(tmp_pat
     assert (pane.id, pane.name) == ("p1", "A1")
     assert [(m.role, m.content, m.complete, m.done_reason) for m in pane.messages] == [
         ("user", "hi", True, None), ("assistant", "Hello!", True, "stop")]
-    assert sorted(store.pane_names()) == ["A1", "A1.1"]  # closed names are not reused
+    assert store.pane_names() == ["A1"]  # a closed pane's name is free again
     assert store.open_workspace(resume=False) == []  # a new workspace; the old one is kept
     store.close()
     assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM messages").fetchone() == (2,)

@@ -8,9 +8,10 @@ from magnitude_tui.subagents import answer_message, burst_tasks, next_name
 from scheduler.types import DoneReason, Phase, SeqUpdate
 
 
-def test_next_name_continues_after_the_highest_number_and_never_reuses():
+def test_next_name_takes_the_lowest_number_no_open_pane_has():
     assert next_name("A", set()) == "A1"
-    assert next_name("A", {"A1", "A3", "A3.1", "B7"}) == "A4"
+    assert next_name("A", {"A1", "A3", "A3.1", "B7"}) == "A2"  # A2 was closed or renamed: free again
+    assert next_name("A", {"A1", "A2", "A3", "research"}) == "A4"
     assert next_name("A3.", {"A3.1", "A3.2", "A3.x"}) == "A3.3"
 
 

@@ -70,6 +70,13 @@ def test_a_path_the_device_cannot_run_is_skipped_not_fatal(tmp_path, monkeypatch
     assert not choice.flash and "failed in the probe" in choice.reason
 
 
+def test_only_the_cpu_flash_kernel_reports_an_attention_tile():
+    on, off = attention.AttentionChoice(True, "asked for"), attention.AttentionChoice(False, "asked for")
+    assert attention.tile_rows(on, "CPU") == attention.CPU_FLASH_TILE_ROWS == 64
+    assert attention.tile_rows(off, "CPU") == 0
+    assert attention.tile_rows(on, "Vulkan0") == 0
+
+
 # ---- the real model ------------------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -87,6 +94,7 @@ def test_load_measures_both_paths_caches_the_verdict_and_reports_it(tmp_path, mo
         best = min(choice.timings, key=lambda t: t.reference_ms)
         assert choice.flash == best.flash
         assert b.attention_path is (AttentionPath.FLASH if choice.flash else AttentionPath.DENSE)
+        assert b.attention_tile_rows == (attention.CPU_FLASH_TILE_ROWS if choice.flash else 0)
         assert b.info["attention"] == choice.short() and "measured" in b.info["attention_reason"]
         assert b.kv_cells_used() == 0  # the probe left nothing behind
     finally:

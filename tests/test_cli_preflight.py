@@ -76,6 +76,7 @@ def test_a_bad_model_file_is_refused_in_one_line(monkeypatch, tmp_path, case):
     (["--threads", "0"], "--threads"),
     (["--temperature", "-1"], "--temperature"),
     (["--max-tokens", "0"], "--max-tokens"),
+    (["--kv-disk-mb", "-1"], "--kv-disk-mb"),
 ])
 def test_a_bad_option_is_refused_in_one_line(monkeypatch, model, args, says):
     result, started = _launch(monkeypatch, "--model", model, *args)
@@ -87,6 +88,10 @@ def test_good_options_start_the_app(monkeypatch, model):
                               "--policy", "fixed:16", "--theme", "magnitude-paper")
     assert result.exit_code == 0, result.output
     assert started[0].backend.n_ctx == 512 and started[0].backend.model == model
+    # Saved KV lives next to the database, with the default disk budget.
+    assert started[0].warm_dir.endswith("kv") and started[0].warm_budget_mb == 1024
+    result, started = _launch(monkeypatch, "--model", model, "--kv-disk-mb", "0")
+    assert result.exit_code == 0 and started[0].warm_budget_mb == 0
 
 
 def test_check_prints_what_would_run_and_exits(monkeypatch, model):

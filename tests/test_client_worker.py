@@ -14,18 +14,14 @@ import pytest
 from backend.factory import BackendConfig
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import EngineConfig, EngineFailed, EngineReady, LoadProgress
+from magnitude_tui.engine.protocol import seq_updates
 from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def updates_of(batch):
-    for ev in batch:
-        if isinstance(ev, StepReport):
-            yield from ev.updates
-        elif isinstance(ev, SeqUpdate):
-            yield ev
+updates_of = seq_updates
 
 
 def wait_ready(client, timeout=120):

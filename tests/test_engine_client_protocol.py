@@ -14,11 +14,12 @@ from backend.factory import BackendConfig
 from magnitude_tui.bench.ui_cpu import PacedClient
 from magnitude_tui.engine import worker
 from magnitude_tui.engine.client import WorkerClient
-from magnitude_tui.engine.events import CommandRejected, EngineConfig, EngineReady, LoadProgress, PolicyChanged
-from magnitude_tui.engine.protocol import EngineClient
+from magnitude_tui.engine.events import (CommandRejected, EngineConfig, EngineReady, LoadProgress, PolicyChanged,
+                                         RestoreOutcome, SessionRestored, SpecChanged)
+from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from magnitude_tui.remote.client import RemoteClient
 from magnitude_tui.remote.config import RemoteConfig
-from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, SeqUpdate
 from tests.app_support import ScriptedClient
 from tests.openai_stub import Script, StubServer
 
@@ -54,14 +55,7 @@ class Harness:
         return [u for u in _updates(self.seen) if u.request_id == rid]
 
 
-def _updates(events) -> list[SeqUpdate]:
-    out = []
-    for e in events:
-        if isinstance(e, StepReport):
-            out.extend(e.updates)
-        elif isinstance(e, SeqUpdate):
-            out.append(e)
-    return out
+_updates = seq_updates
 
 
 @pytest.fixture(params=KINDS)
@@ -146,6 +140,23 @@ def test_every_client_satisfies_the_engine_client_protocol(harness):
     answer = harness.events(lambda evs: any(isinstance(e, (CommandRejected, PolicyChanged)) for e in evs))
     assert any(isinstance(e, PolicyChanged) and e.policy == "fixed:32" or isinstance(e, CommandRejected)
                for e in answer)
+
+    # Speculation: an unknown mode, or `draft` with no draft model, is rejected; `ngram` is taken
+    # by a local engine and rejected, with the reason, by a remote one.
+    client.set_spec("draft")
+    rejected = harness.events(lambda evs: any(isinstance(e, (CommandRejected, SpecChanged)) for e in evs))
+    assert any(isinstance(e, CommandRejected) for e in rejected)
+    client.set_spec("ngram")
+    answer = harness.events(lambda evs: any(isinstance(e, (CommandRejected, SpecChanged)) for e in evs))
+    assert any(isinstance(e, SpecChanged) and e.spec == "ngram" or isinstance(e, CommandRejected)
+               for e in answer)
+
+    # Warm resume: every engine answers, even one that keeps no saved KV (then it says why).
+    client.restore_session("s1", (Message("user", "hello there"),))
+    answer = harness.events(lambda evs: any(isinstance(e, SessionRestored) for e in evs))
+    [restored] = [e for e in answer if isinstance(e, SessionRestored)]
+    assert restored.session_id == "s1" and restored.outcome is not RestoreOutcome.RESTORED
+    assert restored.detail
 
     assert client.alive
     client.stop()

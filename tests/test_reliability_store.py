@@ -144,3 +144,95 @@ def test_the_app_refuses_a_newer_database_with_a_message_not_a_traceback(tmp_pat
                        text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     assert "newer magnitude-tui" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- read-only files and directories -----------------------------------------------------------
+
+class _ReadOnly:
+    """Makes a path read-only for the test: chmod, and as root (whom SQLite and chmod do not stop)
+    the immutable attribute too. Undone on exit so tmp_path can be cleaned up."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.mode, self.immutable = path, path.stat().st_mode, False
+
+    def __enter__(self) -> "_ReadOnly":
+        self.path.chmod(0o555 if self.path.is_dir() else 0o444)
+        if os.geteuid() == 0:
+            self.immutable = subprocess.run(["chattr", "+i", str(self.path)], capture_output=True).returncode == 0
+        if os.access(self.path, os.W_OK):
+            self.__exit__()
+            pytest.fail(f"could not make {self.path} read-only here (root without chattr +i); "
+                        "run this test as a normal user")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.immutable:
+            subprocess.run(["chattr", "-i", str(self.path)], check=True)
+        self.path.chmod(self.mode)
+
+
+def test_a_read_only_database_opens_in_memory_says_why_and_leaves_the_file_as_it_was(tmp_path):
+    path = tmp_path / "m.db"
+    _filled(path, n_messages=3)
+    before = path.read_bytes()
+    with _ReadOnly(path):
+        store = Store(path)
+        assert store.read_only and "read-only" in store.read_only
+        assert "History will not be saved" in store.notice and str(path) in store.notice
+        [pane] = store.open_workspace(resume=True)  # the history is there to see...
+        assert [m.content[:9] for m in pane.messages] == ["message 0", "message 1", "message 2"]
+        store.add_message(pane.id, MessageRecord("user", "new"))  # ...and the session goes on
+        assert store.messages(pane.id)[-1].content == "new"
+        store.close()
+        assert path.read_bytes() == before
+    assert not _moved(path)
+
+
+def test_a_read_only_directory_without_a_database_starts_an_empty_store_in_memory(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    with _ReadOnly(folder):
+        store = Store(folder / "m.db")
+        assert store.read_only and str(folder) in store.read_only
+        assert store.open_workspace(resume=True) == []
+        store.add_pane(PaneRecord("p", "A1"))
+        store.close()
+    assert list(folder.iterdir()) == []
+
+
+def test_a_corrupt_read_only_database_is_left_alone_and_an_empty_store_starts(tmp_path):
+    path = tmp_path / "m.db"
+    junk = os.urandom(4096)
+    path.write_bytes(junk)
+    with _ReadOnly(path):
+        store = Store(path)
+        assert "could not be read either" in store.read_only
+        assert store.open_workspace(resume=True) == []
+        store.close()
+    assert path.read_bytes() == junk and not _moved(path)
+
+
+async def test_the_app_starts_on_a_read_only_database_says_so_and_carries_on(tmp_path):
+    from magnitude_tui.app import MagnitudeApp
+    from magnitude_tui.widgets.composer import Composer
+    from tests.app_support import ScriptedClient, settle, wait_for
+
+    path = tmp_path / "m.db"
+    _filled(path, n_messages=2)
+    before = path.read_bytes()
+    with _ReadOnly(path):
+        client = ScriptedClient()
+        app = MagnitudeApp(client=client, store=Store(path), resume=True, export_dir=tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.workspace.engine_ready, what="the engine")
+            notes = [n.message for n in app._notifications]
+            assert any("History will not be saved" in n and "read-only" in n for n in notes), notes
+            [pane] = app.workspace.grid.panes
+            assert len(pane.record.messages) == 2  # the saved history is shown
+            pane.query_one(Composer).focus()
+            await pilot.press(*"hello", "enter")
+            await wait_for(pilot, lambda: pane.busy, what="the reply to start")
+            client.run_to_completion()
+            await settle(pilot)
+            assert pane.record.messages[-1].complete and "hello" in pane.record.messages[-1].content
+        assert path.read_bytes() == before

@@ -11,6 +11,7 @@ import pytest
 from backend.factory import BackendConfig
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import CommandRejected, EngineConfig, EngineFailed, EngineReady, PolicyChanged
+from magnitude_tui.engine.protocol import seq_updates
 from scheduler.types import DoneReason, Message, Phase, RejectReason, Request, SamplingParams, SeqUpdate, StepReport
 
 ENDLESS = SamplingParams(max_tokens=1_000_000)
@@ -27,12 +28,7 @@ def _events(client, until, timeout=30.0):
     return seen
 
 
-def _updates(events):
-    for ev in events:
-        if isinstance(ev, StepReport):
-            yield from ev.updates
-        elif isinstance(ev, SeqUpdate):
-            yield ev
+_updates = seq_updates
 
 
 def _done(events, rid):

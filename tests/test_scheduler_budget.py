@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,22 @@ def test_an_unreachable_target_bounds_the_gap_by_the_decode_only_step():
     assert cost.predict(11, rows) <= (1 + GAP_SLACK) * decode_only < cost.predict(11, rows + 1)
     # Where one quantum still fits, the target stands.
     assert parse_policy("target:50").prefill_allowance(_shape(0), CostModel(RX)) >= 23
+
+
+def test_an_unreachable_target_fills_the_attention_tile_rather_than_running_rows_one_at_a_time():
+    # 1 CPU thread, flash attention at depth 2,200: a 16-row floor beside 4 decode rows would run
+    # the whole step one row at a time; the backend's 64-row tile costs less and holds 60 prompt rows.
+    cost = CostModel(CostParams(fixed_ms=5.0, decode_ms=8.0, prefill_ms=6.0, attn_ms=10.0))
+    deep = dict(decode_kpos=4 * 2.2, prefill_pos0=2100, n_batch=2048)
+    assert parse_policy("target:50").prefill_allowance(StepShape(4, **deep), cost) == MIN_PREFILL_QUANTUM
+    assert parse_policy("target:50").prefill_allowance(StepShape(4, **deep, tile_rows=64), cost) == 60
+    # More decode rows than the tile: nothing to fill; the gap bound decides as before.
+    wide = StepShape(70, decode_kpos=70 * 2.2, prefill_pos0=2100, tile_rows=64)
+    assert (parse_policy("target:50").prefill_allowance(wide, cost)
+            == parse_policy("target:50").prefill_allowance(replace(wide, tile_rows=0), cost))
+    # A target that holds is left alone: the tile matters only where the target is out of reach.
+    near = StepShape(2, decode_kpos=0.02, prefill_pos0=10, tile_rows=64)
+    assert parse_policy("target:500").prefill_allowance(near, cost) == cost.rows_within(500, near)
 
 
 def test_cost_model_recovers_the_hardware_from_measured_steps():

@@ -1,4 +1,4 @@
-"""The scheduler panel reports the attention path the engine runs and the KV idle conversations hold."""
+"""The scheduler panel reports the attention path, the KV idle conversations hold and the CPU threads."""
 
 from __future__ import annotations
 
@@ -26,3 +26,20 @@ async def test_the_panel_shows_the_attention_choice_and_resident_idle_kv():
         assert "3000/8192 cells · 1200 idle" in text
         panel.set_engine("fake", "fake")  # a backend that chose nothing says nothing
         assert "attn" not in panel.render().plain
+
+
+async def test_the_panel_shows_the_engines_thread_count_and_why():
+    from scheduler.types import ThreadState
+
+    app = _PanelApp()
+    async with app.run_test(size=(60, 30)):
+        panel = app.query_one(SchedulerPanel)
+        step = dict(step=1, t=0.0, step_ms=40.0, decode_rows=8, prefill_rows=0, budget=24, kv_used=30,
+                    kv_total=8192, waiting=0, running=8, policy="target:50")
+        panel.record(StepReport(**step))
+        assert "threads" not in panel.render().plain  # a backend with no CPU threads to choose
+        panel.record(StepReport(**step, threads=ThreadState(1, 2, "fastest measured, switched from 2 "
+                                                               "(2 took 5.8x as long)", others_cores=1.0)))
+        text = panel.render().plain
+        assert "threads 1 of 2 · others 1.0 cores" in text
+        assert "fastest measured, switched from 2" in text

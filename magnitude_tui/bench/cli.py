@@ -1,5 +1,5 @@
 """Provides the `magnitude-tui bench` commands (typer): admit, prefill-curve, throughput, fork,
-remote, serve, soak, spec, ui, ui-cpu."""
+burst, target-depth, resume, remote, serve, soak, spec, contention, ui, ui-cpu."""
 
 from __future__ import annotations
 
@@ -110,10 +110,14 @@ def throughput(
     peers: str = typer.Option("batched-bench,server,serial", "--peers", help="Which peers to run."),
     require_tools: bool = typer.Option(False, "--require-tools", help="Fail if llama.cpp's tools are not built."),
     profile: bool = typer.Option(False, "--profile", help="Also cProfile one engine run at 8 sequences."),
+    cpu_clock: bool = typer.Option(False, "--cpu-clock", help="Time the engine's runs in CPU seconds of its process "
+                                   "(one thread only): the work done, whatever else a shared machine runs."),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
     """Aggregate generated tok/s at 1..16 sequences: this engine vs llama-batched-bench, llama-server, serial Llama."""
+    if cpu_clock and threads != 1:
+        raise typer.BadParameter("CPU-time measurement needs one thread (--threads 1)", param_hint="--cpu-clock")
     from magnitude_tui.bench.peers import PeerError
     from magnitude_tui.bench.plots import plot_throughput
     from magnitude_tui.bench.throughput import PEERS, ThroughputConfig, run_throughput
@@ -123,7 +127,7 @@ def throughput(
     if bad:
         raise typer.BadParameter(f"unknown peer {bad[0]!r}: choose from {', '.join(PEERS)}", param_hint="--peers")
     cfg = ThroughputConfig(seqs=_ints(seqs), prompt=prompt, gen=gen, reps=reps, policies=tuple(policy),
-                           peers=chosen, require_tools=require_tools, profile=profile)
+                           peers=chosen, require_tools=require_tools, profile=profile, cpu_clock=cpu_clock)
     try:
         result = run_throughput(_spec("llama", model, device, threads, ctx), cfg, progress=_progress)
     except PeerError as e:
@@ -199,6 +203,22 @@ def fork(
 
 
 @bench_app.command()
+def resume(
+    history: int = typer.Option(2000, "--history", help="Tokens of the conversation before the resume."),
+    gen: int = typer.Option(8, "--gen", help="Tokens of the reply after the resume."),
+    reps: int = typer.Option(3, "--reps", help="Cold and warm runs each (they alternate)."),
+    policy: str = typer.Option("fixed:512", "--policy", "-p"),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
+    ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
+) -> None:
+    """TTFT of the first reply after a resume: the history prefilled again (cold) vs its KV restored from disk (warm)."""
+    from magnitude_tui.bench.resume import ResumeConfig, run_resume
+
+    cfg = ResumeConfig(history_tokens=history, gen=gen, reps=reps, policy=policy)
+    _finish(run_resume(_spec("llama", model, device, threads, ctx), cfg, progress=_progress), out, None)
+
+
+@bench_app.command()
 def burst(
     n: int = typer.Option(11, "--n", help="Subagents forked at once."),
     context: int = typer.Option(2000, "--context", "-L", help="Tokens of the conversation they fork from."),
@@ -225,6 +245,29 @@ def burst(
     cfg = BurstConfig(n=n, context=context, own=own, gen=gen, policies=tuple(policy), flash=flashes,
                       cpu_clock=cpu_clock)
     _finish(run_bursts(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, None)
+
+
+@bench_app.command("target-depth")
+def target_depth(
+    depths: str = typer.Option("0,2000,6000", "--depths", help="Depths of the conversation the running sequences fork from."),
+    n_running: int = typer.Option(4, "--n-running", help="Sequences generating when the newcomer arrives."),
+    newcomer: int = typer.Option(1000, "--newcomer", help="Tokens of the prompt that arrives behind them."),
+    target: float = typer.Option(50.0, "--target", help="target:MS wherever the decode rows plus a quantum fit in it."),
+    backend: str = typer.Option("llama", "--backend", "-b", help="llama or simulated:<profile>."),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt,
+    threads: int = typer.Option(1, "--threads", "-t", help="CPU threads (default 1: the app's engine on 2 cores)."),
+    cpu_clock: bool = typer.Option(False, "--cpu-clock", help="Time in CPU seconds of the engine's process (one "
+                                   "thread only): the work done, whatever else a shared machine runs."),
+    ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
+) -> None:
+    """Does target:MS hold its target deep in a context? p50/p99 step against the target per depth."""
+    if cpu_clock and threads != 1:
+        raise typer.BadParameter("CPU-time measurement needs one thread (--threads 1)", param_hint="--cpu-clock")
+    from magnitude_tui.bench.target_depth import TargetDepthConfig, run_target_depth
+
+    cfg = TargetDepthConfig(depths=_ints(depths), n_running=n_running, newcomer=newcomer, target_ms=target,
+                            cpu_clock=cpu_clock)
+    _finish(run_target_depth(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, None)
 
 
 @bench_app.command("serve")
@@ -365,6 +408,23 @@ def soak(
     if result.data["failures"]:
         raise typer.Exit(1)
 
+
+@bench_app.command()
+def contention(
+    seqs: int = typer.Option(8, "--seqs", help="Concurrent sequences (llama-batched-bench -npl)."),
+    gen: int = typer.Option(32, "--gen", help="Tokens generated per sequence (-ntg)."),
+    reps: int = typer.Option(2, "--reps", help="Rounds of every variant under each load."),
+    loads: Optional[str] = typer.Option(None, "--loads", help="Busy processes per load, comma-separated "
+                                        "(default: 0, 1 and one per core)."),
+    fixed: bool = typer.Option(False, "--fixed", help="Also run the engine with every core, fixed (the old default)."),
+    model: Optional[str] = ModelOpt, out: Path = OutOpt,
+) -> None:
+    """The engine beside busy processes: tok/s against its quiet figure and llama-batched-bench -t 1..cores."""
+    from magnitude_tui.bench.contention import ContentionConfig, run_contention
+
+    cfg = ContentionConfig(seqs=seqs, gen=gen, reps=reps, loads=_ints(loads) if loads else None,
+                           engine_fixed=fixed, model=model)
+    _finish(run_contention(cfg, progress=_progress), out, None)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 
 from magnitude_tui.bench.common import BenchResult, machine_info, median, percentile, rnd
 from magnitude_tui.engine.events import EngineFailed, EngineReady
-from magnitude_tui.engine.protocol import EngineClient
-from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
+from magnitude_tui.engine.protocol import EngineClient, seq_updates
+from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate
 
 TOPICS = ("the sea", "a mountain town", "a lighthouse keeper", "an old library", "a winter market",
           "a river boat", "a night train", "a bakery at dawn", "a garden in autumn", "a desert road",
@@ -58,8 +58,7 @@ def run_burst(client: EngineClient, requests: list[Request], timeout_s: float) -
         if time.monotonic() > deadline:
             raise RuntimeError(f"{len(requests) - len(finals)} of {len(requests)} requests did not finish")
         for event in client.poll_events(0.5) or ():
-            updates = event.updates if isinstance(event, StepReport) else [event] if isinstance(event, SeqUpdate) else []
-            for u in updates:
+            for u in seq_updates([event]):
                 if u.phase is Phase.DONE:
                     if u.error:
                         raise RuntimeError(f"{u.request_id} failed: {u.error}")

@@ -129,7 +129,7 @@ def run_serve_bench(cfg: ServeBenchConfig, *, model: str | None, progress=print)
     admission: list[dict] = []
     if "serve" in cfg.peers:
         config = EngineConfig(BackendConfig(model=model, device="cpu", n_ctx=cfg.n_ctx, n_seq_max=16,
-                                            n_threads=cfg.threads))
+                                            n_threads=cfg.threads), auto_threads=False)  # as the peers'
         with serve_in_thread(config, ServeOptions(), in_process=False) as s:
             for n in cfg.seqs:
                 progress(f"serve: {n} clients")

@@ -45,7 +45,7 @@ def run_priority(cfg, *, model: str | None, progress=print) -> list[dict]:
     from magnitude_tui.engine.events import EngineConfig, EngineReady
 
     client = WorkerClient(EngineConfig(BackendConfig(model=model, device="cpu", n_ctx=cfg.n_ctx, n_seq_max=16,
-                                                     n_threads=cfg.threads)))
+                                                     n_threads=cfg.threads), auto_threads=False))
     client.start()
     rows = []
     try:

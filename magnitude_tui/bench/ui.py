@@ -252,7 +252,7 @@ def run_ui_bench(config, cfg: UiConfig, progress: Callable[[str], None] = lambda
     machine = machine_info()  # the load average before the runs (save_result adds the one after)
     runs: list[dict] = []
     for threads in cfg.threads:
-        cfg_t = replace(config, backend=replace(config.backend, n_threads=threads))
+        cfg_t = replace(config, backend=replace(config.backend, n_threads=threads), auto_threads=threads is None)
         for rep in range(cfg.reps):
             for mode in ("headless", "ui"):
                 progress(f"threads={threads or 'default'} rep {rep + 1}/{cfg.reps}: {mode}")

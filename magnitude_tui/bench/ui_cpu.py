@@ -144,11 +144,19 @@ class PacedClient:
     def close_session(self, session_id: str) -> None:
         pass
 
+    def restore_session(self, session_id: str, messages: tuple) -> None:
+        pass  # a paced stand-in holds no KV: nothing to restore, nothing to answer
+
     def set_policy(self, policy: str) -> None:
         from magnitude_tui.engine.events import PolicyChanged
 
         self.policy = policy
         self._queue.put([PolicyChanged(policy)])
+
+    def set_spec(self, mode: str) -> None:
+        from magnitude_tui.engine.events import SpecChanged
+
+        self._queue.put([SpecChanged(mode)])
 
     def poll_events(self, timeout: float | None = 0.0) -> list | None:
         try:

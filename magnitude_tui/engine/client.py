@@ -16,13 +16,20 @@ from magnitude_tui.engine.events import (
     EngineFailed,
     EngineReady,
     LoadProgress,
+    RestoreSession,
     SetPolicy,
+    SetSpec,
     Shutdown,
     Submit,
 )
 from magnitude_tui.engine.protocol import EngineEvent, EngineTarget, EventStream
-from scheduler.types import DoneReason, Phase, Rejection, RejectReason, Request, SeqUpdate, StepReport
+from scheduler.types import DoneReason, Message, Phase, Rejection, RejectReason, Request, SeqUpdate, StepReport
 
+
+
+# How long a worker told to shut down may take before it is killed: it first saves the
+# conversations whose latest reply is not on disk yet (warm resume; a few seconds at most).
+SHUTDOWN_WAIT_S = 10.0
 
 
 def default_log_path() -> str:
@@ -116,12 +123,12 @@ class WorkerClient:
             except (OSError, EOFError, BrokenPipeError):
                 pass
         if self._proc is not None:
-            self._proc.join(timeout=5)
+            self._proc.join(timeout=SHUTDOWN_WAIT_S)
             if self._proc.is_alive():
                 self._proc.kill()
                 self._proc.join(timeout=5)
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=SHUTDOWN_WAIT_S)
         if self._reader is not None:
             self._reader.join(timeout=5)
         if self._conn is not None:
@@ -162,6 +169,12 @@ class WorkerClient:
 
     def set_policy(self, policy: str) -> None:
         self._send(SetPolicy(policy))
+
+    def set_spec(self, mode: str) -> None:
+        self._send(SetSpec(mode))
+
+    def restore_session(self, session_id: str, messages: tuple[Message, ...]) -> None:
+        self._send(RestoreSession(session_id, tuple(messages)))
 
     def _send(self, command: Command) -> bool:
         try:

@@ -6,12 +6,16 @@ import threading
 from collections import deque
 from typing import Callable
 
-from backend.protocol import Backend, Clock, DecodeOutcome, DecodeResult, PlanError
+from backend.protocol import WALL_CLOCK, Backend, Clock, DecodeOutcome, DecodeResult, PlanError
 from magnitude_tui.engine.calibrate import calibration_steps
 from magnitude_tui.engine.context import fit_conversation
-from magnitude_tui.engine.events import Cancel, CloseSession, Command, SetPolicy, SetSpec, Submit
+from magnitude_tui.engine.events import (Cancel, CloseSession, Command, RestoreOutcome, RestoreSession,
+                                         SessionRestored, SetPolicy, SetSpec, Submit)
 from magnitude_tui.engine.sampling import StepSampler
 from magnitude_tui.engine.text import ReplyText
+from magnitude_tui.engine.threads import CpuLoad, ThreadGovernor, ThreadState
+from magnitude_tui.engine.warm import WarmResume
+from magnitude_tui.engine.warm_store import WarmStore
 from scheduler.budget import CostModel, CostParams, parse_policy
 from scheduler.drafts import DraftKind, DraftSource
 from scheduler.ngram import NgramSource
@@ -20,7 +24,7 @@ from scheduler.speculator import Speculator
 from scheduler.planner import RequestError, Scheduler
 from scheduler.sequence import Sequence
 from scheduler.types import (BatchPlan, DoneReason, ErrorKind, Phase, Rejection, RejectReason, Request, SeqUpdate,
-                             StepReport)
+                             StepReport, plan_kpos)
 from scheduler.validation import check_id, check_policy_text, check_request
 
 
@@ -42,9 +46,14 @@ class Engine:
         gen_reserve: int = 256,
         sleep: Callable[[float], None] | None = None,
         prepare_notice_chars: int | None = 8000,
+        auto_threads: bool = False,
+        warm: WarmStore | None = None,
         spec: SpecMode | str = SpecMode.OFF,
         drafts: dict[DraftKind, DraftSource] | None = None,
     ) -> None:
+        """`auto_threads`: choose the backend's CPU thread count between steps, from 1 up to its
+        `max_threads`, by measuring (see engine/threads.py); off, the count stays as loaded.
+        `warm`: where idle conversations' KV is saved, and restored from (None: nowhere)."""
         self.backend = backend
         # A request whose messages hold this many characters is announced as `preparing` in a
         # report of its own before the chat template and tokenizer run (None: never).
@@ -63,6 +72,7 @@ class Engine:
             gen_reserve=gen_reserve,
             cost=CostModel(backend.known_costs),
             attention=backend.attention_path,
+            attention_tile=backend.attention_tile_rows,
             n_ubatch=backend.n_ubatch,
             # n-gram lookup is always there; a draft model only when one was loaded.
             speculator=Speculator({DraftKind.NGRAM: NgramSource(), **(drafts or {})}, parse_spec_mode(spec)),
@@ -79,6 +89,14 @@ class Engine:
         self._noticed = False  # the last step only announced slow requests; tokenize them now
         self._sampler = StepSampler(backend, self.scheduler, self._clock)
         self._num_reports = 0
+        self.threads: ThreadGovernor | None = None
+        if auto_threads and backend.max_threads > 1:
+            # Other processes' load means something only in real time (not on a simulated clock).
+            load = CpuLoad(backend.max_threads) if self._clock is WALL_CLOCK else None
+            self.threads = ThreadGovernor(start=max(1, min(backend.n_threads, backend.max_threads)),
+                                          max_threads=backend.max_threads, load=load, now=self._clock())
+        self.warm = WarmResume(backend, self.scheduler, warm) if warm is not None else None
+        self._notices: list[SessionRestored] = []  # answers to RestoreSession, for take_notices()
 
     # ---- commands (any thread) -----------------------------------------------------------------
 
@@ -106,6 +124,22 @@ class Engine:
             self._policy_text = parsed
         self._queue(SetPolicy(parsed))
 
+    def restore_session(self, session_id: str, messages) -> None:
+        """Bring back the conversation's saved KV (warm resume); answered by a SessionRestored
+        from take_notices() after the next step. ValueError (here, now) unless the id is text."""
+        check_id("session_id", session_id)
+        self._queue(RestoreSession(session_id, tuple(messages)))
+
+    def take_notices(self) -> list[SessionRestored]:
+        """What the engine has to say besides step reports (owner thread)."""
+        notices, self._notices = self._notices, []
+        return notices
+
+    def shutdown(self) -> None:
+        """The app is quitting: save the conversations whose latest reply is not saved yet."""
+        if self.warm is not None:
+            self.warm.save_all()
+
     def set_spec(self, mode: SpecMode | str) -> None:
         """Switch speculation from the next step; ValueError (here, now) for an unknown mode or
         one whose draft source is not loaded."""
@@ -113,7 +147,7 @@ class Engine:
         available_sources(parsed, self.scheduler.speculator.sources)
         with self._lock:
             self._spec_text = parsed.value
-        self._queue(SetSpec(parsed))
+        self._queue(SetSpec(parsed.value))
 
     @property
     def spec(self) -> str:
@@ -148,6 +182,8 @@ class Engine:
         their `preparing` update shares the report with their first `queued`/`prefill` one.
         """
         now = self._clock()
+        if self.warm is not None:
+            self.warm.tick(now)
         self._apply_commands()
         if not self._noticed and any(self._slow_to_prepare(q) for q in self._intake
                                      if q.last_reported is None):
@@ -160,12 +196,17 @@ class Engine:
         plan = self.scheduler.schedule(now)
         if plan is None:
             return self._report(None, None, now, 0.0)
+        predicted_ms = self._predicted_ms(plan)
         t0 = self._clock()
         result, error = self._decode(plan)
         self._apply_commands(cancellations_only=True)
         ready = self.scheduler.postprocess(plan, result, error)
         self._sampler.sample(ready, result)
         t1 = self._clock()
+        if self.threads is not None and result.outcome is DecodeOutcome.OK:
+            n = self.threads.after_step(t1, result.step_ms, predicted_ms)
+            if n != self.backend.n_threads:
+                self.backend.set_n_threads(n)
         return self._report(plan, result, t1, (t1 - t0) * 1000.0)
 
     def run_until_idle(self, max_steps: int = 100_000) -> list[StepReport]:
@@ -250,8 +291,10 @@ class Engine:
                 self._close(cmd.session_id)
             elif isinstance(cmd, SetPolicy):
                 self.scheduler.set_policy(cmd.policy)
+            elif isinstance(cmd, RestoreSession):
+                self._restore(cmd)
             elif isinstance(cmd, SetSpec):
-                self.scheduler.set_spec(cmd.mode)
+                self.scheduler.set_spec(parse_spec_mode(cmd.mode))
 
     def _take(self, req: Request, t_submit: float) -> None:
         """Accept a submitted request as `preparing`; it is tokenized before the next schedule.
@@ -281,6 +324,15 @@ class Engine:
         self._sessions_seen.add(sid)
         self._live[rid] = Sequence(req, [], t_submit=t_submit)
         self._intake.append(self._live[rid])
+
+    def _restore(self, cmd: RestoreSession) -> None:
+        if self.warm is None:
+            notice = SessionRestored(cmd.session_id, RestoreOutcome.UNSUPPORTED, detail="this engine saves no KV")
+        else:
+            notice = self.warm.restore(cmd)
+        if notice.outcome is RestoreOutcome.RESTORED:
+            self._sessions_seen.add(cmd.session_id)  # a known conversation: subagents may fork it
+        self._notices.append(notice)
 
     def _reject(self, req: object, reason: RejectReason, message: str) -> None:
         rid, sid = getattr(req, "request_id", None), getattr(req, "session_id", None)
@@ -354,6 +406,15 @@ class Engine:
         end = self._window_end()
         return end is not None and now < end
 
+    def _predicted_ms(self, plan: BatchPlan) -> float:
+        """The step's time by the calibrated cost (the prior, not the live fit: the live fit
+        follows the thread count's own times, so it could not tell one count from another)."""
+        if self.threads is None:
+            return 0.0
+        s = self.scheduler
+        return s.cost.prior.predict(plan.n_decode, plan.n_prefill,
+                                    plan_kpos(plan, s.attention, s.kv.cells_used()))
+
     def _decode(self, plan: BatchPlan) -> tuple[DecodeResult, str | None]:
         try:
             return self.backend.decode(plan), None
@@ -378,6 +439,8 @@ class Engine:
                     seq.text_pending += seq.detok.flush()  # text held for a possible stop string
                 seq.metrics.on_finish(now)
                 del self._live[rid]
+                if self.warm is not None and seq.done_reason is not DoneReason.ERROR:
+                    self.warm.went_idle(seq.session_id, now)
             sig = (seq.phase, seq.seq_id, seq.prompt_done, len(seq.output), seq.num_cached,
                    seq.waiting_reason, seq.done_reason)
             if sig != seq.last_reported or seq.text_pending:
@@ -403,10 +466,17 @@ class Engine:
             updates=updates,
             outcome=result.outcome if result else DecodeOutcome.OK,
             rejected=rejected,
+            threads=self._thread_state(),
             draft_rows=plan.n_draft if plan else 0,
             draft_accepted=self._sampler.accepted if plan else 0,
             spec=s.speculator.mode.value,
         )
+
+    def _thread_state(self) -> ThreadState | None:
+        if self.threads is not None:
+            return self.threads.state
+        n = self.backend.n_threads
+        return ThreadState(n, n, "fixed") if n else None
 
     def _update(self, seq: Sequence, now: float) -> SeqUpdate:
         m = seq.metrics

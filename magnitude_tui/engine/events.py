@@ -4,11 +4,14 @@ sends (besides StepReport and SeqUpdate)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Union
 
 from backend.factory import BackendConfig
 from scheduler.speculation import SpecMode
-from scheduler.types import Request
+from scheduler.types import Message, Request
+
+DEFAULT_WARM_BUDGET_MB = 1024  # saved conversation KV on disk, all models together (LRU beyond it)
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,13 @@ class EngineConfig:
     policy: str = "target:50"
     coalesce_ms: float = 5.0
     prepare_notice_chars: int | None = 8000  # a message this long is reported `preparing` before tokenizing
+    # Choose the CPU thread count between steps from measured step times (engine/threads.py), up
+    # to the CPUs this process may use; off, it stays at the backend's `n_threads`.
+    auto_threads: bool = True
+    # Where idle conversations' KV is saved for warm resume (None: not saved), and how many MB of
+    # disk it may take there.
+    warm_dir: str | None = None
+    warm_budget_mb: int = DEFAULT_WARM_BUDGET_MB
     # Speculative decoding (`--spec`): auto drafts where the cost model says it pays.
     spec: SpecMode = SpecMode.AUTO
 
@@ -42,6 +52,7 @@ class EngineReady:
     n_batch: int
     policy: str
     info: dict = field(default_factory=dict)
+    spec: str = "off"  # the speculation mode it runs (--spec)
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,11 @@ class CommandRejected:
 @dataclass(frozen=True)
 class PolicyChanged:
     policy: str
+
+
+@dataclass(frozen=True)
+class SpecChanged:
+    spec: str
 
 
 @dataclass(frozen=True)
@@ -88,6 +104,32 @@ class EndpointsReport:
     endpoints: tuple[EndpointStatus, ...]
 
 
+class RestoreOutcome(str, Enum):
+    """What became of a request to bring a conversation's saved KV back (warm resume)."""
+
+    RESTORED = "restored"
+    NOT_SAVED = "not_saved"  # nothing saved for it (new, never idle long enough, or over the disk budget)
+    OTHER_LAYOUT = "other_layout"  # saved under another model file, llama.cpp build or KV settings
+    CORRUPT = "corrupt"  # the file is damaged or truncated
+    TOKENS_DIFFER = "tokens_differ"  # the conversation no longer starts with the saved tokens
+    NO_ROOM = "no_room"  # no free slot or KV room without evicting anyone: it starts cold
+    REFUSED = "refused"  # the backend would not take the state
+    UNSUPPORTED = "unsupported"  # this engine keeps no saved KV (remote, or saving is off)
+
+
+@dataclass(frozen=True)
+class SessionRestored:
+    """The answer to RestoreSession: with RESTORED, the conversation is resident and idle and its
+    next turn prefills only what follows `tokens`; otherwise it starts cold, and `detail` says why."""
+
+    session_id: str
+    outcome: RestoreOutcome
+    tokens: int = 0  # positions restored: the next turn's cached prefix
+    load_ms: float = 0.0  # reading, checking and loading the state
+    state_bytes: int = 0
+    detail: str = ""
+
+
 # ---- app -> engine (the worker pipe carries the same values) -------------------------------
 
 @dataclass(frozen=True)
@@ -111,8 +153,17 @@ class SetPolicy:
 
 
 @dataclass(frozen=True)
+class RestoreSession:
+    """Bring back the conversation's saved KV, as far as `messages` (what its next turn will send,
+    without the generation prompt) still start with the saved tokens."""
+
+    session_id: str
+    messages: tuple[Message, ...]
+
+
+@dataclass(frozen=True)
 class SetSpec:
-    mode: SpecMode
+    mode: str  # off | ngram | draft | auto (SpecMode's values)
 
 
 @dataclass(frozen=True)
@@ -121,4 +172,4 @@ class Shutdown:
 
 
 # What the engine takes (Engine.submit & co. queue these; the worker pipe carries them as they are).
-Command = Union[Submit, Cancel, CloseSession, SetPolicy, SetSpec, Shutdown]
+Command = Union[Submit, Cancel, CloseSession, SetPolicy, SetSpec, RestoreSession, Shutdown]

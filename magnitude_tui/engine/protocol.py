@@ -13,13 +13,25 @@ from dataclasses import dataclass
 from typing import Protocol, Union, runtime_checkable
 
 from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
-                                         LoadProgress, PolicyChanged)
-from scheduler.types import Request, SeqUpdate, StepReport
+                                         LoadProgress, PolicyChanged, SessionRestored, SpecChanged)
+from scheduler.types import Message, Request, SeqUpdate, StepReport
 
 # What an engine's event stream carries. A batch is one list of these: one per engine step for a
 # local engine, one per network read for a remote one (never one per token).
-EngineEvent = Union[LoadProgress, EngineReady, EngineFailed, PolicyChanged, CommandRejected,
-                    StepReport, SeqUpdate, EndpointsReport]
+EngineEvent = Union[LoadProgress, EngineReady, EngineFailed, PolicyChanged, SpecChanged, CommandRejected,
+                    StepReport, SeqUpdate, EndpointsReport, SessionRestored]
+
+
+def seq_updates(batch: list[EngineEvent]) -> list[SeqUpdate]:
+    """Every sequence update in a batch: those inside step reports and those sent on their own
+    (a request loading, failing before it ran, or ended by a dead engine)."""
+    out: list[SeqUpdate] = []
+    for event in batch:
+        if isinstance(event, StepReport):
+            out.extend(event.updates)
+        elif isinstance(event, SeqUpdate):
+            out.append(event)
+    return out
 
 
 class EventStream:
@@ -81,6 +93,15 @@ class EngineClient(Protocol):
     def close_session(self, session_id: str) -> None: ...
     def set_policy(self, policy: str) -> None:
         """Answered in the stream by PolicyChanged or CommandRejected."""
+        ...
+    def restore_session(self, session_id: str, messages: tuple[Message, ...]) -> None:
+        """Warm resume: bring back the conversation's saved KV, as far as `messages` (its
+        conversation so far) still start with it. Answered in the stream by SessionRestored (an
+        engine that keeps no saved KV answers UNSUPPORTED)."""
+        ...
+
+    def set_spec(self, mode: str) -> None:
+        """Speculation off | ngram | draft | auto; answered by SpecChanged or CommandRejected."""
         ...
 
     def poll_events(self, timeout: float | None = 0.0) -> list[EngineEvent] | None:

@@ -19,10 +19,14 @@ from magnitude_tui.engine.events import (
     EngineReady,
     LoadProgress,
     PolicyChanged,
+    RestoreSession,
     SetPolicy,
+    SetSpec,
+    SpecChanged,
     Shutdown,
     Submit,
 )
+from magnitude_tui.engine.warm_store import WarmStore
 
 # How long the loop blocks on the pipe when the engine has nothing to do. Short enough that the
 # coalescing window (a few ms) is honoured without spinning.
@@ -63,7 +67,8 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
                                     device=backend.device_name, stage="loading the draft model")])
             draft = build_draft_source(config.backend, backend)
         engine = Engine(backend, policy=config.policy, coalesce_ms=config.coalesce_ms,
-                        prepare_notice_chars=config.prepare_notice_chars, spec=config.spec,
+                        prepare_notice_chars=config.prepare_notice_chars, auto_threads=config.auto_threads,
+                        warm=_warm_store(config, backend), spec=config.spec,
                         drafts={draft.kind: draft} if draft is not None else None)
         conn.send([LoadProgress(fraction=1.0, model=backend.model_name, device=backend.device_name,
                                 stage="calibrating the step-cost model")])
@@ -80,6 +85,7 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
         n_batch=backend.n_batch,
         policy=engine.policy,
         info=dict(backend.info, **({"draft_model": draft.model_name} if draft is not None else {})),
+        spec=engine.spec,
     )])
     try:
         _loop(conn, engine)
@@ -87,6 +93,13 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
         if draft is not None:
             draft.close()
         backend.close()
+
+
+def _warm_store(config: EngineConfig, backend) -> WarmStore | None:
+    """Where this engine saves idle conversations' KV (None when the config turns it off)."""
+    if not config.warm_dir or config.warm_budget_mb <= 0:
+        return None
+    return WarmStore(config.warm_dir, layout=backend.state_layout, budget_bytes=config.warm_budget_mb << 20)
 
 
 def _model_name(config: BackendConfig) -> str:
@@ -109,14 +122,16 @@ def _loop(conn: Connection, engine: Engine) -> None:
         while conn.poll(timeout):
             cmd = conn.recv()
             if isinstance(cmd, Shutdown):
+                engine.shutdown()
                 return
             rejected = _apply(engine, cmd)
             if rejected is not None:
                 conn.send([rejected])
             timeout = 0.0
         report = engine.step()
-        if report is not None:
-            conn.send([report])
+        notices = engine.take_notices()
+        if report is not None or notices:
+            conn.send([*notices, *([report] if report is not None else [])])
         elif engine.has_work():
             # Inside the idle coalescing window: wait for more arrivals without spinning.
             if conn.poll(IDLE_POLL_S):
@@ -136,10 +151,17 @@ def _apply(engine, cmd) -> CommandRejected | PolicyChanged | None:
         elif isinstance(cmd, SetPolicy):
             engine.set_policy(cmd.policy)
             return PolicyChanged(policy=engine.policy)
+        elif isinstance(cmd, SetSpec):
+            engine.set_spec(cmd.mode)
+            return SpecChanged(spec=engine.spec)
+        elif isinstance(cmd, RestoreSession):
+            engine.restore_session(cmd.session_id, cmd.messages)
         else:
             return CommandRejected(message=f"unknown command {type(cmd).__name__}: the engine takes "
-                                           "Submit, Cancel, CloseSession, SetPolicy and Shutdown")
+                                           "Submit, Cancel, CloseSession, SetPolicy, SetSpec, RestoreSession "
+                                           "and Shutdown")
     except ValueError as exc:
-        what = "policy not changed" if isinstance(cmd, SetPolicy) else f"{type(cmd).__name__} ignored"
+        what = {SetPolicy: "policy not changed", SetSpec: "speculation not changed"}.get(
+            type(cmd), f"{type(cmd).__name__} ignored")
         return CommandRejected(message=f"{what}: {exc}")
     return None

@@ -14,13 +14,13 @@ import threading
 import httpx
 
 from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
-                                         LoadProgress)
+                                         LoadProgress, RestoreOutcome, SessionRestored)
 from magnitude_tui.engine.protocol import EngineEvent, EngineTarget, EventStream
 from magnitude_tui.remote.config import RemoteConfig, base_url
 from magnitude_tui.remote.metrics import RemoteSeq
 from magnitude_tui.remote.pool import EndpointPool
 from magnitude_tui.remote.request import RequestFailed, run_request
-from scheduler.types import DoneReason, Phase, Request, SeqUpdate
+from scheduler.types import DoneReason, Message, Phase, Request, SeqUpdate
 
 FLUSH_S = 0.02  # updates gathered this long go out as one batch
 STATUS_S = 0.5  # the endpoints' figures are sent at most this often
@@ -86,6 +86,15 @@ class RemoteClient:
     def set_policy(self, policy: str) -> None:
         self._events.put([CommandRejected(f"policy not changed: a remote engine schedules on its servers "
                                           f"({', '.join(self.config.urls)}); policies apply to the local engine")])
+
+    def set_spec(self, mode: str) -> None:
+        self._events.put([CommandRejected(f"speculation not changed: a remote engine decodes on its servers "
+                                          f"({', '.join(self.config.urls)}); --spec applies to the local engine")])
+
+    def restore_session(self, session_id: str, messages: tuple[Message, ...]) -> None:
+        self._events.put([SessionRestored(session_id, RestoreOutcome.UNSUPPORTED,
+                                          detail="a remote engine keeps no saved KV here; its servers "
+                                          "manage their own prompt caches")])
 
     def poll_events(self, timeout: float | None = 0.0) -> list[EngineEvent] | None:
         return self._events.poll(timeout)

@@ -18,7 +18,8 @@ from textual.widgets import Footer
 from magnitude_tui.agents import AgentSettings
 from magnitude_tui.conversations import Conversations
 from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
-                                         LoadProgress, PolicyChanged)
+                                         LoadProgress, PolicyChanged, RestoreOutcome, SessionRestored,
+                                         SpecChanged)
 from magnitude_tui.engine.protocol import EngineClient
 from magnitude_tui.export import export_pane
 from magnitude_tui.screens.policy_dialog import PolicyDialog
@@ -102,6 +103,8 @@ class WorkspaceScreen(Screen):
         self._painted_all = 0.0  # when every pane was last painted (monotonic)
         self.batches_applied = 0  # engine batches taken in (tests wait on it, not on wall time)
         self._scheduler_chosen = False  # f3 was pressed: the panel no longer follows the width
+        self.warm: dict[str, SessionRestored] = {}  # the engine's answer about each pane's saved KV
+        self._warm_unsupported_said = False
 
     def compose(self) -> ComposeResult:
         # Held directly: engine events keep arriving while the DOM is torn down at exit.
@@ -131,6 +134,8 @@ class WorkspaceScreen(Screen):
         self.set_interval(SAVE_INTERVAL_S, self.save)
         self.set_interval(PAINT_TICK_S, self.paint)
         self.client.start()
+        self.restore_sessions(self.grid.panes)
+        await self.turns.send_restored_queue(self.grid.panes)
         self.run_worker(self._pump_events(), name="engine-events", exclusive=True)
         if self.serve is not None:
             self.serve.start(self)
@@ -238,10 +243,38 @@ class WorkspaceScreen(Screen):
                 self.policy = event.policy
                 self.scheduler_panel.set_policy(event.policy)
                 self.notify(f"Policy is now {event.policy}")
+            elif isinstance(event, SpecChanged):
+                self.scheduler_panel.set_spec(event.spec)
+                self.notify(f"Speculation is now {event.spec}")
             elif isinstance(event, CommandRejected):
                 self.notify(event.message, severity="warning")
             elif isinstance(event, EndpointsReport):
                 self.scheduler_panel.record_endpoints(event)
+        restored = [e for e in batch if isinstance(e, SessionRestored)]
+        if restored:
+            self._warm_answers(restored)
+
+    def restore_sessions(self, panes: list[ChatPane]) -> None:
+        """Warm resume: ask the engine to bring back each conversation's saved KV, so that its next
+        reply prefills only the new turn (the engine answers SessionRestored)."""
+        for pane in panes:
+            if pane.record.messages and not pane.busy:
+                self.client.restore_session(pane.session_id, pane.conversation())
+
+    def _warm_answers(self, answers: list[SessionRestored]) -> None:
+        for answer in answers:
+            self.warm[answer.session_id] = answer
+            if answer.outcome is RestoreOutcome.RESTORED:
+                self._resident.add(answer.session_id)  # its subagents fork its restored KV
+        names = [f"{p.record.name} ({a.tokens:,} tokens)" for a in answers
+                 if a.outcome is RestoreOutcome.RESTORED and (p := self._panes.get(a.session_id))]
+        if names:
+            self.notify(f"Restored from disk: {', '.join(names)}; their next replies start from it",
+                        title="Warm resume", timeout=5)
+        unsupported = next((a for a in answers if a.outcome is RestoreOutcome.UNSUPPORTED), None)
+        if unsupported is not None and not self._warm_unsupported_said:
+            self._warm_unsupported_said = True
+            self.notify(f"No saved KV to resume from: {unsupported.detail}", title="Warm resume", timeout=5)
 
     def _route(self, update: SeqUpdate, t: float | None = None) -> None:
         pane = self._panes.get(update.session_id)
@@ -266,6 +299,7 @@ class WorkspaceScreen(Screen):
         panel = self.scheduler_panel
         panel.set_engine(event.model, event.device, event.info.get("attention"))
         panel.set_policy(event.policy)
+        panel.set_spec(event.spec)
         self.loading_view.display = False
         # Give focus back to the pane the user was in when ctrl+r was pressed.
         pane = self.grid.pane(self._focus_after_restart or "") or self.grid.focused_pane()
@@ -298,6 +332,7 @@ class WorkspaceScreen(Screen):
         self.loading_view.display = True
         self.engine_ready = False
         self.client.restart()
+        self.restore_sessions(self.grid.panes)
 
     # ---- turns --------------------------------------------------------------------------------
 
@@ -399,6 +434,9 @@ class WorkspaceScreen(Screen):
         policy = await self.app.push_screen_wait(PolicyDialog(self.policy))
         if policy:
             self.switch_policy(policy)
+
+    def switch_spec(self, mode: str) -> None:
+        self.client.set_spec(mode)  # the panel changes when SpecChanged comes back
 
     def switch_policy(self, policy: str) -> None:
         self.client.set_policy(policy)  # the panel changes when PolicyChanged comes back

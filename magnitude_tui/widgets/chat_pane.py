@@ -64,7 +64,8 @@ class ChatPane(Vertical):
         self._held_results: list[MessageRecord] = []
         self._unsaved: dict[int, MessageRecord] = {}  # id(message) -> message, in creation order
         self._status_dirty = True
-        self.queued: list[str] = []  # typed while a reply streamed; sent one turn each, in order
+        # Typed while a reply streamed; sent one turn each, in order (kept in the store meanwhile).
+        self.queued: list[str] = list(record.queued)
         self.editing: MessageRecord | None = None  # the message the composer holds for a resend
         self.context_size: int | None = None  # tokens one sequence holds (from EngineReady)
         self._sent: list[MessageRecord] = []  # the records the current request carries, in order

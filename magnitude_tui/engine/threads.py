@@ -1,0 +1,213 @@
+"""Provides ThreadGovernor: the engine's CPU thread count, chosen between steps from measured step
+times and the load of other processes."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections import deque
+from enum import Enum
+from typing import Callable, Protocol
+
+from scheduler.types import ThreadState
+
+# Why the numbers: ggml's CPU threads meet at a spinning barrier after every operation of a step,
+# so one thread that shares its core with another process holds up all of them. Measured on 2
+# cores with 8 sequences (the issue's table): with one busy process beside it, llama-batched-bench
+# made 5.7 tok/s with 2 threads and 34.6 with 1; with one busy process per core, 28.2 with 2 and
+# 22.8 with 1. Neither count wins everywhere, and the load cannot say which will: only measuring
+# both can. So the governor measures, and uses the load only to decide when to measure again.
+
+PROBE_STEPS = 3  # steps measured at each candidate count
+# A candidate whose first step took this many times the incumbent's time per unit of predicted work
+# is dropped at once, and not tried again for REPROBE_MAX_S unless the load changes: on a busy
+# machine one step on too many threads cost 7x (one busy process) to 30x (a load average of 9 on
+# 2 cores) a normal step, so each probe of it must stay rare.
+ABORT_RATIO = 2.0
+SWITCH_MARGIN = 0.10  # a candidate must be 10 % faster per unit of work to replace the incumbent
+SLOW_RATIO = 1.4  # steps this much slower than calibrated, or than when the count was chosen
+MIN_STEPS = 2  # steps at a count before anything is decided (a single step may be an outlier)
+RECENT_STEPS = 6  # the incumbent's recent steps kept (a probe compares their last PROBE_STEPS)
+MIN_GAP_S = 2.0  # never probe again sooner than this after the last probe ended
+REPROBE_S = 15.0  # with nothing pointing at a change, measure the alternatives again after this,
+REPROBE_MAX_S = 120.0  # doubling each time the incumbent keeps its place, up to this
+LOAD_EVERY_S = 1.0  # how often the load of other processes is read
+
+
+class ThreadMode(Enum):
+    STEADY = "steady"
+    PROBING = "probing"
+
+
+class LoadReader(Protocol):
+    def others(self) -> float | None: ...
+
+
+class CpuLoad:
+    """How many cores other processes used since the last reading: the machine's busy time from
+    /proc/stat minus this process's own CPU time. None where that cannot be known (no /proc, or
+    /proc/stat counts more CPUs than this process may use, as in a CPU-limited container)."""
+
+    def __init__(self, usable: int, *, stat_path: str = "/proc/stat",
+                 own_cpu_s: Callable[[], float] | None = None, wall: Callable[[], float] | None = None) -> None:
+        import time
+
+        self.usable = usable
+        self.stat_path = stat_path
+        self._own = own_cpu_s or (lambda: sum(os.times()[:2]))
+        self._wall = wall or time.monotonic
+        self._hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._last = self._read()
+
+    def _read(self) -> tuple[float, float, float] | None:
+        try:
+            with open(self.stat_path) as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return None
+        n_cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+        if n_cpus != self.usable:
+            return None
+        fields = [int(x) for x in lines[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        busy_s = (sum(fields[:8]) - idle) / self._hz  # guest time is already inside user
+        return self._wall(), busy_s, self._own()
+
+    def others(self) -> float | None:
+        """Cores used by other processes since the previous call (None: unknown)."""
+        now = self._read()
+        last, self._last = self._last, now
+        if now is None or last is None or now[0] - last[0] <= 0:
+            return None
+        wall = now[0] - last[0]
+        return max(0.0, ((now[1] - last[1]) - (now[2] - last[2])) / wall)
+
+
+class ThreadGovernor:
+    """Chooses the thread count for the next step. Fed every successful step with its measured
+    time and the time the calibrated cost model predicts for the same rows (their ratio is the
+    step's time per unit of work, comparable across step shapes).
+
+    Steady, it watches the incumbent's steps. It probes (runs each candidate count for a few
+    steps) when those steps grow `SLOW_RATIO` slower than when the count was chosen, when the load
+    of other processes points at another count, or every `REPROBE_S` (doubling while nothing
+    changes). It keeps whichever count did the most work per second, the incumbent unless a
+    candidate was clearly faster; a candidate that is plainly worse is dropped after two steps.
+    """
+
+    def __init__(self, *, start: int, max_threads: int, load: LoadReader | None = None,
+                 now: float = 0.0) -> None:
+        if not 1 <= start <= max_threads:
+            raise ValueError(f"start thread count {start} outside 1..{max_threads}")
+        self.max_threads = max_threads
+        self.n_threads = start
+        self.mode = ThreadMode.STEADY
+        self._load = load
+        self._others: float | None = None
+        self._load_at = now
+        self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
+        # The incumbent's time per unit of work when it was chosen; at first the calibration's (1.0).
+        self._baseline = 1.0
+        self._last_probe_end = now
+        self._interval = REPROBE_S
+        self._next_probe = now + REPROBE_S
+        self._hint_at_probe: int | None = None
+        self._incumbent = start
+        self._candidates: list[int] = []
+        self._scores: dict[int, list[float]] = {}
+        self._plainly_worse = False  # a candidate of the current probe was dropped after one step
+        self._why = "as configured; measuring"
+
+    @property
+    def state(self) -> ThreadState:
+        return ThreadState(self.n_threads, self.max_threads, self._why, self._others)
+
+    def after_step(self, now: float, step_ms: float, predicted_ms: float) -> int:
+        """Record one successful step run at `self.n_threads`; return the count for the next."""
+        if step_ms > 0 and predicted_ms > 0:
+            ratio = step_ms / predicted_ms
+            if self.mode is ThreadMode.PROBING:
+                self._probe_step(now, ratio)
+            else:
+                self._steady_step(now, ratio)
+        return self.n_threads
+
+    # ---- steady --------------------------------------------------------------------------------
+
+    def _steady_step(self, now: float, ratio: float) -> None:
+        self._recent.append(ratio)
+        self._read_load(now)
+        if self.max_threads <= 1 or len(self._recent) < MIN_STEPS or now - self._last_probe_end < MIN_GAP_S:
+            return
+        # The last three steps: two slow ones in a row are enough, one outlier is not.
+        current = statistics.median(list(self._recent)[-3:])
+        hint = self.hint()
+        if current > SLOW_RATIO * self._baseline:
+            self._start_probe(f"steps ran {current / self._baseline:.1f}x slower", hint)
+        elif hint is not None and hint != self.n_threads and hint != self._hint_at_probe:
+            self._start_probe(f"other processes use {self._others:.1f} cores", hint)
+        elif now >= self._next_probe:
+            self._start_probe("periodic re-check", hint)
+
+    def hint(self) -> int | None:
+        """The count the load of other processes suggests (None: load unknown)."""
+        if self._others is None:
+            return None
+        return max(1, min(self.max_threads, round(self.max_threads - self._others)))
+
+    def _read_load(self, now: float) -> None:
+        if self._load is not None and now - self._load_at >= LOAD_EVERY_S:
+            self._load_at = now
+            self._others = self._load.others()
+
+    # ---- probing -------------------------------------------------------------------------------
+
+    def _start_probe(self, trigger: str, hint: int | None) -> None:
+        self._incumbent = self.n_threads
+        self._hint_at_probe = hint
+        others = [n for n in range(1, self.max_threads + 1) if n != self.n_threads]
+        target = hint if hint is not None else self.n_threads
+        # Nearest to what the load suggests first; at most two candidates per probe on many cores.
+        self._candidates = sorted(others, key=lambda n: (abs(n - target), n))[:2]
+        self._scores = {self._incumbent: list(self._recent)[-PROBE_STEPS:]}
+        self._plainly_worse = False
+        self.mode = ThreadMode.PROBING
+        self.n_threads = self._candidates.pop(0)
+        self._why = f"probing {self.n_threads} ({trigger})"
+
+    def _probe_step(self, now: float, ratio: float) -> None:
+        samples = self._scores.setdefault(self.n_threads, [])
+        samples.append(ratio)
+        incumbent = statistics.median(self._scores[self._incumbent])
+        if ratio > ABORT_RATIO * incumbent:
+            self._plainly_worse = True
+        elif len(samples) < PROBE_STEPS:
+            return
+        if self._candidates:
+            self.n_threads = self._candidates.pop(0)
+            self._why = f"probing {self.n_threads}"
+            return
+        self._settle(now)
+
+    def _settle(self, now: float) -> None:
+        medians = {n: statistics.median(s) for n, s in self._scores.items()}
+        keep = self._incumbent
+        best = min(medians, key=medians.get)
+        if best != keep and medians[best] < (1 - SWITCH_MARGIN) * medians[keep]:
+            keep = best
+        slower = ", ".join(f"{n} took {medians[n] / medians[keep]:.1f}x as long" for n in sorted(medians)
+                           if n != keep)
+        if keep != self._incumbent:
+            self._interval = REPROBE_S
+            self._why = f"fastest measured, switched from {self._incumbent} ({slower})"
+        else:
+            # A candidate that was plainly worse waits the longest interval (or a change of load).
+            self._interval = REPROBE_MAX_S if self._plainly_worse else min(REPROBE_MAX_S, self._interval * 2)
+            self._why = f"fastest measured ({slower})"
+        self.n_threads = keep
+        self.mode = ThreadMode.STEADY
+        self._baseline = medians[keep]
+        self._recent.clear()
+        self._recent.extend(self._scores[keep][-RECENT_STEPS:])
+        self._last_probe_end = now
+        self._next_probe = now + self._interval

@@ -1,0 +1,219 @@
+"""The thread governor: scripted step times (no real timing), then the engine on a simulated busy machine."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+
+from backend.simulated import SimulatedBackend
+from magnitude_tui.engine.core import Engine
+from magnitude_tui.engine.threads import (ABORT_RATIO, MIN_STEPS, PROBE_STEPS, REPROBE_MAX_S, REPROBE_S,
+                                          CpuLoad, ThreadGovernor, ThreadMode)
+from scheduler.types import Message, Request, SamplingParams
+
+PREDICTED_MS = 50.0
+STEP_S = 0.05
+
+
+class ScriptedLoad:
+    """Other processes' load as a test says it is."""
+
+    def __init__(self, cores: float | None) -> None:
+        self.cores = cores
+
+    def others(self) -> float | None:
+        return self.cores
+
+
+def drive(gov: ThreadGovernor, ratio: Callable[[int, float], float], seconds: float,
+          t0: float = 0.0) -> list[tuple[float, int]]:
+    """Step for `seconds` of scripted time: each step takes ratio(threads, now) x the prediction.
+    Returns (time, threads used) per step."""
+    t, used = t0, []
+    while t < t0 + seconds:
+        n = gov.n_threads
+        ms = PREDICTED_MS * ratio(n, t)
+        t += ms / 1000.0
+        used.append((t, n))
+        gov.after_step(t, ms, PREDICTED_MS)
+    return used
+
+
+def switches(used: list[tuple[float, int]]) -> int:
+    return sum(1 for a, b in zip(used, used[1:]) if a[1] != b[1])
+
+
+def test_a_quiet_machine_keeps_all_threads_and_probes_ever_more_rarely() -> None:
+    gov = ThreadGovernor(start=2, max_threads=2)
+    used = drive(gov, lambda n, t: 1.0 if n == 2 else 1.8, seconds=600)
+    assert gov.n_threads == 2
+    probe_steps = [t for t, n in used if n == 1]
+    # Periodic re-checks at 15, 45, 105, 225 s, then every 120 s: PROBE_STEPS steps each.
+    assert 0 < len(probe_steps) <= 7 * PROBE_STEPS
+    assert sum(1 for t, n in used if n == 1 and t > 500) <= PROBE_STEPS
+    assert "fastest measured" in gov.state.why
+
+
+def test_one_busy_process_drops_to_one_thread_within_a_few_steps() -> None:
+    busy_from = 10.0
+    gov = ThreadGovernor(start=2, max_threads=2)
+    # 2 threads beside a busy process: ~7x slower per step (the issue's llama-batched-bench figures).
+    used = drive(gov, lambda n, t: (7.0 if t >= busy_from else 1.0) if n == 2 else (1.9 if t >= busy_from else 1.8),
+                 seconds=60)
+    slow_steps = [n for t, n in used if t >= busy_from]
+    first_one = slow_steps.index(1)
+    assert first_one <= MIN_STEPS + 1, f"still on 2 threads after {first_one} slow steps"
+    assert gov.n_threads == 1 and gov.mode is ThreadMode.STEADY
+    assert "2 took" in gov.state.why
+    # Once on one thread it stays there: a re-check of 2 costs one slow step, every REPROBE_MAX_S.
+    after = [n for t, n in used if t >= busy_from][first_one:]
+    assert after.count(2) <= 1
+
+
+def test_it_climbs_back_when_the_machine_gets_quiet() -> None:
+    quiet_from = 40.0
+    gov = ThreadGovernor(start=2, max_threads=2)
+
+    def ratio(n: int, t: float) -> float:
+        if t < quiet_from:
+            return 7.0 if n == 2 else 1.9
+        return 1.0 if n == 2 else 1.8
+
+    used = drive(gov, ratio, seconds=quiet_from + 2 * REPROBE_MAX_S)
+    assert gov.n_threads == 2
+    back = next(t for t, n in used if t > quiet_from and n == 2)
+    # The next periodic re-check finds it: never later than the longest interval.
+    assert back - quiet_from <= REPROBE_MAX_S + 1
+
+
+def test_the_load_of_other_processes_triggers_a_check_at_once() -> None:
+    load = ScriptedLoad(0.0)
+    gov = ThreadGovernor(start=2, max_threads=2, load=load)
+    drive(gov, lambda n, t: 1.0 if n == 2 else 1.8, seconds=5)
+    assert gov.hint() == 2
+    load.cores = 1.0  # something started on the other core; the steps are not (yet) slower
+    used = drive(gov, lambda n, t: 1.0 if n == 2 else 1.8, seconds=5, t0=5.0)
+    assert any(n == 1 for _, n in used), "no probe although the load pointed at 1 thread"
+    assert gov.n_threads == 2, "kept 1 thread although 2 measured faster"
+    # The same hint does not trigger again: measuring said no, and the load has not changed.
+    later = drive(gov, lambda n, t: 1.0 if n == 2 else 1.8, seconds=REPROBE_S - 3, t0=10.0)
+    assert all(n == 2 for _, n in later)
+
+
+def test_equal_counts_with_noise_never_thrash() -> None:
+    gov = ThreadGovernor(start=2, max_threads=2)
+    noise = [1.0, 1.06, 0.95, 1.03, 0.97, 1.08, 0.93]
+    state = {"i": 0}
+
+    def ratio(n: int, t: float) -> float:
+        state["i"] += 1
+        return noise[state["i"] % len(noise)]
+
+    used = drive(gov, ratio, seconds=900)
+    # Re-checks at 15, 45, 105, 225 s, then every 120 s: each goes out and comes back, and none
+    # stays on the other count (a 10 % margin is needed to switch).
+    assert switches(used) <= 2 * 9
+    assert gov.n_threads == 2
+    assert sum(1 for _, n in used if n == 1) <= 9 * PROBE_STEPS
+
+
+def test_a_plainly_worse_candidate_is_dropped_after_two_steps() -> None:
+    gov = ThreadGovernor(start=1, max_threads=2)
+    used = drive(gov, lambda n, t: 1.0 if n == 1 else 3 * ABORT_RATIO, seconds=REPROBE_MAX_S + 5)
+    assert [n for _, n in used].count(2) == 1, "a plainly worse count is dropped after one step"
+    assert gov.n_threads == 1
+    more = drive(gov, lambda n, t: 1.0 if n == 1 else 3 * ABORT_RATIO, seconds=REPROBE_MAX_S, t0=REPROBE_MAX_S + 5)
+    assert [n for _, n in more].count(2) == 1, "and tried again only after the longest interval"
+
+
+def test_slower_steps_at_the_same_count_trigger_a_probe() -> None:
+    gov = ThreadGovernor(start=2, max_threads=4)
+    # Something took two cores: 4 threads now run 3x slower, 2 threads at their quiet speed.
+    used = drive(gov, lambda n, t: {4: 3.0, 3: 2.0, 2: 1.3, 1: 2.1}[n] if t > 5 else (1.0 if n == 2 else 1.2),
+                 seconds=30)
+    assert gov.n_threads == 2
+    gov2 = ThreadGovernor(start=4, max_threads=4)
+    drive(gov2, lambda n, t: {4: 3.0, 3: 2.0, 2: 1.3, 1: 2.1}[n] if t > 5 else 1.0, seconds=30)
+    assert gov2.n_threads in (2, 3) and gov2.n_threads < 4
+
+
+def test_cpu_load_subtracts_this_process_from_the_machines_busy_time(tmp_path) -> None:
+    import os
+
+    hz = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    clock = {"wall": 0.0, "own": 0.0}
+
+    def write(busy_jiffies: int, idle_jiffies: int) -> None:
+        stat.write_text(f"cpu  {busy_jiffies} 0 0 {idle_jiffies} 0 0 0 0 0 0\n"
+                        "cpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")
+
+    write(0, 0)
+    load = CpuLoad(2, stat_path=str(stat), own_cpu_s=lambda: clock["own"], wall=lambda: clock["wall"])
+    # 10 s: the machine was busy for 15 core-seconds, this process for 5 of them.
+    clock.update(wall=10.0, own=5.0)
+    write(15 * hz, 5 * hz)
+    assert abs(load.others() - 1.0) < 1e-6
+    # A /proc/stat with more CPUs than this process may use (a CPU-limited container): unknown.
+    assert CpuLoad(1, stat_path=str(stat)).others() is None
+    assert CpuLoad(2, stat_path=str(tmp_path / "missing")).others() is None
+
+
+def test_the_engine_on_a_busy_simulated_machine_drops_a_thread_and_reports_why() -> None:
+    busy = {"on": False}
+
+    def factor(n: int) -> float:
+        return (7.0 if n == 2 else 1.9) if busy["on"] else (1.0 if n == 2 else 1.8)
+
+    backend = SimulatedBackend("cpu2core", max_threads=2, thread_factor=factor, n_ctx=8192, n_seq_max=8)
+    engine = Engine(backend, auto_threads=True, coalesce_ms=0)
+    engine.calibrate()
+    sampling = SamplingParams(max_tokens=400, temperature=0.0)
+    for i in range(8):
+        engine.submit(Request(f"r{i}", f"s{i}", (Message("user", "hello there"),), sampling=sampling))
+    reports = [engine.step() for _ in range(40)]
+    assert reports[-1].threads.n_threads == 2
+    busy["on"] = True
+    reports = [engine.step() for _ in range(40)]
+    last = reports[-1].threads
+    assert backend.n_threads == 1 and last.n_threads == 1 and last.max_threads == 2
+    assert "switched from 2" in last.why and "2 took" in last.why
+    assert 1 in backend.thread_changes
+
+
+def test_without_auto_threads_the_count_stays_and_the_report_says_fixed() -> None:
+    backend = SimulatedBackend("cpu2core", max_threads=2, thread_factor=lambda n: 7.0 if n == 2 else 1.0)
+    engine = Engine(backend, coalesce_ms=0)
+    engine.calibrate()
+    engine.submit(Request("r0", "s0", (Message("user", "hi"),), sampling=SamplingParams(max_tokens=50)))
+    reports = [r for r in engine.run_until_idle() if r.decode_rows]
+    assert backend.thread_changes == []
+    assert reports[-1].threads.n_threads == 2 and reports[-1].threads.why == "fixed"
+
+
+@pytest.mark.slow
+def test_the_real_backend_changes_its_thread_count_between_steps_and_answers_the_same(clean_llama) -> None:
+    """llama_set_n_threads between steps: the greedy reply is the same on 1 thread as on the
+    loaded count, and a count outside 1..max_threads is refused before llama.cpp sees it."""
+    backend = clean_llama
+    loaded = backend.n_threads
+    prompt = backend.tokenize_chat([Message("user", "Name three colours.")])
+
+    def reply(threads: int) -> list[int]:
+        backend.set_n_threads(threads)
+        engine = Engine(backend, coalesce_ms=0)
+        engine.submit(Request("t", "t", (), SamplingParams(max_tokens=12), prompt_tokens=tuple(prompt)))
+        reports = engine.run_until_idle()
+        engine.close_session("t")
+        engine.run_until_idle()
+        assert reports[-1].threads.n_threads == threads
+        return "".join(u.text_delta for r in reports for u in r.updates)
+
+    try:
+        assert reply(1) == reply(loaded) != ""
+        with pytest.raises(ValueError, match="outside"):
+            backend.set_n_threads(backend.max_threads + 1)
+        assert backend.max_threads >= loaded
+    finally:
+        backend.set_n_threads(loaded)
