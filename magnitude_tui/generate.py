@@ -14,18 +14,19 @@ from backend.factory import BackendConfig
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import CommandRejected, EngineConfig, EngineFailed, EngineReady, LoadProgress
 from magnitude_tui.engine.protocol import EngineClient, seq_updates
+from scheduler.speculation import SpecMode
 from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport, ThreadState
 
 
 def local_client(n_prompts: int, *, model, device, policy, n_ctx, verbose: bool,
                  backend: str = "llama", threads: int | None = None,
-                 draft_model: str | None = None) -> WorkerClient:
+                 draft_model: str | None = None, spec: SpecMode = SpecMode.AUTO) -> WorkerClient:
     """The local engine for `generate`: one sequence slot per prompt (at least 16); `threads`
     fixes the CPU thread count (None: the engine chooses it between steps)."""
     config = EngineConfig(BackendConfig(backend, model=model, device=device, n_ctx=n_ctx, n_threads=threads,
                                         n_seq_max=max(16, n_prompts), verbose=verbose,
                                         draft_model=draft_model), policy=policy,
-                          auto_threads=threads is None)
+                          auto_threads=threads is None, spec=spec)
     return WorkerClient(config, log_path=None if verbose else "auto")
 
 
@@ -50,6 +51,7 @@ def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temper
         t0 = time.perf_counter()
         steps = 0
         threads: ThreadState | None = None
+        rows = {"steps": 0, "decode": 0, "prefill": 0, "draft": 0, "accepted": 0}
         while len(finals) < len(prompts):
             batch = client.poll_events(timeout=60)
             if batch is None:
@@ -60,6 +62,11 @@ def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temper
                 if isinstance(ev, StepReport):
                     steps += 1
                     threads = ev.threads or threads
+                    rows["steps"] += bool(ev.decode_rows + ev.prefill_rows)
+                    rows["decode"] += ev.decode_rows
+                    rows["prefill"] += ev.prefill_rows
+                    rows["draft"] += ev.draft_rows
+                    rows["accepted"] += ev.draft_accepted
                 if isinstance(ev, (EngineFailed, CommandRejected)):
                     console.print(f"[red]{ev.message}[/]")
                 for u in updates:
@@ -69,7 +76,7 @@ def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temper
                     if u.phase is Phase.DONE:
                         finals[u.request_id] = u
         wall = time.perf_counter() - t0
-        _print_results(console, order, prompts, texts, finals, wall, steps)
+        _print_results(console, order, prompts, texts, finals, wall, steps, rows)
         if threads is not None:
             console.print(f"CPU threads: {threads.short()}: {threads.why}")
         return 0 if all(f.error is None for f in finals.values()) else 1
@@ -92,7 +99,8 @@ def _wait_ready(client: EngineClient, console: Console) -> bool:
                 elif isinstance(ev, EngineReady):
                     progress.stop()
                     sizes = f", n_ctx={ev.n_ctx}, n_seq_max={ev.n_seq_max}" if ev.n_ctx else ""  # 0: a remote engine
-                    console.print(f"[green]ready[/]: {ev.model} on {ev.device}{sizes}, policy={ev.policy}")
+                    console.print(f"[green]ready[/]: {ev.model} on {ev.device}{sizes}, policy={ev.policy}, "
+                                  f"spec={ev.spec}")
                     return True
                 elif isinstance(ev, EngineFailed):
                     progress.stop()
@@ -104,7 +112,7 @@ def _fmt(v, spec=".0f"):
     return "-" if v is None else format(v, spec)
 
 
-def _print_results(console, order, prompts, texts, finals, wall, steps) -> None:
+def _print_results(console, order, prompts, texts, finals, wall, steps, rows=None) -> None:
     for i, rid in enumerate(order):
         f = finals[rid]
         head = f"[bold]#{i}[/] {prompts[i][:60]!r}"
@@ -117,7 +125,8 @@ def _print_results(console, order, prompts, texts, finals, wall, steps) -> None:
     else:
         title = f"{len(order)} sequences in one context: {wall:.2f} s wall, {steps} steps"
     table = Table(title=title)
-    cols = ["seq", "prompt (cached)", "generated", "queue ms", "TTFT ms", "tok/s", "ITL p50", "ITL p95", "end"]
+    cols = ["seq", "prompt (cached)", "generated", "queue ms", "TTFT ms", "tok/s", "ITL p50", "ITL p95", "tok/step",
+            "accepted", "end"]
     for col in cols + (["server"] if remote else []):
         table.add_column(col, justify="right")
     total = 0
@@ -127,8 +136,15 @@ def _print_results(console, order, prompts, texts, finals, wall, steps) -> None:
         mark = "~" if f.tokens_estimated else ""  # counted here with tiktoken: the server sent no usage
         table.add_row(str(i), f"{mark}{f.prompt_total} ({f.cached_tokens})", f"{mark}{f.generated}", _fmt(f.queue_ms),
                       _fmt(f.ttft_ms), _fmt(f.tok_s, ".1f"), _fmt(f.itl_p50_ms, ".1f"), _fmt(f.itl_p95_ms, ".1f"),
+                      _fmt(f.tokens_per_step, ".2f"),
+                      f"{f.accepted}/{f.drafted}" if f.drafted else "-",
                       f.done_reason.value if f.done_reason else "-", *([f.endpoint or "-"] if remote else []))
     console.print(table)
     if any(f.tokens_estimated for f in finals.values()):
         console.print("~ estimated with tiktoken (cl100k_base): the server sent no usage")
     console.print(f"aggregate: {total / wall:.1f} generated tok/s")
+    if rows and rows["steps"]:
+        steps, drafted = rows["steps"], rows["draft"]
+        share = f", {rows['accepted']}/{drafted} accepted ({100 * rows['accepted'] / drafted:.0f} %)" if drafted else ""
+        console.print(f"rows per step: {rows['decode'] / steps:.1f} decode, {rows['prefill'] / steps:.1f} prompt, "
+                      f"{drafted / steps:.1f} draft{share}")

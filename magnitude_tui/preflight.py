@@ -81,6 +81,20 @@ def check_policy(policy: str) -> None:
         raise OptionError(f"--policy: {exc}") from None
 
 
+def check_spec(spec: str, draft_model: str | None = None):
+    """The --spec mode; `draft` needs a draft model (said now, not after the model loaded)."""
+    from scheduler.speculation import SpecMode, parse_spec_mode
+
+    try:
+        mode = parse_spec_mode(spec)
+    except ValueError as exc:
+        raise OptionError(f"--spec: {exc}") from None
+    if mode is SpecMode.DRAFT and draft_model is None:
+        raise OptionError("--spec draft needs a draft model: pass --draft-model PATH (a GGUF with the "
+                          "model's vocabulary), or use --spec auto or ngram")
+    return mode
+
+
 def check_theme(theme: str | None, available: list[str]) -> None:
     if theme is not None and theme not in available:
         raise OptionError(f"--theme: unknown theme {theme!r}; choose from {', '.join(available)}")

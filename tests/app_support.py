@@ -111,6 +111,19 @@ class ScriptedClient:
         self.policy = policy
         self._emit([PolicyChanged(policy)])
 
+    def set_spec(self, mode: str) -> None:
+        from magnitude_tui.engine.events import SpecChanged
+        from scheduler.speculation import parse_spec_mode
+
+        try:
+            self.spec = parse_spec_mode(mode).value
+            if self.spec == "draft":
+                raise ValueError("--spec draft needs a draft source, and none is loaded")
+        except ValueError as exc:
+            self._emit([CommandRejected(f"speculation not changed: {exc}")])
+            return
+        self._emit([SpecChanged(self.spec)])
+
     def poll_events(self, timeout: float | None = 0.0) -> list | None:
         try:
             batch = self._queue.get(timeout=timeout) if timeout else self._queue.get_nowait()

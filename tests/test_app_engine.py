@@ -7,6 +7,7 @@ from backend.factory import BackendConfig
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
+from magnitude_tui.widgets.status_line import StatusLine
 from scheduler.types import Phase, SamplingParams
 from tests.app_support import SIZE, make_app, wait_for
 
@@ -121,3 +122,28 @@ async def test_policy_switch_reaches_the_engine(tmp_path):
         await wait_for(pilot, lambda: not pane.busy, what="reply")
         prefill_steps = [r for r in panel.steps if r.prefill_rows]
         assert prefill_steps and all(r.policy == "fixed:16" and r.prefill_rows <= 16 for r in prefill_steps)
+
+
+async def test_speculation_switches_live_from_the_palette_and_shows_its_figures(tmp_path):
+    from magnitude_tui.widgets.sequences_panel import spec_text
+
+    app, _ = _engine_app(tmp_path, max_tokens=120)
+    async with app.run_test(size=SIZE) as pilot:
+        await _ready(pilot, app)
+        panel = app.workspace.query_one(SchedulerPanel)
+        assert panel.spec == "auto"  # EngineConfig's default, from EngineReady
+        commands = {c.title: c for c in app.get_system_commands(app.workspace)}
+        commands["Speculation: draft"].callback()  # no draft model: refused, nothing changes
+        commands["Speculation: ngram"].callback()
+        await wait_for(pilot, lambda: panel.spec == "ngram", what="SpecChanged")
+        await _say(pilot, "go")
+        pane = app.workspace.grid.panes[0]
+        await wait_for(pilot, lambda: not pane.busy, what="reply")
+        # The fake's reply repeats every 45 characters: from its second round on, lookup guesses it.
+        assert pane.record.messages[-1].content == _expected(120)
+        last = pane.last_update
+        assert last.accepted > 0 and last.tokens_per_step > 1.5
+        assert spec_text(last).endswith("%") and "tok/step" in StatusLine.metrics_text(last)
+        assert sum(r.draft_rows for r in panel.steps) >= last.drafted
+        commands["Speculation: off"].callback()
+        await wait_for(pilot, lambda: panel.spec == "off", what="SpecChanged off")

@@ -92,3 +92,14 @@ def test_tiny_real_spec_bench_is_well_formed():
     real = next(iter(res.tables.values()))
     assert [r["mode"] for r in real] == ["off", "ngram"]
     assert real[1]["same_text_as_off"] is True
+
+
+def test_a_failing_peer_keeps_the_engines_rows():
+    def broken_peer(*args):
+        raise RuntimeError("llama-server crashed")
+
+    cfg = SpecBenchConfig(widths=(1,), tasks=("chat",), modes=("off", "ngram"), max_tokens=4)
+    res = run_spec(BackendConfig(kind="simulated:cpu2core"), cfg, peer=broken_peer)
+    real, peer = list(res.tables.values())[:2]
+    assert [r["mode"] for r in real] == ["off", "ngram"]
+    assert "llama-server crashed" in peer[0]["note"]

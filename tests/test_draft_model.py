@@ -186,6 +186,8 @@ def test_cli_passes_a_good_draft_model_to_the_engine(monkeypatch):
     result = CliRunner().invoke(app, ["--draft-model", default_model_path()])
     assert result.exit_code == 0, result.output
     assert started[0].backend.draft_model == default_model_path()
+    result = CliRunner().invoke(app, ["--draft-model", default_model_path(), "--check"])
+    assert result.exit_code == 0 and f"draft model {default_model_path()}" in result.stdout
 
 
 def test_the_engine_verifies_the_draft_models_guesses_for_all_sequences_in_one_batch(pair):
@@ -230,3 +232,25 @@ def test_the_engine_verifies_the_draft_models_guesses_for_all_sequences_in_one_b
     # three sequences share them.
     assert steps * 2 < proposals * 8, (steps, proposals)
     assert not source._held and source._b.kv_cells_used() == 0  # every finished sequence forgotten
+
+
+def test_a_full_draft_cache_gives_up_the_slots_not_drafting_now():
+    need_real_model()
+    from backend.llama_backend import LlamaBackend, default_model_path
+
+    backend = LlamaBackend.load(model_path=default_model_path(), device="cpu", n_ctx=256, n_seq_max=2,
+                                n_batch=256, n_threads=1, flash_attn="off")
+    source = DraftModelSource(backend)
+    try:
+        text = " ".join(f"word{i}" for i in range(200))
+        first, second = backend.tokenize(text)[:150], backend.tokenize(text)[150:300]
+        assert len(source.propose(1, first, 2)) == 2
+        # 150 + 150 positions do not fit 256 cells: the catch-up fails ("no KV slot"), key 1 (not
+        # asked for now) gives its slot up, and the catch-up runs again, then one draft step.
+        steps = source.stats.steps
+        assert len(source.propose(2, second, 2)) == 2
+        assert source.stats.steps - steps == 3
+        assert 1 not in source._held and held_positions(source, 2) == len(second)
+        assert backend.kv_cells_used() == len(second)
+    finally:
+        source.close()

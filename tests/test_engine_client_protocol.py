@@ -15,7 +15,7 @@ from magnitude_tui.bench.ui_cpu import PacedClient
 from magnitude_tui.engine import worker
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import (CommandRejected, EngineConfig, EngineReady, LoadProgress, PolicyChanged,
-                                         RestoreOutcome, SessionRestored)
+                                         RestoreOutcome, SessionRestored, SpecChanged)
 from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from magnitude_tui.remote.client import RemoteClient
 from magnitude_tui.remote.config import RemoteConfig
@@ -139,6 +139,16 @@ def test_every_client_satisfies_the_engine_client_protocol(harness):
     client.set_policy("fixed:32")
     answer = harness.events(lambda evs: any(isinstance(e, (CommandRejected, PolicyChanged)) for e in evs))
     assert any(isinstance(e, PolicyChanged) and e.policy == "fixed:32" or isinstance(e, CommandRejected)
+               for e in answer)
+
+    # Speculation: an unknown mode, or `draft` with no draft model, is rejected; `ngram` is taken
+    # by a local engine and rejected, with the reason, by a remote one.
+    client.set_spec("draft")
+    rejected = harness.events(lambda evs: any(isinstance(e, (CommandRejected, SpecChanged)) for e in evs))
+    assert any(isinstance(e, CommandRejected) for e in rejected)
+    client.set_spec("ngram")
+    answer = harness.events(lambda evs: any(isinstance(e, (CommandRejected, SpecChanged)) for e in evs))
+    assert any(isinstance(e, SpecChanged) and e.spec == "ngram" or isinstance(e, CommandRejected)
                for e in answer)
 
     # Warm resume: every engine answers, even one that keeps no saved KV (then it says why).

@@ -280,7 +280,11 @@ def run_spec(spec: BackendConfig, cfg: SpecBenchConfig, progress: Callable[[str]
                       config={"spec": asdict(cfg), "backend": asdict(spec)}, machine=machine_info())
     res.tables[f"engine on {info['backend']} ({info['clock']})"] = real
     if peer is not None:
-        res.tables["llama-server's own speculation (same tasks and widths)"] = peer(spec, cfg, lengths, progress)
+        try:
+            peer_rows = peer(spec, cfg, lengths, progress)
+        except Exception as exc:  # the engine's rows took most of the run: a failing peer must not lose them
+            peer_rows = [{"task": "-", "seqs": None, "spec_type": "-", "note": f"the peer failed: {exc}"}]
+        res.tables["llama-server's own speculation (same tasks and widths)"] = peer_rows
     res.tables[f"simulated {cfg.sim_profile}, replaying the real model's acceptance"] = sim
     res.tables["acceptance traces (each source's guesses against the committed tokens)"] = [
         {"task": task, "source": kind, **summary(guesses)} for task, kinds in traces.items()

@@ -153,6 +153,11 @@ class PacedClient:
         self.policy = policy
         self._queue.put([PolicyChanged(policy)])
 
+    def set_spec(self, mode: str) -> None:
+        from magnitude_tui.engine.events import SpecChanged
+
+        self._queue.put([SpecChanged(mode)])
+
     def poll_events(self, timeout: float | None = 0.0) -> list | None:
         try:
             return self._queue.get(timeout=timeout) if timeout else self._queue.get_nowait()

@@ -18,6 +18,7 @@ from magnitude_tui.engine.events import (
     LoadProgress,
     RestoreSession,
     SetPolicy,
+    SetSpec,
     Shutdown,
     Submit,
 )
@@ -168,6 +169,9 @@ class WorkerClient:
 
     def set_policy(self, policy: str) -> None:
         self._send(SetPolicy(policy))
+
+    def set_spec(self, mode: str) -> None:
+        self._send(SetSpec(mode))
 
     def restore_session(self, session_id: str, messages: tuple[Message, ...]) -> None:
         self._send(RestoreSession(session_id, tuple(messages)))

@@ -147,7 +147,7 @@ class Engine:
         available_sources(parsed, self.scheduler.speculator.sources)
         with self._lock:
             self._spec_text = parsed.value
-        self._queue(SetSpec(parsed))
+        self._queue(SetSpec(parsed.value))
 
     @property
     def spec(self) -> str:
@@ -294,7 +294,7 @@ class Engine:
             elif isinstance(cmd, RestoreSession):
                 self._restore(cmd)
             elif isinstance(cmd, SetSpec):
-                self.scheduler.set_spec(cmd.mode)
+                self.scheduler.set_spec(parse_spec_mode(cmd.mode))
 
     def _take(self, req: Request, t_submit: float) -> None:
         """Accept a submitted request as `preparing`; it is tokenized before the next schedule.

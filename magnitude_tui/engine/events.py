@@ -52,6 +52,7 @@ class EngineReady:
     n_batch: int
     policy: str
     info: dict = field(default_factory=dict)
+    spec: str = "off"  # the speculation mode it runs (--spec)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,11 @@ class CommandRejected:
 @dataclass(frozen=True)
 class PolicyChanged:
     policy: str
+
+
+@dataclass(frozen=True)
+class SpecChanged:
+    spec: str
 
 
 @dataclass(frozen=True)
@@ -157,7 +163,7 @@ class RestoreSession:
 
 @dataclass(frozen=True)
 class SetSpec:
-    mode: SpecMode
+    mode: str  # off | ngram | draft | auto (SpecMode's values)
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Protocol, Union, runtime_checkable
 
 from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
-                                         LoadProgress, PolicyChanged, SessionRestored)
+                                         LoadProgress, PolicyChanged, SessionRestored, SpecChanged)
 from scheduler.types import Message, Request, SeqUpdate, StepReport
 
 # What an engine's event stream carries. A batch is one list of these: one per engine step for a
 # local engine, one per network read for a remote one (never one per token).
-EngineEvent = Union[LoadProgress, EngineReady, EngineFailed, PolicyChanged, CommandRejected,
+EngineEvent = Union[LoadProgress, EngineReady, EngineFailed, PolicyChanged, SpecChanged, CommandRejected,
                     StepReport, SeqUpdate, EndpointsReport, SessionRestored]
 
 
@@ -98,6 +98,10 @@ class EngineClient(Protocol):
         """Warm resume: bring back the conversation's saved KV, as far as `messages` (its
         conversation so far) still start with it. Answered in the stream by SessionRestored (an
         engine that keeps no saved KV answers UNSUPPORTED)."""
+        ...
+
+    def set_spec(self, mode: str) -> None:
+        """Speculation off | ngram | draft | auto; answered by SpecChanged or CommandRejected."""
         ...
 
     def poll_events(self, timeout: float | None = 0.0) -> list[EngineEvent] | None:

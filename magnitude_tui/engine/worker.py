@@ -21,6 +21,8 @@ from magnitude_tui.engine.events import (
     PolicyChanged,
     RestoreSession,
     SetPolicy,
+    SetSpec,
+    SpecChanged,
     Shutdown,
     Submit,
 )
@@ -83,6 +85,7 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
         n_batch=backend.n_batch,
         policy=engine.policy,
         info=dict(backend.info, **({"draft_model": draft.model_name} if draft is not None else {})),
+        spec=engine.spec,
     )])
     try:
         _loop(conn, engine)
@@ -148,13 +151,17 @@ def _apply(engine, cmd) -> CommandRejected | PolicyChanged | None:
         elif isinstance(cmd, SetPolicy):
             engine.set_policy(cmd.policy)
             return PolicyChanged(policy=engine.policy)
+        elif isinstance(cmd, SetSpec):
+            engine.set_spec(cmd.mode)
+            return SpecChanged(spec=engine.spec)
         elif isinstance(cmd, RestoreSession):
             engine.restore_session(cmd.session_id, cmd.messages)
         else:
             return CommandRejected(message=f"unknown command {type(cmd).__name__}: the engine takes "
-                                           "Submit, Cancel, CloseSession, SetPolicy, RestoreSession and "
-                                           "Shutdown")
+                                           "Submit, Cancel, CloseSession, SetPolicy, SetSpec, RestoreSession "
+                                           "and Shutdown")
     except ValueError as exc:
-        what = "policy not changed" if isinstance(cmd, SetPolicy) else f"{type(cmd).__name__} ignored"
+        what = {SetPolicy: "policy not changed", SetSpec: "speculation not changed"}.get(
+            type(cmd), f"{type(cmd).__name__} ignored")
         return CommandRejected(message=f"{what}: {exc}")
     return None

@@ -87,6 +87,10 @@ class RemoteClient:
         self._events.put([CommandRejected(f"policy not changed: a remote engine schedules on its servers "
                                           f"({', '.join(self.config.urls)}); policies apply to the local engine")])
 
+    def set_spec(self, mode: str) -> None:
+        self._events.put([CommandRejected(f"speculation not changed: a remote engine decodes on its servers "
+                                          f"({', '.join(self.config.urls)}); --spec applies to the local engine")])
+
     def restore_session(self, session_id: str, messages: tuple[Message, ...]) -> None:
         self._events.put([SessionRestored(session_id, RestoreOutcome.UNSUPPORTED,
                                           detail="a remote engine keeps no saved KV here; its servers "

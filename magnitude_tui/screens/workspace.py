@@ -18,7 +18,8 @@ from textual.widgets import Footer
 from magnitude_tui.agents import AgentSettings
 from magnitude_tui.conversations import Conversations
 from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
-                                         LoadProgress, PolicyChanged, RestoreOutcome, SessionRestored)
+                                         LoadProgress, PolicyChanged, RestoreOutcome, SessionRestored,
+                                         SpecChanged)
 from magnitude_tui.engine.protocol import EngineClient
 from magnitude_tui.export import export_pane
 from magnitude_tui.screens.policy_dialog import PolicyDialog
@@ -242,6 +243,9 @@ class WorkspaceScreen(Screen):
                 self.policy = event.policy
                 self.scheduler_panel.set_policy(event.policy)
                 self.notify(f"Policy is now {event.policy}")
+            elif isinstance(event, SpecChanged):
+                self.scheduler_panel.set_spec(event.spec)
+                self.notify(f"Speculation is now {event.spec}")
             elif isinstance(event, CommandRejected):
                 self.notify(event.message, severity="warning")
             elif isinstance(event, EndpointsReport):
@@ -295,6 +299,7 @@ class WorkspaceScreen(Screen):
         panel = self.scheduler_panel
         panel.set_engine(event.model, event.device, event.info.get("attention"))
         panel.set_policy(event.policy)
+        panel.set_spec(event.spec)
         self.loading_view.display = False
         # Give focus back to the pane the user was in when ctrl+r was pressed.
         pane = self.grid.pane(self._focus_after_restart or "") or self.grid.focused_pane()
@@ -429,6 +434,9 @@ class WorkspaceScreen(Screen):
         policy = await self.app.push_screen_wait(PolicyDialog(self.policy))
         if policy:
             self.switch_policy(policy)
+
+    def switch_spec(self, mode: str) -> None:
+        self.client.set_spec(mode)  # the panel changes when SpecChanged comes back
 
     def switch_policy(self, policy: str) -> None:
         self.client.set_policy(policy)  # the panel changes when PolicyChanged comes back

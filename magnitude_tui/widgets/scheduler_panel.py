@@ -55,6 +55,7 @@ class SchedulerPanel(Widget):
         super().__init__(**kwargs)
         self.steps: deque[StepReport] = deque(maxlen=HISTORY)
         self.policy = "—"
+        self.spec = "off"  # the speculation mode; draft rows are shown unless it is off
         self.model = "loading"
         self.device = "—"
         self.attention: str | None = None  # the attention path the engine runs, and why
@@ -72,6 +73,7 @@ class SchedulerPanel(Widget):
     def record(self, report: StepReport) -> None:
         self.steps.append(report)
         self.policy = report.policy
+        self.spec = report.spec
         self.stopped = False
         for update in report.updates:
             self.track(update)
@@ -103,6 +105,10 @@ class SchedulerPanel(Widget):
 
     def set_policy(self, policy: str) -> None:
         self.policy = policy
+        self._dirty = True
+
+    def set_spec(self, spec: str) -> None:
+        self.spec = spec
         self._dirty = True
 
     def set_engine(self, model: str, device: str, attention: str | None = None) -> None:
@@ -152,11 +158,18 @@ class SchedulerPanel(Widget):
              (f" vs target {fmt_ms(target)}" if target else "", "sched--dim"))
         line("", (f"p50 {fmt_ms(_percentile(times, 0.5))} · p95 {fmt_ms(_percentile(times, 0.95))}", ""))
 
-        rows_top = max([r.decode_rows + r.prefill_rows for r in recent] + [1])
+        rows_top = max([r.decode_rows + r.prefill_rows + r.draft_rows for r in recent] + [1])
         line("decode", (spark([r.decode_rows for r in recent], width, top=rows_top), "sched--decode"),
              (f" {last.decode_rows:>3}", ""))
         line("prefill", (spark([r.prefill_rows for r in recent], width, top=rows_top), "sched--prefill"),
              (f" {last.prefill_rows:>3}", ""))
+        if self.spec != "off" or any(r.draft_rows for r in recent):
+            drafted = sum(r.draft_rows for r in recent)
+            accepted = sum(r.draft_accepted for r in recent)
+            line("draft", (spark([r.draft_rows for r in recent], width, top=rows_top), "sched--kv"),
+                 (f" {last.draft_rows:>3}", ""))
+            line("", (f"spec {self.spec}", "sched--kv"),
+                 (f" · {accepted}/{drafted} accepted" if drafted else " · no drafts lately", "sched--dim"))
         line("budget", (f"{last.budget} rows", ""), (f" · step #{last.step}", "sched--dim"))
         if last.threads is not None:
             # The CPU thread count the engine chose between steps, and why (engine/threads.py).

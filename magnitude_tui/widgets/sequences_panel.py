@@ -23,7 +23,7 @@ SPARK_WIDTH = 12
 # "123.4 s", 12 sparkline cells): a table that sized columns to what it had seen so far grew
 # sideways as values changed, and how wide it got depended on when it happened to repaint.
 COLUMNS = {"pane": 7, "seq": 3, "class": 5, "phase": 14, "prompt (cached)": 19, "gen": 5, "queue": 7, "TTFT": 7,
-           "tok/s": 5, "ITL p50/p95/max": 20, "rate": SPARK_WIDTH}
+           "tok/s": 5, "ITL p50/p95/max": 20, "spec": 9, "rate": SPARK_WIDTH}
 # A sequence's priority class: a person's turn, an agent (subagent, API call), background (burst).
 CLASS_LABEL = {Priority.INTERACTIVE: "you", Priority.AGENT: "agent", Priority.BACKGROUND: "bg"}
 
@@ -133,8 +133,17 @@ class SequencesPanel(Vertical):
             fmt_ms(u.ttft_ms),
             fmt_rate(rate),
             itl,
+            spec_text(u),
             Text(spark(row.rates, SPARK_WIDTH), style=self.get_component_rich_style("seq--generating")),
         ]
+
+
+def spec_text(u: SeqUpdate) -> str:
+    """Tokens gained per generating step and the share of draft tokens accepted ("2.3 78%"), or
+    "—" for a sequence that never verified a draft."""
+    if not u.drafted or u.tokens_per_step is None:
+        return "—"
+    return f"{u.tokens_per_step:.1f} {round(100 * u.acceptance)}%"
 
 
 def _cell_key(cell: object) -> object:

@@ -124,5 +124,7 @@ class StatusLine(Horizontal):
                 t = u.server_timings
                 server = (f"server: prompt {fmt_rate(t.prompt_tok_s)} tok/s, "
                           f"gen {fmt_rate(t.predicted_tok_s)} tok/s, {t.cache_n} cached")
-            parts = [u.error, *latency, f"queue {fmt_ms(u.queue_ms)}", count, prompt, where, server]
+            spec = (f"{u.tokens_per_step:.1f} tok/step, {round(100 * u.acceptance)}% of drafts accepted"
+                    if u.drafted and u.tokens_per_step is not None else None)
+            parts = [u.error, *latency, spec, f"queue {fmt_ms(u.queue_ms)}", count, prompt, where, server]
         return " · ".join(p for p in parts if p)
