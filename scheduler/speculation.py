@@ -148,6 +148,14 @@ def draft_lengths(offers: Seq[DraftOffer], *, base_ms: float, base_tokens: float
     return ks
 
 
+def pick_source(offers: Seq[tuple[float, float]], row_ms: float) -> int:
+    """Which source a sequence drafts from: the one whose first draft row buys the most expected
+    tokens per ms. `offers[i]` is (acceptance estimate, that source's drafting cost per sequence
+    for one token). Acceptance alone would pick a draft model that predicts well but costs a whole
+    step to run, which the draft lengths then price out, leaving a free lookup that pays unused."""
+    return max(range(len(offers)), key=lambda i: offers[i][0] / max(row_ms + offers[i][1], 1e-9))
+
+
 def available_sources(mode: SpecMode, sources: dict[DraftKind, DraftSource]) -> list[DraftSource]:
     """The sources a mode drafts with; ValueError when a forced mode's source is missing."""
     if mode is SpecMode.OFF:

@@ -10,7 +10,7 @@ from scheduler.budget import CostModel, StepShape
 from scheduler.drafts import DraftKind, DraftSource, DraftWant, propose_all
 from scheduler.sequence import Sequence
 from scheduler.speculation import (K_MAX, PRIORS, AcceptanceEstimate, DraftOffer, SpecMode, available_sources,
-                                   draft_lengths)
+                                   draft_lengths, pick_source)
 from scheduler.types import KV_PAD, AttentionPath
 
 __all__ = ["Speculator"]
@@ -115,20 +115,10 @@ class Speculator:
                   prefill_rows: int, room_rows: int, room_ms: float | None):
         params = cost.params
         offers, owners, chosen = [], [], {}
+        n = len(decoding)
+        # What each source costs per sequence to propose one token, were every sequence drafting.
+        share = {src.kind: src.draft_ms(1, n) / n for src in sources}
         for seq in decoding:
-            best: tuple[float, DraftKind, int] | None = None
-            for src in sources:
-                free = src.draft_ms(1, 1) == 0.0
-                cap = len(guesses.get(seq.seq_id, [])) if free else caps[seq.seq_id]
-                if cap <= 0:
-                    continue
-                p = self.p(seq, src.kind)
-                if best is None or p > best[0]:
-                    best = (p, src.kind, cap)
-            if best is None:
-                continue
-            p, kind, cap = best
-            chosen[seq.seq_id] = kind
             # One more row of this sequence: a row with logits, attending over its positions (or,
             # without flash attention, over every used cell).
             if shape.path is AttentionPath.DENSE:
@@ -136,7 +126,18 @@ class Speculator:
                 attn = params.attn_ms * n_kv / 1000.0
             else:
                 attn = params.attn_ms * (seq.num_computed + 2) / 1000.0
-            offers.append(DraftOffer(p=p, cap=cap, row_ms=params.decode_ms + attn, source=kinds.index(kind)))
+            row_ms = params.decode_ms + attn
+            candidates: list[tuple[DraftKind, int, float]] = []
+            for src in sources:
+                free = src.draft_ms(1, 1) == 0.0
+                cap = len(guesses.get(seq.seq_id, [])) if free else caps[seq.seq_id]
+                if cap > 0:
+                    candidates.append((src.kind, cap, self.p(seq, src.kind)))
+            if not candidates:
+                continue
+            kind, cap, p = candidates[pick_source([(p, share[k]) for k, _, p in candidates], row_ms)]
+            chosen[seq.seq_id] = kind
+            offers.append(DraftOffer(p=p, cap=cap, row_ms=row_ms, source=kinds.index(kind)))
             owners.append(seq.seq_id)
         if not offers:
             return {}, chosen

@@ -257,3 +257,26 @@ def test_auto_never_loses_to_off_and_wins_where_replies_repeat(profile, reply):
             assert t_off / t_auto >= 1.3  # one sequence copying itself: drafting pays
         if reply == PROSE and profile == "cpu2core" and n == 16:
             assert rows == 0  # a draft row there costs what a decode row earns
+
+
+def test_auto_drafts_with_the_free_lookup_when_the_draft_model_costs_more_than_it_buys():
+    """A draft model that guesses every token right but costs most of a step per drafted token must
+    not crowd out the n-gram lookup: auto picks, per sequence, the source that buys the most
+    tokens per ms. Picking by acceptance alone chose the draft model (its prior beats the lookup's
+    estimate on prose), priced it out, and drafted almost nothing (13 rows, 1.01x off)."""
+    from backend.simulated import SimulatedBackend
+
+    def run(mode):
+        backend = SimulatedBackend("rx9070xt", n_ctx=32768, n_batch=2048, reply=PROSE)
+        expensive = ScriptedDrafts(backend, Acceptance.ALL, ms=13.0)  # a 1-sequence step is ~16 ms
+        engine, _ = engine_for(backend, policy="target:50", spec=mode, drafts={DraftKind.DRAFT_MODEL: expensive})
+        engine.submit(chat("r", "s", "hi", max_tokens=300))
+        reports = engine.run_until_idle()
+        assert_clean(engine, "s")
+        return reports[-1].t - reports[0].t, text(by_request(reports)["r"]), reports, expensive
+
+    t_off, off, _, _ = run("off")
+    t_auto, auto, reports, expensive = run("auto")
+    assert auto == off
+    assert sum(r.draft_rows for r in reports) > 100 and not expensive.proposed
+    assert t_off / t_auto >= 1.05, (t_off, t_auto)

@@ -8,7 +8,7 @@ import pytest
 from scheduler.drafts import DraftKind
 from scheduler.ngram import NgramIndex, NgramSource
 from scheduler.speculation import (K_MAX, AcceptanceEstimate, DraftOffer, SpecMode, available_sources, draft_lengths,
-                                   parse_spec_mode)
+                                   parse_spec_mode, pick_source)
 
 # The simulated profiles' per-row costs (backend/simulated.py), as the cost model holds them.
 CPU = dict(fixed=4.3, row=6.7)  # 2 EPYC cores, SmolLM2-135M: 11 ms for 1 sequence, 58 ms for 8
@@ -107,6 +107,15 @@ def test_rows_go_to_the_sequences_most_likely_to_accept_them():
     offers = [DraftOffer(p=0.95, cap=K_MAX, row_ms=1.0), DraftOffer(p=0.2, cap=K_MAX, row_ms=1.0)]
     ks = draft_lengths(offers, base_ms=10.0, base_tokens=2, room_rows=4)
     assert ks[0] == 4 and ks[1] == 0
+
+
+def test_a_sequence_drafts_from_the_source_that_buys_the_most_tokens_per_ms():
+    # The model as its own draft accepts 0.95 but costs a whole 11 ms step per drafted token; the
+    # free lookup accepts 0.7. Per ms of step the lookup wins (0.7/6.7 against 0.95/17.7), so auto
+    # drafts with it instead of picking the draft model and then pricing it out.
+    assert pick_source([(0.95, 11.0), (0.7, 0.0)], row_ms=CPU["row"]) == 1
+    # A cheap draft model (a tiny one beside a large target) that predicts better wins.
+    assert pick_source([(0.95, 0.5), (0.7, 0.0)], row_ms=GPU["row"] * 4) == 0
 
 
 def test_spec_modes_parse_and_a_forced_mode_needs_its_source():

@@ -154,10 +154,8 @@ class _Bench:
 
 def _task(bench: _Bench, task: Task, prompts, sources: dict[DraftKind, DraftSource], progress) -> list[dict]:
     """One task's runs: off, ngram and auto on an engine with n-gram lookup only (what a user
-    without --draft-model runs), then `draft` on one that also has the draft model. Auto picks
-    each sequence's source by its acceptance estimate alone, so a draft model that is accurate
-    but costs a target-sized step (the model as its own draft) would win every sequence's pick
-    and then be priced out: auto would draft with nothing."""
+    without --draft-model runs), then `draft` on one that also has the draft model (the model as
+    its own draft: an upper bound on acceptance, not a draft model anyone would pay for)."""
     rows: list[dict] = []
     off_texts: dict = {}
     lookup = {DraftKind.NGRAM: sources[DraftKind.NGRAM]}
