@@ -87,6 +87,12 @@ def test_an_unreachable_target_fills_the_attention_tile_rather_than_running_rows
     wide = StepShape(70, decode_kpos=70 * 2.2, prefill_pos0=2100, tile_rows=64)
     assert (parse_policy("target:50").prefill_allowance(wide, cost)
             == parse_policy("target:50").prefill_allowance(replace(wide, tile_rows=0), cost))
+    # Shallow decode rows that fit the target, beside a newcomer whose quantum does not: the gap
+    # bound stands (the tile would double the running sequences' gap, as seen on 2 threads).
+    shallow = StepShape(4, decode_kpos=4 * 0.1, prefill_pos0=2100, n_batch=2048, tile_rows=64)
+    assert cost.predict(4, 0, shallow.kpos(0)) < 200 < cost.predict(4, 16, shallow.kpos(16))
+    assert (parse_policy("target:200").prefill_allowance(shallow, cost)
+            == parse_policy("target:200").prefill_allowance(replace(shallow, tile_rows=0), cost) < 60)
     # A target that holds is left alone: the tile matters only where the target is out of reach.
     near = StepShape(2, decode_kpos=0.02, prefill_pos0=10, tile_rows=64)
     assert parse_policy("target:500").prefill_allowance(near, cost) == cost.rows_within(500, near)
