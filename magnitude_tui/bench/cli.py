@@ -52,6 +52,12 @@ def _progress(msg: str) -> None:
 
 
 
+def _check_cpu_clock(cpu_clock: bool, threads: int) -> None:
+    """CPU seconds of the engine's process measure its work only when one thread does it."""
+    if cpu_clock and threads != 1:
+        raise typer.BadParameter("CPU-time measurement needs one thread (--threads 1)", param_hint="--cpu-clock")
+
+
 @bench_app.command()
 def admit(
     backend: List[str] = typer.Option(["llama", "simulated:rx9070xt"], "--backend", "-b",
@@ -116,8 +122,7 @@ def throughput(
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
     """Aggregate generated tok/s at 1..16 sequences: this engine vs llama-batched-bench, llama-server, serial Llama."""
-    if cpu_clock and threads != 1:
-        raise typer.BadParameter("CPU-time measurement needs one thread (--threads 1)", param_hint="--cpu-clock")
+    _check_cpu_clock(cpu_clock, threads)
     from magnitude_tui.bench.peers import PeerError
     from magnitude_tui.bench.plots import plot_throughput
     from magnitude_tui.bench.throughput import PEERS, ThroughputConfig, run_throughput
@@ -235,8 +240,7 @@ def burst(
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
     """N subagents forked from a long conversation at once: TTFT, ITL and decode step at depth, every policy."""
-    if cpu_clock and threads != 1:
-        raise typer.BadParameter("CPU-time measurement needs one thread (--threads 1)", param_hint="--cpu-clock")
+    _check_cpu_clock(cpu_clock, threads)
     from magnitude_tui.bench.burst import BurstConfig, run_bursts
 
     flashes = tuple(f.strip() for f in flash.split(",") if f.strip())
@@ -261,8 +265,7 @@ def target_depth(
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
     """Does target:MS hold its target deep in a context? p50/p99 step against the target per depth."""
-    if cpu_clock and threads != 1:
-        raise typer.BadParameter("CPU-time measurement needs one thread (--threads 1)", param_hint="--cpu-clock")
+    _check_cpu_clock(cpu_clock, threads)
     from magnitude_tui.bench.target_depth import TargetDepthConfig, run_target_depth
 
     cfg = TargetDepthConfig(depths=_ints(depths), n_running=n_running, newcomer=newcomer, target_ms=target,
