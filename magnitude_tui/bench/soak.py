@@ -24,34 +24,14 @@ import signal
 import sqlite3
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
 
 from magnitude_tui.bench.common import BenchResult, machine_info, percentile, rnd
+from magnitude_tui.bench.soak_config import SoakConfig, soak_row
 from magnitude_tui.engine.warm_store import WarmStore
-
-
-@dataclass(frozen=True)
-class SoakConfig:
-    fake_ops: int = 100_000
-    real_ops: int = 2_000
-    bad_rounds: int = 20
-    flood_rounds: int = 5
-    kill_rounds: int = 10
-    db_rounds: int = 25
-    app_kill_rounds: int = 5
-    seed: int = 1
-    model: str | None = None
-    device: str = "cpu"
-    contention_reps: int = 2
-    ui_flood: int = 100_000
-
-
-def soak_row(scenario: str, amount: str, failures: int, leaked: str, lost: str, **extra) -> dict:
-    return {"scenario": scenario, "operations or duration": amount, "failures": failures,
-            "leaked cells/slots": leaked, "data lost": lost, **extra}
 
 
 # ---- state machines --------------------------------------------------------------------------
@@ -121,12 +101,12 @@ def machine_fake(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
 
 
 def machine_real(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
-    from backend.llama_backend import LlamaBackend
+    from backend.factory import BackendConfig, build_backend
     from magnitude_tui.bench.common import reset_kv
     from magnitude_tui.engine.core import Engine
 
-    backend = LlamaBackend.load(model_path=cfg.model, device=cfg.device, n_ctx=2048, n_seq_max=6,
-                                n_batch=512)
+    backend = build_backend(BackendConfig("llama", model=cfg.model, device=cfg.device, n_ctx=2048, n_seq_max=6,
+                                          n_batch=512))
     kv_dir = tempfile.mkdtemp(prefix="magnitude-soak-kv-")
     try:
         def make():
