@@ -300,3 +300,22 @@ def test_generate_runs_on_a_remote_server_and_says_its_figures_are_the_clients(c
     assert "client-side figures" in out and "estimated with tiktoken" in out
     n = estimate_tokens("w0 w1 w2 ")
     assert out.count(f"~{n}") >= 2  # each reply's tokens, counted here and marked
+
+
+def test_the_generate_command_takes_the_remote_options(monkeypatch):
+    from typer.testing import CliRunner
+
+    from magnitude_tui.cli import app
+
+    monkeypatch.setenv("STUB_KEY", "sekrit")
+    with StubServer(Script(words=3, models=("a-model", "b-model"))) as one, \
+            StubServer(Script(words=3, models=("a-model", "b-model"))) as two:
+        result = CliRunner().invoke(app, ["generate", "hi", "--n", "4", "--max-tokens", "3",
+                                          "--remote", one.url, "--remote", two.url + "/v1",
+                                          "--remote-model", "b-model", "--api-key-env", "STUB_KEY"])
+        assert result.exit_code == 0, result.output
+        sent = one.requests + two.requests
+    assert len(one.requests) == len(two.requests) == 2  # both servers share the four sequences
+    assert {r["body"]["model"] for r in sent} == {"b-model"}
+    assert {r["headers"]["Authorization"] for r in sent} == {"Bearer sekrit"}
+    assert "client-side figures" in " ".join(result.output.split())
