@@ -3,6 +3,7 @@ burst, target-depth, resume, remote, serve, soak, spec, contention, ui, ui-cpu."
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -158,6 +159,9 @@ def spec_bench(
                                     "process's CPU seconds (only meaningful on a quiet machine)."),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt,
     threads: int = typer.Option(1, "--threads", "-t", help="CPU threads (1: CPU time measures the work)."),
+    flash_attn: str = typer.Option("auto", "--flash-attn", help="auto | on | off. On with 1 thread, llama.cpp "
+                                   "computes a row alike in a batch of 1 or k rows, so greedy replies equal off's "
+                                   "exactly at 1 sequence (docs/design/speculation.md)."),
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
     """Speculative decoding: off / ngram / auto / draft at 1..16 sequences on three tasks, llama-server's
@@ -181,7 +185,9 @@ def spec_bench(
     cfg = SpecBenchConfig(widths=_ints(seqs), tasks=chosen_tasks, modes=chosen_modes, max_tokens=max_tokens,
                           reps=reps, policy=policy, draft_model=draft_model, cpu_clock=not wall_clock,
                           peer=peer, sim_profile=sim_profile)
-    spec = _spec(backend, model, device, threads, ctx)
+    if flash_attn.strip().lower() not in ("auto", "on", "off"):
+        raise typer.BadParameter(f"expected auto, on or off, got {flash_attn!r}", param_hint="--flash-attn")
+    spec = replace(_spec(backend, model, device, threads, ctx), flash_attn=flash_attn.strip().lower())
     real = spec.family == "llama"
     result = run_spec(spec, cfg, progress=_progress, peer=run_peer if peer and real else None)
     _finish(result, out, plot_spec)
