@@ -17,7 +17,7 @@ from typing import Callable, Sequence as Seq
 
 from scheduler.drafts import DraftKind, DraftSource
 
-__all__ = ["AcceptanceEstimate", "DraftOffer", "SpecMode", "draft_lengths", "parse_spec_mode"]
+__all__ = ["AcceptanceEstimate", "DraftOffer", "SpecMode", "draft_lengths", "parse_spec_mode", "row_can_pay"]
 
 # The most draft rows one sequence verifies in a step; beyond ~8 even a 0.9 acceptance rate adds
 # under half a token per row.
@@ -146,6 +146,15 @@ def draft_lengths(offers: Seq[DraftOffer], *, base_ms: float, base_tokens: float
         ms += best_cost
         extra_ms += best_cost
     return ks
+
+
+def row_can_pay(row_ms: float, base_ms: float, base_tokens: float) -> bool:
+    """Whether a sequence's first draft row could pass `draft_lengths`' bar at all: even accepted
+    for sure (p = 1) it must raise the step's tokens per ms by GAIN_MARGIN. Rows after the first
+    are worth less and the bar only rises, so a sequence failing this drafts nothing this step."""
+    if row_ms <= 0:
+        return True
+    return base_ms > 0 and base_ms / row_ms > base_tokens * (1.0 + GAIN_MARGIN)
 
 
 def pick_source(offers: Seq[tuple[float, float]], row_ms: float) -> int:

@@ -10,7 +10,7 @@ from scheduler.budget import CostModel, StepShape
 from scheduler.drafts import DraftKind, DraftSource, DraftWant, propose_all
 from scheduler.sequence import Sequence
 from scheduler.speculation import (K_MAX, PRIORS, AcceptanceEstimate, DraftOffer, SpecMode, available_sources,
-                                   draft_lengths, pick_source)
+                                   draft_lengths, pick_source, row_can_pay)
 from scheduler.types import KV_PAD, AttentionPath
 
 __all__ = ["Speculator"]
@@ -57,6 +57,14 @@ class Speculator:
             return {}
         kinds = [s.kind for s in sources]
         caps = {seq.seq_id: self._cap(seq, n_ctx_seq) for seq in decoding}
+        base_ms = cost.predict(shape.decode_rows, prefill_rows, shape.kpos(prefill_rows))
+        if self.mode.forced is None:
+            # A sequence whose first draft row would not pay even if every guess were accepted
+            # drafts nothing this step whatever its source guesses, so nothing is looked up for it
+            # (and no shadow judged): at 8-16 sequences on a CPU that is every sequence, every step.
+            for seq in decoding:
+                if not row_can_pay(self._row_ms(seq, cost, shape), base_ms, shape.decode_rows):
+                    caps[seq.seq_id] = 0
         # Free sources guess now, for everyone: the guess decides their offer, and a guess not
         # verified is judged later for free against the token that comes (the shadow estimate).
         guesses: dict[int, list[int]] = {}
@@ -72,7 +80,7 @@ class Speculator:
             chosen = {seq.seq_id: sources[0].kind for seq in decoding}
         else:
             ks, chosen = self._adaptive(decoding, sources, kinds, guesses, caps, cost=cost, shape=shape,
-                                        prefill_rows=prefill_rows, room_rows=room_rows, room_ms=room_ms)
+                                        base_ms=base_ms, room_rows=room_rows, room_ms=room_ms)
         # A paid source (a draft model) drafts for all its sequences in one call: one batch per
         # draft position, not one per sequence.
         wants: dict[DraftKind, list[DraftWant]] = {}
@@ -111,22 +119,24 @@ class Speculator:
             room_rows -= k
         return ks
 
-    def _adaptive(self, decoding, sources, kinds, guesses, caps, *, cost: CostModel, shape: StepShape,
-                  prefill_rows: int, room_rows: int, room_ms: float | None):
+    @staticmethod
+    def _row_ms(seq: Sequence, cost: CostModel, shape: StepShape) -> float:
+        """One more row of this sequence: a row with logits, attending over its positions (or,
+        without flash attention, over every used cell)."""
         params = cost.params
+        if shape.path is AttentionPath.DENSE:
+            n_kv = -(-(shape.cells_used + 1) // KV_PAD) * KV_PAD
+            return params.decode_ms + params.attn_ms * n_kv / 1000.0
+        return params.decode_ms + params.attn_ms * (seq.num_computed + 2) / 1000.0
+
+    def _adaptive(self, decoding, sources, kinds, guesses, caps, *, cost: CostModel, shape: StepShape,
+                  base_ms: float, room_rows: int, room_ms: float | None):
         offers, owners, chosen = [], [], {}
         n = len(decoding)
         # What each source costs per sequence to propose one token, were every sequence drafting.
         share = {src.kind: src.draft_ms(1, n) / n for src in sources}
         for seq in decoding:
-            # One more row of this sequence: a row with logits, attending over its positions (or,
-            # without flash attention, over every used cell).
-            if shape.path is AttentionPath.DENSE:
-                n_kv = -(-(shape.cells_used + 1) // KV_PAD) * KV_PAD
-                attn = params.attn_ms * n_kv / 1000.0
-            else:
-                attn = params.attn_ms * (seq.num_computed + 2) / 1000.0
-            row_ms = params.decode_ms + attn
+            row_ms = self._row_ms(seq, cost, shape)
             candidates: list[tuple[DraftKind, int, float]] = []
             for src in sources:
                 free = src.draft_ms(1, 1) == 0.0
@@ -141,7 +151,6 @@ class Speculator:
             owners.append(seq.seq_id)
         if not offers:
             return {}, chosen
-        base_ms = cost.predict(shape.decode_rows, prefill_rows, shape.kpos(prefill_rows))
         ks = draft_lengths(offers, base_ms=base_ms, base_tokens=shape.decode_rows, room_rows=room_rows,
                            room_ms=room_ms, draft_ms=[s.draft_ms for s in sources])
         return dict(zip(owners, ks)), chosen

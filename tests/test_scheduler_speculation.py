@@ -127,3 +127,19 @@ def test_spec_modes_parse_and_a_forced_mode_needs_its_source():
     assert [s.kind for s in available_sources(SpecMode.AUTO, ngram)] == [DraftKind.NGRAM]
     with pytest.raises(ValueError, match="--draft-model"):
         available_sources(SpecMode.DRAFT, ngram)
+
+
+def test_a_row_that_could_not_pay_even_if_accepted_for_sure_is_not_worth_a_guess():
+    from scheduler.speculation import row_can_pay
+
+    def base(profile, n):
+        return profile["fixed"] + profile["row"] * n
+
+    assert row_can_pay(CPU["row"], base(CPU, 1), 1)  # 11 ms for 1 token: a sure 6.7 ms row pays
+    assert not row_can_pay(CPU["row"], base(CPU, 8), 8)  # 58 ms for 8: 1/6.7 < 1.15 x 8/58
+    assert not row_can_pay(CPU["row"], base(CPU, 16), 16)
+    assert row_can_pay(GPU["row"], base(GPU, 16), 16)  # 36.8 ms for 16: a sure 1.39 ms row pays
+    # The bound agrees with draft_lengths at p = 1 (where a row either passes the bar or nothing does).
+    for profile in (CPU, GPU):
+        for n in (1, 2, 4, 8, 16):
+            assert row_can_pay(profile["row"], base(profile, n), n) == (lengths(profile, n, 1.0)[0] > 0)
