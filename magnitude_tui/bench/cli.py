@@ -119,6 +119,8 @@ def throughput(
     profile: bool = typer.Option(False, "--profile", help="Also cProfile one engine run at 8 sequences."),
     cpu_clock: bool = typer.Option(False, "--cpu-clock", help="Time the engine's runs in CPU seconds of its process "
                                    "(one thread only): the work done, whatever else a shared machine runs."),
+    spec: str = typer.Option("off", "--spec", help="The engine's speculative decoding: off (the peers' work: none "
+                             "of them speculates), ngram or auto."),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
@@ -132,8 +134,18 @@ def throughput(
     bad = [p for p in chosen if p not in PEERS]
     if bad:
         raise typer.BadParameter(f"unknown peer {bad[0]!r}: choose from {', '.join(PEERS)}", param_hint="--peers")
+    from scheduler.speculation import SpecMode, parse_spec_mode
+
+    try:
+        spec_mode = parse_spec_mode(spec)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--spec") from None
+    if spec_mode is SpecMode.DRAFT:
+        raise typer.BadParameter("draft needs a draft model, which bench throughput does not load: use off, ngram "
+                                 "or auto (bench spec measures draft)", param_hint="--spec")
     cfg = ThroughputConfig(seqs=_ints(seqs), prompt=prompt, gen=gen, reps=reps, policies=tuple(policy),
-                           peers=chosen, require_tools=require_tools, profile=profile, cpu_clock=cpu_clock)
+                           peers=chosen, require_tools=require_tools, profile=profile, cpu_clock=cpu_clock,
+                           spec=spec_mode.value)
     try:
         result = run_throughput(_spec("llama", model, device, threads, ctx), cfg, progress=_progress)
     except PeerError as e:
