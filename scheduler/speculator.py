@@ -9,8 +9,8 @@ from __future__ import annotations
 from scheduler.budget import CostModel, StepShape
 from scheduler.drafts import DraftKind, DraftSource, DraftWant, propose_all
 from scheduler.sequence import Sequence
-from scheduler.speculation import (K_MAX, PRIORS, AcceptanceEstimate, DraftOffer, SpecMode, available_sources,
-                                   draft_lengths, pick_source, row_can_pay)
+from scheduler.speculation import (K_MAX, PRIORS, AcceptanceEstimate, DraftOffer, Shadow, SpecMode, available_sources,
+                                   draft_lengths, observe_run, pick_source, row_can_pay)
 from scheduler.types import KV_PAD, AttentionPath
 
 __all__ = ["Speculator"]
@@ -23,7 +23,7 @@ class Speculator:
     def __init__(self, sources: dict[DraftKind, DraftSource] | None = None,
                  mode: SpecMode = SpecMode.OFF) -> None:
         self.sources: dict[DraftKind, DraftSource] = dict(sources or {})
-        self.overall = {kind: AcceptanceEstimate() for kind in DraftKind}
+        self.overall = {(kind, deeper): AcceptanceEstimate() for kind in DraftKind for deeper in (False, True)}
         self.mode = SpecMode.OFF
         self.set_mode(mode)
         self.paused_steps = 0  # no drafts for this many steps (after "no KV slot" with drafts)
@@ -38,9 +38,17 @@ class Speculator:
     def pause(self, steps: int) -> None:
         self.paused_steps = max(self.paused_steps, steps)
 
-    def p(self, seq: Sequence, kind: DraftKind) -> float:
-        """The sequence's acceptance estimate for a source, drawn toward the source's overall one."""
-        return seq.spec.estimate(kind).p(self.overall[kind].p(PRIORS[kind]))
+    def p(self, seq: Sequence, kind: DraftKind, deeper: bool = False) -> float:
+        """The sequence's acceptance estimate for a source's first draft row (or, `deeper`, a row
+        after an accepted one), drawn toward the source's overall one; a row after an accepted one
+        starts where the first row is."""
+        first = self.overall[(kind, False)].p(PRIORS[kind])
+        prior = self.overall[(kind, True)].p(first) if deeper else first
+        return seq.spec.estimate(kind, deeper).p(prior)
+
+    def _observe(self, seq: Sequence, kind: DraftKind, depth: int, matched: int, decided: bool) -> None:
+        observe_run(seq.spec.estimate(kind), seq.spec.estimate(kind, True), depth, matched, decided)
+        observe_run(self.overall[(kind, False)], self.overall[(kind, True)], depth, matched, decided)
 
     # ---- planning ------------------------------------------------------------------------------
 
@@ -94,15 +102,18 @@ class Speculator:
         for seq in decoding:
             k, kind = ks.get(seq.seq_id, 0), chosen.get(seq.seq_id)
             guess = guesses.get(seq.seq_id, [])
+            tokens: list[int] = []
             if k > 0 and kind is not None:
                 src = self.sources[kind]
                 tokens = guess[:k] if src.draft_ms(1, 1) == 0.0 and guess else drafted[kind].get(
                     seq.seq_id, [])[:k]
                 if tokens:
                     out[seq.seq_id] = (kind, tuple(tokens))
-                    continue
-            if guess:
-                seq.spec.shadow = (guessed_by[seq.seq_id], seq.num_tokens, guess[0])
+            # The free guess beyond what is verified now is judged against the tokens that come:
+            # all of it when nothing is drafted, its tail when a verification accepts every row.
+            depth = len(tokens) if tokens and out[seq.seq_id][0] == guessed_by.get(seq.seq_id) else 0
+            if guess and seq.spec.shadow is None and (not tokens or depth) and depth < len(guess):
+                seq.spec.shadow = Shadow(guessed_by[seq.seq_id], seq.num_tokens, tuple(guess), depth)
         return out
 
     def _cap(self, seq: Sequence, n_ctx_seq: int) -> int:
@@ -147,7 +158,8 @@ class Speculator:
                 continue
             kind, cap, p = candidates[pick_source([(p, share[k]) for k, _, p in candidates], row_ms)]
             chosen[seq.seq_id] = kind
-            offers.append(DraftOffer(p=p, cap=cap, row_ms=row_ms, source=kinds.index(kind)))
+            offers.append(DraftOffer(p=p, cap=cap, row_ms=row_ms, source=kinds.index(kind),
+                                     p_more=self.p(seq, kind, deeper=True)))
             owners.append(seq.seq_id)
         if not offers:
             return {}, chosen
@@ -156,17 +168,22 @@ class Speculator:
         return dict(zip(owners, ks)), chosen
 
     def _judge_shadow(self, seq: Sequence) -> None:
-        """A guess made while the sequence did not draft, against the token that came after."""
-        shadow, seq.spec.shadow = seq.spec.shadow, None
+        """A free guess against the tokens committed since it was made, from the first depth not
+        judged yet; it waits while none of its remaining depths has a token yet."""
+        shadow = seq.spec.shadow
         if shadow is None:
             return
-        kind, pos, token = shadow
-        if seq.num_tokens <= pos:
-            seq.spec.shadow = shadow  # not decided yet (the step failed)
-            return
-        hit = seq.token_range(pos, pos + 1)[0] == token
-        seq.spec.estimate(kind).observe(int(hit), not hit)
-        self.overall[kind].observe(int(hit), not hit)
+        n = min(len(shadow.tokens), seq.num_tokens - shadow.pos)
+        if n <= shadow.depth:
+            return  # no new token at its depths yet (the step failed, or it was just made)
+        came = seq.token_range(shadow.pos + shadow.depth, shadow.pos + n)
+        matched = next((i for i, t in enumerate(came) if t != shadow.tokens[shadow.depth + i]), None)
+        decided = matched is not None
+        self._observe(seq, shadow.kind, shadow.depth, matched if decided else len(came), decided)
+        if decided or n == len(shadow.tokens):
+            seq.spec.shadow = None
+        else:
+            shadow.depth = n
 
     # ---- after sampling ------------------------------------------------------------------------
 
@@ -174,8 +191,9 @@ class Speculator:
         """Sampling accepted `accepted` of the `drafted` draft tokens it verified; `judged` of
         them were compared with a sampled token (the reply may end before the rest are)."""
         rejected = accepted < judged
-        seq.spec.estimate(kind).observe(accepted, rejected)
-        self.overall[kind].observe(accepted, rejected)
+        self._observe(seq, kind, 0, accepted, rejected)
+        if rejected and seq.spec.shadow is not None and seq.spec.shadow.depth:
+            seq.spec.shadow = None  # its tail followed the rejected draft: nothing left to judge
         seq.num_drafted += drafted
         seq.num_accepted += accepted
         self.num_drafted += drafted
