@@ -105,7 +105,10 @@ class SpecState:
     geometric p undervalues long drafts exactly where they pay."""
 
     estimates: dict[tuple[DraftKind, bool], AcceptanceEstimate] = field(default_factory=dict)
-    shadow: Shadow | None = None
+    # Guesses waiting for their tokens: one a step for the first-row estimate (its first token
+    # only), and one at a time judged at every depth (a guess a step judged whole would count
+    # each token up to K_MAX times and the deeper estimate would forget within a step or two).
+    shadows: list[Shadow] = field(default_factory=list)
 
     def estimate(self, kind: DraftKind, deeper: bool = False) -> AcceptanceEstimate:
         return self.estimates.setdefault((kind, deeper), AcceptanceEstimate())

@@ -112,8 +112,11 @@ class Speculator:
             # The free guess beyond what is verified now is judged against the tokens that come:
             # all of it when nothing is drafted, its tail when a verification accepts every row.
             depth = len(tokens) if tokens and out[seq.seq_id][0] == guessed_by.get(seq.seq_id) else 0
-            if guess and seq.spec.shadow is None and (not tokens or depth) and depth < len(guess):
-                seq.spec.shadow = Shadow(guessed_by[seq.seq_id], seq.num_tokens, tuple(guess), depth)
+            if guess and (not tokens or depth) and depth < len(guess):
+                deep = not any(len(sh.tokens) > 1 for sh in seq.spec.shadows)
+                if deep or not depth:
+                    seq.spec.shadows.append(Shadow(guessed_by[seq.seq_id], seq.num_tokens,
+                                                   tuple(guess if deep else guess[:1]), depth))
         return out
 
     def _cap(self, seq: Sequence, n_ctx_seq: int) -> int:
@@ -168,22 +171,21 @@ class Speculator:
         return dict(zip(owners, ks)), chosen
 
     def _judge_shadow(self, seq: Sequence) -> None:
-        """A free guess against the tokens committed since it was made, from the first depth not
-        judged yet; it waits while none of its remaining depths has a token yet."""
-        shadow = seq.spec.shadow
-        if shadow is None:
-            return
+        """Free guesses against the tokens committed since they were made, each from its first
+        depth not judged yet; a guess waits while none of its remaining depths has a token."""
+        seq.spec.shadows = [sh for sh in seq.spec.shadows if not self._judge(seq, sh)]
+
+    def _judge(self, seq: Sequence, shadow: Shadow) -> bool:
+        """Count what came for one guess; True once it is decided (a miss, or every depth judged)."""
         n = min(len(shadow.tokens), seq.num_tokens - shadow.pos)
         if n <= shadow.depth:
-            return  # no new token at its depths yet (the step failed, or it was just made)
+            return False  # no new token at its depths yet (the step failed, or it was just made)
         came = seq.token_range(shadow.pos + shadow.depth, shadow.pos + n)
         matched = next((i for i, t in enumerate(came) if t != shadow.tokens[shadow.depth + i]), None)
         decided = matched is not None
         self._observe(seq, shadow.kind, shadow.depth, matched if decided else len(came), decided)
-        if decided or n == len(shadow.tokens):
-            seq.spec.shadow = None
-        else:
-            shadow.depth = n
+        shadow.depth = n
+        return decided or n == len(shadow.tokens)
 
     # ---- after sampling ------------------------------------------------------------------------
 
@@ -192,8 +194,8 @@ class Speculator:
         them were compared with a sampled token (the reply may end before the rest are)."""
         rejected = accepted < judged
         self._observe(seq, kind, 0, accepted, rejected)
-        if rejected and seq.spec.shadow is not None and seq.spec.shadow.depth:
-            seq.spec.shadow = None  # its tail followed the rejected draft: nothing left to judge
+        if rejected:  # a guess's tail after the verified rows followed the rejected draft
+            seq.spec.shadows = [sh for sh in seq.spec.shadows if not sh.depth]
         seq.num_drafted += drafted
         seq.num_accepted += accepted
         self.num_drafted += drafted

@@ -180,15 +180,15 @@ def test_a_guess_not_verified_is_judged_at_every_depth_against_the_tokens_that_c
 
     spec = Speculator({DraftKind.NGRAM: NgramSource()}, SpecMode.AUTO)
     seq = Sequence(Request("r", "s", (), SamplingParams()), [1, 2, 3], t_submit=0.0)
-    seq.spec.shadow = Shadow(DraftKind.NGRAM, 3, (7, 8, 9, 10))
+    seq.spec.shadows = [Shadow(DraftKind.NGRAM, 3, (7, 8, 9, 10))]
     seq.output += [7, 8]  # two tokens came, both as guessed
     spec._judge_shadow(seq)
     first, deeper = seq.spec.estimate(DraftKind.NGRAM), seq.spec.estimate(DraftKind.NGRAM, True)
-    assert (first.hits, deeper.hits, deeper.misses) == (1, 1, 0) and seq.spec.shadow.depth == 2
+    assert (first.hits, deeper.hits, deeper.misses) == (1, 1, 0) and seq.spec.shadows[0].depth == 2
     spec._judge_shadow(seq)  # nothing new came: nothing counted twice
     assert (first.hits, deeper.hits) == (1, 1)
     seq.output += [9, 5]  # depth 2 hit, depth 3 missed: decided
     spec._judge_shadow(seq)
     assert (first.hits, first.misses) == (1, 0)
-    assert (round(deeper.hits, 2), deeper.misses) == (1.92, 1) and seq.spec.shadow is None
+    assert (round(deeper.hits, 2), deeper.misses) == (1.92, 1) and seq.spec.shadows == []
     assert spec.p(seq, DraftKind.NGRAM, deeper=True) != spec.p(seq, DraftKind.NGRAM)
