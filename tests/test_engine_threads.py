@@ -8,8 +8,8 @@ import pytest
 
 from backend.simulated import SimulatedBackend
 from magnitude_tui.engine.core import Engine
-from magnitude_tui.engine.threads import (ABORT_RATIO, MIN_STEPS, PROBE_STEPS, REPROBE_MAX_S, REPROBE_S,
-                                          CpuLoad, ThreadGovernor, ThreadMode)
+from magnitude_tui.engine.threads import (ABORT_RATIO, BAR_MAX_S, MIN_STEPS, PROBE_BUDGET, PROBE_STEPS,
+                                          REPROBE_MAX_S, REPROBE_S, CpuLoad, ThreadGovernor, ThreadMode)
 from scheduler.types import Message, Request, SamplingParams
 
 PREDICTED_MS = 50.0
@@ -125,6 +125,58 @@ def test_a_plainly_worse_candidate_is_dropped_after_two_steps() -> None:
     assert gov.n_threads == 1
     more = drive(gov, lambda n, t: 1.0 if n == 1 else 3 * ABORT_RATIO, seconds=REPROBE_MAX_S, t0=REPROBE_MAX_S + 5)
     assert [n for _, n in more].count(2) == 1, "and tried again only after the longest interval"
+
+
+def test_on_a_noisy_loaded_machine_an_expensive_probe_is_not_repeated_on_every_slow_spell() -> None:
+    """Measured with one busy process per core at a load average of 8 (2 cores): 1 thread ran a
+    step in ~1.9 s, a probe step on 2 threads took ~7.8 s, and the neighbours' bursts made the 1-thread
+    steps 1.5x slower now and then, each spell a new probe of 2: two in a 75 s round, 21 % of it."""
+    gov = ThreadGovernor(start=1, max_threads=2, load=ScriptedLoad(2.0))
+
+    def ratio(n: int, t: float) -> float:
+        spell = 1.6 if int(t / 20) % 2 else 1.0  # a neighbour's burst every other 20 s
+        return (38.0 if n == 1 else 156.0) * spell
+
+    used = drive(gov, ratio, seconds=BAR_MAX_S)
+    probe_steps = [t for t, n in used if n == 2]
+    spent = sum(PREDICTED_MS * ratio(2, t) / 1000.0 for t in probe_steps)
+    # One probe step costs ~6 s more than the incumbent's: paid back over 6 / PROBE_BUDGET s.
+    assert len(probe_steps) <= 2, f"2 threads probed {len(probe_steps)} times in {BAR_MAX_S:.0f} s"
+    assert spent <= 3 * PROBE_BUDGET * BAR_MAX_S
+    assert gov.n_threads == 1
+
+
+def test_a_change_of_load_lifts_the_bar_on_a_plainly_worse_count() -> None:
+    load = ScriptedLoad(2.0)
+    gov = ThreadGovernor(start=1, max_threads=2, load=load)
+    quiet_from = 60.0
+
+    def ratio(n: int, t: float) -> float:
+        if t < quiet_from:
+            return 38.0 if n == 1 else 156.0
+        return 1.8 if n == 1 else 1.0
+
+    drive(gov, ratio, seconds=quiet_from)
+    assert gov.n_threads == 1
+    load.cores = 0.0  # the neighbours stopped: the load says 2, whatever the bar says
+    used = drive(gov, ratio, seconds=10, t0=quiet_from)
+    assert gov.n_threads == 2, gov.state.why
+    assert min(t for t, n in used if n == 2) - quiet_from < 3.0
+
+
+def test_without_a_load_reader_a_barred_count_is_re_checked_once_its_cost_is_paid_back() -> None:
+    gov = ThreadGovernor(start=1, max_threads=2)
+    quiet_from = 30.0
+
+    def ratio(n: int, t: float) -> float:
+        if t < quiet_from:
+            return 38.0 if n == 1 else 156.0
+        return 1.8 if n == 1 else 1.0
+
+    used = drive(gov, ratio, seconds=BAR_MAX_S + REPROBE_MAX_S)
+    assert gov.n_threads == 2
+    back = next(t for t, n in used if t > quiet_from and n == 2)
+    assert back - quiet_from <= BAR_MAX_S + 1
 
 
 def test_slower_steps_at_the_same_count_trigger_a_probe() -> None:

@@ -24,6 +24,14 @@ PROBE_STEPS = 3  # steps measured at each candidate count
 # machine one step on too many threads cost 7x (one busy process) to 30x (a load average of 9 on
 # 2 cores) a normal step, so each probe of it must stay rare.
 ABORT_RATIO = 2.0
+# What a plainly worse probe may cost over time: its step's extra time over the incumbent's is paid
+# back by leaving that count alone for extra / PROBE_BUDGET seconds (at least REPROBE_MAX_S, at most
+# BAR_MAX_S) unless the load of other processes changes. With one busy process per core and a load
+# average of 8 on 2 cores, one probe step on 2 threads took ~7.8 s against ~1.9 s on 1 (SmolLM2,
+# 8 sequences): two probes in a 75 s round were 21 % of its time, the whole gap to llama-batched-bench
+# -t 1 under the same load. At 2 % such a probe waits ~5 minutes.
+PROBE_BUDGET = 0.02
+BAR_MAX_S = 600.0
 SWITCH_MARGIN = 0.10  # a candidate must be 10 % faster per unit of work to replace the incumbent
 SLOW_RATIO = 1.4  # steps this much slower than calibrated, or than when the count was chosen
 MIN_STEPS = 2  # steps at a count before anything is decided (a single step may be an outlier)
@@ -92,7 +100,10 @@ class ThreadGovernor:
     steps) when those steps grow `SLOW_RATIO` slower than when the count was chosen, when the load
     of other processes points at another count, or every `REPROBE_S` (doubling while nothing
     changes). It keeps whichever count did the most work per second, the incumbent unless a
-    candidate was clearly faster; a candidate that is plainly worse is dropped after two steps.
+    candidate was clearly faster. A candidate that is plainly worse is dropped after one step and
+    barred until that step's extra cost is paid back (`PROBE_BUDGET`); only a change in the load
+    of other processes lifts the bar sooner (slower steps do not: they are what a loaded machine
+    looks like, and re-trying the count that a loaded machine made plainly worse is what costs).
     """
 
     def __init__(self, *, start: int, max_threads: int, load: LoadReader | None = None,
@@ -116,6 +127,7 @@ class ThreadGovernor:
         self._candidates: list[int] = []
         self._scores: dict[int, list[float]] = {}
         self._plainly_worse = False  # a candidate of the current probe was dropped after one step
+        self._barred: dict[int, float] = {}  # count -> when it may be probed again (plainly worse)
         self._why = "as configured; measuring"
 
     @property
@@ -127,7 +139,7 @@ class ThreadGovernor:
         if step_ms > 0 and predicted_ms > 0:
             ratio = step_ms / predicted_ms
             if self.mode is ThreadMode.PROBING:
-                self._probe_step(now, ratio)
+                self._probe_step(now, ratio, predicted_ms)
             else:
                 self._steady_step(now, ratio)
         return self.n_threads
@@ -142,12 +154,15 @@ class ThreadGovernor:
         # The last three steps: two slow ones in a row are enough, one outlier is not.
         current = statistics.median(list(self._recent)[-3:])
         hint = self.hint()
-        if current > SLOW_RATIO * self._baseline:
-            self._start_probe(f"steps ran {current / self._baseline:.1f}x slower", hint)
-        elif hint is not None and hint != self.n_threads and hint != self._hint_at_probe:
-            self._start_probe(f"other processes use {self._others:.1f} cores", hint)
+        if hint is not None and hint != self.n_threads and hint != self._hint_at_probe:
+            self._barred.clear()  # the load changed: what it made plainly worse may not be now
+            self._start_probe(now, f"other processes use {self._others:.1f} cores", hint)
+        elif current > SLOW_RATIO * self._baseline:
+            if not self._start_probe(now, f"steps ran {current / self._baseline:.1f}x slower", hint):
+                self._baseline = current  # every other count is barred: this is the new normal
         elif now >= self._next_probe:
-            self._start_probe("periodic re-check", hint)
+            if not self._start_probe(now, "periodic re-check", hint):
+                self._next_probe = min(self._barred.values())
 
     def hint(self) -> int | None:
         """The count the load of other processes suggests (None: load unknown)."""
@@ -162,10 +177,14 @@ class ThreadGovernor:
 
     # ---- probing -------------------------------------------------------------------------------
 
-    def _start_probe(self, trigger: str, hint: int | None) -> None:
+    def _start_probe(self, now: float, trigger: str, hint: int | None) -> bool:
+        """Start measuring the candidates; False (nothing started) when every one is barred."""
+        self._barred = {n: t for n, t in self._barred.items() if t > now}
+        others = [n for n in range(1, self.max_threads + 1) if n != self.n_threads and n not in self._barred]
+        if not others:
+            return False
         self._incumbent = self.n_threads
         self._hint_at_probe = hint
-        others = [n for n in range(1, self.max_threads + 1) if n != self.n_threads]
         target = hint if hint is not None else self.n_threads
         # Nearest to what the load suggests first; at most two candidates per probe on many cores.
         self._candidates = sorted(others, key=lambda n: (abs(n - target), n))[:2]
@@ -174,13 +193,16 @@ class ThreadGovernor:
         self.mode = ThreadMode.PROBING
         self.n_threads = self._candidates.pop(0)
         self._why = f"probing {self.n_threads} ({trigger})"
+        return True
 
-    def _probe_step(self, now: float, ratio: float) -> None:
+    def _probe_step(self, now: float, ratio: float, predicted_ms: float) -> None:
         samples = self._scores.setdefault(self.n_threads, [])
         samples.append(ratio)
         incumbent = statistics.median(self._scores[self._incumbent])
         if ratio > ABORT_RATIO * incumbent:
             self._plainly_worse = True
+            extra_s = (ratio - incumbent) * predicted_ms / 1000.0
+            self._barred[self.n_threads] = now + min(BAR_MAX_S, max(REPROBE_MAX_S, extra_s / PROBE_BUDGET))
         elif len(samples) < PROBE_STEPS:
             return
         if self._candidates:
