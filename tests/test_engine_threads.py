@@ -179,6 +179,28 @@ def test_without_a_load_reader_a_barred_count_is_re_checked_once_its_cost_is_pai
     assert back - quiet_from <= BAR_MAX_S + 1
 
 
+def test_a_cheap_losing_probe_is_barred_briefly_so_slower_steps_still_find_the_better_count() -> None:
+    """The issue's quiet 2-core machine: beside one busy process 2 threads ran 7x slower than 1;
+    beside one per core, 2 threads beat 1 (28.2 against 22.8 tok/s). The probe of 2 beside one
+    busy process cost a fraction of a second, so when the second busy process slows the 1-thread
+    steps down, 2 is measured again at once, not after minutes."""
+    gov = ThreadGovernor(start=2, max_threads=2)
+    one_busy, two_busy = 20.0, 50.0
+
+    def ratio(n: int, t: float) -> float:
+        if t < one_busy:
+            return 1.0 if n == 2 else 1.8
+        if t < two_busy:
+            return 7.0 if n == 2 else 1.0
+        return 1.25 if n == 2 else 1.6
+
+    used = drive(gov, ratio, seconds=two_busy + 10)
+    assert [n for t, n in used if one_busy + 2 < t < two_busy][-1] == 1
+    assert gov.n_threads == 2, gov.state.why
+    back = next(t for t, n in used if t > two_busy and n == 2)
+    assert back - two_busy < 2.0
+
+
 def test_slower_steps_at_the_same_count_trigger_a_probe() -> None:
     gov = ThreadGovernor(start=2, max_threads=4)
     # Something took two cores: 4 threads now run 3x slower, 2 threads at their quiet speed.

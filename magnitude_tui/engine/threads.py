@@ -20,16 +20,18 @@ from scheduler.types import ThreadState
 
 PROBE_STEPS = 3  # steps measured at each candidate count
 # A candidate whose first step took this many times the incumbent's time per unit of predicted work
-# is dropped at once, and not tried again for REPROBE_MAX_S unless the load changes: on a busy
-# machine one step on too many threads cost 7x (one busy process) to 30x (a load average of 9 on
-# 2 cores) a normal step, so each probe of it must stay rare.
+# is dropped at once (and barred, see PROBE_BUDGET): on a busy machine one step on too many threads
+# cost 7x (one busy process) to 30x (a load average of 9 on 2 cores) a normal step, so each probe of
+# it must stay rare.
 ABORT_RATIO = 2.0
-# What a plainly worse probe may cost over time: its step's extra time over the incumbent's is paid
-# back by leaving that count alone for extra / PROBE_BUDGET seconds (at least REPROBE_MAX_S, at most
-# BAR_MAX_S) unless the load of other processes changes. With one busy process per core and a load
-# average of 8 on 2 cores, one probe step on 2 threads took ~7.8 s against ~1.9 s on 1 (SmolLM2,
-# 8 sequences): two probes in a 75 s round were 21 % of its time, the whole gap to llama-batched-bench
-# -t 1 under the same load. At 2 % such a probe waits ~5 minutes.
+# What probing may cost: a candidate that lost is not probed again (by slower steps or the periodic
+# re-check) until the time it cost beyond the incumbent's is paid back at PROBE_BUDGET of the time
+# since (at most BAR_MAX_S); a change in the load of other processes lifts that bar. With one busy
+# process per core and a load average of 8 on 2 cores, one probe step on 2 threads took ~7.8 s
+# against ~1.9 s on 1 (SmolLM2, 8 sequences), and the neighbours' bursts made the 1-thread steps
+# slower now and then, each time a new probe: two in a 75 s round were 21 % of it, the whole gap to
+# llama-batched-bench -t 1 under the same load. At 2 % such a probe waits ~5 minutes; one that cost
+# 0.25 s (a quiet machine beside one busy process) waits 12 s, so it stays quick to follow a change.
 PROBE_BUDGET = 0.02
 BAR_MAX_S = 600.0
 SWITCH_MARGIN = 0.10  # a candidate must be 10 % faster per unit of work to replace the incumbent
@@ -100,10 +102,11 @@ class ThreadGovernor:
     steps) when those steps grow `SLOW_RATIO` slower than when the count was chosen, when the load
     of other processes points at another count, or every `REPROBE_S` (doubling while nothing
     changes). It keeps whichever count did the most work per second, the incumbent unless a
-    candidate was clearly faster. A candidate that is plainly worse is dropped after one step and
-    barred until that step's extra cost is paid back (`PROBE_BUDGET`); only a change in the load
-    of other processes lifts the bar sooner (slower steps do not: they are what a loaded machine
-    looks like, and re-trying the count that a loaded machine made plainly worse is what costs).
+    candidate was clearly faster; a candidate that is plainly worse is dropped after one step.
+    A candidate that lost is barred until what its probe cost is paid back (`PROBE_BUDGET`); only a
+    change in the load of other processes lifts the bar sooner (slower steps do not: on a loaded
+    machine they come and go with the neighbours, and each re-try of a count it makes much slower
+    costs a whole slow step).
     """
 
     def __init__(self, *, start: int, max_threads: int, load: LoadReader | None = None,
@@ -127,7 +130,8 @@ class ThreadGovernor:
         self._candidates: list[int] = []
         self._scores: dict[int, list[float]] = {}
         self._plainly_worse = False  # a candidate of the current probe was dropped after one step
-        self._barred: dict[int, float] = {}  # count -> when it may be probed again (plainly worse)
+        self._cost_s: dict[int, float] = {}  # each candidate's time beyond the incumbent's, this probe
+        self._barred: dict[int, float] = {}  # count -> when it may be probed again (it lost, and cost)
         self._why = "as configured; measuring"
 
     @property
@@ -190,6 +194,7 @@ class ThreadGovernor:
         self._candidates = sorted(others, key=lambda n: (abs(n - target), n))[:2]
         self._scores = {self._incumbent: list(self._recent)[-PROBE_STEPS:]}
         self._plainly_worse = False
+        self._cost_s = {}
         self.mode = ThreadMode.PROBING
         self.n_threads = self._candidates.pop(0)
         self._why = f"probing {self.n_threads} ({trigger})"
@@ -199,10 +204,10 @@ class ThreadGovernor:
         samples = self._scores.setdefault(self.n_threads, [])
         samples.append(ratio)
         incumbent = statistics.median(self._scores[self._incumbent])
+        extra_s = max(0.0, ratio - incumbent) * predicted_ms / 1000.0
+        self._cost_s[self.n_threads] = self._cost_s.get(self.n_threads, 0.0) + extra_s
         if ratio > ABORT_RATIO * incumbent:
             self._plainly_worse = True
-            extra_s = (ratio - incumbent) * predicted_ms / 1000.0
-            self._barred[self.n_threads] = now + min(BAR_MAX_S, max(REPROBE_MAX_S, extra_s / PROBE_BUDGET))
         elif len(samples) < PROBE_STEPS:
             return
         if self._candidates:
@@ -223,9 +228,12 @@ class ThreadGovernor:
             self._interval = REPROBE_S
             self._why = f"fastest measured, switched from {self._incumbent} ({slower})"
         else:
-            # A candidate that was plainly worse waits the longest interval (or a change of load).
+            # After a plainly worse candidate the re-check waits the longest interval, or its bar.
             self._interval = REPROBE_MAX_S if self._plainly_worse else min(REPROBE_MAX_S, self._interval * 2)
             self._why = f"fastest measured ({slower})"
+        for n, cost_s in self._cost_s.items():
+            if n != keep and cost_s > 0:
+                self._barred[n] = now + min(BAR_MAX_S, cost_s / PROBE_BUDGET)
         self.n_threads = keep
         self.mode = ThreadMode.STEADY
         self._baseline = medians[keep]
