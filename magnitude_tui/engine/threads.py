@@ -42,6 +42,10 @@ MIN_GAP_S = 2.0  # never probe again sooner than this after the last probe ended
 REPROBE_S = 15.0  # with nothing pointing at a change, measure the alternatives again after this,
 REPROBE_MAX_S = 120.0  # doubling each time the incumbent keeps its place, up to this
 LOAD_EVERY_S = 1.0  # how often the load of other processes is read
+# Other processes' load moved this many cores since the last probe: measure again, even where the
+# count it suggests is the same (the issue's 2 cores: beside one busy process 1 thread was 6x faster
+# than 2, beside one per core 2 were 1.2x faster than 1, and both loads suggest 1).
+LOAD_SHIFT = 0.75
 
 
 class ThreadMode(Enum):
@@ -126,6 +130,7 @@ class ThreadGovernor:
         self._interval = REPROBE_S
         self._next_probe = now + REPROBE_S
         self._hint_at_probe: int | None = None
+        self._others_at_probe: float | None = None
         self._incumbent = start
         self._candidates: list[int] = []
         self._scores: dict[int, list[float]] = {}
@@ -164,6 +169,10 @@ class ThreadGovernor:
         elif current > SLOW_RATIO * self._baseline:
             if not self._start_probe(now, f"steps ran {current / self._baseline:.1f}x slower", hint):
                 self._baseline = current  # every other count is barred: this is the new normal
+        elif self._load_shifted():
+            was = self._others_at_probe
+            if not self._start_probe(now, f"other processes went from {was:.1f} to {self._others:.1f} cores", hint):
+                self._others_at_probe = self._others
         elif now >= self._next_probe:
             if not self._start_probe(now, "periodic re-check", hint):
                 self._next_probe = min(self._barred.values())
@@ -173,6 +182,14 @@ class ThreadGovernor:
         if self._others is None:
             return None
         return max(1, min(self.max_threads, round(self.max_threads - self._others)))
+
+    def _load_shifted(self) -> bool:
+        if self._others is None:
+            return False
+        if self._others_at_probe is None:
+            self._others_at_probe = self._others  # the first reading: nothing to compare with yet
+            return False
+        return abs(self._others - self._others_at_probe) >= LOAD_SHIFT
 
     def _read_load(self, now: float) -> None:
         if self._load is not None and now - self._load_at >= LOAD_EVERY_S:
@@ -189,6 +206,7 @@ class ThreadGovernor:
             return False
         self._incumbent = self.n_threads
         self._hint_at_probe = hint
+        self._others_at_probe = self._others
         target = hint if hint is not None else self.n_threads
         # Nearest to what the load suggests first; at most two candidates per probe on many cores.
         self._candidates = sorted(others, key=lambda n: (abs(n - target), n))[:2]
