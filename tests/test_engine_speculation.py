@@ -29,6 +29,21 @@ def assert_kv_matches(engine, backend):
         assert backend.kv_tokens(seq.seq_id) == seq.committed_tokens()
 
 
+def on_first_speculative_step(backend, action):
+    """Run `action` while the first step with draft rows runs; what it returns is that step's decode
+    outcome (None: the step succeeds). Returns the list that receives that step's plan."""
+    fired = []
+
+    def hook(plan):
+        if plan.n_draft and not fired:
+            fired.append(plan)
+            return action()
+        return None
+
+    backend.fault_when = hook
+    return fired
+
+
 def run_checked(engine, backend):
     reports = []
     while engine.has_work():
@@ -112,15 +127,8 @@ def test_eos_inside_an_accepted_draft_ends_the_reply_and_trims_the_rows_after_it
 def test_a_cancel_while_a_sequence_speculates_keeps_only_its_committed_rows():
     engine, backend, _ = spec_engine(Acceptance.ALL)
     engine.submit(chat("r", "s", "hello"))
-    seen = []
-
-    def cancel_during_a_speculative_step(plan):
-        if plan.n_draft and not seen:
-            seen.append(plan)
-            engine.cancel("r")  # arrives while the step runs: applied before sampling
-        return None
-
-    backend.fault_when = cancel_during_a_speculative_step
+    # The cancel arrives while the step runs: it is applied before sampling.
+    seen = on_first_speculative_step(backend, lambda: engine.cancel("r"))
     reports = run_checked(engine, backend)
     ups = by_request(reports)["r"]
     assert ups[-1].done_reason is DoneReason.CANCELLED and text(ups) == DEFAULT_REPLY[:1]
@@ -136,15 +144,7 @@ def test_a_cancel_while_a_sequence_speculates_keeps_only_its_committed_rows():
 def test_no_kv_slot_in_a_speculative_step_drops_the_drafts_first():
     engine, backend, _ = spec_engine(Acceptance.ALL)
     engine.submit(chat("r", "s", "hello"))
-    failed = []
-
-    def fail_the_first_speculative_step(plan):
-        if plan.n_draft and not failed:
-            failed.append(plan)
-            return DecodeOutcome.NO_KV_SLOT
-        return None
-
-    backend.fault_when = fail_the_first_speculative_step
+    failed = on_first_speculative_step(backend, lambda: DecodeOutcome.NO_KV_SLOT)
     engine.submit(chat("q", "t", "there"))
     reports = run_checked(engine, backend)
     outcomes = [r.outcome for r in reports]
