@@ -1,9 +1,11 @@
-"""Provides SoakConfig and soak_row: what every `bench soak` scenario takes and the row it returns
-(a module of their own, so the scenario modules need not import the soak that runs them)."""
+"""Provides what every `bench soak` scenario shares: its config, its row of the table and its
+signature (a scenario module imports this, never `soak.py`, so the command imports them without a
+circle)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,10 @@ class SoakConfig:
     device: str = "cpu"
     contention_reps: int = 2
     ui_flood: int = 100_000
+
+
+# A scenario: (config, progress line printer) -> (its row of the table, its failures).
+Scenario = Callable[[SoakConfig, Callable[[str], None]], tuple[dict, list[str]]]
 
 
 def soak_row(scenario: str, amount: str, failures: int, leaked: str, lost: str, **extra) -> dict:
