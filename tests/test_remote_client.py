@@ -175,13 +175,22 @@ def test_refused_connection_marks_the_server_dead_and_work_goes_elsewhere(run_cl
 
 
 def test_no_server_answering_fails_the_engine_with_a_restartable_error(run_client):
-    run = run_client([free_port_url()])
+    url = free_port_url()
+    run = run_client([url])
     run.client.submit(chat("a"))
     run.until(lambda: any(isinstance(e, EngineFailed) for e in run.events))
     failed = next(e for e in run.events if isinstance(e, EngineFailed))
     assert failed.restartable and "no server answered" in failed.message
     assert run.final("a").done_reason is DoneReason.ERROR
     assert not run.client.alive
+    # The user starts the server and restarts (ctrl+r): the engine connects and work runs again.
+    with StubServer(Script(words=3), port=int(url.rsplit(":", 1)[1])):
+        run.client.restart()
+        run.until(lambda: sum(isinstance(e, EngineReady) for e in run.events) == 1)
+        assert run.client.alive
+        run.client.submit(chat("b"))
+        final = run.final("b")
+        assert final.error is None and final.generated == 3 and final.endpoint == url
 
 
 @pytest.mark.parametrize("code, expect", [
