@@ -16,6 +16,8 @@ from backend.protocol import Backend
 from magnitude_tui.commands import parse_slash
 from magnitude_tui.screens.policy_dialog import policy_problem
 from magnitude_tui.widgets.pane_grid import MAX_PANES, MAX_SUBAGENTS
+from magnitude_tui.widgets.scheduler_panel import policy_target_ms
+from scheduler.budget import PolicyKind, parse_policy
 from scheduler.relief import KvRelief, Remedy
 from scheduler.sequence import Sequence
 from scheduler.types import BatchPlan, Message, Request, SeqSlice
@@ -104,17 +106,34 @@ def test_nothing_reads_a_backend_by_getattr():
     assert not probes, probes
 
 
+def _is_text(node: ast.AST) -> bool:
+    """A string literal, or a tuple/list/set of them (`x in ("a", "b")`)."""
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_is_text(e) for e in node.elts)
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
 def test_decode_outcomes_and_verdicts_are_never_compared_as_text():
     found = []
     for path, tree in _sources("backend/*.py", "scheduler/*.py", "magnitude_tui/**/*.py"):
         for node in ast.walk(tree):
             if isinstance(node, ast.Compare):
                 sides = [node.left, *node.comparators]
-                text = " ".join(ast.unparse(x) for x in sides if not isinstance(x, ast.Constant)).lower()
-                if any(isinstance(x, ast.Constant) and isinstance(x.value, str) for x in sides) and \
-                        any(word in text for word in ("outcome", "remedy")):
+                text = " ".join(ast.unparse(x) for x in sides if not _is_text(x)).lower()
+                if any(_is_text(x) for x in sides) and any(word in text for word in ("outcome", "remedy")):
                     found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
     assert not found, found
+
+
+@pytest.mark.parametrize("text, kind, target", [("prefill-first", PolicyKind.PREFILL_FIRST, None),
+                                                ("fixed:16", PolicyKind.FIXED, None),
+                                                ("TARGET:40", PolicyKind.TARGET, 40.0),
+                                                ("target-v1:50", PolicyKind.TARGET_V1, 50.0)])
+def test_a_parsed_policy_names_its_kind_as_an_enum(text, kind, target):
+    policy = parse_policy(text)
+    assert policy.kind is kind and policy.target_ms == target
+    assert parse_policy(str(policy)) == policy
+    assert policy_target_ms(text) == (target if kind is PolicyKind.TARGET else None)
 
 
 def test_backends_are_built_only_by_the_factory():
