@@ -131,13 +131,34 @@ class _RefusingClient:
 async def test_a_request_that_was_never_sent_does_not_count_as_in_flight():
     import asyncio
 
+    from textual.dom import check_identifiers
+
     from magnitude_tui.serve.hub import EngineHub
     from scheduler.types import Message, Request, SamplingParams
 
     hub = EngineHub(_RefusingClient())
     session = hub.session_for("api@10.0.0.7")
-    assert session.rsplit("-", 1)[-1] == "api_10_0_0_7"  # a valid widget id: it names the caller's pane
+    assert "-api_10_0_0_7-" in session
+    check_identifiers("id", f"pane-{session}")  # a valid widget id: it names the caller's pane
     request = Request("r1", session, (Message("user", "hi"),), SamplingParams(max_tokens=2))
     with pytest.raises(RuntimeError):
         hub.submit(request, asyncio.Queue(), client_name="api@10.0.0.7")
     assert hub.num_live == 0 and hub.session_for("api@10.0.0.7") == session
+
+
+def test_callers_whose_names_differ_only_in_replaced_characters_keep_their_own_conversations():
+    # Session ids keep ASCII letters, digits, '-' and '_' (they name panes); two callers whose names
+    # differ only in what is replaced must still not share one conversation, nor under --serve one
+    # pane (the second caller's messages were added to the first caller's pane).
+    from textual.dom import check_identifiers
+
+    from magnitude_tui.serve.hub import EngineHub
+
+    hub = EngineHub(_RefusingClient())
+    names = ["张三", "李四", "a.b", "a_b", "api@10.0.0.7", "x" * 40 + "1", "x" * 40 + "2", "alice"]
+    sessions = [hub.session_for(name) for name in names]
+    assert len(set(sessions)) == len(names), sessions
+    for session in sessions:
+        check_identifiers("id", f"pane-{session}")
+    assert sessions[-1].endswith("-alice")  # a name kept whole is its own slug
+    assert hub.session_for("张三") == sessions[0]  # the same caller, the same conversation
