@@ -297,6 +297,10 @@ def serve_bench(
     gen: int = typer.Option(48, "--gen", help="Tokens each call asks for (greedy)."),
     agents: int = typer.Option(16, "--agents", help="Agent requests in front of the person's turn."),
     peers: str = typer.Option("serve,llama-server", "--peers", help="serve and/or llama-server."),
+    reps: int = typer.Option(1, "--reps", min=1, help="Repetitions of the clients part, alternating "
+                             "which peer goes first (the ratio is their median)."),
+    parts: str = typer.Option("clients,admission,priority", "--parts",
+                              help="Which parts to run: clients, admission, priority."),
     model: Optional[str] = ModelOpt, threads: Optional[int] = ThreadsOpt, out: Path = OutOpt,
 ) -> None:
     """N concurrent clients against `serve` and llama-server -np N; a long prompt over HTTP; a person behind agents."""
@@ -304,8 +308,14 @@ def serve_bench(
     from magnitude_tui.bench.plots import plot_serve
     from magnitude_tui.bench.serve_load import ServeBenchConfig, run_serve_bench
 
+    chosen = tuple(p.strip() for p in parts.split(",") if p.strip())
+    unknown = set(chosen) - {"clients", "admission", "priority"}
+    if unknown or not chosen:
+        raise typer.BadParameter(f"expected some of clients, admission, priority; got {parts!r}",
+                                 param_hint="--parts")
     cfg = ServeBenchConfig(seqs=_ints(seqs), gen=gen, priority_agents=agents, threads=threads or usable_cpus(),
-                           peers=tuple(p.strip() for p in peers.split(",") if p.strip()))
+                           peers=tuple(p.strip() for p in peers.split(",") if p.strip()), reps=reps,
+                           parts=chosen)
     _finish(run_serve_bench(cfg, model=model, progress=_progress), out, plot_serve)
 
 
