@@ -152,3 +152,5 @@ class EmbeddedServer:
 
     def dispatch(self, batch: list) -> None:
         self.hub.dispatch(batch)
+        if self.panes is not None:
+            self.panes.show_unpaned(batch)
