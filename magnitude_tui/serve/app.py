@@ -182,7 +182,9 @@ async def _whole(request: Request, completion: Completion, options: ServeOptions
     if on_finish is not None:
         on_finish(completion, Outcome.ERROR if failed else Outcome.OK)
     if failed and len(failed) == len(completion.choices):
-        raise OpenAIError(500, failed[0].error or "generation failed", ErrorType.SERVER, "generation_failed")
+        # Answered here, not raised: the call ran (its log line is written), it was not refused.
+        error = OpenAIError(500, failed[0].error or "generation failed", ErrorType.SERVER, "generation_failed")
+        return JSONResponse(error.body(), status_code=error.status)
     return JSONResponse({
         "id": completion.id, "object": "chat.completion", "created": int(time.time()),
         "model": options.model_name,
