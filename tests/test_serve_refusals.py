@@ -52,6 +52,7 @@ def _refusals(base: str) -> list[tuple[str, dict, int, str, str | None]]:
 
 def test_every_refusal_is_openai_shaped_while_a_good_call_streams_to_its_end(server):
     text = []
+    logged = len(server.log.getvalue().splitlines())
     with httpx.stream("POST", server.base + "/chat/completions", headers=KEY, timeout=60, json={
             "messages": [{"role": "user", "content": "the good call"}], "max_tokens": GOOD_TOKENS,
             "stream": True}) as good:
@@ -73,6 +74,13 @@ def test_every_refusal_is_openai_shaped_while_a_good_call_streams_to_its_end(ser
     text += [(e["choices"][0]["delta"].get("content") or "") for e in events if e.get("choices")]
     assert "".join(text) == (DEFAULT_REPLY * (GOOD_TOKENS // len(DEFAULT_REPLY) + 1))[:GOOD_TOKENS]
     assert events[-1]["choices"][0]["finish_reason"] == "length"
+    # The headless log has a line for each refusal (who, status, code, why) and for the good call.
+    lines = server.log.getvalue().splitlines()[logged:]
+    refused = [line for line in lines if " refused " in line]
+    assert [line.split(" refused ")[1].split(":")[0] for line in refused] == \
+        [f"{status} {code}" for _, _, status, code, _ in _refusals(server.base)]
+    assert all("api@127.0.0.1" in line for line in refused)
+    assert any("  ok  " in line and f"{GOOD_TOKENS} tokens" in line for line in lines)
 
 
 class _LoadingHub:
