@@ -146,6 +146,18 @@ def test_on_a_noisy_loaded_machine_an_expensive_probe_is_not_repeated_on_every_s
     assert gov.n_threads == 1
 
 
+def test_idle_time_does_not_pay_for_probes() -> None:
+    """bench contention's rounds: 75 s of work, then 150 s idle while the other variants run. A bar
+    counted in wall time ran out in every idle gap, and each round re-probed 2 threads (8-14 % of
+    it); counted in time spent stepping, one probe serves several rounds."""
+    gov = ThreadGovernor(start=1, max_threads=2, load=ScriptedLoad(2.0))
+    ratio = lambda n, t: 38.0 if n == 1 else 156.0  # noqa: E731
+    used: list[tuple[float, int]] = []
+    for burst in range(4):
+        used += drive(gov, ratio, seconds=75.0, t0=burst * 225.0)
+    assert sum(1 for _, n in used if n == 2) <= 1
+
+
 def test_a_change_of_load_lifts_the_bar_on_a_plainly_worse_count() -> None:
     load = ScriptedLoad(2.0)
     gov = ThreadGovernor(start=1, max_threads=2, load=load)
