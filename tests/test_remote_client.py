@@ -96,6 +96,22 @@ def test_a_reply_streams_with_client_measured_figures_and_the_servers_usage(run_
         assert body["messages"] == [{"role": "user", "content": "hello"}] and body["max_tokens"] == 8
 
 
+def test_the_servers_panel_figures_are_its_requests_own(run_client):
+    with StubServer(Script(words=20, delay_s=0.01, first_delay_s=0.25)) as stub:
+        run = run_client([stub.url])
+        run.ready()
+        run.client.submit(chat("a", max_tokens=20))
+        final = run.final("a")
+        run.until(lambda: any(isinstance(e, EndpointsReport) and e.endpoints[0].ttft_p50_ms is not None
+                              for e in run.events))
+        [status] = [e for e in run.events if isinstance(e, EndpointsReport)][-1].endpoints
+        # The server's TTFT is its requests' TTFT (it was recorded as 0 before the first token
+        # had a time), and its rate counts what streamed over the last few seconds.
+        assert status.ttft_p50_ms == status.ttft_p95_ms == pytest.approx(final.ttft_ms)
+        assert status.ttft_p50_ms >= 250
+        assert status.tok_s > 0 and status.errors == 0 and status.healthy
+
+
 def test_without_usage_the_counts_are_tiktoken_estimates_marked_as_such(run_client):
     with StubServer(Script(words=4, usage=False, timings=True)) as stub:
         run = run_client([stub.url])
@@ -159,13 +175,22 @@ def test_refused_connection_marks_the_server_dead_and_work_goes_elsewhere(run_cl
 
 
 def test_no_server_answering_fails_the_engine_with_a_restartable_error(run_client):
-    run = run_client([free_port_url()])
+    url = free_port_url()
+    run = run_client([url])
     run.client.submit(chat("a"))
     run.until(lambda: any(isinstance(e, EngineFailed) for e in run.events))
     failed = next(e for e in run.events if isinstance(e, EngineFailed))
     assert failed.restartable and "no server answered" in failed.message
     assert run.final("a").done_reason is DoneReason.ERROR
     assert not run.client.alive
+    # The user starts the server and restarts (ctrl+r): the engine connects and work runs again.
+    with StubServer(Script(words=3), port=int(url.rsplit(":", 1)[1])):
+        run.client.restart()
+        run.until(lambda: sum(isinstance(e, EngineReady) for e in run.events) == 1)
+        assert run.client.alive
+        run.client.submit(chat("b"))
+        final = run.final("b")
+        assert final.error is None and final.generated == 3 and final.endpoint == url
 
 
 @pytest.mark.parametrize("code, expect", [
@@ -284,3 +309,22 @@ def test_generate_runs_on_a_remote_server_and_says_its_figures_are_the_clients(c
     assert "client-side figures" in out and "estimated with tiktoken" in out
     n = estimate_tokens("w0 w1 w2 ")
     assert out.count(f"~{n}") >= 2  # each reply's tokens, counted here and marked
+
+
+def test_the_generate_command_takes_the_remote_options(monkeypatch):
+    from typer.testing import CliRunner
+
+    from magnitude_tui.cli import app
+
+    monkeypatch.setenv("STUB_KEY", "sekrit")
+    with StubServer(Script(words=3, models=("a-model", "b-model"))) as one, \
+            StubServer(Script(words=3, models=("a-model", "b-model"))) as two:
+        result = CliRunner().invoke(app, ["generate", "hi", "--n", "4", "--max-tokens", "3",
+                                          "--remote", one.url, "--remote", two.url + "/v1",
+                                          "--remote-model", "b-model", "--api-key-env", "STUB_KEY"])
+        assert result.exit_code == 0, result.output
+        sent = one.requests + two.requests
+    assert len(one.requests) == len(two.requests) == 2  # both servers share the four sequences
+    assert {r["body"]["model"] for r in sent} == {"b-model"}
+    assert {r["headers"]["Authorization"] for r in sent} == {"Bearer sekrit"}
+    assert "client-side figures" in " ".join(result.output.split())
