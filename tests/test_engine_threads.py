@@ -235,6 +235,25 @@ def test_a_shift_in_the_load_triggers_a_check_even_where_it_suggests_the_same_co
     assert next(t for t, n in used if t > two_busy and n == 2) - two_busy < 5.0
 
 
+class SwingingLoad:
+    """1 s readings of a shared machine: they swing by more than a core from one to the next."""
+
+    def __init__(self) -> None:
+        self.i = 0
+
+    def others(self) -> float:
+        self.i += 1
+        return [0.2, 1.4, 0.6, 1.8, 0.1][self.i % 5]
+
+
+def test_a_swinging_load_reading_does_not_trigger_a_probe_every_few_seconds() -> None:
+    gov = ThreadGovernor(start=1, max_threads=2, load=SwingingLoad())
+    used = drive(gov, lambda n, t: 1.0 if n == 1 else 6.0, seconds=900)
+    # The re-checks, the odd change of the suggested count: a few dozen switches, not hundreds.
+    assert switches(used) <= 40
+    assert gov.n_threads == 1
+
+
 def test_slower_steps_at_the_same_count_trigger_a_probe() -> None:
     gov = ThreadGovernor(start=2, max_threads=4)
     # Something took two cores: 4 threads now run 3x slower, 2 threads at their quiet speed.

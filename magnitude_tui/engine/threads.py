@@ -48,6 +48,9 @@ LOAD_EVERY_S = 1.0  # how often the load of other processes is read
 # count it suggests is the same (the 2 cores: beside one busy process 1 thread was 6x faster
 # than 2, beside one per core 2 were 1.2x faster than 1, and both loads suggest 1).
 LOAD_SHIFT = 0.75
+# ...measured on a moving average of the 1 s readings (this weight for the newest): a single reading
+# swings by a core or more on a shared machine, and a trigger on those probed every few seconds.
+LOAD_SMOOTHING = 0.3
 
 
 class ThreadMode(Enum):
@@ -133,6 +136,7 @@ class ThreadGovernor:
         self._next_probe = now + REPROBE_S
         self._hint_at_probe: int | None = None
         self._others_at_probe: float | None = None
+        self._others_avg: float | None = None  # the moving average LOAD_SHIFT is measured on
         self._incumbent = start
         self._candidates: list[int] = []
         self._scores: dict[int, list[float]] = {}
@@ -174,9 +178,9 @@ class ThreadGovernor:
             if not self._start_probe(now, f"steps ran {current / self._baseline:.1f}x slower", hint):
                 self._baseline = current  # every other count is barred: this is the new normal
         elif self._load_shifted():
-            was = self._others_at_probe
-            if not self._start_probe(now, f"other processes went from {was:.1f} to {self._others:.1f} cores", hint):
-                self._others_at_probe = self._others
+            was, avg = self._others_at_probe, self._others_avg
+            if not self._start_probe(now, f"other processes went from {was:.1f} to {avg:.1f} cores", hint):
+                self._others_at_probe = avg
         elif now >= self._next_probe:
             self._start_probe(now, "periodic re-check", hint)  # when every count is barred: later
 
@@ -187,17 +191,21 @@ class ThreadGovernor:
         return max(1, min(self.max_threads, round(self.max_threads - self._others)))
 
     def _load_shifted(self) -> bool:
-        if self._others is None:
+        if self._others_avg is None:
             return False
         if self._others_at_probe is None:
-            self._others_at_probe = self._others  # the first reading: nothing to compare with yet
+            self._others_at_probe = self._others_avg  # the first reading: nothing to compare with yet
             return False
-        return abs(self._others - self._others_at_probe) >= LOAD_SHIFT
+        return abs(self._others_avg - self._others_at_probe) >= LOAD_SHIFT
 
     def _read_load(self, now: float) -> None:
         if self._load is not None and now - self._load_at >= LOAD_EVERY_S:
             self._load_at = now
             self._others = self._load.others()
+            if self._others is None or self._others_avg is None:
+                self._others_avg = self._others
+            else:
+                self._others_avg += LOAD_SMOOTHING * (self._others - self._others_avg)
 
     # ---- probing -------------------------------------------------------------------------------
 
@@ -209,7 +217,7 @@ class ThreadGovernor:
             return False
         self._incumbent = self.n_threads
         self._hint_at_probe = hint
-        self._others_at_probe = self._others
+        self._others_at_probe = self._others_avg
         target = hint if hint is not None else self.n_threads
         # Nearest to what the load suggests first; at most two candidates per probe on many cores.
         self._candidates = sorted(others, key=lambda n: (abs(n - target), n))[:2]
