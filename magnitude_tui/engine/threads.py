@@ -110,8 +110,9 @@ class ThreadGovernor:
     Steady, it watches the incumbent's steps. It probes (runs each candidate count for a few
     steps) when those steps grow `SLOW_RATIO` slower than when the count was chosen, when the load
     of other processes points at another count or moves by `LOAD_SHIFT`, or every `REPROBE_S`
-    (doubling while nothing changes). It keeps whichever count did the most work per second, the incumbent unless a
-    candidate was clearly faster; a candidate that is plainly worse is dropped after one step.
+    (doubling while nothing changes). It keeps whichever count did the most work per second, the
+    incumbent unless a candidate was clearly faster; a candidate that is plainly worse is dropped
+    after one step.
     A candidate that lost is barred until what its probe cost is paid back (`PROBE_BUDGET`); only a
     change of the count the load suggests lifts the bar sooner (slower steps do not: on a loaded
     machine they come and go with the neighbours, and each re-try of a count it makes much slower
@@ -173,16 +174,16 @@ class ThreadGovernor:
         hint = self.hint()
         if hint is not None and hint != self.n_threads and hint != self._hint_at_probe:
             self._barred.clear()  # the load changed: what it made plainly worse may not be now
-            self._start_probe(now, f"other processes use {self._others:.1f} cores", hint)
+            self._start_probe(f"other processes use {self._others:.1f} cores", hint)
         elif current > SLOW_RATIO * self._baseline:
-            if not self._start_probe(now, f"steps ran {current / self._baseline:.1f}x slower", hint):
+            if not self._start_probe(f"steps ran {current / self._baseline:.1f}x slower", hint):
                 self._baseline = current  # every other count is barred: this is the new normal
         elif self._load_shifted():
             was, avg = self._others_at_probe, self._others_avg
-            if not self._start_probe(now, f"other processes went from {was:.1f} to {avg:.1f} cores", hint):
+            if not self._start_probe(f"other processes went from {was:.1f} to {avg:.1f} cores", hint):
                 self._others_at_probe = avg
         elif now >= self._next_probe:
-            self._start_probe(now, "periodic re-check", hint)  # when every count is barred: later
+            self._start_probe("periodic re-check", hint)  # when every count is barred: later
 
     def hint(self) -> int | None:
         """The count the load of other processes suggests (None: load unknown)."""
@@ -209,7 +210,7 @@ class ThreadGovernor:
 
     # ---- probing -------------------------------------------------------------------------------
 
-    def _start_probe(self, now: float, trigger: str, hint: int | None) -> bool:
+    def _start_probe(self, trigger: str, hint: int | None) -> bool:
         """Start measuring the candidates; False (nothing started) when every one is barred."""
         self._barred = {n: until for n, until in self._barred.items() if until > self._busy_s}
         others = [n for n in range(1, self.max_threads + 1) if n != self.n_threads and n not in self._barred]
