@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from backend.factory import BackendConfig
+from magnitude_tui.bench.soak_crash import kill_worker
 from magnitude_tui.engine.client import WorkerClient
-from magnitude_tui.engine.events import EngineConfig, EngineFailed, EngineReady, LoadProgress
+from magnitude_tui.engine.events import EngineConfig, LoadProgress
 from magnitude_tui.engine.protocol import seq_updates
-from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
+from magnitude_tui.engine.waiting import wait_ready as ready_event
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, StepReport
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,18 +25,10 @@ updates_of = seq_updates
 
 
 def wait_ready(client, timeout=120):
-    progress = []
-    t_end = time.monotonic() + timeout
-    while time.monotonic() < t_end:
-        batch = client.poll_events(timeout=5) or []
-        for ev in batch:
-            if isinstance(ev, LoadProgress):
-                progress.append(ev.fraction)
-            if isinstance(ev, EngineReady):
-                return ev, progress
-            if isinstance(ev, EngineFailed):
-                raise AssertionError(ev.message)
-    raise TimeoutError("engine not ready")
+    """The EngineReady and the load fractions reported before it."""
+    seen = []
+    ready = ready_event(client, timeout, seen=seen)
+    return ready, [e.fraction for e in seen if isinstance(e, LoadProgress)]
 
 
 def test_killing_the_worker_fails_live_requests_clearly_and_a_new_worker_starts(tmp_path):
@@ -54,17 +46,8 @@ def test_killing_the_worker_fails_live_requests_clearly_and_a_new_worker_starts(
         while not all(streamed.values()):
             for u in updates_of(client.poll_events(timeout=30) or []):
                 streamed[u.request_id] += u.text_delta
-        os.kill(client.pid, signal.SIGKILL)
-        errors, failed = {}, None
-        t_end = time.monotonic() + 30
-        while (len(errors) < 2 or failed is None) and time.monotonic() < t_end:
-            for ev in client.poll_events(timeout=5) or []:
-                if isinstance(ev, EngineFailed):
-                    failed = ev
-                elif isinstance(ev, (StepReport, SeqUpdate)):
-                    for u in updates_of([ev]):
-                        if u.phase is Phase.DONE:
-                            errors[u.request_id] = u
+        killed = kill_worker(client, {"r0", "r1"}, timeout_s=30)
+        errors, failed = killed.ended, killed.failed
         assert failed is not None and "SIGKILL" in failed.message, failed
         assert set(errors) == {"r0", "r1"}
         for u in errors.values():

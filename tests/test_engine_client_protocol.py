@@ -47,6 +47,11 @@ class Harness:
                     return got
         raise AssertionError(f"timed out; saw {[type(e).__name__ for e in got]}")
 
+    def answer(self, *kinds: type) -> object:
+        """The first event of one of `kinds` to arrive from now: a command's answer."""
+        got = self.events(lambda evs: any(isinstance(e, kinds) for e in evs))
+        return next(e for e in got if isinstance(e, kinds))
+
     def updates_of(self, rid: str) -> list[SeqUpdate]:
         """Every update of `rid`, once its done update has come."""
         done = lambda evs: any(u.request_id == rid and u.phase is Phase.DONE for u in _updates(evs))  # noqa: E731
@@ -134,27 +139,22 @@ def test_every_client_satisfies_the_engine_client_protocol(harness):
     # Policies: an invalid one is rejected (target:0 too); a valid one is either taken or, by an
     # engine that does not schedule itself (remote), rejected with the reason.
     client.set_policy("target:0")
-    rejected = harness.events(lambda evs: any(isinstance(e, (CommandRejected, PolicyChanged)) for e in evs))
-    assert any(isinstance(e, CommandRejected) for e in rejected)
+    assert isinstance(harness.answer(CommandRejected, PolicyChanged), CommandRejected)
     client.set_policy("fixed:32")
-    answer = harness.events(lambda evs: any(isinstance(e, (CommandRejected, PolicyChanged)) for e in evs))
-    assert any(isinstance(e, PolicyChanged) and e.policy == "fixed:32" or isinstance(e, CommandRejected)
-               for e in answer)
+    answer = harness.answer(CommandRejected, PolicyChanged)
+    assert isinstance(answer, CommandRejected) or answer.policy == "fixed:32"
 
     # Speculation: an unknown mode, or `draft` with no draft model, is rejected; `ngram` is taken
     # by a local engine and rejected, with the reason, by a remote one.
     client.set_spec("draft")
-    rejected = harness.events(lambda evs: any(isinstance(e, (CommandRejected, SpecChanged)) for e in evs))
-    assert any(isinstance(e, CommandRejected) for e in rejected)
+    assert isinstance(harness.answer(CommandRejected, SpecChanged), CommandRejected)
     client.set_spec("ngram")
-    answer = harness.events(lambda evs: any(isinstance(e, (CommandRejected, SpecChanged)) for e in evs))
-    assert any(isinstance(e, SpecChanged) and e.spec == "ngram" or isinstance(e, CommandRejected)
-               for e in answer)
+    answer = harness.answer(CommandRejected, SpecChanged)
+    assert isinstance(answer, CommandRejected) or answer.spec == "ngram"
 
     # Warm resume: every engine answers, even one that keeps no saved KV (then it says why).
     client.restore_session("s1", (Message("user", "hello there"),))
-    answer = harness.events(lambda evs: any(isinstance(e, SessionRestored) for e in evs))
-    [restored] = [e for e in answer if isinstance(e, SessionRestored)]
+    restored = harness.answer(SessionRestored)
     assert restored.session_id == "s1" and restored.outcome is not RestoreOutcome.RESTORED
     assert restored.detail
 

@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import pytest
 
 from backend.factory import BackendConfig
+from magnitude_tui.bench.soak_crash import ENDLESS, kill_worker
 from magnitude_tui.engine.client import WorkerClient
-from magnitude_tui.engine.events import CommandRejected, EngineConfig, EngineFailed, EngineReady, PolicyChanged
+from magnitude_tui.engine.events import CommandRejected, EngineConfig, PolicyChanged
 from magnitude_tui.engine.protocol import seq_updates
-from scheduler.types import DoneReason, Message, Phase, RejectReason, Request, SamplingParams, SeqUpdate, StepReport
+from magnitude_tui.engine.waiting import events_until, wait_ready
+from scheduler.types import DoneReason, Message, Phase, RejectReason, Request, SamplingParams, StepReport
 
-ENDLESS = SamplingParams(max_tokens=1_000_000)
 
-
-def _events(client, until, timeout=30.0):
-    """Collect events until until(events) holds; AssertionError on timeout."""
-    seen: list = []
-    t_end = time.monotonic() + timeout
-    while not until(seen):
-        if time.monotonic() > t_end:
-            raise AssertionError(f"timed out; last events: {seen[-5:]}")
-        seen += client.poll_events(timeout=0.5) or []
-    return seen
+def _events(client, until):
+    return events_until(client, until, 30.0)
 
 
 _updates = seq_updates
@@ -35,15 +24,11 @@ def _done(events, rid):
     return [u for u in _updates(events) if u.request_id == rid and u.phase is Phase.DONE]
 
 
-def _ready(client):
-    _events(client, lambda evs: any(isinstance(e, EngineReady) for e in evs))
-
-
 def test_malformed_requests_and_commands_never_stop_the_worker():
     client = WorkerClient(EngineConfig(BackendConfig("fake", n_ctx=4096)), in_process=True)
     client.start()
     try:
-        _ready(client)
+        wait_ready(client, 30.0)
         client.submit(Request("bad", "b", (Message("user", None),)))  # once killed the engine
         client.submit(Request("bad2", "b2", ({"role": "user", "content": "x"},)))
         client.set_policy(None)
@@ -66,24 +51,12 @@ def test_malformed_requests_and_commands_never_stop_the_worker():
         client.stop()
 
 
-def _kill_and_collect(client, live: set[str]):
-    """SIGKILL the worker; return (seconds until every live request had its error, the errors)."""
-    t_kill = time.monotonic()
-    os.kill(client.pid, signal.SIGKILL)
-    errors: dict[str, SeqUpdate] = {}
-    evs = _events(client, lambda evs: any(isinstance(e, EngineFailed) for e in evs), timeout=10)
-    for u in _updates(evs):
-        if u.phase is Phase.DONE and u.request_id in live:
-            errors[u.request_id] = u
-    return time.monotonic() - t_kill, errors
-
-
 @pytest.mark.parametrize("reuse_id", [False, True])
 def test_kill_9_fails_every_live_request_within_a_second_and_restart_works(reuse_id):
     client = WorkerClient(EngineConfig(BackendConfig("fake", n_ctx=1 << 20, n_seq_max=4)), log_path=None)
     client.start()
     try:
-        _ready(client)
+        wait_ready(client, 30.0)
         for i in range(3):
             client.submit(Request(f"r{i}", f"s{i}", (Message("user", "talk"),), ENDLESS))
         _events(client, lambda evs: {u.request_id for u in _updates(evs) if u.phase is Phase.GENERATING}
@@ -95,14 +68,15 @@ def test_kill_9_fails_every_live_request_within_a_second_and_restart_works(reuse
             [rej] = [r for e in evs if isinstance(e, StepReport) for r in e.rejected]
             assert rej.reason is RejectReason.DUPLICATE_ID and rej.session_id == "intruder"
             assert not _done(evs, "r0")  # the original was not ended by its impostor
-        seconds, errors = _kill_and_collect(client, {"r0", "r1", "r2"})
-        assert set(errors) == {"r0", "r1", "r2"}
-        assert seconds < 1.0, seconds
+        killed = kill_worker(client, {"r0", "r1", "r2"})
+        errors = killed.ended
+        assert set(errors) == {"r0", "r1", "r2"} and killed.failed is not None
+        assert killed.seconds < 1.0, killed.seconds
         for u in errors.values():
             assert u.done_reason is DoneReason.ERROR and "SIGKILL" in u.error
         assert errors["r0"].session_id == "s0"  # the original's conversation, not the impostor's
         client.restart()
-        _ready(client)
+        wait_ready(client, 30.0)
         client.submit(Request("r0", "s0", (Message("user", "again"),), SamplingParams(max_tokens=4)))
         evs = _events(client, lambda evs: _done(evs, "r0"))
         assert _done(evs, "r0")[0].done_reason is DoneReason.LENGTH

@@ -110,7 +110,7 @@ def one_kill(rng: random.Random, tmp: Path) -> tuple[float, list[str]]:
 
 def app_kill(cfg, progress) -> tuple[dict, list[str]]:
     from magnitude_tui.bench.common import percentile, rnd
-    from magnitude_tui.bench.soak import soak_row
+    from magnitude_tui.bench.soak_config import soak_row
 
     rng = random.Random(cfg.seed)
     failures: list[str] = []

@@ -9,7 +9,7 @@ import asyncio
 import time
 from typing import Callable
 
-from magnitude_tui.bench.soak import SoakConfig, soak_row
+from magnitude_tui.bench.soak_config import SoakConfig, soak_row
 
 
 def contention(cfg: SoakConfig, progress: Callable[[str], None]) -> tuple[dict, list[str]]:
