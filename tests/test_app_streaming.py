@@ -138,6 +138,7 @@ async def test_background_panes_paint_less_often_while_many_stream(tmp_path):
         await settle(pilot)
         focused, other = ws.grid.focused_pane(), ws.grid.panes[0]
         assert focused is not other and focused.busy and other.busy
+        focused.composer.typed_at = -1.0  # not typing (the prompts were typed just now)
         ws._painted_all = time.monotonic() + 3600  # as if every pane was just painted: not due again
         client.step(2)
         await wait_for(pilot, lambda: other._reply.pending and focused.last_update.generated >= 4,
