@@ -87,7 +87,6 @@ class LlamaBackend:
         self.max_threads = max(n_threads, usable_cpus())
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._samplers: dict[int, ctypes.c_void_p] = {}
-        self._greedy = llama_cpp.llama_sampler_init_greedy()
         self._closed = False
         buf = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(model, buf, len(buf))
@@ -221,7 +220,6 @@ class LlamaBackend:
         for smpl in self._samplers.values():
             llama_cpp.llama_sampler_free(smpl)
         self._samplers.clear()
-        llama_cpp.llama_sampler_free(self._greedy)
         llama_cpp.llama_batch_free(self._batch)
         llama_cpp.llama_free(self._ctx)
         if self._owns_model:
@@ -309,7 +307,7 @@ class LlamaBackend:
     def set_sampler(self, seq_id: int, params: SamplingParams) -> None:
         self.free_sampler(seq_id)
         if params.temperature <= 0:
-            return  # greedy: the shared stateless greedy sampler
+            return  # greedy: `sample` takes the largest logit, no sampler needed
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         if params.top_k > 0:
             llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
@@ -323,7 +321,12 @@ class LlamaBackend:
         self._samplers[seq_id] = chain
 
     def sample(self, seq_id: int, logit_row: int) -> int:
-        smpl = self._samplers.get(seq_id, self._greedy)
+        smpl = self._samplers.get(seq_id)
+        if smpl is None:
+            # Greedy: the first largest logit, as llama.cpp's greedy sampler picks it, read in place;
+            # the sampler would first copy the whole vocabulary into a candidate array (0.11 vs
+            # 0.013 ms a row here, and a verification samples up to 9 rows per sequence).
+            return int(np.argmax(self.logits(logit_row)))
         return int(llama_cpp.llama_sampler_sample(smpl, self._ctx, logit_row))
 
     def free_sampler(self, seq_id: int) -> None:

@@ -17,7 +17,7 @@ from typing import Callable, Sequence as Seq
 
 from scheduler.drafts import DraftKind, DraftSource
 
-__all__ = ["AcceptanceEstimate", "DraftOffer", "SpecMode", "draft_lengths", "parse_spec_mode"]
+__all__ = ["AcceptanceEstimate", "DraftOffer", "SpecMode", "draft_lengths", "parse_spec_mode", "row_can_pay"]
 
 # The most draft rows one sequence verifies in a step; beyond ~8 even a 0.9 acceptance rate adds
 # under half a token per row.
@@ -84,26 +84,62 @@ class AcceptanceEstimate:
 
 
 @dataclass
+class Shadow:
+    """A free source's guess judged for free against the tokens that come after it: the guess
+    `tokens` for positions `pos`, `pos` + 1, ...; depths below `depth` are judged already (or
+    were verified as draft rows)."""
+
+    kind: DraftKind
+    pos: int
+    tokens: tuple[int, ...]
+    depth: int = 0
+
+
+@dataclass
 class SpecState:
-    """One sequence's speculation: per-source estimates and what it drafted and accepted."""
+    """One sequence's speculation: per-source estimates and what it drafted and accepted.
 
-    estimates: dict[DraftKind, AcceptanceEstimate] = field(default_factory=dict)
-    # A free source's guess while the sequence did not draft, judged against the next token:
-    # (source, position the guessed token would take, guessed token).
-    shadow: tuple[DraftKind, int, int] | None = None
+    Two estimates per source: the first draft row, and a draft row after an accepted one. A reply
+    that copies is wrong about where a copy starts far more often than about how it goes on (the
+    lookup's first guess after a paraphrase is a miss, the next six after a match are hits), so one
+    geometric p undervalues long drafts exactly where they pay."""
 
-    def estimate(self, kind: DraftKind) -> AcceptanceEstimate:
-        return self.estimates.setdefault(kind, AcceptanceEstimate())
+    estimates: dict[tuple[DraftKind, bool], AcceptanceEstimate] = field(default_factory=dict)
+    # Guesses waiting for their tokens: one a step for the first-row estimate (its first token
+    # only), and one at a time judged at every depth (a guess a step judged whole would count
+    # each token up to K_MAX times and the deeper estimate would forget within a step or two).
+    shadows: list[Shadow] = field(default_factory=list)
+
+    def estimate(self, kind: DraftKind, deeper: bool = False) -> AcceptanceEstimate:
+        return self.estimates.setdefault((kind, deeper), AcceptanceEstimate())
+
+
+def observe_run(first: AcceptanceEstimate, deeper: AcceptanceEstimate, depth: int, matched: int,
+                decided: bool) -> None:
+    """Draft tokens judged from `depth` on: `matched` hits in a row, then a miss if `decided`.
+    Depth 0 teaches the first-row estimate, depths 1+ the deeper one."""
+    end = depth + matched  # the depth of the miss, when decided
+    if depth == 0 and (matched or decided):
+        first.observe(int(matched > 0), matched == 0)
+    start = max(1, depth)
+    hits, miss = max(0, end - start), decided and end >= start
+    if hits or miss:
+        deeper.observe(hits, miss)
 
 
 @dataclass(frozen=True)
 class DraftOffer:
     """One sequence's case for drafting this step, in the policy's numbers."""
 
-    p: float  # per-token acceptance estimate
+    p: float  # acceptance estimate of the first draft row
     cap: int  # most draft rows it may verify (proposal length, max_tokens, context, K_MAX)
     row_ms: float  # what one more of its rows adds to the step
     source: int = 0  # which entry of `draft_ms` prices its source's drafting
+    p_more: float | None = None  # of a row after an accepted one (None: p, one geometric rate)
+
+    def reach(self, j: int) -> float:
+        """Expected tokens the j-th draft row (1-based) adds: the chance rows 1..j are all accepted."""
+        return self.p * (self.p if self.p_more is None else self.p_more) ** (j - 1)
 
 
 def draft_lengths(offers: Seq[DraftOffer], *, base_ms: float, base_tokens: float, room_rows: int,
@@ -133,7 +169,7 @@ def draft_lengths(offers: Seq[DraftOffer], *, base_ms: float, base_tokens: float
             trial = ks[:]
             trial[i] += 1
             cost = o.row_ms + source_ms(o.source, trial) - source_ms(o.source, ks)
-            gain = o.p ** (ks[i] + 1)
+            gain = o.reach(ks[i] + 1)
             rate = gain / cost if cost > 0 else float("inf")
             if rate > best_rate:
                 best, best_rate, best_cost = i, rate, cost
@@ -142,10 +178,19 @@ def draft_lengths(offers: Seq[DraftOffer], *, base_ms: float, base_tokens: float
         if room_ms is not None and extra_ms + best_cost > room_ms:
             break
         ks[best] += 1
-        tokens += offers[best].p ** ks[best]
+        tokens += offers[best].reach(ks[best])
         ms += best_cost
         extra_ms += best_cost
     return ks
+
+
+def row_can_pay(row_ms: float, base_ms: float, base_tokens: float) -> bool:
+    """Whether a sequence's first draft row could pass `draft_lengths`' bar at all: even accepted
+    for sure (p = 1) it must raise the step's tokens per ms by GAIN_MARGIN. Rows after the first
+    are worth less and the bar only rises, so a sequence failing this drafts nothing this step."""
+    if row_ms <= 0:
+        return True
+    return base_ms > 0 and base_ms / row_ms > base_tokens * (1.0 + GAIN_MARGIN)
 
 
 def pick_source(offers: Seq[tuple[float, float]], row_ms: float) -> int:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from scheduler.budget import CostModel, StepShape
 from scheduler.drafts import DraftKind, DraftSource, DraftWant, propose_all
 from scheduler.sequence import Sequence
-from scheduler.speculation import (K_MAX, PRIORS, AcceptanceEstimate, DraftOffer, SpecMode, available_sources,
-                                   draft_lengths, pick_source)
+from scheduler.speculation import (K_MAX, PRIORS, AcceptanceEstimate, DraftOffer, Shadow, SpecMode, available_sources,
+                                   draft_lengths, observe_run, pick_source, row_can_pay)
 from scheduler.types import KV_PAD, AttentionPath
 
 __all__ = ["Speculator"]
@@ -23,7 +23,7 @@ class Speculator:
     def __init__(self, sources: dict[DraftKind, DraftSource] | None = None,
                  mode: SpecMode = SpecMode.OFF) -> None:
         self.sources: dict[DraftKind, DraftSource] = dict(sources or {})
-        self.overall = {kind: AcceptanceEstimate() for kind in DraftKind}
+        self.overall = {(kind, deeper): AcceptanceEstimate() for kind in DraftKind for deeper in (False, True)}
         self.mode = SpecMode.OFF
         self.set_mode(mode)
         self.paused_steps = 0  # no drafts for this many steps (after "no KV slot" with drafts)
@@ -38,9 +38,17 @@ class Speculator:
     def pause(self, steps: int) -> None:
         self.paused_steps = max(self.paused_steps, steps)
 
-    def p(self, seq: Sequence, kind: DraftKind) -> float:
-        """The sequence's acceptance estimate for a source, drawn toward the source's overall one."""
-        return seq.spec.estimate(kind).p(self.overall[kind].p(PRIORS[kind]))
+    def p(self, seq: Sequence, kind: DraftKind, deeper: bool = False) -> float:
+        """The sequence's acceptance estimate for a source's first draft row (or, `deeper`, a row
+        after an accepted one), drawn toward the source's overall one; a row after an accepted one
+        starts where the first row is."""
+        first = self.overall[(kind, False)].p(PRIORS[kind])
+        prior = self.overall[(kind, True)].p(first) if deeper else first
+        return seq.spec.estimate(kind, deeper).p(prior)
+
+    def _observe(self, seq: Sequence, kind: DraftKind, depth: int, matched: int, decided: bool) -> None:
+        observe_run(seq.spec.estimate(kind), seq.spec.estimate(kind, True), depth, matched, decided)
+        observe_run(self.overall[(kind, False)], self.overall[(kind, True)], depth, matched, decided)
 
     # ---- planning ------------------------------------------------------------------------------
 
@@ -57,6 +65,14 @@ class Speculator:
             return {}
         kinds = [s.kind for s in sources]
         caps = {seq.seq_id: self._cap(seq, n_ctx_seq) for seq in decoding}
+        base_ms = cost.predict(shape.decode_rows, prefill_rows, shape.kpos(prefill_rows))
+        if self.mode.forced is None:
+            # A sequence whose first draft row would not pay even if every guess were accepted
+            # drafts nothing this step whatever its source guesses, so nothing is looked up for it
+            # (and no shadow judged): at 8-16 sequences on a CPU that is every sequence, every step.
+            for seq in decoding:
+                if not row_can_pay(self._row_ms(seq, cost, shape), base_ms, shape.decode_rows):
+                    caps[seq.seq_id] = 0
         # Free sources guess now, for everyone: the guess decides their offer, and a guess not
         # verified is judged later for free against the token that comes (the shadow estimate).
         guesses: dict[int, list[int]] = {}
@@ -72,7 +88,7 @@ class Speculator:
             chosen = {seq.seq_id: sources[0].kind for seq in decoding}
         else:
             ks, chosen = self._adaptive(decoding, sources, kinds, guesses, caps, cost=cost, shape=shape,
-                                        prefill_rows=prefill_rows, room_rows=room_rows, room_ms=room_ms)
+                                        base_ms=base_ms, room_rows=room_rows, room_ms=room_ms)
         # A paid source (a draft model) drafts for all its sequences in one call: one batch per
         # draft position, not one per sequence.
         wants: dict[DraftKind, list[DraftWant]] = {}
@@ -86,15 +102,21 @@ class Speculator:
         for seq in decoding:
             k, kind = ks.get(seq.seq_id, 0), chosen.get(seq.seq_id)
             guess = guesses.get(seq.seq_id, [])
+            tokens: list[int] = []
             if k > 0 and kind is not None:
                 src = self.sources[kind]
                 tokens = guess[:k] if src.draft_ms(1, 1) == 0.0 and guess else drafted[kind].get(
                     seq.seq_id, [])[:k]
                 if tokens:
                     out[seq.seq_id] = (kind, tuple(tokens))
-                    continue
-            if guess:
-                seq.spec.shadow = (guessed_by[seq.seq_id], seq.num_tokens, guess[0])
+            # The free guess beyond what is verified now is judged against the tokens that come:
+            # all of it when nothing is drafted, its tail when a verification accepts every row.
+            depth = len(tokens) if tokens and out[seq.seq_id][0] == guessed_by.get(seq.seq_id) else 0
+            if guess and (not tokens or depth) and depth < len(guess):
+                deep = not any(len(sh.tokens) > 1 for sh in seq.spec.shadows)
+                if deep or not depth:
+                    seq.spec.shadows.append(Shadow(guessed_by[seq.seq_id], seq.num_tokens,
+                                                   tuple(guess if deep else guess[:1]), depth))
         return out
 
     def _cap(self, seq: Sequence, n_ctx_seq: int) -> int:
@@ -111,22 +133,24 @@ class Speculator:
             room_rows -= k
         return ks
 
-    def _adaptive(self, decoding, sources, kinds, guesses, caps, *, cost: CostModel, shape: StepShape,
-                  prefill_rows: int, room_rows: int, room_ms: float | None):
+    @staticmethod
+    def _row_ms(seq: Sequence, cost: CostModel, shape: StepShape) -> float:
+        """One more row of this sequence: a row with logits, attending over its positions (or,
+        without flash attention, over every used cell)."""
         params = cost.params
+        if shape.path is AttentionPath.DENSE:
+            n_kv = -(-(shape.cells_used + 1) // KV_PAD) * KV_PAD
+            return params.decode_ms + params.attn_ms * n_kv / 1000.0
+        return params.decode_ms + params.attn_ms * (seq.num_computed + 2) / 1000.0
+
+    def _adaptive(self, decoding, sources, kinds, guesses, caps, *, cost: CostModel, shape: StepShape,
+                  base_ms: float, room_rows: int, room_ms: float | None):
         offers, owners, chosen = [], [], {}
         n = len(decoding)
         # What each source costs per sequence to propose one token, were every sequence drafting.
         share = {src.kind: src.draft_ms(1, n) / n for src in sources}
         for seq in decoding:
-            # One more row of this sequence: a row with logits, attending over its positions (or,
-            # without flash attention, over every used cell).
-            if shape.path is AttentionPath.DENSE:
-                n_kv = -(-(shape.cells_used + 1) // KV_PAD) * KV_PAD
-                attn = params.attn_ms * n_kv / 1000.0
-            else:
-                attn = params.attn_ms * (seq.num_computed + 2) / 1000.0
-            row_ms = params.decode_ms + attn
+            row_ms = self._row_ms(seq, cost, shape)
             candidates: list[tuple[DraftKind, int, float]] = []
             for src in sources:
                 free = src.draft_ms(1, 1) == 0.0
@@ -137,27 +161,31 @@ class Speculator:
                 continue
             kind, cap, p = candidates[pick_source([(p, share[k]) for k, _, p in candidates], row_ms)]
             chosen[seq.seq_id] = kind
-            offers.append(DraftOffer(p=p, cap=cap, row_ms=row_ms, source=kinds.index(kind)))
+            offers.append(DraftOffer(p=p, cap=cap, row_ms=row_ms, source=kinds.index(kind),
+                                     p_more=self.p(seq, kind, deeper=True)))
             owners.append(seq.seq_id)
         if not offers:
             return {}, chosen
-        base_ms = cost.predict(shape.decode_rows, prefill_rows, shape.kpos(prefill_rows))
         ks = draft_lengths(offers, base_ms=base_ms, base_tokens=shape.decode_rows, room_rows=room_rows,
                            room_ms=room_ms, draft_ms=[s.draft_ms for s in sources])
         return dict(zip(owners, ks)), chosen
 
     def _judge_shadow(self, seq: Sequence) -> None:
-        """A guess made while the sequence did not draft, against the token that came after."""
-        shadow, seq.spec.shadow = seq.spec.shadow, None
-        if shadow is None:
-            return
-        kind, pos, token = shadow
-        if seq.num_tokens <= pos:
-            seq.spec.shadow = shadow  # not decided yet (the step failed)
-            return
-        hit = seq.token_range(pos, pos + 1)[0] == token
-        seq.spec.estimate(kind).observe(int(hit), not hit)
-        self.overall[kind].observe(int(hit), not hit)
+        """Free guesses against the tokens committed since they were made, each from its first
+        depth not judged yet; a guess waits while none of its remaining depths has a token."""
+        seq.spec.shadows = [sh for sh in seq.spec.shadows if not self._judge(seq, sh)]
+
+    def _judge(self, seq: Sequence, shadow: Shadow) -> bool:
+        """Count what came for one guess; True once it is decided (a miss, or every depth judged)."""
+        n = min(len(shadow.tokens), seq.num_tokens - shadow.pos)
+        if n <= shadow.depth:
+            return False  # no new token at its depths yet (the step failed, or it was just made)
+        came = seq.token_range(shadow.pos + shadow.depth, shadow.pos + n)
+        matched = next((i for i, t in enumerate(came) if t != shadow.tokens[shadow.depth + i]), None)
+        decided = matched is not None
+        self._observe(seq, shadow.kind, shadow.depth, matched if decided else len(came), decided)
+        shadow.depth = n
+        return decided or n == len(shadow.tokens)
 
     # ---- after sampling ------------------------------------------------------------------------
 
@@ -165,8 +193,9 @@ class Speculator:
         """Sampling accepted `accepted` of the `drafted` draft tokens it verified; `judged` of
         them were compared with a sampled token (the reply may end before the rest are)."""
         rejected = accepted < judged
-        seq.spec.estimate(kind).observe(accepted, rejected)
-        self.overall[kind].observe(accepted, rejected)
+        self._observe(seq, kind, 0, accepted, rejected)
+        if rejected:  # a guess's tail after the verified rows followed the rejected draft
+            seq.spec.shadows = [sh for sh in seq.spec.shadows if not sh.depth]
         seq.num_drafted += drafted
         seq.num_accepted += accepted
         self.num_drafted += drafted

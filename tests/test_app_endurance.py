@@ -67,3 +67,26 @@ async def test_a_flooded_pane_beside_seven_streaming_ones_keeps_the_app_answerin
         assert flooded.message.content.endswith(tail.text)
         assert all(p.query(MessageView).last().settled for p in panes)
         assert rss_mb() - rss0 < 150, "memory grew far beyond the text the replies hold"
+
+
+def test_the_flood_follows_the_clock_when_steps_come_late():
+    # The stand-in engine shares the app's process: on a busy machine its steps come late, and a
+    # flood counted per step took many times its planned duration (the 100,000-token run was
+    # stopped after 7 minutes). A late step hands over what the flood owes by then.
+    from magnitude_tui.bench.ui_endurance import FloodClient
+    from scheduler.types import Phase, Request
+
+    client = FloodClient(flood=2000, burst=40, step_hz=25.0, tokens=10**9)
+    client.submit(Request("flood", "s0", ()))
+    client.submit(Request("other", "s1", ()))
+    for t in (0.0, 0.04):  # prefill, then the first tokens
+        client._step(t)
+    assert client.flood_sent == 40
+    report = client._step(1.04)  # a second late: 25 steps' worth are owed
+    flood = next(u for u in report.updates if u.request_id == "flood")
+    assert client.flood_sent == flood.generated == 40 + 25 * 40
+    other = next(u for u in report.updates if u.request_id == "other")
+    assert other.new_tokens == 1  # the other panes stream at their own pace
+    report = client._step(60.0)  # never more than the flood
+    flood = next(u for u in report.updates if u.request_id == "flood")
+    assert client.flood_sent == 2000 and flood.phase is Phase.DONE

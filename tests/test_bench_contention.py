@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from magnitude_tui.bench.contention import _summarize, busy_processes
+from magnitude_tui.bench.contention import StepSeen, _summarize, busy_processes, step_stats
 
 
 def _alive(pid: int) -> bool:
@@ -34,3 +34,12 @@ def test_the_summary_compares_the_engine_with_its_quiet_self_and_the_best_peer_u
     assert busy["engine tok/s"] == 25.0 and busy["engine vs quiet"] == 0.83
     assert busy["best peer"] == "-t 1" and busy["engine vs best peer"] == 0.93
     assert busy["-t 2 tok/s"] == "<2.0"  # stopped at the limit: at most that
+
+
+def test_step_stats_say_where_a_rounds_time_went() -> None:
+    steps = [StepSeen(512, 400.0, 1)] + [StepSeen(0, 100.0, 1)] * 30 + [StepSeen(0, 1500.0, 2)]
+    stats = step_stats(steps, wall_s=5.0)
+    assert stats["steps"] == 32 and stats["prompt_steps"] == 1
+    assert abs(stats["in_steps"] - (0.4 + 3.0 + 1.5) / 5.0) < 1e-9
+    assert abs(stats["probing"] - 1.5 / 5.0) < 1e-9  # the step on 2 threads, where most ran on 1
+    assert step_stats([StepSeen(0, 100.0, None)], wall_s=1.0)["probing"] == 0.0

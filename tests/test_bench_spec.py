@@ -103,3 +103,17 @@ def test_a_failing_peer_keeps_the_engines_rows():
     real, peer = list(res.tables.values())[:2]
     assert [r["mode"] for r in real] == ["off", "ngram"]
     assert "llama-server crashed" in peer[0]["note"]
+
+
+def test_bench_throughput_runs_the_engine_with_the_spec_it_is_given():
+    # `bench throughput --spec`: the same fixed work (EOS ignored), verified drafts when asked for.
+    from backend.fake import FakeBackend
+    from magnitude_tui.bench.common import prompt_tokens
+    from magnitude_tui.bench.throughput import engine_run
+
+    backend = FakeBackend(n_seq_max=4)
+    prompts = [prompt_tokens(backend, 32, salt=i + 1) for i in range(2)]
+    off = engine_run(backend, prompts, 48, "fixed:64")
+    ngram = engine_run(backend, prompts, 48, "fixed:64", spec="ngram")
+    assert off["made"] == ngram["made"] == 2 * 48
+    assert ngram["steps"] < off["steps"]  # the fake reply repeats itself: drafts were accepted

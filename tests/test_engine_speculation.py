@@ -8,6 +8,7 @@ import pytest
 from backend.fake import DEFAULT_REPLY, Acceptance, FakeBackend, ScriptedDrafts
 from backend.protocol import DecodeOutcome
 from scheduler.drafts import DraftKind
+from scheduler.ngram import NgramSource
 from scheduler.speculation import SpecMode
 from scheduler.types import DoneReason, Message, Request, SamplingParams
 from tests.engine_driver import assert_clean, by_request, chat, engine_for, text
@@ -280,3 +281,40 @@ def test_auto_drafts_with_the_free_lookup_when_the_draft_model_costs_more_than_i
     assert auto == off
     assert sum(r.draft_rows for r in reports) > 100 and not expensive.proposed
     assert t_off / t_auto >= 1.05, (t_off, t_auto)
+
+
+class CountingLookup(NgramSource):
+    """n-gram lookup that counts the sequences it was asked to guess for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    def propose(self, key, tokens, k):
+        self.asked += 1
+        return super().propose(key, tokens, k)
+
+
+@pytest.mark.parametrize("n, asked", [(16, False), (1, True)])
+def test_auto_looks_nothing_up_where_no_draft_row_could_pay(n, asked):
+    # At 16 sequences on a CPU even a draft accepted for sure buys less per ms than the step's decode
+    # rows: auto drafts nothing there, so it must not spend a lookup per sequence per step either
+    # (it did: 0.8 ms a step of the engine's own time at 16 sequences). One sequence still looks up.
+    from backend.simulated import SimulatedBackend
+
+    def run(mode):
+        backend = SimulatedBackend("cpu2core", n_ctx=32768, n_batch=2048)
+        lookup = CountingLookup()
+        engine, _ = engine_for(backend, policy="target:50", spec=mode, drafts={DraftKind.NGRAM: lookup})
+        for i in range(n):
+            engine.submit(chat(f"r{i}", f"s{i}", "hi", max_tokens=64))
+        reports = engine.run_until_idle()
+        assert_clean(engine, *(f"s{i}" for i in range(n)))
+        return {rid: text(u) for rid, u in by_request(reports).items()}, lookup.asked, reports
+
+    off, _, _ = run("off")
+    auto, lookups, reports = run("auto")
+    assert auto == off
+    assert (lookups > 0) is asked, lookups
+    if not asked:
+        assert sum(r.draft_rows for r in reports) == 0

@@ -8,8 +8,8 @@ import pytest
 
 from backend.simulated import SimulatedBackend
 from magnitude_tui.engine.core import Engine
-from magnitude_tui.engine.threads import (ABORT_RATIO, MIN_STEPS, PROBE_STEPS, REPROBE_MAX_S, REPROBE_S,
-                                          CpuLoad, ThreadGovernor, ThreadMode)
+from magnitude_tui.engine.threads import (ABORT_RATIO, BAR_MAX_S, MIN_STEPS, PROBE_BUDGET, PROBE_STEPS,
+                                          REPROBE_MAX_S, REPROBE_S, CpuLoad, ThreadGovernor, ThreadMode)
 from scheduler.types import Message, Request, SamplingParams
 
 PREDICTED_MS = 50.0
@@ -125,6 +125,102 @@ def test_a_plainly_worse_candidate_is_dropped_after_two_steps() -> None:
     assert gov.n_threads == 1
     more = drive(gov, lambda n, t: 1.0 if n == 1 else 3 * ABORT_RATIO, seconds=REPROBE_MAX_S, t0=REPROBE_MAX_S + 5)
     assert [n for _, n in more].count(2) == 1, "and tried again only after the longest interval"
+
+
+def test_on_a_noisy_loaded_machine_an_expensive_probe_is_not_repeated_on_every_slow_spell() -> None:
+    """Measured with one busy process per core at a load average of 8 (2 cores): 1 thread ran a
+    step in ~1.9 s, a probe step on 2 threads took ~7.8 s, and the neighbours' bursts made the 1-thread
+    steps 1.5x slower now and then, each spell a new probe of 2: two in a 75 s round, 21 % of it."""
+    gov = ThreadGovernor(start=1, max_threads=2, load=ScriptedLoad(2.0))
+
+    def ratio(n: int, t: float) -> float:
+        spell = 1.6 if int(t / 20) % 2 else 1.0  # a neighbour's burst every other 20 s
+        return (38.0 if n == 1 else 156.0) * spell
+
+    used = drive(gov, ratio, seconds=BAR_MAX_S)
+    probe_steps = [t for t, n in used if n == 2]
+    spent = sum(PREDICTED_MS * ratio(2, t) / 1000.0 for t in probe_steps)
+    # One probe step costs ~6 s more than the incumbent's: paid back over 6 / PROBE_BUDGET s.
+    assert len(probe_steps) <= 2, f"2 threads probed {len(probe_steps)} times in {BAR_MAX_S:.0f} s"
+    assert spent <= 3 * PROBE_BUDGET * BAR_MAX_S
+    assert gov.n_threads == 1
+
+
+def test_a_change_of_load_lifts_the_bar_on_a_plainly_worse_count() -> None:
+    load = ScriptedLoad(2.0)
+    gov = ThreadGovernor(start=1, max_threads=2, load=load)
+    quiet_from = 60.0
+
+    def ratio(n: int, t: float) -> float:
+        if t < quiet_from:
+            return 38.0 if n == 1 else 156.0
+        return 1.8 if n == 1 else 1.0
+
+    drive(gov, ratio, seconds=quiet_from)
+    assert gov.n_threads == 1
+    load.cores = 0.0  # the neighbours stopped: the load says 2, whatever the bar says
+    used = drive(gov, ratio, seconds=10, t0=quiet_from)
+    assert gov.n_threads == 2, gov.state.why
+    assert min(t for t, n in used if n == 2) - quiet_from < 3.0
+
+
+def test_without_a_load_reader_a_barred_count_is_re_checked_once_its_cost_is_paid_back() -> None:
+    gov = ThreadGovernor(start=1, max_threads=2)
+    quiet_from = 30.0
+
+    def ratio(n: int, t: float) -> float:
+        if t < quiet_from:
+            return 38.0 if n == 1 else 156.0
+        return 1.8 if n == 1 else 1.0
+
+    used = drive(gov, ratio, seconds=BAR_MAX_S + REPROBE_MAX_S)
+    assert gov.n_threads == 2
+    back = next(t for t, n in used if t > quiet_from and n == 2)
+    assert back - quiet_from <= BAR_MAX_S + 1
+
+
+def test_a_cheap_losing_probe_is_barred_briefly_so_slower_steps_still_find_the_better_count() -> None:
+    """The issue's quiet 2-core machine: beside one busy process 2 threads ran 7x slower than 1;
+    beside one per core, 2 threads beat 1 (28.2 against 22.8 tok/s). The probe of 2 beside one
+    busy process cost a fraction of a second, so when the second busy process slows the 1-thread
+    steps down, 2 is measured again at once, not after minutes."""
+    gov = ThreadGovernor(start=2, max_threads=2)
+    one_busy, two_busy = 20.0, 50.0
+
+    def ratio(n: int, t: float) -> float:
+        if t < one_busy:
+            return 1.0 if n == 2 else 1.8
+        if t < two_busy:
+            return 7.0 if n == 2 else 1.0
+        return 1.25 if n == 2 else 1.6
+
+    used = drive(gov, ratio, seconds=two_busy + 10)
+    assert [n for t, n in used if one_busy + 2 < t < two_busy][-1] == 1
+    assert gov.n_threads == 2, gov.state.why
+    back = next(t for t, n in used if t > two_busy and n == 2)
+    assert back - two_busy < 2.0
+
+
+def test_a_shift_in_the_load_triggers_a_check_even_where_it_suggests_the_same_count() -> None:
+    """One busy process, then one per core, on 2 cores: both loads suggest 1 thread, yet beside
+    one per core 2 threads were faster (the issue: 28.2 against 22.8 tok/s), and the 1-thread steps
+    slowed by less than SLOW_RATIO."""
+    load = ScriptedLoad(0.0)
+    gov = ThreadGovernor(start=2, max_threads=2, load=load)
+    one_busy, two_busy = 20.0, 80.0
+
+    def ratio(n: int, t: float) -> float:
+        load.cores = 0.0 if t < one_busy else 1.0 if t < two_busy else 2.0
+        if t < one_busy:
+            return 1.0 if n == 2 else 1.8
+        if t < two_busy:
+            return 7.0 if n == 2 else 1.0
+        return 1.05 if n == 2 else 1.3
+
+    used = drive(gov, ratio, seconds=two_busy + 10)
+    assert [n for t, n in used if one_busy + 5 < t < two_busy][-1] == 1
+    assert gov.n_threads == 2, gov.state.why
+    assert next(t for t, n in used if t > two_busy and n == 2) - two_busy < 5.0
 
 
 def test_slower_steps_at_the_same_count_trigger_a_probe() -> None:

@@ -96,6 +96,22 @@ def test_a_reply_streams_with_client_measured_figures_and_the_servers_usage(run_
         assert body["messages"] == [{"role": "user", "content": "hello"}] and body["max_tokens"] == 8
 
 
+def test_the_servers_panel_figures_are_its_requests_own(run_client):
+    with StubServer(Script(words=20, delay_s=0.01, first_delay_s=0.25)) as stub:
+        run = run_client([stub.url])
+        run.ready()
+        run.client.submit(chat("a", max_tokens=20))
+        final = run.final("a")
+        run.until(lambda: any(isinstance(e, EndpointsReport) and e.endpoints[0].ttft_p50_ms is not None
+                              for e in run.events))
+        [status] = [e for e in run.events if isinstance(e, EndpointsReport)][-1].endpoints
+        # The server's TTFT is its requests' TTFT (it was recorded as 0 before the first token
+        # had a time), and its rate counts what streamed over the last few seconds.
+        assert status.ttft_p50_ms == status.ttft_p95_ms == pytest.approx(final.ttft_ms)
+        assert status.ttft_p50_ms >= 250
+        assert status.tok_s > 0 and status.errors == 0 and status.healthy
+
+
 def test_without_usage_the_counts_are_tiktoken_estimates_marked_as_such(run_client):
     with StubServer(Script(words=4, usage=False, timings=True)) as stub:
         run = run_client([stub.url])

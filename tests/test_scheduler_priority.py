@@ -73,3 +73,32 @@ def test_kv_pressure_preempts_the_lowest_class_first():
             break
     assert agent.num_preemptions == 1 and person.num_preemptions == 0 and newest.num_preemptions == 0
     close_all(sched)
+
+
+def test_a_persons_turn_never_waits_behind_agents_for_kv_room():
+    # Slots are free but the agents' prompts and reserves hold the cache: the person's turn takes
+    # the room of the newest agent instead of waiting for an agent's reply to end.
+    sched, kv = make("fixed:64", n_ctx=400, n_seq_max=8, gen_reserve=32)
+    agents = [_with_priority(add(sched, f"agent{i}", 150), Priority.AGENT) for i in range(2)]
+    while not all(a.is_decoding for a in agents):
+        step(sched, kv)
+    person = add(sched, "person", 60)
+    plan = step(sched, kv)
+    assert person.seq_id is not None and person.seq_id in rows(plan)
+    newest = max(agents, key=lambda a: a.admit_order)
+    oldest = min(agents, key=lambda a: a.admit_order)
+    assert newest.phase is Phase.QUEUED and newest.num_preemptions == 1 and oldest.num_preemptions == 0
+    close_all(sched)
+
+
+def test_an_agent_waits_its_turn_behind_agents_and_preempts_nobody():
+    # Making way is only for a higher class: within a class the queue is first come, first served.
+    sched, kv = make("fixed:64", n_ctx=400, n_seq_max=8, gen_reserve=32)
+    agents = [_with_priority(add(sched, f"agent{i}", 150), Priority.AGENT) for i in range(2)]
+    while not all(a.is_decoding for a in agents):
+        step(sched, kv)
+    late = _with_priority(add(sched, "late", 60), Priority.AGENT)
+    step(sched, kv)
+    assert late.seq_id is None and late.phase is Phase.QUEUED and "KV room" in late.waiting_reason
+    assert all(a.num_preemptions == 0 for a in agents)
+    close_all(sched)

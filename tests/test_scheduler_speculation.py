@@ -127,3 +127,68 @@ def test_spec_modes_parse_and_a_forced_mode_needs_its_source():
     assert [s.kind for s in available_sources(SpecMode.AUTO, ngram)] == [DraftKind.NGRAM]
     with pytest.raises(ValueError, match="--draft-model"):
         available_sources(SpecMode.DRAFT, ngram)
+
+
+def test_a_row_that_could_not_pay_even_if_accepted_for_sure_is_not_worth_a_guess():
+    from scheduler.speculation import row_can_pay
+
+    def base(profile, n):
+        return profile["fixed"] + profile["row"] * n
+
+    assert row_can_pay(CPU["row"], base(CPU, 1), 1)  # 11 ms for 1 token: a sure 6.7 ms row pays
+    assert not row_can_pay(CPU["row"], base(CPU, 8), 8)  # 58 ms for 8: 1/6.7 < 1.15 x 8/58
+    assert not row_can_pay(CPU["row"], base(CPU, 16), 16)
+    assert row_can_pay(GPU["row"], base(GPU, 16), 16)  # 36.8 ms for 16: a sure 1.39 ms row pays
+    # The bound agrees with draft_lengths at p = 1 (where a row either passes the bar or nothing does).
+    for profile in (CPU, GPU):
+        for n in (1, 2, 4, 8, 16):
+            assert row_can_pay(profile["row"], base(profile, n), n) == (lengths(profile, n, 1.0)[0] > 0)
+
+
+def test_a_row_after_an_accepted_one_has_its_own_estimate():
+    from scheduler.speculation import observe_run
+
+    first, deeper = AcceptanceEstimate(), AcceptanceEstimate()
+    observe_run(first, deeper, 0, 3, True)  # rows 1-3 accepted, row 4 rejected
+    assert (first.hits, first.misses, deeper.hits, deeper.misses) == (1, 0, 2, 1)
+    observe_run(first, deeper, 0, 0, True)  # the first row rejected: nothing about deeper rows
+    assert (first.hits, first.misses) == (0.92, 1) and (deeper.hits, deeper.misses) == (2, 1)
+    first, deeper = AcceptanceEstimate(), AcceptanceEstimate()
+    observe_run(first, deeper, 2, 4, False)  # a guess's tail from depth 2 on: 4 hits, none missed
+    assert (first.hits, first.misses, deeper.hits, deeper.misses) == (0, 0, 4, 0)
+
+
+def test_a_copy_that_goes_on_once_it_starts_drafts_longer_than_one_rate_says():
+    # One sequence on the CPU, first row accepted 9 times in 10: one geometric rate gives 1 row;
+    # if a row after an accepted one is accepted 99 times in 100 (a copy runs on), 3 rows pay
+    # (the third: 0.88 tokens for 6.7 ms = 0.1317/ms, over 1.15 x 2.79 / 24.4 ms = 0.1315/ms).
+    def one(p_more):
+        offer = DraftOffer(p=0.9, cap=K_MAX, row_ms=CPU["row"], p_more=p_more)
+        return draft_lengths([offer], base_ms=CPU["fixed"] + CPU["row"], base_tokens=1, room_rows=512)
+
+    assert one(None) == [1] and one(0.9) == [1]
+    assert one(0.99) == [3]
+
+
+def test_a_guess_not_verified_is_judged_at_every_depth_against_the_tokens_that_come():
+    # The lookup's whole guess, not only its first token: a reply that copies teaches the deeper
+    # estimate for free while the sequence drafts nothing, and the judging waits for the tokens.
+    from scheduler.sequence import Sequence
+    from scheduler.speculation import Shadow
+    from scheduler.speculator import Speculator
+    from scheduler.types import Request, SamplingParams
+
+    spec = Speculator({DraftKind.NGRAM: NgramSource()}, SpecMode.AUTO)
+    seq = Sequence(Request("r", "s", (), SamplingParams()), [1, 2, 3], t_submit=0.0)
+    seq.spec.shadows = [Shadow(DraftKind.NGRAM, 3, (7, 8, 9, 10))]
+    seq.output += [7, 8]  # two tokens came, both as guessed
+    spec._judge_shadow(seq)
+    first, deeper = seq.spec.estimate(DraftKind.NGRAM), seq.spec.estimate(DraftKind.NGRAM, True)
+    assert (first.hits, deeper.hits, deeper.misses) == (1, 1, 0) and seq.spec.shadows[0].depth == 2
+    spec._judge_shadow(seq)  # nothing new came: nothing counted twice
+    assert (first.hits, deeper.hits) == (1, 1)
+    seq.output += [9, 5]  # depth 2 hit, depth 3 missed: decided
+    spec._judge_shadow(seq)
+    assert (first.hits, first.misses) == (1, 0)
+    assert (round(deeper.hits, 2), deeper.misses) == (1.92, 1) and seq.spec.shadows == []
+    assert spec.p(seq, DraftKind.NGRAM, deeper=True) != spec.p(seq, DraftKind.NGRAM)

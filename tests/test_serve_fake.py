@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from contextlib import contextmanager
 
 import httpx
 import openai
@@ -15,6 +16,7 @@ from backend.factory import BackendConfig
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions, create_app
 from magnitude_tui.serve.hub import EngineState
+from scheduler.types import DoneReason, Phase, Priority, StepReport
 from tests.serve_support import running_server
 
 FAKE = EngineConfig(BackendConfig("fake", n_ctx=4096, n_seq_max=16), policy="fixed:64")
@@ -28,6 +30,23 @@ def server():
 
 def _client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, timeout=30)
+
+
+@contextmanager
+def _recording(server):
+    """The engine's step reports while the block runs (the hub sees every batch)."""
+    reports: list[StepReport] = []
+    dispatch = server.hub.dispatch
+
+    def record(batch):
+        reports.extend(ev for ev in batch if isinstance(ev, StepReport))
+        dispatch(batch)
+
+    server.hub.dispatch = record
+    try:
+        yield reports
+    finally:
+        del server.hub.dispatch  # back to the class's method
 
 
 def _expected(n: int) -> str:
@@ -98,15 +117,22 @@ def test_raw_sse_ends_with_done_and_carries_timings(server):
 
 
 def test_n_choices_share_one_evaluated_prompt(server):
-    r = _client(server).chat.completions.create(
-        model="fake-model", messages=[{"role": "user", "content": "a prompt long enough to share " * 4}],
-        max_tokens=6, n=3, temperature=0)
+    with _recording(server) as reports:
+        r = _client(server).chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": "a prompt long enough to share " * 4}],
+            max_tokens=6, n=3, temperature=0)
     assert sorted(c.index for c in r.choices) == [0, 1, 2]
     assert all(c.message.content == _expected(6) for c in r.choices)
     assert r.usage.completion_tokens == 18
-    # Evaluated once: each fork reused all but the last prompt token of the evaluated prompt.
     timings = r.model_extra["timings"]
     assert timings["prompt_n"] == r.usage.prompt_tokens
+    # Evaluated once: the engine took the prompt's rows once, and each choice only its last prompt
+    # token again (for its own logits), reusing the rest from the shared cells.
+    prompt = r.usage.prompt_tokens
+    assert sum(rep.prefill_rows for rep in reports) == prompt + 3
+    forks = {u.request_id: u for rep in reports for u in rep.updates if u.request_id.startswith(r.id + "-")
+             and u.request_id[-1].isdigit()}
+    assert len(forks) == 3 and all(u.cached_tokens == prompt - 1 for u in forks.values())
 
 
 def test_stop_strings_are_cut_across_token_boundaries_and_never_shown(server):
@@ -213,16 +239,65 @@ async def test_queue_full_and_not_ready_answers(hub, status, code):
         assert "42%" in r.json()["error"]["message"] and r.headers["retry-after"] == "2"
 
 
-def test_client_disconnect_cancels_within_a_step(server):
-    with httpx.stream("POST", server.base + "/chat/completions", json={
-            "messages": [{"role": "user", "content": "long one"}], "max_tokens": 3500, "stream": True}) as r:
-        it = r.iter_lines()
-        for _ in range(4):
-            next(it)
-    # Cancelled within a step: the engine says it ended, and nothing runs any more.
-    _wait_for(lambda: server.hub.num_live == 0, timeout=5.0)
-    _wait_for(lambda: server.hub.last_report.running == 0, timeout=5.0)
+def _cancels(server) -> list[str]:
+    """Wrap the hub's cancel: the requests the server cancelled, in order."""
+    sent: list[str] = []
+    cancel = server.hub.cancel
+
+    def record(request_id):
+        sent.append(request_id)
+        cancel(request_id)
+
+    server.hub.cancel = record
+    return sent
+
+
+def _assert_cancelled(reports, cancelled: list[str]) -> None:
+    """Each cancelled request ended `cancelled` long before its 3,500 tokens, and nothing runs.
+    (The engine honours a cancel within one step: tests/test_engine_core.py's cancel tests.)"""
+    ended = {u.request_id: u for rep in reports for u in rep.updates if u.phase is Phase.DONE}
+    assert cancelled and all(ended[rid].done_reason is DoneReason.CANCELLED for rid in cancelled)
+    assert max(ended[rid].generated for rid in cancelled) < 3500
+    assert reports[-1].running == reports[-1].waiting == 0
+
+
+def test_a_streaming_client_that_disconnects_is_cancelled_and_its_kv_goes_idle(server):
+    with _recording(server) as reports:
+        cancelled = _cancels(server)
+        try:
+            with httpx.stream("POST", server.base + "/chat/completions", json={
+                    "messages": [{"role": "user", "content": "long one"}], "max_tokens": 3500,
+                    "stream": True}) as r:
+                it = r.iter_lines()
+                for _ in range(4):
+                    next(it)
+            _wait_for(lambda: server.hub.num_live == 0, timeout=5.0)
+            _wait_for(lambda: reports and reports[-1].running == 0, timeout=5.0)
+        finally:
+            del server.hub.cancel
+    assert len(cancelled) == 1
+    _assert_cancelled(reports, cancelled)
     assert "cancelled" in server.log.getvalue()
+    # Its KV went back as after esc: idle and resident, so the conversation's next call reuses it.
+    again = httpx.post(server.base + "/chat/completions", json={
+        "messages": [{"role": "user", "content": "long one"}], "max_tokens": 2}).json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["usage"]["prompt_tokens"] - 1
+
+
+def test_a_non_streaming_client_that_hangs_up_is_cancelled(server):
+    with _recording(server) as reports:
+        cancelled = _cancels(server)
+        try:
+            # Eight choices of 3,500 tokens take seconds; the client gives up after 0.3 s.
+            with pytest.raises(httpx.TimeoutException):
+                httpx.post(server.base + "/chat/completions", timeout=0.3, json={
+                    "messages": [{"role": "user", "content": "hang up"}], "max_tokens": 3500, "n": 8})
+            _wait_for(lambda: server.hub.num_live == 0, timeout=5.0)
+            _wait_for(lambda: reports and reports[-1].running == 0, timeout=5.0)
+        finally:
+            del server.hub.cancel
+    assert len(cancelled) == 8
+    _assert_cancelled(reports, cancelled)
 
 
 def test_api_key_is_required_when_set():
@@ -247,3 +322,41 @@ def test_an_agents_second_turn_reports_its_first_turn_as_cached(server):
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= first.usage.prompt_tokens
     assert second.model_extra["timings"]["prompt_n"] == second.usage.prompt_tokens - cached
+
+
+def test_another_caller_resending_a_history_reuses_its_cells(server):
+    # Admission looks among every idle resident conversation, not only the caller's own.
+    client = _client(server)
+    history = [{"role": "system", "content": "You are the planner of a shared task. " * 4},
+               {"role": "user", "content": "list the steps"}]
+    first = client.chat.completions.create(model="m", messages=history, max_tokens=10, user="planner")
+    history += [{"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "now the second step"}]
+    other = client.chat.completions.create(model="m", messages=history, max_tokens=10, user="worker-b")
+    assert other.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+
+
+def test_api_priority_above_zero_runs_in_the_background_class(server):
+    sent = []
+    server.hub.on_request = lambda request, caller: sent.append(request)
+    try:
+        for priority in (None, 0, 5):
+            body = {"messages": [{"role": "user", "content": f"priority {priority}"}], "max_tokens": 2}
+            if priority is not None:
+                body["priority"] = priority
+            assert httpx.post(server.base + "/chat/completions", json=body).status_code == 200
+    finally:
+        server.hub.on_request = None
+    # No API call can claim the interactive class of a person's turn.
+    assert [r.priority for r in sent] == [Priority.AGENT, Priority.AGENT, Priority.BACKGROUND]
+
+
+def test_the_log_has_one_line_per_call_with_its_figures(server):
+    before = server.log.getvalue().count("\n")
+    httpx.post(server.base + "/chat/completions", json={
+        "messages": [{"role": "user", "content": "log me"}], "max_tokens": 7, "user": "logger"})
+    _wait_for(lambda: "logger" in server.log.getvalue())
+    lines = server.log.getvalue().splitlines()[before:]
+    line, = [x for x in lines if "logger" in x]
+    for part in ("ok", "prompt ", "7 tokens", "queue ", "TTFT ", " tok/s", "phases ", "generating ", "finish length"):
+        assert part in line, (part, line)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+from textual.widgets import DataTable
 
 from backend.fake import DEFAULT_REPLY
 from magnitude_tui.app import MagnitudeApp
@@ -12,6 +13,7 @@ from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions
 from magnitude_tui.serve.server import EmbeddedServer
 from magnitude_tui.store import Store
+from magnitude_tui.widgets.status_line import StatusLine
 from scheduler.types import Phase, SamplingParams
 from tests.app_support import SIZE, wait_for
 from tests.serve_support import free_port
@@ -83,6 +85,8 @@ async def test_eight_http_requests_complete_while_a_pane_streams(tmp_path):
         person = app.workspace.grid.panes[0]
         await wait_for(pilot, lambda: person.last_update is not None and person.last_update.generated > 0,
                        what="the pane streaming")
+        panel = app.workspace.sequences_panel
+        panel.clock = lambda: 0.0  # finished rows stay listed until the classes are read
         async with httpx.AsyncClient(base_url=base, timeout=60) as http:
             replies = await asyncio.gather(*(http.post("/chat/completions", json={
                 "messages": [{"role": "user", "content": f"agent {i}"}], "max_tokens": 20, "user": f"a{i}"})
@@ -90,6 +94,41 @@ async def test_eight_http_requests_complete_while_a_pane_streams(tmp_path):
         assert [r.status_code for r in replies] == [200] * 8
         assert all(r.json()["choices"][0]["message"]["content"] == DEFAULT_REPLY[:20] for r in replies)
         assert person.busy  # the person's reply is still streaming beside them
+        # The sequences panel shows each sequence's class: the person's turn, the API agents.
+        await pilot.press("f2")
+        api = [p for p in app.workspace.grid.panes if p.record.role == "api"]
+        await wait_for(pilot, lambda: all(p.session_id in panel._rows for p in api), what="the agents' rows")
+        panel.refresh_rows()
+        table = panel.query_one(DataTable)
+        assert table.get_cell(person.session_id, "class") == "you"
+        assert {table.get_cell(p.session_id, "class") for p in api} == {"agent"} and len(api) == 8
         await pilot.press("escape")
         await wait_for(pilot, lambda: not person.busy, what="the pane's reply to stop")
         assert person.record.messages[-1].done_reason == "cancelled"
+
+
+async def test_a_caller_without_a_user_is_titled_by_its_address_and_n_choices_by_their_caller(tmp_path):
+    app, base = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.workspace.engine_ready, what="EngineReady")
+        history = [{"role": "system", "content": "You are a careful agent. " * 6},
+                   {"role": "user", "content": "first"}]
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            first = (await http.post("/chat/completions", json={"messages": history, "max_tokens": 8})).json()
+            history += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                        {"role": "user", "content": "second"}]
+            second = (await http.post("/chat/completions", json={"messages": history, "max_tokens": 8})).json()
+            cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert cached >= first["usage"]["prompt_tokens"]
+            api = [p for p in app.workspace.grid.panes if p.record.role == "api"]
+            assert [p.record.name for p in api] == ["api@127.0.0.1"]
+            # The pane says how much of the prompt came from the cache, as the reply's usage does.
+            await wait_for(pilot, lambda: api[0].last_update is not None and api[0].last_update.phase is Phase.DONE
+                           and api[0].last_update.cached_tokens == cached, what="the second turn's last update")
+            assert f"({cached} cached)" in StatusLine.metrics_text(api[0].last_update)
+            r = await http.post("/chat/completions", json={
+                "messages": [{"role": "user", "content": "three ways " * 10}], "max_tokens": 4, "n": 3,
+                "user": "forker"})
+            assert len(r.json()["choices"]) == 3
+        names = sorted(p.record.name for p in app.workspace.grid.panes if p.record.role == "api")
+        assert names == ["api@127.0.0.1", "forker", "forker#2", "forker#3"]

@@ -3,6 +3,7 @@ burst, target-depth, resume, remote, serve, soak, spec, contention, ui, ui-cpu."
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -118,6 +119,8 @@ def throughput(
     profile: bool = typer.Option(False, "--profile", help="Also cProfile one engine run at 8 sequences."),
     cpu_clock: bool = typer.Option(False, "--cpu-clock", help="Time the engine's runs in CPU seconds of its process "
                                    "(one thread only): the work done, whatever else a shared machine runs."),
+    spec: str = typer.Option("off", "--spec", help="The engine's speculative decoding: off (the peers' work: none "
+                             "of them speculates), ngram or auto."),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
@@ -131,8 +134,18 @@ def throughput(
     bad = [p for p in chosen if p not in PEERS]
     if bad:
         raise typer.BadParameter(f"unknown peer {bad[0]!r}: choose from {', '.join(PEERS)}", param_hint="--peers")
+    from scheduler.speculation import SpecMode, parse_spec_mode
+
+    try:
+        spec_mode = parse_spec_mode(spec)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--spec") from None
+    if spec_mode is SpecMode.DRAFT:
+        raise typer.BadParameter("draft needs a draft model, which bench throughput does not load: use off, ngram "
+                                 "or auto (bench spec measures draft)", param_hint="--spec")
     cfg = ThroughputConfig(seqs=_ints(seqs), prompt=prompt, gen=gen, reps=reps, policies=tuple(policy),
-                           peers=chosen, require_tools=require_tools, profile=profile, cpu_clock=cpu_clock)
+                           peers=chosen, require_tools=require_tools, profile=profile, cpu_clock=cpu_clock,
+                           spec=spec_mode.value)
     try:
         result = run_throughput(_spec("llama", model, device, threads, ctx), cfg, progress=_progress)
     except PeerError as e:
@@ -158,6 +171,9 @@ def spec_bench(
                                     "process's CPU seconds (only meaningful on a quiet machine)."),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt,
     threads: int = typer.Option(1, "--threads", "-t", help="CPU threads (1: CPU time measures the work)."),
+    flash_attn: str = typer.Option("auto", "--flash-attn", help="auto | on | off. On with 1 thread, llama.cpp "
+                                   "computes a row alike in a batch of 1 or k rows, so greedy replies equal off's "
+                                   "exactly at 1 sequence (docs/design/speculation.md)."),
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
     """Speculative decoding: off / ngram / auto / draft at 1..16 sequences on three tasks, llama-server's
@@ -181,7 +197,9 @@ def spec_bench(
     cfg = SpecBenchConfig(widths=_ints(seqs), tasks=chosen_tasks, modes=chosen_modes, max_tokens=max_tokens,
                           reps=reps, policy=policy, draft_model=draft_model, cpu_clock=not wall_clock,
                           peer=peer, sim_profile=sim_profile)
-    spec = _spec(backend, model, device, threads, ctx)
+    if flash_attn.strip().lower() not in ("auto", "on", "off"):
+        raise typer.BadParameter(f"expected auto, on or off, got {flash_attn!r}", param_hint="--flash-attn")
+    spec = replace(_spec(backend, model, device, threads, ctx), flash_attn=flash_attn.strip().lower())
     real = spec.family == "llama"
     result = run_spec(spec, cfg, progress=_progress, peer=run_peer if peer and real else None)
     _finish(result, out, plot_spec)
@@ -279,6 +297,10 @@ def serve_bench(
     gen: int = typer.Option(48, "--gen", help="Tokens each call asks for (greedy)."),
     agents: int = typer.Option(16, "--agents", help="Agent requests in front of the person's turn."),
     peers: str = typer.Option("serve,llama-server", "--peers", help="serve and/or llama-server."),
+    reps: int = typer.Option(1, "--reps", min=1, help="Repetitions of the clients part, alternating "
+                             "which peer goes first (the ratio is their median)."),
+    parts: str = typer.Option("clients,admission,priority", "--parts",
+                              help="Which parts to run: clients, admission, priority."),
     model: Optional[str] = ModelOpt, threads: Optional[int] = ThreadsOpt, out: Path = OutOpt,
 ) -> None:
     """N concurrent clients against `serve` and llama-server -np N; a long prompt over HTTP; a person behind agents."""
@@ -286,8 +308,14 @@ def serve_bench(
     from magnitude_tui.bench.plots import plot_serve
     from magnitude_tui.bench.serve_load import ServeBenchConfig, run_serve_bench
 
+    chosen = tuple(p.strip() for p in parts.split(",") if p.strip())
+    unknown = set(chosen) - {"clients", "admission", "priority"}
+    if unknown or not chosen:
+        raise typer.BadParameter(f"expected some of clients, admission, priority; got {parts!r}",
+                                 param_hint="--parts")
     cfg = ServeBenchConfig(seqs=_ints(seqs), gen=gen, priority_agents=agents, threads=threads or usable_cpus(),
-                           peers=tuple(p.strip() for p in peers.split(",") if p.strip()))
+                           peers=tuple(p.strip() for p in peers.split(",") if p.strip()), reps=reps,
+                           parts=chosen)
     _finish(run_serve_bench(cfg, model=model, progress=_progress), out, plot_serve)
 
 

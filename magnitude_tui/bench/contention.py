@@ -81,6 +81,29 @@ def _wait_ready(client) -> dict:
     raise RuntimeError("the engine did not start within 600 s")
 
 
+@dataclass(frozen=True)
+class StepSeen:
+    """One engine step that ran rows, as its report told it."""
+
+    prefill_rows: int
+    step_ms: float
+    threads: int | None  # the count it ran on (None: not known yet)
+
+
+def step_stats(steps: list[StepSeen], wall_s: float) -> dict:
+    """Where a round's time went: its steps (llama-batched-bench runs one prompt step and then one
+    per generated token), the share of the round inside steps (the rest is the engine's own work
+    between them and the trip to the client), and the share spent on a thread count other than the
+    one most steps ran on (the governor's probes)."""
+    in_steps = sum(s.step_ms for s in steps) / 1000.0
+    counts = [s.threads for s in steps if s.threads is not None]
+    usual = max(set(counts), key=counts.count) if counts else None
+    off = sum(s.step_ms for s in steps if s.threads is not None and s.threads != usual) / 1000.0
+    return {"steps": len(steps), "prompt_steps": sum(1 for s in steps if s.prefill_rows),
+            "in_steps": in_steps / wall_s if wall_s > 0 else None,
+            "probing": off / wall_s if wall_s > 0 else None}
+
+
 def engine_round(client, cfg: ContentionConfig, tag: str) -> dict:
     """Submit cfg.seqs requests at once (fresh conversations), wait for all; tok/s and threads."""
     from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
@@ -93,15 +116,23 @@ def engine_round(client, cfg: ContentionConfig, tag: str) -> dict:
                               sampling=sampling))
     done: dict[str, SeqUpdate] = {}
     threads, counts = None, []
+    steps: list[StepSeen] = []
+    ran_on = None  # a report's ThreadState is the count for the step after it
+    probes: list[str] = []  # why each probe of another thread count started
     while len(done) < cfg.seqs:
         batch = client.poll_events(timeout=300)
         if batch is None:
             raise RuntimeError("no progress from the engine for 300 s")
         for ev in batch:
             updates = ev.updates if isinstance(ev, StepReport) else [ev] if isinstance(ev, SeqUpdate) else []
+            if isinstance(ev, StepReport) and ev.decode_rows + ev.prefill_rows:
+                steps.append(StepSeen(ev.prefill_rows, ev.step_ms, ran_on))
             if isinstance(ev, StepReport) and ev.threads is not None:
                 threads = ev.threads
                 counts.append(ev.threads.n_threads)
+                ran_on = ev.threads.n_threads
+                if ev.threads.why.startswith("probing") and ev.threads.why not in probes[-1:]:
+                    probes.append(ev.threads.why)
             for u in updates:
                 if u.phase is Phase.DONE:
                     done[u.request_id] = u
@@ -116,7 +147,7 @@ def engine_round(client, cfg: ContentionConfig, tag: str) -> dict:
             "prompt": statistics.median(u.prompt_total for u in done.values()),
             "threads": threads.n_threads if threads else None,
             "threads_mean": statistics.fmean(counts) if counts else None,
-            "why": threads.why if threads else ""}
+            "why": threads.why if threads else "", "probes": probes, **step_stats(steps, wall)}
 
 
 def peer_round(bindir, cfg: ContentionConfig, threads: int, model: str) -> dict:
@@ -215,6 +246,8 @@ def _summarize(runs: list[dict], loads, engines: list[str], cores: int) -> list[
             tok = med(load, e)
             row[f"{e} tok/s"] = rnd(tok, 1)
             row[f"{e} threads"] = rnd(med(load, e, "threads_mean"), 2)
+            row[f"{e} steps"] = rnd(med(load, e, "steps"), 0)
+            row[f"{e} time probing"] = rnd(med(load, e, "probing"), 2)
             row[f"{e} vs quiet"] = rnd(tok / quiet[e], 2) if tok and quiet.get(e) else None
             row[f"{e} vs best peer"] = rnd(tok / best_peer[1], 2) if tok and best_peer[1] else None
         for name, tok in sorted(peers.items()):

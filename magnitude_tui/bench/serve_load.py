@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from magnitude_tui.bench.common import PASSAGE, BenchResult, machine_info, percentile, rnd
+from magnitude_tui.bench.common import PASSAGE, BenchResult, machine_info, median, percentile, rnd
 from magnitude_tui.bench.remote import TOPICS
 
 
@@ -25,6 +26,10 @@ class ServeBenchConfig:
     priority_agents: int = 16
     priority_agent_words: int = 150
     peers: tuple[str, ...] = ("serve", "llama-server")
+    # Repetitions of the clients part, alternating which peer goes first (a shared machine's load
+    # drifts: side by side, repeated, the ratio means something where one pass's absolutes do not).
+    reps: int = 1
+    parts: tuple[str, ...] = ("clients", "admission", "priority")
 
 
 @dataclass
@@ -86,10 +91,11 @@ def story(i: int, words: int = 0) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
-async def _burst(url: str, n: int, gen: int) -> list[Call]:
-    # Numbered per width, so no width finds another's replies in the cache.
+async def _burst(url: str, n: int, gen: int, rep: int = 0) -> list[Call]:
+    # Numbered per width and repetition, so no call finds another's prompt in the cache.
     async with httpx.AsyncClient(base_url=url, timeout=600) as http:
-        return list(await asyncio.gather(*(stream_call(http, story(100 * n + i), gen) for i in range(n))))
+        return list(await asyncio.gather(*(stream_call(http, story(1000 * rep + 100 * n + i), gen)
+                                           for i in range(n))))
 
 
 async def _admission(url: str, running: int, gen: int, words: int) -> dict:
@@ -127,50 +133,93 @@ def run_serve_bench(cfg: ServeBenchConfig, *, model: str | None, progress=print)
                          asdict(cfg), machine_info())
     rows: list[dict] = []
     admission: list[dict] = []
-    if "serve" in cfg.peers:
-        config = EngineConfig(BackendConfig(model=model, device="cpu", n_ctx=cfg.n_ctx, n_seq_max=16,
-                                            n_threads=cfg.threads), auto_threads=False)  # as the peers'
-        with serve_in_thread(config, ServeOptions(), in_process=False) as s:
-            for n in cfg.seqs:
-                progress(f"serve: {n} clients")
-                rows.append(_row("serve (this engine)", n, asyncio.run(_burst(s.url, n, cfg.gen))))
-            progress("serve: admission")
-            admission.append({"peer": "serve (this engine)",
-                              **asyncio.run(_admission(s.url, cfg.admit_running, cfg.gen * 3, cfg.admit_prompt_words))})
-    if "llama-server" in cfg.peers:
-        from backend.llama_backend import default_model_path
-        from magnitude_tui.bench.peers import Server, device_args, tools_dir
-
-        found = tools_dir()
-        if found is None:
-            result.notes.append("llama-server not built (scripts/build_llama_tools.sh): peer left out")
-        else:
-            path = model or default_model_path()
-            for n in cfg.seqs:
-                progress(f"llama-server -np {n}: {n} clients")
-                with Server(found[0], model=path, parallel=n, threads=cfg.threads, n_ctx=cfg.n_ctx, n_batch=2048,
-                            n_ubatch=512, dev=device_args("CPU")) as srv:
-                    rows.append(_row(f"llama-server -np {n}", n,
-                                     asyncio.run(_burst(f"http://127.0.0.1:{srv.port}", n, cfg.gen))))
-            progress("llama-server: admission")
-            with Server(found[0], model=path, parallel=cfg.admit_running + 1, threads=cfg.threads, n_ctx=cfg.n_ctx,
-                        n_batch=2048, n_ubatch=512, dev=device_args("CPU")) as srv:
-                admission.append({"peer": f"llama-server -np {cfg.admit_running + 1}",
-                                  **asyncio.run(_admission(f"http://127.0.0.1:{srv.port}", cfg.admit_running,
-                                                           cfg.gen * 3, cfg.admit_prompt_words))})
-    result.tables["concurrent clients"] = rows
-    _ratios(result, rows)
-    result.tables["a long prompt arrives over HTTP while 8 stream"] = admission
-    if "serve" in cfg.peers:
+    peer = _LlamaServerPeer(cfg, model) if "llama-server" in cfg.peers else None
+    if peer is not None and peer.binary is None:
+        result.notes.append("llama-server not built (scripts/build_llama_tools.sh): peer left out")
+        peer = None
+    config = EngineConfig(BackendConfig(model=model, device="cpu", n_ctx=cfg.n_ctx, n_seq_max=16,
+                                        n_threads=cfg.threads), auto_threads=False)  # as the peer's
+    with (serve_in_thread(config, ServeOptions(), in_process=False) if "serve" in cfg.peers
+          else _no_server()) as s:
+        if "clients" in cfg.parts:
+            for rep in range(cfg.reps):
+                for n in cfg.seqs:
+                    runs = [("serve", s)] if s is not None else []
+                    runs += [("llama-server", peer)] if peer is not None else []
+                    for name, target in (runs if rep % 2 == 0 else runs[::-1]):
+                        progress(f"{name}: {n} clients (repetition {rep + 1} of {cfg.reps})")
+                        if name == "serve":
+                            calls = asyncio.run(_burst(target.url, n, cfg.gen, rep))
+                            rows.append({**_row("serve (this engine)", n, calls), "rep": rep + 1})
+                        else:
+                            rows.append({**target.burst(n, rep), "rep": rep + 1})
+        if "admission" in cfg.parts:
+            if s is not None:
+                progress("serve: admission")
+                admission.append({"peer": "serve (this engine)", **asyncio.run(
+                    _admission(s.url, cfg.admit_running, cfg.gen * 3, cfg.admit_prompt_words))})
+            if peer is not None:
+                progress("llama-server: admission")
+                admission.append(peer.admission())
+    if "clients" in cfg.parts:
+        result.tables["concurrent clients"] = rows
+        _ratios(result, rows)
+    if "admission" in cfg.parts:
+        result.tables["a long prompt arrives over HTTP while 8 stream"] = admission
+    if "serve" in cfg.peers and "priority" in cfg.parts:
         from magnitude_tui.bench.serve_priority import run_priority
 
         result.tables["a person's turn behind agents"] = run_priority(cfg, model=model, progress=progress)
     return result
 
 
+@contextmanager
+def _no_server():
+    yield None
+
+
+class _LlamaServerPeer:
+    """The vendored llama-server on the same model and threads: a fresh server per run (-np N)."""
+
+    def __init__(self, cfg: ServeBenchConfig, model: str | None) -> None:
+        from backend.llama_backend import default_model_path
+        from magnitude_tui.bench.peers import tools_dir
+
+        found = tools_dir()
+        self.binary = found[0] if found is not None else None
+        self.cfg, self.model = cfg, model or default_model_path()
+
+    def _server(self, parallel: int):
+        from magnitude_tui.bench.peers import Server, device_args
+
+        return Server(self.binary, model=self.model, parallel=parallel, threads=self.cfg.threads,
+                      n_ctx=self.cfg.n_ctx, n_batch=2048, n_ubatch=512, dev=device_args("CPU"))
+
+    def burst(self, n: int, rep: int) -> dict:
+        with self._server(n) as srv:
+            return _row(f"llama-server -np {n}", n, asyncio.run(_burst(f"http://127.0.0.1:{srv.port}", n,
+                                                                       self.cfg.gen, rep)))
+
+    def admission(self) -> dict:
+        cfg = self.cfg
+        with self._server(cfg.admit_running + 1) as srv:
+            return {"peer": f"llama-server -np {cfg.admit_running + 1}",
+                    **asyncio.run(_admission(f"http://127.0.0.1:{srv.port}", cfg.admit_running,
+                                             cfg.gen * 3, cfg.admit_prompt_words))}
+
+
 def _ratios(result: BenchResult, rows: list[dict]) -> None:
-    ours = {r["clients"]: r for r in rows if r["peer"].startswith("serve")}
-    for r in rows:
-        if r["peer"].startswith("llama-server") and r["clients"] in ours and r["agg_tok_s"]:
-            result.notes.append(f"{r['clients']} clients: serve / llama-server aggregate tok/s = "
-                                f"{ours[r['clients']]['agg_tok_s'] / r['agg_tok_s']:.2f}x")
+    """serve ÷ llama-server aggregate tok/s per width: each repetition's, and their median."""
+    for n in sorted({r["clients"] for r in rows}):
+        ratios = []
+        for rep in sorted({r.get("rep", 1) for r in rows}):
+            ours = [r for r in rows if r["clients"] == n and r.get("rep", 1) == rep and r["peer"].startswith("serve")]
+            theirs = [r for r in rows if r["clients"] == n and r.get("rep", 1) == rep
+                      and r["peer"].startswith("llama-server")]
+            if ours and theirs and theirs[0]["agg_tok_s"]:
+                ratios.append(ours[0]["agg_tok_s"] / theirs[0]["agg_tok_s"])
+        if ratios:
+            each = ", ".join(f"{x:.2f}" for x in ratios)
+            result.notes.append(f"{n} clients: serve / llama-server aggregate tok/s = {median(ratios):.2f}x"
+                                + (f" (median of {len(ratios)} alternating repetitions: {each})"
+                                   if len(ratios) > 1 else ""))

@@ -240,6 +240,7 @@ def _measure(spec: BackendConfig, cfg: SpecBenchConfig, progress) -> tuple[list[
             traces[name] = {src.kind.value: list(src.guesses) for src in sources.values()}
         info = backend_info(backend)
         info["clock"] = "CPU seconds of the engine process" if cpu else "backend clock"
+        info["attention"] = getattr(backend, "info", {}).get("attention")
     finally:
         draft = sources.get(DraftKind.DRAFT_MODEL)
         if draft is not None and hasattr(draft.inner, "close"):
@@ -288,7 +289,7 @@ def run_spec(spec: BackendConfig, cfg: SpecBenchConfig, progress: Callable[[str]
         {"task": task, "source": kind, **summary(guesses)} for task, kinds in traces.items()
         for kind, guesses in kinds.items()]
     res.data = {"backend": info, "prompt_tokens": lengths, "targets": targets(real, sim)}
-    res.notes += _notes(cfg, res.data["targets"])
+    res.notes += _notes(cfg, res.data["targets"]) + [_identity_note(info)]
     return res
 
 
@@ -302,6 +303,17 @@ def targets(real: list[dict], sim: list[dict]) -> dict:
            if r["task"] == Task.REPETITIVE.value and r["mode"] == "auto" and r["seqs"] <= 4}
     return {"auto_min_x_off_agg": min(auto, default=None), "auto_min_x_off_per_seq": min(auto_seq, default=None),
             "repetitive_1_seq_best_x_off": max(rep1, default=None), "simulated_repetitive_auto_x_off": gpu}
+
+
+def _identity_note(info: dict) -> str:
+    """Why same_text_as_off may be False at temperature 0 on this run's kernels."""
+    attention = info.get("attention") or "n/a"
+    return (f"same_text_as_off on {attention}, {info.get('n_threads', '?')} thread(s): llama.cpp's CPU kernels compute "
+            "a single-row step otherwise than a batch of 2+ rows (dense attention's matrix multiply; flash attention "
+            "on 2+ threads from 512 cells), which moves a verified row's logits by up to ~0.8 against the same row "
+            "decoded alone; a near-tie may then flip. With --flash-attn on --threads 1 the logits are bit-identical "
+            "at 1 sequence; with several, rejected drafts also move where a sequence's cells lie (the order "
+            "attention sums them). See docs/design/speculation.md")
 
 
 def _notes(cfg: SpecBenchConfig, t: dict) -> list[str]:

@@ -33,15 +33,19 @@ class ThroughputConfig:
     # The engine's runs in CPU seconds of this process (one thread: every step computes on it),
     # the work done whatever else a shared machine runs; the peers keep their wall figures.
     cpu_clock: bool = False
+    # The engine's --spec: off by default, so its rows are the work llama.cpp's tools do (none of
+    # them speculates); auto shows what drafting adds or costs on the same runs.
+    spec: str = "off"
 
 
-def engine_run(backend, prompts: list[tuple[int, ...]], gen: int, policy: str, cpu_clock: bool = False) -> dict:
+def engine_run(backend, prompts: list[tuple[int, ...]], gen: int, policy: str, cpu_clock: bool = False,
+               spec: str = "off") -> dict:
     """All prompts submitted at once, run to the end; wall time (or CPU time, `cpu_clock`) plus
     per-step Python vs native time."""
     reset_kv(backend)
     clock = CPU_CLOCK if cpu_clock else None
     view = FixedLength(backend, clock)
-    engine = Engine(view, policy=policy, coalesce_ms=0.0, gen_reserve=gen, clock=clock)
+    engine = Engine(view, policy=policy, coalesce_ms=0.0, gen_reserve=gen, clock=clock, spec=spec)
     now = clock or time.perf_counter
     if policy.startswith("target"):
         engine.calibrate()
@@ -128,7 +132,7 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
             # Every other repetition in the opposite order: what runs first must not decide a ratio.
             for policy in (cfg.policies if rep % 2 == 0 else cfg.policies[::-1]):
                 for n in cfg.seqs:
-                    r, busy = measured(lambda: engine_run(backend, prompts[n], cfg.gen, policy, cfg.cpu_clock),
+                    r, busy = measured(lambda: engine_run(backend, prompts[n], cfg.gen, policy, cfg.cpu_clock, cfg.spec),
                                        progress=progress)
                     runs.append({"peer": f"engine {policy}", "seqs": n, "rep": rep, "tok_s": r["tok_s"],
                                  "tg_tok_s": r["tg_tok_s"], "made": r["made"], "wall_s": r["wall_s"], "others": busy})
@@ -233,4 +237,6 @@ def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: Through
         "others_cores: cores other processes kept busy during a measurement (a shared machine); one over 0.25 "
         "was measured again, up to twice, after waiting for the machine to go quiet",
         "Llama serial = llama-cpp-python's high-level Llama.generate, one request after another",
+        f"the engine's --spec: {cfg.spec}" + (" (no drafts: the work every peer does)" if cfg.spec == "off" else
+                                              " (drafts verified in the batch; no peer speculates)"),
     ]

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from magnitude_tui.bench.ui_keys import FrameProbe, send_key, type_and_time_key
+
 # Nothing heavy at import time: the engine, the app and Textual are imported when the benchmark runs.
 
 PROMPTS = (
@@ -35,7 +37,6 @@ PROMPTS = (
     "Describe how to bake bread at home, in detail.",
     "Explain the water cycle to a curious child, at length.",
 )
-DIGITS = "1234567"  # typed keys: never in the composer's placeholder, so a match is the typed text
 
 
 @dataclass
@@ -116,55 +117,7 @@ def run_headless(config, cfg: UiConfig) -> dict:
         client.stop()
 
 
-def _row_text(update, y: int, x0: int, x1: int) -> str | None:
-    """The text of screen row y between x0 and x1 in a compositor update, or None if it has no row y."""
-    from textual._compositor import ChopsUpdate, LayoutUpdate
-
-    if isinstance(update, ChopsUpdate):
-        if not any(sy == y for sy, _, _ in update.spans):
-            return None
-        return "".join(s.text for x, s in sorted(update.chops[y].items()) if s is not None and x < x1 and x + s.cell_length > x0)
-    if isinstance(update, LayoutUpdate) and update.region.y <= y < update.region.bottom:
-        return "".join(s.text for s in update.strips[y - update.region.y])
-    return None
-
-
-class FrameProbe:
-    """Hooks the app's display: counts the frames a terminal driver would be given, and notes the
-    moment (`pending["t1"]`) a frame first shows `pending["want"]` in the row `pending["row"]`."""
-
-    def __init__(self, app) -> None:
-        self.app, self.frames, self.pending, self.seen = app, 0, {}, asyncio.Event()
-        self._display = app._display
-        app._display = self._painted
-
-    def expect(self, want: str, row: tuple[int, int, int], **extra) -> None:
-        """About to send a key: wait for `want` in `row` (y, x0, x1) from now on."""
-        self.seen.clear()
-        self.pending.clear()
-        self.pending.update(want=want, row=row, **extra)
-        self.pending["t0"] = time.perf_counter()
-
-    def latency_ms(self) -> float | None:
-        p = self.pending
-        return (p["t1"] - p["t0"]) * 1e3 if "t1" in p else None
-
-    def _painted(self, screen, update) -> None:
-        if update is not None:
-            update.render_segments(self.app.console)  # the bytes a real terminal driver would write
-            self.frames += 1
-            p = self.pending
-            if p and "t1" not in p:
-                text = _row_text(update, *p["row"])
-                if text is not None and p["want"] in text:
-                    p["t1"] = time.perf_counter()
-                    self.seen.set()
-        self._display(screen, update)
-
-
 async def run_ui(config, cfg: UiConfig) -> dict:
-    from textual import events
-
     from magnitude_tui.app import MagnitudeApp
     from magnitude_tui.bench.common import Contention
     from magnitude_tui.store import Store
@@ -188,18 +141,13 @@ async def run_ui(config, cfg: UiConfig) -> dict:
                     await pilot.pause(0.05)
                 for _ in range(cfg.panes - len(ws.grid.panes)):
                     await pilot.press("ctrl+n")
-                def send(key: str, char: str) -> None:  # what the terminal driver does with a key it read
-                    event = events.Key(key, char)
-                    event.set_sender(app)
-                    app._driver.send_message(event)
-
                 contention, cpu0, t0 = Contention((client.pid,)), time.process_time(), time.perf_counter()
                 for pane, text in zip(ws.grid.panes, prompts(cfg.panes)):
                     composer = pane.query_one(Composer)
                     composer.focus()
                     await asyncio.sleep(0.02)  # not pilot.pause(): it waits for an idle app
                     composer.insert(text)
-                    send("enter", "\r")  # not pilot.press: that waits for an idle app, and streaming panes never idle
+                    send_key(app, "enter", "\r")
                     limit = time.monotonic() + 10
                     while not (pane.busy or len(pane.record.messages) > 1):  # the Submitted chain is asynchronous
                         if time.monotonic() > limit:
@@ -214,18 +162,8 @@ async def run_ui(config, cfg: UiConfig) -> dict:
                 for i in range(cfg.keys):
                     if i and not busy():
                         break
-                    ch = DIGITS[i % len(DIGITS)]
-                    if i % len(DIGITS) == 0:
-                        composer.value = ""
-                        await asyncio.sleep(0.05)
-                    r = composer.region
-                    probe.expect(composer.value + ch, (r.y, r.x, r.right), generating=generating())
-                    send(ch, ch)
-                    try:
-                        await asyncio.wait_for(probe.seen.wait(), 5.0)
-                    except asyncio.TimeoutError:
-                        pass
-                    keys.append({"ms": probe.latency_ms(), "generating": probe.pending["generating"],
+                    ms = await type_and_time_key(probe, composer, i, timeout_s=5.0, generating=generating())
+                    keys.append({"ms": ms, "generating": probe.pending["generating"],
                                  "busy": busy()})
                     await asyncio.sleep(cfg.key_interval_s)
                 composer.value = ""

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import queue
 import re
-import statistics
 import tempfile
 import threading
 import time
@@ -258,19 +257,11 @@ class CpuResult:
                 f"max {f(self.key_max_ms)} ms ({len(self.keys)} keys)")
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
-
-
 async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
     """One headless run of the real app on the paced stand-in engine (see the module doc)."""
-    from textual import events
-
     from magnitude_tui.app import MagnitudeApp
-    from magnitude_tui.bench.ui import DIGITS, FrameProbe, prompts
+    from magnitude_tui.bench.ui import prompts
+    from magnitude_tui.bench.ui_keys import FrameProbe, KeyFigures, type_and_time_key
     from magnitude_tui.store import Store
     from magnitude_tui.widgets.chat_pane import ChatPane
     from magnitude_tui.widgets.composer import Composer
@@ -306,11 +297,6 @@ async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
                 composer.focus()
                 await asyncio.sleep(0.5)  # every pane past prefill and streaming
 
-                def send(key: str, char: str) -> None:
-                    event = events.Key(key, char)
-                    event.set_sender(app)
-                    app._driver.send_message(event)
-
                 keys: list[float | None] = []
                 steps0, tokens0, frames0, eng0 = client.steps, client.emitted, probe.frames, client.thread_cpu_s
                 profiler = None
@@ -324,18 +310,7 @@ async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
                 i = 0
                 while time.perf_counter() < end:
                     feed()
-                    ch = DIGITS[i % len(DIGITS)]
-                    if i % len(DIGITS) == 0:
-                        composer.value = ""
-                        await asyncio.sleep(0.05)
-                    r = composer.region
-                    probe.expect(composer.value + ch, (r.y, r.x, r.right))
-                    send(ch, ch)
-                    try:
-                        await asyncio.wait_for(probe.seen.wait(), 2.0)
-                    except asyncio.TimeoutError:
-                        pass
-                    keys.append(probe.latency_ms())
+                    keys.append(await type_and_time_key(probe, composer, i))
                     i += 1
                     await asyncio.sleep(cfg.key_interval_s)
                 wall = time.perf_counter() - t0
@@ -344,12 +319,12 @@ async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
                 if profiler is not None:
                     profiler.disable()
                     profiler.dump_stats(cfg.profile)
-                got = [k for k in keys if k is not None]
+                figures = KeyFigures.of(keys)
                 result = CpuResult(config=asdict(cfg), wall_s=wall, process_cpu_s=cpu, engine_thread_cpu_s=eng,
                                    app_cores=max(0.0, cpu - eng) / wall, steps=client.steps - steps0,
                                    tokens=client.emitted - tokens0, frames=probe.frames - frames0, keys=keys,
-                                   key_p50_ms=statistics.median(got) if got else None,
-                                   key_p95_ms=_pct(got, 95), key_max_ms=max(got) if got else None)
+                                   key_p50_ms=figures.p50_ms, key_p95_ms=figures.p95_ms,
+                                   key_max_ms=figures.max_ms)
                 client.stop()
         except asyncio.CancelledError:
             if result is None:

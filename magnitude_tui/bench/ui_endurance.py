@@ -3,9 +3,12 @@ others stream and the terminal is resized again and again; the app's memory and 
 latency are measured throughout.
 
 The real MagnitudeApp runs headless on `FloodClient`, the paced stand-in engine of `bench ui-cpu`
-with one request (the first pane's) given many tokens per step. Keys are timed as `bench ui` times
-them (from handing the key to the app to the first frame showing it); the terminal is resized
-between keys. Memory is the process's resident set, read at the start of the flood, halfway
+with one request (the first pane's) given many tokens per step. The flood follows the clock, not
+the step count: the stand-in's thread shares the app's process (and its interpreter lock), and on
+a busy machine it falls behind its 25 steps a second, so each step hands over what the flood owes
+by then and the run takes the same time however slow the steps. Keys are timed as `bench ui` times
+them (`ui_keys.type_and_time_key`: from handing the key to the app to the first frame showing it);
+the terminal is resized between keys. Memory is the process's resident set, read at the start of the flood, halfway
 through and at the end: a reply that grows by 100,000 tokens holds its text, but what the app
 keeps beside it must not grow with it.
 """
@@ -13,13 +16,11 @@ keeps beside it must not grow with it.
 from __future__ import annotations
 
 import asyncio
-import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from magnitude_tui.bench.common import percentile
 from magnitude_tui.bench.ui_cpu import PacedClient
 
 
@@ -35,13 +36,15 @@ def rss_mb() -> float:
 
 
 class FloodClient(PacedClient):
-    """PacedClient whose first request gets `burst` tokens per step until it has `flood` tokens."""
+    """PacedClient whose first request gets `burst` tokens per step (more when steps come late: what
+    `burst` a step at `step_hz` owes since its first token) until it has `flood` tokens."""
 
     def __init__(self, *, flood: int, burst: int, **kwargs) -> None:
         super().__init__(**kwargs)
         self.flood, self.burst = flood, burst
         self.flood_id: str | None = None
         self.flood_sent = 0
+        self._flood_t0: float | None = None  # step time of the flood's first tokens
 
     def submit(self, request) -> None:
         super().submit(request)
@@ -55,10 +58,14 @@ class FloodClient(PacedClient):
         for u in report.updates:
             if u.request_id != self.flood_id or u.phase is not Phase.GENERATING:
                 continue
-            words = [self.words[(self.flood_sent + i) % len(self.words)] for i in range(self.burst)]
-            self.flood_sent += self.burst
+            if self._flood_t0 is None:
+                self._flood_t0 = t
+            owed = round((t - self._flood_t0) * self.step_hz * self.burst) + self.burst - self.flood_sent
+            n = max(self.burst, min(owed, self.flood - self.flood_sent))
+            words = [self.words[(self.flood_sent + i) % len(self.words)] for i in range(n)]
+            self.flood_sent += n
             u.text_delta += "".join(words)
-            u.new_tokens += self.burst
+            u.new_tokens += n
             u.generated = self.flood_sent
             if self.flood_sent >= self.flood:
                 u.phase, u.done_reason = Phase.DONE, DoneReason.LENGTH
@@ -113,7 +120,8 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
     from textual.geometry import Size
 
     from magnitude_tui.app import MagnitudeApp
-    from magnitude_tui.bench.ui import DIGITS, FrameProbe, prompts
+    from magnitude_tui.bench.ui import prompts
+    from magnitude_tui.bench.ui_keys import FrameProbe, KeyFigures, type_and_time_key
     from magnitude_tui.store import Store
     from magnitude_tui.widgets.chat_pane import ChatPane
     from magnitude_tui.widgets.composer import Composer
@@ -139,11 +147,6 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
                 composer = panes[1].query_one(Composer)  # typed into a pane beside the flood
                 composer.focus()
 
-                def send(key: str, char: str) -> None:
-                    event = events.Key(key, char)
-                    event.set_sender(app)
-                    app._driver.send_message(event)
-
                 def resize(size: tuple[int, int]) -> None:  # what the terminal driver does on SIGWINCH
                     app._driver._size = Size(*size)
                     app.post_message(events.Resize(Size(*size), Size(*size)))
@@ -162,18 +165,7 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
                         await asyncio.sleep(0.05)
                     if rss_mid is None and client.flood_sent >= cfg.flood // 2:
                         rss_mid = rss_mb()
-                    ch = DIGITS[i % len(DIGITS)]
-                    if i % len(DIGITS) == 0:
-                        composer.value = ""
-                        await asyncio.sleep(0.05)
-                    r = composer.region
-                    probe.expect(composer.value + ch, (r.y, r.x, r.right))
-                    send(ch, ch)
-                    try:
-                        await asyncio.wait_for(probe.seen.wait(), 2.0)
-                    except asyncio.TimeoutError:
-                        pass
-                    keys.append(probe.latency_ms())
+                    keys.append(await type_and_time_key(probe, composer, i))
                     i += 1
                     await asyncio.sleep(cfg.key_interval_s)
                 while resized < cfg.resizes:  # the rest, if the flood outran them
@@ -190,12 +182,12 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
                     await asyncio.sleep(0.05)
                 settle_s = time.perf_counter() - t_end
                 rss_end = rss_mb()
-                got = [k for k in keys if k is not None]
+                figures = KeyFigures.of(keys)
                 return EnduranceResult(
                     config=asdict(cfg), wall_s=wall, tokens=client.flood_sent, resizes=resized,
                     rss_start_mb=rss_start, rss_mid_mb=rss_mid or rss_end, rss_end_mb=rss_end,
                     reply_chars=len(flooded.record.messages[-1].content), keys=keys,
-                    key_p50_ms=statistics.median(got) if got else None, key_p95_ms=percentile(got, 95),
-                    key_max_ms=max(got) if got else None, settle_s=settle_s)
+                    key_p50_ms=figures.p50_ms, key_p95_ms=figures.p95_ms, key_max_ms=figures.max_ms,
+                    settle_s=settle_s)
         finally:
             client.stop()

@@ -20,10 +20,20 @@ from scheduler.types import ThreadState
 
 PROBE_STEPS = 3  # steps measured at each candidate count
 # A candidate whose first step took this many times the incumbent's time per unit of predicted work
-# is dropped at once, and not tried again for REPROBE_MAX_S unless the load changes: on a busy
-# machine one step on too many threads cost 7x (one busy process) to 30x (a load average of 9 on
-# 2 cores) a normal step, so each probe of it must stay rare.
+# is dropped at once (and barred, see PROBE_BUDGET): on a busy machine one step on too many threads
+# cost 7x (one busy process) to 30x (a load average of 9 on 2 cores) a normal step, so each probe of
+# it must stay rare.
 ABORT_RATIO = 2.0
+# What probing may cost: a candidate that lost is not probed again (by slower steps or the periodic
+# re-check) until the time it cost beyond the incumbent's is paid back at PROBE_BUDGET of the time
+# since (at most BAR_MAX_S); a change in the load of other processes lifts that bar. With one busy
+# process per core and a load average of 8 on 2 cores, one probe step on 2 threads took ~7.8 s
+# against ~1.9 s on 1 (SmolLM2, 8 sequences), and the neighbours' bursts made the 1-thread steps
+# slower now and then, each time a new probe: two in a 75 s round were 21 % of it, the whole gap to
+# llama-batched-bench -t 1 under the same load. At 2 % such a probe waits ~5 minutes; one that cost
+# 0.25 s (a quiet machine beside one busy process) waits 12 s, so it stays quick to follow a change.
+PROBE_BUDGET = 0.02
+BAR_MAX_S = 600.0
 SWITCH_MARGIN = 0.10  # a candidate must be 10 % faster per unit of work to replace the incumbent
 SLOW_RATIO = 1.4  # steps this much slower than calibrated, or than when the count was chosen
 MIN_STEPS = 2  # steps at a count before anything is decided (a single step may be an outlier)
@@ -32,6 +42,10 @@ MIN_GAP_S = 2.0  # never probe again sooner than this after the last probe ended
 REPROBE_S = 15.0  # with nothing pointing at a change, measure the alternatives again after this,
 REPROBE_MAX_S = 120.0  # doubling each time the incumbent keeps its place, up to this
 LOAD_EVERY_S = 1.0  # how often the load of other processes is read
+# Other processes' load moved this many cores since the last probe: measure again, even where the
+# count it suggests is the same (the issue's 2 cores: beside one busy process 1 thread was 6x faster
+# than 2, beside one per core 2 were 1.2x faster than 1, and both loads suggest 1).
+LOAD_SHIFT = 0.75
 
 
 class ThreadMode(Enum):
@@ -92,7 +106,11 @@ class ThreadGovernor:
     steps) when those steps grow `SLOW_RATIO` slower than when the count was chosen, when the load
     of other processes points at another count, or every `REPROBE_S` (doubling while nothing
     changes). It keeps whichever count did the most work per second, the incumbent unless a
-    candidate was clearly faster; a candidate that is plainly worse is dropped after two steps.
+    candidate was clearly faster; a candidate that is plainly worse is dropped after one step.
+    A candidate that lost is barred until what its probe cost is paid back (`PROBE_BUDGET`); only a
+    change in the load of other processes lifts the bar sooner (slower steps do not: on a loaded
+    machine they come and go with the neighbours, and each re-try of a count it makes much slower
+    costs a whole slow step).
     """
 
     def __init__(self, *, start: int, max_threads: int, load: LoadReader | None = None,
@@ -112,10 +130,13 @@ class ThreadGovernor:
         self._interval = REPROBE_S
         self._next_probe = now + REPROBE_S
         self._hint_at_probe: int | None = None
+        self._others_at_probe: float | None = None
         self._incumbent = start
         self._candidates: list[int] = []
         self._scores: dict[int, list[float]] = {}
         self._plainly_worse = False  # a candidate of the current probe was dropped after one step
+        self._cost_s: dict[int, float] = {}  # each candidate's time beyond the incumbent's, this probe
+        self._barred: dict[int, float] = {}  # count -> when it may be probed again (it lost, and cost)
         self._why = "as configured; measuring"
 
     @property
@@ -127,7 +148,7 @@ class ThreadGovernor:
         if step_ms > 0 and predicted_ms > 0:
             ratio = step_ms / predicted_ms
             if self.mode is ThreadMode.PROBING:
-                self._probe_step(now, ratio)
+                self._probe_step(now, ratio, predicted_ms)
             else:
                 self._steady_step(now, ratio)
         return self.n_threads
@@ -142,18 +163,33 @@ class ThreadGovernor:
         # The last three steps: two slow ones in a row are enough, one outlier is not.
         current = statistics.median(list(self._recent)[-3:])
         hint = self.hint()
-        if current > SLOW_RATIO * self._baseline:
-            self._start_probe(f"steps ran {current / self._baseline:.1f}x slower", hint)
-        elif hint is not None and hint != self.n_threads and hint != self._hint_at_probe:
-            self._start_probe(f"other processes use {self._others:.1f} cores", hint)
+        if hint is not None and hint != self.n_threads and hint != self._hint_at_probe:
+            self._barred.clear()  # the load changed: what it made plainly worse may not be now
+            self._start_probe(now, f"other processes use {self._others:.1f} cores", hint)
+        elif current > SLOW_RATIO * self._baseline:
+            if not self._start_probe(now, f"steps ran {current / self._baseline:.1f}x slower", hint):
+                self._baseline = current  # every other count is barred: this is the new normal
+        elif self._load_shifted():
+            was = self._others_at_probe
+            if not self._start_probe(now, f"other processes went from {was:.1f} to {self._others:.1f} cores", hint):
+                self._others_at_probe = self._others
         elif now >= self._next_probe:
-            self._start_probe("periodic re-check", hint)
+            if not self._start_probe(now, "periodic re-check", hint):
+                self._next_probe = min(self._barred.values())
 
     def hint(self) -> int | None:
         """The count the load of other processes suggests (None: load unknown)."""
         if self._others is None:
             return None
         return max(1, min(self.max_threads, round(self.max_threads - self._others)))
+
+    def _load_shifted(self) -> bool:
+        if self._others is None:
+            return False
+        if self._others_at_probe is None:
+            self._others_at_probe = self._others  # the first reading: nothing to compare with yet
+            return False
+        return abs(self._others - self._others_at_probe) >= LOAD_SHIFT
 
     def _read_load(self, now: float) -> None:
         if self._load is not None and now - self._load_at >= LOAD_EVERY_S:
@@ -162,23 +198,32 @@ class ThreadGovernor:
 
     # ---- probing -------------------------------------------------------------------------------
 
-    def _start_probe(self, trigger: str, hint: int | None) -> None:
+    def _start_probe(self, now: float, trigger: str, hint: int | None) -> bool:
+        """Start measuring the candidates; False (nothing started) when every one is barred."""
+        self._barred = {n: t for n, t in self._barred.items() if t > now}
+        others = [n for n in range(1, self.max_threads + 1) if n != self.n_threads and n not in self._barred]
+        if not others:
+            return False
         self._incumbent = self.n_threads
         self._hint_at_probe = hint
-        others = [n for n in range(1, self.max_threads + 1) if n != self.n_threads]
+        self._others_at_probe = self._others
         target = hint if hint is not None else self.n_threads
         # Nearest to what the load suggests first; at most two candidates per probe on many cores.
         self._candidates = sorted(others, key=lambda n: (abs(n - target), n))[:2]
         self._scores = {self._incumbent: list(self._recent)[-PROBE_STEPS:]}
         self._plainly_worse = False
+        self._cost_s = {}
         self.mode = ThreadMode.PROBING
         self.n_threads = self._candidates.pop(0)
         self._why = f"probing {self.n_threads} ({trigger})"
+        return True
 
-    def _probe_step(self, now: float, ratio: float) -> None:
+    def _probe_step(self, now: float, ratio: float, predicted_ms: float) -> None:
         samples = self._scores.setdefault(self.n_threads, [])
         samples.append(ratio)
         incumbent = statistics.median(self._scores[self._incumbent])
+        extra_s = max(0.0, ratio - incumbent) * predicted_ms / 1000.0
+        self._cost_s[self.n_threads] = self._cost_s.get(self.n_threads, 0.0) + extra_s
         if ratio > ABORT_RATIO * incumbent:
             self._plainly_worse = True
         elif len(samples) < PROBE_STEPS:
@@ -201,9 +246,12 @@ class ThreadGovernor:
             self._interval = REPROBE_S
             self._why = f"fastest measured, switched from {self._incumbent} ({slower})"
         else:
-            # A candidate that was plainly worse waits the longest interval (or a change of load).
+            # After a plainly worse candidate the re-check waits the longest interval, or its bar.
             self._interval = REPROBE_MAX_S if self._plainly_worse else min(REPROBE_MAX_S, self._interval * 2)
             self._why = f"fastest measured ({slower})"
+        for n, cost_s in self._cost_s.items():
+            if n != keep and cost_s > 0:
+                self._barred[n] = now + min(BAR_MAX_S, cost_s / PROBE_BUDGET)
         self.n_threads = keep
         self.mode = ThreadMode.STEADY
         self._baseline = medians[keep]

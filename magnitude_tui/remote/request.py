@@ -114,10 +114,10 @@ async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: htt
                         break
                     chunk: Chunk = item
                     if chunk.text:
+                        seq.delta(chunk.text)  # the first one stamps the first-token time
                         if not got_text:
                             got_text = True
-                            endpoint.on_first_token(seq.ttft_ms or 0.0)
-                        seq.delta(chunk.text)
+                            endpoint.on_first_token(seq.ttft_ms)
                         endpoint.on_tokens(1)
                         changed(seq)
                     if chunk.usage is not None:

@@ -34,7 +34,8 @@ class EngineHub:
         self._routes: dict[str, tuple[asyncio.Queue, int]] = {}
         self._live_sessions: dict[str, str] = {}  # session -> its live request id
         self._run = uuid.uuid4().hex[:6]  # session ids stay unique across runs (they name panes)
-        # Called for every request sent, with the caller's name (the TUI opens a pane for it).
+        # Called for every conversation's request sent, with the caller's name (the TUI opens a
+        # pane for it); not for an n > 1 call's prompt evaluation, which is nobody's conversation.
         self.on_request: Callable[[Request, str], None] | None = None
 
     # ---- engine -> requests ----------------------------------------------------------------
@@ -82,7 +83,10 @@ class EngineHub:
         """The conversation a caller's next request runs in: one per caller while it has one
         request at a time (its KV stays resident between calls), a fresh one beside it when
         it sends several at once."""
-        slug = "".join(ch if ch.isalnum() or ch in "-_.@" else "_" for ch in client_name)[:40] or "anon"
+        # ASCII letters, digits, '-' and '_' only: under --serve the session id names the caller's
+        # pane, and a widget id with '@' or '.' (a caller's address) is refused by the TUI.
+        slug = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_") else "_"
+                       for ch in client_name)[:40] or "anon"
         base, k = f"http-{self._run}-{slug}", 1
         session = base
         while session in self._live_sessions:
@@ -90,13 +94,20 @@ class EngineHub:
             session = f"{base}-{k}"
         return session
 
-    def submit(self, request: Request, queue: asyncio.Queue, tag: int = 0, client_name: str = "") -> None:
-        """Send a request; its updates arrive on `queue` as (tag, SeqUpdate, arrival time)."""
+    def submit(self, request: Request, queue: asyncio.Queue, tag: int = 0, client_name: str | None = None) -> None:
+        """Send a request; its updates arrive on `queue` as (tag, SeqUpdate, arrival time).
+        `client_name` None: not a conversation of its own (no pane under --serve)."""
         self._routes[request.request_id] = (queue, tag)
         self._live_sessions[request.session_id] = request.request_id
-        if self.on_request is not None:
-            self.on_request(request, client_name)
-        self.client.submit(request)
+        try:
+            if self.on_request is not None and client_name is not None:
+                self.on_request(request, client_name)
+            self.client.submit(request)
+        except BaseException:
+            # Never sent: it must not count as in flight (enough such leaks would answer 429 forever).
+            self._routes.pop(request.request_id, None)
+            self._live_sessions.pop(request.session_id, None)
+            raise
 
     def cancel(self, request_id: str) -> None:
         if request_id in self._routes:

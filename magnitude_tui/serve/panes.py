@@ -24,12 +24,15 @@ class ApiPanes:
 
     def on_request(self, request: Request, client_name: str) -> None:
         ws = self.workspace
-        pane = ws.panes_by_session().get(request.session_id)
+        # Every pane opened so far, mounted or not: the grid lists a pane only once it is mounted,
+        # after this call returns, so the n choices of one call would all take the same title.
+        panes = ws.panes_by_session()
+        pane = panes.get(request.session_id)
         incoming = [MessageRecord(m.role, m.content) for m in request.messages]
         if pane is None:
-            if len(ws.grid.panes) >= MAX_PANES:
-                return  # shown in the sequences panel only
-            taken = {p.record.name for p in ws.grid.panes}
+            if len(panes) >= MAX_PANES:
+                return  # the grid is full: the request runs without a pane
+            taken = {p.record.name for p in panes.values()}
             name, k = client_name, 1
             while name in taken:  # the same caller with several conversations at once, or n > 1
                 k += 1

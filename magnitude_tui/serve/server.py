@@ -34,7 +34,8 @@ def check_bind(host: str, api_key: str | None) -> None:
 
 
 def log_line(completion: Completion, outcome: Outcome) -> str:
-    """One line per finished call: who, outcome, prompt (cached), tokens, queue, TTFT, tok/s."""
+    """One line per finished call: who, outcome, prompt (cached), tokens, queue, TTFT, tok/s, and
+    the time spent in each phase (where a slow call lost its time: queued, prefill, generating)."""
     t = completion.timings() if completion.choices else {}
     u = completion.usage() if completion.choices else {}
     cached = u.get("prompt_tokens_details", {}).get("cached_tokens", 0)
@@ -47,6 +48,9 @@ def log_line(completion: Completion, outcome: Outcome) -> str:
             parts.append(f"{label} {t[key]:.0f} ms")
     if t.get("predicted_per_second"):
         parts.append(f"{t['predicted_per_second']:.1f} tok/s")
+    phases = t.get("phases_ms") or {}
+    if phases:
+        parts.append("phases " + ", ".join(f"{name} {ms:.0f} ms" for name, ms in phases.items()))
     finishes = {c.finish_reason or "error" for c in completion.choices}
     if finishes:
         parts.append("finish " + ",".join(sorted(finishes)))

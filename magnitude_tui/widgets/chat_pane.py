@@ -133,8 +133,13 @@ class ChatPane(Vertical):
         return u.prompt_total + u.generated if u is not None and u.prompt_total else None
 
     def gauge_text(self) -> str:
-        """The context gauge in the pane's bottom border: tokens used of the sequence's context."""
+        """The context gauge in the pane's bottom border: tokens used of the sequence's context;
+        on a remote engine, which has no context to gauge, the server the pane runs on (the
+        status line names it too, but last, where a narrow pane cuts it)."""
         used, size = self.context_used, self.context_size
+        endpoint = self.last_update.endpoint if self.last_update is not None else None
+        if endpoint is not None and not size:
+            return f"on {endpoint.partition('://')[2] or endpoint}"
         if used is None or not size:
             return ""
         filled = min(8, round(used / size * 8))

@@ -24,6 +24,13 @@ from magnitude_tui.widgets.streaming_text import StreamingText
 # seven streaming ones (`bench soak --only ui-endurance`), keys took seconds to reach the screen
 # and the finished reply froze the app while it was parsed.
 LONG_REPLY_CHARS = 16_000
+# A streaming reply keeps at most this many characters of finished blocks as Markdown widgets (the
+# latest ones, a screenful or two); older finished blocks are folded into one StreamingText above
+# them. Every Markdown block is a few widgets, and each frame that lays out (a new row, a new
+# block) walks every widget on the screen: with eight replies streaming for long, their per-block
+# widgets made each layout cost hundreds of milliseconds and grew the app's memory. The folded
+# text keeps the light styling, and is parsed as Markdown with the rest when the reply ends.
+MARKDOWN_TAIL_CHARS = 2_000
 
 
 class MessageView(Vertical):
@@ -38,6 +45,7 @@ class MessageView(Vertical):
     MessageView.-note > .header { color: $warning; }
     MessageView > Markdown { margin: 0; padding: 0 0 0 1; background: transparent; }
     MessageView > StreamingText { padding: 0 0 0 1; margin: 0 0 1 0; }
+    MessageView > StreamingText.folded { margin: 0; }
     MessageView.-user > Markdown { border-left: outer $primary 50%; }
     MessageView > .plain { padding: 0 0 1 1; border-left: outer $primary 50%; }
     """
@@ -104,7 +112,7 @@ class MessageView(Vertical):
                 # (Textual then skips the mount): there is nothing to draw on, and the text itself
                 # is in self.message already.
                 return
-            tail = tails.first()
+            tail = tails.last()  # the open block (a folded head, if any, is the first)
             self._streamed += len(fragment)
             if self._streamed > LONG_REPLY_CHARS:
                 self._long = True
@@ -115,11 +123,40 @@ class MessageView(Vertical):
             pending = tail.text + fragment if "\n" in fragment else ""
             cut = settled_prefix(pending)
             if cut:
-                # Finished blocks become a Markdown widget of their own, parsed once.
                 tail.reset(pending[cut:])
-                await self.mount(Markdown(pending[:cut]), before=tail)
+                await self._add_finished(pending[:cut], before=tail)
             else:
                 tail.append(fragment)
+
+    async def _add_finished(self, finished: str, *, before: StreamingText) -> None:
+        """Finished blocks become a Markdown widget of their own, parsed once; what would take the
+        Markdown pieces past MARKDOWN_TAIL_CHARS goes to the folded head, oldest first."""
+        pieces = list(self.query_children(Markdown))
+        # The latest blocks of `finished` that fit the budget stay Markdown; a block longer than
+        # the budget on its own is folded at once.
+        keep_from = next((end for end in [0, *block_ends(finished)]
+                          if len(finished) - end <= MARKDOWN_TAIL_CHARS), len(finished))
+        if keep_from:
+            fold = pieces  # the head stays ahead of every piece, in reading order
+        else:
+            sizes = [len(piece.source) for piece in pieces]
+            total, n_fold = sum(sizes) + len(finished), 0
+            while n_fold < len(pieces) and total > MARKDOWN_TAIL_CHARS:
+                total -= sizes[n_fold]
+                n_fold += 1
+            fold = pieces[:n_fold]
+        if fold or keep_from:
+            heads = self.query_children(".folded")
+            if heads:
+                head = heads.first(StreamingText)
+            else:
+                head = StreamingText(classes="folded")
+                await self.mount(head, before=pieces[0] if pieces else before)
+            head.append("".join(piece.source for piece in fold) + finished[:keep_from])
+            if fold:
+                await self.remove_children(fold)
+        if keep_from < len(finished):
+            await self.mount(Markdown(finished[keep_from:]), before=before)
 
     async def finish(self, note: str | None = None) -> None:
         """The reply ended: its body becomes Markdown (parsed once), with a note (an error) if any."""
@@ -155,11 +192,11 @@ class MessageView(Vertical):
             headers.first(Static).update(text)
 
 
-def settled_prefix(text: str) -> int:
-    """Length of the part of `text` that ends with a finished top-level block: up to the last blank
-    line outside a code fence, or the end of the line that closes a fence. 0 if none yet. `text`
-    starts outside a fence (everything before it was settled the same way)."""
-    cut, pos, fenced = 0, 0, False
+def block_ends(text: str) -> list[int]:
+    """Where finished top-level blocks of `text` end, in order: after each blank line outside a
+    code fence, and after each line that closes a fence. `text` starts outside a fence (everything
+    before it was settled the same way)."""
+    ends, pos, fenced = [], 0, False
     for line in text.splitlines(keepends=True):
         pos += len(line)
         if not line.endswith("\n"):
@@ -167,7 +204,13 @@ def settled_prefix(text: str) -> int:
         if line.lstrip().startswith("```"):
             fenced = not fenced
             if not fenced:
-                cut = pos
+                ends.append(pos)
         elif not fenced and not line.strip():
-            cut = pos
-    return cut
+            ends.append(pos)
+    return ends
+
+
+def settled_prefix(text: str) -> int:
+    """Length of the part of `text` that ends with a finished top-level block (0 if none yet)."""
+    ends = block_ends(text)
+    return ends[-1] if ends else 0

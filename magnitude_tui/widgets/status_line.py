@@ -20,7 +20,9 @@ _BADGE = {
 }
 
 
-_PROMPT_PHASES = (Phase.LOADING, Phase.QUEUED, Phase.PREPARING, Phase.PREFILL, Phase.WAITING)
+# Phases with a prompt still to run, shown with the prefill bar. Not WAITING: a remote server's
+# prefill is not visible, and an empty bar would invent a fraction.
+_PROMPT_PHASES = (Phase.LOADING, Phase.QUEUED, Phase.PREPARING, Phase.PREFILL)
 
 
 class StatusLine(Horizontal):

@@ -1,0 +1,33 @@
+"""`bench serve`: alternating repetitions, the ratio per width, and only the parts asked for."""
+
+from __future__ import annotations
+
+import pytest
+
+from magnitude_tui.bench.common import BenchResult
+from magnitude_tui.bench.serve_load import ServeBenchConfig, _ratios, run_serve_bench
+
+
+def _r(peer, clients, rep, tok_s):
+    return {"peer": peer, "clients": clients, "rep": rep, "agg_tok_s": tok_s}
+
+
+def test_the_ratio_is_the_median_of_the_repetitions_side_by_side():
+    result = BenchResult("serve", "t", {}, {})
+    _ratios(result, [_r("serve (this engine)", 8, 1, 100.0), _r("llama-server -np 8", 8, 1, 100.0),
+                     _r("llama-server -np 8", 8, 2, 100.0), _r("serve (this engine)", 8, 2, 90.0),
+                     _r("serve (this engine)", 8, 3, 120.0), _r("llama-server -np 8", 8, 3, 100.0),
+                     _r("serve (this engine)", 1, 1, 50.0)])  # no peer at 1 client: no ratio
+    assert result.notes == ["8 clients: serve / llama-server aggregate tok/s = 1.00x "
+                            "(median of 3 alternating repetitions: 1.00, 0.90, 1.20)"]
+
+
+@pytest.mark.slow
+def test_bench_serve_runs_only_the_parts_asked_for_with_distinct_prompts_per_repetition():
+    cfg = ServeBenchConfig(seqs=(1, 2), gen=4, threads=2, n_ctx=2048, peers=("serve",), reps=2,
+                           parts=("clients",))
+    result = run_serve_bench(cfg, model=None, progress=lambda _: None)
+    assert list(result.tables) == ["concurrent clients"]
+    rows = result.tables["concurrent clients"]
+    assert [(r["clients"], r["rep"]) for r in rows] == [(1, 1), (2, 1), (1, 2), (2, 2)]
+    assert all(r["errors"] == 0 and r["tokens"] == 4 * r["clients"] and r["agg_tok_s"] > 0 for r in rows)

@@ -1,0 +1,143 @@
+"""`serve` refusals: every error of the table answered in the OpenAI shape while a good call
+streams to its end beside it, and the security defaults (the bind rule, nothing on disk served)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from backend.fake import DEFAULT_REPLY
+from backend.factory import BackendConfig
+from magnitude_tui.cli import app as cli_app
+from magnitude_tui.engine.events import EngineConfig
+from magnitude_tui.serve.app import ServeOptions, create_app
+from magnitude_tui.serve.hub import EngineState
+from magnitude_tui.serve.server import API_KEY_ENV, ServeConfigError, check_bind, resolve_api_key
+from tests.serve_support import running_server
+
+FAKE = EngineConfig(BackendConfig("fake", n_ctx=4096, n_seq_max=16), policy="fixed:64")
+KEY = {"Authorization": "Bearer right-key"}
+HI = [{"role": "user", "content": "hi"}]
+GOOD_TOKENS = 3500  # a second or more on the fake engine: long enough to stay in flight
+
+
+@pytest.fixture(scope="module")
+def server():
+    # Two requests in flight at most: the good call holds one, so a call asking for n = 2 is 429.
+    with running_server(FAKE, ServeOptions(model_name="fake-model", api_key="right-key", max_live=2)) as s:
+        yield s
+
+
+def _refusals(base: str) -> list[tuple[str, dict, int, str, str | None]]:
+    """(what, request kwargs, status, code, param): the error table."""
+    chat = base + "/chat/completions"
+    return [
+        ("queue full", dict(json={"messages": HI, "n": 2}, headers=KEY), 429, "queue_full", None),
+        ("no key", dict(json={"messages": HI}), 401, "invalid_api_key", None),
+        ("wrong key", dict(json={"messages": HI}, headers={"Authorization": "Bearer nope"}), 401,
+         "invalid_api_key", None),
+        ("bad parameter", dict(json={"messages": HI, "top_p": 3}, headers=KEY), 400, "invalid_value", "top_p"),
+        ("prompt over the context", dict(json={"messages": [{"role": "user", "content": "x" * 5000}]},
+                                         headers=KEY), 400, "context_length_exceeded", "messages"),
+        ("prompt over the context, streamed", dict(json={"messages": [{"role": "user", "content": "x" * 5000}],
+                                                         "stream": True}, headers=KEY),
+         400, "context_length_exceeded", "messages"),
+        ("malformed JSON", dict(content=b"{nope", headers=KEY), 400, "invalid_json", None),
+        ("body over the limit", dict(content=b"x" * (5 * 2**20), headers=KEY), 413, "body_too_large", None),
+    ]
+
+
+def test_every_refusal_is_openai_shaped_while_a_good_call_streams_to_its_end(server):
+    text = []
+    with httpx.stream("POST", server.base + "/chat/completions", headers=KEY, timeout=60, json={
+            "messages": [{"role": "user", "content": "the good call"}], "max_tokens": GOOD_TOKENS,
+            "stream": True}) as good:
+        lines = good.iter_lines()
+        while not text:  # in flight: its first text has arrived
+            line = next(lines)
+            if line.startswith("data: {"):
+                text.append(json.loads(line[6:])["choices"][0]["delta"].get("content") or "")
+        assert server.hub.num_live == 1
+        for what, kwargs, status, code, param in _refusals(server.base):
+            r = httpx.post(server.base + "/chat/completions", timeout=30, **kwargs)
+            assert r.status_code == status, (what, r.text)
+            err = r.json()["error"]
+            assert set(err) == {"message", "type", "code", "param"} and err["message"], what
+            assert (err["code"], err["param"]) == (code, param), what
+            if status == 429:
+                assert r.headers["retry-after"] == "1"
+        events = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+    text += [(e["choices"][0]["delta"].get("content") or "") for e in events if e.get("choices")]
+    assert "".join(text) == (DEFAULT_REPLY * (GOOD_TOKENS // len(DEFAULT_REPLY) + 1))[:GOOD_TOKENS]
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+class _LoadingHub:
+    state, num_live, failure, load_fraction, context_per_sequence = EngineState.LOADING, 0, None, 0.42, 4096
+
+
+async def test_health_is_503_with_the_reason_while_the_model_loads():
+    api = create_app(_LoadingHub(), ServeOptions())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://t") as c:
+        r = await c.get("/health")
+    assert r.status_code == 503 and r.headers["retry-after"] == "2"
+    err = r.json()["error"]
+    assert err["code"] == "model_loading" and "loading (42%)" in err["message"]
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc", "/openapi.json", "/", "/static/x", "/../../etc/passwd",
+                                  "/v1/../../../etc/passwd", "/pyproject.toml"])
+def test_nothing_on_disk_is_served(server, path):
+    r = httpx.get(server.url + path, headers=KEY)
+    assert r.status_code == 404
+    assert "[project]" not in r.text and "root:" not in r.text
+
+
+@pytest.mark.parametrize("host, key, ok", [
+    ("127.0.0.1", None, True), ("localhost", None, True), ("::1", None, True), ("127.0.0.2", None, True),
+    ("0.0.0.0", None, False), ("192.168.1.5", None, False), ("::", None, False), ("example.org", None, False),
+    ("0.0.0.0", "k", True),
+])
+def test_only_loopback_may_be_bound_without_a_key(host, key, ok):
+    if ok:
+        check_bind(host, key)
+    else:
+        with pytest.raises(ServeConfigError, match="--api-key"):
+            check_bind(host, key)
+
+
+def test_the_key_comes_from_the_flag_or_the_environment(monkeypatch):
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    assert resolve_api_key(None) is None and resolve_api_key("flag") == "flag"
+    monkeypatch.setenv(API_KEY_ENV, "from-env")
+    assert resolve_api_key(None) == "from-env" and resolve_api_key("flag") == "flag"
+
+
+def test_serve_refuses_a_public_address_without_a_key_before_loading_anything(monkeypatch):
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    result = CliRunner().invoke(cli_app, ["serve", "--host", "0.0.0.0", "--port", "9"])
+    assert result.exit_code == 2
+    assert "without an API key" in result.output and "--api-key" in result.output
+
+
+class _RefusingClient:
+    def submit(self, request):
+        raise RuntimeError("the engine went away")
+
+
+async def test_a_request_that_was_never_sent_does_not_count_as_in_flight():
+    import asyncio
+
+    from magnitude_tui.serve.hub import EngineHub
+    from scheduler.types import Message, Request, SamplingParams
+
+    hub = EngineHub(_RefusingClient())
+    session = hub.session_for("api@10.0.0.7")
+    assert session.rsplit("-", 1)[-1] == "api_10_0_0_7"  # a valid widget id: it names the caller's pane
+    request = Request("r1", session, (Message("user", "hi"),), SamplingParams(max_tokens=2))
+    with pytest.raises(RuntimeError):
+        hub.submit(request, asyncio.Queue(), client_name="api@10.0.0.7")
+    assert hub.num_live == 0 and hub.session_for("api@10.0.0.7") == session
