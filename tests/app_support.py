@@ -244,12 +244,26 @@ async def type_message(pilot, text: str) -> None:
 
 
 @asynccontextmanager
-async def queued_behind_a_reply(tmp_path: Path, *queued: str):
-    """The app's one pane three tokens into its reply to "first", with `queued` typed behind it;
-    yields (pilot, client, pane)."""
+async def scripted_app(tmp_path: Path):
+    """The app on a fresh ScriptedClient, running headless at SIZE; yields (app, client, pilot)."""
     client = ScriptedClient()
     app = make_app(tmp_path, client)
     async with app.run_test(size=SIZE) as pilot:
+        yield app, client, pilot
+
+
+async def one_turn(pilot, client: ScriptedClient, text: str) -> None:
+    """Send `text`, let the scripted engine finish its reply, and wait until the app shows it all."""
+    await type_message(pilot, text)
+    client.run_to_completion()
+    await settle(pilot)
+
+
+@asynccontextmanager
+async def queued_behind_a_reply(tmp_path: Path, *queued: str):
+    """The app's one pane three tokens into its reply to "first", with `queued` typed behind it;
+    yields (pilot, client, pane)."""
+    async with scripted_app(tmp_path) as (app, client, pilot):
         [pane] = app.workspace.grid.panes
         await type_message(pilot, "first")
         client.step(3)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from tests.app_support import SIZE, ScriptedClient, make_app, settle, type_message, wait_for
+from tests.app_support import (SIZE, ScriptedClient, make_app, one_turn, scripted_app, settle, type_message,
+                               wait_for)
 
 from magnitude_tui.screens.confirm_dialog import ConfirmDialog
 from magnitude_tui.widgets.chat_pane import ChatPane
@@ -33,9 +34,7 @@ def _assistant(pane: ChatPane) -> list[str]:
 
 
 async def test_submit_in_two_panes_both_stream(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         await type_message(pilot, "first question")
         await pilot.press("ctrl+n")
         await type_message(pilot, "second question")
@@ -55,9 +54,7 @@ async def test_submit_in_two_panes_both_stream(tmp_path):
 
 
 async def test_escape_cancels_focused_pane_only(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         await type_message(pilot, "one")
         await pilot.press("ctrl+n")
         await type_message(pilot, "two")
@@ -76,12 +73,8 @@ async def test_escape_cancels_focused_pane_only(tmp_path):
 
 
 async def test_spawn_three_subagents_answers_come_back(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
-        await type_message(pilot, "plan a trip")
-        client.run_to_completion()
-        await settle(pilot)
+    async with scripted_app(tmp_path) as (app, client, pilot):
+        await one_turn(pilot, client, "plan a trip")
         parent = _grid(app).panes[0]
         await type_message(pilot, "/spawn 3 list one risk")
         await wait_for(pilot, lambda: len(client.submitted) == 4, what="three subagent submits")
@@ -110,9 +103,7 @@ async def test_spawn_three_subagents_answers_come_back(tmp_path):
 
 
 async def test_spawn_dialog_and_burst(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         await pilot.press("ctrl+s")
         await pilot.pause()
         await pilot.press(*"check facts", "enter")
@@ -132,9 +123,7 @@ async def test_spawn_dialog_and_burst(tmp_path):
 
 
 async def test_close_pane_frees_its_sequence(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         await pilot.press("ctrl+n")
         await type_message(pilot, "busy one")
         client.step(3)
@@ -161,9 +150,7 @@ async def test_close_pane_frees_its_sequence(tmp_path):
 
 
 async def test_policy_switch_takes_effect(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         await pilot.press("ctrl+l")
         await pilot.pause()
         await pilot.press("down", "enter")  # target:50 -> target:100
@@ -212,12 +199,8 @@ async def test_zoom_and_tiling(tmp_path):
 
 
 async def test_export_and_copy(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
-        await type_message(pilot, "write code")
-        client.run_to_completion()
-        await settle(pilot)
+    async with scripted_app(tmp_path) as (app, client, pilot):
+        await one_turn(pilot, client, "write code")
         await pilot.press("ctrl+y")
         assert app.clipboard == "Echo **write code** with `code` done."
         await pilot.press("f5")
@@ -239,9 +222,7 @@ async def test_loading_view_then_ready(tmp_path):
 
 
 async def test_engine_death_fails_live_request_and_restarts(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         await type_message(pilot, "hello")
         client.step(3)
         client.die()
@@ -265,9 +246,7 @@ async def test_palette_lists_every_action(tmp_path):
 
 
 async def test_partial_reply_saved_while_streaming_and_restored_once(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         await type_message(pilot, "tell me")
         client.step(4)
         await settle(pilot)
@@ -277,9 +256,7 @@ async def test_partial_reply_saved_while_streaming_and_restored_once(tmp_path):
         await wait_for(pilot, lambda: saved() == [("user", "tell me", 1), ("assistant", "Echo **tell me** ", 0)],
                        what="the partial reply on disk")
         await pilot.press("ctrl+n")
-        await type_message(pilot, "second pane")
-        client.run_to_completion()
-        await settle(pilot)
+        await one_turn(pilot, client, "second pane")
     # Restart with --resume: the same panes and messages, each once.
     for _ in range(2):
         app = make_app(tmp_path, resume=True)
@@ -304,9 +281,7 @@ def test_app_does_not_import_llama_cpp():
 
 
 async def test_finished_rows_leave_the_sequences_panel_after_a_while(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         await pilot.pause()
         panel = app.workspace.sequences_panel
         now = [100.0]
@@ -333,9 +308,7 @@ async def test_a_pasted_block_is_sent_whole(tmp_path):
     # breaks as CR), is sent whole and shown as written.
     from textual import events
 
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         composer = _grid(app).panes[0].composer
         await pilot.press(*"Fix: ")
         composer.post_message(events.Paste("def f(x):\r\n    return x +\r\n"))
