@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from scheduler.types import AttentionPath, BatchPlan, SeqSlice
+from scheduler.types import AttentionPath, BatchPlan, DecodeOutcome, SeqSlice
 
 # The probe: PROBE_WIDTH sequences decode near position 0 and again over a shared PROBE_DEPTH-token
 # prefix, and that prefix is filled in PROBE_CHUNK-row prompt steps. On 2 CPU cores and
@@ -145,12 +145,12 @@ def measure_path(backend, flash: bool, tokens: list[int]) -> PathTiming:
     it); with more, ggml's helper threads spin while they wait, and wall time is all there is."""
     width = min(PROBE_WIDTH, backend.n_seq_max)
     filler = (tokens * (1 + PROBE_DEPTH // max(1, len(tokens))))[:PROBE_DEPTH + 16]
-    one_thread = getattr(backend, "n_threads", 0) == 1 and backend.device_name == "CPU"
+    one_thread = backend.n_threads == 1 and backend.device_name == "CPU"
 
     def step(slices: list[SeqSlice]) -> float:
         t0 = time.process_time()
         result = backend.decode(BatchPlan(0, tuple(slices), sum(len(s.tokens) for s in slices)))
-        if result.outcome.value != "ok":
+        if result.outcome is not DecodeOutcome.OK:
             raise RuntimeError(f"the attention probe's step failed ({result.outcome.value})")
         return (time.process_time() - t0) * 1000.0 if one_thread else result.step_ms
 

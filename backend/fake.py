@@ -66,6 +66,7 @@ class FakeBackend:
         self.clock: Clock = WALL_CLOCK
         self.known_costs: CostParams | None = None
         self.attention_path = AttentionPath.FLASH  # no attention at all: nothing resident costs a row
+        self.attention = None  # nothing was probed
         self.state_layout = f"{name}:vocab={n_vocab}"
         self.states_loaded = 0  # kv_load calls that succeeded (tests tell warm from cold by it)
         self.attention_tile_rows = 0

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from scheduler.budget import CostParams
 from scheduler.types import AttentionPath, BatchPlan, DecodeOutcome, Message, SamplingParams
+
+if TYPE_CHECKING:
+    from backend.attention import AttentionChoice
 
 __all__ = ["Backend", "Clock", "DecodeOutcome", "DecodeResult", "Detokenizer", "KvStateError", "PlanError",
            "WALL_CLOCK", "check_plan"]
@@ -114,6 +117,9 @@ class Backend(Protocol):
     # Which cells a row's attention reads (llama.cpp: flash attention on or off); the cost model
     # prices rows, and idle conversations' resident KV, by it.
     attention_path: AttentionPath
+    # The measured flash-attention choice behind `attention_path`, with the probe's timings at
+    # depth that the engine's calibration adds (llama.cpp); None for a stand-in, which has no probe.
+    attention: AttentionChoice | None
     # CPU threads a step runs on, and the most it may use (0 and 0: a backend with no CPU threads
     # to choose); the engine may change the count between steps with `set_n_threads`.
     n_threads: int

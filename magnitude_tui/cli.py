@@ -172,11 +172,11 @@ def devices(
         console.print("[dim]no Vulkan device visible; for the CPU Vulkan driver (lavapipe) set GGML_VK_VISIBLE_DEVICES=0[/]")
     if attention:
         from backend import usable_cpus
-        from backend.llama_backend import LlamaBackend
+        from backend.factory import BackendConfig, build_backend
 
         _check_model(model)
-        backend = LlamaBackend.load(model_path=model, device=device, verbose=verbose, n_ctx=4096,
-                                    n_threads=threads or max(1, usable_cpus() - 1))
+        backend = build_backend(BackendConfig("llama", model=model, device=device, verbose=verbose, n_ctx=4096,
+                                              n_threads=threads or max(1, usable_cpus() - 1)))
         try:
             choice = backend.attention
             console.print(f"attention on {backend.device_name}, {backend.n_threads} thread(s): "

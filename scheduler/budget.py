@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from enum import Enum
 from typing import TypeVar
 
 from scheduler.types import AttentionPath, attended_kpos, used_cells_kpos
@@ -262,6 +263,15 @@ class StepShape:
         return self.decode_kpos + attended_kpos(self.prefill_pos0, prefill_rows)
 
 
+class PolicyKind(Enum):
+    """Which rule sizes a step's prompt rows (the text before the colon of a policy)."""
+
+    PREFILL_FIRST = "prefill-first"
+    FIXED = "fixed"
+    TARGET = "target"
+    TARGET_V1 = "target-v1"
+
+
 @dataclass(frozen=True)
 class Policy:
     """How many prompt rows a step may hold beside its decode rows.
@@ -280,36 +290,41 @@ class Policy:
       whatever the decode step; up to IDLE_STEP_MS with nothing generating); for comparisons.
     """
 
-    kind: str  # "prefill-first" | "fixed" | "target" | "target-v1"
-    value: float = 0.0
+    kind: PolicyKind
+    value: float = 0.0  # fixed: prompt rows per step; target: milliseconds per step
 
     def __str__(self) -> str:
-        if self.kind == "prefill-first":
+        if self.kind is PolicyKind.PREFILL_FIRST:
             return "prefill-first"
-        if self.kind == "fixed":
+        if self.kind is PolicyKind.FIXED:
             return f"fixed:{int(self.value)}"
-        return f"{self.kind}:{self.value:g}"
+        return f"{self.kind.value}:{self.value:g}"
 
     @property
     def is_prefill_first(self) -> bool:
-        return self.kind == "prefill-first"
+        return self.kind is PolicyKind.PREFILL_FIRST
+
+    @property
+    def target_ms(self) -> float | None:
+        """The step time a target policy aims at (None for the token-count policies)."""
+        return self.value if self.kind in (PolicyKind.TARGET, PolicyKind.TARGET_V1) else None
 
     @property
     def serves_shortest_first(self) -> bool:
         """Whether prompt rows go to the prompt closest to its first token rather than round-robin:
         each step then completes whom it can, so a burst of subagents starts one after another
         instead of all at the very end (shortest remaining first minimises the mean wait)."""
-        return self.kind == "target"
+        return self.kind is PolicyKind.TARGET
 
     def prefill_allowance(self, shape: StepShape, cost: CostModel) -> int:
         """Prompt rows for the next step beside `shape.decode_rows` decode rows."""
         d = shape.decode_rows
         room = max(0, shape.n_batch - d)
-        if self.kind == "prefill-first":
+        if self.kind is PolicyKind.PREFILL_FIRST:
             return shape.n_batch
-        if self.kind == "fixed":
+        if self.kind is PolicyKind.FIXED:
             return min(int(self.value), room)
-        if self.kind == "target-v1":
+        if self.kind is PolicyKind.TARGET_V1:
             legacy = StepShape(d, shape.decode_kpos, shape.prefill_pos0, n_batch=shape.n_batch)
             target = self.value if d else max(self.value, IDLE_STEP_MS)
             return min(max(MIN_PREFILL_QUANTUM, cost.rows_within(target, legacy)), room)
@@ -345,15 +360,16 @@ class Policy:
 def parse_policy(text: str) -> Policy:
     """Parse "prefill-first", "fixed:N", "target:MS" or "target-v1:MS"; ValueError says what is accepted."""
     s = text.strip().lower()
-    if s == "prefill-first":
-        return Policy("prefill-first")
-    kind, sep, arg = s.partition(":")
+    if s == PolicyKind.PREFILL_FIRST.value:
+        return Policy(PolicyKind.PREFILL_FIRST)
+    name, sep, arg = s.partition(":")
+    kind = next((k for k in PolicyKind if k.value == name), None) if sep else None
     try:
-        if sep and kind == "fixed":
+        if kind is PolicyKind.FIXED:
             n = int(arg)
             if n >= 1:
-                return Policy("fixed", float(n))
-        elif sep and kind in ("target", "target-v1"):
+                return Policy(kind, float(n))
+        elif kind in (PolicyKind.TARGET, PolicyKind.TARGET_V1):
             ms = float(arg)
             if ms > 0 and math.isfinite(ms):
                 return Policy(kind, ms)

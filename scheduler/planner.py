@@ -316,7 +316,7 @@ class Scheduler:
         room_ms = None
         if sum(s.num_pending for s in prefilling) > granted:
             base = self.cost.predict(len(decoding), granted, shape.kpos(granted))
-            target = self.policy.value if self.policy.kind in ("target", "target-v1") else 0.0
+            target = self.policy.target_ms or 0.0
             room_ms = max(0.0, target - base)
         return self.speculator.plan(decoding, cost=self.cost, shape=shape, prefill_rows=granted,
                                     room_rows=room_rows, room_ms=room_ms, n_ctx_seq=self.n_ctx_seq)

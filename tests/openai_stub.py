@@ -31,7 +31,7 @@ class Script:
 
 
 class StubServer:
-    def __init__(self, script: Script | None = None) -> None:
+    def __init__(self, script: Script | None = None, port: int = 0) -> None:
         self.script = script or Script()
         self.requests: list[dict] = []
         self.open_streams = 0
@@ -118,7 +118,7 @@ class StubServer:
                     with stub.lock:
                         stub.open_streams -= 1
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)  # port 0: any free one
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)

@@ -161,3 +161,24 @@ def test_every_client_satisfies_the_engine_client_protocol(harness):
     assert client.alive
     client.stop()
     assert not client.alive
+
+
+def test_every_client_restarts_and_serves_again(harness):
+    client = harness.client
+    client.start()
+    harness.release()
+    harness.events(lambda evs: any(isinstance(e, EngineReady) for e in evs))
+    client.submit(chat("before", "s1"))
+    assert harness.updates_of("before")[-1].error is None
+
+    # After restart() (ctrl+r: after a death, or to reconnect) the stream goes on: the engine
+    # loads or connects again and takes new work.
+    client.restart()
+    harness.release()
+    harness.events(lambda evs: any(isinstance(e, EngineReady) for e in evs))
+    assert client.alive
+    client.submit(chat("after", "s2"))
+    after = harness.updates_of("after")
+    assert sum(u.phase is Phase.DONE for u in after) == 1
+    assert after[-1].done_reason in (DoneReason.STOP, DoneReason.LENGTH) and after[-1].error is None
+    assert "".join(u.text_delta for u in after).strip()

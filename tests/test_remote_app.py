@@ -53,3 +53,29 @@ async def test_a_remote_pane_shows_its_server_and_the_panel_shows_the_servers(tm
             # No local step figures: the client has none.
             for local in ("policy", "budget", "KV", "step", "prefill"):
                 assert local not in text, local
+
+
+async def test_remote_subagents_send_the_parents_conversation_and_show_the_servers_cache(tmp_path):
+    with StubServer(Script(words=4, cached_tokens=7)) as one, StubServer(Script(words=4, cached_tokens=7)) as two:
+        app = make_app(tmp_path, RemoteClient(RemoteConfig((one.url, two.url))))
+        async with app.run_test(size=SIZE) as pilot:
+            ws = app.workspace
+            await wait_for(pilot, lambda: ws.engine_ready, what="the servers")
+            parent = ws.grid.panes[0]
+            await pilot.press(*"plan a trip", "enter")
+            await wait_for(pilot, lambda: parent.last_update is not None and parent.last_update.phase is Phase.DONE,
+                           what="the parent's reply")
+            await pilot.press(*"/spawn 2 list one risk", "enter")
+            await wait_for(pilot, lambda: len(ws.grid.panes) == 3 and all(
+                c.last_update is not None and c.last_update.phase is Phase.DONE for c in ws.grid.panes[1:]),
+                what="two subagents' replies")
+            bodies = [r["body"] for r in one.requests + two.requests][1:]
+            parent_turn = [{"role": m.role, "content": m.content} for m in parent.conversation()[:2]]
+            assert len(bodies) == 2
+            for body in bodies:  # the parent's conversation, then the task: the server's cache reuses it
+                assert body["messages"][:2] == parent_turn and "list one risk" in body["messages"][-1]["content"]
+            for child in ws.grid.panes[1:]:
+                assert child.last_update.cached_tokens == 7
+                assert "(7 cached)" in str(child.query_one(StatusLine).query_one(".metrics").content)
+            # New conversations go to the least-loaded server: the two subagents do not share one.
+            assert {c.last_update.endpoint for c in ws.grid.panes[1:]} == {one.url, two.url}

@@ -175,13 +175,22 @@ def test_refused_connection_marks_the_server_dead_and_work_goes_elsewhere(run_cl
 
 
 def test_no_server_answering_fails_the_engine_with_a_restartable_error(run_client):
-    run = run_client([free_port_url()])
+    url = free_port_url()
+    run = run_client([url])
     run.client.submit(chat("a"))
     run.until(lambda: any(isinstance(e, EngineFailed) for e in run.events))
     failed = next(e for e in run.events if isinstance(e, EngineFailed))
     assert failed.restartable and "no server answered" in failed.message
     assert run.final("a").done_reason is DoneReason.ERROR
     assert not run.client.alive
+    # The user starts the server and restarts (ctrl+r): the engine connects and work runs again.
+    with StubServer(Script(words=3), port=int(url.rsplit(":", 1)[1])):
+        run.client.restart()
+        run.until(lambda: sum(isinstance(e, EngineReady) for e in run.events) == 1)
+        assert run.client.alive
+        run.client.submit(chat("b"))
+        final = run.final("b")
+        assert final.error is None and final.generated == 3 and final.endpoint == url
 
 
 @pytest.mark.parametrize("code, expect", [
@@ -300,3 +309,22 @@ def test_generate_runs_on_a_remote_server_and_says_its_figures_are_the_clients(c
     assert "client-side figures" in out and "estimated with tiktoken" in out
     n = estimate_tokens("w0 w1 w2 ")
     assert out.count(f"~{n}") >= 2  # each reply's tokens, counted here and marked
+
+
+def test_the_generate_command_takes_the_remote_options(monkeypatch):
+    from typer.testing import CliRunner
+
+    from magnitude_tui.cli import app
+
+    monkeypatch.setenv("STUB_KEY", "sekrit")
+    with StubServer(Script(words=3, models=("a-model", "b-model"))) as one, \
+            StubServer(Script(words=3, models=("a-model", "b-model"))) as two:
+        result = CliRunner().invoke(app, ["generate", "hi", "--n", "4", "--max-tokens", "3",
+                                          "--remote", one.url, "--remote", two.url + "/v1",
+                                          "--remote-model", "b-model", "--api-key-env", "STUB_KEY"])
+        assert result.exit_code == 0, result.output
+        sent = one.requests + two.requests
+    assert len(one.requests) == len(two.requests) == 2  # both servers share the four sequences
+    assert {r["body"]["model"] for r in sent} == {"b-model"}
+    assert {r["headers"]["Authorization"] for r in sent} == {"Bearer sekrit"}
+    assert "client-side figures" in " ".join(result.output.split())

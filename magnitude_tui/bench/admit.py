@@ -56,7 +56,7 @@ def auto_newcomer(cfg: AdmitConfig, backend, simulated: bool) -> int:
     prompt that fits beside the running sequences (which must outlast the smallest chunking of it)."""
     if cfg.newcomer_tokens:
         return cfg.newcomer_tokens
-    room = (min(backend.n_ctx, getattr(backend, "n_ctx_seq", backend.n_ctx)) - 64 - cfg.newcomer_gen
+    room = (min(backend.n_ctx, backend.n_ctx_seq) - 64 - cfg.newcomer_gen
             - cfg.running_depth)
     per_seq = cfg.running_prompt + cfg.warmup_tokens + 16
     q = _smallest_chunk(cfg)

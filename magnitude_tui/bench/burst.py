@@ -127,7 +127,7 @@ def run_bursts(spec: BackendConfig, cfg: BurstConfig, progress=lambda s: None) -
             calibrator = Engine(FixedLength(backend, _cpu_clock(backend, cfg)))
             params = calibrator.calibrate()
             info[flash] = backend_info(backend) | {"cost": asdict(params),
-                                                   "attention": getattr(backend, "info", {}).get("attention")}
+                                                   "attention": backend.info.get("attention")}
             for policy in cfg.policies:
                 if policy.startswith("target-v1") and flash == "off":
                     continue  # the old code path ran llama.cpp's default attention (on, here)

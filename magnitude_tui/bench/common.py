@@ -50,15 +50,6 @@ class CpuClock:
 CPU_CLOCK = CpuClock()
 
 
-def profile_costs(backend) -> dict | None:
-    """A simulated backend's published cost figures, for the arithmetic the benchmark checks."""
-    profile = getattr(backend, "profile", None)
-    if profile is None:
-        return None
-    return {k: v for k, v in (asdict(profile) if hasattr(profile, "__dataclass_fields__") else vars(profile)).items()
-            if isinstance(v, (int, float, str))}
-
-
 def reset_kv(backend) -> None:
     """Leave no sequence behind between runs that share one loaded model."""
     for s in range(backend.n_seq_max):
@@ -83,8 +74,7 @@ class FixedLength:
         self.decode_ms: list[float] = []
         # Bound once, so the hot path pays no __getattr__ fallback per call.
         for name in self._PASS:
-            if hasattr(backend, name):
-                setattr(self, name, getattr(backend, name))
+            setattr(self, name, getattr(backend, name))
 
     def is_eog(self, token: int) -> bool:
         return False
@@ -289,12 +279,9 @@ def machine_info() -> dict:
 
 
 def backend_info(backend) -> dict:
-    info = {"backend": backend.name, "n_ctx": backend.n_ctx, "n_batch": backend.n_batch,
-            "n_seq_max": backend.n_seq_max}
-    for attr in ("model_name", "device_name", "n_threads", "n_ubatch"):
-        if hasattr(backend, attr):
-            info[attr] = getattr(backend, attr)
-    return info
+    return {"backend": backend.name, "n_ctx": backend.n_ctx, "n_batch": backend.n_batch,
+            "n_seq_max": backend.n_seq_max, "model_name": backend.model_name, "device_name": backend.device_name,
+            "n_threads": backend.n_threads, "n_ubatch": backend.n_ubatch}
 
 
 def markdown_table(rows: list[dict]) -> str:

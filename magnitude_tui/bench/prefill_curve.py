@@ -9,7 +9,7 @@ import numpy as np
 from backend.factory import BackendConfig, build_backend
 from magnitude_tui.bench.common import (BenchResult, backend_info, machine_info,
                                         measured, median, prompt_tokens, reset_kv, rnd)
-from scheduler.types import BatchPlan, SeqSlice
+from scheduler.types import BatchPlan, DecodeOutcome, SeqSlice
 
 DEFAULT_CHUNKS = tuple(2 ** i for i in range(12))  # 1 .. 2048
 DEFAULT_SEQS = (1, 2, 4, 8, 12, 16)
@@ -44,7 +44,7 @@ class _Bench:
     def step(self, slices: list[SeqSlice]) -> float:
         plan = BatchPlan(step=0, slices=tuple(slices), budget=sum(len(s.tokens) for s in slices))
         result = self.b.decode(plan)
-        if getattr(result.outcome, "value", result.outcome) != "ok":
+        if result.outcome is not DecodeOutcome.OK:
             raise RuntimeError(f"decode failed ({result.outcome}) for {plan.n_decode} decode + "
                                f"{plan.n_prefill} prompt rows")
         return result.step_ms

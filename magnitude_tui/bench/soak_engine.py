@@ -81,12 +81,12 @@ def machine_fake(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
 
 
 def machine_real(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
-    from backend.llama_backend import LlamaBackend
+    from backend.factory import BackendConfig, build_backend
     from magnitude_tui.bench.common import reset_kv
     from magnitude_tui.engine.core import Engine
 
-    backend = LlamaBackend.load(model_path=cfg.model, device=cfg.device, n_ctx=2048, n_seq_max=6,
-                                n_batch=512)
+    backend = build_backend(BackendConfig("llama", model=cfg.model, device=cfg.device, n_ctx=2048, n_seq_max=6,
+                                          n_batch=512))
     kv_dir = tempfile.mkdtemp(prefix="magnitude-soak-kv-")
     try:
         def make():

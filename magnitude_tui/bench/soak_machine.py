@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from backend.fake import FakeBackend
 from backend.protocol import DecodeOutcome
 from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, StepReport
 
@@ -144,7 +145,7 @@ class EngineHarness:
             self.close(rng.choice(list(self.sessions)))
         elif r < 0.225:
             self.set_policy(rng.choice(POLICIES))
-        elif r < 0.24 and hasattr(self.backend, "fail_next"):
+        elif r < 0.24 and isinstance(self.backend, FakeBackend):
             self.kv_full()
         elif r < 0.25 and self.sessions and self.engine.warm is not None:
             self.swap(rng.choice(list(self.sessions)))
@@ -235,7 +236,7 @@ class EngineHarness:
             raise InvariantViolation(f"requests never reported done: {self.live[:5]}")
         if not self.engine.is_empty():
             raise InvariantViolation(f"not empty after closing everything: {self.engine.leaks()}")
-        if getattr(self.backend, "samplers", {}) or self.backend.kv_cells_used() != 0:
+        if (isinstance(self.backend, FakeBackend) and self.backend.samplers) or self.backend.kv_cells_used() != 0:
             raise InvariantViolation(f"backend still holds {self.backend.kv_cells_used()} cells or samplers")
 
     def leaked(self) -> tuple[int, int]:

@@ -231,7 +231,7 @@ def _measure(spec: BackendConfig, cfg: SpecBenchConfig, progress) -> tuple[list[
         for name in cfg.tasks:
             task = Task(name)
             prompts = [tuple(backend.tokenize_chat(task_messages(task, i))) for i in range(width)]
-            if not hasattr(backend, "model_path"):  # a stand-in: its tokenizer counts characters
+            if spec.family != "llama":  # a stand-in: its tokenizer counts characters
                 prompts = [prompt_tokens(backend, min(len(p), 600), salt=31 * i) for i, p in enumerate(prompts)]
             lengths[name] = [len(p) for p in prompts]
             for src in sources.values():
@@ -240,7 +240,7 @@ def _measure(spec: BackendConfig, cfg: SpecBenchConfig, progress) -> tuple[list[
             traces[name] = {src.kind.value: list(src.guesses) for src in sources.values()}
         info = backend_info(backend)
         info["clock"] = "CPU seconds of the engine process" if cpu else "backend clock"
-        info["attention"] = getattr(backend, "info", {}).get("attention")
+        info["attention"] = backend.info.get("attention")
     finally:
         draft = sources.get(DraftKind.DRAFT_MODEL)
         if draft is not None and hasattr(draft.inner, "close"):

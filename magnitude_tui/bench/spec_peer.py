@@ -8,7 +8,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from backend.factory import BackendConfig
+from backend.factory import BackendConfig, build_backend
 from magnitude_tui.bench.common import median, rnd
 from magnitude_tui.bench.peers import PeerError, Server, device_args, tools_dir
 from magnitude_tui.bench.spec_tasks import Task, task_messages
@@ -61,10 +61,10 @@ def run_peer(spec: BackendConfig, cfg, lengths: dict, progress) -> list[dict]:
                  "(scripts/build_llama_tools.sh)"}]
     bindir, _ = found
     have = supported_spec_types(bindir)
-    from backend.llama_backend import LlamaBackend, default_model_path
+    from backend.llama_backend import default_model_path
 
     model = spec.model or default_model_path()
-    vocab = LlamaBackend.load(model_path=model, device="cpu", n_ctx=256, n_seq_max=1, flash_attn="off")
+    vocab = build_backend(BackendConfig("llama", model=model, device="cpu", n_ctx=256, n_seq_max=1, flash_attn="off"))
     try:
         prompts = {t: [vocab.tokenize_chat(task_messages(Task(t), i)) for i in range(max(cfg.widths))]
                    for t in cfg.tasks}

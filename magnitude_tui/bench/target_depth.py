@@ -136,7 +136,7 @@ def run_target_depth(spec: BackendConfig, cfg: TargetDepthConfig, progress=lambd
                      f"p99 {rows[-1]['step_p99_ms']} ms ({rows[-1]['p99_x_target']}x)")
         res.tables["step time against the target, per depth"] = rows
         res.data = {"backend": backend_info(backend) | {"cost": asdict(params),
-                                                        "attention": getattr(backend, "info", {}).get("attention")},
+                                                        "attention": backend.info.get("attention")},
                     "steps": traces}
     finally:
         backend.close()

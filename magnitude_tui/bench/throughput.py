@@ -102,8 +102,12 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
     n_ctx = spec.n_ctx or max(8192, max(cfg.seqs) * (cfg.prompt + cfg.gen) + 256)
     spec = BackendConfig(**{**asdict(spec), "n_ctx": n_ctx, "n_seq_max": max(spec.n_seq_max, max(cfg.seqs))})
     backend = build_backend(spec)
-    threads = getattr(backend, "n_threads", None) or 1
-    model = getattr(backend, "model_path", None)
+    threads = backend.n_threads or 1
+    model = spec.model
+    if model is None and spec.family == "llama":
+        from backend.llama_backend import default_model_path
+
+        model = default_model_path()
     res = BenchResult(name="throughput", title="bench throughput: aggregate generated tok/s, same work for every peer",
                       config={"throughput": asdict(cfg), "backend": asdict(spec)}, machine=machine_info())
     found = peers.tools_dir() if not spec.simulated else None
@@ -115,7 +119,7 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
         res.notes.append(msg)
         wanted = [p for p in wanted if p == "serial"]
     bindir = found[0] if found else None
-    dev = peers.device_args(getattr(backend, "device_name", "CPU"))
+    dev = peers.device_args(backend.device_name)
     serial = None
     if "serial" in wanted:
         serial = peers.SerialLlama(model=model, threads=threads, n_ctx=cfg.prompt + cfg.gen + 16,

@@ -78,7 +78,7 @@ def calibration_steps(backend, scheduler: Scheduler, repeats: int = 3):
 def probe_samples(backend, path: AttentionPath):
     """The deeper steps the backend's attention probe timed for the path it chose (a real model
     only; read from its cache on later starts), priced as the scheduler prices them."""
-    choice = getattr(backend, "attention", None)
+    choice = backend.attention
     for d, p, ms, pos0, cells in (choice.deep_samples() if choice is not None else []):
         rows = d + p
         if path is AttentionPath.DENSE:

@@ -10,7 +10,7 @@ from textual.widget import Widget
 
 from magnitude_tui.engine.events import EndpointsReport
 from magnitude_tui.widgets.format import fmt_ms, fmt_rate, spark
-from scheduler.budget import parse_policy
+from scheduler.budget import PolicyKind, parse_policy
 from scheduler.types import Phase, SeqUpdate, StepReport
 
 HISTORY = 120
@@ -24,7 +24,7 @@ def policy_target_ms(policy: str) -> float | None:
         parsed = parse_policy(policy)
     except ValueError:
         return None
-    return parsed.value if parsed.kind == "target" else None
+    return parsed.value if parsed.kind is PolicyKind.TARGET else None
 
 
 def _percentile(values: list[float], q: float) -> float | None:

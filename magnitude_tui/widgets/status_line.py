@@ -7,7 +7,7 @@ from textual.containers import Horizontal
 from textual.widgets import ProgressBar, Static
 
 from magnitude_tui.widgets.format import fmt_count, fmt_ms, fmt_rate
-from scheduler.types import Phase, SeqUpdate
+from scheduler.types import DoneReason, Phase, SeqUpdate
 
 _BADGE = {
     Phase.LOADING: "LOADING",
@@ -80,10 +80,8 @@ class StatusLine(Horizontal):
     def _badge_class(update: SeqUpdate | None) -> str:
         if update is None:
             return "-idle"
-        if update.phase is Phase.DONE and update.done_reason is not None:
-            reason = update.done_reason.value
-            if reason in ("cancelled", "error"):
-                return f"-{reason}"
+        if update.phase is Phase.DONE and update.done_reason in (DoneReason.CANCELLED, DoneReason.ERROR):
+            return f"-{update.done_reason.value}"
         return f"-{update.phase.value}"
 
     @staticmethod
