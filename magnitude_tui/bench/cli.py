@@ -152,7 +152,7 @@ def throughput(
                                  "or auto (bench spec measures draft)", param_hint="--spec")
     cfg = ThroughputConfig(seqs=_ints(seqs), prompt=prompt, gen=gen, reps=reps, policies=tuple(policy),
                            peers=chosen, require_tools=require_tools, profile=profile, cpu_clock=cpu_clock,
-                           spec=spec_mode.value)
+                           spec=spec_mode)
     try:
         result = run_throughput(_spec("llama", model, device, threads, ctx), cfg, progress=_progress)
     except PeerError as e:
