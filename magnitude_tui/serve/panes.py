@@ -40,7 +40,7 @@ class ApiPanes:
             while name in taken:  # the same caller with several conversations at once, or n > 1
                 k += 1
                 name = f"{client_name}#{k}"
-            record = PaneRecord(request.session_id, name, "api", None, client_name, len(ws.grid.panes), incoming)
+            record = PaneRecord(request.session_id, name, "api", None, client_name, len(panes), incoming)
             pane = ChatPane(record)
             self._track(ws.open_pane(pane))
         else:
