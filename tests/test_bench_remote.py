@@ -26,3 +26,18 @@ def test_bench_remote_compares_a_server_with_the_local_engine(tmp_path):
     assert made[("remote", 3)] == 15 and made[("local", 3)] == 15  # 3 replies of max_tokens=5 each
     assert len(stub.requests) == 4
     assert save_result(result, tmp_path)["md"].read_text().count("remote/local") == 1
+
+
+def test_bench_remote_needs_exactly_one_server_source():
+    from typer.testing import CliRunner
+
+    from magnitude_tui.cli import app
+
+    runner = CliRunner()
+    neither = runner.invoke(app, ["bench", "remote", "--seqs", "1"])
+    both = runner.invoke(app, ["bench", "remote", "--url", "http://127.0.0.1:9", "--llama-server", "2"])
+    gpu_peer = runner.invoke(app, ["bench", "remote", "--llama-server", "2", "--device", "vulkan"])
+    for result in (neither, both):
+        assert result.exit_code == 2
+        assert "either --url" in result.output
+    assert gpu_peer.exit_code == 2 and "CPU peer" in gpu_peer.output

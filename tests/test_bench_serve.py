@@ -31,3 +31,28 @@ def test_bench_serve_runs_only_the_parts_asked_for_with_distinct_prompts_per_rep
     rows = result.tables["concurrent clients"]
     assert [(r["clients"], r["rep"]) for r in rows] == [(1, 1), (2, 1), (1, 2), (2, 2)]
     assert all(r["errors"] == 0 and r["tokens"] == 4 * r["clients"] and r["agg_tok_s"] > 0 for r in rows)
+
+
+def test_the_priority_part_fails_with_the_reason_when_the_engine_does_not_start(tmp_path):
+    # It waited for EngineReady in a loop that skipped EngineFailed: a model that did not load
+    # left `bench serve` polling forever.
+    import threading
+
+    from magnitude_tui.bench.serve_priority import run_priority
+    from magnitude_tui.engine.waiting import EngineStartFailed
+
+    cfg = ServeBenchConfig(seqs=(1,), gen=4, threads=1, n_ctx=2048, peers=("serve",), parts=("priority",))
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_priority(cfg, model=str(tmp_path / "missing.gguf"), progress=lambda _: None)
+        except BaseException as e:  # noqa: BLE001 - the test reports whatever came out
+            raised.append(e)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "still waiting for an engine that failed to start"
+    assert len(raised) == 1 and isinstance(raised[0], EngineStartFailed), raised
+    assert "missing.gguf" in str(raised[0])

@@ -3,6 +3,7 @@ burst, target-depth, resume, remote, serve, soak, spec, contention, ui, ui-cpu."
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
@@ -324,7 +325,9 @@ def serve_bench(
 
 @bench_app.command()
 def remote(
-    url: List[str] = typer.Option(..., "--url", help="An OpenAI-compatible server (repeat for several)."),
+    url: List[str] = typer.Option([], "--url", help="An OpenAI-compatible server (repeat for several)."),
+    llama_server: int = typer.Option(0, "--llama-server", help="Instead of --url: start the vendored "
+                                     "llama-server with this many slots on the same model and threads."),
     seqs: str = typer.Option("1,4,8", "--seqs", help="Concurrent sequences."),
     gen: int = typer.Option(64, "--gen", help="max_tokens per sequence (greedy)."),
     reps: int = typer.Option(1, "--reps", help="Repetitions (medians are reported)."),
@@ -334,11 +337,47 @@ def remote(
     out: Path = OutOpt,
 ) -> None:
     """Client-side aggregate tok/s and TTFT of 1..N concurrent sequences on a server; --local adds the local engine."""
+    widths = _ints(seqs)
+    if bool(url) == bool(llama_server):
+        raise typer.BadParameter("give either --url (a running server) or --llama-server N (start one)",
+                                 param_hint="--url")
+    with contextlib.ExitStack() as stack:
+        if llama_server:
+            url = [stack.enter_context(_vendored_llama_server(llama_server, model, device, threads, widths, gen)).url]
+        _remote_run(url, widths, gen, reps, remote_model, local, model, device, threads, out)
+
+
+@contextlib.contextmanager
+def _vendored_llama_server(slots: int, model: Optional[str], device: str, threads: Optional[int],
+                           widths: list[int], gen: int):
+    """llama-server -np `slots` on the model and thread count the local engine would use."""
+    from backend import usable_cpus
+    from backend.llama_backend import default_model_path
+    from magnitude_tui.bench.peers import PeerError, Server, device_args, tools_dir
+
+    if device != "cpu":
+        raise typer.BadParameter("--llama-server starts a CPU peer (use --device cpu); for a GPU, start "
+                                 "llama-server with its -dev flag and give --url", param_hint="--llama-server")
+    found = tools_dir()
+    if found is None:
+        raise typer.BadParameter("llama-server is not built: run `bash scripts/build_llama_tools.sh`",
+                                 param_hint="--llama-server")
+    server = Server(found[0], model=str(model or default_model_path()), parallel=slots,
+                    threads=threads or usable_cpus(), n_ctx=max(8192, max(widths) * (gen + 128)), n_batch=2048,
+                    n_ubatch=512, dev=device_args("CPU"))
+    try:
+        with server:
+            yield server.process
+    except PeerError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--llama-server") from None
+
+
+def _remote_run(url: list[str], widths: list[int], gen: int, reps: int, remote_model: Optional[str], local: bool,
+                model: Optional[str], device: str, threads: Optional[int], out: Path) -> None:
     from magnitude_tui.bench.remote import RemoteBenchConfig, bench_engines
     from magnitude_tui.remote.client import RemoteClient
     from magnitude_tui.remote.config import RemoteConfig
 
-    widths = _ints(seqs)
     try:
         engines = {"remote": RemoteClient(RemoteConfig(tuple(url), model=remote_model, max_in_flight=max(widths)))}
     except ValueError as exc:
