@@ -11,9 +11,10 @@ from magnitude_tui.engine.calibrate import calibration_steps
 from magnitude_tui.engine.context import fit_conversation
 from magnitude_tui.engine.events import (Cancel, CloseSession, Command, RestoreOutcome, RestoreSession,
                                          SessionRestored, SetPolicy, SetSpec, Submit)
+from magnitude_tui.engine.report import seq_update, thread_state
 from magnitude_tui.engine.sampling import StepSampler
 from magnitude_tui.engine.text import ReplyText
-from magnitude_tui.engine.threads import CpuLoad, ThreadGovernor, ThreadState
+from magnitude_tui.engine.threads import CpuLoad, ThreadGovernor
 from magnitude_tui.engine.warm import WarmResume
 from magnitude_tui.engine.warm_store import WarmStore
 from scheduler.budget import CostModel, CostParams, parse_policy
@@ -24,7 +25,7 @@ from scheduler.speculator import Speculator
 from scheduler.planner import RequestError, Scheduler
 from scheduler.sequence import Sequence
 from scheduler.types import (BatchPlan, DoneReason, ErrorKind, Phase, Rejection, RejectReason, Request, SeqUpdate,
-                             StepReport, plan_kpos)
+                             StepReport, ThreadState, plan_kpos)
 from scheduler.validation import check_id, check_policy_text, check_request
 
 
@@ -319,7 +320,7 @@ class Engine:
             seq = Sequence(req, [], t_submit=t_submit)
             seq.phase, seq.done_reason, seq.error = Phase.DONE, DoneReason.ERROR, str(e)
             seq.error_kind = e.kind
-            self._extra.append(self._update(seq, t_submit))
+            self._extra.append(seq_update(seq, t_submit))
             return
         self._sessions_seen.add(sid)
         self._live[rid] = Sequence(req, [], t_submit=t_submit)
@@ -445,7 +446,7 @@ class Engine:
                    seq.waiting_reason, seq.done_reason)
             if sig != seq.last_reported or seq.text_pending:
                 seq.last_reported = sig
-                updates.append(self._update(seq, now))
+                updates.append(seq_update(seq, now))
         if plan is None and not updates and not rejected:
             return None
         self._num_reports += 1
@@ -473,43 +474,7 @@ class Engine:
         )
 
     def _thread_state(self) -> ThreadState | None:
-        if self.threads is not None:
-            return self.threads.state
-        n = self.backend.n_threads  # 0: no CPU threads to choose
-        return ThreadState(n, n, "fixed") if n else None
-
-    def _update(self, seq: Sequence, now: float) -> SeqUpdate:
-        m = seq.metrics
-        text, n_new = seq.text_pending, seq.new_tokens_pending
-        seq.text_pending, seq.new_tokens_pending = "", 0
-        return SeqUpdate(
-            request_id=seq.request_id,
-            session_id=seq.session_id,
-            seq_id=seq.seq_id if seq.seq_id is not None else seq.last_seq_id,
-            phase=seq.phase,
-            text_delta=text,
-            new_tokens=n_new,
-            prompt_done=seq.prompt_done,
-            prompt_total=len(seq.prompt),
-            cached_tokens=seq.num_cached,
-            generated=len(seq.output),
-            queue_ms=m.queue_ms,
-            ttft_ms=m.ttft_ms,
-            tok_s_live=m.live_tok_s(now),
-            tok_s=m.final_tok_s,
-            itl_p50_ms=m.itl_p50_ms,
-            itl_p95_ms=m.itl_p95_ms,
-            itl_max_ms=m.itl_max_ms,
-            done_reason=seq.done_reason,
-            error_kind=seq.error_kind,
-            error=seq.error,
-            waiting_reason=seq.waiting_reason,
-            dropped_messages=seq.dropped_messages,
-            priority=seq.priority,
-            drafted=seq.num_drafted,
-            accepted=seq.num_accepted,
-            tokens_per_step=len(seq.output) / seq.num_gen_steps if seq.num_gen_steps else None,
-        )
+        return thread_state(self.threads, self.backend.n_threads)
 
 
 def _split_cancellations(commands) -> tuple[list[tuple[Command, float]], list[tuple[Command, float]]]:
