@@ -11,7 +11,7 @@ from magnitude_tui.engine.calibrate import calibration_steps
 from magnitude_tui.engine.context import fit_conversation
 from magnitude_tui.engine.events import (Cancel, CloseSession, Command, RestoreOutcome, RestoreSession,
                                          SessionRestored, SetPolicy, SetSpec, Submit)
-from magnitude_tui.engine.report import seq_update, thread_state
+from magnitude_tui.engine.report import StepReporter, seq_update, thread_state
 from magnitude_tui.engine.sampling import StepSampler
 from magnitude_tui.engine.text import ReplyText
 from magnitude_tui.engine.threads import CpuLoad, ThreadGovernor
@@ -82,14 +82,13 @@ class Engine:
         self._policy_text = str(self.scheduler.policy)
         self._lock = threading.Lock()
         self._commands: deque[tuple[Command, float]] = deque()  # with the time each was queued
-        self._live: dict[str, Sequence] = {}  # submitted and not yet reported done
+        self.live: dict[str, Sequence] = {}  # submitted and not yet reported done
         self._extra: list[SeqUpdate] = []  # updates for requests that never became live
         self._rejected: list[Rejection] = []  # submits refused before they became requests
         self._sessions_seen: set[str] = set()  # conversations a request named (until closed)
         self._intake: list[Sequence] = []  # submitted, not yet tokenized (phase `preparing`), FIFO
         self._noticed = False  # the last step only announced slow requests; tokenize them now
         self._sampler = StepSampler(backend, self.scheduler, self._clock)
-        self._num_reports = 0
         self.threads: ThreadGovernor | None = None
         if auto_threads and backend.max_threads > 1:
             # Other processes' load means something only in real time (not on a simulated clock).
@@ -98,6 +97,7 @@ class Engine:
                                           max_threads=backend.max_threads, load=load, now=self._clock())
         self.warm = WarmResume(backend, self.scheduler, warm) if warm is not None else None
         self._notices: list[SessionRestored] = []  # answers to RestoreSession, for take_notices()
+        self._reporter = StepReporter(self.scheduler, self._sampler, self, self.warm, self._thread_state)
 
     # ---- commands (any thread) -----------------------------------------------------------------
 
@@ -189,14 +189,14 @@ class Engine:
         if not self._noticed and any(self._slow_to_prepare(q) for q in self._intake
                                      if q.last_reported is None):
             self._noticed = True
-            return self._report(None, None, now, 0.0)
+            return self._reporter.report(None, None, now, 0.0)
         self._noticed = False
         self._prepare_intake()
         if self._coalescing(now):
-            return self._report(None, None, now, 0.0)
+            return self._reporter.report(None, None, now, 0.0)
         plan = self.scheduler.schedule(now)
         if plan is None:
-            return self._report(None, None, now, 0.0)
+            return self._reporter.report(None, None, now, 0.0)
         predicted_ms = self._predicted_ms(plan)
         t0 = self._clock()
         result, error = self._decode(plan)
@@ -208,7 +208,7 @@ class Engine:
             n = self.threads.after_step(t1, result.step_ms, predicted_ms)
             if n != self.backend.n_threads:
                 self.backend.set_n_threads(n)
-        return self._report(plan, result, t1, (t1 - t0) * 1000.0)
+        return self._reporter.report(plan, result, t1, (t1 - t0) * 1000.0)
 
     def run_until_idle(self, max_steps: int = 100_000) -> list[StepReport]:
         """Step until nothing is left (or max_steps), waiting out coalescing windows."""
@@ -252,17 +252,17 @@ class Engine:
 
     def fail_all(self, message: str) -> StepReport | None:
         """End every live request with an error (shutdown, a dying backend); report it."""
-        for seq in list(self._live.values()):
+        for seq in list(self.live.values()):
             self.scheduler.finish(seq, DoneReason.ERROR, message)
         self._intake = []
-        return self._report(None, None, self._clock(), 0.0)
+        return self._reporter.report(None, None, self._clock(), 0.0)
 
     # ---- inspection ----------------------------------------------------------------------------
 
     def leaks(self) -> list[str]:
         problems = self.scheduler.leaks()
-        if self._live:
-            problems.append(f"live requests: {sorted(self._live)}")
+        if self.live:
+            problems.append(f"live requests: {sorted(self.live)}")
         if self._sampler.owner:
             problems.append(f"samplers held for seq ids {sorted(self._sampler.owner)}")
         return problems
@@ -302,7 +302,7 @@ class Engine:
         A malformed one ends here, alone, with its error."""
         rid, sid = getattr(req, "request_id", None), getattr(req, "session_id", None)
         ids_ok = all(isinstance(x, str) and x for x in (rid, sid))
-        if ids_ok and rid in self._live:
+        if ids_ok and rid in self.live:
             self._reject(req, RejectReason.DUPLICATE_ID,
                          f"request id {rid!r} is already in use by a live request; use a new id")
             return
@@ -323,8 +323,8 @@ class Engine:
             self._extra.append(seq_update(seq, t_submit))
             return
         self._sessions_seen.add(sid)
-        self._live[rid] = Sequence(req, [], t_submit=t_submit)
-        self._intake.append(self._live[rid])
+        self.live[rid] = Sequence(req, [], t_submit=t_submit)
+        self._intake.append(self.live[rid])
 
     def _restore(self, cmd: RestoreSession) -> None:
         if self.warm is None:
@@ -342,7 +342,7 @@ class Engine:
             session_id=sid if isinstance(sid, str) else None, reason=reason, message=message))
 
     def _cancel(self, request_id: str) -> None:
-        seq = self._live.get(request_id)
+        seq = self.live.get(request_id)
         if seq is not None and seq in self._intake:
             self._intake.remove(seq)
             self.scheduler.finish(seq, DoneReason.CANCELLED)
@@ -425,53 +425,13 @@ class Engine:
         except Exception as e:
             return DecodeResult(DecodeOutcome.FATAL, 0.0, {}, -2), f"the backend failed: {e}"
 
-    def _report(self, plan: BatchPlan | None, result: DecodeResult | None, now: float,
-                step_ms: float) -> StepReport | None:
-        self._sampler.release()
-        updates, self._extra = self._extra, []
+    def take_extra(self) -> list[SeqUpdate]:
+        extra, self._extra = self._extra, []
+        return extra
+
+    def take_rejected(self) -> list[Rejection]:
         rejected, self._rejected = self._rejected, []
-        for rid, seq in list(self._live.items()):
-            if seq.last_reported is None and seq.phase is not Phase.PREPARING:
-                # Its first report: it was preparing before whatever it is doing now.
-                updates.append(SeqUpdate(request_id=rid, session_id=seq.session_id, seq_id=None,
-                                         phase=Phase.PREPARING))
-            if seq.is_finished:
-                if seq.done_reason is DoneReason.CANCELLED and seq.detok is not None:
-                    seq.text_pending += seq.detok.flush()  # text held for a possible stop string
-                seq.metrics.on_finish(now)
-                del self._live[rid]
-                if self.warm is not None and seq.done_reason is not DoneReason.ERROR:
-                    self.warm.went_idle(seq.session_id, now)
-            sig = (seq.phase, seq.seq_id, seq.prompt_done, len(seq.output), seq.num_cached,
-                   seq.waiting_reason, seq.done_reason)
-            if sig != seq.last_reported or seq.text_pending:
-                seq.last_reported = sig
-                updates.append(seq_update(seq, now))
-        if plan is None and not updates and not rejected:
-            return None
-        self._num_reports += 1
-        s = self.scheduler
-        return StepReport(
-            step=self._num_reports,
-            t=now,
-            step_ms=step_ms,
-            decode_rows=plan.n_decode if plan else 0,
-            prefill_rows=plan.n_prefill if plan else 0,
-            budget=plan.budget if plan else 0,
-            kv_used=s.kv_used(),
-            kv_total=s.n_ctx,
-            kv_idle=s.kv_idle(),
-            waiting=s.num_waiting,
-            running=s.num_running,
-            policy=str(s.policy),
-            updates=updates,
-            outcome=result.outcome if result else DecodeOutcome.OK,
-            rejected=rejected,
-            threads=self._thread_state(),
-            draft_rows=plan.n_draft if plan else 0,
-            draft_accepted=self._sampler.accepted if plan else 0,
-            spec=s.speculator.mode.value,
-        )
+        return rejected
 
     def _thread_state(self) -> ThreadState | None:
         return thread_state(self.threads, self.backend.n_threads)

@@ -1,10 +1,28 @@
-"""Provides what a step report is made of: each sequence's update (seq_update) and the thread state."""
+"""Provides the step report: each sequence's update (seq_update) and the report that carries them
+(StepReporter), built from what the scheduler and the intake hold after a step."""
 
 from __future__ import annotations
 
+from typing import Callable, Protocol
+
+from backend.protocol import DecodeOutcome, DecodeResult
+from magnitude_tui.engine.sampling import StepSampler
 from magnitude_tui.engine.threads import ThreadGovernor
+from magnitude_tui.engine.warm import WarmResume
+from scheduler.planner import Scheduler
 from scheduler.sequence import Sequence
-from scheduler.types import SeqUpdate, ThreadState
+from scheduler.types import BatchPlan, DoneReason, Phase, Rejection, SeqUpdate, StepReport, ThreadState
+
+
+class Arrivals(Protocol):
+    """What the reporter reads from the intake: the live requests (it drops those it reports
+    done) and the answers for submits that never became live."""
+
+    live: dict[str, Sequence]
+
+    def take_extra(self) -> list[SeqUpdate]: ...
+
+    def take_rejected(self) -> list[Rejection]: ...
 
 
 def seq_update(seq: Sequence, now: float) -> SeqUpdate:
@@ -47,3 +65,66 @@ def thread_state(governor: ThreadGovernor | None, n_threads: int) -> ThreadState
     if governor is not None:
         return governor.state
     return ThreadState(n_threads, n_threads, "fixed") if n_threads else None
+
+
+class StepReporter:
+    """Builds each step's StepReport; numbers the reports and retires the requests it reports done."""
+
+    def __init__(self, scheduler: Scheduler, sampler: StepSampler, arrivals: Arrivals,
+                 warm: WarmResume | None, threads: Callable[[], ThreadState | None]) -> None:
+        self.scheduler = scheduler
+        self.sampler = sampler
+        self.arrivals = arrivals
+        self.warm = warm
+        self.threads = threads
+        self.num_reports = 0
+
+    def report(self, plan: BatchPlan | None, result: DecodeResult | None, now: float,
+               step_ms: float) -> StepReport | None:
+        """None when no rows ran and nothing changed that a client would see."""
+        self.sampler.release()
+        updates = self.arrivals.take_extra()
+        rejected = self.arrivals.take_rejected()
+        live = self.arrivals.live
+        for rid, seq in list(live.items()):
+            if seq.last_reported is None and seq.phase is not Phase.PREPARING:
+                # Its first report: it was preparing before whatever it is doing now.
+                updates.append(SeqUpdate(request_id=rid, session_id=seq.session_id, seq_id=None,
+                                         phase=Phase.PREPARING))
+            if seq.is_finished:
+                if seq.done_reason is DoneReason.CANCELLED and seq.detok is not None:
+                    seq.text_pending += seq.detok.flush()  # text held for a possible stop string
+                seq.metrics.on_finish(now)
+                del live[rid]
+                if self.warm is not None and seq.done_reason is not DoneReason.ERROR:
+                    self.warm.went_idle(seq.session_id, now)
+            sig = (seq.phase, seq.seq_id, seq.prompt_done, len(seq.output), seq.num_cached,
+                   seq.waiting_reason, seq.done_reason)
+            if sig != seq.last_reported or seq.text_pending:
+                seq.last_reported = sig
+                updates.append(seq_update(seq, now))
+        if plan is None and not updates and not rejected:
+            return None
+        self.num_reports += 1
+        s = self.scheduler
+        return StepReport(
+            step=self.num_reports,
+            t=now,
+            step_ms=step_ms,
+            decode_rows=plan.n_decode if plan else 0,
+            prefill_rows=plan.n_prefill if plan else 0,
+            budget=plan.budget if plan else 0,
+            kv_used=s.kv_used(),
+            kv_total=s.n_ctx,
+            kv_idle=s.kv_idle(),
+            waiting=s.num_waiting,
+            running=s.num_running,
+            policy=str(s.policy),
+            updates=updates,
+            outcome=result.outcome if result else DecodeOutcome.OK,
+            rejected=rejected,
+            threads=self.threads(),
+            draft_rows=plan.n_draft if plan else 0,
+            draft_accepted=self.sampler.accepted if plan else 0,
+            spec=s.speculator.mode.value,
+        )
