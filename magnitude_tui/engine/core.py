@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import threading
-from collections import deque
 from typing import Callable
 
 from backend.protocol import WALL_CLOCK, Backend, Clock, DecodeOutcome, DecodeResult, PlanError
 from magnitude_tui.engine.calibrate import calibration_steps
-from magnitude_tui.engine.context import fit_conversation
-from magnitude_tui.engine.events import (Cancel, CloseSession, Command, RestoreOutcome, RestoreSession,
-                                         SessionRestored, SetPolicy, SetSpec, Submit)
-from magnitude_tui.engine.report import StepReporter, seq_update, thread_state
+from magnitude_tui.engine.events import (Cancel, CloseSession, Command, RestoreSession, SessionRestored, SetPolicy,
+                                         SetSpec, Submit)
+from magnitude_tui.engine.intake import Intake
+from magnitude_tui.engine.report import StepReporter, thread_state
 from magnitude_tui.engine.sampling import StepSampler
-from magnitude_tui.engine.text import ReplyText
 from magnitude_tui.engine.threads import CpuLoad, ThreadGovernor
 from magnitude_tui.engine.warm import WarmResume
 from magnitude_tui.engine.warm_store import WarmStore
@@ -22,11 +20,9 @@ from scheduler.drafts import DraftKind, DraftSource
 from scheduler.ngram import NgramSource
 from scheduler.speculation import SpecMode, available_sources, parse_spec_mode
 from scheduler.speculator import Speculator
-from scheduler.planner import RequestError, Scheduler
-from scheduler.sequence import Sequence
-from scheduler.types import (BatchPlan, DoneReason, ErrorKind, Phase, Rejection, RejectReason, Request, SeqUpdate,
-                             StepReport, ThreadState, plan_kpos)
-from scheduler.validation import check_id, check_policy_text, check_request
+from scheduler.planner import Scheduler
+from scheduler.types import BatchPlan, DoneReason, Request, StepReport, ThreadState, plan_kpos
+from scheduler.validation import check_id, check_policy_text
 
 
 class Engine:
@@ -56,9 +52,6 @@ class Engine:
         `max_threads`, by measuring (see engine/threads.py); off, the count stays as loaded.
         `warm`: where idle conversations' KV is saved, and restored from (None: nowhere)."""
         self.backend = backend
-        # A request whose messages hold this many characters is announced as `preparing` in a
-        # report of its own before the chat template and tokenizer run (None: never).
-        self.prepare_notice_chars = prepare_notice_chars
         # A simulated backend brings its own virtual clock; metrics must read the same time.
         self._clock = clock or backend.clock
         self._sleep = sleep or self._clock.sleep
@@ -80,14 +73,7 @@ class Engine:
         )
         self._spec_text = self.scheduler.speculator.mode.value
         self._policy_text = str(self.scheduler.policy)
-        self._lock = threading.Lock()
-        self._commands: deque[tuple[Command, float]] = deque()  # with the time each was queued
-        self.live: dict[str, Sequence] = {}  # submitted and not yet reported done
-        self._extra: list[SeqUpdate] = []  # updates for requests that never became live
-        self._rejected: list[Rejection] = []  # submits refused before they became requests
-        self._sessions_seen: set[str] = set()  # conversations a request named (until closed)
-        self._intake: list[Sequence] = []  # submitted, not yet tokenized (phase `preparing`), FIFO
-        self._noticed = False  # the last step only announced slow requests; tokenize them now
+        self._lock = threading.Lock()  # guards the policy and spec texts read from any thread
         self._sampler = StepSampler(backend, self.scheduler, self._clock)
         self.threads: ThreadGovernor | None = None
         if auto_threads and backend.max_threads > 1:
@@ -96,8 +82,18 @@ class Engine:
             self.threads = ThreadGovernor(start=max(1, min(backend.n_threads, backend.max_threads)),
                                           max_threads=backend.max_threads, load=load, now=self._clock())
         self.warm = WarmResume(backend, self.scheduler, warm) if warm is not None else None
-        self._notices: list[SessionRestored] = []  # answers to RestoreSession, for take_notices()
-        self._reporter = StepReporter(self.scheduler, self._sampler, self, self.warm, self._thread_state)
+        self._intake = Intake(backend, self.scheduler, self._clock, self.warm, prepare_notice_chars)
+        self._reporter = StepReporter(self.scheduler, self._sampler, self._intake, self.warm, self._thread_state)
+
+    @property
+    def prepare_notice_chars(self) -> int | None:
+        """A request whose messages hold this many characters is announced as `preparing` in a
+        report of its own before the chat template and tokenizer run (None: never)."""
+        return self._intake.notice_chars
+
+    @prepare_notice_chars.setter
+    def prepare_notice_chars(self, chars: int | None) -> None:
+        self._intake.notice_chars = chars
 
     # ---- commands (any thread) -----------------------------------------------------------------
 
@@ -133,8 +129,7 @@ class Engine:
 
     def take_notices(self) -> list[SessionRestored]:
         """What the engine has to say besides step reports (owner thread)."""
-        notices, self._notices = self._notices, []
-        return notices
+        return self._intake.take_notices()
 
     def shutdown(self) -> None:
         """The app is quitting: save the conversations whose latest reply is not saved yet."""
@@ -155,9 +150,7 @@ class Engine:
         return self._spec_text
 
     def _queue(self, command: Command) -> None:
-        t = self._clock()  # a submit's queue time and TTFT count from here
-        with self._lock:
-            self._commands.append((command, t))
+        self._intake.queue(command)
 
     @property
     def policy(self) -> str:
@@ -170,9 +163,7 @@ class Engine:
     # ---- the loop (owner thread) ---------------------------------------------------------------
 
     def has_work(self) -> bool:
-        with self._lock:
-            pending = bool(self._commands)
-        return pending or bool(self._intake) or self.scheduler.has_work()
+        return self._intake.pending() or self._intake.unprepared or self.scheduler.has_work()
 
     def step(self) -> StepReport | None:
         """Run one step; None when there was nothing to run and nothing to report.
@@ -185,13 +176,10 @@ class Engine:
         now = self._clock()
         if self.warm is not None:
             self.warm.tick(now)
-        self._apply_commands()
-        if not self._noticed and any(self._slow_to_prepare(q) for q in self._intake
-                                     if q.last_reported is None):
-            self._noticed = True
+        self._intake.apply()
+        if self._intake.announce():
             return self._reporter.report(None, None, now, 0.0)
-        self._noticed = False
-        self._prepare_intake()
+        self._intake.prepare_all()
         if self._coalescing(now):
             return self._reporter.report(None, None, now, 0.0)
         plan = self.scheduler.schedule(now)
@@ -200,7 +188,7 @@ class Engine:
         predicted_ms = self._predicted_ms(plan)
         t0 = self._clock()
         result, error = self._decode(plan)
-        self._apply_commands(cancellations_only=True)
+        self._intake.apply(cancellations_only=True)
         ready = self.scheduler.postprocess(plan, result, error)
         self._sampler.sample(ready, result)
         t1 = self._clock()
@@ -229,7 +217,7 @@ class Engine:
         """Seconds until `step()` will have rows to run (None: idle, 0: now)."""
         if not self.has_work():
             return None
-        if self._intake:
+        if self._intake.unprepared:
             return 0.0
         window_end = self._window_end()
         if window_end is None:
@@ -252,147 +240,26 @@ class Engine:
 
     def fail_all(self, message: str) -> StepReport | None:
         """End every live request with an error (shutdown, a dying backend); report it."""
-        for seq in list(self.live.values()):
+        for seq in list(self._intake.live.values()):
             self.scheduler.finish(seq, DoneReason.ERROR, message)
-        self._intake = []
+        self._intake.drop_unprepared()
         return self._reporter.report(None, None, self._clock(), 0.0)
 
     # ---- inspection ----------------------------------------------------------------------------
 
     def leaks(self) -> list[str]:
         problems = self.scheduler.leaks()
-        if self.live:
-            problems.append(f"live requests: {sorted(self.live)}")
+        if self._intake.live:
+            problems.append(f"live requests: {sorted(self._intake.live)}")
         if self._sampler.owner:
             problems.append(f"samplers held for seq ids {sorted(self._sampler.owner)}")
         return problems
 
     def is_empty(self) -> bool:
         """No request, session, slot, KV cell, sampler or command left (after closing sessions)."""
-        with self._lock:
-            pending = bool(self._commands)
-        return not pending and not self.leaks() and self.scheduler.is_empty()
+        return not self._intake.pending() and not self.leaks() and self.scheduler.is_empty()
 
     # ---- inside a step -------------------------------------------------------------------------
-
-    def _apply_commands(self, cancellations_only: bool = False) -> None:
-        with self._lock:
-            if cancellations_only:
-                todo, keep = _split_cancellations(self._commands)
-                self._commands = deque(keep)
-            else:
-                todo = list(self._commands)
-                self._commands.clear()
-        for cmd, t in todo:
-            if isinstance(cmd, Submit):
-                self._take(cmd.request, t)
-            elif isinstance(cmd, Cancel):
-                self._cancel(cmd.request_id)
-            elif isinstance(cmd, CloseSession):
-                self._close(cmd.session_id)
-            elif isinstance(cmd, SetPolicy):
-                self.scheduler.set_policy(cmd.policy)
-            elif isinstance(cmd, RestoreSession):
-                self._restore(cmd)
-            elif isinstance(cmd, SetSpec):
-                self.scheduler.set_spec(parse_spec_mode(cmd.mode))
-
-    def _take(self, req: Request, t_submit: float) -> None:
-        """Accept a submitted request as `preparing`; it is tokenized before the next schedule.
-        A malformed one ends here, alone, with its error."""
-        rid, sid = getattr(req, "request_id", None), getattr(req, "session_id", None)
-        ids_ok = all(isinstance(x, str) and x for x in (rid, sid))
-        if ids_ok and rid in self.live:
-            self._reject(req, RejectReason.DUPLICATE_ID,
-                         f"request id {rid!r} is already in use by a live request; use a new id")
-            return
-        try:
-            check_request(req)
-            if req.fork_from is not None and req.fork_from not in self._sessions_seen:
-                raise RequestError(
-                    f"fork_from {req.fork_from!r} names no conversation this engine knows (never "
-                    "submitted, or closed); send the request without fork_from to start cold")
-        except RequestError as e:
-            if not ids_ok:
-                self._reject(req, RejectReason.BAD_ID if isinstance(req, Request)
-                             else RejectReason.MALFORMED, str(e))
-                return
-            seq = Sequence(req, [], t_submit=t_submit)
-            seq.phase, seq.done_reason, seq.error = Phase.DONE, DoneReason.ERROR, str(e)
-            seq.error_kind = e.kind
-            self._extra.append(seq_update(seq, t_submit))
-            return
-        self._sessions_seen.add(sid)
-        self.live[rid] = Sequence(req, [], t_submit=t_submit)
-        self._intake.append(self.live[rid])
-
-    def _restore(self, cmd: RestoreSession) -> None:
-        if self.warm is None:
-            notice = SessionRestored(cmd.session_id, RestoreOutcome.UNSUPPORTED, detail="this engine saves no KV")
-        else:
-            notice = self.warm.restore(cmd)
-        if notice.outcome is RestoreOutcome.RESTORED:
-            self._sessions_seen.add(cmd.session_id)  # a known conversation: subagents may fork it
-        self._notices.append(notice)
-
-    def _reject(self, req: object, reason: RejectReason, message: str) -> None:
-        rid, sid = getattr(req, "request_id", None), getattr(req, "session_id", None)
-        self._rejected.append(Rejection(
-            request_id=rid if isinstance(rid, str) else repr(rid)[:80],
-            session_id=sid if isinstance(sid, str) else None, reason=reason, message=message))
-
-    def _cancel(self, request_id: str) -> None:
-        seq = self.live.get(request_id)
-        if seq is not None and seq in self._intake:
-            self._intake.remove(seq)
-            self.scheduler.finish(seq, DoneReason.CANCELLED)
-        else:
-            self.scheduler.cancel(request_id)
-
-    def _close(self, session_id: str) -> None:
-        for seq in [q for q in self._intake if q.session_id == session_id]:
-            self._intake.remove(seq)
-            self.scheduler.finish(seq, DoneReason.CANCELLED)
-        self.scheduler.close_session(session_id)
-        self._sessions_seen.discard(session_id)
-
-    def _slow_to_prepare(self, seq: Sequence) -> bool:
-        """Long messages: the chat template and tokenizer take long enough for the user to see."""
-        limit = self.prepare_notice_chars
-        req = seq.request
-        return (limit is not None and req.prompt_tokens is None
-                and sum(len(m.content) for m in req.messages) >= limit)
-
-    def _prepare_intake(self) -> None:
-        intake, self._intake = self._intake, []
-        for seq in intake:
-            if not seq.is_finished:
-                self._prepare(seq)
-
-    def _prepare(self, seq: Sequence) -> None:
-        """Tokenize an accepted request and queue it; a bad request fails alone, right here."""
-        req = seq.request
-        try:
-            seq.detok = ReplyText(self.backend.detokenizer(), req.sampling.stop)
-            if req.prompt_tokens is not None:
-                prompt = list(req.prompt_tokens)
-            else:
-                # A conversation that outgrew its sequence drops its oldest turns (context.py).
-                limit = min(self.scheduler.n_ctx_seq, self.scheduler.n_ctx)
-                fitted = fit_conversation(req.messages, lambda ms: list(self.backend.tokenize_chat(ms)),
-                                          limit, seq.max_tokens)
-                prompt, seq.dropped_messages = fitted.prompt, fitted.dropped
-            bad = [t for t in prompt if not 0 <= t < self.backend.n_vocab]
-            if bad:
-                raise RequestError(f"token id {bad[0]} is outside the model's vocabulary "
-                                   f"(0..{self.backend.n_vocab - 1})")
-            seq.prompt = prompt
-            self.scheduler.add(seq)
-        except RequestError as e:
-            self.scheduler.finish(seq, DoneReason.ERROR, str(e), e.kind)
-        except Exception as e:  # a template or tokenizer failure belongs to this request only
-            self.scheduler.finish(seq, DoneReason.ERROR, f"could not prepare the prompt: {e}",
-                                  ErrorKind.INVALID)
 
     def _window_end(self) -> float | None:
         """When the idle coalescing window closes (None: no window open)."""
@@ -425,36 +292,5 @@ class Engine:
         except Exception as e:
             return DecodeResult(DecodeOutcome.FATAL, 0.0, {}, -2), f"the backend failed: {e}"
 
-    def take_extra(self) -> list[SeqUpdate]:
-        extra, self._extra = self._extra, []
-        return extra
-
-    def take_rejected(self) -> list[Rejection]:
-        rejected, self._rejected = self._rejected, []
-        return rejected
-
     def _thread_state(self) -> ThreadState | None:
         return thread_state(self.threads, self.backend.n_threads)
-
-
-def _split_cancellations(commands) -> tuple[list[tuple[Command, float]], list[tuple[Command, float]]]:
-    """The cancel/close commands that can run now, and the rest in order. A cancel (or close)
-    that follows a still-pending submit for its request (or session) must wait its turn, or the
-    submit would run after it and the cancel would be lost."""
-    todo, keep = [], []
-    rids, sids = set(), set()
-    for entry in commands:
-        cmd = entry[0]
-        if isinstance(cmd, Submit):
-            # A malformed request may carry anything as its ids; it is rejected when taken in.
-            rids.add(str(getattr(cmd.request, "request_id", None)))
-            sids.add(str(getattr(cmd.request, "session_id", None)))
-            keep.append(entry)
-        elif ((isinstance(cmd, Cancel) and cmd.request_id not in rids)
-              or (isinstance(cmd, CloseSession) and cmd.session_id not in sids)):
-            todo.append(entry)
-        else:
-            keep.append(entry)
-    return todo, keep
-
-
