@@ -9,7 +9,7 @@ import pytest
 from textual.widgets import Markdown
 from textual.widgets._markdown import MarkdownFence, MarkdownParagraph
 
-from tests.app_support import SIZE, ScriptedClient, make_app, settle, wait_for
+from tests.app_support import SIZE, ScriptedClient, make_app, settle, type_message, wait_for
 from magnitude_tui.bench.ui_cpu import CpuConfig, PacedClient, reply_tokens, run_cpu
 from magnitude_tui.screens.workspace import BACKGROUND_PAINT_S, BUSY_PANES, TYPING_MAX_HOLD_S
 from magnitude_tui.widgets.message_view import MessageView, settled_prefix
@@ -28,16 +28,11 @@ def _reply_view(pane) -> MessageView:
     return [v for v in pane.query(MessageView) if v.message.role == "assistant"][-1]
 
 
-async def _say(pilot, text: str) -> None:
-    await pilot.press(*text, "enter")
-    await pilot.pause()
-
-
 async def test_reply_streams_as_markdown_block_by_block(tmp_path):
     client = ScriptedClient(reply=_code_reply)
     app = make_app(tmp_path, client)
     async with app.run_test(size=SIZE) as pilot:
-        await _say(pilot, "how")
+        await type_message(pilot, "how")
         pane = app.workspace.grid.panes[0]
         client.step(8)  # prefill, then tokens up to inside the code block
         reply = lambda: pane._reply  # noqa: E731
@@ -133,7 +128,7 @@ async def test_background_panes_paint_less_often_while_many_stream(tmp_path):
         for i in range(BUSY_PANES + 1):
             if i:
                 await pilot.press("ctrl+n")
-            await _say(pilot, f"q{i}")
+            await type_message(pilot, f"q{i}")
         client.step(4)
         await settle(pilot)
         focused, other = ws.grid.focused_pane(), ws.grid.panes[0]

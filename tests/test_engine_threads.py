@@ -146,6 +146,18 @@ def test_on_a_noisy_loaded_machine_an_expensive_probe_is_not_repeated_on_every_s
     assert gov.n_threads == 1
 
 
+def test_idle_time_does_not_pay_for_probes() -> None:
+    """bench contention's rounds: 75 s of work, then 150 s idle while the other variants run. A bar
+    counted in wall time ran out in every idle gap, and each round re-probed 2 threads (8-14 % of
+    it); counted in time spent stepping, one probe serves several rounds."""
+    gov = ThreadGovernor(start=1, max_threads=2, load=ScriptedLoad(2.0))
+    ratio = lambda n, t: 38.0 if n == 1 else 156.0  # noqa: E731
+    used: list[tuple[float, int]] = []
+    for burst in range(4):
+        used += drive(gov, ratio, seconds=75.0, t0=burst * 225.0)
+    assert sum(1 for _, n in used if n == 2) <= 1
+
+
 def test_a_change_of_load_lifts_the_bar_on_a_plainly_worse_count() -> None:
     load = ScriptedLoad(2.0)
     gov = ThreadGovernor(start=1, max_threads=2, load=load)
@@ -221,6 +233,25 @@ def test_a_shift_in_the_load_triggers_a_check_even_where_it_suggests_the_same_co
     assert [n for t, n in used if one_busy + 5 < t < two_busy][-1] == 1
     assert gov.n_threads == 2, gov.state.why
     assert next(t for t, n in used if t > two_busy and n == 2) - two_busy < 5.0
+
+
+class SwingingLoad:
+    """1 s readings of a shared machine: they swing by more than a core from one to the next."""
+
+    def __init__(self) -> None:
+        self.i = 0
+
+    def others(self) -> float:
+        self.i += 1
+        return [0.2, 1.4, 0.6, 1.8, 0.1][self.i % 5]
+
+
+def test_a_swinging_load_reading_does_not_trigger_a_probe_every_few_seconds() -> None:
+    gov = ThreadGovernor(start=1, max_threads=2, load=SwingingLoad())
+    used = drive(gov, lambda n, t: 1.0 if n == 1 else 6.0, seconds=900)
+    # The re-checks, the odd change of the suggested count: a few dozen switches, not hundreds.
+    assert switches(used) <= 40
+    assert gov.n_threads == 1
 
 
 def test_slower_steps_at_the_same_count_trigger_a_probe() -> None:

@@ -26,12 +26,14 @@ PROBE_STEPS = 3  # steps measured at each candidate count
 ABORT_RATIO = 2.0
 # What probing may cost: a candidate that lost is not probed again (by slower steps or the periodic
 # re-check) until the time it cost beyond the incumbent's is paid back at PROBE_BUDGET of the time
-# since (at most BAR_MAX_S); a change in the load of other processes lifts that bar. With one busy
-# process per core and a load average of 8 on 2 cores, one probe step on 2 threads took ~7.8 s
-# against ~1.9 s on 1 (SmolLM2, 8 sequences), and the neighbours' bursts made the 1-thread steps
-# slower now and then, each time a new probe: two in a 75 s round were 21 % of it, the whole gap to
-# llama-batched-bench -t 1 under the same load. At 2 % such a probe waits ~5 minutes; one that cost
-# 0.25 s (a quiet machine beside one busy process) waits 12 s, so it stays quick to follow a change.
+# spent stepping since (at most BAR_MAX_S of it; idle time pays nothing back, or an engine that works
+# in bursts would probe in every burst); a change of the count the load suggests lifts that bar.
+# With one busy process per core and a load average of 8 on 2 cores, one probe step on 2 threads
+# took ~7.8 s against ~1.9 s on 1 (SmolLM2, 8 sequences), and the neighbours' bursts made the
+# 1-thread steps slower now and then, each time a new probe: two in a 75 s round were 21 % of it, the
+# whole gap to llama-batched-bench -t 1 under the same load. At 2 % such a probe waits ~5 minutes of
+# work; one that cost 0.25 s (a quiet machine beside one busy process) waits 12 s, so the governor
+# still follows a change quickly there.
 PROBE_BUDGET = 0.02
 BAR_MAX_S = 600.0
 SWITCH_MARGIN = 0.10  # a candidate must be 10 % faster per unit of work to replace the incumbent
@@ -46,6 +48,9 @@ LOAD_EVERY_S = 1.0  # how often the load of other processes is read
 # count it suggests is the same (the issue's 2 cores: beside one busy process 1 thread was 6x faster
 # than 2, beside one per core 2 were 1.2x faster than 1, and both loads suggest 1).
 LOAD_SHIFT = 0.75
+# ...measured on a moving average of the 1 s readings (this weight for the newest): a single reading
+# swings by a core or more on a shared machine, and a trigger on those probed every few seconds.
+LOAD_SMOOTHING = 0.3
 
 
 class ThreadMode(Enum):
@@ -104,11 +109,12 @@ class ThreadGovernor:
 
     Steady, it watches the incumbent's steps. It probes (runs each candidate count for a few
     steps) when those steps grow `SLOW_RATIO` slower than when the count was chosen, when the load
-    of other processes points at another count, or every `REPROBE_S` (doubling while nothing
-    changes). It keeps whichever count did the most work per second, the incumbent unless a
-    candidate was clearly faster; a candidate that is plainly worse is dropped after one step.
+    of other processes points at another count or moves by `LOAD_SHIFT`, or every `REPROBE_S`
+    (doubling while nothing changes). It keeps whichever count did the most work per second, the
+    incumbent unless a candidate was clearly faster; a candidate that is plainly worse is dropped
+    after one step.
     A candidate that lost is barred until what its probe cost is paid back (`PROBE_BUDGET`); only a
-    change in the load of other processes lifts the bar sooner (slower steps do not: on a loaded
+    change of the count the load suggests lifts the bar sooner (slower steps do not: on a loaded
     machine they come and go with the neighbours, and each re-try of a count it makes much slower
     costs a whole slow step).
     """
@@ -131,12 +137,14 @@ class ThreadGovernor:
         self._next_probe = now + REPROBE_S
         self._hint_at_probe: int | None = None
         self._others_at_probe: float | None = None
+        self._others_avg: float | None = None  # the moving average LOAD_SHIFT is measured on
         self._incumbent = start
         self._candidates: list[int] = []
         self._scores: dict[int, list[float]] = {}
         self._plainly_worse = False  # a candidate of the current probe was dropped after one step
         self._cost_s: dict[int, float] = {}  # each candidate's time beyond the incumbent's, this probe
-        self._barred: dict[int, float] = {}  # count -> when it may be probed again (it lost, and cost)
+        self._barred: dict[int, float] = {}  # count -> busy time after which it may be probed again
+        self._busy_s = 0.0  # time spent in steps so far: the clock the bars run on
         self._why = "as configured; measuring"
 
     @property
@@ -146,6 +154,7 @@ class ThreadGovernor:
     def after_step(self, now: float, step_ms: float, predicted_ms: float) -> int:
         """Record one successful step run at `self.n_threads`; return the count for the next."""
         if step_ms > 0 and predicted_ms > 0:
+            self._busy_s += step_ms / 1000.0
             ratio = step_ms / predicted_ms
             if self.mode is ThreadMode.PROBING:
                 self._probe_step(now, ratio, predicted_ms)
@@ -165,17 +174,16 @@ class ThreadGovernor:
         hint = self.hint()
         if hint is not None and hint != self.n_threads and hint != self._hint_at_probe:
             self._barred.clear()  # the load changed: what it made plainly worse may not be now
-            self._start_probe(now, f"other processes use {self._others:.1f} cores", hint)
+            self._start_probe(f"other processes use {self._others:.1f} cores", hint)
         elif current > SLOW_RATIO * self._baseline:
-            if not self._start_probe(now, f"steps ran {current / self._baseline:.1f}x slower", hint):
+            if not self._start_probe(f"steps ran {current / self._baseline:.1f}x slower", hint):
                 self._baseline = current  # every other count is barred: this is the new normal
         elif self._load_shifted():
-            was = self._others_at_probe
-            if not self._start_probe(now, f"other processes went from {was:.1f} to {self._others:.1f} cores", hint):
-                self._others_at_probe = self._others
+            was, avg = self._others_at_probe, self._others_avg
+            if not self._start_probe(f"other processes went from {was:.1f} to {avg:.1f} cores", hint):
+                self._others_at_probe = avg
         elif now >= self._next_probe:
-            if not self._start_probe(now, "periodic re-check", hint):
-                self._next_probe = min(self._barred.values())
+            self._start_probe("periodic re-check", hint)  # when every count is barred: later
 
     def hint(self) -> int | None:
         """The count the load of other processes suggests (None: load unknown)."""
@@ -184,29 +192,33 @@ class ThreadGovernor:
         return max(1, min(self.max_threads, round(self.max_threads - self._others)))
 
     def _load_shifted(self) -> bool:
-        if self._others is None:
+        if self._others_avg is None:
             return False
         if self._others_at_probe is None:
-            self._others_at_probe = self._others  # the first reading: nothing to compare with yet
+            self._others_at_probe = self._others_avg  # the first reading: nothing to compare with yet
             return False
-        return abs(self._others - self._others_at_probe) >= LOAD_SHIFT
+        return abs(self._others_avg - self._others_at_probe) >= LOAD_SHIFT
 
     def _read_load(self, now: float) -> None:
         if self._load is not None and now - self._load_at >= LOAD_EVERY_S:
             self._load_at = now
             self._others = self._load.others()
+            if self._others is None or self._others_avg is None:
+                self._others_avg = self._others
+            else:
+                self._others_avg += LOAD_SMOOTHING * (self._others - self._others_avg)
 
     # ---- probing -------------------------------------------------------------------------------
 
-    def _start_probe(self, now: float, trigger: str, hint: int | None) -> bool:
+    def _start_probe(self, trigger: str, hint: int | None) -> bool:
         """Start measuring the candidates; False (nothing started) when every one is barred."""
-        self._barred = {n: t for n, t in self._barred.items() if t > now}
+        self._barred = {n: until for n, until in self._barred.items() if until > self._busy_s}
         others = [n for n in range(1, self.max_threads + 1) if n != self.n_threads and n not in self._barred]
         if not others:
             return False
         self._incumbent = self.n_threads
         self._hint_at_probe = hint
-        self._others_at_probe = self._others
+        self._others_at_probe = self._others_avg
         target = hint if hint is not None else self.n_threads
         # Nearest to what the load suggests first; at most two candidates per probe on many cores.
         self._candidates = sorted(others, key=lambda n: (abs(n - target), n))[:2]
@@ -251,7 +263,10 @@ class ThreadGovernor:
             self._why = f"fastest measured ({slower})"
         for n, cost_s in self._cost_s.items():
             if n != keep and cost_s > 0:
-                self._barred[n] = now + min(BAR_MAX_S, cost_s / PROBE_BUDGET)
+                bar_s = min(BAR_MAX_S, cost_s / PROBE_BUDGET)
+                self._barred[n] = self._busy_s + bar_s
+                if bar_s > REPROBE_MAX_S:
+                    self._why += f"; {n} not re-tried for {bar_s:.0f} s of work (its probe cost {cost_s:.1f} s)"
         self.n_threads = keep
         self.mode = ThreadMode.STEADY
         self._baseline = medians[keep]
