@@ -69,12 +69,12 @@ class Speculator:
         if self.mode.forced is None:
             # A sequence whose first draft row would not pay even if every guess were accepted
             # drafts nothing this step whatever its source guesses, so nothing is looked up for it
-            # (and no shadow judged): at 8-16 sequences on a CPU that is every sequence, every step.
+            # (and no new shadow made): at 8-16 sequences on a CPU that is every sequence, every step.
             for seq in decoding:
                 if not row_can_pay(self._row_ms(seq, cost, shape), base_ms, shape.decode_rows):
                     caps[seq.seq_id] = 0
-        # Free sources guess now, for everyone: the guess decides their offer, and a guess not
-        # verified is judged later for free against the token that comes (the shadow estimate).
+        # Free sources guess now, for every sequence that could draft: the guess decides their
+        # offer, and what is not verified is judged later for free against the tokens that come.
         guesses: dict[int, list[int]] = {}
         guessed_by: dict[int, DraftKind] = {}
         for seq in decoding:

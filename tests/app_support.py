@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -234,6 +235,42 @@ def make_app(tmp_path: Path, client=None, *, resume: bool = False, theme: str | 
     return MagnitudeApp(client=client or ScriptedClient(),
                         store=store, theme=theme, resume=resume, export_dir=tmp_path / "exports",
                         sampling=sampling, roles=roles)
+
+
+async def type_message(pilot, text: str) -> None:
+    """Type `text` key by key into the focused composer and send it with Enter."""
+    await pilot.press(*text, "enter")
+    await pilot.pause()
+
+
+@asynccontextmanager
+async def scripted_app(tmp_path: Path):
+    """The app on a fresh ScriptedClient, running headless at SIZE; yields (app, client, pilot)."""
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        yield app, client, pilot
+
+
+async def one_turn(pilot, client: ScriptedClient, text: str) -> None:
+    """Send `text`, let the scripted engine finish its reply, and wait until the app shows it all."""
+    await type_message(pilot, text)
+    client.run_to_completion()
+    await settle(pilot)
+
+
+@asynccontextmanager
+async def queued_behind_a_reply(tmp_path: Path, *queued: str):
+    """The app's one pane three tokens into its reply to "first", with `queued` typed behind it;
+    yields (pilot, client, pane)."""
+    async with scripted_app(tmp_path) as (app, client, pilot):
+        [pane] = app.workspace.grid.panes
+        await type_message(pilot, "first")
+        client.step(3)
+        await settle(pilot)
+        for text in queued:
+            await type_message(pilot, text)
+        yield pilot, client, pane
 
 
 async def wait_for(pilot, condition, timeout: float = 30.0, what: str = "condition") -> None:

@@ -105,9 +105,16 @@ def text(updates):
     return "".join(u.text_delta for u in updates)
 
 
-def assert_clean(engine, *sessions):
+def close_and_assert_empty(engine, *sessions):
+    """Close `sessions`, run the engine until it is idle, and fail with its leaks if it still
+    holds a sequence, a KV cell or a request (any backend)."""
     for s in sessions:
         engine.close_session(s)
     engine.run_until_idle()
     assert engine.is_empty(), engine.leaks()
+
+
+def assert_clean(engine, *sessions):
+    """close_and_assert_empty, and on the fake backend no sampler left behind either."""
+    close_and_assert_empty(engine, *sessions)
     assert engine.backend.samplers == {}

@@ -90,3 +90,19 @@ def test_the_flood_follows_the_clock_when_steps_come_late():
     report = client._step(60.0)  # never more than the flood
     flood = next(u for u in report.updates if u.request_id == "flood")
     assert client.flood_sent == 2000 and flood.phase is Phase.DONE
+
+
+def test_the_flood_never_sends_more_than_it_was_asked_for():
+    # A flood that is not a whole number of bursts ends on a short step, not a whole burst past it
+    # (the run's reported tokens are what was sent).
+    from magnitude_tui.bench.ui_endurance import FloodClient
+    from scheduler.types import Phase, Request
+
+    client = FloodClient(flood=50, burst=40, step_hz=25.0, tokens=10**9)
+    client.submit(Request("flood", "s0", ()))
+    client._step(0.0)  # prefill
+    client._step(0.04)
+    assert client.flood_sent == 40
+    report = client._step(0.08)
+    flood = next(u for u in report.updates if u.request_id == "flood")
+    assert client.flood_sent == flood.generated == 50 and flood.phase is Phase.DONE

@@ -12,12 +12,8 @@ from magnitude_tui.screens.conversation_list import ConversationList
 from magnitude_tui.widgets.loading_view import LoadingView
 from magnitude_tui.widgets.status_line import StatusLine
 from scheduler.types import Phase, SeqUpdate
-from tests.app_support import SIZE, ScriptedClient, make_app, settle, wait_for
-
-
-async def _type(pilot, text: str) -> None:
-    await pilot.press(*text, "enter")
-    await pilot.pause()
+from tests.app_support import (SIZE, ScriptedClient, make_app, one_turn, queued_behind_a_reply, scripted_app,
+                               settle, type_message, wait_for)
 
 
 def _burst(app, keys: list[str]) -> None:
@@ -51,14 +47,7 @@ async def test_quitting_a_running_app_exits_zero(tmp_path):
 
 
 async def test_enter_while_replying_queues_the_message_as_the_next_turn(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
-        pane = app.workspace.grid.panes[0]
-        await _type(pilot, "first")
-        client.step(3)
-        await settle(pilot)
-        await _type(pilot, "second")
+    async with queued_behind_a_reply(tmp_path, "second") as (pilot, client, pane):
         assert pane.composer.value == "" and pane.queued == ["second"]
         note = pane.query_one(".queued-note")
         assert note.display and "queued: second" in str(note.render())
@@ -72,7 +61,7 @@ async def test_enter_while_replying_queues_the_message_as_the_next_turn(tmp_path
         # Esc stops the reply; what was queued returns to the composer instead of being sent.
         client.step(3)
         await settle(pilot)
-        await _type(pilot, "third")
+        await type_message(pilot, "third")
         assert pane.queued == ["third"]
         await pilot.press("escape")
         client.run_to_completion()
@@ -82,9 +71,7 @@ async def test_enter_while_replying_queues_the_message_as_the_next_turn(tmp_path
 
 
 async def test_keys_typed_right_after_enter_start_the_next_message(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         await pilot.press("ctrl+n")
         a1, a2 = app.workspace.grid.panes
         _burst(app, [*"What is 2+2?", "enter", *"Now", "shift+tab", *"ok"])
@@ -96,13 +83,11 @@ async def test_keys_typed_right_after_enter_start_the_next_message(tmp_path):
 
 
 async def test_the_scheduler_rate_is_the_panes_sum_and_clears_when_nothing_runs(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         panel = app.workspace.scheduler_panel
-        await _type(pilot, "one")
+        await type_message(pilot, "one")
         await pilot.press("ctrl+n")
-        await _type(pilot, "two")
+        await type_message(pilot, "two")
         client.step(3)
         await settle(pilot)
         panes = app.workspace.grid.panes
@@ -111,7 +96,7 @@ async def test_the_scheduler_rate_is_the_panes_sum_and_clears_when_nothing_runs(
         client.run_to_completion()
         await settle(pilot)
         assert panel.rate is None and "nothing generating" in str(panel.render())
-        await _type(pilot, "three")
+        await type_message(pilot, "three")
         client.step(3)
         client.die()
         await settle(pilot)
@@ -119,12 +104,10 @@ async def test_the_scheduler_rate_is_the_panes_sum_and_clears_when_nothing_runs(
 
 
 async def test_closing_a_replying_pane_asks_first_and_closed_panes_reopen(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         grid = app.workspace.grid
         await pilot.press("ctrl+n")
-        await _type(pilot, "keep me")
+        await type_message(pilot, "keep me")
         client.step(3)
         await settle(pilot)
         a2 = grid.panes[1]
@@ -154,12 +137,8 @@ async def test_closing_a_replying_pane_asks_first_and_closed_panes_reopen(tmp_pa
 
 
 async def test_the_conversation_list_renames_and_deletes(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
-        await _type(pilot, "hello")
-        client.run_to_completion()
-        await settle(pilot)
+    async with scripted_app(tmp_path) as (app, client, pilot):
+        await one_turn(pilot, client, "hello")
         pane = app.workspace.grid.panes[0]
         await pilot.press("f4")
         await wait_for(pilot, lambda: isinstance(app.screen, ConversationList), what="the list")
@@ -180,9 +159,7 @@ async def test_the_conversation_list_renames_and_deletes(tmp_path):
 
 
 async def test_focus_stays_on_the_pane_after_a_restart(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         await pilot.press("ctrl+n", "ctrl+n", "shift+tab")
         grid = app.workspace.grid
         a2 = grid.panes[1]
@@ -197,7 +174,7 @@ async def test_focus_stays_on_the_pane_after_a_restart(tmp_path):
         await wait_for(pilot, lambda: app.workspace.engine_ready, what="the restart")
         await pilot.pause()
         assert grid.focused_pane() is a2
-        await _type(pilot, "still here")
+        await type_message(pilot, "still here")
         await wait_for(pilot, lambda: client.submitted, what="the submit")
         assert client.submitted[0].session_id == a2.session_id
 
@@ -209,7 +186,7 @@ async def test_quit_is_in_the_footer_and_help_keeps_its_brackets(tmp_path):
         assert quit_key.show and quit_key.description == "Quit"
         footer = app.workspace.query_one("Footer")
         assert any("Quit" in str(item.render()) for item in footer.query("FooterKey"))
-        await _type(pilot, "/help")
+        await type_message(pilot, "/help")
         await wait_for(pilot, lambda: app.screen.query("Toast"), what="the help toast")
         shown = " ".join(str(t.render()) for t in app.screen.query("Toast"))
         assert "/burst [N]" in shown
@@ -224,10 +201,8 @@ def test_the_status_line_says_nothing_about_cache_before_admission():
 
 
 async def test_an_export_marks_a_reply_that_is_still_streaming(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
-        await _type(pilot, "write")
+    async with scripted_app(tmp_path) as (app, client, pilot):
+        await type_message(pilot, "write")
         client.step(3)
         await settle(pilot)
         await pilot.press("f5")
@@ -236,11 +211,9 @@ async def test_an_export_marks_a_reply_that_is_still_streaming(tmp_path):
 
 
 async def test_a_reply_cancelled_before_it_began_takes_its_prompt_out_of_the_context(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         pane = app.workspace.grid.panes[0]
-        await _type(pilot, "never mind")
+        await type_message(pilot, "never mind")
         await pilot.press("escape")
         client.step()
         await settle(pilot)
@@ -252,10 +225,8 @@ async def test_a_reply_cancelled_before_it_began_takes_its_prompt_out_of_the_con
 
 
 async def test_a_subagent_frees_its_kv_once_its_answer_is_posted(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
-        await _type(pilot, "/spawn 2 check")
+    async with scripted_app(tmp_path) as (app, client, pilot):
+        await type_message(pilot, "/spawn 2 check")
         await wait_for(pilot, lambda: len(client.submitted) == 2, what="the spawn")
         children = app.workspace.grid.panes[1:]
         client.run_to_completion()
@@ -266,37 +237,27 @@ async def test_a_subagent_frees_its_kv_once_its_answer_is_posted(tmp_path):
 
 
 async def test_a_full_context_drops_the_oldest_turns_and_says_so(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         pane = app.workspace.grid.panes[0]
         assert pane.context_size == 8192  # from EngineReady
         for text in ("one", "two", "three"):
-            await _type(pilot, text)
-            client.run_to_completion()
-            await settle(pilot)
+            await one_turn(pilot, client, text)
         assert pane.border_subtitle.startswith("ctx ") and pane.border_subtitle.endswith("/8192")
         client.drop_next = 4  # the engine had to leave out the two oldest turns
-        await _type(pilot, "four")
-        client.run_to_completion()
-        await settle(pilot)
+        await one_turn(pilot, client, "four")
         note = pane.query_one(".context-note")
         assert "the oldest 2 turns (4 messages)" in str(note.render())
         assert len(pane.query("MessageView.-dropped")) == 4
-        await _type(pilot, "five")
+        await type_message(pilot, "five")
         await wait_for(pilot, lambda: len(client.submitted) == 5, what="the next turn")
         sent = [m.content for m in client.submitted[-1].messages]
         assert sent[0] == "three" and sent[-1] == "five" and "one" not in sent
 
 
 async def test_up_edits_the_last_message_and_the_reply_is_regenerated(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         pane = app.workspace.grid.panes[0]
-        await _type(pilot, "What is 2+3?")
-        client.run_to_completion()
-        await settle(pilot)
+        await one_turn(pilot, client, "What is 2+3?")
         await pilot.press("up")  # empty composer: the last message comes back
         assert pane.composer.value == "What is 2+3?" and pane.editing is not None
         assert "editing your last message" in str(pane.query_one(".queued-note").render())
@@ -318,9 +279,7 @@ async def test_retry_replaces_the_last_reply(tmp_path):
     app = make_app(tmp_path, client)
     async with app.run_test(size=SIZE) as pilot:
         pane = app.workspace.grid.panes[0]
-        await _type(pilot, "hi")
-        client.run_to_completion()
-        await settle(pilot)
+        await one_turn(pilot, client, "hi")
         await pilot.press("ctrl+g")
         await wait_for(pilot, lambda: len(client.submitted) == 2, what="the retry")
         assert [m.content for m in client.submitted[1].messages] == ["hi"]
@@ -330,9 +289,7 @@ async def test_retry_replaces_the_last_reply(tmp_path):
 
 
 async def test_shift_enter_and_ctrl_j_start_a_new_line(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         pane = app.workspace.grid.panes[0]
         await pilot.press(*"line one", "shift+enter", *"two", "ctrl+j", *"three")
         assert pane.composer.value == "line one\ntwo\nthree" and not client.submitted

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from tests.app_support import SIZE, ScriptedClient, make_app, settle, wait_for
+from tests.app_support import (SIZE, ScriptedClient, make_app, one_turn, scripted_app, settle, type_message,
+                               wait_for)
 
 from magnitude_tui.screens.confirm_dialog import ConfirmDialog
 from magnitude_tui.widgets.chat_pane import ChatPane
@@ -14,11 +15,6 @@ from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
 from magnitude_tui.widgets.sequences_panel import SequencesPanel
 from textual.command import CommandList
 from scheduler.types import Phase
-
-
-async def _type(pilot, text: str) -> None:
-    await pilot.press(*text, "enter")
-    await pilot.pause()
 
 
 def _grid(app) -> PaneGrid:
@@ -38,12 +34,10 @@ def _assistant(pane: ChatPane) -> list[str]:
 
 
 async def test_submit_in_two_panes_both_stream(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
-        await _type(pilot, "first question")
+    async with scripted_app(tmp_path) as (app, client, pilot):
+        await type_message(pilot, "first question")
         await pilot.press("ctrl+n")
-        await _type(pilot, "second question")
+        await type_message(pilot, "second question")
         await wait_for(pilot, lambda: len(client.submitted) == 2, what="both submits")
         a1, a2 = _grid(app).panes
         assert [r.session_id for r in client.submitted] == [a1.session_id, a2.session_id]
@@ -60,12 +54,10 @@ async def test_submit_in_two_panes_both_stream(tmp_path):
 
 
 async def test_escape_cancels_focused_pane_only(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
-        await _type(pilot, "one")
+    async with scripted_app(tmp_path) as (app, client, pilot):
+        await type_message(pilot, "one")
         await pilot.press("ctrl+n")
-        await _type(pilot, "two")
+        await type_message(pilot, "two")
         a1, a2 = _grid(app).panes
         client.step(3)
         await settle(pilot)
@@ -81,14 +73,10 @@ async def test_escape_cancels_focused_pane_only(tmp_path):
 
 
 async def test_spawn_three_subagents_answers_come_back(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
-        await _type(pilot, "plan a trip")
-        client.run_to_completion()
-        await settle(pilot)
+    async with scripted_app(tmp_path) as (app, client, pilot):
+        await one_turn(pilot, client, "plan a trip")
         parent = _grid(app).panes[0]
-        await _type(pilot, "/spawn 3 list one risk")
+        await type_message(pilot, "/spawn 3 list one risk")
         await wait_for(pilot, lambda: len(client.submitted) == 4, what="three subagent submits")
         children = _grid(app).panes[1:]
         assert [c.record.name for c in children] == ["A1.1", "A1.2", "A1.3"]
@@ -105,7 +93,7 @@ async def test_spawn_three_subagents_answers_come_back(tmp_path):
         assert all("Echo" in m.content for m in results)
         # Posted back once, even if a child is asked something else afterwards.
         _grid(app).focus_pane(children[0])
-        await _type(pilot, "more?")
+        await type_message(pilot, "more?")
         await wait_for(pilot, lambda: len(client.submitted) == 5, what="the follow-up's submit")
         client.run_to_completion()
         await settle(pilot)
@@ -115,9 +103,7 @@ async def test_spawn_three_subagents_answers_come_back(tmp_path):
 
 
 async def test_spawn_dialog_and_burst(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         await pilot.press("ctrl+s")
         await pilot.pause()
         await pilot.press(*"check facts", "enter")
@@ -137,11 +123,9 @@ async def test_spawn_dialog_and_burst(tmp_path):
 
 
 async def test_close_pane_frees_its_sequence(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         await pilot.press("ctrl+n")
-        await _type(pilot, "busy one")
+        await type_message(pilot, "busy one")
         client.step(3)
         await settle(pilot)
         pane = _grid(app).panes[1]
@@ -166,18 +150,16 @@ async def test_close_pane_frees_its_sequence(tmp_path):
 
 
 async def test_policy_switch_takes_effect(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         await pilot.press("ctrl+l")
         await pilot.pause()
         await pilot.press("down", "enter")  # target:50 -> target:100
         await wait_for(pilot, lambda: client.policy == "target:100", what="the dialog's policy")
         await settle(pilot)
         assert app.workspace.query_one(SchedulerPanel).policy == "target:100"
-        await _type(pilot, "/policy prefill-first")
+        await type_message(pilot, "/policy prefill-first")
         await wait_for(pilot, lambda: app.workspace.policy == "prefill-first", what="the slash command's policy")
-        await _type(pilot, "/policy sometimes")
+        await type_message(pilot, "/policy sometimes")
         await settle(pilot)
         assert client.policy == "prefill-first"
 
@@ -217,12 +199,8 @@ async def test_zoom_and_tiling(tmp_path):
 
 
 async def test_export_and_copy(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
-        await _type(pilot, "write code")
-        client.run_to_completion()
-        await settle(pilot)
+    async with scripted_app(tmp_path) as (app, client, pilot):
+        await one_turn(pilot, client, "write code")
         await pilot.press("ctrl+y")
         assert app.clipboard == "Echo **write code** with `code` done."
         await pilot.press("f5")
@@ -244,10 +222,8 @@ async def test_loading_view_then_ready(tmp_path):
 
 
 async def test_engine_death_fails_live_request_and_restarts(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
-        await _type(pilot, "hello")
+    async with scripted_app(tmp_path) as (app, client, pilot):
+        await type_message(pilot, "hello")
         client.step(3)
         client.die()
         await settle(pilot)
@@ -270,10 +246,8 @@ async def test_palette_lists_every_action(tmp_path):
 
 
 async def test_partial_reply_saved_while_streaming_and_restored_once(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
-        await _type(pilot, "tell me")
+    async with scripted_app(tmp_path) as (app, client, pilot):
+        await type_message(pilot, "tell me")
         client.step(4)
         await settle(pilot)
         db = sqlite3.connect(tmp_path / "magnitude.db")
@@ -282,9 +256,7 @@ async def test_partial_reply_saved_while_streaming_and_restored_once(tmp_path):
         await wait_for(pilot, lambda: saved() == [("user", "tell me", 1), ("assistant", "Echo **tell me** ", 0)],
                        what="the partial reply on disk")
         await pilot.press("ctrl+n")
-        await _type(pilot, "second pane")
-        client.run_to_completion()
-        await settle(pilot)
+        await one_turn(pilot, client, "second pane")
     # Restart with --resume: the same panes and messages, each once.
     for _ in range(2):
         app = make_app(tmp_path, resume=True)
@@ -309,16 +281,14 @@ def test_app_does_not_import_llama_cpp():
 
 
 async def test_finished_rows_leave_the_sequences_panel_after_a_while(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         await pilot.pause()
         panel = app.workspace.sequences_panel
         now = [100.0]
         panel.clock = lambda: now[0]
-        await _type(pilot, "one")
+        await type_message(pilot, "one")
         await pilot.press("ctrl+n")
-        await _type(pilot, "two")
+        await type_message(pilot, "two")
         client.step(2)
         client.cancel(client.submitted[0].request_id)
         client.step(1)  # the first finishes (cancelled); the second keeps generating
@@ -338,9 +308,7 @@ async def test_a_pasted_block_is_sent_whole(tmp_path):
     # breaks as CR), is sent whole and shown as written.
     from textual import events
 
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with scripted_app(tmp_path) as (app, client, pilot):
         composer = _grid(app).panes[0].composer
         await pilot.press(*"Fix: ")
         composer.post_message(events.Paste("def f(x):\r\n    return x +\r\n"))

@@ -3,35 +3,12 @@ for the next new pane (scripted engine)."""
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
-
 from magnitude_tui.store import Store
-from tests.app_support import SIZE, ScriptedClient, make_app, settle, wait_for
-
-
-async def _type(pilot, text: str) -> None:
-    await pilot.press(*text, "enter")
-    await pilot.pause()
-
-
-@asynccontextmanager
-async def _queued_behind_a_reply(tmp_path, *queued: str):
-    """The app's one pane three tokens into its reply to "first", with `queued` typed behind it;
-    yields (pilot, client, pane)."""
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
-        [pane] = app.workspace.grid.panes
-        await _type(pilot, "first")
-        client.step(3)
-        await settle(pilot)
-        for text in queued:
-            await _type(pilot, text)
-        yield pilot, client, pane
+from tests.app_support import SIZE, ScriptedClient, make_app, queued_behind_a_reply, settle, wait_for
 
 
 async def test_queued_messages_survive_a_quit_and_are_sent_on_resume(tmp_path):
-    async with _queued_behind_a_reply(tmp_path, "second", "third") as (_, _, pane):
+    async with queued_behind_a_reply(tmp_path, "second", "third") as (_, _, pane):
         assert pane.queued == ["second", "third"]
         # In the store at once, not on the save timer: a crash right now loses nothing.
         assert Store(tmp_path / "magnitude.db").queued(pane.session_id) == ["second", "third"]
@@ -60,7 +37,7 @@ async def test_queued_messages_survive_a_quit_and_are_sent_on_resume(tmp_path):
 
 
 async def test_a_queue_stopped_with_esc_is_not_kept_as_queued(tmp_path):
-    async with _queued_behind_a_reply(tmp_path, "second") as (pilot, client, pane):
+    async with queued_behind_a_reply(tmp_path, "second") as (pilot, client, pane):
         await pilot.press("escape")
         client.run_to_completion()
         await wait_for(pilot, lambda: pane.composer.value == "second", what="the queued text back")

@@ -6,17 +6,12 @@ from textual.widgets import Input, TextArea
 
 from magnitude_tui.agents import AgentSettings
 
-from tests.app_support import SIZE, ScriptedClient, make_app, quiet, wait_for
+from tests.app_support import SIZE, ScriptedClient, make_app, quiet, type_message, wait_for
 
 
 def _reply_with_code(request) -> str:
     return ("Here is a **plan**:\n\n1. measure\n2. schedule\n\n```python\nstep_ms = fixed + "
             "per_row * rows\n```\nDone.")
-
-
-async def _say(pilot, text: str) -> None:
-    await pilot.press(*text, "enter")
-    await pilot.pause()
 
 
 def _freeze_clock(pilot) -> None:
@@ -58,7 +53,7 @@ def test_single_pane_with_markdown_reply(snap_compare, tmp_path):
     app = make_app(tmp_path, client)
 
     async def run_before(pilot):
-        await _say(pilot, "how do we budget a step")
+        await type_message(pilot, "how do we budget a step")
         client.run_to_completion()
         await _settle(pilot)
 
@@ -74,7 +69,7 @@ def test_four_panes_streaming_with_sequences_panel(snap_compare, tmp_path):
         for i, text in enumerate(("alpha", "bravo", "charlie", "delta")):
             if i:
                 await pilot.press("ctrl+n")
-            await _say(pilot, text)
+            await type_message(pilot, text)
             client.step(1)  # staggered arrivals: each pane is at a different phase
         client.step(3)
         await pilot.press("f2")
@@ -89,7 +84,7 @@ def test_burst_spawn_with_sequences_panel(snap_compare, tmp_path):
 
     async def run_before(pilot):
         _freeze_clock(pilot)
-        await _say(pilot, "brainstorm")
+        await type_message(pilot, "brainstorm")
         client.run_to_completion()
         parent = pilot.app.workspace.grid.panes[0]
         await wait_for(pilot, lambda: not parent.busy, what="the parent's reply")  # forks include it
@@ -108,7 +103,7 @@ def test_light_theme_zoomed(snap_compare, tmp_path):
     app = make_app(tmp_path, client, theme="magnitude-paper")
 
     async def run_before(pilot):
-        await _say(pilot, "plan")
+        await type_message(pilot, "plan")
         client.run_to_completion()
         await pilot.press("ctrl+n", "shift+tab", "ctrl+o")
         await _settle(pilot)
@@ -143,13 +138,13 @@ def test_context_gauge_and_dropped_turns(snap_compare, tmp_path):
 
     async def run_before(pilot):
         for text in ("one", "two", "three"):
-            await _say(pilot, text)
+            await type_message(pilot, text)
             client.run_to_completion()
             await wait_for(pilot, lambda: quiet(pilot.app), what="the reply")
         client.drop_next = 2
-        await _say(pilot, "four")
+        await type_message(pilot, "four")
         client.run_to_completion()
-        await _say(pilot, "five")  # queued behind nothing: sent at once, then shown streaming
+        await type_message(pilot, "five")  # queued behind nothing: sent at once, then shown streaming
         client.step(3)
         await _settle(pilot)
 
@@ -165,7 +160,7 @@ def test_conversation_list(snap_compare, tmp_path):
         for i, text in enumerate(("plan the trip", "pack the bags")):
             if i:
                 await pilot.press("ctrl+n")
-            await _say(pilot, text)
+            await type_message(pilot, text)
             client.run_to_completion()
             await wait_for(pilot, lambda: quiet(pilot.app), what="the reply")
         pilot.app.workspace.save()

@@ -9,7 +9,7 @@ import pytest
 from textual.widgets import Markdown
 from textual.widgets._markdown import MarkdownFence, MarkdownParagraph
 
-from tests.app_support import SIZE, ScriptedClient, make_app, settle, wait_for
+from tests.app_support import SIZE, ScriptedClient, make_app, settle, type_message, wait_for
 from magnitude_tui.bench.ui_cpu import CpuConfig, PacedClient, reply_tokens, run_cpu
 from magnitude_tui.screens.workspace import BACKGROUND_PAINT_S, BUSY_PANES, TYPING_MAX_HOLD_S
 from magnitude_tui.widgets.message_view import MessageView, settled_prefix
@@ -28,16 +28,11 @@ def _reply_view(pane) -> MessageView:
     return [v for v in pane.query(MessageView) if v.message.role == "assistant"][-1]
 
 
-async def _say(pilot, text: str) -> None:
-    await pilot.press(*text, "enter")
-    await pilot.pause()
-
-
 async def test_reply_streams_as_markdown_block_by_block(tmp_path):
     client = ScriptedClient(reply=_code_reply)
     app = make_app(tmp_path, client)
     async with app.run_test(size=SIZE) as pilot:
-        await _say(pilot, "how")
+        await type_message(pilot, "how")
         pane = app.workspace.grid.panes[0]
         client.step(8)  # prefill, then tokens up to inside the code block
         reply = lambda: pane._reply  # noqa: E731
@@ -133,11 +128,12 @@ async def test_background_panes_paint_less_often_while_many_stream(tmp_path):
         for i in range(BUSY_PANES + 1):
             if i:
                 await pilot.press("ctrl+n")
-            await _say(pilot, f"q{i}")
+            await type_message(pilot, f"q{i}")
         client.step(4)
         await settle(pilot)
         focused, other = ws.grid.focused_pane(), ws.grid.panes[0]
         assert focused is not other and focused.busy and other.busy
+        focused.composer.typed_at = -1.0  # not typing (the prompts were typed just now)
         ws._painted_all = time.monotonic() + 3600  # as if every pane was just painted: not due again
         client.step(2)
         await wait_for(pilot, lambda: other._reply.pending and focused.last_update.generated >= 4,
@@ -160,6 +156,28 @@ async def test_background_panes_paint_less_often_while_many_stream(tmp_path):
         focused.composer.typed_at = time.monotonic()
         await ws.paint()
         assert not other._reply.pending
+
+
+async def test_while_keys_come_not_even_the_focused_panes_text_is_painted(tmp_path):
+    # A new row of text lays out the whole screen: the frame that shows a typed key should draw
+    # only the composer, so the focused pane's text waits too (at most TYPING_MAX_HOLD_S).
+    client = ScriptedClient(reply=lambda r: " ".join(["word"] * 60))
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        ws = app.workspace
+        await _say(pilot, "q")
+        client.step(3)
+        await settle(pilot)
+        focused = ws.grid.focused_pane()
+        focused.composer.typed_at = time.monotonic() + 3600  # typing, for as long as the test needs
+        ws._painted_all = time.monotonic() + 3600  # ...and the hold is not used up
+        client.step(2)
+        await wait_for(pilot, lambda: focused._reply.pending, what="two more tokens")
+        await ws.paint()
+        assert focused._reply.pending
+        focused.composer.typed_at = -1.0  # the keys stopped
+        await ws.paint()
+        assert not focused._reply.pending
 
 
 def test_paced_client_gives_every_live_request_one_token_per_step():

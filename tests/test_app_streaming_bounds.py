@@ -9,7 +9,7 @@ import gc
 from textual.strip import Strip
 from textual.widgets import Markdown
 
-from magnitude_tui.widgets.message_view import MARKDOWN_TAIL_CHARS, MessageView, block_ends
+from magnitude_tui.widgets.message_view import MAX_MARKDOWN_CHARS, MIN_MARKDOWN_CHARS, MessageView, block_ends
 from magnitude_tui.widgets.streaming_text import StreamingText, wrapped_rows
 from tests.app_support import SIZE, ScriptedClient, make_app, settle, wait_for
 
@@ -34,12 +34,11 @@ def _reading_order(view: MessageView) -> str:
 async def test_a_long_streaming_reply_keeps_only_its_latest_blocks_as_markdown_widgets(tmp_path):
     client = ScriptedClient(reply=_many_paragraphs)
     app = make_app(tmp_path, client)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press(*"go", "enter")
         pane = app.workspace.grid.panes[0]
         await wait_for(pilot, lambda: pane.busy, what="the request")
         reply = _many_paragraphs(None).rstrip()  # as the scripted engine sends it
-        assert len(reply) > 3 * MARKDOWN_TAIL_CHARS
         widgets, folded = [], False
         while pane.busy:
             client.step(15)
@@ -47,8 +46,11 @@ async def test_a_long_streaming_reply_keeps_only_its_latest_blocks_as_markdown_w
             view = pane.query(MessageView).last()
             if view.message.role != "assistant" or view.settled:
                 continue
+            budget = view.markdown_budget()  # about what the transcript shows at once
+            assert MIN_MARKDOWN_CHARS <= budget <= MAX_MARKDOWN_CHARS
+            assert len(reply) > 3 * budget
             markdown = sum(len(piece.source) for piece in view.query_children(Markdown))
-            assert markdown <= MARKDOWN_TAIL_CHARS, "the Markdown pieces grew past their budget"
+            assert markdown <= budget, "the Markdown pieces grew past their budget"
             assert _reading_order(view) == view.message.content, "folding lost or reordered text"
             folded = folded or bool(view.query_children(".folded"))
             widgets.append(sum(1 for _ in view.walk_children()))

@@ -13,6 +13,7 @@ from magnitude_tui.bench.common import percentile, prompt_tokens
 from magnitude_tui.engine.core import Engine
 from scheduler.budget import MIN_PREFILL_QUANTUM
 from scheduler.types import AttentionPath, Request, SamplingParams, attended_kpos, used_cells_kpos
+from tests.engine_driver import close_and_assert_empty
 
 # A 2-core CPU without flash attention: every row reads every used cell (cpu2core-deep's figures).
 DEEP = HardwareProfile("deep", fixed_ms=4.3, decode_ms=6.7, prefill_ms=1000.0 / 210.0, attn_ms=4.0,
@@ -86,10 +87,7 @@ def test_target_holds_deep_in_a_context_whenever_decode_rows_and_a_quantum_fit(d
         if any(u.request_id == "new" and u.ttft_ms is not None for u in report.updates):
             break
     assert percentile(steps, 99) <= 1.1 * target, (target, sorted(steps)[-5:])
-    for sid in ("p", "new", *(f"r{i}" for i in range(4))):
-        engine.close_session(sid)
-    engine.run_until_idle()
-    assert engine.is_empty(), engine.leaks()
+    close_and_assert_empty(engine, "p", "new", *(f"r{i}" for i in range(4)))
 
 
 def _finished_burst(profile):
@@ -143,10 +141,7 @@ def test_idle_subagents_kv_is_evicted_once_it_has_cost_the_running_rows_more_tha
     assert ups[-1].done_reason.value == "length" and ups[-1].generated == 4
     assert ups[-1].cached_tokens == 2000  # the parent's prefix, shared again; its own rows recomputed
     assert rows > 0
-    for sid in ("p", *subs):
-        engine.close_session(sid)
-    engine.run_until_idle()
-    assert engine.is_empty(), engine.leaks()
+    close_and_assert_empty(engine, "p", *subs)
 
 
 def test_with_flash_attention_idle_kv_costs_nothing_and_stays():
@@ -156,10 +151,7 @@ def test_with_flash_attention_idle_kv_costs_nothing_and_stays():
     reports = _other_work(engine, backend, 12)
     assert engine.scheduler.num_evicted_for_speed == 0
     assert engine.scheduler.kv_idle() == 4 * 207 and reports
-    for sid in ("p", *subs):
-        engine.close_session(sid)
-    engine.run_until_idle()
-    assert engine.is_empty(), engine.leaks()
+    close_and_assert_empty(engine, "p", *subs)
 
 
 # A slow machine (the 2-core Xeon at 2.0 GHz: an 8-sequence decode step of ~160 ms, so a

@@ -7,7 +7,7 @@ import pytest
 from magnitude_tui.bench.common import Contention, wait_for_quiet
 from magnitude_tui.engine.core import Engine
 from scheduler.types import DoneReason, Message
-from tests.engine_driver import Driver
+from tests.engine_driver import Driver, close_and_assert_empty
 
 pytestmark = pytest.mark.slow
 
@@ -37,10 +37,7 @@ def admission_run(backend, policy: str, newcomer_tokens: list[int]):
     for r in running:
         engine.cancel(r)
     d.run_until_done("new", *running)
-    for s in ["newcomer"] + [f"r{i}" for i in range(4)]:
-        engine.close_session(s)
-    d.run_until(lambda: not engine.has_work())
-    assert engine.is_empty(), engine.leaks()
+    close_and_assert_empty(engine, "newcomer", *(f"r{i}" for i in range(4)))
     steps = [r for r in d.reports if r.t >= t_arrive and r.t <= t_first and r.prefill_rows]
     return {
         "max_gap_ms": max(max(g) for g in alive.values()),
@@ -115,9 +112,7 @@ def test_follow_up_turn_prefills_only_the_new_message(clean_llama):
     # Only the new user message plus its template scaffolding (and at most the reply's last
     # tokens, where re-tokenizing the reply differs from the sampled tokens) are prefilled.
     assert t2.prompt_total - t2.cached_tokens <= new_msg + 16
-    engine.close_session("conv")
-    d.run_until(lambda: not engine.has_work())
-    assert engine.is_empty(), engine.leaks()
+    close_and_assert_empty(engine, "conv")
 
 
 def test_forked_subagents_reuse_the_parent_prefix(clean_llama):
@@ -154,10 +149,7 @@ def test_forked_subagents_reuse_the_parent_prefix(clean_llama):
     assert all(d.seen[r].last.cached_tokens == 0 for r in colds)
     assert all(d.seen[r].last.error is None for r in forks + colds)
     assert max(fork_ttft) * 3 < max(cold_ttft)
-    for s in [f"cold{i}" for i in range(8)]:
-        engine.close_session(s)
-    d.run_until(lambda: not engine.has_work())
-    assert engine.is_empty(), engine.leaks()
+    close_and_assert_empty(engine, *(f"cold{i}" for i in range(8)))
 
 
 def test_bad_requests_fail_alone_and_the_rest_carry_on(clean_llama):
@@ -176,7 +168,4 @@ def test_bad_requests_fail_alone_and_the_rest_carry_on(clean_llama):
         assert last.done_reason is DoneReason.ERROR and last.error
     assert d.seen["good"].last.done_reason in (DoneReason.STOP, DoneReason.LENGTH)
     assert "Paris" in d.seen["good"].text
-    for s in "ghve":
-        engine.close_session(s)
-    d.run_until(lambda: not engine.has_work())
-    assert engine.is_empty(), engine.leaks()
+    close_and_assert_empty(engine, *"ghve")

@@ -11,6 +11,7 @@ from backend.simulated import PROFILES, HardwareProfile, SimulatedBackend, Virtu
 from magnitude_tui.engine.core import Engine
 from scheduler.budget import GAP_SLACK, MIN_PREFILL_QUANTUM, CostParams
 from scheduler.types import Phase, Request, SamplingParams
+from tests.engine_driver import close_and_assert_empty
 
 N_RUNNING = 8
 N_PROMPT = 8000
@@ -60,11 +61,7 @@ def _admission(policy: str) -> dict:
     for i in range(N_RUNNING):
         engine.cancel(f"run{i}")
     engine.run_until_idle()
-    for i in range(N_RUNNING):
-        engine.close_session(f"s-run{i}")
-    engine.close_session("s-new")
-    engine.run_until_idle()
-    assert engine.is_empty(), engine.leaks()
+    close_and_assert_empty(engine, *(f"s-run{i}" for i in range(N_RUNNING)), "s-new")
     return {"ttft_s": ttft, "rates": rates, "max_gap_s": max(gaps), "gaps": gaps}
 
 

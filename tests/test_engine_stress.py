@@ -11,6 +11,7 @@ from backend.protocol import DecodeOutcome
 from backend.simulated import VirtualClock
 from magnitude_tui.engine.core import Engine
 from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
+from tests.engine_driver import close_and_assert_empty
 
 
 @pytest.mark.parametrize("policy", ["prefill-first", "fixed:16", "target:40"])
@@ -61,8 +62,5 @@ def test_random_workload_never_breaks_a_contract_or_leaks(policy, seed):
     # Resident conversations (ended or cancelled) hold exactly their committed tokens, nothing staged.
     for session in engine.scheduler.sessions.values():
         assert session.is_idle and backend.kv_tokens(session.seq_id) == session.tokens
-    for sid in history:
-        engine.close_session(sid)
-    engine.run_until_idle()
-    assert engine.is_empty(), engine.leaks()
+    close_and_assert_empty(engine, *history)
     assert backend.samplers == {} and backend.kv_cells_used() == 0

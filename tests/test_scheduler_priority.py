@@ -14,6 +14,14 @@ def _with_priority(seq, priority):
     return seq
 
 
+def _two_agents_decoding(sched, kv, prompt_len: int) -> list:
+    """Two AGENT-class sequences of `prompt_len` prompt tokens, stepped until both decode."""
+    agents = [_with_priority(add(sched, f"agent{i}", prompt_len), Priority.AGENT) for i in range(2)]
+    while not all(a.is_decoding for a in agents):
+        step(sched, kv)
+    return agents
+
+
 def test_admission_takes_the_highest_class_first_and_is_fifo_within_it():
     sched, kv = make(n_seq_max=1)
     blocker = add(sched, "blocker", 8, max_tokens=2)
@@ -30,9 +38,7 @@ def test_admission_takes_the_highest_class_first_and_is_fifo_within_it():
 
 def test_a_persons_turn_never_waits_behind_agents_for_a_slot():
     sched, kv = make(n_seq_max=2)
-    agents = [_with_priority(add(sched, f"agent{i}", 8), Priority.AGENT) for i in range(2)]
-    while not all(a.is_decoding for a in agents):
-        step(sched, kv)
+    agents = _two_agents_decoding(sched, kv, 8)
     person = add(sched, "person", 8)  # INTERACTIVE by default
     plan = step(sched, kv)
     assert person.seq_id is not None and person.seq_id in rows(plan)
@@ -79,9 +85,7 @@ def test_a_persons_turn_never_waits_behind_agents_for_kv_room():
     # Slots are free but the agents' prompts and reserves hold the cache: the person's turn takes
     # the room of the newest agent instead of waiting for an agent's reply to end.
     sched, kv = make("fixed:64", n_ctx=400, n_seq_max=8, gen_reserve=32)
-    agents = [_with_priority(add(sched, f"agent{i}", 150), Priority.AGENT) for i in range(2)]
-    while not all(a.is_decoding for a in agents):
-        step(sched, kv)
+    agents = _two_agents_decoding(sched, kv, 150)
     person = add(sched, "person", 60)
     plan = step(sched, kv)
     assert person.seq_id is not None and person.seq_id in rows(plan)
@@ -94,9 +98,7 @@ def test_a_persons_turn_never_waits_behind_agents_for_kv_room():
 def test_an_agent_waits_its_turn_behind_agents_and_preempts_nobody():
     # Making way is only for a higher class: within a class the queue is first come, first served.
     sched, kv = make("fixed:64", n_ctx=400, n_seq_max=8, gen_reserve=32)
-    agents = [_with_priority(add(sched, f"agent{i}", 150), Priority.AGENT) for i in range(2)]
-    while not all(a.is_decoding for a in agents):
-        step(sched, kv)
+    agents = _two_agents_decoding(sched, kv, 150)
     late = _with_priority(add(sched, "late", 60), Priority.AGENT)
     step(sched, kv)
     assert late.seq_id is None and late.phase is Phase.QUEUED and "KV room" in late.waiting_reason

@@ -336,6 +336,24 @@ def test_another_caller_resending_a_history_reuses_its_cells(server):
     assert other.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
 
 
+def test_sampling_parameters_reach_the_engine(server):
+    sent = []
+    server.hub.on_request = lambda request, caller: sent.append(request)
+    try:
+        r = httpx.post(server.base + "/chat/completions", json={
+            "messages": [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "params"}],
+            "max_completion_tokens": 7, "max_tokens": 99, "temperature": 0.3, "top_p": 0.5, "min_p": 0.2,
+            "top_k": 9, "seed": 1234, "stop": ["zz"]})
+    finally:
+        server.hub.on_request = None
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 7
+    (request,) = sent
+    sp = request.sampling
+    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.min_p, sp.top_k, sp.seed, sp.stop) == \
+        (7, 0.3, 0.5, 0.2, 9, 1234, ("zz",))
+    assert [m.role for m in request.messages] == ["system", "user"]
+
+
 def test_api_priority_above_zero_runs_in_the_background_class(server):
     sent = []
     server.hub.on_request = lambda request, caller: sent.append(request)

@@ -52,6 +52,7 @@ def _refusals(base: str) -> list[tuple[str, dict, int, str, str | None]]:
 
 def test_every_refusal_is_openai_shaped_while_a_good_call_streams_to_its_end(server):
     text = []
+    logged = len(server.log.getvalue().splitlines())
     with httpx.stream("POST", server.base + "/chat/completions", headers=KEY, timeout=60, json={
             "messages": [{"role": "user", "content": "the good call"}], "max_tokens": GOOD_TOKENS,
             "stream": True}) as good:
@@ -73,6 +74,13 @@ def test_every_refusal_is_openai_shaped_while_a_good_call_streams_to_its_end(ser
     text += [(e["choices"][0]["delta"].get("content") or "") for e in events if e.get("choices")]
     assert "".join(text) == (DEFAULT_REPLY * (GOOD_TOKENS // len(DEFAULT_REPLY) + 1))[:GOOD_TOKENS]
     assert events[-1]["choices"][0]["finish_reason"] == "length"
+    # The headless log has a line for each refusal (who, status, code, why) and for the good call.
+    lines = server.log.getvalue().splitlines()[logged:]
+    refused = [line for line in lines if " refused " in line]
+    assert [line.split(" refused ")[1].split(":")[0] for line in refused] == \
+        [f"{status} {code}" for _, _, status, code, _ in _refusals(server.base)]
+    assert all("api@127.0.0.1" in line for line in refused)
+    assert any("  ok  " in line and f"{GOOD_TOKENS} tokens" in line for line in lines)
 
 
 class _LoadingHub:
@@ -131,13 +139,34 @@ class _RefusingClient:
 async def test_a_request_that_was_never_sent_does_not_count_as_in_flight():
     import asyncio
 
+    from textual.dom import check_identifiers
+
     from magnitude_tui.serve.hub import EngineHub
     from scheduler.types import Message, Request, SamplingParams
 
     hub = EngineHub(_RefusingClient())
     session = hub.session_for("api@10.0.0.7")
-    assert session.rsplit("-", 1)[-1] == "api_10_0_0_7"  # a valid widget id: it names the caller's pane
+    assert "-api_10_0_0_7-" in session
+    check_identifiers("id", f"pane-{session}")  # a valid widget id: it names the caller's pane
     request = Request("r1", session, (Message("user", "hi"),), SamplingParams(max_tokens=2))
     with pytest.raises(RuntimeError):
         hub.submit(request, asyncio.Queue(), client_name="api@10.0.0.7")
     assert hub.num_live == 0 and hub.session_for("api@10.0.0.7") == session
+
+
+def test_callers_whose_names_differ_only_in_replaced_characters_keep_their_own_conversations():
+    # Session ids keep ASCII letters, digits, '-' and '_' (they name panes); two callers whose names
+    # differ only in what is replaced must still not share one conversation, nor under --serve one
+    # pane (the second caller's messages were added to the first caller's pane).
+    from textual.dom import check_identifiers
+
+    from magnitude_tui.serve.hub import EngineHub
+
+    hub = EngineHub(_RefusingClient())
+    names = ["张三", "李四", "a.b", "a_b", "api@10.0.0.7", "x" * 40 + "1", "x" * 40 + "2", "alice"]
+    sessions = [hub.session_for(name) for name in names]
+    assert len(set(sessions)) == len(names), sessions
+    for session in sessions:
+        check_identifiers("id", f"pane-{session}")
+    assert sessions[-1].endswith("-alice")  # a name kept whole is its own slug
+    assert hub.session_for("张三") == sessions[0]  # the same caller, the same conversation

@@ -13,6 +13,7 @@ from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions
 from magnitude_tui.serve.server import EmbeddedServer
 from magnitude_tui.store import Store
+from magnitude_tui.widgets.pane_grid import MAX_PANES
 from magnitude_tui.widgets.status_line import StatusLine
 from scheduler.types import Phase, SamplingParams
 from tests.app_support import SIZE, wait_for
@@ -125,10 +126,33 @@ async def test_a_caller_without_a_user_is_titled_by_its_address_and_n_choices_by
             # The pane says how much of the prompt came from the cache, as the reply's usage does.
             await wait_for(pilot, lambda: api[0].last_update is not None and api[0].last_update.phase is Phase.DONE
                            and api[0].last_update.cached_tokens == cached, what="the second turn's last update")
-            assert f"({cached} cached)" in StatusLine.metrics_text(api[0].last_update)
+            shown = StatusLine.metrics_text(api[0].last_update)
+            assert f"({cached} cached)" in shown
+            assert all(figure in shown for figure in ("TTFT ", " tok/s", "ITL p95 ")), shown
             r = await http.post("/chat/completions", json={
                 "messages": [{"role": "user", "content": "three ways " * 10}], "max_tokens": 4, "n": 3,
                 "user": "forker"})
             assert len(r.json()["choices"]) == 3
         names = sorted(p.record.name for p in app.workspace.grid.panes if p.record.role == "api")
         assert names == ["api@127.0.0.1", "forker", "forker#2", "forker#3"]
+
+
+async def test_conversations_beyond_a_full_grid_are_listed_in_the_sequences_panel(tmp_path):
+    import asyncio
+
+    app, base = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.workspace.engine_ready, what="EngineReady")
+        panel = app.workspace.sequences_panel
+        panel.clock = lambda: 0.0  # finished rows stay listed until they are read
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            replies = await asyncio.gather(*(http.post("/chat/completions", json={
+                "messages": [{"role": "user", "content": f"caller {i}"}], "max_tokens": 10, "user": f"u{i}"})
+                for i in range(17)))
+        assert [r.status_code for r in replies] == [200] * 17
+        panes = app.workspace.grid.panes
+        assert len(panes) == MAX_PANES and len([p for p in panes if p.record.role == "api"]) == MAX_PANES - 1
+        await wait_for(pilot, lambda: {r.name for r in panel._rows.values()} >= {f"u{i}" for i in range(17)},
+                       what="a row for every caller")
+        unpaned = [r for r in panel._rows.values() if r.name not in {p.record.name for p in panes}]
+        assert len(unpaned) == 2 and all(r.update.phase is Phase.DONE for r in unpaned)

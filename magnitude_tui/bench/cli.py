@@ -23,6 +23,12 @@ DeviceOpt = typer.Option("cpu", "--device", "-d", help="auto | cpu | vulkan | vu
 ThreadsOpt = typer.Option(None, "--threads", "-t", help="CPU threads (default: all cores).")
 OutOpt = typer.Option(Path("results"), "--out", help="Directory for the JSON, Markdown and PNG files.")
 CtxOpt = typer.Option(None, "--ctx", help="Context size (default: 8192 real, 65536 simulated; fork/throughput: enough for the work).")
+BackendOpt = typer.Option("llama", "--backend", "-b", help="llama or simulated:<profile>.")
+# The commands that time single sequences deep in a context run one thread by default: the app's
+# engine on a 2-core machine, and the only count --cpu-clock can time.
+OneThreadOpt = typer.Option(1, "--threads", "-t", help="CPU threads (default 1: the app's engine on 2 cores).")
+CpuClockOpt = typer.Option(False, "--cpu-clock", help="Time in CPU seconds of the engine's process (one "
+                           "thread only): the work done, whatever else a shared machine runs.")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -91,7 +97,7 @@ def admit(
 
 @bench_app.command("prefill-curve")
 def prefill_curve(
-    backend: str = typer.Option("llama", "--backend", "-b", help="llama or simulated:<profile>."),
+    backend: str = BackendOpt,
     chunks: str = typer.Option(",".join(str(2 ** i) for i in range(12)), "--chunks", help="Prompt rows per step."),
     decode_rows: int = typer.Option(8, "--decode-rows", help="Decode rows beside the chunk in the second series."),
     seqs: str = typer.Option("1,2,4,8,12,16", "--seqs", help="Batch widths for the decode step curve."),
@@ -146,7 +152,7 @@ def throughput(
                                  "or auto (bench spec measures draft)", param_hint="--spec")
     cfg = ThroughputConfig(seqs=_ints(seqs), prompt=prompt, gen=gen, reps=reps, policies=tuple(policy),
                            peers=chosen, require_tools=require_tools, profile=profile, cpu_clock=cpu_clock,
-                           spec=spec_mode.value)
+                           spec=spec_mode)
     try:
         result = run_throughput(_spec("llama", model, device, threads, ctx), cfg, progress=_progress)
     except PeerError as e:
@@ -214,7 +220,7 @@ def fork(
     gen: int = typer.Option(8, "--gen", help="Tokens each subagent generates."),
     policy: str = typer.Option("target:50", "--policy", "-p"),
     reps: int = typer.Option(1, "--reps"),
-    backend: str = typer.Option("llama", "--backend", "-b", help="llama or simulated:<profile>."),
+    backend: str = BackendOpt,
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
@@ -251,11 +257,9 @@ def burst(
     policy: List[str] = typer.Option(list(("target:50", "prefill-first", "fixed:2048", "target-v1:50")),
                                      "--policy", "-p", help="Policies to compare; repeatable."),
     flash: str = typer.Option("off,on", "--flash", help="Flash-attention settings to run (off,on)."),
-    backend: str = typer.Option("llama", "--backend", "-b", help="llama or simulated:<profile>."),
+    backend: str = BackendOpt,
     model: Optional[str] = ModelOpt, device: str = DeviceOpt,
-    threads: int = typer.Option(1, "--threads", "-t", help="CPU threads (default 1: the app's engine on 2 cores)."),
-    cpu_clock: bool = typer.Option(False, "--cpu-clock", help="Time in CPU seconds of the engine's process (one "
-                                   "thread only): the work done, whatever else a shared machine runs."),
+    threads: int = OneThreadOpt, cpu_clock: bool = CpuClockOpt,
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
     """N subagents forked from a long conversation at once: TTFT, ITL and decode step at depth, every policy."""
@@ -276,11 +280,9 @@ def target_depth(
     n_running: int = typer.Option(4, "--n-running", help="Sequences generating when the newcomer arrives."),
     newcomer: int = typer.Option(1000, "--newcomer", help="Tokens of the prompt that arrives behind them."),
     target: float = typer.Option(50.0, "--target", help="target:MS wherever the decode rows plus a quantum fit in it."),
-    backend: str = typer.Option("llama", "--backend", "-b", help="llama or simulated:<profile>."),
+    backend: str = BackendOpt,
     model: Optional[str] = ModelOpt, device: str = DeviceOpt,
-    threads: int = typer.Option(1, "--threads", "-t", help="CPU threads (default 1: the app's engine on 2 cores)."),
-    cpu_clock: bool = typer.Option(False, "--cpu-clock", help="Time in CPU seconds of the engine's process (one "
-                                   "thread only): the work done, whatever else a shared machine runs."),
+    threads: int = OneThreadOpt, cpu_clock: bool = CpuClockOpt,
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
     """Does target:MS hold its target deep in a context? p50/p99 step against the target per depth."""

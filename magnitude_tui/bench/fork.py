@@ -9,6 +9,7 @@ from backend.factory import BackendConfig, build_backend
 from magnitude_tui.bench.common import (BenchResult, FixedLength, backend_clock, backend_info,
                                         machine_info, measured, median, prompt_tokens, reset_kv, rnd)
 from magnitude_tui.engine.core import Engine
+from scheduler.budget import parse_policy
 from scheduler.types import Request, SamplingParams
 
 
@@ -75,7 +76,7 @@ def _one(backend, clock, cfg: ForkConfig, mode: str, parent: tuple[int, ...], ta
     fork from it; (cold) the same N full prompts from nothing."""
     reset_kv(backend)
     engine = Engine(FixedLength(backend), policy=cfg.policy, coalesce_ms=0.0, gen_reserve=cfg.gen)
-    if cfg.policy.startswith("target"):
+    if parse_policy(cfg.policy).target_ms is not None:
         engine.calibrate()
     parent_run = None
     if mode == "forked":

@@ -201,7 +201,8 @@ def plot_serve(result: BenchResult, path: Path) -> None:
     ax1.set_xlabel("concurrent HTTP clients")
     ax1.set_ylabel("aggregate generated tok/s")
     ax1.grid(True, alpha=0.3)
-    ax1.legend()
+    if rows:  # --parts without clients: an empty panel, no legend to draw
+        ax1.legend()
     prio = result.tables.get("a person's turn behind agents", [])
     if prio:
         labels = ["idle engine"] + [r["mode"] for r in prio]

@@ -11,8 +11,8 @@ import time
 from dataclasses import asdict, dataclass
 
 from magnitude_tui.bench.common import BenchResult, machine_info, median, percentile, rnd
-from magnitude_tui.engine.events import EngineFailed, EngineReady
 from magnitude_tui.engine.protocol import EngineClient, seq_updates
+from magnitude_tui.engine.waiting import wait_ready
 from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate
 
 TOPICS = ("the sea", "a mountain town", "a lighthouse keeper", "an old library", "a winter market",
@@ -34,17 +34,6 @@ def _requests(n: int, cfg: RemoteBenchConfig, tag: str) -> list[Request]:
     return [Request(f"{tag}-{i}", f"{tag}-s{i}",
                     (Message("user", f"Write a long, detailed story about {TOPICS[i % len(TOPICS)]}."),),
                     sampling) for i in range(n)]
-
-
-def wait_ready(client: EngineClient, timeout_s: float) -> EngineReady:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for event in client.poll_events(0.5) or ():
-            if isinstance(event, EngineReady):
-                return event
-            if isinstance(event, EngineFailed):
-                raise RuntimeError(event.message)
-    raise RuntimeError(f"the engine was not ready within {timeout_s:g} s")
 
 
 def run_burst(client: EngineClient, requests: list[Request], timeout_s: float) -> dict:

@@ -91,10 +91,15 @@ def story(i: int, words: int = 0) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
+def burst_prompt(rep: int, n: int, i: int) -> list[dict]:
+    """Call `i` of a burst of `n` in repetition `rep`: numbered per repetition, width and call (each
+    under 1,000), so no call of a run finds another's prompt in the server's cache."""
+    return story((rep * 1000 + n) * 1000 + i)
+
+
 async def _burst(url: str, n: int, gen: int, rep: int = 0) -> list[Call]:
-    # Numbered per width and repetition, so no call finds another's prompt in the cache.
     async with httpx.AsyncClient(base_url=url, timeout=600) as http:
-        return list(await asyncio.gather(*(stream_call(http, story(1000 * rep + 100 * n + i), gen)
+        return list(await asyncio.gather(*(stream_call(http, burst_prompt(rep, n, i), gen)
                                            for i in range(n))))
 
 
@@ -139,7 +144,8 @@ def run_serve_bench(cfg: ServeBenchConfig, *, model: str | None, progress=print)
         peer = None
     config = EngineConfig(BackendConfig(model=model, device="cpu", n_ctx=cfg.n_ctx, n_seq_max=16,
                                         n_threads=cfg.threads), auto_threads=False)  # as the peer's
-    with (serve_in_thread(config, ServeOptions(), in_process=False) if "serve" in cfg.peers
+    http_parts = {"clients", "admission"} & set(cfg.parts)  # the priority part runs its own engine
+    with (serve_in_thread(config, ServeOptions(), in_process=False) if "serve" in cfg.peers and http_parts
           else _no_server()) as s:
         if "clients" in cfg.parts:
             for rep in range(cfg.reps):
@@ -163,7 +169,7 @@ def run_serve_bench(cfg: ServeBenchConfig, *, model: str | None, progress=print)
                 admission.append(peer.admission())
     if "clients" in cfg.parts:
         result.tables["concurrent clients"] = rows
-        _ratios(result, rows)
+        serve_ratios(result, rows)
     if "admission" in cfg.parts:
         result.tables["a long prompt arrives over HTTP while 8 stream"] = admission
     if "serve" in cfg.peers and "priority" in cfg.parts:
@@ -208,7 +214,7 @@ class _LlamaServerPeer:
                                              cfg.gen * 3, cfg.admit_prompt_words))}
 
 
-def _ratios(result: BenchResult, rows: list[dict]) -> None:
+def serve_ratios(result: BenchResult, rows: list[dict]) -> None:
     """serve ÷ llama-server aggregate tok/s per width: each repetition's, and their median."""
     for n in sorted({r["clients"] for r in rows}):
         ratios = []

@@ -42,15 +42,15 @@ class _Run:
 def run_priority(cfg, *, model: str | None, progress=print) -> list[dict]:
     from backend.factory import BackendConfig
     from magnitude_tui.engine.client import WorkerClient
-    from magnitude_tui.engine.events import EngineConfig, EngineReady
+    from magnitude_tui.engine.events import EngineConfig
+    from magnitude_tui.engine.waiting import wait_ready
 
     client = WorkerClient(EngineConfig(BackendConfig(model=model, device="cpu", n_ctx=cfg.n_ctx, n_seq_max=16,
                                                      n_threads=cfg.threads), auto_threads=False))
     client.start()
     rows = []
     try:
-        while not any(isinstance(e, EngineReady) for e in (client.poll_events(timeout=300) or [])):
-            pass
+        wait_ready(client, 300)  # EngineStartFailed with the reason if the model does not load
         # ~50 tokens with the template; each run's texts start differently, so no run reuses
         # another's KV (admission shares any idle conversation's prefix).
         person_text = _words(40, 3) + " What is the keeper's job?"

@@ -13,6 +13,8 @@ from magnitude_tui.bench import peers
 from magnitude_tui.bench.common import (CPU_CLOCK, BenchResult, FixedLength, backend_info, machine_info,
                                         measured, median, prompt_tokens, reset_kv, rnd)
 from magnitude_tui.engine.core import Engine
+from scheduler.budget import parse_policy
+from scheduler.speculation import SpecMode
 from scheduler.types import Request, SamplingParams
 
 PEERS = ("batched-bench", "server", "serial")
@@ -35,11 +37,11 @@ class ThroughputConfig:
     cpu_clock: bool = False
     # The engine's --spec: off by default, so its rows are the work llama.cpp's tools do (none of
     # them speculates); auto shows what drafting adds or costs on the same runs.
-    spec: str = "off"
+    spec: SpecMode = SpecMode.OFF
 
 
 def engine_run(backend, prompts: list[tuple[int, ...]], gen: int, policy: str, cpu_clock: bool = False,
-               spec: str = "off") -> dict:
+               spec: SpecMode = SpecMode.OFF) -> dict:
     """All prompts submitted at once, run to the end; wall time (or CPU time, `cpu_clock`) plus
     per-step Python vs native time."""
     reset_kv(backend)
@@ -47,7 +49,7 @@ def engine_run(backend, prompts: list[tuple[int, ...]], gen: int, policy: str, c
     view = FixedLength(backend, clock)
     engine = Engine(view, policy=policy, coalesce_ms=0.0, gen_reserve=gen, clock=clock, spec=spec)
     now = clock or time.perf_counter
-    if policy.startswith("target"):
+    if parse_policy(policy).target_ms is not None:
         engine.calibrate()
     view.decode_ms.clear()
     sampling = SamplingParams(temperature=0.0, max_tokens=gen)
@@ -241,6 +243,6 @@ def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: Through
         "others_cores: cores other processes kept busy during a measurement (a shared machine); one over 0.25 "
         "was measured again, up to twice, after waiting for the machine to go quiet",
         "Llama serial = llama-cpp-python's high-level Llama.generate, one request after another",
-        f"the engine's --spec: {cfg.spec}" + (" (no drafts: the work every peer does)" if cfg.spec == "off" else
+        f"the engine's --spec: {cfg.spec.value}" + (" (no drafts: the work every peer does)" if cfg.spec is SpecMode.OFF else
                                               " (drafts verified in the batch; no peer speculates)"),
     ]

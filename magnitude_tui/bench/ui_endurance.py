@@ -61,7 +61,7 @@ class FloodClient(PacedClient):
             if self._flood_t0 is None:
                 self._flood_t0 = t
             owed = round((t - self._flood_t0) * self.step_hz * self.burst) + self.burst - self.flood_sent
-            n = max(self.burst, min(owed, self.flood - self.flood_sent))
+            n = min(max(self.burst, owed), self.flood - self.flood_sent)  # never past the flood
             words = [self.words[(self.flood_sent + i) % len(self.words)] for i in range(n)]
             self.flood_sent += n
             u.text_delta += "".join(words)

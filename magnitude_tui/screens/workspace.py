@@ -195,24 +195,27 @@ class WorkspaceScreen(Screen):
         that changed, every widget level in it: a frame in which panes all over the grid changed
         costs about a full redraw, so panes painted together share one frame. The focused pane is
         painted on every tick; the others too while at most BUSY_PANES panes
-        stream, else every BACKGROUND_PAINT_S, and not within TYPING_S of a keypress (the frame
-        that shows the typed key stays small). A pane whose reply ended is painted at once (its
-        ending posts ReplyFinished), and a pane hidden by zoom only then.
+        stream, else every BACKGROUND_PAINT_S. Within TYPING_S of a keypress no pane's text is
+        painted, the focused one's neither (for at most TYPING_MAX_HOLD_S): a new row of text lays
+        out the whole screen, and the frame that shows the typed key should only draw the
+        composer. A pane whose reply ended is painted at once (its ending posts ReplyFinished),
+        and a pane hidden by zoom only then.
         """
         panes = [p for p in self._panes.values() if p.is_mounted]
         now = time.monotonic()
         everyone = sum(p.busy for p in panes) <= BUSY_PANES or now - self._painted_all >= BACKGROUND_PAINT_S
         focused = self.grid.focused_pane()
         typed_at = focused.composer.typed_at if focused is not None else -1.0
-        if now - typed_at < TYPING_S and now - self._painted_all < TYPING_MAX_HOLD_S:
-            everyone = False  # the frame that shows a typed key should not also redraw the grid
+        typing = now - typed_at < TYPING_S and now - self._painted_all < TYPING_MAX_HOLD_S
+        if typing:
+            everyone = False  # the frame that shows a typed key should not also lay out the grid
         if everyone:
             self._painted_all = now
         with self.app.batch_update():
             for pane in panes:
                 if not pane.is_mounted:  # closed while an earlier pane was being painted
                     continue
-                if pane.has_ended or ((everyone or pane is focused) and pane.display):
+                if pane.has_ended or ((everyone or (pane is focused and not typing)) and pane.display):
                     await pane.flush()
 
     # ---- engine events ------------------------------------------------------------------------

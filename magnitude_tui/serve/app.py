@@ -37,17 +37,20 @@ class Outcome(str, Enum):
     OK = "ok"
     ERROR = "error"  # a choice failed while generating
     CANCELLED = "cancelled"  # the client hung up
-    REFUSED = "refused"  # answered with an error before anything ran
 
 
 def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
-               on_finish: Callable[[Completion, Outcome], None] | None = None) -> FastAPI:
+               on_finish: Callable[[Completion, Outcome], None] | None = None,
+               on_refused: Callable[[str, OpenAIError], None] | None = None) -> FastAPI:
     """The HTTP app over one engine hub. `on_finish(completion, outcome)` is called once per call
-    (log lines in the headless server)."""
+    that ran, `on_refused(caller address, error)` once per call answered with an error before
+    anything ran (log lines in the headless server; /health is not a call)."""
     api = FastAPI(title="magnitude-tui", docs_url=None, redoc_url=None, openapi_url=None)
 
     @api.exception_handler(OpenAIError)
-    async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+    async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
+        if on_refused is not None and request.url.path != "/health":
+            on_refused(_address(request), exc)
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
 
     @api.get("/health")
@@ -73,13 +76,9 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
         if hub.num_live + call.n > options.max_live:
             raise OpenAIError(429, f"too many requests in flight ({hub.num_live} of {options.max_live}); "
                               "retry shortly", ErrorType.RATE_LIMIT, "queue_full", retry_after_s=1)
-        client_name = call.user or (f"api@{request.client.host}" if request.client else "api")
-        completion = Completion(hub, call, client_name=client_name)
+        completion = Completion(hub, call, client_name=call.user or _address(request))
         try:
             await completion.start()
-        except OpenAIError:
-            _finish(completion, Outcome.REFUSED)
-            raise
         except asyncio.CancelledError:
             completion.cancel()
             raise
@@ -88,11 +87,11 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
                                        headers={"Cache-Control": "no-cache"})
         return await _whole(request, completion, options, on_finish)
 
-    def _finish(completion: Completion, outcome: Outcome) -> None:
-        if on_finish is not None:
-            on_finish(completion, outcome)
-
     return api
+
+
+def _address(request: Request) -> str:
+    return f"api@{request.client.host}" if request.client else "api"
 
 
 def _not_ready(hub: EngineHub) -> OpenAIError:
@@ -183,7 +182,9 @@ async def _whole(request: Request, completion: Completion, options: ServeOptions
     if on_finish is not None:
         on_finish(completion, Outcome.ERROR if failed else Outcome.OK)
     if failed and len(failed) == len(completion.choices):
-        raise OpenAIError(500, failed[0].error or "generation failed", ErrorType.SERVER, "generation_failed")
+        # Answered here, not raised: the call ran (its log line is written), it was not refused.
+        error = OpenAIError(500, failed[0].error or "generation failed", ErrorType.SERVER, "generation_failed")
+        return JSONResponse(error.body(), status_code=error.status)
     return JSONResponse({
         "id": completion.id, "object": "chat.completion", "created": int(time.time()),
         "model": options.model_name,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 from enum import Enum
@@ -87,6 +88,11 @@ class EngineHub:
         # pane, and a widget id with '@' or '.' (a caller's address) is refused by the TUI.
         slug = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_") else "_"
                        for ch in client_name)[:40] or "anon"
+        if slug != client_name:
+            # Characters were replaced or cut: callers whose names differ only there ("a.b" and
+            # "a_b", or any two non-ASCII names of one length) must not share a conversation, nor
+            # under --serve a pane, so the full name's digest goes with it.
+            slug += "-" + hashlib.blake2s(client_name.encode(), digest_size=4).hexdigest()
         base, k = f"http-{self._run}-{slug}", 1
         session = base
         while session in self._live_sessions:

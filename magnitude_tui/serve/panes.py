@@ -8,19 +8,21 @@ from magnitude_tui.serve.hub import EngineHub
 from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.pane_grid import MAX_PANES
-from scheduler.types import Request
+from scheduler.types import Phase, Request, StepReport
 
 
 class ApiPanes:
     """Opens a pane per HTTP conversation (titled by the request's `user`, else the caller's
     address) and starts each request in it, so its phase, TTFT, tok/s and ITL show like any pane's;
-    closing the pane cancels the request. A caller's next request continues in the same pane."""
+    closing the pane cancels the request. A caller's next request continues in the same pane.
+    Once the grid is full, a conversation still gets its row in the sequences panel."""
 
     def __init__(self, hub: EngineHub, workspace) -> None:
         self.hub = hub
-        self.workspace = workspace  # needs: panes_by_session(), open_pane(pane), grid
+        self.workspace = workspace  # needs: panes_by_session(), open_pane(pane), sequences_panel
         hub.on_request = self.on_request
         self._tasks: set[asyncio.Task] = set()
+        self._unpaned: dict[str, str] = {}  # session -> caller name, while its request runs
 
     def on_request(self, request: Request, client_name: str) -> None:
         ws = self.workspace
@@ -31,13 +33,14 @@ class ApiPanes:
         incoming = [MessageRecord(m.role, m.content) for m in request.messages]
         if pane is None:
             if len(panes) >= MAX_PANES:
-                return  # the grid is full: the request runs without a pane
+                self._unpaned[request.session_id] = client_name  # the grid is full: a row only
+                return
             taken = {p.record.name for p in panes.values()}
             name, k = client_name, 1
             while name in taken:  # the same caller with several conversations at once, or n > 1
                 k += 1
                 name = f"{client_name}#{k}"
-            record = PaneRecord(request.session_id, name, "api", None, client_name, len(ws.grid.panes), incoming)
+            record = PaneRecord(request.session_id, name, "api", None, client_name, len(panes), incoming)
             pane = ChatPane(record)
             self._track(ws.open_pane(pane))
         else:
@@ -49,6 +52,20 @@ class ApiPanes:
             for message in incoming[known:]:
                 self._track(asyncio.ensure_future(pane.add_message(message)))
         pane.begin_request(request.request_id)
+
+    def show_unpaned(self, batch: list) -> None:
+        """List the requests that have no pane in the sequences panel (the workspace lists only the
+        sessions of its panes), until each ends."""
+        if not self._unpaned:
+            return
+        for event in batch:
+            for update in event.updates if isinstance(event, StepReport) else ():
+                name = self._unpaned.get(update.session_id)
+                if name is None:
+                    continue
+                self.workspace.sequences_panel.apply(update, name, event.t)
+                if update.phase is Phase.DONE:
+                    del self._unpaned[update.session_id]
 
     def _track(self, task: asyncio.Future) -> None:
         self._tasks.add(task)

@@ -10,6 +10,7 @@ from typing import TextIO
 
 from magnitude_tui.serve.app import Outcome, ServeOptions, create_app
 from magnitude_tui.serve.completion import Completion
+from magnitude_tui.serve.errors import OpenAIError
 from magnitude_tui.serve.hub import EngineHub
 
 API_KEY_ENV = "MAGNITUDE_API_KEY"
@@ -31,6 +32,11 @@ def check_bind(host: str, api_key: str | None) -> None:
         raise ServeConfigError(
             f"refusing to serve on {host} without an API key: other machines could use this engine. "
             f"Pass --api-key KEY or set {API_KEY_ENV}, or bind 127.0.0.1")
+
+
+def refusal_line(caller: str, error: OpenAIError) -> str:
+    """One line per call answered with an error before it ran (401, 400, 413, 429, 503)."""
+    return f"{caller}  refused {error.status} {error.code}: {error.message}"
 
 
 def log_line(completion: Completion, outcome: Outcome) -> str:
@@ -63,7 +69,9 @@ async def serve_async(client, *, host: str, port: int, options: ServeOptions, ou
     import uvicorn
 
     hub = hub or EngineHub(client)
-    api = create_app(hub, options, on_finish=lambda c, o: print(f"[serve] {log_line(c, o)}", file=out, flush=True))
+    api = create_app(hub, options,
+                     on_finish=lambda c, o: print(f"[serve] {log_line(c, o)}", file=out, flush=True),
+                     on_refused=lambda who, e: print(f"[serve] {refusal_line(who, e)}", file=out, flush=True))
     config = uvicorn.Config(api, host=host, port=port, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     pump = asyncio.create_task(hub.run())
@@ -152,3 +160,5 @@ class EmbeddedServer:
 
     def dispatch(self, batch: list) -> None:
         self.hub.dispatch(batch)
+        if self.panes is not None:
+            self.panes.show_unpaned(batch)

@@ -13,6 +13,7 @@ import asyncio
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
 from magnitude_tui.store import MessageRecord
@@ -24,13 +25,15 @@ from magnitude_tui.widgets.streaming_text import StreamingText
 # seven streaming ones (`bench soak --only ui-endurance`), keys took seconds to reach the screen
 # and the finished reply froze the app while it was parsed.
 LONG_REPLY_CHARS = 16_000
-# A streaming reply keeps at most this many characters of finished blocks as Markdown widgets (the
-# latest ones, a screenful or two); older finished blocks are folded into one StreamingText above
+# A streaming reply keeps only its latest finished blocks as Markdown widgets: about as many
+# characters as its transcript shows at once (cells of the viewport), at least MIN_MARKDOWN_CHARS
+# and at most MAX_MARKDOWN_CHARS; older finished blocks are folded into one StreamingText above
 # them. Every Markdown block is a few widgets, and each frame that lays out (a new row, a new
 # block) walks every widget on the screen: with eight replies streaming for long, their per-block
 # widgets made each layout cost hundreds of milliseconds and grew the app's memory. The folded
 # text keeps the light styling, and is parsed as Markdown with the rest when the reply ends.
-MARKDOWN_TAIL_CHARS = 2_000
+MIN_MARKDOWN_CHARS = 600
+MAX_MARKDOWN_CHARS = 6_000
 
 
 class MessageView(Vertical):
@@ -130,18 +133,19 @@ class MessageView(Vertical):
 
     async def _add_finished(self, finished: str, *, before: StreamingText) -> None:
         """Finished blocks become a Markdown widget of their own, parsed once; what would take the
-        Markdown pieces past MARKDOWN_TAIL_CHARS goes to the folded head, oldest first."""
+        Markdown pieces past the budget (`markdown_budget`) goes to the folded head, oldest first."""
+        budget = self.markdown_budget()
         pieces = list(self.query_children(Markdown))
         # The latest blocks of `finished` that fit the budget stay Markdown; a block longer than
         # the budget on its own is folded at once.
         keep_from = next((end for end in [0, *block_ends(finished)]
-                          if len(finished) - end <= MARKDOWN_TAIL_CHARS), len(finished))
+                          if len(finished) - end <= budget), len(finished))
         if keep_from:
             fold = pieces  # the head stays ahead of every piece, in reading order
         else:
             sizes = [len(piece.source) for piece in pieces]
             total, n_fold = sum(sizes) + len(finished), 0
-            while n_fold < len(pieces) and total > MARKDOWN_TAIL_CHARS:
+            while n_fold < len(pieces) and total > budget:
                 total -= sizes[n_fold]
                 n_fold += 1
             fold = pieces[:n_fold]
@@ -157,6 +161,12 @@ class MessageView(Vertical):
                 await self.remove_children(fold)
         if keep_from < len(finished):
             await self.mount(Markdown(finished[keep_from:]), before=before)
+
+    def markdown_budget(self) -> int:
+        """Characters of finished blocks this reply keeps as Markdown widgets while it streams."""
+        viewport = self.parent.size if isinstance(self.parent, Widget) else None
+        shown = viewport.width * viewport.height if viewport else 0
+        return max(MIN_MARKDOWN_CHARS, min(MAX_MARKDOWN_CHARS, shown))
 
     async def finish(self, note: str | None = None) -> None:
         """The reply ended: its body becomes Markdown (parsed once), with a note (an error) if any."""
