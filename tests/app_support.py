@@ -1,4 +1,5 @@
-"""Provides ScriptedClient, an EngineClient stepped by the test, for deterministic UI tests."""
+"""Provides ScriptedClient, an EngineClient stepped by the test, and the app-test helpers built on it
+(make_app, scripted_app, type_message, one_turn, queued_behind_a_reply, wait_for, settle)."""
 
 from __future__ import annotations
 

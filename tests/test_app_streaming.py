@@ -165,7 +165,7 @@ async def test_while_keys_come_not_even_the_focused_panes_text_is_painted(tmp_pa
     app = make_app(tmp_path, client)
     async with app.run_test(size=SIZE) as pilot:
         ws = app.workspace
-        await _say(pilot, "q")
+        await type_message(pilot, "q")
         client.step(3)
         await settle(pilot)
         focused = ws.grid.focused_pane()

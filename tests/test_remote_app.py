@@ -76,6 +76,8 @@ async def test_remote_subagents_send_the_parents_conversation_and_show_the_serve
                 assert body["messages"][:2] == parent_turn and "list one risk" in body["messages"][-1]["content"]
             for child in ws.grid.panes[1:]:
                 assert child.last_update.cached_tokens == 7
-                assert "(7 cached)" in str(child.query_one(StatusLine).query_one(".metrics").content)
+                # The status line shows it from the next paint after the update (not at once).
+                await wait_for(pilot, lambda c=child: "(7 cached)" in str(
+                    c.query_one(StatusLine).query_one(".metrics").content), what="the server's cached tokens shown")
             # New conversations go to the least-loaded server: the two subagents do not share one.
             assert {c.last_update.endpoint for c in ws.grid.panes[1:]} == {one.url, two.url}

@@ -133,7 +133,7 @@ def test_a_parsed_policy_names_its_kind_as_an_enum(text, kind, target):
     policy = parse_policy(text)
     assert policy.kind is kind and policy.target_ms == target
     assert parse_policy(str(policy)) == policy
-    assert policy_target_ms(text) == (target if kind is PolicyKind.TARGET else None)
+    assert policy_target_ms(text) == target
 
 
 def test_backends_are_built_only_by_the_factory():

@@ -146,7 +146,7 @@ def flood(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
     from backend.fake import FakeBackend
     from backend.simulated import VirtualClock
     from magnitude_tui.engine.core import Engine
-    from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
+    from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, SeqUpdate
 
     failures: list[str] = []
     queue_steps: list[int] = []
@@ -157,7 +157,7 @@ def flood(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
             engine.submit(Request(f"r{i:02}", f"s{i:02}", (Message("user", "word " * (5 + (i * 7) % 40)),),
                                   SamplingParams(max_tokens=8)))
         first: dict[str, int] = {}
-        last: dict[str, object] = {}
+        last: dict[str, SeqUpdate] = {}
         for k, report in enumerate(engine.run_until_idle()):
             for u in report.updates:
                 last[u.request_id] = u
@@ -168,7 +168,7 @@ def flood(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
         order = [first.get(f"r{i:02}", 10**9) for i in range(64)]
         if order != sorted(order):
             failures.append(f"round {round_no}: not first come first served: {order}")
-        if any(getattr(u, "done_reason", None) is not DoneReason.LENGTH for u in last.values()) or len(last) != 64:
+        if any(u.done_reason is not DoneReason.LENGTH for u in last.values()) or len(last) != 64:
             failures.append(f"round {round_no}: not every request completed")
         queue_steps += order
         for i in range(64):

@@ -10,7 +10,7 @@ from textual.widget import Widget
 
 from magnitude_tui.engine.events import EndpointsReport
 from magnitude_tui.widgets.format import fmt_ms, fmt_rate, spark
-from scheduler.budget import PolicyKind, parse_policy
+from scheduler.budget import parse_policy
 from scheduler.types import Phase, SeqUpdate, StepReport
 
 HISTORY = 120
@@ -19,12 +19,12 @@ _LABEL = 8  # width of the left-hand labels
 
 
 def policy_target_ms(policy: str) -> float | None:
-    """The target step time a "target:MS" policy asks for (None for token-count policies)."""
+    """The step time a target policy (target:MS, target-v1:MS) aims at; None for token-count
+    policies and for text that is no policy."""
     try:
-        parsed = parse_policy(policy)
+        return parse_policy(policy).target_ms
     except ValueError:
         return None
-    return parsed.value if parsed.kind is PolicyKind.TARGET else None
 
 
 def _percentile(values: list[float], q: float) -> float | None:
