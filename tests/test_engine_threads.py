@@ -176,6 +176,27 @@ def test_a_change_of_load_lifts_the_bar_on_a_plainly_worse_count() -> None:
     assert min(t for t, n in used if n == 2) - quiet_from < 3.0
 
 
+def test_a_shift_in_the_load_lifts_the_bar_even_where_it_suggests_the_same_count() -> None:
+    """Two cores: one busy process made a probe of 2 threads cost 4x a step, so 2 was barred; then a
+    second busy process arrives. Both loads suggest 1 thread, yet beside one busy process per core
+    2 threads win: the shift must re-measure 2 now, not once the old probe's cost is paid back."""
+    load = ScriptedLoad(1.0)
+    gov = ThreadGovernor(start=1, max_threads=2, load=load)
+    second_from = 60.0
+
+    def ratio(n: int, t: float) -> float:
+        if t < second_from:
+            return 38.0 if n == 1 else 156.0
+        return 3.0 if n == 1 else 2.0
+
+    drive(gov, ratio, seconds=second_from)
+    assert gov.n_threads == 1
+    load.cores = 2.0
+    used = drive(gov, ratio, seconds=60, t0=second_from)
+    assert gov.n_threads == 2, gov.state.why
+    assert min(t for t, n in used if n == 2) - second_from < 30.0
+
+
 def test_without_a_load_reader_a_barred_count_is_re_checked_once_its_cost_is_paid_back() -> None:
     gov = ThreadGovernor(start=1, max_threads=2)
     quiet_from = 30.0

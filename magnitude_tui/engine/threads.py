@@ -114,9 +114,9 @@ class ThreadGovernor:
     incumbent unless a candidate was clearly faster; a candidate that is plainly worse is dropped
     after one step.
     A candidate that lost is barred until what its probe cost is paid back (`PROBE_BUDGET`); only a
-    change of the count the load suggests lifts the bar sooner (slower steps do not: on a loaded
-    machine they come and go with the neighbours, and each re-try of a count it makes much slower
-    costs a whole slow step).
+    change of the load (the count it suggests, or its moving average by `LOAD_SHIFT`) lifts the bar
+    sooner (slower steps do not: on a loaded machine they come and go with the neighbours, and each
+    re-try of a count it makes much slower costs a whole slow step).
     """
 
     def __init__(self, *, start: int, max_threads: int, load: LoadReader | None = None,
@@ -180,6 +180,7 @@ class ThreadGovernor:
                 self._baseline = current  # every other count is barred: this is the new normal
         elif self._load_shifted():
             was, avg = self._others_at_probe, self._others_avg
+            self._barred.clear()  # what the old load made plainly worse may not be under the new one
             if not self._start_probe(f"other processes went from {was:.1f} to {avg:.1f} cores", hint):
                 self._others_at_probe = avg
         elif now >= self._next_probe:
