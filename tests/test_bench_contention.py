@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from magnitude_tui.bench.contention import StepSeen, _summarize, busy_processes, step_stats
+from magnitude_tui.bench.contention import StepSeen, busy_processes, step_stats, summarize
 
 
 def _alive(pid: int) -> bool:
@@ -29,7 +29,7 @@ def test_the_summary_compares_the_engine_with_its_quiet_self_and_the_best_peer_u
     runs = [run(0, "engine", 30.0), run(0, "llama-batched-bench -t 1", 28.0), run(0, "llama-batched-bench -t 2", 60.0),
             run(1, "engine", 24.0), run(1, "engine", 26.0), run(1, "llama-batched-bench -t 1", 27.0),
             run(1, "llama-batched-bench -t 2", 2.0, timed_out=True)]
-    quiet, busy = _summarize(runs, (0, 1), ["engine"], cores=2)
+    quiet, busy = summarize(runs, (0, 1), ["engine"], cores=2)
     assert quiet["engine vs quiet"] == 1.0 and quiet["best peer"] == "-t 2" and quiet["engine vs best peer"] == 0.5
     assert busy["engine tok/s"] == 25.0 and busy["engine vs quiet"] == 0.83
     assert busy["best peer"] == "-t 1" and busy["engine vs best peer"] == 0.93

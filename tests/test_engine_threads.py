@@ -58,7 +58,7 @@ def test_a_quiet_machine_keeps_all_threads_and_probes_ever_more_rarely() -> None
 def test_one_busy_process_drops_to_one_thread_within_a_few_steps() -> None:
     busy_from = 10.0
     gov = ThreadGovernor(start=2, max_threads=2)
-    # 2 threads beside a busy process: ~7x slower per step (the issue's llama-batched-bench figures).
+    # 2 threads beside a busy process: ~7x slower per step (llama-batched-bench's figures on 2 cores).
     used = drive(gov, lambda n, t: (7.0 if t >= busy_from else 1.0) if n == 2 else (1.9 if t >= busy_from else 1.8),
                  seconds=60)
     slow_steps = [n for t, n in used if t >= busy_from]
@@ -118,7 +118,7 @@ def test_equal_counts_with_noise_never_thrash() -> None:
     assert sum(1 for _, n in used if n == 1) <= 9 * PROBE_STEPS
 
 
-def test_a_plainly_worse_candidate_is_dropped_after_two_steps() -> None:
+def test_a_plainly_worse_candidate_is_dropped_after_one_step() -> None:
     gov = ThreadGovernor(start=1, max_threads=2)
     used = drive(gov, lambda n, t: 1.0 if n == 1 else 3 * ABORT_RATIO, seconds=REPROBE_MAX_S + 5)
     assert [n for _, n in used].count(2) == 1, "a plainly worse count is dropped after one step"
@@ -213,7 +213,7 @@ def test_without_a_load_reader_a_barred_count_is_re_checked_once_its_cost_is_pai
 
 
 def test_a_cheap_losing_probe_is_barred_briefly_so_slower_steps_still_find_the_better_count() -> None:
-    """The issue's quiet 2-core machine: beside one busy process 2 threads ran 7x slower than 1;
+    """A quiet 2-core machine: beside one busy process 2 threads ran 7x slower than 1;
     beside one per core, 2 threads beat 1 (28.2 against 22.8 tok/s). The probe of 2 beside one
     busy process cost a fraction of a second, so when the second busy process slows the 1-thread
     steps down, 2 is measured again at once, not after minutes."""
@@ -236,7 +236,7 @@ def test_a_cheap_losing_probe_is_barred_briefly_so_slower_steps_still_find_the_b
 
 def test_a_shift_in_the_load_triggers_a_check_even_where_it_suggests_the_same_count() -> None:
     """One busy process, then one per core, on 2 cores: both loads suggest 1 thread, yet beside
-    one per core 2 threads were faster (the issue: 28.2 against 22.8 tok/s), and the 1-thread steps
+    one per core 2 threads were faster (28.2 against 22.8 tok/s), and the 1-thread steps
     slowed by less than SLOW_RATIO."""
     load = ScriptedLoad(0.0)
     gov = ThreadGovernor(start=2, max_threads=2, load=load)

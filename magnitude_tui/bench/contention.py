@@ -23,11 +23,12 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Iterator
 
 from magnitude_tui.bench.common import BenchResult, Contention, machine_info, rnd
+from magnitude_tui.engine.waiting import wait_ready
 
 # ~64 tokens of SmolLM2's chat template around it: the workload of `-npp 64`.
 _PROMPT = ("The keeper climbed the stairs of the lighthouse every evening, counted the steps aloud, "
            "and lit the lamp that guided the ships past the reef. Continue the story in detail.")
-KEEP_QUIET = 0.4  # the issue's targets: >= 0.4x the engine's quiet tok/s under load...
+KEEP_QUIET = 0.4  # the targets: >= 0.4x the engine's quiet tok/s under load...
 KEEP_PEER = 0.9  # ... and >= 0.9x llama-batched-bench at its best thread count under the same load
 
 
@@ -66,19 +67,6 @@ def _engine_client(cfg: ContentionConfig, *, fixed_threads: int | None):
     backend = BackendConfig("llama", model=cfg.model, device="cpu", n_ctx=4096,
                             n_seq_max=max(16, cfg.seqs), n_threads=fixed_threads)
     return WorkerClient(EngineConfig(backend, auto_threads=fixed_threads is None), log_path="auto")
-
-
-def _wait_ready(client) -> dict:
-    from magnitude_tui.engine.events import EngineFailed, EngineReady
-
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        for ev in client.poll_events(timeout=5) or []:
-            if isinstance(ev, EngineReady):
-                return dict(ev.info)
-            if isinstance(ev, EngineFailed):
-                raise RuntimeError(ev.message)
-    raise RuntimeError("the engine did not start within 600 s")
 
 
 @dataclass(frozen=True)
@@ -188,7 +176,7 @@ def run_contention(cfg: ContentionConfig, progress: Callable[[str], None] = lamb
     try:
         for c in clients.values():
             c.start()
-            _wait_ready(c)
+            wait_ready(c, 600.0)
         for name, c in clients.items():  # one warm-up round each, on the quiet machine
             engine_round(c, cfg, f"warm-{name[:6]}")
         for load in loads:
@@ -213,7 +201,7 @@ def run_contention(cfg: ContentionConfig, progress: Callable[[str], None] = lamb
     finally:
         for c in clients.values():
             c.stop()
-    table = _summarize(runs, loads, list(clients), cores)
+    table = summarize(runs, loads, list(clients), cores)
     notes = [
         f"{cfg.seqs} sequences, prompt ~{cfg.prompt_tokens} tokens, {cfg.gen} generated each; tok/s = generated "
         "tokens / the whole run's time (prompt included) for every variant; median of the reps.",
@@ -228,7 +216,7 @@ def run_contention(cfg: ContentionConfig, progress: Callable[[str], None] = lamb
                        machine=machine, tables={"contention": table}, notes=notes, data={"runs": runs})
 
 
-def _summarize(runs: list[dict], loads, engines: list[str], cores: int) -> list[dict]:
+def summarize(runs: list[dict], loads, engines: list[str], cores: int) -> list[dict]:
     def med(load: int, variant: str, key: str = "tok_s") -> float | None:
         xs = [r[key] for r in runs if r["load"] == load and r["variant"] == variant and r.get(key) is not None]
         return statistics.median(xs) if xs else None

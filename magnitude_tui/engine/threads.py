@@ -13,7 +13,7 @@ from scheduler.types import ThreadState
 
 # Why the numbers: ggml's CPU threads meet at a spinning barrier after every operation of a step,
 # so one thread that shares its core with another process holds up all of them. Measured on 2
-# cores with 8 sequences (the issue's table): with one busy process beside it, llama-batched-bench
+# cores with 8 sequences (docs/RELIABILITY.md, scenario 14): with one busy process beside it, llama-batched-bench
 # made 5.7 tok/s with 2 threads and 34.6 with 1; with one busy process per core, 28.2 with 2 and
 # 22.8 with 1. Neither count wins everywhere, and the load cannot say which will: only measuring
 # both can. So the governor measures, and uses the load only to decide when to measure again.
@@ -45,7 +45,7 @@ REPROBE_S = 15.0  # with nothing pointing at a change, measure the alternatives 
 REPROBE_MAX_S = 120.0  # doubling each time the incumbent keeps its place, up to this
 LOAD_EVERY_S = 1.0  # how often the load of other processes is read
 # Other processes' load moved this many cores since the last probe: measure again, even where the
-# count it suggests is the same (the issue's 2 cores: beside one busy process 1 thread was 6x faster
+# count it suggests is the same (on 2 cores: beside one busy process 1 thread was 6x faster
 # than 2, beside one per core 2 were 1.2x faster than 1, and both loads suggest 1).
 LOAD_SHIFT = 0.75
 # ...measured on a moving average of the 1 s readings (this weight for the newest): a single reading
