@@ -107,25 +107,3 @@ def test_the_config_reaches_the_engine_in_the_worker():
         assert mine[-1].updates[-1].phase is Phase.DONE
     finally:
         client.stop()
-
-
-def test_the_worker_process_waits_passively_at_openmp_barriers(monkeypatch):
-    """Spinning OpenMP threads collapse 2-thread steps beside busy processes (engine/client.py);
-    the worker gets OMP_WAIT_POLICY=passive unless the user chose a policy."""
-    def worker_env(policy):
-        if policy is None:
-            monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-        else:
-            monkeypatch.setenv("OMP_WAIT_POLICY", policy)
-        client = WorkerClient(EngineConfig(BackendConfig("fake")), log_path=None)
-        client.start()
-        try:
-            wait_ready(client)
-            with open(f"/proc/{client.pid}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-            return env.get(b"OMP_WAIT_POLICY")
-        finally:
-            client.stop()
-
-    assert worker_env(None) == b"passive"
-    assert worker_env("active") == b"active"

@@ -4,7 +4,6 @@ process, or a thread in tests)."""
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import signal
 import threading
 
@@ -94,15 +93,6 @@ class WorkerClient:
             )
             self._thread.start()
         else:
-            # llama.cpp's CPU backend (this build) computes with OpenMP, whose threads spin at every
-            # barrier of a step. Beside busy processes that spinning collapses 2-thread steps; waiting
-            # passively gives the core back instead. llama-batched-bench -t 2 on 2 cores, 8 sequences
-            # (generation tok/s, load average 3-5): beside one busy process 9-13 spinning against
-            # 57-60 passive (66 on 1 thread); beside one per core under 4 against 44 (24 on 1 thread);
-            # with none of ours 15-46 against 64-72. The worker inherits it (and so does every
-            # llama.cpp tool the benchmarks start, so they compare like for like); a user's own
-            # setting wins.
-            os.environ.setdefault("OMP_WAIT_POLICY", "passive")
             ctx = mp.get_context("spawn")
             ours, theirs = ctx.Pipe(duplex=True)
             proc = ctx.Process(
