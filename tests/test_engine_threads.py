@@ -197,6 +197,28 @@ def test_a_shift_in_the_load_lifts_the_bar_even_where_it_suggests_the_same_count
     assert min(t for t, n in used if n == 2) - second_from < 30.0
 
 
+def test_after_an_idle_gap_under_a_new_load_the_incumbent_is_measured_again_before_it_is_compared() -> None:
+    """bench contention on a quiet 2-core machine: a quiet round on 2 threads, the engine idle while
+    a busy process starts, then the next round. Its first steps see the load and probe 1 thread;
+    comparing 1's steps under the new load with 2's steps from the quiet round kept 2 ("1 took 2.2x
+    as long") though beside the busy process 2 threads run 2.5x slower than 1."""
+    load = ScriptedLoad(0.0)
+    gov = ThreadGovernor(start=2, max_threads=2, load=load)
+    busy_from = 40.0
+
+    def ratio(n: int, t: float) -> float:
+        if t < busy_from:
+            return 1.8 if n == 1 else 1.0
+        return 1.9 if n == 1 else 4.8
+
+    drive(gov, ratio, seconds=30.0)
+    assert gov.n_threads == 2
+    load.cores = 1.0  # starts while the engine is idle (30 s .. 40 s)
+    used = drive(gov, ratio, seconds=20.0, t0=busy_from)
+    assert gov.n_threads == 1, gov.state.why
+    assert min(t for t, n in used if n == 1) - busy_from < 5.0
+
+
 def test_without_a_load_reader_a_barred_count_is_re_checked_once_its_cost_is_paid_back() -> None:
     gov = ThreadGovernor(start=1, max_threads=2)
     quiet_from = 30.0

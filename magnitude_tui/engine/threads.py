@@ -174,14 +174,14 @@ class ThreadGovernor:
         hint = self.hint()
         if hint is not None and hint != self.n_threads and hint != self._hint_at_probe:
             self._barred.clear()  # the load changed: what it made plainly worse may not be now
-            self._start_probe(f"other processes use {self._others:.1f} cores", hint)
+            self._start_probe(f"other processes use {self._others:.1f} cores", hint, fresh=True)
         elif current > SLOW_RATIO * self._baseline:
             if not self._start_probe(f"steps ran {current / self._baseline:.1f}x slower", hint):
                 self._baseline = current  # every other count is barred: this is the new normal
         elif self._load_shifted():
             was, avg = self._others_at_probe, self._others_avg
             self._barred.clear()  # what the old load made plainly worse may not be under the new one
-            if not self._start_probe(f"other processes went from {was:.1f} to {avg:.1f} cores", hint):
+            if not self._start_probe(f"other processes went from {was:.1f} to {avg:.1f} cores", hint, fresh=True):
                 self._others_at_probe = avg
         elif now >= self._next_probe:
             self._start_probe("periodic re-check", hint)  # when every count is barred: later
@@ -211,8 +211,10 @@ class ThreadGovernor:
 
     # ---- probing -------------------------------------------------------------------------------
 
-    def _start_probe(self, trigger: str, hint: int | None) -> bool:
-        """Start measuring the candidates; False (nothing started) when every one is barred."""
+    def _start_probe(self, trigger: str, hint: int | None, fresh: bool = False) -> bool:
+        """Start measuring the candidates; False (nothing started) when every one is barred.
+        `fresh` (the load changed): the incumbent's recent steps may have run under the old load
+        (before an idle gap, say), so it is measured again first and compared on those steps."""
         self._barred = {n: until for n, until in self._barred.items() if until > self._busy_s}
         others = [n for n in range(1, self.max_threads + 1) if n != self.n_threads and n not in self._barred]
         if not others:
@@ -223,17 +225,25 @@ class ThreadGovernor:
         target = hint if hint is not None else self.n_threads
         # Nearest to what the load suggests first; at most two candidates per probe on many cores.
         self._candidates = sorted(others, key=lambda n: (abs(n - target), n))[:2]
-        self._scores = {self._incumbent: list(self._recent)[-PROBE_STEPS:]}
+        self._scores = {self._incumbent: [] if fresh else list(self._recent)[-PROBE_STEPS:]}
         self._plainly_worse = False
         self._cost_s = {}
         self.mode = ThreadMode.PROBING
-        self.n_threads = self._candidates.pop(0)
-        self._why = f"probing {self.n_threads} ({trigger})"
+        if fresh:
+            self._why = f"measuring {self.n_threads} again ({trigger})"
+        else:
+            self.n_threads = self._candidates.pop(0)
+            self._why = f"probing {self.n_threads} ({trigger})"
         return True
 
     def _probe_step(self, now: float, ratio: float, predicted_ms: float) -> None:
         samples = self._scores.setdefault(self.n_threads, [])
         samples.append(ratio)
+        if self.n_threads == self._incumbent:  # measured again under a new load
+            if len(samples) >= PROBE_STEPS:
+                self.n_threads = self._candidates.pop(0)
+                self._why = f"probing {self.n_threads}"
+            return
         incumbent = statistics.median(self._scores[self._incumbent])
         extra_s = max(0.0, ratio - incumbent) * predicted_ms / 1000.0
         self._cost_s[self.n_threads] = self._cost_s.get(self.n_threads, 0.0) + extra_s
