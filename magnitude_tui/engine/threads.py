@@ -173,16 +173,13 @@ class ThreadGovernor:
         current = statistics.median(list(self._recent)[-3:])
         hint = self.hint()
         if hint is not None and hint != self.n_threads and hint != self._hint_at_probe:
-            self._barred.clear()  # the load changed: what it made plainly worse may not be now
-            self._start_probe(f"other processes use {self._others:.1f} cores", hint, fresh=True)
+            self._probe_new_load(f"other processes use {self._others:.1f} cores", hint)
         elif current > SLOW_RATIO * self._baseline:
             if not self._start_probe(f"steps ran {current / self._baseline:.1f}x slower", hint):
                 self._baseline = current  # every other count is barred: this is the new normal
         elif self._load_shifted():
-            was, avg = self._others_at_probe, self._others_avg
-            self._barred.clear()  # what the old load made plainly worse may not be under the new one
-            if not self._start_probe(f"other processes went from {was:.1f} to {avg:.1f} cores", hint, fresh=True):
-                self._others_at_probe = avg
+            self._probe_new_load(f"other processes went from {self._others_at_probe:.1f} to "
+                                 f"{self._others_avg:.1f} cores", hint)
         elif now >= self._next_probe:
             self._start_probe("periodic re-check", hint)  # when every count is barred: later
 
@@ -210,6 +207,12 @@ class ThreadGovernor:
                 self._others_avg += LOAD_SMOOTHING * (self._others - self._others_avg)
 
     # ---- probing -------------------------------------------------------------------------------
+
+    def _probe_new_load(self, trigger: str, hint: int | None) -> None:
+        """The load changed: no bar stands (what the old load made plainly worse may not be now),
+        and the incumbent is measured again under the new load before it is compared."""
+        self._barred.clear()
+        self._start_probe(trigger, hint, fresh=True)
 
     def _start_probe(self, trigger: str, hint: int | None, fresh: bool = False) -> bool:
         """Start measuring the candidates; False (nothing started) when every one is barred.
