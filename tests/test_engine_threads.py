@@ -40,6 +40,11 @@ def drive(gov: ThreadGovernor, ratio: Callable[[int, float], float], seconds: fl
     return used
 
 
+def switch_at(t_switch: float, before: dict[int, float], after: dict[int, float]) -> Callable[[int, float], float]:
+    """Step time per unit of work for each thread count: `before` until `t_switch`, then `after`."""
+    return lambda n, t: (before if t < t_switch else after)[n]
+
+
 def switches(used: list[tuple[float, int]]) -> int:
     return sum(1 for a, b in zip(used, used[1:]) if a[1] != b[1])
 
@@ -75,10 +80,7 @@ def test_it_climbs_back_when_the_machine_gets_quiet() -> None:
     quiet_from = 40.0
     gov = ThreadGovernor(start=2, max_threads=2)
 
-    def ratio(n: int, t: float) -> float:
-        if t < quiet_from:
-            return 7.0 if n == 2 else 1.9
-        return 1.0 if n == 2 else 1.8
+    ratio = switch_at(quiet_from, before={1: 1.9, 2: 7.0}, after={1: 1.8, 2: 1.0})
 
     used = drive(gov, ratio, seconds=quiet_from + 2 * REPROBE_MAX_S)
     assert gov.n_threads == 2
@@ -163,10 +165,7 @@ def test_a_change_of_load_lifts_the_bar_on_a_plainly_worse_count() -> None:
     gov = ThreadGovernor(start=1, max_threads=2, load=load)
     quiet_from = 60.0
 
-    def ratio(n: int, t: float) -> float:
-        if t < quiet_from:
-            return 38.0 if n == 1 else 156.0
-        return 1.8 if n == 1 else 1.0
+    ratio = switch_at(quiet_from, before={1: 38.0, 2: 156.0}, after={1: 1.8, 2: 1.0})
 
     drive(gov, ratio, seconds=quiet_from)
     assert gov.n_threads == 1
@@ -184,10 +183,7 @@ def test_a_shift_in_the_load_lifts_the_bar_even_where_it_suggests_the_same_count
     gov = ThreadGovernor(start=1, max_threads=2, load=load)
     second_from = 60.0
 
-    def ratio(n: int, t: float) -> float:
-        if t < second_from:
-            return 38.0 if n == 1 else 156.0
-        return 3.0 if n == 1 else 2.0
+    ratio = switch_at(second_from, before={1: 38.0, 2: 156.0}, after={1: 3.0, 2: 2.0})
 
     drive(gov, ratio, seconds=second_from)
     assert gov.n_threads == 1
@@ -206,10 +202,7 @@ def test_after_an_idle_gap_under_a_new_load_the_incumbent_is_measured_again_befo
     gov = ThreadGovernor(start=2, max_threads=2, load=load)
     busy_from = 40.0
 
-    def ratio(n: int, t: float) -> float:
-        if t < busy_from:
-            return 1.8 if n == 1 else 1.0
-        return 1.9 if n == 1 else 4.8
+    ratio = switch_at(busy_from, before={1: 1.8, 2: 1.0}, after={1: 1.9, 2: 4.8})
 
     drive(gov, ratio, seconds=30.0)
     assert gov.n_threads == 2
@@ -223,10 +216,7 @@ def test_without_a_load_reader_a_barred_count_is_re_checked_once_its_cost_is_pai
     gov = ThreadGovernor(start=1, max_threads=2)
     quiet_from = 30.0
 
-    def ratio(n: int, t: float) -> float:
-        if t < quiet_from:
-            return 38.0 if n == 1 else 156.0
-        return 1.8 if n == 1 else 1.0
+    ratio = switch_at(quiet_from, before={1: 38.0, 2: 156.0}, after={1: 1.8, 2: 1.0})
 
     used = drive(gov, ratio, seconds=BAR_MAX_S + REPROBE_MAX_S)
     assert gov.n_threads == 2
