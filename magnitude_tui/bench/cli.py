@@ -353,7 +353,7 @@ def _vendored_llama_server(slots: int, model: Optional[str], device: str, thread
     """llama-server -np `slots` on the model and thread count the local engine would use."""
     from backend import usable_cpus
     from backend.llama_backend import default_model_path
-    from magnitude_tui.bench.peers import PeerError, Server, device_args, tools_dir
+    from magnitude_tui.bench.peers import PeerError, Server, tools_dir
 
     if device != "cpu":
         raise typer.BadParameter("--llama-server starts a CPU peer (use --device cpu); for a GPU, start "
@@ -362,9 +362,8 @@ def _vendored_llama_server(slots: int, model: Optional[str], device: str, thread
     if found is None:
         raise typer.BadParameter("llama-server is not built: run `bash scripts/build_llama_tools.sh`",
                                  param_hint="--llama-server")
-    server = Server(found[0], model=str(model or default_model_path()), parallel=slots,
-                    threads=threads or usable_cpus(), n_ctx=max(8192, max(widths) * (gen + 128)), n_batch=2048,
-                    n_ubatch=512, dev=device_args("CPU"))
+    server = Server.on_cpu(found[0], model=str(model or default_model_path()), parallel=slots,
+                           threads=threads or usable_cpus(), n_ctx=max(8192, max(widths) * (gen + 128)))
     try:
         with server:
             yield server.process

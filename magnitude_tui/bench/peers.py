@@ -108,6 +108,13 @@ class Server:
                "-t", str(threads), "-tb", str(threads), *dev, "--no-webui", "-cram", "0", *(extra or [])]
         self.process = ServerProcess(cmd, self.port, "llama-server")
 
+    @classmethod
+    def on_cpu(cls, bindir: Path, *, model: str, parallel: int, threads: int, n_ctx: int,
+               extra: list[str] | None = None) -> "Server":
+        """The CPU peer the HTTP benches compare with: llama-server's default batch sizes."""
+        return cls(bindir, model=model, parallel=parallel, threads=threads, n_ctx=n_ctx, n_batch=2048,
+                   n_ubatch=512, dev=device_args("CPU"), extra=extra)
+
     @property
     def cmd(self) -> list[str]:
         return self.process.cmd

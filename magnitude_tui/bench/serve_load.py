@@ -196,10 +196,10 @@ class _LlamaServerPeer:
         self.cfg, self.model = cfg, model or default_model_path()
 
     def _server(self, parallel: int):
-        from magnitude_tui.bench.peers import Server, device_args
+        from magnitude_tui.bench.peers import Server
 
-        return Server(self.binary, model=self.model, parallel=parallel, threads=self.cfg.threads,
-                      n_ctx=self.cfg.n_ctx, n_batch=2048, n_ubatch=512, dev=device_args("CPU"))
+        return Server.on_cpu(self.binary, model=self.model, parallel=parallel, threads=self.cfg.threads,
+                             n_ctx=self.cfg.n_ctx)
 
     def burst(self, n: int, rep: int) -> dict:
         with self._server(n) as srv:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from backend.factory import BackendConfig, build_backend
 from magnitude_tui.bench.common import median, rnd
-from magnitude_tui.bench.peers import PeerError, Server, device_args, tools_dir
+from magnitude_tui.bench.peers import PeerError, Server, tools_dir
 from magnitude_tui.bench.spec_tasks import Task, task_messages
 
 # llama-server's speculation types compared: none, and its n-gram lookup over the slot's own tokens.
@@ -77,9 +77,8 @@ def run_peer(spec: BackendConfig, cfg, lengths: dict, progress) -> list[dict]:
             rows.append({"task": "-", "seqs": None, "spec_type": kind,
                          "note": f"this llama-server build has no --spec-type {kind}"})
             continue
-        server = Server(bindir, model=model, parallel=width, threads=spec.n_threads or 1,
-                        n_ctx=width * 1024, n_batch=2048, n_ubatch=512, dev=device_args("CPU"),
-                        extra=["--spec-type", kind])
+        server = Server.on_cpu(bindir, model=model, parallel=width, threads=spec.n_threads or 1,
+                               n_ctx=width * 1024, extra=["--spec-type", kind])
         try:
             with server:
                 for task in cfg.tasks:
