@@ -41,3 +41,16 @@ def test_bench_remote_needs_exactly_one_server_source():
         assert result.exit_code == 2
         assert "either --url" in result.output
     assert gpu_peer.exit_code == 2 and "CPU peer" in gpu_peer.output
+
+
+def test_bench_remote_through_the_cli_writes_its_results(tmp_path):
+    from typer.testing import CliRunner
+
+    from magnitude_tui.cli import app
+
+    with StubServer(Script(words=4)) as stub:
+        result = CliRunner().invoke(app, ["bench", "remote", "--url", stub.url, "--seqs", "1,2", "--gen", "3",
+                                          "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert len(stub.requests) == 3  # one call at width 1, two at width 2
+    assert len(list(tmp_path.glob("remote-*.json"))) == 1
