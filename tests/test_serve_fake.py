@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
+import warnings
 
 import httpx
 import openai
@@ -244,6 +246,23 @@ def test_a_non_streaming_client_that_hangs_up_is_cancelled(server):
                 "messages": [{"role": "user", "content": "hang up"}], "max_tokens": 3500, "n": 8})
     assert len(watch.cancelled) == 8
     _assert_cancelled(watch.reports, watch.cancelled)
+
+
+def test_stopping_the_server_leaves_no_task_pending_and_no_socket_open(caplog):
+    # The first stream starts sse-starlette's shutdown watcher on the server's loop, which polls
+    # until the process exits: the loop was dropped with it pending ("Task was destroyed but it is
+    # pending!" when `bench serve` stopped its server), and the cancelled uvicorn left its
+    # listening socket open.
+    with running_server(FAKE) as s:
+        with httpx.stream("POST", s.base + "/chat/completions", json={
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}) as r:
+            assert r.status_code == 200 and list(r.iter_lines())
+        port = s.url.rsplit(":", 1)[1]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        gc.collect()
+    assert not [r for r in caplog.records if "destroyed but it is pending" in r.getMessage()]
+    assert not [w for w in caught if f"127.0.0.1', {port})" in str(w.message)]
 
 
 def test_api_key_is_required_when_set():
