@@ -59,3 +59,21 @@ def test_bad_values_name_the_option(args, message):
     result = _bench(*args)
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+SIM = ["-b", "simulated:rx9070xt"]
+SMOKE = [
+    ["spec", *SIM, "--seqs", "1", "--tasks", "repetitive", "--modes", "off,ngram", "--max-tokens", "4", "--no-peer"],
+    ["prefill-curve", *SIM, "--chunks", "1,2", "--seqs", "1", "--reps", "1"],
+    ["fork", *SIM, "--n", "2", "--parent", "64", "--task", "8", "--gen", "2"],
+    ["burst", *SIM, "--n", "2", "--context", "64", "--own", "8", "--gen", "2", "-p", "target:50", "--flash", "off"],
+    ["target-depth", *SIM, "--depths", "0", "--n-running", "1", "--newcomer", "32"],
+]
+
+
+@pytest.mark.parametrize("args", SMOKE, ids=[a[0] for a in SMOKE])
+def test_a_small_simulated_run_writes_its_results(args, tmp_path):
+    # The commands' bodies run end to end on a virtual clock: options to config to result files.
+    result = _bench(*args, "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert [p.suffix for p in tmp_path.glob(f"{args[0]}-*.json")] == [".json"]

@@ -85,7 +85,8 @@ def prefill_curve(
     from magnitude_tui.bench.prefill_curve import CurveConfig, curve_result
 
     cfg = CurveConfig(chunks=options.ints(chunks), n_decode=decode_rows, seqs=options.ints(seqs), reps=reps)
-    _finish(curve_result(options.backend_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, plot_prefill_curve)
+    spec = options.backend_spec(backend, model, device, threads, ctx)
+    _finish(curve_result(spec, cfg, progress=_progress), out, plot_prefill_curve)
 
 
 @bench_app.command()
@@ -155,7 +156,7 @@ def spec_bench(
     spec = options.spec_backend(flash_attn=flash_attn, backend=backend, model=model, device=device, threads=threads,
                                 ctx=ctx)
     real = spec.family == "llama"
-    result = runoptions.backend_spec(spec, cfg, progress=_progress, peer=run_peer if peer and real else None)
+    result = run_spec(spec, cfg, progress=_progress, peer=run_peer if peer and real else None)
     _finish(result, out, plot_spec)
 
 
@@ -176,7 +177,8 @@ def fork(
     from magnitude_tui.bench.plots import plot_fork
 
     cfg = ForkConfig(n=n, parent_tokens=parent, task_tokens=task, gen=gen, policy=policy, reps=reps)
-    _finish(run_fork(options.backend_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, plot_fork)
+    spec = options.backend_spec(backend, model, device, threads, ctx)
+    _finish(run_fork(spec, cfg, progress=_progress), out, plot_fork)
 
 
 @bench_app.command()
@@ -233,7 +235,8 @@ def target_depth(
 
     cfg = options.target_depth_config(depths=depths, n_running=n_running, newcomer=newcomer, target=target,
                                       cpu_clock=cpu_clock, threads=threads)
-    _finish(run_target_depth(options.backend_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, None)
+    spec = options.backend_spec(backend, model, device, threads, ctx)
+    _finish(run_target_depth(spec, cfg, progress=_progress), out, None)
 
 
 @bench_app.command("serve")

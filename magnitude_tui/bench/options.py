@@ -30,7 +30,8 @@ def backend_spec(kind: str, model: Optional[str], device: str, threads: Optional
     from backend.factory import BackendConfig
 
     if not (kind == "llama" or kind.startswith("simulated")):
-        raise typer.BadParameter(f"unknown backend {kind!r}: use 'llama' or 'simulated:<profile>'", param_hint="--backend")
+        raise typer.BadParameter(f"unknown backend {kind!r}: use 'llama' or 'simulated:<profile>'",
+                                 param_hint="--backend")
     return BackendConfig(kind=kind, model=model, device=device, n_threads=threads, n_ctx=ctx)
 
 
