@@ -253,6 +253,19 @@ async def scripted_app(tmp_path: Path):
         yield app, client, pilot
 
 
+@asynccontextmanager
+async def remote_app(tmp_path: Path, *urls: str):
+    """The app on a RemoteClient over `urls`, headless at SIZE, once it has checked its servers;
+    yields (app, pilot)."""
+    from magnitude_tui.remote.client import RemoteClient
+    from magnitude_tui.remote.config import RemoteConfig
+
+    app = make_app(tmp_path, RemoteClient(RemoteConfig(urls)))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.workspace.engine_ready, what="the servers")
+        yield app, pilot
+
+
 async def one_turn(pilot, client: ScriptedClient, text: str) -> None:
     """Send `text`, let the scripted engine finish its reply, and wait until the app shows it all."""
     await type_message(pilot, text)

@@ -4,11 +4,9 @@ servers panel that marks a dead server and shows no local step figures."""
 
 from __future__ import annotations
 
-from magnitude_tui.remote.client import RemoteClient
-from magnitude_tui.remote.config import RemoteConfig
 from magnitude_tui.widgets.status_line import StatusLine
 from scheduler.types import Phase
-from tests.app_support import SIZE, make_app, wait_for
+from tests.app_support import remote_app, wait_for
 from tests.openai_stub import Script, StubServer
 from tests.test_remote_client import free_port_url
 
@@ -20,10 +18,8 @@ def host(url: str) -> str:
 async def test_a_remote_pane_shows_its_server_and_the_panel_shows_the_servers(tmp_path):
     dead = free_port_url()
     with StubServer(Script(words=12, delay_s=0.02, first_delay_s=0.6)) as stub:
-        app = make_app(tmp_path, RemoteClient(RemoteConfig((dead, stub.url))))
-        async with app.run_test(size=SIZE) as pilot:
+        async with remote_app(tmp_path, dead, stub.url) as (app, pilot):
             ws = app.workspace
-            await wait_for(pilot, lambda: ws.engine_ready, what="the servers")
             pane = ws.grid.panes[0]
             await pilot.press(*"Say hi.", "enter")
 
@@ -57,10 +53,8 @@ async def test_a_remote_pane_shows_its_server_and_the_panel_shows_the_servers(tm
 
 async def test_remote_subagents_send_the_parents_conversation_and_show_the_servers_cache(tmp_path):
     with StubServer(Script(words=4, cached_tokens=7)) as one, StubServer(Script(words=4, cached_tokens=7)) as two:
-        app = make_app(tmp_path, RemoteClient(RemoteConfig((one.url, two.url))))
-        async with app.run_test(size=SIZE) as pilot:
+        async with remote_app(tmp_path, one.url, two.url) as (app, pilot):
             ws = app.workspace
-            await wait_for(pilot, lambda: ws.engine_ready, what="the servers")
             parent = ws.grid.panes[0]
             await pilot.press(*"plan a trip", "enter")
             await wait_for(pilot, lambda: parent.last_update is not None and parent.last_update.phase is Phase.DONE,

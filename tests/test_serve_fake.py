@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
-import time
-from contextlib import contextmanager
+import warnings
 
 import httpx
 import openai
@@ -16,8 +16,8 @@ from backend.factory import BackendConfig
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions, create_app
 from magnitude_tui.serve.hub import EngineState
-from scheduler.types import DoneReason, Phase, Priority, StepReport
-from tests.serve_support import running_server
+from scheduler.types import DoneReason, Phase, Priority
+from tests.serve_support import recording, running_server, wait_until, watching_cancels
 
 FAKE = EngineConfig(BackendConfig("fake", n_ctx=4096, n_seq_max=16), policy="fixed:64")
 
@@ -32,34 +32,8 @@ def _client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, timeout=30)
 
 
-@contextmanager
-def _recording(server):
-    """The engine's step reports while the block runs (the hub sees every batch)."""
-    reports: list[StepReport] = []
-    dispatch = server.hub.dispatch
-
-    def record(batch):
-        reports.extend(ev for ev in batch if isinstance(ev, StepReport))
-        dispatch(batch)
-
-    server.hub.dispatch = record
-    try:
-        yield reports
-    finally:
-        del server.hub.dispatch  # back to the class's method
-
-
 def _expected(n: int) -> str:
     return (DEFAULT_REPLY * (n // len(DEFAULT_REPLY) + 1))[:n]
-
-
-def _wait_for(cond, timeout=5.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.01)
-    raise AssertionError("condition not met in time")
 
 
 def test_health_and_models(server):
@@ -117,7 +91,7 @@ def test_raw_sse_ends_with_done_and_carries_timings(server):
 
 
 def test_n_choices_share_one_evaluated_prompt(server):
-    with _recording(server) as reports:
+    with recording(server) as reports:
         r = _client(server).chat.completions.create(
             model="fake-model", messages=[{"role": "user", "content": "a prompt long enough to share " * 4}],
             max_tokens=6, n=3, temperature=0)
@@ -239,19 +213,6 @@ async def test_queue_full_and_not_ready_answers(hub, status, code):
         assert "42%" in r.json()["error"]["message"] and r.headers["retry-after"] == "2"
 
 
-def _cancels(server) -> list[str]:
-    """Wrap the hub's cancel: the requests the server cancelled, in order."""
-    sent: list[str] = []
-    cancel = server.hub.cancel
-
-    def record(request_id):
-        sent.append(request_id)
-        cancel(request_id)
-
-    server.hub.cancel = record
-    return sent
-
-
 def _assert_cancelled(reports, cancelled: list[str]) -> None:
     """Each cancelled request ended `cancelled` long before its 3,500 tokens, and nothing runs.
     (The engine honours a cancel within one step: tests/test_engine_core.py's cancel tests.)"""
@@ -262,21 +223,14 @@ def _assert_cancelled(reports, cancelled: list[str]) -> None:
 
 
 def test_a_streaming_client_that_disconnects_is_cancelled_and_its_kv_goes_idle(server):
-    with _recording(server) as reports:
-        cancelled = _cancels(server)
-        try:
-            with httpx.stream("POST", server.base + "/chat/completions", json={
-                    "messages": [{"role": "user", "content": "long one"}], "max_tokens": 3500,
-                    "stream": True}) as r:
-                it = r.iter_lines()
-                for _ in range(4):
-                    next(it)
-            _wait_for(lambda: server.hub.num_live == 0, timeout=5.0)
-            _wait_for(lambda: reports and reports[-1].running == 0, timeout=5.0)
-        finally:
-            del server.hub.cancel
-    assert len(cancelled) == 1
-    _assert_cancelled(reports, cancelled)
+    with watching_cancels(server) as watch:
+        with httpx.stream("POST", server.base + "/chat/completions", json={
+                "messages": [{"role": "user", "content": "long one"}], "max_tokens": 3500, "stream": True}) as r:
+            it = r.iter_lines()
+            for _ in range(4):
+                next(it)
+    assert len(watch.cancelled) == 1
+    _assert_cancelled(watch.reports, watch.cancelled)
     assert "cancelled" in server.log.getvalue()
     # Its KV went back as after esc: idle and resident, so the conversation's next call reuses it.
     again = httpx.post(server.base + "/chat/completions", json={
@@ -285,19 +239,30 @@ def test_a_streaming_client_that_disconnects_is_cancelled_and_its_kv_goes_idle(s
 
 
 def test_a_non_streaming_client_that_hangs_up_is_cancelled(server):
-    with _recording(server) as reports:
-        cancelled = _cancels(server)
-        try:
-            # Eight choices of 3,500 tokens take seconds; the client gives up after 0.3 s.
-            with pytest.raises(httpx.TimeoutException):
-                httpx.post(server.base + "/chat/completions", timeout=0.3, json={
-                    "messages": [{"role": "user", "content": "hang up"}], "max_tokens": 3500, "n": 8})
-            _wait_for(lambda: server.hub.num_live == 0, timeout=5.0)
-            _wait_for(lambda: reports and reports[-1].running == 0, timeout=5.0)
-        finally:
-            del server.hub.cancel
-    assert len(cancelled) == 8
-    _assert_cancelled(reports, cancelled)
+    with watching_cancels(server) as watch:
+        # Eight choices of 3,500 tokens take seconds; the client gives up after 0.3 s.
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(server.base + "/chat/completions", timeout=0.3, json={
+                "messages": [{"role": "user", "content": "hang up"}], "max_tokens": 3500, "n": 8})
+    assert len(watch.cancelled) == 8
+    _assert_cancelled(watch.reports, watch.cancelled)
+
+
+def test_stopping_the_server_leaves_no_task_pending_and_no_socket_open(caplog):
+    # The first stream starts sse-starlette's shutdown watcher on the server's loop, which polls
+    # until the process exits: the loop was dropped with it pending ("Task was destroyed but it is
+    # pending!" when `bench serve` stopped its server), and the cancelled uvicorn left its
+    # listening socket open.
+    with running_server(FAKE) as s:
+        with httpx.stream("POST", s.base + "/chat/completions", json={
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}) as r:
+            assert r.status_code == 200 and list(r.iter_lines())
+        port = s.url.rsplit(":", 1)[1]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        gc.collect()
+    assert not [r for r in caplog.records if "destroyed but it is pending" in r.getMessage()]
+    assert not [w for w in caught if f"127.0.0.1', {port})" in str(w.message)]
 
 
 def test_api_key_is_required_when_set():
@@ -373,7 +338,7 @@ def test_the_log_has_one_line_per_call_with_its_figures(server):
     before = server.log.getvalue().count("\n")
     httpx.post(server.base + "/chat/completions", json={
         "messages": [{"role": "user", "content": "log me"}], "max_tokens": 7, "user": "logger"})
-    _wait_for(lambda: "logger" in server.log.getvalue())
+    wait_until(lambda: "logger" in server.log.getvalue())
     lines = server.log.getvalue().splitlines()[before:]
     line, = [x for x in lines if "logger" in x]
     for part in ("ok", "prompt ", "7 tokens", "queue ", "TTFT ", " tok/s", "phases ", "generating ", "finish length"):

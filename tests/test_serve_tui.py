@@ -156,3 +156,30 @@ async def test_conversations_beyond_a_full_grid_are_listed_in_the_sequences_pane
                        what="a row for every caller")
         unpaned = [r for r in panel._rows.values() if r.name not in {p.record.name for p in panes}]
         assert len(unpaned) == 2 and all(r.update.phase is Phase.DONE for r in unpaned)
+
+
+def test_a_conversation_without_a_pane_leaves_the_panel_when_the_worker_dies():
+    # Beyond a full grid a conversation has only its sequences-panel row, and nothing to close: the
+    # row must end with its request. A dead worker's last word for each live request comes as a
+    # bare SeqUpdate, not in a StepReport, and was skipped: the row stayed live for good.
+    from types import SimpleNamespace
+
+    from magnitude_tui.serve.panes import ApiPanes
+    from scheduler.types import DoneReason, Message, Request, SeqUpdate, StepReport
+
+    shown: list[tuple[str, str, Phase]] = []
+    workspace = SimpleNamespace(
+        panes_by_session=lambda: {f"s{i}": None for i in range(MAX_PANES)},
+        sequences_panel=SimpleNamespace(apply=lambda u, name, t: shown.append((u.session_id, name, u.phase))))
+    panes = ApiPanes(SimpleNamespace(on_request=None), workspace)
+    for i in (1, 2):
+        panes.on_request(Request(f"r{i}", f"extra{i}", (Message("user", "hi"),), SamplingParams()), f"u{i}")
+    running = StepReport(step=1, t=1.0, step_ms=10.0, decode_rows=2, prefill_rows=0, budget=64, kv_used=2,
+                         kv_total=4096, waiting=0, running=2, policy="fixed:64", updates=[
+        SeqUpdate("r1", "extra1", 0, Phase.GENERATING), SeqUpdate("r2", "extra2", 1, Phase.GENERATING)])
+    panes.show_unpaned([running])
+    panes.show_unpaned([SeqUpdate(f"r{i}", f"extra{i}", None, Phase.DONE, done_reason=DoneReason.ERROR,
+                                  error="the engine worker died") for i in (1, 2)])
+    assert shown == [("extra1", "u1", Phase.GENERATING), ("extra2", "u2", Phase.GENERATING),
+                     ("extra1", "u1", Phase.DONE), ("extra2", "u2", Phase.DONE)]
+    assert not panes._unpaned

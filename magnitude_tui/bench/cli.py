@@ -3,13 +3,13 @@ burst, target-depth, resume, remote, serve, soak, spec, contention, ui, ui-cpu."
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 from rich.console import Console
+
+from magnitude_tui.bench import options
 
 bench_app = typer.Typer(
     add_completion=False,
@@ -31,21 +31,6 @@ CpuClockOpt = typer.Option(False, "--cpu-clock", help="Time in CPU seconds of th
                            "thread only): the work done, whatever else a shared machine runs.")
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _spec(kind: str, model, device, threads, ctx):
-    from backend.factory import BackendConfig
-
-    if not (kind == "llama" or kind.startswith("simulated")):
-        raise typer.BadParameter(f"unknown backend {kind!r}: use 'llama' or 'simulated:<profile>'", param_hint="--backend")
-    return BackendConfig(kind=kind, model=model, device=device, n_threads=threads, n_ctx=ctx)
-
-
 def _finish(result, out: Path, plot) -> None:
     from magnitude_tui.bench.common import print_result, save_result
 
@@ -58,12 +43,6 @@ def _finish(result, out: Path, plot) -> None:
 def _progress(msg: str) -> None:
     Console(stderr=True).print(f"[dim]{msg}[/]")
 
-
-
-def _check_cpu_clock(cpu_clock: bool, threads: int) -> None:
-    """CPU seconds of the engine's process measure its work only when one thread does it."""
-    if cpu_clock and threads != 1:
-        raise typer.BadParameter("CPU-time measurement needs one thread (--threads 1)", param_hint="--cpu-clock")
 
 
 @bench_app.command()
@@ -82,16 +61,12 @@ def admit(
     out: Path = OutOpt,
 ) -> None:
     """N sequences generate; one long prompt arrives. Every policy: running tok/s, ITL, newcomer TTFT."""
-    from magnitude_tui.bench.admit import AdmitConfig, admit_result
+    from magnitude_tui.bench.admit import admit_result
     from magnitude_tui.bench.plots import plot_admit
 
-    try:
-        tgt = tuple(float(x) for x in targets.split(",") if x.strip())
-    except ValueError:
-        raise typer.BadParameter(f"expected milliseconds like 50,75, got {targets!r}", param_hint="--targets") from None
-    cfg = AdmitConfig(n_running=n_running, running_depth=running_depth, newcomer_tokens=newcomer, fixed=_ints(fixed), targets=tgt,
-                      prefill_first=not no_prefill_first)
-    specs = [_spec(b, model, device, threads, ctx) for b in backend]
+    cfg = options.admit_config(n_running=n_running, running_depth=running_depth, newcomer=newcomer, fixed=fixed,
+                               targets=targets, no_prefill_first=no_prefill_first)
+    specs = [options.backend_spec(b, model, device, threads, ctx) for b in backend]
     _finish(admit_result(specs, cfg, progress=_progress), out, plot_admit)
 
 
@@ -109,8 +84,9 @@ def prefill_curve(
     from magnitude_tui.bench.plots import plot_prefill_curve
     from magnitude_tui.bench.prefill_curve import CurveConfig, curve_result
 
-    cfg = CurveConfig(chunks=_ints(chunks), n_decode=decode_rows, seqs=_ints(seqs), reps=reps)
-    _finish(curve_result(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, plot_prefill_curve)
+    cfg = CurveConfig(chunks=options.ints(chunks), n_decode=decode_rows, seqs=options.ints(seqs), reps=reps)
+    spec = options.backend_spec(backend, model, device, threads, ctx)
+    _finish(curve_result(spec, cfg, progress=_progress), out, plot_prefill_curve)
 
 
 @bench_app.command()
@@ -132,29 +108,15 @@ def throughput(
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
     """Aggregate generated tok/s at 1..16 sequences: this engine vs llama-batched-bench, llama-server, serial Llama."""
-    _check_cpu_clock(cpu_clock, threads)
     from magnitude_tui.bench.peers import PeerError
     from magnitude_tui.bench.plots import plot_throughput
-    from magnitude_tui.bench.throughput import PEERS, ThroughputConfig, run_throughput
+    from magnitude_tui.bench.throughput import run_throughput
 
-    chosen = tuple(p.strip() for p in peers.split(",") if p.strip())
-    bad = [p for p in chosen if p not in PEERS]
-    if bad:
-        raise typer.BadParameter(f"unknown peer {bad[0]!r}: choose from {', '.join(PEERS)}", param_hint="--peers")
-    from scheduler.speculation import SpecMode, parse_spec_mode
-
+    cfg = options.throughput_config(seqs=seqs, prompt=prompt, gen=gen, reps=reps, policy=policy, peers=peers,
+                                    require_tools=require_tools, profile=profile, cpu_clock=cpu_clock, spec=spec,
+                                    threads=threads)
     try:
-        spec_mode = parse_spec_mode(spec)
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--spec") from None
-    if spec_mode is SpecMode.DRAFT:
-        raise typer.BadParameter("draft needs a draft model, which bench throughput does not load: use off, ngram "
-                                 "or auto (bench spec measures draft)", param_hint="--spec")
-    cfg = ThroughputConfig(seqs=_ints(seqs), prompt=prompt, gen=gen, reps=reps, policies=tuple(policy),
-                           peers=chosen, require_tools=require_tools, profile=profile, cpu_clock=cpu_clock,
-                           spec=spec_mode)
-    try:
-        result = run_throughput(_spec("llama", model, device, threads, ctx), cfg, progress=_progress)
+        result = run_throughput(options.backend_spec("llama", model, device, threads, ctx), cfg, progress=_progress)
     except PeerError as e:
         Console(stderr=True).print(f"[red]{e}[/]")
         raise typer.Exit(1)
@@ -186,27 +148,13 @@ def spec_bench(
     """Speculative decoding: off / ngram / auto / draft at 1..16 sequences on three tasks, llama-server's
     own n-gram speculation beside it, and a simulated GPU replaying the measured acceptance."""
     from magnitude_tui.bench.plots import plot_spec
-    from magnitude_tui.bench.spec import SpecBenchConfig, run_spec
+    from magnitude_tui.bench.spec import run_spec
     from magnitude_tui.bench.spec_peer import run_peer
-    from magnitude_tui.bench.spec_tasks import Task
-    from scheduler.speculation import parse_spec_mode
 
-    chosen_tasks = tuple(t.strip() for t in tasks.split(",") if t.strip())
-    for t in chosen_tasks:
-        if t not in {x.value for x in Task}:
-            raise typer.BadParameter(f"unknown task {t!r}: use repetitive, quoting, chat", param_hint="--tasks")
-    try:
-        chosen_modes = tuple(parse_spec_mode(m).value for m in modes.split(",") if m.strip())
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--modes") from None
-    if not chosen_modes or chosen_modes[0] != "off":
-        raise typer.BadParameter("the modes must start with off (every ratio is to it)", param_hint="--modes")
-    cfg = SpecBenchConfig(widths=_ints(seqs), tasks=chosen_tasks, modes=chosen_modes, max_tokens=max_tokens,
-                          reps=reps, policy=policy, draft_model=draft_model, cpu_clock=not wall_clock,
-                          peer=peer, sim_profile=sim_profile)
-    if flash_attn.strip().lower() not in ("auto", "on", "off"):
-        raise typer.BadParameter(f"expected auto, on or off, got {flash_attn!r}", param_hint="--flash-attn")
-    spec = replace(_spec(backend, model, device, threads, ctx), flash_attn=flash_attn.strip().lower())
+    cfg = options.spec_config(seqs=seqs, tasks=tasks, modes=modes, max_tokens=max_tokens, reps=reps, policy=policy,
+                              draft_model=draft_model, wall_clock=wall_clock, peer=peer, sim_profile=sim_profile)
+    spec = options.spec_backend(flash_attn=flash_attn, backend=backend, model=model, device=device, threads=threads,
+                                ctx=ctx)
     real = spec.family == "llama"
     result = run_spec(spec, cfg, progress=_progress, peer=run_peer if peer and real else None)
     _finish(result, out, plot_spec)
@@ -229,7 +177,8 @@ def fork(
     from magnitude_tui.bench.plots import plot_fork
 
     cfg = ForkConfig(n=n, parent_tokens=parent, task_tokens=task, gen=gen, policy=policy, reps=reps)
-    _finish(run_fork(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, plot_fork)
+    spec = options.backend_spec(backend, model, device, threads, ctx)
+    _finish(run_fork(spec, cfg, progress=_progress), out, plot_fork)
 
 
 @bench_app.command()
@@ -245,7 +194,7 @@ def resume(
     from magnitude_tui.bench.resume import ResumeConfig, run_resume
 
     cfg = ResumeConfig(history_tokens=history, gen=gen, reps=reps, policy=policy)
-    _finish(run_resume(_spec("llama", model, device, threads, ctx), cfg, progress=_progress), out, None)
+    _finish(run_resume(options.backend_spec("llama", model, device, threads, ctx), cfg, progress=_progress), out, None)
 
 
 @bench_app.command()
@@ -263,15 +212,11 @@ def burst(
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
     """N subagents forked from a long conversation at once: TTFT, ITL and decode step at depth, every policy."""
-    _check_cpu_clock(cpu_clock, threads)
-    from magnitude_tui.bench.burst import BurstConfig, run_bursts
+    from magnitude_tui.bench.burst import run_bursts
 
-    flashes = tuple(f.strip() for f in flash.split(",") if f.strip())
-    if not flashes or any(f not in ("on", "off") for f in flashes):
-        raise typer.BadParameter(f"expected on and/or off, got {flash!r}", param_hint="--flash")
-    cfg = BurstConfig(n=n, context=context, own=own, gen=gen, policies=tuple(policy), flash=flashes,
-                      cpu_clock=cpu_clock)
-    _finish(run_bursts(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, None)
+    cfg = options.burst_config(n=n, context=context, own=own, gen=gen, policy=policy, flash=flash,
+                               cpu_clock=cpu_clock, threads=threads)
+    _finish(run_bursts(options.backend_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, None)
 
 
 @bench_app.command("target-depth")
@@ -286,12 +231,12 @@ def target_depth(
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
     """Does target:MS hold its target deep in a context? p50/p99 step against the target per depth."""
-    _check_cpu_clock(cpu_clock, threads)
-    from magnitude_tui.bench.target_depth import TargetDepthConfig, run_target_depth
+    from magnitude_tui.bench.target_depth import run_target_depth
 
-    cfg = TargetDepthConfig(depths=_ints(depths), n_running=n_running, newcomer=newcomer, target_ms=target,
-                            cpu_clock=cpu_clock)
-    _finish(run_target_depth(_spec(backend, model, device, threads, ctx), cfg, progress=_progress), out, None)
+    cfg = options.target_depth_config(depths=depths, n_running=n_running, newcomer=newcomer, target=target,
+                                      cpu_clock=cpu_clock, threads=threads)
+    spec = options.backend_spec(backend, model, device, threads, ctx)
+    _finish(run_target_depth(spec, cfg, progress=_progress), out, None)
 
 
 @bench_app.command("serve")
@@ -307,18 +252,11 @@ def serve_bench(
     model: Optional[str] = ModelOpt, threads: Optional[int] = ThreadsOpt, out: Path = OutOpt,
 ) -> None:
     """N concurrent clients against `serve` and llama-server -np N; a long prompt over HTTP; a person behind agents."""
-    from backend import usable_cpus
     from magnitude_tui.bench.plots import plot_serve
-    from magnitude_tui.bench.serve_load import ServeBenchConfig, run_serve_bench
+    from magnitude_tui.bench.serve_load import run_serve_bench
 
-    chosen = tuple(p.strip() for p in parts.split(",") if p.strip())
-    unknown = set(chosen) - {"clients", "admission", "priority"}
-    if unknown or not chosen:
-        raise typer.BadParameter(f"expected some of clients, admission, priority; got {parts!r}",
-                                 param_hint="--parts")
-    cfg = ServeBenchConfig(seqs=_ints(seqs), gen=gen, priority_agents=agents, threads=threads or usable_cpus(),
-                           peers=tuple(p.strip() for p in peers.split(",") if p.strip()), reps=reps,
-                           parts=chosen)
+    cfg = options.serve_config(seqs=seqs, gen=gen, agents=agents, peers=peers, reps=reps, parts=parts,
+                               threads=threads)
     _finish(run_serve_bench(cfg, model=model, progress=_progress), out, plot_serve)
 
 
@@ -337,60 +275,14 @@ def remote(
     out: Path = OutOpt,
 ) -> None:
     """Client-side aggregate tok/s and TTFT of 1..N concurrent sequences on a server; --local adds the local engine."""
-    widths = _ints(seqs)
-    if bool(url) == bool(llama_server):
-        raise typer.BadParameter("give either --url (a running server) or --llama-server N (start one)",
-                                 param_hint="--url")
-    with contextlib.ExitStack() as stack:
-        if llama_server:
-            url = [stack.enter_context(_vendored_llama_server(llama_server, model, device, threads, widths, gen)).url]
-        _remote_run(url, widths, gen, reps, remote_model, local, model, device, threads, out)
-
-
-@contextlib.contextmanager
-def _vendored_llama_server(slots: int, model: Optional[str], device: str, threads: Optional[int],
-                           widths: list[int], gen: int):
-    """llama-server -np `slots` on the model and thread count the local engine would use."""
-    from backend import usable_cpus
-    from backend.llama_backend import default_model_path
-    from magnitude_tui.bench.peers import PeerError, Server, tools_dir
-
-    if device != "cpu":
-        raise typer.BadParameter("--llama-server starts a CPU peer (use --device cpu); for a GPU, start "
-                                 "llama-server with its -dev flag and give --url", param_hint="--llama-server")
-    found = tools_dir()
-    if found is None:
-        raise typer.BadParameter("llama-server is not built: run `bash scripts/build_llama_tools.sh`",
-                                 param_hint="--llama-server")
-    server = Server.on_cpu(found[0], model=str(model or default_model_path()), parallel=slots,
-                           threads=threads or usable_cpus(), n_ctx=max(8192, max(widths) * (gen + 128)))
-    try:
-        with server:
-            yield server.process
-    except PeerError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--llama-server") from None
-
-
-def _remote_run(url: list[str], widths: list[int], gen: int, reps: int, remote_model: Optional[str], local: bool,
-                model: Optional[str], device: str, threads: Optional[int], out: Path) -> None:
     from magnitude_tui.bench.remote import RemoteBenchConfig, bench_engines
-    from magnitude_tui.remote.client import RemoteClient
-    from magnitude_tui.remote.config import RemoteConfig
+    from magnitude_tui.bench.remote_setup import remote_engines
 
-    try:
-        engines = {"remote": RemoteClient(RemoteConfig(tuple(url), model=remote_model, max_in_flight=max(widths)))}
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--url") from None
-    if local:
-        from backend.factory import BackendConfig
-        from magnitude_tui.engine.client import WorkerClient
-        from magnitude_tui.engine.events import EngineConfig
-
-        backend = BackendConfig("llama", model=model, device=device, n_threads=threads,
-                                n_ctx=max(8192, max(widths) * (gen + 128)), n_seq_max=max(16, max(widths)))
-        engines["local"] = WorkerClient(EngineConfig(backend))
-    cfg = RemoteBenchConfig(seqs=widths, gen=gen, reps=reps)
-    _finish(bench_engines(engines, cfg, progress=_progress), out, None)
+    widths = options.ints(seqs)
+    with remote_engines(url, llama_server, widths=widths, gen=gen, remote_model=remote_model, local=local,
+                        model=model, device=device, threads=threads) as engines:
+        _finish(bench_engines(engines, RemoteBenchConfig(seqs=widths, gen=gen, reps=reps), progress=_progress),
+                out, None)
 
 
 @bench_app.command()
@@ -408,15 +300,10 @@ def ui(
     out: Path = OutOpt,
 ) -> None:
     """Keypress-to-screen latency while N panes stream, and the engine step time with the UI vs headless."""
-    from backend.factory import BackendConfig
     from magnitude_tui.bench.ui import UiConfig, run_ui_bench
-    from magnitude_tui.engine.events import EngineConfig
 
-    th = tuple(_ints(threads)) or (None,)
-    try:
-        config = EngineConfig(backend=BackendConfig(kind=backend, device=device, model=model, n_ctx=ctx))
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--backend") from None
+    th = options.ints(threads) or (None,)
+    config = options.ui_engine_config(backend=backend, device=device, model=model, ctx=ctx)
     cfg = UiConfig(panes=panes, max_tokens=max_tokens, keys=keys, key_interval_s=interval, reps=reps, threads=th)
     _finish(run_ui_bench(config, cfg, progress=_progress), out, None)
 
@@ -467,13 +354,9 @@ def soak(
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, out: Path = OutOpt,
 ) -> None:
     """The reliability scenarios, long: state machines, bad inputs, flood, kill -9, damaged databases."""
-    from magnitude_tui.bench.soak import SCENARIOS, SoakConfig, run_soak
+    from magnitude_tui.bench.soak import SoakConfig, run_soak
 
-    chosen = tuple(s.strip() for s in only.split(",") if s.strip()) if only else tuple(SCENARIOS)
-    bad = [s for s in chosen if s not in SCENARIOS]
-    if bad:
-        raise typer.BadParameter(f"unknown scenario {bad[0]!r}: choose from {', '.join(SCENARIOS)}",
-                                 param_hint="--only")
+    chosen = options.soak_scenarios(only)
     cfg = SoakConfig(fake_ops=fake_ops, real_ops=real_ops, bad_rounds=rounds, flood_rounds=floods,
                      kill_rounds=kills, db_rounds=dbs, app_kill_rounds=app_kills, seed=seed, model=model, device=device,
                      contention_reps=contention_reps, ui_flood=ui_flood)
@@ -496,7 +379,7 @@ def contention(
     """The engine beside busy processes: tok/s against its quiet figure and llama-batched-bench -t 1..cores."""
     from magnitude_tui.bench.contention import ContentionConfig, run_contention
 
-    cfg = ContentionConfig(seqs=seqs, gen=gen, reps=reps, loads=_ints(loads) if loads else None,
+    cfg = ContentionConfig(seqs=seqs, gen=gen, reps=reps, loads=options.ints(loads) if loads else None,
                            engine_fixed=fixed, model=model)
     _finish(run_contention(cfg, progress=_progress), out, None)
 

@@ -8,7 +8,7 @@ from magnitude_tui.serve.hub import EngineHub
 from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.pane_grid import MAX_PANES
-from scheduler.types import Phase, Request, StepReport
+from scheduler.types import Phase, Request, SeqUpdate, StepReport
 
 
 class ApiPanes:
@@ -59,11 +59,17 @@ class ApiPanes:
         if not self._unpaned:
             return
         for event in batch:
-            for update in event.updates if isinstance(event, StepReport) else ():
+            if isinstance(event, StepReport):
+                updates, t = event.updates, event.t
+            elif isinstance(event, SeqUpdate):  # the worker died: each live request's last word
+                updates, t = (event,), None
+            else:
+                continue
+            for update in updates:
                 name = self._unpaned.get(update.session_id)
                 if name is None:
                     continue
-                self.workspace.sequences_panel.apply(update, name, event.t)
+                self.workspace.sequences_panel.apply(update, name, t)
                 if update.phase is Phase.DONE:
                     del self._unpaned[update.session_id]
 

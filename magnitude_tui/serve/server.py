@@ -81,6 +81,9 @@ async def serve_async(client, *, host: str, port: int, options: ServeOptions, ou
     try:
         await server.serve()
     finally:
+        # Cancelled (serve_in_thread's stop), uvicorn skips its shutdown: close the listening sockets.
+        for listening in getattr(server, "servers", ()):
+            listening.close()
         watch.cancel()
         client.stop()
         pump.cancel()

@@ -39,7 +39,6 @@ def serve_in_thread(config: EngineConfig, options: ServeOptions = ServeOptions()
     client = WorkerClient(config, in_process=in_process, log_path=None if in_process else "auto")
     client.start()
     hub = EngineHub(client)
-    loop = asyncio.new_event_loop()
     started = threading.Event()
     holder: dict = {}
 
@@ -47,7 +46,7 @@ def serve_in_thread(config: EngineConfig, options: ServeOptions = ServeOptions()
         ready = asyncio.Event()
         task = asyncio.create_task(serve_async(client, host="127.0.0.1", port=port, options=options,
                                                out=log, started=ready, hub=hub))
-        holder["task"] = task
+        holder["loop"], holder["task"] = asyncio.get_running_loop(), task
         await ready.wait()
         started.set()
         try:
@@ -55,7 +54,10 @@ def serve_in_thread(config: EngineConfig, options: ServeOptions = ServeOptions()
         except asyncio.CancelledError:
             pass
 
-    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
+    # asyncio.run, not a bare loop: at the end it cancels and awaits the tasks the server left
+    # behind (sse-starlette's shutdown watcher polls until the process exits), then closes the loop.
+    # A loop dropped with them pending logs "Task was destroyed but it is pending!".
+    thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
     thread.start()
     if not started.wait(ready_timeout):
         raise RuntimeError(f"serve did not become ready: {log.getvalue()}")
@@ -63,7 +65,7 @@ def serve_in_thread(config: EngineConfig, options: ServeOptions = ServeOptions()
     try:
         yield RunningServer(f"http://127.0.0.1:{port}", log, hub)
     finally:
-        loop.call_soon_threadsafe(holder["task"].cancel)
+        holder["loop"].call_soon_threadsafe(holder["task"].cancel)
         thread.join(timeout=30)
 
 
