@@ -109,6 +109,10 @@ class SpecState:
     # only), and one at a time judged at every depth (a guess a step judged whole would count
     # each token up to K_MAX times and the deeper estimate would forget within a step or two).
     shadows: list[Shadow] = field(default_factory=list)
+    # Per source: whether the latest draft token judged (verified, or a free guess judged) was a
+    # hit. A copy does not stop at a step's edge: after a hit the lookup's next guess goes on with
+    # the same match, so its first row is a row after an accepted one, not a fresh start.
+    copying: dict[DraftKind, bool] = field(default_factory=dict)
 
     def estimate(self, kind: DraftKind, deeper: bool = False) -> AcceptanceEstimate:
         return self.estimates.setdefault((kind, deeper), AcceptanceEstimate())

@@ -49,6 +49,8 @@ class Speculator:
     def _observe(self, seq: Sequence, kind: DraftKind, depth: int, matched: int, decided: bool) -> None:
         observe_run(seq.spec.estimate(kind), seq.spec.estimate(kind, True), depth, matched, decided)
         observe_run(self.overall[(kind, False)], self.overall[(kind, True)], depth, matched, decided)
+        if decided or matched:
+            seq.spec.copying[kind] = not decided
 
     # ---- planning ------------------------------------------------------------------------------
 
@@ -156,7 +158,8 @@ class Speculator:
                 free = src.draft_ms(1, 1) == 0.0
                 cap = len(guesses.get(seq.seq_id, [])) if free else caps[seq.seq_id]
                 if cap > 0:
-                    candidates.append((src.kind, cap, self.p(seq, src.kind)))
+                    copying = seq.spec.copying.get(src.kind, False)
+                    candidates.append((src.kind, cap, self.p(seq, src.kind, deeper=copying)))
             if not candidates:
                 continue
             kind, cap, p = candidates[pick_source([(p, share[k]) for k, _, p in candidates], row_ms)]
