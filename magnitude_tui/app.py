@@ -26,7 +26,7 @@ from themes import DEFAULT_THEME, THEMES
 # moved out of the collector's sight (gc.freeze: it lives as long as the app), and the young
 # generation is collected less often (a frame makes tens of thousands of short-lived strips and
 # segments, nearly all freed by reference counting, not by the collector).
-GC_THRESHOLDS = (20_000, 20, 100)
+GC_THRESHOLDS = (10_000, 10, 10)
 
 
 def tame_gc() -> tuple[int, ...]:
