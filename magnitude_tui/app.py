@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Iterable
 
@@ -17,6 +18,30 @@ from magnitude_tui.screens.workspace import WorkspaceScreen
 from magnitude_tui.store import Store
 from scheduler.types import SamplingParams
 from themes import DEFAULT_THEME, THEMES
+
+
+# Python's cyclic collector, left at its defaults, walks every object the app holds (Textual's
+# widgets, styles, caches: hundreds of thousands) in each full collection: a pause of 100+ ms that
+# lands on whatever key is waiting for its frame. Once the workspace is up, what exists then is
+# moved out of the collector's sight (gc.freeze: it lives as long as the app), and the young
+# generation is collected less often (a frame makes tens of thousands of short-lived strips and
+# segments, nearly all freed by reference counting, not by the collector).
+GC_THRESHOLDS = (10_000, 10, 10)
+
+
+def tame_gc() -> tuple[int, ...]:
+    """Freeze what exists now out of the cyclic collector's walks and space its collections;
+    returns the thresholds before (`untame_gc` puts them back)."""
+    before = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    return before
+
+
+def untame_gc(thresholds: tuple[int, ...]) -> None:
+    gc.unfreeze()  # what was frozen is the collector's again (the app is gone)
+    gc.set_threshold(*thresholds)
 
 
 def available_themes() -> list[str]:
@@ -51,6 +76,7 @@ class MagnitudeApp(App):
         self.store = store
         self._resume = resume
         self._export_dir = export_dir or Path.cwd()
+        self._gc_thresholds: tuple[int, ...] | None = None  # the collector's, while the app tamed it
         for t in THEMES:
             self.register_theme(t)
         wanted = theme or store.get_setting("theme") or DEFAULT_THEME
@@ -69,6 +95,10 @@ class MagnitudeApp(App):
                                             sampling=self.sampling, serve=self.serve, roles=self.roles),
                            "workspace")
         self.push_screen("workspace")  # it starts the engine once its panes are mounted
+        self.call_after_refresh(self._tame_gc)  # the first frame is drawn: what is alive now stays
+
+    def _tame_gc(self) -> None:
+        self._gc_thresholds = tame_gc()
 
     def watch_theme(self, theme: str) -> None:
         self.store.set_setting("theme", theme)
@@ -80,6 +110,8 @@ class MagnitudeApp(App):
 
     def on_unmount(self) -> None:
         self.client.stop()
+        if self._gc_thresholds is not None:
+            untame_gc(self._gc_thresholds)
 
     def engine_failed(self, reason: str | None) -> None:
         """The workspace reports the engine down (with why) or up again (None)."""

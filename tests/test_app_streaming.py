@@ -11,7 +11,7 @@ from textual.widgets._markdown import MarkdownFence, MarkdownParagraph
 
 from tests.app_support import SIZE, ScriptedClient, make_app, settle, type_message, wait_for
 from magnitude_tui.bench.ui_cpu import CpuConfig, PacedClient, reply_tokens, run_cpu
-from magnitude_tui.screens.workspace import BACKGROUND_PAINT_S, BUSY_PANES, TYPING_MAX_HOLD_S
+from magnitude_tui.screens.painter import BACKGROUND_PAINT_S, BUSY_PANES, TYPING_MAX_HOLD_S, Painter
 from magnitude_tui.widgets.message_view import MessageView, settled_prefix
 from magnitude_tui.widgets.streaming_text import StreamingText
 
@@ -134,28 +134,62 @@ async def test_background_panes_paint_less_often_while_many_stream(tmp_path):
         focused, other = ws.grid.focused_pane(), ws.grid.panes[0]
         assert focused is not other and focused.busy and other.busy
         focused.composer.typed_at = -1.0  # not typing (the prompts were typed just now)
-        ws._painted_all = time.monotonic() + 3600  # as if every pane was just painted: not due again
+        ws.painter.painted_all = time.monotonic() + 3600  # as if every pane was just painted: not due again
         client.step(2)
         await wait_for(pilot, lambda: other._reply.pending and focused.last_update.generated >= 4,
                        what="two more tokens")
         await ws.paint()  # what the tick does: the focused pane is painted, the others wait
         assert not focused._reply.pending and other._reply.pending
-        ws._painted_all = 0.0
+        ws.painter.painted_all = 0.0
         await ws.paint()
         assert not other._reply.pending
         # Typing: the background panes' paint waits while keys come, up to TYPING_MAX_HOLD_S.
         client.step(2)
         await wait_for(pilot, lambda: other._reply.pending, what="two more tokens")
         focused.composer.typed_at = before = time.monotonic()  # the user is typing...
-        ws._painted_all = time.monotonic() - BACKGROUND_PAINT_S  # ...when the background is due
+        ws.painter.painted_all = time.monotonic() - BACKGROUND_PAINT_S  # ...when the background is due
         await pilot.press("x")
         assert focused.composer.typed_at > before  # a key in the composer counts as typing
         await ws.paint()
         assert other._reply.pending
-        ws._painted_all = time.monotonic() - TYPING_MAX_HOLD_S  # held long enough
+        ws.painter.painted_all = time.monotonic() - TYPING_MAX_HOLD_S  # held long enough...
+        ws.painter.painted_at.clear()  # ...and no pane painted within it
         focused.composer.typed_at = time.monotonic()
-        await ws.paint()
+        for _ in ws.grid.panes:  # one pane a tick (see the next test)
+            await ws.paint()
         assert not other._reply.pending
+
+
+async def test_when_the_typing_hold_is_used_up_the_panes_are_painted_one_per_tick(tmp_path):
+    # A frame that lays out every streaming pane took ~0.5 s of the app's thread with eight panes:
+    # a key typed meanwhile waited for all of it. One pane per tick bounds what a key waits for.
+    client = ScriptedClient(reply=lambda r: " ".join(["word"] * 60))
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        ws = app.workspace
+        for i in range(3):
+            if i:
+                await pilot.press("ctrl+n")
+            await type_message(pilot, f"q{i}")
+        client.step(4)
+        await settle(pilot)
+        panes, focused = ws.grid.panes, ws.grid.focused_pane()
+        focused.composer.typed_at = time.monotonic() + 3600  # typing, for as long as the test needs
+        ws.painter.painted_all = time.monotonic() + 3600  # the app's own tick holds throughout
+        client.step(2)
+        await wait_for(pilot, lambda: all(p._reply.pending for p in panes), what="two more tokens")
+        painter = Painter(ws)  # ticked by hand: its hold is used up, no pane painted within it
+        painter.painted_all = time.monotonic() - TYPING_MAX_HOLD_S
+        painted = []
+        for _ in panes:
+            await painter.paint()
+            now_painted = [p for p in panes if not p._reply.pending]
+            assert len(now_painted) == len(painted) + 1  # exactly one more pane a tick
+            painted = now_painted
+        client.step(2)
+        await wait_for(pilot, lambda: all(p._reply.pending for p in panes), what="two more tokens")
+        await painter.paint()
+        assert all(p._reply.pending for p in panes)  # each had its turn: the hold starts again
 
 
 async def test_while_keys_come_not_even_the_focused_panes_text_is_painted(tmp_path):
@@ -170,7 +204,7 @@ async def test_while_keys_come_not_even_the_focused_panes_text_is_painted(tmp_pa
         await settle(pilot)
         focused = ws.grid.focused_pane()
         focused.composer.typed_at = time.monotonic() + 3600  # typing, for as long as the test needs
-        ws._painted_all = time.monotonic() + 3600  # ...and the hold is not used up
+        ws.painter.painted_all = time.monotonic() + 3600  # ...and the hold is not used up
         client.step(2)
         await wait_for(pilot, lambda: focused._reply.pending, what="two more tokens")
         await ws.paint()

@@ -4,7 +4,6 @@ pane action (spawning subagents is in magnitude_tui/subagents.py)."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, Engin
                                          SpecChanged)
 from magnitude_tui.engine.protocol import EngineClient
 from magnitude_tui.export import export_pane
+from magnitude_tui.screens.painter import PAINT_TICK_S, Painter
 from magnitude_tui.screens.policy_dialog import PolicyDialog
 from magnitude_tui.screens.spawn_dialog import SpawnDialog
 from magnitude_tui.store import PaneRecord, Store
@@ -38,12 +38,7 @@ from scheduler.types import DoneReason, Phase, Priority, Request, SamplingParams
 PUMP_WAIT_S = 0.2  # longest blocking wait for the next batch (bounds shutdown latency)
 PUMP_SLICE_S = 0.02  # longest the pump holds the event loop while draining a backlog
 SAVE_INTERVAL_S = 0.5  # streaming replies reach the database at most this far behind
-PAINT_TICK_S = 0.1  # the focused pane's text and status repaint this often (tokens are buffered)
-BACKGROUND_PAINT_S = 0.25  # the other panes', while more than BUSY_PANES panes stream at once
-BUSY_PANES = 2
 SCHEDULER_PANEL_MIN_WIDTH = 110  # columns; narrower terminals start with the scheduler panel hidden
-TYPING_S = 0.3  # after a keypress, only the focused pane repaints this long (the key's frame stays small)
-TYPING_MAX_HOLD_S = 1.0  # ... but the other panes still repaint at least this often while keys come
 _PANES = Binding.Group("Pane")
 _PANELS = Binding.Group("Panels")
 
@@ -100,7 +95,7 @@ class WorkspaceScreen(Screen):
         self._focus_after_restart: str | None = None  # the pane that had focus when ctrl+r was pressed
         self.n_ctx_seq: int | None = None  # tokens one sequence can hold (from EngineReady)
         self._panes: dict[str, ChatPane] = {}  # open panes; outlives the DOM at shutdown, for save()
-        self._painted_all = 0.0  # when every pane was last painted (monotonic)
+        self.painter = Painter(self)
         self.batches_applied = 0  # engine batches taken in (tests wait on it, not on wall time)
         self._scheduler_chosen = False  # f3 was pressed: the panel no longer follows the width
         self.warm: dict[str, SessionRestored] = {}  # the engine's answer about each pane's saved KV
@@ -189,34 +184,8 @@ class WorkspaceScreen(Screen):
         self.notify(message, severity="warning")
 
     async def paint(self) -> None:
-        """Paint the panes' buffered text and status; the panes painted together share one frame.
-
-        Each Textual frame lays out the whole screen and redraws the bounding box of everything
-        that changed, every widget level in it: a frame in which panes all over the grid changed
-        costs about a full redraw, so panes painted together share one frame. The focused pane is
-        painted on every tick; the others too while at most BUSY_PANES panes
-        stream, else every BACKGROUND_PAINT_S. Within TYPING_S of a keypress no pane's text is
-        painted, the focused one's neither (for at most TYPING_MAX_HOLD_S): a new row of text lays
-        out the whole screen, and the frame that shows the typed key should only draw the
-        composer. A pane whose reply ended is painted at once (its ending posts ReplyFinished),
-        and a pane hidden by zoom only then.
-        """
-        panes = [p for p in self._panes.values() if p.is_mounted]
-        now = time.monotonic()
-        everyone = sum(p.busy for p in panes) <= BUSY_PANES or now - self._painted_all >= BACKGROUND_PAINT_S
-        focused = self.grid.focused_pane()
-        typed_at = focused.composer.typed_at if focused is not None else -1.0
-        typing = now - typed_at < TYPING_S and now - self._painted_all < TYPING_MAX_HOLD_S
-        if typing:
-            everyone = False  # the frame that shows a typed key should not also lay out the grid
-        if everyone:
-            self._painted_all = now
-        with self.app.batch_update():
-            for pane in panes:
-                if not pane.is_mounted:  # closed while an earlier pane was being painted
-                    continue
-                if pane.has_ended or ((everyone or (pane is focused and not typing)) and pane.display):
-                    await pane.flush()
+        """The paint tick (screens/painter.py decides which panes flush their buffered text)."""
+        await self.painter.paint()
 
     # ---- engine events ------------------------------------------------------------------------
 
