@@ -13,10 +13,13 @@ from magnitude_tui.agents import AgentSettings
 from magnitude_tui.commands import palette_commands
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.engine.protocol import EngineClient
+from magnitude_tui.gc_pacing import GcPacer
 from magnitude_tui.screens.workspace import WorkspaceScreen
 from magnitude_tui.store import Store
 from scheduler.types import SamplingParams
 from themes import DEFAULT_THEME, THEMES
+
+GC_TICK_S = 0.25  # how often the app asks whether a full garbage collection is due
 
 
 def available_themes() -> list[str]:
@@ -53,6 +56,7 @@ class MagnitudeApp(App):
         self._export_dir = export_dir or Path.cwd()
         for t in THEMES:
             self.register_theme(t)
+        self.gc_pacer = GcPacer()  # full garbage collections between keys, not during them
         wanted = theme or store.get_setting("theme") or DEFAULT_THEME
         self.theme = wanted if wanted in self.available_themes else DEFAULT_THEME
 
@@ -69,6 +73,12 @@ class MagnitudeApp(App):
                                             sampling=self.sampling, serve=self.serve, roles=self.roles),
                            "workspace")
         self.push_screen("workspace")  # it starts the engine once its panes are mounted
+        self.gc_pacer.start()
+        self.set_interval(GC_TICK_S, self._collect_between_keys)
+
+    def _collect_between_keys(self) -> None:
+        pane = self.workspace.grid.focused_pane() if self.workspace.is_mounted else None
+        self.gc_pacer.tick(pane.composer.typed_at if pane is not None else -1.0)
 
     def watch_theme(self, theme: str) -> None:
         self.store.set_setting("theme", theme)
@@ -79,6 +89,7 @@ class MagnitudeApp(App):
             yield from palette_commands(screen)
 
     def on_unmount(self) -> None:
+        self.gc_pacer.stop()
         self.client.stop()
 
     def engine_failed(self, reason: str | None) -> None:
