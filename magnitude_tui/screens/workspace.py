@@ -28,7 +28,7 @@ from magnitude_tui.store import PaneRecord, Store
 from magnitude_tui.subagents import Subagents, next_name
 from magnitude_tui.turns import Turns
 from magnitude_tui.widgets.chat_pane import ChatPane
-from magnitude_tui.widgets.composer import Composer
+from magnitude_tui.widgets.composer import TYPING_S, Composer  # TYPING_S: no pane repaints this long after a key
 from magnitude_tui.widgets.loading_view import LoadingView
 from magnitude_tui.widgets.pane_grid import MAX_PANES, PaneGrid
 from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
@@ -42,7 +42,6 @@ PAINT_TICK_S = 0.1  # the focused pane's text and status repaint this often (tok
 BACKGROUND_PAINT_S = 0.25  # the other panes', while more than BUSY_PANES panes stream at once
 BUSY_PANES = 2
 SCHEDULER_PANEL_MIN_WIDTH = 110  # columns; narrower terminals start with the scheduler panel hidden
-TYPING_S = 0.3  # after a keypress, only the focused pane repaints this long (the key's frame stays small)
 TYPING_MAX_HOLD_S = 1.0  # ... but the other panes still repaint at least this often while keys come
 _PANES = Binding.Group("Pane")
 _PANELS = Binding.Group("Panels")
