@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 from typing import Iterable
 
@@ -14,34 +13,13 @@ from magnitude_tui.agents import AgentSettings
 from magnitude_tui.commands import palette_commands
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.engine.protocol import EngineClient
+from magnitude_tui.gc_pacing import GcPacer
 from magnitude_tui.screens.workspace import WorkspaceScreen
 from magnitude_tui.store import Store
 from scheduler.types import SamplingParams
 from themes import DEFAULT_THEME, THEMES
 
-
-# Python's cyclic collector, left at its defaults, walks every object the app holds (Textual's
-# widgets, styles, caches: hundreds of thousands) in each full collection: a pause of 100+ ms that
-# lands on whatever key is waiting for its frame. Once the workspace is up, what exists then is
-# moved out of the collector's sight (gc.freeze: it lives as long as the app), and the young
-# generation is collected less often (a frame makes tens of thousands of short-lived strips and
-# segments, nearly all freed by reference counting, not by the collector).
-GC_THRESHOLDS = (10_000, 10, 10)
-
-
-def tame_gc() -> tuple[int, ...]:
-    """Freeze what exists now out of the cyclic collector's walks and space its collections;
-    returns the thresholds before (`untame_gc` puts them back)."""
-    before = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-    return before
-
-
-def untame_gc(thresholds: tuple[int, ...]) -> None:
-    gc.unfreeze()  # what was frozen is the collector's again (the app is gone)
-    gc.set_threshold(*thresholds)
+GC_TICK_S = 0.25  # how often the app asks whether a full garbage collection is due
 
 
 def available_themes() -> list[str]:
@@ -76,9 +54,9 @@ class MagnitudeApp(App):
         self.store = store
         self._resume = resume
         self._export_dir = export_dir or Path.cwd()
-        self._gc_thresholds: tuple[int, ...] | None = None  # the collector's, while the app tamed it
         for t in THEMES:
             self.register_theme(t)
+        self.gc_pacer = GcPacer()  # full garbage collections between keys, not during them
         wanted = theme or store.get_setting("theme") or DEFAULT_THEME
         self.theme = wanted if wanted in self.available_themes else DEFAULT_THEME
 
@@ -95,10 +73,15 @@ class MagnitudeApp(App):
                                             sampling=self.sampling, serve=self.serve, roles=self.roles),
                            "workspace")
         self.push_screen("workspace")  # it starts the engine once its panes are mounted
-        self.call_after_refresh(self._tame_gc)  # the first frame is drawn: what is alive now stays
+        self.call_after_refresh(self._pace_gc)  # the first frame is drawn: what is alive now stays
 
-    def _tame_gc(self) -> None:
-        self._gc_thresholds = tame_gc()
+    def _pace_gc(self) -> None:
+        self.gc_pacer.start()
+        self.set_interval(GC_TICK_S, self._collect_between_keys)
+
+    def _collect_between_keys(self) -> None:
+        pane = self.workspace.grid.focused_pane() if self.workspace.is_mounted else None
+        self.gc_pacer.tick(pane.composer.typed_at if pane is not None else -1.0)
 
     def watch_theme(self, theme: str) -> None:
         self.store.set_setting("theme", theme)
@@ -109,9 +92,8 @@ class MagnitudeApp(App):
             yield from palette_commands(screen)
 
     def on_unmount(self) -> None:
+        self.gc_pacer.stop()
         self.client.stop()
-        if self._gc_thresholds is not None:
-            untame_gc(self._gc_thresholds)
 
     def engine_failed(self, reason: str | None) -> None:
         """The workspace reports the engine down (with why) or up again (None)."""

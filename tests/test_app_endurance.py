@@ -106,19 +106,3 @@ def test_the_flood_never_sends_more_than_it_was_asked_for():
     report = client._step(0.08)
     flood = next(u for u in report.updates if u.request_id == "flood")
     assert client.flood_sent == flood.generated == 50 and flood.phase is Phase.DONE
-
-
-async def test_the_running_app_keeps_its_startup_objects_out_of_the_collectors_walks(tmp_path):
-    # Full collections walked every object Textual holds: 100+ ms pauses that landed on keys
-    # (14 of them in a 12 s `bench ui-cpu`). Once up, the app freezes what exists then and spaces
-    # the collections; when it exits the collector is as it was.
-    import gc
-
-    from magnitude_tui.app import GC_THRESHOLDS
-
-    before = gc.get_threshold()
-    app = make_app(tmp_path, ScriptedClient())
-    async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: gc.get_freeze_count() > 0, what="the startup objects frozen")
-        assert gc.get_threshold() == GC_THRESHOLDS
-    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before

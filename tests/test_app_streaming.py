@@ -237,3 +237,28 @@ async def test_cpu_harness_reports_well_formed_figures():
     painted = [k for k in r.keys if k is not None]
     assert painted and r.key_p50_ms <= r.key_p95_ms <= r.key_max_ms < 2000
     assert "cores" in r.summary()
+
+
+async def test_finished_blocks_wait_in_the_open_text_while_keys_come(tmp_path):
+    # Mounting a finished block as Markdown lays out the screen several frames in a row; a key
+    # typed meanwhile waited for them (bench ui-cpu, 8 panes: key p50 350-1,118 ms with it,
+    # 10-20 ms without). So while keys come the blocks stay in the open text.
+    app = make_app(tmp_path, client := ScriptedClient(reply=_code_reply))
+    async with app.run_test(size=SIZE) as pilot:
+        await type_message(pilot, "how")
+        pane = app.workspace.grid.panes[0]
+        assert app.screen.focused is pane.composer
+        pane.composer.typed_at = float("inf")  # keys keep coming (the hold still paints every 1 s)
+        client.step(8)  # prefill, then tokens past the first paragraph, into the code block
+        painted = lambda r: r is not None and r.view is not None and not r.pending  # noqa: E731
+        await wait_for(pilot, lambda: painted(pane._reply) and pane._reply.view.query(StreamingText).last()
+                       .text.endswith("per_row * "), what="a paint while keys come")
+        await pilot.pause()
+        view = pane._reply.view
+        assert not view.query(Markdown)
+        assert view.query(StreamingText).last().text == pane.record.messages[-1].content
+        pane.composer.typed_at = -1.0  # the typing stops: the next paint settles what finished
+        client.step(1)  # the fence closes as well
+        expected = ["Use **this**:\n\n```python\nstep_ms = fixed + per_row * rows\n```\n"]
+        await wait_for(pilot, lambda: _sources(view) == expected, what="the finished blocks as Markdown")
+        assert view.query(StreamingText).last().text == "That "

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import time
 
+from magnitude_tui.widgets.composer import TYPING_S  # after a key no pane paints this long
+
 PAINT_TICK_S = 0.1  # the focused pane's text and status repaint this often (tokens are buffered)
 BACKGROUND_PAINT_S = 0.25  # the other panes', while more than BUSY_PANES panes stream at once
 BUSY_PANES = 2
-TYPING_S = 0.3  # after a keypress, no pane's text is painted this long (the key's frame stays small)
 TYPING_MAX_HOLD_S = 1.0  # ... but the panes still repaint (one per tick) at least this often
 
 

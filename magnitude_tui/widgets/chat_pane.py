@@ -13,7 +13,7 @@ from textual.widgets import Static
 
 from magnitude_tui.agents import AgentSettings
 from magnitude_tui.store import MessageRecord, PaneRecord
-from magnitude_tui.widgets.composer import Composer
+from magnitude_tui.widgets.composer import Composer, typing_in
 from magnitude_tui.widgets.format import fmt_count
 from magnitude_tui.widgets.message_view import MessageView
 from magnitude_tui.widgets.status_line import StatusLine
@@ -369,7 +369,9 @@ class ChatPane(Vertical):
                 return
             reply.view = MessageView(reply.message, speaker=self.record.name, streaming=True)
             await transcript.first().mount(reply.view)
-        await reply.view.write(text)
+        # While keys come, finished blocks wait in the open text: mounting them as Markdown lays
+        # out the screen several frames in a row, and a typed key's frame would wait for that.
+        await reply.view.write(text, settle=not (self.is_attached and typing_in(self.screen)))
 
     async def _settle(self, reply: "_Reply | None", update: SeqUpdate) -> None:
         note = f"{update.done_reason.value if update.done_reason else 'error'}: {update.error}" if update.error else None

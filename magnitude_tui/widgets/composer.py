@@ -18,6 +18,15 @@ NEWLINE_KEYS = ("shift+enter", "ctrl+j")
 MAX_ROWS = 8
 
 
+TYPING_S = 0.3  # a key came this recently: the user is typing
+
+
+def typing_in(screen) -> bool:
+    """Whether a key reached the screen's focused composer within TYPING_S."""
+    focused = screen.focused
+    return isinstance(focused, Composer) and time.monotonic() - focused.typed_at < TYPING_S
+
+
 class Composer(TextArea):
     """Where the user types a message or a slash command (/spawn N task, /burst N, /policy P).
 

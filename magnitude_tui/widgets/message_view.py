@@ -64,6 +64,7 @@ class MessageView(Vertical):
         self._body_lock = asyncio.Lock()
         self._header = ""
         self._streamed = 0  # characters written so far
+        self._deferred = False  # the open text may hold finished blocks (a write did not settle)
         self._long = len(message.content) > LONG_REPLY_CHARS  # drawn as StreamingText only
 
     @staticmethod
@@ -101,8 +102,9 @@ class MessageView(Vertical):
             state = f" · {m.done_reason}"
         return f"{self._speaker}{state}"
 
-    async def write(self, fragment: str) -> None:
-        """Append streamed text (called on the workspace's paint tick, never per token)."""
+    async def write(self, fragment: str, *, settle: bool = True) -> None:
+        """Append streamed text (called on the workspace's paint tick, never per token). With
+        `settle` False, finished blocks stay in the open text until a write that settles."""
         async with self._body_lock:  # a paint and the reply's end may overlap at their awaits
             if self._finished:
                 return  # finish() took the whole message already
@@ -122,8 +124,14 @@ class MessageView(Vertical):
             if self._long:
                 tail.append(fragment)
                 return
-            # A block can only end at a newline, and the tail holds none that ended one.
-            pending = tail.text + fragment if "\n" in fragment else ""
+            if not settle:
+                tail.append(fragment)
+                self._deferred = True
+                return
+            # A block can only end at a newline, and the tail holds none that ended one (unless
+            # an earlier write deferred settling).
+            pending = tail.text + fragment if "\n" in fragment or self._deferred else ""
+            self._deferred = False
             cut = settled_prefix(pending)
             if cut:
                 tail.reset(pending[cut:])
