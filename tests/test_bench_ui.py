@@ -45,3 +45,13 @@ def test_tiny_real_bench_ui_is_well_formed():
     _check(res, 2, 3)
     headless = next(iter(res.tables.values()))[0]
     assert headless["steps(2x0)"] > 0 and headless["step_ms_p50"] > 0
+
+
+def test_keys_never_painted_count_in_the_percentiles_as_their_timeout():
+    # Left out, a run whose slowest 10 % of keys never showed read p95 = the fast keys' 10 ms.
+    from magnitude_tui.bench.ui_keys import KeyFigures
+
+    figures = KeyFigures.of([10.0] * 18 + [None, None], timeout_ms=2000.0)
+    assert figures.missed == 2
+    assert figures.p50_ms == 10.0 and figures.p95_ms == 2000.0 and figures.max_ms == 2000.0
+    assert KeyFigures.of([]) == KeyFigures(None, None, None, 0)
