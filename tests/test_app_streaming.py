@@ -160,9 +160,11 @@ async def test_background_panes_paint_less_often_while_many_stream(tmp_path):
         assert not other._reply.pending
 
 
-async def test_when_the_typing_hold_is_used_up_the_panes_are_painted_one_per_tick(tmp_path):
+async def test_when_the_typing_hold_is_used_up_the_panes_are_painted_one_per_key_after_its_frame(tmp_path):
     # A frame that lays out every streaming pane took ~0.5 s of the app's thread with eight panes:
-    # a key typed meanwhile waited for all of it. One pane per tick bounds what a key waits for.
+    # a key typed meanwhile waited for all of it. While keys come the tick paints nothing; once the
+    # hold is used up, one pane is painted right after each key's frame (when the next key is a
+    # typing interval away), so a key waits for no pane's frame at a typing pace.
     client = ScriptedClient(reply=lambda r: " ".join(["word"] * 60))
     app = make_app(tmp_path, client)
     async with app.run_test(size=SIZE) as pilot:
@@ -175,21 +177,42 @@ async def test_when_the_typing_hold_is_used_up_the_panes_are_painted_one_per_tic
         await settle(pilot)
         panes, focused = ws.grid.panes, ws.grid.focused_pane()
         focused.composer.typed_at = time.monotonic() + 3600  # typing, for as long as the test needs
-        ws.painter.painted_all = time.monotonic() + 3600  # the app's own tick holds throughout
+        ws.painter.painted_all = time.monotonic() + 3600  # the app's own painter holds throughout
         client.step(2)
         await wait_for(pilot, lambda: all(p._reply.pending for p in panes), what="two more tokens")
-        painter = Painter(ws)  # ticked by hand: its hold is used up, no pane painted within it
+        painter = Painter(ws)  # driven by hand: its hold is used up, no pane painted within it
         painter.painted_all = time.monotonic() - TYPING_MAX_HOLD_S
+        await painter.paint()
+        assert all(p._reply.pending for p in panes)  # the tick paints nothing while keys come
         painted = []
         for _ in panes:
-            await painter.paint()
+            await painter.after_key()
             now_painted = [p for p in panes if not p._reply.pending]
-            assert len(now_painted) == len(painted) + 1  # exactly one more pane a tick
+            assert len(now_painted) == len(painted) + 1  # exactly one more pane a key
             painted = now_painted
         client.step(2)
         await wait_for(pilot, lambda: all(p._reply.pending for p in panes), what="two more tokens")
-        await painter.paint()
+        await painter.after_key()
         assert all(p._reply.pending for p in panes)  # each had its turn: the hold starts again
+
+
+async def test_a_typed_key_tells_the_workspace_once_its_frame_is_drawn(tmp_path):
+    # The painter's moment for a waiting pane is right after a key's frame: the composer posts
+    # KeyShown after the refresh that follows the key.
+    app = make_app(tmp_path, ScriptedClient())
+    async with app.run_test(size=SIZE) as pilot:
+        ws = app.workspace
+        shown = []
+        original = ws.painter.after_key
+
+        async def after_key():
+            shown.append(ws.grid.focused_pane().composer.value)
+            await original()
+
+        ws.painter.after_key = after_key
+        await pilot.press("h", "i")
+        await wait_for(pilot, lambda: len(shown) == 2, what="two keys shown")
+        assert shown[-1] == "hi"
 
 
 async def test_while_keys_come_not_even_the_focused_panes_text_is_painted(tmp_path):

@@ -9,9 +9,10 @@ painted together share one frame (one `batch_update`). Panes are painted on a ti
 - while keys come (within TYPING_S of one) no pane's text is painted, the focused one's neither,
   for at most TYPING_MAX_HOLD_S: a new row of text lays out the whole screen, and the frame that
   shows the typed key should draw little more than the composer. When the hold is used up and keys
-  still come, the panes are painted one per tick, the least recently painted first, until each had
-  its turn (then the hold starts again): a key typed meanwhile waits for one pane's frame at most,
-  not for a frame that lays out and draws all eight;
+  still come, the panes are painted one per key, right after the frame that showed it (the moment
+  with a typing interval to spare before the next key), the least recently painted first, until
+  each had its turn (then the hold starts again): a key waits neither for a frame that lays out
+  and draws all eight nor, at a typing pace, for one pane's;
 - a pane whose reply ended is painted at once (its ending posts ReplyFinished, which subagents
   wait for), and a pane hidden by zoom only then.
 """
@@ -38,18 +39,32 @@ class Painter:
 
     async def paint(self) -> None:
         ws = self.workspace
-        panes = [p for p in ws.panes_by_session().values() if p.is_mounted]
+        panes = self._panes()
         now = time.monotonic()
         focused = ws.grid.focused_pane()
         typed_at = focused.composer.typed_at if focused is not None else -1.0
         if now - typed_at < TYPING_S:
-            chosen = self._turn(panes, now)
+            chosen = []  # keys come: the panes that waited get their turns right after a key's frame
         else:
             everyone = sum(p.busy for p in panes) <= BUSY_PANES or now - self.painted_all >= BACKGROUND_PAINT_S
             if everyone:
                 self.painted_all = now
             chosen = [p for p in panes if (everyone or p is focused) and p.display]
-        with ws.app.batch_update():
+        await self._flush(panes, chosen, now)
+
+    async def after_key(self) -> None:
+        """The frame showing a key is drawn: the next key is a typing interval away, the best moment
+        for one pane's frame (the least recently painted, once the hold is used up)."""
+        panes, now = self._panes(), time.monotonic()
+        chosen = self._turn(panes, now)
+        if chosen:
+            await self._flush(panes, chosen, now)
+
+    def _panes(self) -> list:
+        return [p for p in self.workspace.panes_by_session().values() if p.is_mounted]
+
+    async def _flush(self, panes: list, chosen: list, now: float) -> None:
+        with self.workspace.app.batch_update():
             for pane in panes:
                 if not pane.is_mounted:  # closed while an earlier pane was being painted
                     continue
@@ -58,7 +73,7 @@ class Painter:
                     await pane.flush()
 
     def _turn(self, panes: list, now: float) -> list:
-        """While keys come: nobody during the hold, then one pane per tick, the least recently
+        """While keys come: nobody during the hold, then one pane per key, the least recently
         painted first, until none is older than the hold."""
         if now - self.painted_all < TYPING_MAX_HOLD_S:
             return []

@@ -316,6 +316,10 @@ class WorkspaceScreen(Screen):
     async def _reply_finished(self, event: ChatPane.ReplyFinished) -> None:
         await self.turns.reply_finished(event)
 
+    @on(Composer.KeyShown)
+    async def _key_shown(self, event: Composer.KeyShown) -> None:
+        await self.painter.after_key()
+
     @on(Composer.RecallRequested)
     def _recall(self, event: Composer.RecallRequested) -> None:
         pane = self.grid.focused_pane()

@@ -56,6 +56,13 @@ class Composer(TextArea):
 
         composer: "Composer"
 
+    @dataclass
+    class KeyShown(Message):
+        """The frame after a key is drawn: the moment with the most time to spare before the next
+        key, when the workspace paints a pane that waited while keys came."""
+
+        composer: "Composer"
+
     def __init__(self, **kwargs) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus",
                          compact=True, highlight_cursor_line=False,
@@ -89,6 +96,7 @@ class Composer(TextArea):
     # default, so these handle what they take over and otherwise leave TextArea's to run next.
     def _on_key(self, event: events.Key) -> None:
         self.typed_at = time.monotonic()
+        self.call_after_refresh(self._key_shown)
         if event.key == "enter":
             self.submit()
         elif event.key in NEWLINE_KEYS:
@@ -108,6 +116,10 @@ class Composer(TextArea):
         self.typed_at = time.monotonic()
         text = event.text.replace("\r\n", "\n").replace("\r", "\n")
         self.move_cursor(self.replace(text, *self.selection).end_location)
+
+    def _key_shown(self) -> None:
+        if self.is_attached:
+            self.post_message(self.KeyShown(self))
 
     def submit(self) -> None:
         """Take the text now and announce it; an empty composer sends nothing. Submitted is posted
