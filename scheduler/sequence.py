@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence as SequenceABC
 from typing import Any
 
 from scheduler.drafts import DraftKind
@@ -107,6 +108,10 @@ class Sequence:
     def all_tokens(self) -> list[int]:
         return self.prompt + self.output
 
+    def tokens_view(self) -> TokenView:
+        """Prompt + output, read in place: what a draft source is shown every step without a copy."""
+        return TokenView(self.prompt, self.output)
+
     def refresh_phase(self) -> None:
         """Running sequences show prefill until their first token, then generating."""
         if self.seq_id is None or self.is_finished:
@@ -118,6 +123,37 @@ class Sequence:
             f"Sequence({self.request_id!r}, seq={self.seq_id}, {self.phase.value}, "
             f"computed={self.num_computed}/{self.num_tokens}, out={len(self.output)})"
         )
+
+
+class TokenView(SequenceABC):
+    """A read-only view of prompt + output: its length, one token or a slice cost what they read,
+    never the whole context (a per-step `prompt + output` copied every drafting sequence's context)."""
+
+    __slots__ = ("_prompt", "_output")
+
+    def __init__(self, prompt: list[int], output: list[int]) -> None:
+        self._prompt, self._output = prompt, output
+
+    def __len__(self) -> int:
+        return len(self._prompt) + len(self._output)
+
+    def __getitem__(self, index):  # int -> token, slice -> list of tokens
+        n_prompt, n = len(self._prompt), len(self)
+        if isinstance(index, slice):
+            start, stop, step = index.indices(n)
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            if stop <= start:
+                return []
+            if stop <= n_prompt:
+                return self._prompt[start:stop]
+            if start >= n_prompt:
+                return self._output[start - n_prompt:stop - n_prompt]
+            return self._prompt[start:] + self._output[:stop - n_prompt]
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError("token index out of range")
+        return self._prompt[i] if i < n_prompt else self._output[i - n_prompt]
 
 
 class Session:

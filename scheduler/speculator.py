@@ -82,7 +82,7 @@ class Speculator:
         for seq in decoding:
             for src in sources:
                 if caps[seq.seq_id] > 0 and src.draft_ms(1, 1) == 0.0:
-                    guesses[seq.seq_id] = src.propose(seq.seq_id, seq.all_tokens(), K_MAX)[:caps[seq.seq_id]]
+                    guesses[seq.seq_id] = src.propose(seq.seq_id, seq.tokens_view(), K_MAX)[:caps[seq.seq_id]]
                     guessed_by[seq.seq_id] = src.kind
                     break
         if self.mode.forced is not None:
@@ -98,7 +98,7 @@ class Speculator:
             k, kind = ks.get(seq.seq_id, 0), chosen.get(seq.seq_id)
             if k > 0 and kind is not None and not (self.sources[kind].draft_ms(1, 1) == 0.0
                                                    and guesses.get(seq.seq_id)):
-                wants.setdefault(kind, []).append(DraftWant(seq.seq_id, seq.all_tokens(), k))
+                wants.setdefault(kind, []).append(DraftWant(seq.seq_id, seq.tokens_view(), k))
         drafted = {kind: propose_all(self.sources[kind], ws) for kind, ws in wants.items()}
         out: dict[int, tuple[DraftKind, tuple[int, ...]]] = {}
         for seq in decoding:

@@ -318,3 +318,82 @@ def test_auto_looks_nothing_up_where_no_draft_row_could_pay(n, asked):
     assert (lookups > 0) is asked, lookups
     if not asked:
         assert sum(r.draft_rows for r in reports) == 0
+
+
+class SyncCheckingLookup(NgramSource):
+    """n-gram lookup that checks, at every guess, that its index holds exactly the sequence's
+    committed tokens (prompt and output so far: never a rejected draft, never another request's)."""
+
+    def __init__(self, engine_ref: list) -> None:
+        super().__init__()
+        self.engine_ref, self.checked = engine_ref, 0
+
+    def propose(self, key, tokens, k):
+        out = super().propose(key, tokens, k)
+        seq = next(s for s in self.engine_ref[0].scheduler.running if s.seq_id == key)
+        assert self._index[key].tokens == seq.prompt + seq.output
+        self.checked += 1
+        return out
+
+
+def test_the_lookup_index_holds_exactly_the_committed_tokens_through_rejections_forks_and_turns():
+    backend = FakeBackend(eog_after=30)
+    ref: list = []
+    lookup = SyncCheckingLookup(ref)
+    engine, _ = engine_for(backend, spec="ngram", drafts={DraftKind.NGRAM: lookup})
+    ref.append(engine)
+    engine.submit(chat("a1", "A", "the quick brown fox, the quick brown cat"))  # the prompt's guesses miss
+    first = engine.run_until_idle()
+    story = text(by_request(first)["a1"])
+    engine.submit(chat("a2", "A", "the quick brown fox", ("assistant", story), "again"))
+    engine.submit(chat("f1", "F", "the quick brown fox", ("assistant", story), "a fork", fork_from="A"))
+    later = engine.run_until_idle()
+    reports = first + later
+    drafted, accepted = sum(r.draft_rows for r in reports), sum(r.draft_accepted for r in reports)
+    assert lookup.checked > 20 and 0 < accepted < drafted  # guesses were accepted and rejected
+    assert {u[-1].done_reason for u in by_request(later).values()} == {DoneReason.STOP}
+    assert_clean(engine, "A", "F")
+
+
+class CountingList(list):
+    """A prompt that counts the tokens read from it (indexing, slicing, iterating, joining)."""
+
+    reads = 0
+
+    def __getitem__(self, index):
+        got = super().__getitem__(index)
+        CountingList.reads += len(got) if isinstance(index, slice) else 1
+        return got
+
+    def __iter__(self):
+        CountingList.reads += len(self)
+        return super().__iter__()
+
+    def __add__(self, other):
+        CountingList.reads += len(self)
+        return list(super().__iter__()) + list(other)
+
+
+@pytest.mark.parametrize("mode", ["ngram", "auto"])
+def test_a_drafting_step_reads_the_new_tokens_not_the_whole_context(mode):
+    # The lookup used to be handed prompt + output, joined anew every step for every drafting
+    # sequence: O(context) a step. Its index already holds the prompt; a step reads what is new.
+    backend = FakeBackend(n_ctx=8192, n_seq_max=2)
+    engine, _ = engine_for(backend, spec=mode, drafts={DraftKind.NGRAM: NgramSource()})
+    engine.submit(chat("r", "s", "hi " * 700, max_tokens=200))
+    for _ in range(50):
+        if engine.scheduler.running and engine.scheduler.running[0].is_decoding:
+            break
+        engine.step()
+    seq = engine.scheduler.running[0]
+    seq.prompt = CountingList(seq.prompt)
+    reads, reports = [], []
+    while engine.has_work():
+        CountingList.reads = 0
+        reports.append(engine.step())
+        reads.append(CountingList.reads)
+    assert sum(r.draft_accepted for r in reports if r) > 50 and len(seq.prompt) > 2000
+    # The first guess indexes the prompt and the reply's end hands its tokens to the conversation;
+    # every step between reads only tokens near the end (the old code: the whole prompt each step).
+    assert len(reads) > 10 and max(reads[1:-1]) <= 16, reads
+    assert_clean(engine, "s")
