@@ -26,7 +26,7 @@ from magnitude_tui.widgets.composer import TYPING_S  # after a key no pane paint
 PAINT_TICK_S = 0.1  # the focused pane's text and status repaint this often (tokens are buffered)
 BACKGROUND_PAINT_S = 0.25  # the other panes', while more than BUSY_PANES panes stream at once
 BUSY_PANES = 2
-TYPING_MAX_HOLD_S = 1.0  # ... but the panes still repaint (one per tick) at least this often
+TYPING_MAX_HOLD_S = 1.0  # ... but the panes still repaint (one per key) at least this often
 
 
 class Painter:
