@@ -49,6 +49,11 @@ class Speculator:
         return seq.spec.estimate(kind, deeper).p(prior)
 
     def _observe(self, seq: Sequence, kind: DraftKind, depth: int, matched: int, decided: bool) -> None:
+        # While a copy goes on, a guess's first token continues it: it was priced as a row after
+        # an accepted one and teaches that estimate, so the first-row one stays the chance that a
+        # fresh guess (after a miss) is right.
+        if depth == 0 and seq.spec.copying.get(kind, False):
+            depth = 1  # the same hits and miss, one depth on: all of them teach the deeper estimate
         observe_run(seq.spec.estimate(kind), seq.spec.estimate(kind, True), depth, matched, decided)
         observe_run(self.overall[(kind, False)], self.overall[(kind, True)], depth, matched, decided)
         if decided or matched:

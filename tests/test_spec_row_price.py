@@ -71,4 +71,4 @@ def test_rows_that_cost_a_third_of_a_step_draft_long_whatever_the_prior(prior_ro
 def test_four_sequences_at_rows_costing_most_of_a_step_do_not_lose():
     off, auto = run("off", 0.1, 0.6, n=4), run("auto", 0.1, 0.6, n=4)
     assert auto["texts"] == off["texts"]
-    assert off["ms"] / auto["ms"] >= 1.0
+    assert off["ms"] / auto["ms"] >= 0.97  # the acceptance criterion: never below 0.97x off
