@@ -240,3 +240,26 @@ def test_a_copy_that_ran_to_the_end_of_a_step_drafts_on_at_the_rate_of_a_row_aft
     assert kind is DraftKind.NGRAM and tokens[:2] == (8, 9) and len(tokens) >= 2
     spec.verified(seq, DraftKind.NGRAM, drafted=2, judged=2, accepted=1)  # the copy broke off
     assert plan() == {}
+
+
+def test_a_guess_continuing_a_copy_teaches_the_estimate_it_was_priced_at_not_the_first_rows():
+    """While a copy goes on, the lookup's next guess continues it and is priced at the rate of a row
+    after a hit; its outcome teaches that estimate. Counted as first rows, the copy's hits made a
+    fresh guess after the copy broke look ~0.8 likely: on the real model it drafted 2-3 rows there
+    and lost them all, step after step."""
+    from scheduler.sequence import Sequence
+    from scheduler.speculator import Speculator
+    from scheduler.types import Request, SamplingParams
+
+    spec = Speculator({DraftKind.NGRAM: NgramSource()}, SpecMode.AUTO)
+    seq = Sequence(Request("r", "s", (), SamplingParams(max_tokens=64)), [1, 2, 3], t_submit=0.0)
+    first, deeper = seq.spec.estimate(DraftKind.NGRAM), seq.spec.estimate(DraftKind.NGRAM, True)
+    spec.verified(seq, DraftKind.NGRAM, drafted=3, judged=3, accepted=3)  # a fresh guess, all right
+    assert (first.hits, first.misses, deeper.hits, deeper.misses) == (1, 0, 2, 0)
+    assert seq.spec.copying[DraftKind.NGRAM]
+    spec.verified(seq, DraftKind.NGRAM, drafted=4, judged=4, accepted=2)  # the copy goes on, then breaks
+    assert (first.hits, first.misses) == (1.0, 0.0)  # untouched
+    assert (round(deeper.hits, 4), deeper.misses) == (round(2 * 0.92 + 2, 4), 1.0)
+    assert not seq.spec.copying[DraftKind.NGRAM]
+    spec.verified(seq, DraftKind.NGRAM, drafted=2, judged=1, accepted=0)  # a fresh guess after it: a miss
+    assert (first.hits, first.misses) == (0.92, 1.0)
