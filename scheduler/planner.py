@@ -274,6 +274,7 @@ class Scheduler:
                 seq.refresh_phase()
             # A draft row carries logits like a decode row, and is priced as one.
             self.cost.observe(plan.n_decode + plan.n_draft, plan.n_prefill, result.step_ms, kpos)
+            self.speculator.timed(plan.n_decode, plan.n_draft, plan.n_prefill, result.step_ms)
             self.relief.on_success()
             self._charge_idle_rent(plan)
             return ready

@@ -177,8 +177,11 @@ def draft_lengths(offers: Seq[DraftOffer], *, base_ms: float, base_tokens: float
             rate = gain / cost if cost > 0 else float("inf")
             if rate > best_rate:
                 best, best_rate, best_cost = i, rate, cost
-        if best < 0 or ms <= 0 or best_rate * ms <= tokens * (1.0 + GAIN_MARGIN):
-            break  # the best row left would not raise tokens per ms by the margin
+        # The best row left must buy tokens at least GAIN_MARGIN faster than the step without
+        # drafts, and raise the step's tokens per ms at all.
+        if best < 0 or ms <= 0 or best_rate * base_ms <= base_tokens * (1.0 + GAIN_MARGIN) \
+                or best_rate * ms <= tokens:
+            break
         if room_ms is not None and extra_ms + best_cost > room_ms:
             break
         ks[best] += 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from scheduler.budget import CostModel, StepShape
 from scheduler.drafts import DraftKind, DraftSource, DraftWant, propose_all
+from scheduler.row_price import RowPrice
 from scheduler.sequence import Sequence
 from scheduler.speculation import (K_MAX, PRIORS, AcceptanceEstimate, DraftOffer, Shadow, SpecMode, available_sources,
                                    draft_lengths, observe_run, pick_source, row_can_pay)
@@ -29,6 +30,7 @@ class Speculator:
         self.paused_steps = 0  # no drafts for this many steps (after "no KV slot" with drafts)
         self.num_drafted = 0
         self.num_accepted = 0
+        self.row_price = RowPrice()  # a draft row's cost, measured from the engine's timed steps
 
     def set_mode(self, mode: SpecMode) -> None:
         """ValueError when the mode needs a source that is not loaded (`draft` without a model)."""
@@ -47,6 +49,11 @@ class Speculator:
         return seq.spec.estimate(kind, deeper).p(prior)
 
     def _observe(self, seq: Sequence, kind: DraftKind, depth: int, matched: int, decided: bool) -> None:
+        # While a copy goes on, a guess's first token continues it: it was priced as a row after
+        # an accepted one and teaches that estimate, so the first-row one stays the chance that a
+        # fresh guess (after a miss) is right.
+        if depth == 0 and seq.spec.copying.get(kind, False):
+            depth = 1  # the same hits and miss, one depth on: all of them teach the deeper estimate
         observe_run(seq.spec.estimate(kind), seq.spec.estimate(kind, True), depth, matched, decided)
         observe_run(self.overall[(kind, False)], self.overall[(kind, True)], depth, matched, decided)
         if decided or matched:
@@ -135,10 +142,17 @@ class Speculator:
             room_rows -= k
         return ks
 
-    @staticmethod
-    def _row_ms(seq: Sequence, cost: CostModel, shape: StepShape) -> float:
-        """One more row of this sequence: a row with logits, attending over its positions (or,
-        without flash attention, over every used cell)."""
+    def timed(self, decode_rows: int, draft_rows: int, prefill_rows: int, step_ms: float) -> None:
+        """A successful step's rows and measured time (what prices draft rows once there is enough)."""
+        self.row_price.observe(decode_rows, draft_rows, prefill_rows, step_ms)
+
+    def _row_ms(self, seq: Sequence, cost: CostModel, shape: StepShape) -> float:
+        """One more row of this sequence: what draft rows measurably added to decode-only steps of
+        this width (a share of the step without them), or else the cost model's row with logits,
+        attending over its positions (or, without flash attention, over every used cell)."""
+        share = self.row_price.share(shape.decode_rows)
+        if share is not None:
+            return share * cost.predict(shape.decode_rows, 0, shape.kpos(0))
         params = cost.params
         if shape.path is AttentionPath.DENSE:
             n_kv = -(-(shape.cells_used + 1) // KV_PAD) * KV_PAD

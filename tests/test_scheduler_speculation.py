@@ -67,12 +67,25 @@ def test_the_acceptance_estimate_is_hits_over_trials_drawn_toward_the_prior():
 
 
 def test_one_sequence_on_a_cpu_drafts_a_few_rows_when_acceptance_is_high():
-    # 1 sequence, step 11 ms for 1 token. p = 0.9: a row of 6.7 ms buys 0.9 tokens (0.134/ms,
-    # over 1.15 x 1/11 = 0.105/ms with the margin); the second 0.81 (0.121/ms) would raise the
-    # ratio (1.9/17.7 = 0.107) but not by the 15 % margin (0.123).
-    assert lengths(CPU, 1, 0.9) == [1]
-    assert lengths(CPU, 1, 0.95) == [2]  # 0.90/6.7 = 0.135 > 1.15 x 1.95/17.7 = 0.127
+    # 1 sequence, step 11 ms for 1 token (0.091/ms; with the margin 0.105/ms). p = 0.9: the first
+    # row buys 0.9 tokens for 6.7 ms (0.134/ms), the second 0.81 (0.121/ms, raising 1.9/17.7 =
+    # 0.107); the third 0.73 (0.109/ms) beats the margin but would lower 2.71/24.4 = 0.111.
+    assert lengths(CPU, 1, 0.9) == [2]
+    assert lengths(CPU, 1, 0.95) == [4]  # the fifth (0.77/6.7 = 0.115) would lower 4.52/37.8 = 0.120
     assert lengths(CPU, 1, 0.5) == [0]  # 0.5/6.7 = 0.075 < 0.091: no row pays
+
+
+def test_a_copy_near_certain_to_go_on_drafts_long_where_rows_cost_most_of_a_step():
+    """The margin is over the step without drafts, not over the ratio reached so far: a row at 0.6
+    of a step that is accepted for sure buys 1.67 tokens per step's time, and every one of K_MAX
+    such rows raises the ratio (9 tokens in 5.8 steps: 1.55x). Measured against the ratio reached,
+    the margin stopped it at 4 rows (5 tokens in 3.4 steps: 1.47x) and at 0.95 at 2."""
+    def k(p):
+        return draft_lengths([DraftOffer(p=p, cap=K_MAX, row_ms=6.0)], base_ms=10.0, base_tokens=1, room_rows=512)
+    assert k(1.0) == [K_MAX]
+    assert k(0.98) == [7]
+    assert k(0.95) == [4]
+    assert k(0.8) == [1]  # 0.8/6 = 0.133 > 0.115; a second (0.64/6 = 0.107) not
 
 
 def test_eight_and_sixteen_sequences_on_a_cpu_never_draft():
@@ -159,15 +172,16 @@ def test_a_row_after_an_accepted_one_has_its_own_estimate():
 
 
 def test_a_copy_that_goes_on_once_it_starts_drafts_longer_than_one_rate_says():
-    # One sequence on the CPU, first row accepted 9 times in 10: one geometric rate gives 1 row;
-    # if a row after an accepted one is accepted 99 times in 100 (a copy runs on), 3 rows pay
-    # (the third: 0.88 tokens for 6.7 ms = 0.1317/ms, over 1.15 x 2.79 / 24.4 ms = 0.1315/ms).
+    # One sequence on the CPU, first row accepted 9 times in 10: one geometric rate gives 2 rows
+    # (the third, 0.73 tokens for 6.7 ms, would lower 1.9 + 0.81 tokens in 24.4 ms); if a row after
+    # an accepted one is accepted 99 times in 100 (a copy runs on), every row up to K_MAX raises it
+    # (the eighth buys 0.84 tokens for 6.7 ms = 0.125/ms, over 7.11 tokens in 57.9 ms = 0.123/ms).
     def one(p_more):
         offer = DraftOffer(p=0.9, cap=K_MAX, row_ms=CPU["row"], p_more=p_more)
         return draft_lengths([offer], base_ms=CPU["fixed"] + CPU["row"], base_tokens=1, room_rows=512)
 
-    assert one(None) == [1] and one(0.9) == [1]
-    assert one(0.99) == [3]
+    assert one(None) == [2] and one(0.9) == [2]
+    assert one(0.99) == [K_MAX]
 
 
 def test_a_guess_not_verified_is_judged_at_every_depth_against_the_tokens_that_come():
@@ -226,3 +240,26 @@ def test_a_copy_that_ran_to_the_end_of_a_step_drafts_on_at_the_rate_of_a_row_aft
     assert kind is DraftKind.NGRAM and tokens[:2] == (8, 9) and len(tokens) >= 2
     spec.verified(seq, DraftKind.NGRAM, drafted=2, judged=2, accepted=1)  # the copy broke off
     assert plan() == {}
+
+
+def test_a_guess_continuing_a_copy_teaches_the_estimate_it_was_priced_at_not_the_first_rows():
+    """While a copy goes on, the lookup's next guess continues it and is priced at the rate of a row
+    after a hit; its outcome teaches that estimate. Counted as first rows, the copy's hits made a
+    fresh guess after the copy broke look ~0.8 likely: on the real model it drafted 2-3 rows there
+    and lost them all, step after step."""
+    from scheduler.sequence import Sequence
+    from scheduler.speculator import Speculator
+    from scheduler.types import Request, SamplingParams
+
+    spec = Speculator({DraftKind.NGRAM: NgramSource()}, SpecMode.AUTO)
+    seq = Sequence(Request("r", "s", (), SamplingParams(max_tokens=64)), [1, 2, 3], t_submit=0.0)
+    first, deeper = seq.spec.estimate(DraftKind.NGRAM), seq.spec.estimate(DraftKind.NGRAM, True)
+    spec.verified(seq, DraftKind.NGRAM, drafted=3, judged=3, accepted=3)  # a fresh guess, all right
+    assert (first.hits, first.misses, deeper.hits, deeper.misses) == (1, 0, 2, 0)
+    assert seq.spec.copying[DraftKind.NGRAM]
+    spec.verified(seq, DraftKind.NGRAM, drafted=4, judged=4, accepted=2)  # the copy goes on, then breaks
+    assert (first.hits, first.misses) == (1.0, 0.0)  # untouched
+    assert (round(deeper.hits, 4), deeper.misses) == (round(2 * 0.92 + 2, 4), 1.0)
+    assert not seq.spec.copying[DraftKind.NGRAM]
+    spec.verified(seq, DraftKind.NGRAM, drafted=2, judged=1, accepted=0)  # a fresh guess after it: a miss
+    assert (first.hits, first.misses) == (0.92, 1.0)

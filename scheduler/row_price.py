@@ -1,0 +1,61 @@
+"""Provides RowPrice: what one more draft row adds to a step, from the steps the engine timed.
+
+The cost model's per-row coefficient is fitted over all recent steps; at one sequence they hardly
+vary in row count, so that coefficient is poorly identified and swung between 0.1 and 0.5 of a
+one-row step in three runs of the same work on the real model, while a verification row really
+cost 0.6-0.8 of one. Draft rows are priced instead from decode-only steps of the same width timed
+with and without drafts: per drafted step, (its time / the plain step's - 1) / its draft rows, and
+the median of those, a share of the plain step (robust to one slow step and to the machine's load,
+which moves both alike).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from statistics import median
+
+__all__ = ["RowPrice"]
+
+# Recent steps kept per width (decode rows): plain ones give the base, drafted ones the price.
+PLAIN_WINDOW = 16
+DRAFTED_WINDOW = 32
+# Evidence needed before the measured price replaces the cost model's.
+MIN_PLAIN = 3
+MIN_DRAFTED = 4
+# How many widths are remembered (the oldest seen is forgotten first).
+MAX_WIDTHS = 8
+
+
+class RowPrice:
+    """Per engine: the measured cost of a draft row as a share of a decode-only step without
+    drafts at the same width, or None until enough such steps were timed."""
+
+    def __init__(self) -> None:
+        self._plain: dict[int, deque[float]] = {}
+        self._drafted: dict[int, deque[float]] = {}
+
+    def observe(self, decode_rows: int, draft_rows: int, prefill_rows: int, step_ms: float) -> None:
+        """A successful step: steps with prompt rows, or not timed (a fake backend), teach nothing."""
+        if prefill_rows or decode_rows <= 0 or not math.isfinite(step_ms) or step_ms <= 0:
+            return
+        if decode_rows not in self._plain:
+            if len(self._plain) >= MAX_WIDTHS:
+                oldest = next(iter(self._plain))
+                del self._plain[oldest], self._drafted[oldest]
+            self._plain[decode_rows] = deque(maxlen=PLAIN_WINDOW)
+            self._drafted[decode_rows] = deque(maxlen=DRAFTED_WINDOW)
+        plain = self._plain[decode_rows]
+        if draft_rows <= 0:
+            plain.append(step_ms)
+        elif len(plain) >= MIN_PLAIN:
+            # Priced against the plain steps timed before it, so the depth they ran at is close.
+            self._drafted[decode_rows].append((step_ms / median(plain) - 1.0) / draft_rows)
+
+    def share(self, decode_rows: int) -> float | None:
+        """One more draft row beside `decode_rows` decode rows, as a share of that step without
+        drafts; None without enough evidence at that width."""
+        drafted = self._drafted.get(decode_rows)
+        if not drafted or len(drafted) < MIN_DRAFTED:
+            return None
+        return max(0.0, median(drafted))

@@ -1,0 +1,74 @@
+"""Draft rows priced from the steps the engine timed (scheduler/row_price.py): the measured price
+replaces a wrong cost-model coefficient, so the policy drafts long where rows are cheap and stops
+where they cost a whole step."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.fake import DEFAULT_REPLY
+from backend.simulated import HardwareProfile, SimulatedBackend
+from scheduler.row_price import MIN_PLAIN, RowPrice
+from tests.engine_driver import assert_clean, by_request, chat, engine_for, text
+
+
+def test_the_price_is_the_median_extra_share_of_a_plain_step_per_draft_row():
+    price = RowPrice()
+    for _ in range(MIN_PLAIN):
+        price.observe(1, 0, 0, 10.0)
+    price.observe(1, 4, 0, 22.0)  # 4 rows added 12 ms: 0.3 of the plain step each
+    price.observe(1, 2, 0, 16.0)
+    price.observe(1, 4, 0, 90.0)  # one step stalled by the machine: the median ignores it
+    assert price.share(1) is None  # not enough drafted steps yet
+    price.observe(1, 1, 0, 13.0)
+    assert price.share(1) == pytest.approx(0.3)
+    assert price.share(4) is None  # another width has its own price
+    price.observe(1, 4, 7, 500.0)  # prompt rows, or a step not timed, teach nothing
+    price.observe(1, 4, 0, 0.0)
+    assert price.share(1) == pytest.approx(0.3)
+
+
+def run(mode, prior_row, true_row, n=1):
+    """`n` sequences copying themselves; the engine's cost model starts from a prior where a row
+    costs `prior_row` of a 10 ms one-row step, while the steps really cost `true_row` a row."""
+    prior = HardwareProfile("scripted", fixed_ms=10.0 * (1 - prior_row), decode_ms=10.0 * prior_row, prefill_ms=1.0)
+    backend = SimulatedBackend(prior, n_ctx=32768, n_batch=2048, reply=DEFAULT_REPLY,
+                               step_ms=lambda rows, prefill: 10.0 * (1 - true_row) + 10.0 * true_row * rows + prefill)
+    engine, _ = engine_for(backend, policy="target:50", spec=mode)
+    for i in range(n):
+        engine.submit(chat(f"r{i}", f"s{i}", "hi", max_tokens=300))
+    reports = engine.run_until_idle()
+    assert_clean(engine, *(f"s{i}" for i in range(n)))
+    late = reports[len(reports) // 2:]
+    return dict(ms=(reports[-1].t - reports[0].t) * 1000, late_rows=sum(r.draft_rows for r in late),
+                late_drafting=sum(1 for r in late if r.draft_rows), engine=engine,
+                texts={rid: text(u) for rid, u in by_request(reports).items()})
+
+
+def test_rows_that_cost_a_whole_step_stop_drafting_although_the_cost_model_prices_them_cheap():
+    """The prior says a row costs 0.1 of a step; it costs a whole one. Measured, the price
+    converges to 1.0 and row_can_pay stops the drafts (the cost model alone kept drafting 8-row
+    copies to the end, buying nothing)."""
+    off, auto = run("off", 0.1, 1.0), run("auto", 0.1, 1.0)
+    assert auto["texts"] == off["texts"]
+    assert auto["engine"].scheduler.speculator.row_price.share(1) == pytest.approx(1.0, abs=0.02)
+    assert auto["late_rows"] == 0
+    assert auto["ms"] <= off["ms"] * 1.03
+
+
+@pytest.mark.parametrize("prior_row", [0.6, 0.1])
+def test_rows_that_cost_a_third_of_a_step_draft_long_whatever_the_prior(prior_row):
+    """Rows at 0.3 of a step and a copy accepted throughout: from a prior at 0.6 (it drafted 1-2
+    rows a step, so the fit saw too little to move) or at 0.1, the measured price converges to
+    0.3 and the copy is verified K_MAX rows at a time."""
+    off, auto = run("off", prior_row, 0.3), run("auto", prior_row, 0.3)
+    assert auto["texts"] == off["texts"]
+    assert auto["engine"].scheduler.speculator.row_price.share(1) == pytest.approx(0.3, abs=0.02)
+    assert auto["late_rows"] >= 7 * auto["late_drafting"] > 0
+    assert off["ms"] / auto["ms"] >= 2.0
+
+
+def test_four_sequences_at_rows_costing_most_of_a_step_do_not_lose():
+    off, auto = run("off", 0.1, 0.6, n=4), run("auto", 0.1, 0.6, n=4)
+    assert auto["texts"] == off["texts"]
+    assert off["ms"] / auto["ms"] >= 0.97  # the acceptance criterion: never below 0.97x off
