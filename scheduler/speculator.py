@@ -75,12 +75,17 @@ class Speculator:
         kinds = [s.kind for s in sources]
         caps = {seq.seq_id: self._cap(seq, n_ctx_seq) for seq in decoding}
         base_ms = cost.predict(shape.decode_rows, prefill_rows, shape.kpos(prefill_rows))
+        row_ms: dict[int, float] = {}
         if self.mode.forced is None:
-            # A sequence whose first draft row would not pay even if every guess were accepted
-            # drafts nothing this step whatever its source guesses, so nothing is looked up for it
-            # (and no new shadow made): at 8-16 sequences on a CPU that is every sequence, every step.
+            # One more row of each sequence, priced once a step (the measured price is the same
+            # for every sequence of this width). A sequence whose first draft row would not pay
+            # even if every guess were accepted drafts nothing this step whatever its source
+            # guesses, so nothing is looked up for it (and no new shadow made): at 8-16 sequences
+            # on a CPU that is every sequence, every step.
+            measured = self._measured_row_ms(cost, shape)
             for seq in decoding:
-                if not row_can_pay(self._row_ms(seq, cost, shape), base_ms, shape.decode_rows):
+                row_ms[seq.seq_id] = measured if measured is not None else self._model_row_ms(seq, cost, shape)
+                if not row_can_pay(row_ms[seq.seq_id], base_ms, shape.decode_rows):
                     caps[seq.seq_id] = 0
         # Free sources guess now, for every sequence that could draft: the guess decides their
         # offer, and what is not verified is judged later for free against the tokens that come.
@@ -96,7 +101,7 @@ class Speculator:
             ks = self._forced(decoding, sources[0], guesses, caps, room_rows)
             chosen = {seq.seq_id: sources[0].kind for seq in decoding}
         else:
-            ks, chosen = self._adaptive(decoding, sources, kinds, guesses, caps, cost=cost, shape=shape,
+            ks, chosen = self._adaptive(decoding, sources, kinds, guesses, caps, row_ms, shape=shape,
                                         base_ms=base_ms, room_rows=room_rows, room_ms=room_ms)
         # A paid source (a draft model) drafts for all its sequences in one call: one batch per
         # draft position, not one per sequence.
@@ -146,27 +151,29 @@ class Speculator:
         """A successful step's rows and measured time (what prices draft rows once there is enough)."""
         self.row_price.observe(decode_rows, draft_rows, prefill_rows, step_ms)
 
-    def _row_ms(self, seq: Sequence, cost: CostModel, shape: StepShape) -> float:
-        """One more row of this sequence: what draft rows measurably added to decode-only steps of
-        this width (a share of the step without them), or else the cost model's row with logits,
-        attending over its positions (or, without flash attention, over every used cell)."""
+    def _measured_row_ms(self, cost: CostModel, shape: StepShape) -> float | None:
+        """One more draft row, from what draft rows measurably added to decode-only steps of this
+        width (a share of the step without them); None until there is enough evidence."""
         share = self.row_price.share(shape.decode_rows)
-        if share is not None:
-            return share * cost.predict(shape.decode_rows, 0, shape.kpos(0))
+        return None if share is None else share * cost.predict(shape.decode_rows, 0, shape.kpos(0))
+
+    @staticmethod
+    def _model_row_ms(seq: Sequence, cost: CostModel, shape: StepShape) -> float:
+        """The cost model's price of one more row of this sequence: a row with logits, attending
+        over its positions (or, without flash attention, over every used cell)."""
         params = cost.params
         if shape.path is AttentionPath.DENSE:
             n_kv = -(-(shape.cells_used + 1) // KV_PAD) * KV_PAD
             return params.decode_ms + params.attn_ms * n_kv / 1000.0
         return params.decode_ms + params.attn_ms * (seq.num_computed + 2) / 1000.0
 
-    def _adaptive(self, decoding, sources, kinds, guesses, caps, *, cost: CostModel, shape: StepShape,
-                  base_ms: float, room_rows: int, room_ms: float | None):
+    def _adaptive(self, decoding, sources, kinds, guesses, caps, row_ms: dict[int, float], *,
+                  shape: StepShape, base_ms: float, room_rows: int, room_ms: float | None):
         offers, owners, chosen = [], [], {}
         n = len(decoding)
         # What each source costs per sequence to propose one token, were every sequence drafting.
         share = {src.kind: src.draft_ms(1, n) / n for src in sources}
         for seq in decoding:
-            row_ms = self._row_ms(seq, cost, shape)
             candidates: list[tuple[DraftKind, int, float]] = []
             for src in sources:
                 free = src.draft_ms(1, 1) == 0.0
@@ -176,9 +183,9 @@ class Speculator:
                     candidates.append((src.kind, cap, self.p(seq, src.kind, deeper=copying)))
             if not candidates:
                 continue
-            kind, cap, p = candidates[pick_source([(p, share[k]) for k, _, p in candidates], row_ms)]
+            kind, cap, p = candidates[pick_source([(p, share[k]) for k, _, p in candidates], row_ms[seq.seq_id])]
             chosen[seq.seq_id] = kind
-            offers.append(DraftOffer(p=p, cap=cap, row_ms=row_ms, source=kinds.index(kind),
+            offers.append(DraftOffer(p=p, cap=cap, row_ms=row_ms[seq.seq_id], source=kinds.index(kind),
                                      p_more=self.p(seq, kind, deeper=True)))
             owners.append(seq.seq_id)
         if not offers:
