@@ -27,3 +27,22 @@ def need_real_model() -> None:
         if os.environ.get(OPT_OUT) == "1":
             pytest.skip(message, allow_module_level=True)
         pytest.fail(message, pytrace=False)
+
+
+REQUIRE_TOOLS = "MAGNITUDE_REQUIRE_LLAMA_TOOLS"
+
+
+def llama_tools():
+    """llama.cpp's own tools (llama-batched-bench, llama-server) as (bin dir, variant), or None.
+
+    `make test` builds them first (scripts/build_llama_tools.sh --cpu, cached) and sets
+    REQUIRE_TOOLS=1, so in CI a missing build fails the tests that need it instead of skipping them.
+    Outside `make test` the caller decides what a missing build means (skip, or compare fewer peers).
+    """
+    from magnitude_tui.bench import peers
+
+    found = peers.tools_dir()
+    if found is None and os.environ.get(REQUIRE_TOOLS) == "1":
+        pytest.fail(f"{REQUIRE_TOOLS}=1 but llama-batched-bench/llama-server are not built: run "
+                    "scripts/build_llama_tools.sh --cpu (make test does)", pytrace=False)
+    return found

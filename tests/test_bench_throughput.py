@@ -12,11 +12,11 @@ import warnings
 
 import pytest
 
-from magnitude_tui.bench import peers
 from backend.factory import BackendConfig
 from magnitude_tui.bench.common import save_result
 from magnitude_tui.bench.plots import plot_throughput
 from magnitude_tui.bench.throughput import ThroughputConfig, run_throughput
+from tests.needs import REQUIRE_TOOLS, llama_tools
 
 
 @pytest.fixture(autouse=True)
@@ -28,12 +28,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_tiny_throughput_against_every_available_peer(tmp_path):
-    require = os.environ.get("MAGNITUDE_REQUIRE_LLAMA_TOOLS") == "1"
-    found = peers.tools_dir()
+    require = os.environ.get(REQUIRE_TOOLS) == "1"
+    found = llama_tools()
     if found is None:
-        if require:
-            pytest.fail("MAGNITUDE_REQUIRE_LLAMA_TOOLS=1 but llama-batched-bench/llama-server are not built: "
-                        "run scripts/build_llama_tools.sh")
         warnings.warn("llama.cpp tools not built (scripts/build_llama_tools.sh): only the engine and serial "
                       "Llama are compared here")
     cfg = ThroughputConfig(seqs=(1, 2), prompt=16, gen=8, reps=1, policies=("target:50",), require_tools=require)

@@ -1,7 +1,8 @@
 """The remote engine against real servers this project did not write, on the default model:
 llama-cpp-python's own `llama_cpp.server` (runs wherever the package is, so in CI), and the
-vendored `llama-server` built by scripts/build_llama_tools.sh (runs where that binary is; skipped
-elsewhere with the command that builds it). One server process per scenario group, short replies."""
+vendored `llama-server` built by scripts/build_llama_tools.sh (`make test` builds it first
+and requires it; a bare pytest run where it is not built skips these with the command that builds
+it). One server process per scenario group, short replies."""
 
 from __future__ import annotations
 
@@ -11,12 +12,11 @@ import urllib.request
 
 import pytest
 
-from tests.needs import need_real_model  # noqa: E402
+from tests.needs import llama_tools, need_real_model  # noqa: E402
 
 need_real_model()
 
 from backend.llama_backend import default_model_path  # noqa: E402
-from magnitude_tui.bench import peers  # noqa: E402
 from magnitude_tui.engine.events import EndpointsReport  # noqa: E402
 from magnitude_tui.remote.client import RemoteClient  # noqa: E402
 from magnitude_tui.remote.config import RemoteConfig  # noqa: E402
@@ -88,7 +88,7 @@ async def test_the_app_runs_a_pane_on_a_remote_server(py_server, tmp_path):
 # ---- the vendored llama-server (where built) ----------------------------------------------------
 
 def _tools():
-    found = peers.tools_dir()
+    found = llama_tools()
     if found is None:
         pytest.skip("llama-server is not built here; scripts/build_llama_tools.sh --cpu builds it "
                     "(the llama-cpp-python server tests above run everywhere)")
