@@ -1,5 +1,5 @@
-"""Provides the workspace: the pane grid, the panels, engine events, painting, saving and every
-pane action (spawning subagents is in magnitude_tui/subagents.py)."""
+"""Provides the workspace: the pane grid, the panels, painting, saving and every pane action
+(engine events are applied by screens/engine_link.py, subagents spawned by magnitude_tui/subagents.py)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,10 @@ from textual.widgets import Footer
 
 from magnitude_tui.agents import AgentSettings
 from magnitude_tui.conversations import Conversations
-from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
-                                         LoadProgress, PolicyChanged, RestoreOutcome, SessionRestored,
-                                         SpecChanged)
+from magnitude_tui.engine.events import SessionRestored
 from magnitude_tui.engine.protocol import EngineClient
 from magnitude_tui.export import export_pane
+from magnitude_tui.screens.engine_link import EngineLink
 from magnitude_tui.screens.painter import PAINT_TICK_S, Painter
 from magnitude_tui.screens.policy_dialog import PolicyDialog
 from magnitude_tui.screens.spawn_dialog import SpawnDialog
@@ -33,7 +32,7 @@ from magnitude_tui.widgets.loading_view import LoadingView
 from magnitude_tui.widgets.pane_grid import MAX_PANES, PaneGrid
 from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
 from magnitude_tui.widgets.sequences_panel import SequencesPanel
-from scheduler.types import DoneReason, Phase, Priority, Request, SamplingParams, SeqUpdate, StepReport
+from scheduler.types import Priority, Request, SamplingParams
 
 PUMP_WAIT_S = 0.2  # longest blocking wait for the next batch (bounds shutdown latency)
 PUMP_SLICE_S = 0.02  # longest the pump holds the event loop while draining a backlog
@@ -85,21 +84,14 @@ class WorkspaceScreen(Screen):
         self.client = client
         self.store = store
         self.export_dir = export_dir
-        self.policy = ""  # the engine's, from EngineReady and PolicyChanged
-        self.engine_ready = False
         self._restored = restored
-        self._resident: set[str] = set()  # sessions whose KV the current worker holds (fork sources)
         self.subagents = Subagents(self, store, self.roles)
         self.conversations = Conversations(self)
         self.turns = Turns(self)
-        self._focus_after_restart: str | None = None  # the pane that had focus when ctrl+r was pressed
-        self.n_ctx_seq: int | None = None  # tokens one sequence can hold (from EngineReady)
         self._panes: dict[str, ChatPane] = {}  # open panes; outlives the DOM at shutdown, for save()
+        self.link = EngineLink(self, self._panes)  # what the engine said: readiness, KV held, warm resume
         self.painter = Painter(self)
-        self.batches_applied = 0  # engine batches taken in (tests wait on it, not on wall time)
         self._scheduler_chosen = False  # f3 was pressed: the panel no longer follows the width
-        self.warm: dict[str, SessionRestored] = {}  # the engine's answer about each pane's saved KV
-        self._warm_unsupported_said = False
 
     def compose(self) -> ComposeResult:
         # Held directly: engine events keep arriving while the DOM is torn down at exit.
@@ -190,121 +182,34 @@ class WorkspaceScreen(Screen):
     # ---- engine events ------------------------------------------------------------------------
 
     def apply_events(self, batch: list[object]) -> None:
-        """One engine batch (one step). Only bookkeeping here: panes repaint on the paint tick,
-        the panels on their own timers."""
-        self.batches_applied += 1
-        if self.serve is not None:
-            self.serve.dispatch(batch)
-        for event in batch:
-            if isinstance(event, StepReport):
-                self.scheduler_panel.record(event)
-                for update in event.updates:
-                    self._route(update, event.t)
-                for rejection in event.rejected:
-                    self.notify(rejection.message, title="Request refused", severity="warning")
-            elif isinstance(event, SeqUpdate):
-                self.scheduler_panel.track(event)
-                self._route(event)
-            elif isinstance(event, LoadProgress):
-                self.loading_view.progress(event)
-            elif isinstance(event, EngineReady):
-                self._ready(event)
-            elif isinstance(event, EngineFailed):
-                self._failed(event)
-            elif isinstance(event, PolicyChanged):
-                self.policy = event.policy
-                self.scheduler_panel.set_policy(event.policy)
-                self.notify(f"Policy is now {event.policy}")
-            elif isinstance(event, SpecChanged):
-                self.scheduler_panel.set_spec(event.spec)
-                self.notify(f"Speculation is now {event.spec}")
-            elif isinstance(event, CommandRejected):
-                self.notify(event.message, severity="warning")
-            elif isinstance(event, EndpointsReport):
-                self.scheduler_panel.record_endpoints(event)
-        restored = [e for e in batch if isinstance(e, SessionRestored)]
-        if restored:
-            self._warm_answers(restored)
+        """One engine batch (one step), applied by the engine link (screens/engine_link.py)."""
+        self.link.apply(batch)
 
     def restore_sessions(self, panes: list[ChatPane]) -> None:
-        """Warm resume: ask the engine to bring back each conversation's saved KV, so that its next
-        reply prefills only the new turn (the engine answers SessionRestored)."""
-        for pane in panes:
-            if pane.record.messages and not pane.busy:
-                self.client.restore_session(pane.session_id, pane.conversation())
+        self.link.restore_sessions(panes)
 
-    def _warm_answers(self, answers: list[SessionRestored]) -> None:
-        for answer in answers:
-            self.warm[answer.session_id] = answer
-            if answer.outcome is RestoreOutcome.RESTORED:
-                self._resident.add(answer.session_id)  # its subagents fork its restored KV
-        names = [f"{p.record.name} ({a.tokens:,} tokens)" for a in answers
-                 if a.outcome is RestoreOutcome.RESTORED and (p := self._panes.get(a.session_id))]
-        if names:
-            self.notify(f"Restored from disk: {', '.join(names)}; their next replies start from it",
-                        title="Warm resume", timeout=5)
-        unsupported = next((a for a in answers if a.outcome is RestoreOutcome.UNSUPPORTED), None)
-        if unsupported is not None and not self._warm_unsupported_said:
-            self._warm_unsupported_said = True
-            self.notify(f"No saved KV to resume from: {unsupported.detail}", title="Warm resume", timeout=5)
+    @property
+    def engine_ready(self) -> bool:
+        return self.link.ready
 
-    def _route(self, update: SeqUpdate, t: float | None = None) -> None:
-        pane = self._panes.get(update.session_id)
-        if pane is None:
-            return
-        pane.apply(update)
-        self.sequences_panel.apply(update, pane.record.name, t)
-        # A finished turn leaves its conversation's KV resident; so does a cancelled one (the engine
-        # keeps its committed rows). A fork of a session the engine no longer holds starts cold.
-        if update.phase is Phase.DONE and update.done_reason in (DoneReason.STOP, DoneReason.LENGTH,
-                                                                 DoneReason.CANCELLED):
-            self._resident.add(update.session_id)
+    @property
+    def policy(self) -> str:
+        return self.link.policy
 
-    def _ready(self, event: EngineReady) -> None:
-        self.engine_ready = True
-        self.app.engine_failed(None)
-        self._resident.clear()
-        self.policy = event.policy
-        self.n_ctx_seq = event.n_ctx  # one unified KV pool: a sequence may use all of it
-        for pane in self._panes.values():
-            pane.context_size = event.n_ctx
-        panel = self.scheduler_panel
-        panel.set_engine(event.model, event.device, event.info.get("attention"))
-        panel.set_policy(event.policy)
-        panel.set_spec(event.spec)
-        self.loading_view.display = False
-        # Give focus back to the pane the user was in when ctrl+r was pressed.
-        pane = self.grid.pane(self._focus_after_restart or "") or self.grid.focused_pane()
-        self._focus_after_restart = None
-        if pane is not None:
-            self.grid.focus_pane(pane)
+    @property
+    def n_ctx_seq(self) -> int | None:
+        return self.link.n_ctx_seq
 
-    def _failed(self, event: EngineFailed) -> None:
-        self._resident.clear()
-        self.scheduler_panel.engine_stopped()
-        # The first failure carries the reason (a load error); the worker's exit comes after it.
-        first = self.app.failure is None
-        if first:
-            self.app.engine_failed(event.message)
-        if not self.engine_ready:
-            self.loading_view.failed(event)
-            return
-        self.engine_ready = False
-        hint = " Press ctrl+r to restart it." if event.restartable else ""
-        self.notify(f"{event.message}{hint}", title="Engine stopped", severity="error", timeout=15)
+    @property
+    def warm(self) -> dict[str, SessionRestored]:
+        return self.link.warm
+
+    @property
+    def batches_applied(self) -> int:
+        return self.link.batches_applied
 
     def action_restart_engine(self) -> None:
-        if self.engine_ready and self.client.alive:
-            self.notify("The engine is running")
-            return
-        focused = self.grid.focused_pane()
-        self._focus_after_restart = focused.session_id if focused is not None else None
-        self.app.engine_failed(None)
-        self.loading_view.restarting()
-        self.loading_view.display = True
-        self.engine_ready = False
-        self.client.restart()
-        self.restore_sessions(self.grid.panes)
+        self.link.restart()
 
     # ---- turns --------------------------------------------------------------------------------
 
@@ -333,7 +238,7 @@ class WorkspaceScreen(Screen):
         interactive; spawned subagents pass their own class."""
         request_id = f"{pane.session_id}:{uuid.uuid4().hex[:8]}"
         pane.begin_request(request_id)
-        fork = fork_from if fork_from in self._resident else None
+        fork = self.link.fork_source(fork_from)
         sampling = pane.record.settings.sampling(self.sampling)
         self.client.submit(Request(request_id, pane.session_id, pane.conversation(), sampling,
                                    fork_from=fork, priority=priority))
@@ -341,7 +246,7 @@ class WorkspaceScreen(Screen):
     def release_session(self, pane: ChatPane) -> None:
         """Give the pane's KV back to the pool (its next turn prefills again)."""
         self.client.close_session(pane.session_id)
-        self._resident.discard(pane.session_id)
+        self.link.forget(pane.session_id)
 
     # ---- actions ------------------------------------------------------------------------------
 
@@ -363,7 +268,7 @@ class WorkspaceScreen(Screen):
         if pane.request_id is not None:
             self.client.cancel(pane.request_id)
         self.client.close_session(pane.session_id)
-        self._resident.discard(pane.session_id)
+        self.link.forget(pane.session_id)
         self._save_pane(pane)
         self.store.close_pane(pane.session_id)
         self.sequences_panel.forget(pane.session_id)
