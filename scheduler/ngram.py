@@ -101,7 +101,9 @@ class NgramIndex:
 
     def _resync(self) -> tuple[int, int] | None:
         """After an established copy broke: (source position, match length) after the nearest
-        place, from the break on, whose tokens end as the reply's latest ones do (longest first)."""
+        place, from the break on, whose tokens end as the reply's latest ones do (longest first).
+        A match of one token must be the only one there: a newline or a comma recurs within a
+        few tokens of code, a name's next token rarely does."""
         if self._broke is None:
             return None
         toks, (src, pos) = self.tokens, self._broke
@@ -109,14 +111,16 @@ class NgramIndex:
         if written > RESYNC_SPAN:
             self._broke = None
             return None
-        best, best_m = None, 0
+        best, best_m, ties = None, 0, 0
         for q in range(src, min(src + RESYNC_WINDOW, pos, len(toks) - 1)):
             m = 0
             while m < written and m <= q - src and toks[q - m] == toks[len(toks) - 1 - m]:
                 m += 1
             if m > best_m:
-                best, best_m = (q + 1, m), m
-        return best  # the break stays kept: a resumed copy that fails at once may resume again
+                best, best_m, ties = (q + 1, m), m, 0
+            elif m == best_m:
+                ties += 1
+        return None if best_m == 1 and ties else best  # the break stays kept: it may resume later
 
 
 class NgramSource:

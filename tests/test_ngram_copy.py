@@ -110,3 +110,17 @@ def test_following_the_copy_accepts_more_of_a_renamed_rewrite_than_the_latest_oc
     old_text, old_accepted, old_steps = run_ngram(LatestOnly())
     assert new_text == old_text == off_text == CODE.replace("shelves", "racks")
     assert new_accepted > old_accepted and new_steps < old_steps < off_steps
+
+
+def test_a_one_token_match_that_recurs_after_the_break_waits_for_a_second_token():
+    # After the break at 60 the reply writes 9: it occurs twice just after the break, so where
+    # the copy resumes is not known yet; once the reply writes 9 5, it is: at the nearest 9 5,
+    # not the latest one, which the n-gram index would take.
+    prompt = [50, 1, 2, 3, 4, 5, 60, 9, 6, 7, 9, 5, 8, 11, 12, 20, 9, 5, 40, 41]
+    ix = index(prompt + [0, 50, 1, 2, 3])
+    assert ix.lookup(3) == [4, 5, 60]
+    ix.extend([4, 5, 70, 9])
+    assert ix.lookup(3) == []
+    ix.extend([5])
+    assert ix._latest() == (18, 2)
+    assert ix.lookup(3) == [8, 11, 12]
