@@ -23,6 +23,10 @@ from scheduler.types import BatchPlan, SeqSlice
 
 __all__ = ["DraftModelSource", "DraftStats", "StepCost"]
 
+# How many of a slot's last held tokens are compared with the committed ones before the slot is
+# taken to hold a prefix of them (the usual case: the sequence only grew since the last proposal).
+TAIL_CHECK = 64
+
 
 @dataclass
 class DraftStats:
@@ -175,10 +179,7 @@ class DraftModelSource:
         key -> first draft token for every sequence that got there."""
         pending: dict[int, list[int]] = {}
         for key, (held, tokens) in seqs.items():
-            n = 0
-            limit = min(len(held.tokens), len(tokens) - 1)
-            while n < limit and held.tokens[n] == tokens[n]:
-                n += 1
+            n = _kept_prefix(held.tokens, tokens)
             if n < len(held.tokens):
                 self._b.kv_keep_prefix(held.slot, n)
                 del held.tokens[n:]
@@ -255,3 +256,20 @@ class DraftModelSource:
         one, many = timed(1), timed(n)
         row = max(0.0, (many - one) / (n - 1)) if n > 1 else 0.0
         return StepCost(fixed_ms=max(one - row, 0.0), row_ms=row)
+
+
+def _kept_prefix(held: list[int], tokens: Sequence[int]) -> int:
+    """How many of the slot's held tokens to keep: their common prefix with the committed tokens,
+    short of the last committed token (fed again: its logits give the first guess). When the held
+    tokens' last TAIL_CHECK agree with the committed ones at the same positions, the slot is taken to
+    hold their prefix, so a step reads what is new, not the whole context; otherwise (a rewrite,
+    a new turn on the key) the prefix is found token by token. A stale prefix could only make the
+    guesses worse: the target verifies every one."""
+    limit = min(len(held), len(tokens) - 1)
+    tail = max(0, limit - TAIL_CHECK)
+    if limit > tail and held[tail:limit] == list(tokens[tail:limit]):
+        return limit
+    n = 0
+    while n < limit and held[n] == tokens[n]:
+        n += 1
+    return n

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from backend.draft_model import DraftModelSource
+from backend.draft_model import TAIL_CHECK, DraftModelSource, _kept_prefix
 from backend.draft_vocab import DraftModelError, check_draft_vocab, read_vocab_facts, vocab_mismatch
 from scheduler.drafts import DraftWant
 from scheduler.types import BatchPlan, SeqSlice
@@ -91,6 +91,32 @@ def test_stays_in_step_after_accepts_rejects_and_rewrites(pair):
     # Nothing new committed (the same tokens again): still a proposal, from the last token re-fed.
     assert source.propose(7, rewritten, 2) == greedy(target, rewritten, 2)
     source.forget(7)
+
+
+class Reads(list):
+    """A committed-token list that counts the tokens read from it."""
+
+    reads = 0
+
+    def __getitem__(self, index):
+        got = super().__getitem__(index)
+        Reads.reads += len(got) if isinstance(index, slice) else 1
+        return got
+
+
+def test_catching_up_reads_the_new_tokens_not_the_whole_context():
+    held = list(range(5000))
+    Reads.reads = 0
+    # The sequence grew by three tokens since the slot was fed: it keeps all it holds.
+    assert _kept_prefix(held, Reads(held + [7, 8, 9])) == 5000
+    assert Reads.reads <= TAIL_CHECK  # the old scan compared all 5000
+    # Nothing new: the last committed token is fed again (its logits give the first guess).
+    assert _kept_prefix(held, Reads(held)) == 4999
+    # A rewrite inside the checked tail, and one before it that changes the tail's positions
+    # (a new turn): the prefix is found token by token.
+    assert _kept_prefix(held, held[:4990] + [1, 2, 3]) == 4990
+    assert _kept_prefix(held, held[:100] + held[101:]) == 100
+    assert _kept_prefix([], [1, 2]) == 0 and _kept_prefix([1], [1]) == 0
 
 
 def test_forget_frees_the_slot_and_its_kv(pair):
