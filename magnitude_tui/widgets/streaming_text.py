@@ -51,6 +51,9 @@ LAZY_LINES = 200
 EXACT_TAIL_ROWS = 120
 REFINE_TICK_S = 0.04  # estimated lines are counted exactly on a timer this often ...
 REFINE_BUDGET_S = 0.006  # ... for at most this long a tick
+# Exact counts that replace guesses move rows: a text still growing lays out again on its next
+# append anyway, so they wait for it (at most this long); one that no longer grows lays out at once.
+PUBLISH_WAIT_S = 1.5
 
 
 def _plain(line: str, code: bool) -> str:
@@ -140,6 +143,7 @@ class StreamingText(Widget):
         # width -> the rows of the complete lines at that width, most recent last
         self._by_width: OrderedDict[int, _Rows] = OrderedDict()
         self._refining = False  # a refine tick is scheduled
+        self._appended_at = -PUBLISH_WAIT_S  # monotonic time of the last append
         self._strips: OrderedDict[tuple[int, int], list[Strip]] = OrderedDict()  # (line, width)
         self._tail_strips: tuple[str, int, list[Strip]] = ("", -1, [])
         if text:
@@ -159,7 +163,11 @@ class StreamingText(Widget):
         if not fragment:
             return
         self._add(fragment)
+        self._appended_at = time.monotonic()
         width = self._width if self._width > 0 else self.size.width
+        rows = self._by_width.get(width)
+        if rows is not None and not rows.pending:
+            rows.publish()  # exact counts that waited for this append (see `_refine`)
         if width > 0:
             height = self._rows(width)
             if height != self._height:
@@ -261,6 +269,8 @@ class StreamingText(Widget):
                 break
         if rows.pending:
             self._schedule_refine()
+        elif time.monotonic() - self._appended_at < PUBLISH_WAIT_S:
+            self.set_timer(PUBLISH_WAIT_S, lambda: self._publish(rows))  # unless an append does first
         else:
             self._publish(rows)
 
