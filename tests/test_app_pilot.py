@@ -345,3 +345,40 @@ async def test_scheduler_panel_gives_way_on_a_narrow_terminal_until_toggled(tmp_
         await wait_for(pilot, lambda: app.screen.size.width == 90 and pane.region.width < 50,
                        what="the layout at 90 columns, beside the panel")
         assert panel.display
+
+
+async def test_a_resize_lays_the_screen_out_once_at_the_new_size(tmp_path, monkeypatch):
+    # Laying the screen out at a new size posts the screen a Resize of that size, and Textual's
+    # handler laid the whole screen out again at once: with eight panes a third to a half more
+    # work in the frame that a key typed meanwhile waits for.
+    from textual.geometry import Size
+    from textual.screen import Screen
+
+    app = make_app(tmp_path)
+    async with app.run_test(size=(160, 50)) as pilot:
+        ws = app.workspace
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: len(_grid(app).panes) == 2, what="the second pane")
+        laid_out: list[Size] = []
+        real = Screen._screen_resized
+
+        def counted(screen, size):
+            if screen is ws:
+                laid_out.append(size)
+            real(screen, size)
+
+        monkeypatch.setattr(Screen, "_screen_resized", counted)
+        for size in ((120, 40), (200, 60), (100, 34)):
+            laid_out.clear()
+            await pilot.resize_terminal(*size)
+            await wait_for(pilot, lambda: ws.size == Size(*size), what=f"the screen at {size}")
+            await pilot.pause()
+            await pilot.pause()
+            assert laid_out == [Size(*size)]
+            grid, panes = _grid(app), _grid(app).panes
+            # What was laid out is the new size: the two panes share the grid's width, the
+            # grid ends where the panel starts (or at the edge without it).
+            assert sum(p.outer_size.width for p in panes) == grid.outer_size.width
+            right = ws.scheduler_panel.region.x if ws.scheduler_panel.display else size[0]
+            assert grid.region.right == right, (size, grid.region, ws.scheduler_panel.display)
+            assert all(p.region.bottom <= size[1] for p in panes)

@@ -51,9 +51,6 @@ LAZY_LINES = 200
 EXACT_TAIL_ROWS = 120
 REFINE_TICK_S = 0.04  # estimated lines are counted exactly on a timer this often ...
 REFINE_BUDGET_S = 0.006  # ... for at most this long a tick
-# Exact counts that replace guesses move rows: a text still growing lays out again on its next
-# append anyway, so they wait for it (at most this long); one that no longer grows lays out at once.
-PUBLISH_WAIT_S = 1.5
 
 
 def _plain(line: str, code: bool) -> str:
@@ -82,7 +79,7 @@ class _Rows:
     cumulative row count that drawing uses, rebuilt from `counts` when exact counts replace guesses
     (`publish`) and extended as lines are appended."""
 
-    __slots__ = ("counts", "ends", "estimated", "pending", "changed")
+    __slots__ = ("counts", "ends", "estimated", "pending", "changed", "refined", "cursor")
 
     def __init__(self) -> None:
         self.counts = array("I")
@@ -90,6 +87,8 @@ class _Rows:
         self.estimated = bytearray()  # per line: 1 while its count is a guess
         self.pending = 0  # lines whose count is a guess
         self.changed = False  # an exact count differed from its guess since the last publish
+        self.refined: dict[int, int] = {}  # exact counts of estimated lines, not applied yet
+        self.cursor = 0  # refining goes on below this line
 
     @property
     def total(self) -> int:
@@ -98,6 +97,8 @@ class _Rows:
     def extend(self, counts: list[int], guessed: int) -> None:
         """Append the counts of the next lines, the first `guessed` of them guesses."""
         self.counts.extend(counts)
+        if guessed and not self.pending:
+            self.cursor = len(self.counts) - len(counts) + guessed  # refine from the last guess down
         self.estimated.extend(b"\x01" * guessed + b"\x00" * (len(counts) - guessed))
         self.pending += guessed
         self.ends.extend(islice(accumulate(counts, initial=self.total), 1, None))
@@ -143,7 +144,6 @@ class StreamingText(Widget):
         # width -> the rows of the complete lines at that width, most recent last
         self._by_width: OrderedDict[int, _Rows] = OrderedDict()
         self._refining = False  # a refine tick is scheduled
-        self._appended_at = -PUBLISH_WAIT_S  # monotonic time of the last append
         self._strips: OrderedDict[tuple[int, int], list[Strip]] = OrderedDict()  # (line, width)
         self._tail_strips: tuple[str, int, list[Strip]] = ("", -1, [])
         if text:
@@ -163,11 +163,7 @@ class StreamingText(Widget):
         if not fragment:
             return
         self._add(fragment)
-        self._appended_at = time.monotonic()
         width = self._width if self._width > 0 else self.size.width
-        rows = self._by_width.get(width)
-        if rows is not None and not rows.pending:
-            rows.publish()  # exact counts that waited for this append (see `_refine`)
         if width > 0:
             height = self._rows(width)
             if height != self._height:
@@ -256,21 +252,31 @@ class StreamingText(Widget):
         self._refining = False
         rows = self._by_width.get(self._width)
         if rows is None or not rows.pending:
+            if rows is not None:
+                rows.refined.clear()  # all were counted to be drawn meanwhile
             return
         deadline = time.perf_counter() + REFINE_BUDGET_S
-        index = len(rows.estimated)
-        while rows.pending:
-            for _ in range(32):
-                index = rows.estimated.rfind(1, 0, index)
-                if index < 0:
-                    break
-                rows.settle(index, wrapped_rows(self._complete[index], self._width, self._code[index]))
-            if index < 0 or time.perf_counter() > deadline:
+        # Counted into `rows.refined`, not into the counts that drawing uses: they go in together
+        # (a line drawn with some lines above it counted and others not would be misplaced).
+        index, counted = rows.cursor, 0
+        while True:
+            index = rows.estimated.rfind(1, 0, index)
+            if index < 0:
                 break
+            if index not in rows.refined:
+                rows.refined[index] = wrapped_rows(self._complete[index], self._width, self._code[index])
+            counted += 1
+            if counted % 32 == 0 and time.perf_counter() > deadline:
+                break
+        rows.cursor = index
+        if index < 0:  # every line estimated when this pass began is counted
+            for line, count in rows.refined.items():
+                if rows.estimated[line]:  # not counted meanwhile to be drawn
+                    rows.settle(line, count)
+            rows.refined.clear()
+            rows.cursor = len(rows.estimated)  # lines estimated since go in the next pass
         if rows.pending:
             self._schedule_refine()
-        elif time.monotonic() - self._appended_at < PUBLISH_WAIT_S:
-            self.set_timer(PUBLISH_WAIT_S, lambda: self._publish(rows))  # unless an append does first
         else:
             self._publish(rows)
 
