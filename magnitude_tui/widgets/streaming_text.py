@@ -336,7 +336,7 @@ class StreamingText(Widget):
 
     def render_lines(self, crop: Region) -> list[Strip]:
         self._style = self.rich_style  # one look-up per render, not one per row (it walks the DOM)
-        height = self._rows(self.size.width)
+        self._rows(self.size.width)
         rows = self._by_width[self._width]
         # Lines about to be drawn whose counts are still guesses are counted first (a scroll into
         # text that a resize has not counted yet); the rows below them may move: lay out again.
