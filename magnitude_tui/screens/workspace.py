@@ -449,22 +449,11 @@ class WorkspaceScreen(Screen):
         panel.display = not panel.display
         self._scheduler_chosen = True  # the user decides from now on, whatever the width
 
-    async def _on_resize(self, event: events.Resize) -> None:
-        # Textual's own handler (Screen._on_resize) is called from here, not after this one.
-        event.prevent_default()
+    def on_resize(self, event: events.Resize) -> None:
         # The scheduler panel is 44 columns: on a narrow terminal (80x24) it would take more room
         # than the chat. Until the user toggles it (f3), it shows only where the panes keep most.
         if not self._scheduler_chosen:
             self.scheduler_panel.display = event.size.width >= SCHEDULER_PANEL_MIN_WIDTH
-        if event.size == self.outer_size:
-            # Laying the screen out at a new size posts the screen a Resize of that same size, and
-            # Textual's handler lays the whole screen out again at once (with eight panes, a third
-            # to a half of what the resize itself cost, in the frame a key typed meanwhile waits
-            # for). Whatever still needs a layout after the first has asked for one, and gets it
-            # on the next frame with everything else.
-            event.stop()
-            return
-        await super()._on_resize(event)
 
     # ---- persistence --------------------------------------------------------------------------
 
