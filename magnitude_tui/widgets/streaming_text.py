@@ -14,7 +14,8 @@ Counting is lazy where there is much to count: at a new width (a resize), or whe
 arrive at once, only the lines that fill the last screenful are wrapped at once; the others get an
 estimate from their length (`_estimate`) and are counted exactly on later ticks, a few
 milliseconds' worth at a time, the lines nearest the end first (`_refine`). The exact counts
-replace the estimates in one go when all are in (one layout, not one per tick), and lines about to
+replace the estimates in one go when all are in (one layout, not one per tick; a text still
+growing puts them in with its next append, whose layout they share), and lines about to
 be drawn while still estimated are counted first (`render_lines`). So a resize of a reply of
 500,000 characters wraps a screenful, not the reply (it used to wrap every line in the resize's
 frame), and once the counting is done the rows are exactly those of a full count.
@@ -51,6 +52,9 @@ LAZY_LINES = 200
 EXACT_TAIL_ROWS = 120
 REFINE_TICK_S = 0.04  # estimated lines are counted exactly on a timer this often ...
 REFINE_BUDGET_S = 0.006  # ... for at most this long a tick
+# Exact counts move rows, which takes a layout; a text still growing lays out on its next append
+# anyway, so they wait for it (this long at most); one that no longer grows lays out at once.
+PUBLISH_WAIT_S = 1.0
 
 
 def _plain(line: str, code: bool) -> str:
@@ -79,7 +83,7 @@ class _Rows:
     cumulative row count that drawing uses, rebuilt from `counts` when exact counts replace guesses
     (`publish`) and extended as lines are appended."""
 
-    __slots__ = ("counts", "ends", "estimated", "pending", "changed", "refined", "cursor")
+    __slots__ = ("counts", "ends", "estimated", "pending", "changed", "refined", "cursor", "ready")
 
     def __init__(self) -> None:
         self.counts = array("I")
@@ -89,6 +93,7 @@ class _Rows:
         self.changed = False  # an exact count differed from its guess since the last publish
         self.refined: dict[int, int] = {}  # exact counts of estimated lines, not applied yet
         self.cursor = 0  # refining goes on below this line
+        self.ready = False  # `refined` holds every estimated line, waiting to go in
 
     @property
     def total(self) -> int:
@@ -110,6 +115,15 @@ class _Rows:
             self.changed = True
         self.estimated[index] = 0
         self.pending -= 1
+
+    def apply_refined(self) -> None:
+        """Put the refined counts in (those not counted meanwhile to be drawn)."""
+        for line, count in self.refined.items():
+            if self.estimated[line]:
+                self.settle(line, count)
+        self.refined.clear()
+        self.cursor = len(self.estimated)  # lines estimated since go in the next pass
+        self.ready = False
 
     def publish(self) -> bool:
         """Draw with the counts now known; returns whether any row moved."""
@@ -144,6 +158,7 @@ class StreamingText(Widget):
         # width -> the rows of the complete lines at that width, most recent last
         self._by_width: OrderedDict[int, _Rows] = OrderedDict()
         self._refining = False  # a refine tick is scheduled
+        self._appended_at = -PUBLISH_WAIT_S  # monotonic time of the last append
         self._strips: OrderedDict[tuple[int, int], list[Strip]] = OrderedDict()  # (line, width)
         self._tail_strips: tuple[str, int, list[Strip]] = ("", -1, [])
         if text:
@@ -163,6 +178,10 @@ class StreamingText(Widget):
         if not fragment:
             return
         self._add(fragment)
+        self._appended_at = time.monotonic()
+        rows = self._by_width.get(self._width)
+        if rows is not None and rows.ready:
+            self._finish_refine(rows, layout=False)  # this append lays out if the rows changed
         width = self._width if self._width > 0 else self.size.width
         if width > 0:
             height = self._rows(width)
@@ -251,9 +270,10 @@ class StreamingText(Widget):
         REFINE_BUDGET_S; when none is left, draw with the exact counts."""
         self._refining = False
         rows = self._by_width.get(self._width)
-        if rows is None or not rows.pending:
-            if rows is not None:
-                rows.refined.clear()  # all were counted to be drawn meanwhile
+        if rows is None or rows.ready:
+            return
+        if not rows.pending:
+            rows.refined.clear()  # all were counted to be drawn meanwhile
             return
         deadline = time.perf_counter() + REFINE_BUDGET_S
         # Counted into `rows.refined`, not into the counts that drawing uses: they go in together
@@ -268,17 +288,23 @@ class StreamingText(Widget):
             counted += 1
             if counted % 32 == 0 and time.perf_counter() > deadline:
                 break
-        rows.cursor = index
-        if index < 0:  # every line estimated when this pass began is counted
-            for line, count in rows.refined.items():
-                if rows.estimated[line]:  # not counted meanwhile to be drawn
-                    rows.settle(line, count)
-            rows.refined.clear()
-            rows.cursor = len(rows.estimated)  # lines estimated since go in the next pass
+        if index >= 0:
+            rows.cursor = index
+            self._schedule_refine()
+        elif time.monotonic() - self._appended_at < PUBLISH_WAIT_S:  # every line is counted
+            rows.ready = True  # the next append puts them in (or this timer)
+            self.set_timer(PUBLISH_WAIT_S, lambda: rows.ready and self._finish_refine(rows))
+        else:
+            self._finish_refine(rows)
+
+    def _finish_refine(self, rows: _Rows, *, layout: bool = True) -> None:
+        rows.apply_refined()
         if rows.pending:
             self._schedule_refine()
-        else:
+        if layout:
             self._publish(rows)
+        else:
+            rows.publish()
 
     def _publish(self, rows: _Rows) -> None:
         if rows.publish():
