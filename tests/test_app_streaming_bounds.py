@@ -5,6 +5,8 @@ rendered rows for its text."""
 from __future__ import annotations
 
 import gc
+from functools import lru_cache
+from itertools import accumulate
 
 from textual.strip import Strip
 from textual.widgets import Markdown
@@ -122,3 +124,54 @@ async def test_streaming_text_keeps_row_counts_not_the_rows_of_a_long_text(tmp_p
         narrow = sum(wrapped_rows(line, view.size.width) for line in lines)
         await wait_for(pilot, lambda: view.size.height == narrow, what="the rows at the new width")
         assert narrow > rows
+
+
+async def test_a_resize_counts_the_rows_on_screen_at_once_and_the_rest_on_later_ticks(tmp_path, monkeypatch):
+    # A resize used to wrap every line of the text in the frame that showed the new size (the
+    # UI endurance run: a 500,000-character reply, 50 resizes); now it wraps the lines at the end
+    # (what an anchored transcript shows), estimates the rest and counts it exactly afterwards.
+    import magnitude_tui.widgets.streaming_text as streaming_text
+
+    app = make_app(tmp_path, ScriptedClient())
+    async with app.run_test(size=SIZE) as pilot:
+        transcript = app.workspace.grid.panes[0].query_one(".transcript")
+        view = StreamingText()
+        await transcript.mount(view)
+        await pilot.pause()
+        lines = [f"line {i} " + "**word** " * (i % 17) for i in range(20_000)]
+        view.append("".join(line + "\n" for line in lines))
+        transcript.scroll_end(animate=False)
+        rows_at = lru_cache(lambda width: sum(wrapped_rows(line, width) for line in lines))
+        await wait_for(pilot, lambda: view.size.height == rows_at(view.size.width), what="every line counted")
+        width = view.size.width
+
+        calls: list[tuple] = []
+
+        def counted(*args):
+            calls.append(args)
+            return wrapped_rows(*args)
+
+        monkeypatch.setattr(streaming_text, "wrapped_rows", counted)
+        monkeypatch.setattr(streaming_text, "REFINE_TICK_S", 3600.0)  # hold the later counting back
+        await pilot.resize_terminal(60, SIZE[1])
+        await wait_for(pilot, lambda: view.size.width != width, what="the new width")
+        transcript.scroll_end(animate=False)
+        await pilot.pause()
+        narrow = view.size.width
+        exact = [wrapped_rows(line, narrow) for line in lines]
+        assert 0 < len(calls) < 1000, f"the resize wrapped {len(calls)} lines, not a screenful"
+        # The end (what the anchored transcript shows) is drawn exactly already.
+        drawn = [view.render_line(view.size.height - exact[-1] + k).text.strip() for k in range(exact[-1])]
+        assert drawn == [strip.text.strip() for strip in view._wrap(lines[-1], narrow)]
+
+        calls.clear()
+        monkeypatch.setattr(streaming_text, "REFINE_TICK_S", 0.01)
+        view._refine()  # the held tick, now
+        narrow_rows = sum(exact)
+        await wait_for(pilot, lambda: view.size.height == narrow_rows, what="the exact rows at the new width")
+        assert len(calls) <= len(lines), "a line was wrapped more than once at one width"
+        starts = [0, *accumulate(exact)]
+        for k in (0, 1, 777, 5_000, 12_345, 19_999):
+            assert view.render_line(starts[k]).text.strip().startswith(f"line {k} ") or \
+                view.render_line(starts[k]).text.strip() == f"line {k}", k
+        assert view.render_line(starts[-1] - 1).text.rstrip().endswith("word")

@@ -31,7 +31,9 @@ def _row_text(update, y: int, x0: int, x1: int) -> str | None:
 
 class FrameProbe:
     """Hooks the app's display: counts the frames a terminal driver would be given, and notes the
-    moment (`pending["t1"]`) a frame first shows `pending["want"]` in the row `pending["row"]`."""
+    moment (`pending["t1"]`) a frame first shows `pending["want"]` in the row `pending["row"]`:
+    (y, x0, x1), or a function giving it for each frame (where a widget is in that frame: a
+    resize laid out after the key was sent moves the composer)."""
 
     def __init__(self, app) -> None:
         self.app, self.frames, self.pending, self.seen = app, 0, {}, asyncio.Event()
@@ -55,7 +57,8 @@ class FrameProbe:
             self.frames += 1
             p = self.pending
             if p and "t1" not in p:
-                text = _row_text(update, *p["row"])
+                row = p["row"]() if callable(p["row"]) else p["row"]
+                text = _row_text(update, *row)
                 if text is not None and p["want"] in text:
                     p["t1"] = time.perf_counter()
                     self.seen.set()
@@ -81,8 +84,11 @@ async def type_and_time_key(probe: FrameProbe, composer, i: int, *, timeout_s: f
     if i % len(DIGITS) == 0:
         composer.value = ""
         await asyncio.sleep(0.05)
-    r = composer.region
-    probe.expect(composer.value + ch, (r.y, r.x, r.right), **extra)
+    def row() -> tuple[int, int, int]:  # the composer's row in the frame being drawn
+        r = composer.region
+        return r.y, r.x, r.right
+
+    probe.expect(composer.value + ch, row, **extra)
     send_key(probe.app, ch, ch)
     try:
         await asyncio.wait_for(probe.seen.wait(), timeout_s)
