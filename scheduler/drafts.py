@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol, Sequence, runtime_checkable
 
-__all__ = ["BatchedDraftSource", "DraftKind", "DraftSource", "DraftWant", "MatchedSource", "match_length", "propose_all"]
+__all__ = ["BatchedDraftSource", "DraftKind", "DraftSource", "DraftWant", "MatchedSource", "match_length",
+           "propose_all"]
 
 
 class DraftKind(str, Enum):
