@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol, Sequence, runtime_checkable
 
-__all__ = ["BatchedDraftSource", "DraftKind", "DraftSource", "DraftWant", "propose_all"]
+__all__ = ["BatchedDraftSource", "DraftKind", "DraftSource", "DraftWant", "MatchedSource", "match_length",
+           "propose_all"]
 
 
 class DraftKind(str, Enum):
@@ -63,3 +64,19 @@ def propose_all(source: DraftSource, wants: Sequence[DraftWant]) -> dict[int, li
     if isinstance(source, BatchedDraftSource):
         return source.propose_many(wants)
     return {w.key: source.propose(w.key, w.tokens, w.k) for w in wants}
+
+
+@runtime_checkable
+class MatchedSource(DraftSource, Protocol):
+    """A source that can say how much verbatim agreement backs its latest guess for a key (n-gram
+    lookup: the length of the run of tokens the sequence's latest ones share with the place the
+    guess is copied from), the evidence the policy conditions its acceptance estimate on."""
+
+    def match_length(self, key: int) -> int:
+        """Tokens of agreement behind the latest guess proposed for `key` (0: none, or no guess)."""
+        ...
+
+
+def match_length(source: DraftSource, key: int) -> int:
+    """The evidence behind a source's latest guess for `key`; 0 for a source that cannot say."""
+    return source.match_length(key) if isinstance(source, MatchedSource) else 0

@@ -33,6 +33,9 @@ COPY_RUN = 4
 # break on, for as long as the reply has written at most RESYNC_SPAN tokens since it.
 RESYNC_WINDOW = 16
 RESYNC_SPAN = 8
+# How far back a match is measured beyond its n-gram (the evidence behind a guess, `match_length`);
+# the policy only asks whether it reaches its long-match threshold.
+MATCH_CAP = 32
 
 
 class NgramIndex:
@@ -46,7 +49,7 @@ class NgramIndex:
         self._last_end: dict[tuple[int, ...], int] = {}
         self._src: int | None = None  # the copy's next source position, as of `_at` tokens
         self._at = 0
-        self._run = 0  # the copy's tokens committed in a row
+        self._run = 0  # the copy's tokens committed in a row, its matched ones included
         self._broke: tuple[int, int] | None = None  # (source position, sequence position) of a break
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -74,13 +77,22 @@ class NgramIndex:
         self._at = len(toks)
         return toks[self._src:self._src + k]
 
+    @property
+    def match_length(self) -> int:
+        """The verbatim agreement behind the latest guess: the followed copy's run, from the first
+        token the sequence shares with its source place to the latest one (0 without a copy)."""
+        return self._run if self._src is not None else 0
+
     def _latest(self) -> tuple[int, int] | None:
         """(source position, match length) after the longest suffix's latest earlier occurrence."""
         toks = self.tokens
         for n in range(min(self.max_n, len(toks)), self.min_n - 1, -1):
             end = self._last_end.get(tuple(toks[len(toks) - n:]))
             if end is not None:
-                return end + 1, n
+                m = n  # the match may run back further than the longest indexed n-gram
+                while m < MATCH_CAP and end - m >= 0 and toks[end - m] == toks[len(toks) - 1 - m]:
+                    m += 1
+                return end + 1, m
         return None
 
     def _follow(self) -> None:
@@ -143,6 +155,10 @@ class NgramSource:
 
     def forget(self, key: int) -> None:
         self._index.pop(key, None)
+
+    def match_length(self, key: int) -> int:
+        index = self._index.get(key)
+        return index.match_length if index is not None else 0
 
     def _synced(self, key: int, tokens: Sequence[int]) -> NgramIndex:
         """The key's index, extended by the tokens committed since the last call. Tokens only ever

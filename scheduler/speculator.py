@@ -7,11 +7,12 @@ draft tokens in the rows left; the engine tells it, through the planner, how man
 from __future__ import annotations
 
 from scheduler.budget import CostModel, StepShape
-from scheduler.drafts import DraftKind, DraftSource, DraftWant, propose_all
+from scheduler.drafts import DraftKind, DraftSource, DraftWant, match_length, propose_all
 from scheduler.row_price import RowPrice
 from scheduler.sequence import Sequence
-from scheduler.speculation import (K_MAX, PRIORS, AcceptanceEstimate, DraftOffer, Shadow, SpecMode, available_sources,
-                                   draft_lengths, observe_run, pick_source, row_can_pay)
+from scheduler.speculation import (K_MAX, LONG_MATCH, LONG_PRIOR, LONG_PRIOR_MORE, PRIORS, AcceptanceEstimate,
+                                   DraftOffer, Shadow, SpecMode, available_sources, draft_lengths, observe_run,
+                                   pick_source, row_can_pay)
 from scheduler.types import KV_PAD, AttentionPath
 
 __all__ = ["Speculator"]
@@ -24,7 +25,8 @@ class Speculator:
     def __init__(self, sources: dict[DraftKind, DraftSource] | None = None,
                  mode: SpecMode = SpecMode.OFF) -> None:
         self.sources: dict[DraftKind, DraftSource] = dict(sources or {})
-        self.overall = {(kind, deeper): AcceptanceEstimate() for kind in DraftKind for deeper in (False, True)}
+        self.overall = {(kind, deeper, long): AcceptanceEstimate()
+                        for kind in DraftKind for deeper in (False, True) for long in (False, True)}
         self.mode = SpecMode.OFF
         self.set_mode(mode)
         self.paused_steps = 0  # no drafts for this many steps (after "no KV slot" with drafts)
@@ -40,22 +42,27 @@ class Speculator:
     def pause(self, steps: int) -> None:
         self.paused_steps = max(self.paused_steps, steps)
 
-    def p(self, seq: Sequence, kind: DraftKind, deeper: bool = False) -> float:
+    def p(self, seq: Sequence, kind: DraftKind, deeper: bool = False, long: bool = False) -> float:
         """The sequence's acceptance estimate for a source's first draft row (or, `deeper`, a row
         after an accepted one), drawn toward the source's overall one; a row after an accepted one
-        starts where the first row is."""
-        first = self.overall[(kind, False)].p(PRIORS[kind])
-        prior = self.overall[(kind, True)].p(first) if deeper else first
-        return seq.spec.estimate(kind, deeper).p(prior)
+        starts where the first row is. `long`: of a guess backed by a long match, whose estimates
+        start at LONG_PRIOR and LONG_PRIOR_MORE and learn from such guesses only."""
+        first = self.overall[(kind, False, long)].p(LONG_PRIOR if long else PRIORS[kind])
+        if not deeper:
+            return seq.spec.estimate(kind, False, long).p(first)
+        prior = self.overall[(kind, True, long)].p(LONG_PRIOR_MORE if long else first)
+        return seq.spec.estimate(kind, deeper, long).p(prior)
 
-    def _observe(self, seq: Sequence, kind: DraftKind, depth: int, matched: int, decided: bool) -> None:
+    def _observe(self, seq: Sequence, kind: DraftKind, depth: int, matched: int, decided: bool,
+                 long: bool = False) -> None:
         # While a copy goes on, a guess's first token continues it: it was priced as a row after
         # an accepted one and teaches that estimate, so the first-row one stays the chance that a
         # fresh guess (after a miss) is right.
         if depth == 0 and seq.spec.copying.get(kind, False):
             depth = 1  # the same hits and miss, one depth on: all of them teach the deeper estimate
-        observe_run(seq.spec.estimate(kind), seq.spec.estimate(kind, True), depth, matched, decided)
-        observe_run(self.overall[(kind, False)], self.overall[(kind, True)], depth, matched, decided)
+        observe_run(seq.spec.estimate(kind, False, long), seq.spec.estimate(kind, True, long), depth, matched,
+                    decided)
+        observe_run(self.overall[(kind, False, long)], self.overall[(kind, True, long)], depth, matched, decided)
         if decided or matched:
             seq.spec.copying[kind] = not decided
 
@@ -91,17 +98,19 @@ class Speculator:
         # offer, and what is not verified is judged later for free against the tokens that come.
         guesses: dict[int, list[int]] = {}
         guessed_by: dict[int, DraftKind] = {}
+        long: dict[int, bool] = {}  # whether a long match backs the free guess (see LONG_MATCH)
         for seq in decoding:
             for src in sources:
                 if caps[seq.seq_id] > 0 and src.draft_ms(1, 1) == 0.0:
                     guesses[seq.seq_id] = src.propose(seq.seq_id, seq.tokens_view(), K_MAX)[:caps[seq.seq_id]]
                     guessed_by[seq.seq_id] = src.kind
+                    long[seq.seq_id] = match_length(src, seq.seq_id) >= LONG_MATCH
                     break
         if self.mode.forced is not None:
             ks = self._forced(decoding, sources[0], guesses, caps, room_rows)
             chosen = {seq.seq_id: sources[0].kind for seq in decoding}
         else:
-            ks, chosen = self._adaptive(decoding, sources, kinds, guesses, caps, row_ms, shape=shape,
+            ks, chosen = self._adaptive(decoding, sources, kinds, guesses, long, caps, row_ms, shape=shape,
                                         base_ms=base_ms, room_rows=room_rows, room_ms=room_ms)
         # A paid source (a draft model) drafts for all its sequences in one call: one batch per
         # draft position, not one per sequence.
@@ -123,6 +132,7 @@ class Speculator:
                     seq.seq_id, [])[:k]
                 if tokens:
                     out[seq.seq_id] = (kind, tuple(tokens))
+                    seq.spec.drafted_long[kind] = long.get(seq.seq_id, False) and kind == guessed_by.get(seq.seq_id)
             # The free guess beyond what is verified now is judged against the tokens that come:
             # all of it when nothing is drafted, its tail when a verification accepts every row.
             depth = len(tokens) if tokens and out[seq.seq_id][0] == guessed_by.get(seq.seq_id) else 0
@@ -130,7 +140,8 @@ class Speculator:
                 deep = not any(len(sh.tokens) > 1 for sh in seq.spec.shadows)
                 if deep or not depth:
                     seq.spec.shadows.append(Shadow(guessed_by[seq.seq_id], seq.num_tokens,
-                                                   tuple(guess if deep else guess[:1]), depth))
+                                                   tuple(guess if deep else guess[:1]), depth,
+                                                   long.get(seq.seq_id, False)))
         return out
 
     def _cap(self, seq: Sequence, n_ctx_seq: int) -> int:
@@ -167,7 +178,7 @@ class Speculator:
             return params.decode_ms + params.attn_ms * n_kv / 1000.0
         return params.decode_ms + params.attn_ms * (seq.num_computed + 2) / 1000.0
 
-    def _adaptive(self, decoding, sources, kinds, guesses, caps, row_ms: dict[int, float], *,
+    def _adaptive(self, decoding, sources, kinds, guesses, long, caps, row_ms: dict[int, float], *,
                   shape: StepShape, base_ms: float, room_rows: int, room_ms: float | None):
         offers, owners, chosen = [], [], {}
         n = len(decoding)
@@ -180,13 +191,15 @@ class Speculator:
                 cap = len(guesses.get(seq.seq_id, [])) if free else caps[seq.seq_id]
                 if cap > 0:
                     copying = seq.spec.copying.get(src.kind, False)
-                    candidates.append((src.kind, cap, self.p(seq, src.kind, deeper=copying)))
+                    backed = free and long.get(seq.seq_id, False)
+                    candidates.append((src.kind, cap, backed, self.p(seq, src.kind, copying, backed)))
             if not candidates:
                 continue
-            kind, cap, p = candidates[pick_source([(p, share[k]) for k, _, p in candidates], row_ms[seq.seq_id])]
+            kind, cap, backed, p = candidates[pick_source([(p, share[k]) for k, _, _, p in candidates],
+                                                          row_ms[seq.seq_id])]
             chosen[seq.seq_id] = kind
             offers.append(DraftOffer(p=p, cap=cap, row_ms=row_ms[seq.seq_id], source=kinds.index(kind),
-                                     p_more=self.p(seq, kind, deeper=True)))
+                                     p_more=self.p(seq, kind, True, backed)))
             owners.append(seq.seq_id)
         if not offers:
             return {}, chosen
@@ -207,7 +220,7 @@ class Speculator:
         came = seq.token_range(shadow.pos + shadow.depth, shadow.pos + n)
         matched = next((i for i, t in enumerate(came) if t != shadow.tokens[shadow.depth + i]), None)
         decided = matched is not None
-        self._observe(seq, shadow.kind, shadow.depth, matched if decided else len(came), decided)
+        self._observe(seq, shadow.kind, shadow.depth, matched if decided else len(came), decided, shadow.long)
         shadow.depth = n
         return decided or n == len(shadow.tokens)
 
@@ -217,7 +230,7 @@ class Speculator:
         """Sampling accepted `accepted` of the `drafted` draft tokens it verified; `judged` of
         them were compared with a sampled token (the reply may end before the rest are)."""
         rejected = accepted < judged
-        self._observe(seq, kind, 0, accepted, rejected)
+        self._observe(seq, kind, 0, accepted, rejected, seq.spec.drafted_long.get(kind, False))
         if rejected:  # a guess's tail after the verified rows followed the rejected draft
             seq.spec.shadows = [sh for sh in seq.spec.shadows if not sh.depth]
         seq.num_drafted += drafted

@@ -49,6 +49,24 @@ def test_recording_judges_each_guess_against_what_the_sequence_commits_later():
     assert len(rec.guesses) == 3
 
 
+def test_recording_keeps_the_match_length_behind_each_guess_and_the_replay_reports_it():
+    from backend.fake import FakeBackend
+    from scheduler.ngram import NgramSource
+
+    rec = RecordingSource(NgramSource())
+    block = list(range(100, 120))
+    tokens = [50] + block + [99] + block[:9]
+    assert rec.propose(0, tokens, 3) == block[9:12] and rec.match_length(0) == 9
+    rec.propose(0, tokens + [7], 3)  # the copy broke at once: judged, with the evidence it had
+    assert rec.guesses == [Guess(3, 3, 0, 9)]
+    src = TraceDrafts(FakeBackend(n_seq_max=1), DraftKind.NGRAM, [Guess(8, 4, 4, 12), Guess(8, 2, 0, 2)])
+    src._cursor[0] = 0
+    src.propose(0, [], 8)
+    assert src.match_length(0) == 12
+    src.propose(0, [], 8)
+    assert src.match_length(0) == 2
+
+
 def test_trace_drafts_replay_how_many_guesses_matched():
     from backend.fake import FakeBackend
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from scheduler.drafts import DraftKind, DraftSource, DraftWant, propose_all
+from scheduler.drafts import DraftKind, DraftSource, DraftWant, match_length, propose_all
 
 __all__ = ["Guess", "RecordingSource", "TraceDrafts"]
 
@@ -15,11 +15,13 @@ __all__ = ["Guess", "RecordingSource", "TraceDrafts"]
 @dataclass(frozen=True)
 class Guess:
     """One proposal: how many tokens were asked for and proposed, and how many of them, from the
-    first, were the tokens the sequence went on to commit."""
+    first, were the tokens the sequence went on to commit; `match_length`: the source's evidence
+    behind it (see `scheduler.drafts.match_length`)."""
 
     asked: int
     proposed: int
     matched: int
+    match_length: int = 0
 
 
 @dataclass
@@ -27,6 +29,7 @@ class _Pending:
     at: int  # committed tokens when it was proposed
     asked: int
     draft: tuple[int, ...]
+    match_length: int = 0
 
 
 class RecordingSource:
@@ -44,8 +47,12 @@ class RecordingSource:
         draft = self.inner.propose(key, tokens, k)
         self._judge(key, tokens)
         if k > 0:
-            self._pending.setdefault(key, []).append(_Pending(len(tokens), k, tuple(draft)))
+            self._pending.setdefault(key, []).append(_Pending(len(tokens), k, tuple(draft),
+                                                              match_length(self.inner, key)))
         return draft
+
+    def match_length(self, key: int) -> int:
+        return match_length(self.inner, key)
 
     def propose_many(self, wants: Sequence[DraftWant]) -> dict[int, list[int]]:
         out = propose_all(self.inner, wants)
@@ -70,7 +77,7 @@ class RecordingSource:
             while m < len(seen) and seen[m] == p.draft[m]:
                 m += 1
             if m < len(seen) or len(seen) == len(p.draft):  # a miss seen, or every token seen
-                self.guesses.append(Guess(p.asked, len(p.draft), m))
+                self.guesses.append(Guess(p.asked, len(p.draft), m, p.match_length))
             else:
                 left.append(p)
         self._pending[key] = left
@@ -88,6 +95,7 @@ class TraceDrafts:
     guesses: Sequence[Guess]
     step_ms: float = 0.0  # a draft model's cost per draft step on the simulated hardware (0: lookup)
     _cursor: dict[int, int] = field(default_factory=dict)
+    _evidence: dict[int, int] = field(default_factory=dict)  # the latest replayed guess's match_length
 
     def propose(self, key: int, tokens: Sequence[int], k: int) -> list[int]:
         if not self.guesses or k <= 0:
@@ -95,6 +103,7 @@ class TraceDrafts:
         i = self._cursor.get(key, 7919 * key)
         self._cursor[key] = i + 1
         g = self.guesses[i % len(self.guesses)]
+        self._evidence[key] = g.match_length
         n = min(k, g.proposed)
         truth = self.backend.next_tokens(key, n)
         return [t if j < g.matched else (t + 1) % self.backend.n_vocab for j, t in enumerate(truth)]
@@ -102,8 +111,12 @@ class TraceDrafts:
     def draft_ms(self, k: int, n_sequences: int) -> float:
         return self.step_ms * k if k > 0 and n_sequences > 0 else 0.0
 
+    def match_length(self, key: int) -> int:
+        return self._evidence.get(key, 0)
+
     def forget(self, key: int) -> None:
         self._cursor.pop(key, None)
+        self._evidence.pop(key, None)
 
 
 def summary(guesses: Sequence[Guess]) -> dict:
