@@ -8,7 +8,7 @@ import pytest
 from backend.factory import BackendConfig
 from magnitude_tui.bench.common import save_result
 from magnitude_tui.bench.plots import plot_spec
-from magnitude_tui.bench.spec import SpecBenchConfig, run_spec
+from magnitude_tui.bench.spec import SpecBenchConfig, rotated, run_spec
 from magnitude_tui.bench.spec_trace import Guess, RecordingSource, TraceDrafts
 from scheduler.drafts import DraftKind
 
@@ -80,8 +80,18 @@ def test_trace_drafts_replay_how_many_guesses_matched():
     assert src.propose(0, [], 2) == truth[:2]  # a shorter ask takes the first tokens of the guess
 
 
+def test_the_modes_take_turns_so_that_none_always_runs_after_the_same_one():
+    modes = ("off", "ngram", "auto")
+    orders = [rotated(modes, rep) for rep in range(6)]
+    assert orders[0] == modes and len(set(orders)) == 6  # every ordering once, the given one first
+    assert rotated(modes, 6) == modes
+    before_auto = {o[o.index("auto") - 1] for o in orders[:2] if o.index("auto") > 0}
+    assert before_auto == {"off", "ngram"}  # two repetitions already put auto after each
+
+
 def test_simulated_spec_bench_measures_every_mode_and_replays_the_trace(tmp_path):
-    cfg = SpecBenchConfig(widths=(1, 3), tasks=("repetitive", "chat"), max_tokens=24, sim_profile="rx9070xt")
+    cfg = SpecBenchConfig(widths=(1, 3), tasks=("repetitive", "chat"), max_tokens=24, sim_profile="rx9070xt",
+                          reps=2)
     res = run_spec(BackendConfig(kind="simulated:cpu2core"), cfg)
     real, sim, traces = res.tables.values()  # no peer table without a peer
     assert {(r["task"], r["seqs"], r["mode"]) for r in real} == {

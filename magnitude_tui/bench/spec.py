@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
+from itertools import permutations
 from typing import Callable
 
 from backend.factory import BackendConfig, build_backend
@@ -114,21 +115,33 @@ def _task_runs(engine: Engine, task: Task, prompts: list[tuple[int, ...]], cfg: 
                                    prompt_tokens=prompts[i]) for i in range(warm, w)])
         warm = max(warm, w)
         for rep in range(cfg.reps):
-            for mode in modes:  # side by side: modes alternate inside each repetition
+            done: dict[str, tuple] = {}
+            for mode in rotated(modes, rep):  # side by side: modes alternate inside each repetition
                 engine.set_spec(mode)
                 ids = [f"{task.value}-{w}-{mode}-{rep}-{i}" for i in range(w)]
                 run = _step_all(engine, [Request(rid, f"s{i}", (), sampling, prompt_tokens=prompts[i])
                                          for i, rid in enumerate(ids)])
-                texts = [run.texts[rid] for rid in ids]
-                if mode == "off":
-                    off_texts[(w, rep)] = texts
-                base = off_texts.get((w, rep))
-                row = {"task": task.value, "seqs": w, "mode": mode, "rep": rep, **run.row(),
-                       "same_text_as_off": None if base is None or mode == "off" else texts == base}
-                rows.append(row)
-                progress(f"{task.value} x{w} {mode}: {row['per_seq_tok_s']} tok/s per sequence, "
-                         f"{row['agg_tok_s']} aggregate, acceptance {row['acceptance']}")
+                done[mode] = (run, [run.texts[rid] for rid in ids])
+                r = run.row()
+                progress(f"{task.value} x{w} {mode}: {r['per_seq_tok_s']} tok/s per sequence, "
+                         f"{r['agg_tok_s']} aggregate, acceptance {r['acceptance']}")
+            if "off" in done:
+                off_texts[(w, rep)] = done["off"][1]
+            base = off_texts.get((w, rep))
+            for mode in modes:
+                run, texts = done[mode]
+                rows.append({"task": task.value, "seqs": w, "mode": mode, "rep": rep, **run.row(),
+                             "same_text_as_off": None if base is None or mode == "off" else texts == base})
     return rows
+
+
+def rotated(modes: tuple[str, ...], rep: int) -> tuple[str, ...]:
+    """The order the modes run in at repetition `rep`: the rep-th of their orderings (cycling), so
+    that from the second repetition on each mode has run right after different ones. A run leaves
+    the KV cache as its mode left it (drafts rejected and removed spread the cells the next run's
+    rows attend over), so a fixed order would charge that to whichever mode always came next."""
+    orders = list(permutations(modes))
+    return orders[rep % len(orders)] if orders else ()
 
 
 @dataclass
