@@ -92,13 +92,19 @@ def _strips_alive() -> int:
     return sum(1 for o in gc.get_objects() if type(o) is Strip)
 
 
+async def _text_in_a_transcript(app, pilot):
+    """A StreamingText mounted in the first pane's transcript: (transcript, view)."""
+    transcript = app.workspace.grid.panes[0].query_one(".transcript")
+    view = StreamingText()
+    await transcript.mount(view)
+    await pilot.pause()
+    return transcript, view
+
+
 async def test_streaming_text_keeps_row_counts_not_the_rows_of_a_long_text(tmp_path):
     app = make_app(tmp_path, ScriptedClient())
     async with app.run_test(size=SIZE) as pilot:
-        transcript = app.workspace.grid.panes[0].query_one(".transcript")
-        view = StreamingText()
-        await transcript.mount(view)
-        await pilot.pause()
+        transcript, view = await _text_in_a_transcript(app, pilot)
         before = _strips_alive()
         lines = [f"line {i} " + "**word** " * (i % 17) for i in range(20_000)]
         for start in range(0, len(lines), 2000):  # appended in paints, scrolled to the end each time
@@ -134,10 +140,7 @@ async def test_a_resize_counts_the_rows_on_screen_at_once_and_the_rest_on_later_
 
     app = make_app(tmp_path, ScriptedClient())
     async with app.run_test(size=SIZE) as pilot:
-        transcript = app.workspace.grid.panes[0].query_one(".transcript")
-        view = StreamingText()
-        await transcript.mount(view)
-        await pilot.pause()
+        transcript, view = await _text_in_a_transcript(app, pilot)
         lines = [f"line {i} " + "**word** " * (i % 17) for i in range(20_000)]
         view.append("".join(line + "\n" for line in lines))
         transcript.scroll_end(animate=False)

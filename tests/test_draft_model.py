@@ -12,6 +12,7 @@ from backend.draft_model import TAIL_CHECK, DraftModelSource, _kept_prefix
 from backend.draft_vocab import DraftModelError, check_draft_vocab, read_vocab_facts, vocab_mismatch
 from scheduler.drafts import DraftWant
 from scheduler.types import BatchPlan, SeqSlice
+from tests.counting_list import CountingList
 from tests.gguf_files import with_u32_key
 from tests.needs import need_real_model
 
@@ -93,25 +94,14 @@ def test_stays_in_step_after_accepts_rejects_and_rewrites(pair):
     source.forget(7)
 
 
-class Reads(list):
-    """A committed-token list that counts the tokens read from it."""
-
-    reads = 0
-
-    def __getitem__(self, index):
-        got = super().__getitem__(index)
-        Reads.reads += len(got) if isinstance(index, slice) else 1
-        return got
-
-
 def test_catching_up_reads_the_new_tokens_not_the_whole_context():
     held = list(range(5000))
-    Reads.reads = 0
+    CountingList.reads = 0
     # The sequence grew by three tokens since the slot was fed: it keeps all it holds.
-    assert _kept_prefix(held, Reads(held + [7, 8, 9])) == 5000
-    assert Reads.reads <= TAIL_CHECK  # the old scan compared all 5000
+    assert _kept_prefix(held, CountingList(held + [7, 8, 9])) == 5000
+    assert CountingList.reads <= TAIL_CHECK  # the old scan compared all 5000
     # Nothing new: the last committed token is fed again (its logits give the first guess).
-    assert _kept_prefix(held, Reads(held)) == 4999
+    assert _kept_prefix(held, CountingList(held)) == 4999
     # A rewrite inside the checked tail, and one before it that changes the tail's positions
     # (a new turn): the prefix is found token by token.
     assert _kept_prefix(held, held[:4990] + [1, 2, 3]) == 4990

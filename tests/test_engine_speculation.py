@@ -11,6 +11,7 @@ from scheduler.drafts import DraftKind
 from scheduler.ngram import NgramSource
 from scheduler.speculation import SpecMode
 from scheduler.types import DoneReason, Message, Request, SamplingParams
+from tests.counting_list import CountingList
 from tests.engine_driver import assert_clean, by_request, chat, engine_for, text
 
 
@@ -353,25 +354,6 @@ def test_the_lookup_index_holds_exactly_the_committed_tokens_through_rejections_
     assert lookup.checked > 20 and 0 < accepted < drafted  # guesses were accepted and rejected
     assert {u[-1].done_reason for u in by_request(later).values()} == {DoneReason.STOP}
     assert_clean(engine, "A", "F")
-
-
-class CountingList(list):
-    """A prompt that counts the tokens read from it (indexing, slicing, iterating, joining)."""
-
-    reads = 0
-
-    def __getitem__(self, index):
-        got = super().__getitem__(index)
-        CountingList.reads += len(got) if isinstance(index, slice) else 1
-        return got
-
-    def __iter__(self):
-        CountingList.reads += len(self)
-        return super().__iter__()
-
-    def __add__(self, other):
-        CountingList.reads += len(self)
-        return list(super().__iter__()) + list(other)
 
 
 @pytest.mark.parametrize("mode", ["ngram", "auto"])
