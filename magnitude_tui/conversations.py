@@ -85,7 +85,7 @@ class Conversations:
             pane = ChatPane(record, parent_name=parent.record.name if parent else None)
             await ws.add_pane(pane, focus=False)
             ws.store.set_positions([p.session_id for p in ws.grid.panes])
-            ws.restore_sessions([pane])
+            ws.link.restore_sessions([pane])
             await ws.turns.send_restored_queue([pane])
         ws.grid.focus_pane(pane)
         return pane

@@ -78,5 +78,9 @@ class MatchedSource(DraftSource, Protocol):
 
 
 def match_length(source: DraftSource, key: int) -> int:
-    """The evidence behind a source's latest guess for `key`; 0 for a source that cannot say."""
-    return source.match_length(key) if isinstance(source, MatchedSource) else 0
+    """The evidence behind a source's latest guess for `key`; 0 for a source that cannot say.
+
+    Called per sequence per step: it looks the method up rather than asking
+    `isinstance(source, MatchedSource)`, which checks every member of the protocol (~20 µs)."""
+    measure = getattr(source, "match_length", None)
+    return measure(key) if measure is not None else 0

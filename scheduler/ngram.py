@@ -101,7 +101,7 @@ class NgramIndex:
             return
         toks, src, at = self.tokens, self._src, self._at
         i = 0
-        while at + i < len(toks) and src + i < at + i and toks[src + i] == toks[at + i]:
+        while src < at and at + i < len(toks) and toks[src + i] == toks[at + i]:
             i += 1
         self._run += i
         if at + i == len(toks):

@@ -301,7 +301,7 @@ def quiet(app) -> bool:
     """Everything the scripted engine sent is applied and painted: every batch taken in, no ended
     reply waiting for its paint, no buffered text or stale status in a visible pane."""
     ws = app.workspace
-    if ws.batches_applied < ws.client.emitted:
+    if ws.link.batches_applied < ws.client.emitted:
         return False
     for pane in ws.grid.panes:
         if pane.has_ended:

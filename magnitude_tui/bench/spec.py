@@ -121,16 +121,16 @@ def _task_runs(engine: Engine, task: Task, prompts: list[tuple[int, ...]], cfg: 
                 ids = [f"{task.value}-{w}-{mode}-{rep}-{i}" for i in range(w)]
                 run = _step_all(engine, [Request(rid, f"s{i}", (), sampling, prompt_tokens=prompts[i])
                                          for i, rid in enumerate(ids)])
-                done[mode] = (run, [run.texts[rid] for rid in ids])
                 r = run.row()
+                done[mode] = (r, [run.texts[rid] for rid in ids])
                 progress(f"{task.value} x{w} {mode}: {r['per_seq_tok_s']} tok/s per sequence, "
                          f"{r['agg_tok_s']} aggregate, acceptance {r['acceptance']}")
             if "off" in done:
                 off_texts[(w, rep)] = done["off"][1]
             base = off_texts.get((w, rep))
             for mode in modes:
-                run, texts = done[mode]
-                rows.append({"task": task.value, "seqs": w, "mode": mode, "rep": rep, **run.row(),
+                r, texts = done[mode]
+                rows.append({"task": task.value, "seqs": w, "mode": mode, "rep": rep, **r,
                              "same_text_as_off": None if base is None or mode == "off" else texts == base})
     return rows
 

@@ -16,7 +16,6 @@ from textual.widgets import Footer
 
 from magnitude_tui.agents import AgentSettings
 from magnitude_tui.conversations import Conversations
-from magnitude_tui.engine.events import SessionRestored
 from magnitude_tui.engine.protocol import EngineClient
 from magnitude_tui.export import export_pane
 from magnitude_tui.screens.engine_link import EngineLink
@@ -121,7 +120,7 @@ class WorkspaceScreen(Screen):
         self.set_interval(SAVE_INTERVAL_S, self.save)
         self.set_interval(PAINT_TICK_S, self.paint)
         self.client.start()
-        self.restore_sessions(self.grid.panes)
+        self.link.restore_sessions(self.grid.panes)
         await self.turns.send_restored_queue(self.grid.panes)
         self.run_worker(self._pump_events(), name="engine-events", exclusive=True)
         if self.serve is not None:
@@ -138,7 +137,7 @@ class WorkspaceScreen(Screen):
             batch = await loop.run_in_executor(None, self.client.poll_events, PUMP_WAIT_S)
             deadline = loop.time() + PUMP_SLICE_S
             while batch is not None and self.grid.is_attached:
-                self.apply_events(batch)
+                self.link.apply(batch)
                 if loop.time() > deadline:
                     await asyncio.sleep(0)  # let the screen repaint between slices of a backlog
                     deadline = loop.time() + PUMP_SLICE_S
@@ -151,14 +150,14 @@ class WorkspaceScreen(Screen):
         """Route the pane's updates from now on and mount it soon (for callers outside a handler,
         whose request may produce updates before the mount is done)."""
         self._panes[pane.session_id] = pane
-        pane.context_size = self.n_ctx_seq
+        pane.context_size = self.link.n_ctx_seq
         self.store.add_pane(pane.record)
         return asyncio.ensure_future(self.grid.add_pane(pane, focus=False))
 
     async def add_pane(self, pane: ChatPane, *, focus: bool = True) -> None:
         """Mount a pane in the grid and route its session's engine updates to it."""
         self._panes[pane.session_id] = pane
-        pane.context_size = self.n_ctx_seq
+        pane.context_size = self.link.n_ctx_seq
         await self.grid.add_pane(pane, focus=focus)
 
     def on_unmount(self) -> None:
@@ -181,13 +180,6 @@ class WorkspaceScreen(Screen):
 
     # ---- engine events ------------------------------------------------------------------------
 
-    def apply_events(self, batch: list[object]) -> None:
-        """One engine batch (one step), applied by the engine link (screens/engine_link.py)."""
-        self.link.apply(batch)
-
-    def restore_sessions(self, panes: list[ChatPane]) -> None:
-        self.link.restore_sessions(panes)
-
     @property
     def engine_ready(self) -> bool:
         return self.link.ready
@@ -195,18 +187,6 @@ class WorkspaceScreen(Screen):
     @property
     def policy(self) -> str:
         return self.link.policy
-
-    @property
-    def n_ctx_seq(self) -> int | None:
-        return self.link.n_ctx_seq
-
-    @property
-    def warm(self) -> dict[str, SessionRestored]:
-        return self.link.warm
-
-    @property
-    def batches_applied(self) -> int:
-        return self.link.batches_applied
 
     def action_restart_engine(self) -> None:
         self.link.restart()

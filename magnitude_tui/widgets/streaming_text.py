@@ -183,13 +183,7 @@ class StreamingText(Widget):
         if rows is not None and rows.ready:
             self._finish_refine(rows, layout=False)  # this append lays out if the rows changed
         width = self._width if self._width > 0 else self.size.width
-        if width > 0:
-            height = self._rows(width)
-            if height != self._height:
-                self._height = height
-                self.refresh(layout=True)
-                return
-        self.refresh()
+        self.refresh(layout=width > 0 and self._rows_changed(width))
 
     def reset(self, text: str) -> None:
         """Start over with `text` (the finished blocks went to the Markdown above)."""
@@ -308,12 +302,13 @@ class StreamingText(Widget):
 
     def _publish(self, rows: _Rows) -> None:
         if rows.publish():
-            height = self._rows(self._width)
-            if height != self._height:
-                self._height = height
-                self.refresh(layout=True)
-            else:
-                self.refresh()
+            self.refresh(layout=self._rows_changed(self._width))
+
+    def _rows_changed(self, width: int) -> bool:
+        """Bring the rows up to date at `width`; whether their number changed (a layout is due)."""
+        height = self._rows(width)
+        changed, self._height = height != self._height, height
+        return changed
 
     def _exact_between(self, rows: _Rows, top: int, bottom: int) -> bool:
         """Count exactly the estimated lines drawn on rows top..bottom (rows.ends as published);
@@ -371,11 +366,8 @@ class StreamingText(Widget):
             if not rows.pending or not self._exact_between(rows, crop.y, crop.bottom):
                 break
             moved = True
-        if moved:
-            height = self._rows(self._width)
-            if height != self._height:
-                self._height = height
-                self.call_after_refresh(self.refresh, layout=True)
+        if moved and self._rows_changed(self._width):
+            self.call_after_refresh(self.refresh, layout=True)
         return super().render_lines(crop)
 
     def render_line(self, y: int) -> Strip:
