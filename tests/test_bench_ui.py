@@ -55,3 +55,28 @@ def test_keys_never_painted_count_in_the_percentiles_as_their_timeout():
     assert figures.missed == 2
     assert figures.p50_ms == 10.0 and figures.p95_ms == 2000.0 and figures.max_ms == 2000.0
     assert KeyFigures.of([]) == KeyFigures(None, None, None, 0)
+
+
+def test_each_resize_is_timed_to_its_first_laid_out_frame_and_its_key_is_told_apart():
+    from magnitude_tui.bench.ui_endurance import EnduranceResult, _frame_after
+
+    frames = [1.000, 1.120, 2.050]
+    assert _frame_after(frames, 1.05) == pytest.approx(70.0)  # the frame at 1.12, not the one before
+    assert _frame_after(frames, 2.05) is None  # a frame at the very moment was drawn before it
+    assert _frame_after(frames, 3.0) is None
+    r = EnduranceResult(config={"panes": 8}, wall_s=1, tokens=0, resizes=2, rss_start_mb=0, rss_mid_mb=0,
+                        rss_end_mb=0, reply_chars=0, keys=[300.0, 5.0, 6.0, 250.0, None],
+                        after_resize=[True, False, False, True, False])
+    assert r.keys_where(True).p50_ms == 275.0
+    assert r.keys_where(False).max_ms == 2000.0 and r.keys_where(False).missed == 1
+
+
+@pytest.mark.timeout(120)
+async def test_the_floor_run_resizes_empty_panes_and_times_each_resize_and_its_key():
+    from magnitude_tui.bench.ui_endurance import EnduranceConfig, run_endurance
+
+    r = await run_endurance(EnduranceConfig(panes=3, stream=False, resizes=3))
+    assert r.resizes == 3 and r.tokens == 0 and len(r.keys) == 3 and r.after_resize == [True] * 3
+    assert all(k is not None and 0 < k < 2000 for k in r.keys)
+    assert len(r.resize_frames_ms) == 3 and all(ms is not None and ms > 0 for ms in r.resize_frames_ms)
+    assert "3 empty panes" in r.summary()

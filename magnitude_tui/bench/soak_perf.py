@@ -6,6 +6,7 @@ never shows, a reply that does not arrive whole."""
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from typing import Callable
 
@@ -43,12 +44,17 @@ def ui_endurance(cfg: SoakConfig, progress: Callable[[str], None]) -> tuple[dict
     # The same machine a moment later, 8 panes streaming and nothing else: what the flood adds.
     base = asyncio.run(run_cpu(CpuConfig(duration_s=15.0, key_interval_s=0.1)))
     progress(f"  baseline: {base.summary()}")
+    # And 8 empty panes resized as often, a key typed after each: what a resize costs the app
+    # with nothing in its panes (the floor under the keys typed right after a resize).
+    floor = asyncio.run(run_endurance(EnduranceConfig(stream=False, resizes=20)))
+    progress(f"  floor: {floor.summary()}")
     failures = []
     if endured.keys_missed:
         failures.append(f"{endured.keys_missed} of {len(endured.keys)} keys not on screen within 2 s")
     if endured.tokens < cfg.ui_flood:
         failures.append(f"only {endured.tokens} of {cfg.ui_flood} tokens arrived")
     ratio = (endured.key_p95_ms / base.key_p95_ms) if endured.key_p95_ms and base.key_p95_ms else None
+    after, away, empty = endured.keys_where(True), endured.keys_where(False), floor.keys_where(True)
     return soak_row(
         "UI endurance: 1 flooded pane, 7 streaming, resizes", f"{endured.tokens:,} tokens, {endured.resizes} resizes, "
         f"{endured.wall_s:.0f} s", len(failures), "-", "-",
@@ -56,4 +62,20 @@ def ui_endurance(cfg: SoakConfig, progress: Callable[[str], None]) -> tuple[dict
         key_p95_ms=f"{endured.key_p95_ms:.0f} (p50 {endured.key_p50_ms:.0f}; 8 panes streaming alone: "
                    f"p95 {base.key_p95_ms:.0f}, p50 {base.key_p50_ms:.0f})" if endured.key_p95_ms and base.key_p95_ms else "-",
         key_p95_vs_baseline=round(ratio, 2) if ratio else None,
+        keys_after_a_resize_ms=_p50_max(after) + f" (8 empty panes: {_p50_max(empty)})",
+        other_keys_p95_ms=_ms(away.p95_ms),
+        resize_frame_ms=_p50_max_of(endured.resize_frames_ms) + f" (8 empty panes: {_p50_max_of(floor.resize_frames_ms)})",
         settled_s=round(endured.settle_s, 1)), failures
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def _p50_max(figures) -> str:
+    return f"p50 {_ms(figures.p50_ms)}, max {_ms(figures.max_ms)}"
+
+
+def _p50_max_of(values: list) -> str:
+    timed = [v for v in values if v is not None]
+    return f"p50 {_ms(statistics.median(timed) if timed else None)}, max {_ms(max(timed, default=None))}"

@@ -16,6 +16,8 @@ keeps beside it must not grow with it.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -84,6 +86,7 @@ class EnduranceConfig:
     sizes: tuple = ((160, 50), (120, 40), (200, 60), (100, 34))
     key_interval_s: float = 0.1
     settle_timeout_s: float = 120.0  # for the flooded pane's reply to end and be drawn
+    stream: bool = True  # False: no prompts; `resizes` resizes, a key after each (the floor)
 
 
 @dataclass
@@ -101,21 +104,46 @@ class EnduranceResult:
     key_p95_ms: float | None = None
     key_max_ms: float | None = None
     settle_s: float = 0.0  # from the flood's last token to its reply drawn as one document
+    # Per resize: ms from handing the new size to the app to the first frame laid out at it (None:
+    # none within the run), and which keys were the ones typed right after a resize.
+    resize_frames_ms: list = field(default_factory=list)
+    after_resize: list = field(default_factory=list)  # per key: typed right after a resize
 
     @property
     def keys_missed(self) -> int:
         return sum(1 for k in self.keys if k is None)
 
+    def keys_where(self, after_resize: bool):
+        """The figures of the keys typed right after a resize, or of all the others."""
+        from magnitude_tui.bench.ui_keys import KeyFigures
+
+        return KeyFigures.of([k for k, a in zip(self.keys, self.after_resize) if a == after_resize])
+
     def summary(self) -> str:
         f = lambda v: "—" if v is None else f"{v:.0f}"  # noqa: E731
-        return (f"{self.tokens:,} tokens into one pane ({self.reply_chars:,} chars) beside "
-                f"{self.config['panes'] - 1} streaming, {self.resizes} resizes in {self.wall_s:.0f} s: "
+        away, after = self.keys_where(False), self.keys_where(True)
+        frames = [ms for ms in self.resize_frames_ms if ms is not None]
+        what = (f"{self.tokens:,} tokens into one pane ({self.reply_chars:,} chars) beside "
+                f"{self.config['panes'] - 1} streaming" if self.config.get("stream", True)
+                else f"{self.config['panes']} empty panes")
+        return (f"{what}, {self.resizes} resizes in {self.wall_s:.0f} s: "
                 f"RSS {self.rss_start_mb:.0f} -> {self.rss_mid_mb:.0f} -> {self.rss_end_mb:.0f} MiB; "
                 f"keypress p50 {f(self.key_p50_ms)} p95 {f(self.key_p95_ms)} max {f(self.key_max_ms)} ms "
-                f"({len(self.keys)} keys, {self.keys_missed} missed); settled {self.settle_s:.1f} s after")
+                f"({len(self.keys)} keys, {self.keys_missed} missed; typed right after a resize: p50 "
+                f"{f(after.p50_ms)} max {f(after.max_ms)}, the others: p95 {f(away.p95_ms)}); a resize's "
+                f"frame p50 {f(statistics.median(frames) if frames else None)} max "
+                f"{f(max(frames, default=None))} ms; settled {self.settle_s:.1f} s after")
+
+
+def _frame_after(layout_frames: list[float], t: float) -> float | None:
+    """Milliseconds from `t` to the first frame laid out after it (None: none)."""
+    i = bisect.bisect_right(layout_frames, t)
+    return (layout_frames[i] - t) * 1e3 if i < len(layout_frames) else None
 
 
 async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceResult:
+    """The flood (or, with `cfg.stream` False, the same resizes and keys on empty panes: what a
+    resize costs the app with nothing in its panes, the floor under the flooded run's figures)."""
     from textual import events
     from textual.geometry import Size
 
@@ -143,35 +171,39 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
                 for _ in range(cfg.panes - len(ws.grid.panes)):
                     await pilot.press("ctrl+n")
                 panes = ws.grid.panes
-                for pane, text in zip(panes, prompts(len(panes))):
-                    pane.post_message(ChatPane.Submitted(pane, text))
+                if cfg.stream:
+                    for pane, text in zip(panes, prompts(len(panes))):
+                        pane.post_message(ChatPane.Submitted(pane, text))
                 composer = panes[1].query_one(Composer)  # typed into a pane beside the flood
                 composer.focus()
+                resized_at: list[float] = []
 
                 def resize(size: tuple[int, int]) -> None:  # what the terminal driver does on SIGWINCH
+                    resized_at.append(time.perf_counter())
                     app._driver._size = Size(*size)
                     app.post_message(events.Resize(Size(*size), Size(*size)))
 
                 rss_start, rss_mid = rss_mb(), None
                 keys: list[float | None] = []
-                t0, i, resized = time.perf_counter(), 0, 0
+                after: list[bool] = []
+                t0, i = time.perf_counter(), 0
                 resize_every = max(1.0, cfg.flood / cfg.burst / cfg.step_hz / cfg.resizes)
                 next_resize = t0 + resize_every
-                while client.flood_sent < cfg.flood:
+                while client.flood_sent < cfg.flood if cfg.stream else len(resized_at) < cfg.resizes:
                     now = time.perf_counter()
-                    if resized < cfg.resizes and now >= next_resize:
-                        resized += 1
-                        resize(cfg.sizes[resized % len(cfg.sizes)])
+                    just_resized = len(resized_at) < cfg.resizes and (now >= next_resize or not cfg.stream)
+                    if just_resized:
+                        resize(cfg.sizes[(len(resized_at) + 1) % len(cfg.sizes)])
                         next_resize = now + resize_every
                         await asyncio.sleep(0.05)
                     if rss_mid is None and client.flood_sent >= cfg.flood // 2:
                         rss_mid = rss_mb()
                     keys.append(await type_and_time_key(probe, composer, i))
+                    after.append(just_resized)
                     i += 1
-                    await asyncio.sleep(cfg.key_interval_s)
-                while resized < cfg.resizes:  # the rest, if the flood outran them
-                    resized += 1
-                    resize(cfg.sizes[resized % len(cfg.sizes)])
+                    await asyncio.sleep(cfg.key_interval_s if cfg.stream else 0.3)
+                while len(resized_at) < cfg.resizes:  # the rest, if the flood outran them
+                    resize(cfg.sizes[(len(resized_at) + 1) % len(cfg.sizes)])
                     await asyncio.sleep(0.05)
                 wall = time.perf_counter() - t0
                 t_end = time.perf_counter()
@@ -184,12 +216,14 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
                 settle_s = time.perf_counter() - t_end
                 rss_end = rss_mb()
                 figures = KeyFigures.of(keys)
+                messages = flooded.record.messages
                 result = EnduranceResult(
-                    config=asdict(cfg), wall_s=wall, tokens=client.flood_sent, resizes=resized,
+                    config=asdict(cfg), wall_s=wall, tokens=client.flood_sent, resizes=len(resized_at),
                     rss_start_mb=rss_start, rss_mid_mb=rss_mid or rss_end, rss_end_mb=rss_end,
-                    reply_chars=len(flooded.record.messages[-1].content), keys=keys,
+                    reply_chars=len(messages[-1].content) if messages else 0, keys=keys,
                     key_p50_ms=figures.p50_ms, key_p95_ms=figures.p95_ms, key_max_ms=figures.max_ms,
-                    settle_s=settle_s)
+                    settle_s=settle_s, after_resize=after,
+                    resize_frames_ms=[_frame_after(probe.layout_frames, t) for t in resized_at])
                 client.stop()  # the seven replies stop streaming before the app is torn down
         except asyncio.CancelledError:
             # Textual's teardown can be cancelled while replies still stream into panes being

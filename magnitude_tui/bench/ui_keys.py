@@ -37,6 +37,7 @@ class FrameProbe:
 
     def __init__(self, app) -> None:
         self.app, self.frames, self.pending, self.seen = app, 0, {}, asyncio.Event()
+        self.layout_frames: list[float] = []  # when each frame that laid the screen out was drawn
         self._display = app._display
         app._display = self._painted
 
@@ -53,8 +54,12 @@ class FrameProbe:
 
     def _painted(self, screen, update) -> None:
         if update is not None:
+            from textual._compositor import LayoutUpdate
+
             update.render_segments(self.app.console)  # the bytes a real terminal driver would write
             self.frames += 1
+            if isinstance(update, LayoutUpdate):
+                self.layout_frames.append(time.perf_counter())
             p = self.pending
             if p and "t1" not in p:
                 row = p["row"]() if callable(p["row"]) else p["row"]
