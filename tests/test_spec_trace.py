@@ -125,3 +125,19 @@ def test_a_paid_source_is_never_judged_at_every_position():
 
     with pytest.raises(ValueError, match="free source"):
         RecordingSource(ScriptedDrafts(FakeBackend(n_seq_max=1), Acceptance.ALL, ms=1.0), fresh=NgramSource)
+
+
+def test_a_replayed_draft_model_takes_its_draft_steps_on_the_simulated_clock():
+    from backend.simulated import SimulatedBackend
+    from scheduler.drafts import DraftWant, propose_all
+
+    backend = SimulatedBackend("rx9070xt", n_seq_max=3)
+    model = TraceDrafts(backend, DraftKind.DRAFT_MODEL, [Guess(K_MAX, K_MAX, K_MAX)], step_ms=1.5)
+    lookup = TraceDrafts(backend, DraftKind.NGRAM, [Guess(K_MAX, K_MAX, K_MAX)])
+    wants = [DraftWant(key, [1, 2, 3], k) for key, k in ((0, 4), (1, 2), (2, 4))]
+    t0 = backend.clock()
+    out = propose_all(model, wants)
+    assert [len(out[key]) for key in range(3)] == [4, 2, 4]
+    assert backend.clock() - t0 == pytest.approx(0.006)  # 4 draft steps, all three sequences in each
+    propose_all(lookup, wants)
+    assert backend.clock() - t0 == pytest.approx(0.006)  # a lookup costs no simulated time

@@ -204,6 +204,16 @@ class TraceDrafts:
         chain = held[1]
         return chain[(len(tokens) - start) % len(chain)] if chain else Guess(K_MAX, 0, 0)
 
+    def propose_many(self, wants: Sequence[DraftWant]) -> dict[int, list[int]]:
+        """Every want's guesses in one call, as a draft model drafts for all its sequences at once;
+        the simulated hardware's clock is charged `draft_ms` for them (the draft steps take time
+        there as they do on the real model, where the run's clock counts them)."""
+        out = {w.key: self.propose(w.key, w.tokens, w.k) for w in wants}
+        ms = self.draft_ms(max(map(len, out.values()), default=0), len(out))
+        if ms > 0:
+            self.backend.clock.sleep(ms / 1000.0)
+        return out
+
     def draft_ms(self, k: int, n_sequences: int) -> float:
         return self.step_ms * k if k > 0 and n_sequences > 0 else 0.0
 
