@@ -137,6 +137,11 @@ class TokenView(SequenceABC):
     def __len__(self) -> int:
         return len(self._prompt) + len(self._output)
 
+    @property
+    def prompt_len(self) -> int:
+        """Where the reply starts: the tokens before it (what a replayed trace indexes by)."""
+        return len(self._prompt)
+
     def __getitem__(self, index):  # int -> token, slice -> list of tokens
         n_prompt, n = len(self._prompt), len(self)
         if isinstance(index, slice):

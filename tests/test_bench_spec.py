@@ -102,6 +102,7 @@ def test_simulated_spec_bench_measures_every_mode_and_replays_the_trace(tmp_path
     draft = [r for r in real if r["mode"] == "draft"]
     assert all(r["acceptance"] == 1.0 and r["tokens_per_step"] > 2 for r in draft)  # scripted: all right
     assert {t["source"] for t in traces} == {"ngram", "draft"} and all(t["guesses"] > 0 for t in traces)
+    assert [t["replies"] > 0 for t in traces] == [t["source"] == "ngram" for t in traces]  # lookup only
     assert len(sim) == len(real)
     # Replayed on a GPU-like profile (a step is mostly its fixed cost), drafts that are always
     # right make several tokens a step; auto never does worse than off.

@@ -14,7 +14,7 @@ from backend.factory import BackendConfig, build_backend
 from magnitude_tui.bench.common import (CPU_CLOCK, BenchResult, FixedLength, backend_info, machine_info, median,
                                         prompt_tokens, reset_kv, rnd)
 from magnitude_tui.bench.spec_tasks import Task, task_messages
-from magnitude_tui.bench.spec_trace import Guess, RecordingSource, TraceDrafts, summary
+from magnitude_tui.bench.spec_trace import RecordingSource, Trace, TraceDrafts, summary
 from magnitude_tui.engine.core import Engine
 from scheduler.drafts import DraftKind, DraftSource
 from scheduler.ngram import NgramSource
@@ -211,7 +211,7 @@ def _sources(backend, spec: BackendConfig, cfg: SpecBenchConfig, draft: bool) ->
     """Recording draft sources: n-gram lookup always, and the draft model when a mode needs it
     (the real model's own file unless --draft-model names another; on a stand-in backend a
     scripted source that guesses every token right, the same upper bound)."""
-    sources: dict[DraftKind, DraftSource] = {DraftKind.NGRAM: RecordingSource(NgramSource())}
+    sources: dict[DraftKind, DraftSource] = {DraftKind.NGRAM: RecordingSource(NgramSource(), fresh=NgramSource)}
     if not draft:
         return sources
     if spec.family == "llama":
@@ -229,7 +229,7 @@ def _sources(backend, spec: BackendConfig, cfg: SpecBenchConfig, draft: bool) ->
 
 
 def _measure(spec: BackendConfig, cfg: SpecBenchConfig, progress) -> tuple[list[dict], dict, dict, dict]:
-    """The engine on `spec`'s backend: rows, per-task traces (kind -> guesses), prompt lengths, info."""
+    """The engine on `spec`'s backend: rows, per-task traces (kind -> Trace), prompt lengths, info."""
     width = max(cfg.widths)
     backend = build_backend(replace(spec, n_seq_max=max(spec.n_seq_max, width),
                                     n_ctx=spec.n_ctx or width * 1024 if spec.family == "llama" else spec.n_ctx))
@@ -237,7 +237,7 @@ def _measure(spec: BackendConfig, cfg: SpecBenchConfig, progress) -> tuple[list[
     bench = _Bench(backend, _Timed(backend, time.process_time if cpu else None),
                    CPU_CLOCK if cpu else backend.clock, cfg)
     sources = _sources(backend, spec, cfg, "draft" in cfg.modes)
-    traces: dict[str, dict[str, list[Guess]]] = {}
+    traces: dict[str, dict[str, Trace]] = {}
     lengths: dict[str, list[int]] = {}
     rows: list[dict] = []
     try:
@@ -248,9 +248,9 @@ def _measure(spec: BackendConfig, cfg: SpecBenchConfig, progress) -> tuple[list[
                 prompts = [prompt_tokens(backend, min(len(p), 600), salt=31 * i) for i, p in enumerate(prompts)]
             lengths[name] = [len(p) for p in prompts]
             for src in sources.values():
-                src.guesses.clear()
+                src.clear()
             rows += _task(bench, task, prompts, sources, progress)
-            traces[name] = {src.kind.value: list(src.guesses) for src in sources.values()}
+            traces[name] = {src.kind.value: Trace(list(src.guesses), src.replies()) for src in sources.values()}
         info = backend_info(backend)
         info["clock"] = "CPU seconds of the engine process" if cpu else "backend clock"
         info["attention"] = backend.info.get("attention")
@@ -263,7 +263,8 @@ def _measure(spec: BackendConfig, cfg: SpecBenchConfig, progress) -> tuple[list[
 
 
 def _replay(cfg: SpecBenchConfig, traces: dict, lengths: dict, progress) -> list[dict]:
-    """The same tasks on the simulated GPU, each source replaying its guesses on the real model."""
+    """The same tasks on the simulated GPU, each source replaying its guesses on the real model (the
+    lookup: at each sequence's own position in a real reply)."""
     width = max(cfg.widths)
     backend = build_backend(BackendConfig(kind=f"simulated:{cfg.sim_profile}", n_seq_max=max(16, width)))
     bench = _Bench(backend, backend, backend.clock, cfg)
@@ -271,10 +272,11 @@ def _replay(cfg: SpecBenchConfig, traces: dict, lengths: dict, progress) -> list
     try:
         for name in cfg.tasks:
             t = traces[name]
+            lookup = t.get("ngram", Trace([]))
             sources: dict[DraftKind, DraftSource] = {
-                DraftKind.NGRAM: TraceDrafts(backend, DraftKind.NGRAM, t.get("ngram", []))}
-            if t.get("draft"):
-                sources[DraftKind.DRAFT_MODEL] = TraceDrafts(backend, DraftKind.DRAFT_MODEL, t["draft"],
+                DraftKind.NGRAM: TraceDrafts(backend, DraftKind.NGRAM, lookup.guesses, replies=lookup.replies)}
+            if t.get("draft") and t["draft"].guesses:
+                sources[DraftKind.DRAFT_MODEL] = TraceDrafts(backend, DraftKind.DRAFT_MODEL, t["draft"].guesses,
                                                              step_ms=cfg.sim_draft_ms)
             prompts = [prompt_tokens(backend, n, salt=31 * i) for i, n in enumerate(lengths[name])]
             rows += _task(bench, Task(name), prompts, sources, lambda s: progress("simulated " + s))
@@ -299,8 +301,9 @@ def run_spec(spec: BackendConfig, cfg: SpecBenchConfig, progress: Callable[[str]
         res.tables["llama-server's own speculation (same tasks and widths)"] = peer_rows
     res.tables[f"simulated {cfg.sim_profile}, replaying the real model's acceptance"] = sim
     res.tables["acceptance traces (each source's guesses against the committed tokens)"] = [
-        {"task": task, "source": kind, **summary(guesses)} for task, kinds in traces.items()
-        for kind, guesses in kinds.items()]
+        {"task": task, "source": kind, **summary(trace.guesses), "replies": len(trace.replies),
+         "every_position": summary([g for r in trace.replies for g in r.guesses])["match_rate"]}
+        for task, kinds in traces.items() for kind, trace in kinds.items()]
     res.data = {"backend": info, "prompt_tokens": lengths, "targets": targets(real, sim)}
     res.notes += _notes(cfg, res.data["targets"]) + [_identity_note(info)]
     return res
@@ -338,8 +341,10 @@ def _notes(cfg: SpecBenchConfig, t: dict) -> list[str]:
         "decode row (1 + accepted drafts); same_text_as_off: greedy replies identical to `off`",
         "draft: the model drafts for itself (identical weights: every draft is what the target would say, the "
         "upper bound on acceptance) and pays a target-sized step per draft token and its prompt again",
-        f"simulated: each source replays, in order and cycling, its guesses on the real model (how many tokens "
-        f"it proposed and how many of them matched); a draft step costs {cfg.sim_draft_ms} ms there",
+        "simulated: n-gram lookup replays the guess a fresh lookup made at the sequence's own position in a real "
+        "reply (each finished reply judged at every position: how many tokens it proposed and how many matched); "
+        f"a draft model replays its guesses on the real model in order, cycling; a draft step costs "
+        f"{cfg.sim_draft_ms} ms there",
         f"targets: auto ≥ 0.97x off at every width (min {t['auto_min_x_off_agg']} aggregate, "
         f"{t['auto_min_x_off_per_seq']} per sequence); repetitive at 1 sequence ≥ 1.3x "
         f"({t['repetitive_1_seq_best_x_off']}); simulated GPU ≥ 2x at 1-4 sequences "
