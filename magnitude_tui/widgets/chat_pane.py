@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Vertical
 from textual.message import Message as TextualMessage
 from textual.widgets import Static
 
@@ -17,6 +17,7 @@ from magnitude_tui.widgets.composer import Composer, typing_in
 from magnitude_tui.widgets.format import fmt_count
 from magnitude_tui.widgets.message_view import MessageView
 from magnitude_tui.widgets.status_line import StatusLine
+from magnitude_tui.widgets.transcript import Transcript
 from scheduler.types import DoneReason, Message, Phase, SeqUpdate
 
 
@@ -33,8 +34,10 @@ class ChatPane(Vertical):
     """One conversation (one engine session). It keeps the transcript; the app talks to the engine."""
 
     BINDINGS = [
-        Binding("pageup", "scroll_transcript(-1)", "Scroll up", show=False),
-        Binding("pagedown", "scroll_transcript(1)", "Scroll down", show=False),
+        # Priority: the composer (a TextArea) has focus nearly always and would take them for
+        # its own cursor, so the transcript never scrolled from the keyboard.
+        Binding("pageup", "scroll_transcript(-1)", "Scroll up", show=False, priority=True),
+        Binding("pagedown", "scroll_transcript(1)", "Scroll down", show=False, priority=True),
     ]
 
     @dataclass
@@ -167,21 +170,26 @@ class ChatPane(Vertical):
     # ---- layout -------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(classes="transcript", can_focus=False):
-            inherited = sum(m.inherited for m in self.record.messages)
-            if inherited:
-                yield Static(f"forked from {self.parent_name or 'a closed pane'} with {inherited} "
-                             "messages of shared context", classes="fork-note", markup=False)
-            for m in self.record.messages:
-                if not m.inherited:
-                    yield MessageView(m, speaker=self._speaker(m))
+        inherited = sum(m.inherited for m in self.record.messages)
+        fork_note = (f"forked from {self.parent_name or 'a closed pane'} with {inherited} messages of "
+                     "shared context") if inherited else None
+        yield Transcript(self.record.messages, self._view, fork_note)
         yield Static("", classes="queued-note", markup=False)
         yield StatusLine()
         yield self.composer
 
     def on_mount(self) -> None:
-        self.query_one(".transcript").anchor()
         self._show_note()
+
+    def _view(self, m: MessageRecord) -> MessageView:
+        view = MessageView(m, speaker=self._speaker(m))
+        view.set_class(id(m) in self._dropped, "-dropped")
+        return view
+
+    def _transcript(self) -> Transcript | None:
+        """None before compose and while the pane is torn down."""
+        found = self.query(Transcript)
+        return found.first() if found else None
 
     def _speaker(self, m: MessageRecord) -> str:
         if m.role == "user" and self.record.role == "subagent":
@@ -202,9 +210,12 @@ class ChatPane(Vertical):
         else:
             self.composer.focus()
 
-    def action_scroll_transcript(self, direction: int) -> None:
-        t = self.query_one(".transcript", VerticalScroll)
-        t.scroll_page_down() if direction > 0 else t.scroll_page_up()
+    async def action_scroll_transcript(self, direction: int) -> None:
+        t = self.query_one(Transcript)
+        if direction < 0 and t.scroll_y <= 0 and t.hidden:
+            await t.show_earlier()  # at the top: the messages before it come in above
+        else:
+            t.scroll_page_down() if direction > 0 else t.scroll_page_up()
 
     @on(Composer.Submitted)
     def _composer_submitted(self, event: Composer.Submitted) -> None:
@@ -272,6 +283,9 @@ class ChatPane(Vertical):
         for view in self.query(MessageView):
             if id(view.message) in gone:
                 await view.remove()
+        transcript = self._transcript()
+        if transcript is not None:
+            await transcript.refill()
         self.editing = None
         self._show_note()
         return removed
@@ -285,8 +299,9 @@ class ChatPane(Vertical):
             return
         self.record.messages.append(message)
         self._mark_unsaved(message)
-        for transcript in self.query(".transcript"):  # none before compose or while torn down
-            await transcript.mount(MessageView(message, speaker=self._speaker(message)))
+        transcript = self._transcript()
+        if transcript is not None:
+            await transcript.add(self._view(message))
 
     async def withdraw_last_prompt(self) -> MessageRecord | None:
         """Take back the last message if it is the user's own and unanswered (None otherwise)."""
@@ -364,11 +379,11 @@ class ChatPane(Vertical):
         text = "".join(reply.pending)
         reply.pending.clear()
         if reply.view is None:
-            transcript = self.query(".transcript")
-            if not transcript:  # the pane is being torn down (the app is closing)
+            transcript = self._transcript()
+            if transcript is None:  # the pane is being torn down (the app is closing)
                 return
             reply.view = MessageView(reply.message, speaker=self.record.name, streaming=True)
-            await transcript.first().mount(reply.view)
+            await transcript.add(reply.view)
         # While keys come, finished blocks wait in the open text: mounting them as Markdown lays
         # out the screen several frames in a row, and a typed key's frame would wait for that.
         await reply.view.write(text, settle=not (self.is_attached and typing_in(self.screen)))

@@ -1,0 +1,155 @@
+"""Provides a pane's transcript: the scrolling list of its messages, of which only the latest are
+widgets.
+
+Every message on the transcript is a MessageView, and a finished reply is Markdown: a few dozen
+widgets for a reply with a list in it. Textual lays out every widget of the screen on each layout,
+on screen or not, so a long session made every frame of the app slower: with eight panes of
+twenty turns each (4,400 widgets), keys took 0.2 s at the median to reach the screen while the
+panes streamed, and a resize took 1.5 s. So the transcript mounts only the latest messages, about
+`SHOWN_SCREENS` of its screenfuls of text (counted in characters; at least `MIN_SHOWN` messages),
+and a line at its top says how many earlier ones are not shown. Page Up at the top, or a click on
+that line, shows another such stretch above. New messages trim the oldest views again, only while
+the transcript is scrolled to its end (never under a reader), and only once the text shown is
+twice the budget (so a stream of short messages does not mount and unmount on every one). The
+messages themselves are all kept (the store, the context); only their widgets come and go.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from textual import events
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from magnitude_tui.store import MessageRecord
+from magnitude_tui.widgets.message_view import MessageView
+
+SHOWN_SCREENS = 2  # screenfuls of text (characters per cell of the transcript) kept as widgets
+MIN_SHOWN = 2  # messages always shown, however long
+MIN_SHOWN_CHARS = 2_000  # the budget of a tiny (or not yet laid out) transcript
+UNSIZED_CHARS = 6_000  # the budget before the transcript has a size (compose)
+HEADER_CHARS = 80  # what a message's header and margins count for besides its text
+
+
+def shown_from(messages: Sequence[MessageRecord], end: int, budget: int, *, at_least: int = MIN_SHOWN) -> int:
+    """Index of the first of the messages before `end` that fit `budget` characters, counted
+    back from `end` (inherited context, never shown, counts nothing); at least `at_least` of them."""
+    total = count = 0
+    i = end
+    while i > 0:
+        m = messages[i - 1]
+        if not m.inherited:
+            cost = len(m.content) + HEADER_CHARS
+            if count >= at_least and total + cost > budget:
+                break
+            total += cost
+            count += 1
+        i -= 1
+    return i
+
+
+class Transcript(VerticalScroll):
+    """The latest messages of `messages` (the pane's own list, which grows) as MessageViews."""
+
+    def __init__(self, messages: list[MessageRecord], make_view: Callable[[MessageRecord], MessageView],
+                 fork_note: str | None = None) -> None:
+        super().__init__(classes="transcript", can_focus=False)
+        self._messages = messages
+        self._make_view = make_view
+        self._fork_note = fork_note
+        self._earlier = Static("", classes="earlier-note", markup=False)
+
+    def compose(self) -> ComposeResult:
+        if self._fork_note:
+            yield Static(self._fork_note, classes="fork-note", markup=False)
+        yield self._earlier
+        start = shown_from(self._messages, len(self._messages), self.budget())
+        for m in self._messages[start:]:
+            if not m.inherited:
+                yield self._make_view(m)
+
+    def on_mount(self) -> None:
+        self.anchor()
+        self._show_count()
+
+    # ---- what is shown ------------------------------------------------------------------------
+
+    def budget(self) -> int:
+        """Characters of messages kept as widgets: SHOWN_SCREENS of the transcript's cells."""
+        cells = self.size.width * self.size.height
+        return max(MIN_SHOWN_CHARS, SHOWN_SCREENS * cells) if cells else UNSIZED_CHARS
+
+    def views(self) -> list[MessageView]:
+        return list(self.query_children(MessageView))
+
+    @property
+    def hidden(self) -> int:
+        """Messages before the first one shown that are not on screen (inherited ones not counted)."""
+        views = self.views()
+        end = self._index(views[0].message) if views else len(self._messages)
+        return sum(not m.inherited for m in self._messages[:end])
+
+    def _index(self, message: MessageRecord) -> int:
+        return next((i for i, m in enumerate(self._messages) if m is message), len(self._messages))
+
+    def _show_count(self) -> None:
+        hidden = self.hidden
+        self._earlier.display = hidden > 0
+        if hidden:
+            self._earlier.update(f"▲ {hidden} earlier message{'s' * (hidden != 1)} not shown · "
+                                 "page up at the top (or a click here) shows more")
+
+    async def show_earlier(self) -> int:
+        """Mount the stretch of messages before the first one shown; returns how many."""
+        views = self.views()
+        end = self._index(views[0].message) if views else len(self._messages)
+        start = shown_from(self._messages, end, self.budget(), at_least=1)
+        new = [self._make_view(m) for m in self._messages[start:end] if not m.inherited]
+        if new:
+            if views:
+                await self.mount_all(new, before=views[0])
+                keep = views[0]  # the message that was first stays where the reader left it
+                self.call_after_refresh(self.scroll_to_widget, keep, top=True, animate=False)
+            else:
+                await self.mount_all(new)
+        self._show_count()
+        return len(new)
+
+    async def add(self, view: MessageView) -> None:
+        """Mount a new message at the end, then trim the oldest views if the reader is at the end."""
+        await self.mount(view)
+        await self.trim()
+
+    async def trim(self) -> None:
+        """Unmount the oldest views once the text shown is twice the budget, down to the budget,
+        while the transcript is scrolled to its end (a reader further up keeps what they read)."""
+        if self.scroll_y < self.max_scroll_y - 1:
+            return
+        views = self.views()
+        budget = self.budget()
+        sizes = [len(v.message.content) + HEADER_CHARS for v in views]
+        total = sum(sizes)
+        if total <= 2 * budget:
+            return
+        cut = 0
+        while len(views) - cut > MIN_SHOWN and total - sizes[cut] > budget:
+            total -= sizes[cut]
+            cut += 1
+        if cut:
+            await self.remove_children(views[:cut])
+            self._show_count()
+
+    async def refill(self) -> None:
+        """After messages were taken away: show earlier ones until the budget is filled again."""
+        while self.hidden and (len(self.views()) < MIN_SHOWN or sum(
+                len(v.message.content) + HEADER_CHARS for v in self.views()) < self.budget()):
+            if not await self.show_earlier():
+                break
+        self._show_count()
+
+    async def on_click(self, event: events.Click) -> None:
+        if event.widget is self._earlier:
+            event.stop()
+            await self.show_earlier()

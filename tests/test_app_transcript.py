@@ -1,0 +1,121 @@
+"""A long conversation keeps only its latest messages as widgets: the rest are a line at the top
+of the transcript, shown again a stretch at a time on Page Up at the top (or a click)."""
+
+from __future__ import annotations
+
+from magnitude_tui.store import MessageRecord
+from magnitude_tui.widgets.message_view import MessageView
+from magnitude_tui.widgets.transcript import MIN_SHOWN, Transcript, shown_from
+from tests.app_support import ScriptedClient, make_app, settle, wait_for
+
+PARAGRAPH = "A finished reply with a list in it:\n\n" + "".join(f"{i}. item number {i} of the list\n" for i in range(1, 25))
+
+
+def _long_history(n: int) -> list[MessageRecord]:
+    return [MessageRecord("user", f"question {i}") if i % 2 == 0 else
+            MessageRecord("assistant", f"answer {i}. " + PARAGRAPH) for i in range(n)]
+
+
+def _shown(transcript: Transcript) -> list[str]:
+    return [v.message.content for v in transcript.views()]
+
+
+def test_the_budget_counts_back_from_the_end_and_keeps_at_least_the_minimum():
+    msgs = [MessageRecord("user", "x" * 920) for _ in range(10)]  # 1,000 characters each with the header
+    assert shown_from(msgs, 10, 3_000) == 7
+    assert shown_from(msgs, 10, 10) == 10 - MIN_SHOWN  # however small the budget
+    assert shown_from(msgs, 5, 3_000, at_least=1) == 2  # counted back from `end`
+    inherited = [MessageRecord("user", "y" * 5_000, inherited=True)] + msgs[:2]
+    assert shown_from(inherited, 3, 3_000) == 0  # inherited context is never shown: it costs nothing
+
+
+async def test_a_long_conversation_shows_its_latest_messages_and_page_up_at_the_top_brings_the_rest(tmp_path):
+    app = make_app(tmp_path, ScriptedClient())
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.workspace.engine_ready, what="the engine")
+        [pane] = app.workspace.grid.panes
+        history = _long_history(40)
+        for m in history:
+            await pane.add_message(m)
+        await settle(pilot)
+        transcript = pane.query_one(Transcript)
+        shown = _shown(transcript)
+        assert MIN_SHOWN <= len(shown) < 20  # the latest ones, in order, and far from all
+        assert shown == [m.content for m in history[-len(shown):]]
+        assert sum(len(c) for c in shown) <= 2 * transcript.budget() + len(PARAGRAPH)
+        note = transcript.query_one(".earlier-note")
+        assert note.display and f"{40 - len(shown)} earlier messages" in str(note.render())
+        # Page Up scrolls first; at the top it brings the stretch before, until all are shown.
+        pane.focus_composer()
+        for _ in range(200):
+            if not transcript.hidden:
+                break
+            await pilot.press("pageup")
+            await pilot.pause()
+        assert _shown(transcript) == [m.content for m in history]
+        assert not transcript.query_one(".earlier-note").display
+
+
+async def test_new_messages_trim_the_oldest_views_only_while_the_reader_is_at_the_end(tmp_path):
+    app = make_app(tmp_path, ScriptedClient())
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.workspace.engine_ready, what="the engine")
+        [pane] = app.workspace.grid.panes
+        transcript = pane.query_one(Transcript)
+        counts = []
+        for m in _long_history(60):
+            await pane.add_message(m)
+            await pilot.pause()
+            counts.append(len(transcript.views()))
+        assert max(counts) < 30  # bounded while messages keep coming
+        transcript.scroll_home(animate=False)  # a reader goes back up ...
+        await pilot.pause()
+        before = _shown(transcript)
+        for m in _long_history(10):
+            await pane.add_message(m)
+        await pilot.pause()
+        assert _shown(transcript)[:len(before)] == before  # ... and nothing is taken from under them
+        transcript.scroll_end(animate=False)
+        await pilot.pause()
+        await pane.add_message(MessageRecord("user", "back at the end"))
+        await pilot.pause()
+        assert len(transcript.views()) < len(before) + 10  # at the end the oldest go again
+        assert len(pane.record.messages) == 71  # the messages themselves are all kept
+
+
+async def test_a_resumed_long_session_mounts_only_its_latest_messages(tmp_path):
+    app = make_app(tmp_path, ScriptedClient())
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.workspace.engine_ready, what="the engine")
+        [pane] = app.workspace.grid.panes
+        for m in _long_history(40):
+            await pane.add_message(m)
+        await settle(pilot)
+    again = make_app(tmp_path, ScriptedClient(), resume=True)
+    async with again.run_test() as pilot:
+        await wait_for(pilot, lambda: again.workspace.engine_ready, what="the engine")
+        [pane] = again.workspace.grid.panes
+        assert len(pane.record.messages) == 40
+        transcript = pane.query_one(Transcript)
+        assert MIN_SHOWN <= len(transcript.views()) < 20
+        assert len(list(pane.query(MessageView))) == len(transcript.views())
+        assert transcript.hidden == 40 - len(transcript.views())
+
+
+async def test_editing_the_last_prompt_of_a_long_conversation_keeps_the_transcript_filled(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.workspace.engine_ready, what="the engine")
+        [pane] = app.workspace.grid.panes
+        for m in _long_history(30):
+            await pane.add_message(m)
+        await settle(pilot)
+        transcript = pane.query_one(Transcript)
+        # Take the last four messages away (as a resend of an earlier prompt does).
+        await pane.truncate(pane.record.messages[-4], keep=False)
+        await pilot.pause()
+        shown = _shown(transcript)
+        assert len(shown) >= MIN_SHOWN
+        assert shown == [m.content for m in pane.record.messages[-len(shown):]]
+        assert transcript.hidden == len(pane.record.messages) - len(shown)
