@@ -75,8 +75,9 @@ def test_each_resize_is_timed_to_its_first_laid_out_frame_and_its_key_is_told_ap
 async def test_the_floor_run_resizes_empty_panes_and_times_each_resize_and_its_key():
     from magnitude_tui.bench.ui_endurance import EnduranceConfig, run_endurance
 
-    r = await run_endurance(EnduranceConfig(panes=3, stream=False, resizes=3))
+    r = await run_endurance(EnduranceConfig(panes=3, stream=False, resizes=3, history=2))
     assert r.resizes == 3 and r.tokens == 0 and len(r.keys) == 3 and r.after_resize == [True] * 3
+    assert r.widgets > 3 * 4  # each pane's four messages of history are on screen
     assert all(k is not None and 0 < k < 2000 for k in r.keys)
     assert len(r.resize_frames_ms) == 3 and all(ms is not None and ms > 0 for ms in r.resize_frames_ms)
-    assert "3 empty panes" in r.summary()
+    assert "3 empty panes, 2 turns of history each" in r.summary()

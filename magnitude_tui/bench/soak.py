@@ -27,7 +27,7 @@ from magnitude_tui.bench.soak_app import app_kill
 from magnitude_tui.bench.soak_config import Scenario, SoakConfig
 from magnitude_tui.bench.soak_crash import databases, kill_loop, model_files
 from magnitude_tui.bench.soak_engine import bad_inputs, flood, machine_fake, machine_real
-from magnitude_tui.bench.soak_perf import contention, ui_endurance
+from magnitude_tui.bench.soak_perf import contention, ui_endurance, ui_long_session
 
 SCENARIOS: dict[str, Scenario] = {
     "machine-fake": machine_fake,
@@ -40,6 +40,7 @@ SCENARIOS: dict[str, Scenario] = {
     "app-kill": app_kill,
     "contention": contention,
     "ui-endurance": ui_endurance,
+    "ui-long-session": ui_long_session,
 }
 
 

@@ -79,3 +79,21 @@ def _p50_max(figures) -> str:
 def _p50_max_of(values: list) -> str:
     timed = [v for v in values if v is not None]
     return f"p50 {_ms(statistics.median(timed) if timed else None)}, max {_ms(max(timed, default=None))}"
+
+
+def ui_long_session(cfg: SoakConfig, progress: Callable[[str], None]) -> tuple[dict, list[str]]:
+    """The app after a long session: 8 panes with 20 finished turns each stream while keys are
+    typed and the terminal is resized (a transcript keeps only its latest messages as widgets)."""
+    from magnitude_tui.bench.ui_endurance import EnduranceConfig, run_endurance
+
+    progress("  8 panes with 20 turns of history each, streaming, 5 resizes")
+    r = asyncio.run(run_endurance(EnduranceConfig(flood=30_000, resizes=5, history=20)))
+    progress(f"  {r.summary()}")
+    failures = [f"{r.keys_missed} of {len(r.keys)} keys not on screen within 2 s"] if r.keys_missed else []
+    return soak_row(
+        "UI after a long session: 8 panes x 20 turns, streaming, resizes",
+        f"{r.tokens:,} tokens, {r.resizes} resizes, {r.wall_s:.0f} s", len(failures), "-", "-",
+        rss_mib=f"{r.rss_start_mb:.0f} -> {r.rss_mid_mb:.0f} -> {r.rss_end_mb:.0f}", widgets=r.widgets,
+        key_p95_ms=f"{_ms(r.key_p95_ms)} (p50 {_ms(r.key_p50_ms)})",
+        keys_after_a_resize_ms=_p50_max(r.keys_where(True)), other_keys_p95_ms=_ms(r.keys_where(False).p95_ms),
+        resize_frame_ms=_p50_max_of(r.resize_frames_ms)), failures

@@ -87,6 +87,7 @@ class EnduranceConfig:
     key_interval_s: float = 0.1
     settle_timeout_s: float = 120.0  # for the flooded pane's reply to end and be drawn
     stream: bool = True  # False: no prompts; `resizes` resizes, a key after each (the floor)
+    history: int = 0  # finished turns (a question, the stand-in's reply) in each pane first
 
 
 @dataclass
@@ -108,6 +109,7 @@ class EnduranceResult:
     # none within the run), and which keys were the ones typed right after a resize.
     resize_frames_ms: list = field(default_factory=list)
     after_resize: list = field(default_factory=list)  # per key: typed right after a resize
+    widgets: int = 0  # on the screen when the flood ended
 
     @property
     def keys_missed(self) -> int:
@@ -126,6 +128,8 @@ class EnduranceResult:
         what = (f"{self.tokens:,} tokens into one pane ({self.reply_chars:,} chars) beside "
                 f"{self.config['panes'] - 1} streaming" if self.config.get("stream", True)
                 else f"{self.config['panes']} empty panes")
+        if self.config.get("history"):
+            what += f", {self.config['history']} turns of history each, {self.widgets} widgets"
         return (f"{what}, {self.resizes} resizes in {self.wall_s:.0f} s: "
                 f"RSS {self.rss_start_mb:.0f} -> {self.rss_mid_mb:.0f} -> {self.rss_end_mb:.0f} MiB; "
                 f"keypress p50 {f(self.key_p50_ms)} p95 {f(self.key_p95_ms)} max {f(self.key_max_ms)} ms "
@@ -133,6 +137,18 @@ class EnduranceResult:
                 f"{f(after.p50_ms)} max {f(after.max_ms)}, the others: p95 {f(away.p95_ms)}); a resize's "
                 f"frame p50 {f(statistics.median(frames) if frames else None)} max "
                 f"{f(max(frames, default=None))} ms; settled {self.settle_s:.1f} s after")
+
+
+async def _add_history(panes, turns: int) -> None:
+    """Give each pane `turns` finished turns: a question and the stand-in engine's reply (Markdown
+    with a list, as a model's answer often is), as a resumed long session has them."""
+    from magnitude_tui.bench.ui_cpu import REPLY
+    from magnitude_tui.store import MessageRecord
+
+    for pane in panes:
+        for i in range(turns):
+            await pane.add_message(MessageRecord("user", f"question {i + 1}: and then?"))
+            await pane.add_message(MessageRecord("assistant", REPLY))
 
 
 def _frame_after(layout_frames: list[float], t: float) -> float | None:
@@ -171,6 +187,7 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
                 for _ in range(cfg.panes - len(ws.grid.panes)):
                     await pilot.press("ctrl+n")
                 panes = ws.grid.panes
+                await _add_history(panes, cfg.history)
                 if cfg.stream:
                     for pane, text in zip(panes, prompts(len(panes))):
                         pane.post_message(ChatPane.Submitted(pane, text))
@@ -206,6 +223,7 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
                     resize(cfg.sizes[(len(resized_at) + 1) % len(cfg.sizes)])
                     await asyncio.sleep(0.05)
                 wall = time.perf_counter() - t0
+                widgets = sum(1 for _ in app.screen.walk_children())
                 t_end = time.perf_counter()
                 flooded = panes[0]
                 deadline = time.monotonic() + cfg.settle_timeout_s
@@ -222,7 +240,7 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
                     rss_start_mb=rss_start, rss_mid_mb=rss_mid or rss_end, rss_end_mb=rss_end,
                     reply_chars=len(messages[-1].content) if messages else 0, keys=keys,
                     key_p50_ms=figures.p50_ms, key_p95_ms=figures.p95_ms, key_max_ms=figures.max_ms,
-                    settle_s=settle_s, after_resize=after,
+                    settle_s=settle_s, after_resize=after, widgets=widgets,
                     resize_frames_ms=[_frame_after(probe.layout_frames, t) for t in resized_at])
                 client.stop()  # the seven replies stop streaming before the app is torn down
         except asyncio.CancelledError:
