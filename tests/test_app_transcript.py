@@ -16,6 +16,16 @@ def _long_history(n: int) -> list[MessageRecord]:
             MessageRecord("assistant", f"answer {i}. " + PARAGRAPH) for i in range(n)]
 
 
+async def _filled_pane(app, pilot, n: int):
+    """The app's one pane, once the engine is ready, given `n` messages of long history."""
+    await wait_for(pilot, lambda: app.workspace.engine_ready, what="the engine")
+    [pane] = app.workspace.grid.panes
+    for m in _long_history(n):
+        await pane.add_message(m)
+    await settle(pilot)
+    return pane
+
+
 def _shown(transcript: Transcript) -> list[str]:
     return [v.message.content for v in transcript.views()]
 
@@ -32,12 +42,8 @@ def test_the_budget_counts_back_from_the_end_and_keeps_at_least_the_minimum():
 async def test_a_long_conversation_shows_its_latest_messages_and_page_up_at_the_top_brings_the_rest(tmp_path):
     app = make_app(tmp_path, ScriptedClient())
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.workspace.engine_ready, what="the engine")
-        [pane] = app.workspace.grid.panes
+        pane = await _filled_pane(app, pilot, 40)
         history = _long_history(40)
-        for m in history:
-            await pane.add_message(m)
-        await settle(pilot)
         transcript = pane.query_one(Transcript)
         shown = _shown(transcript)
         assert MIN_SHOWN <= len(shown) < 20  # the latest ones, in order, and far from all
@@ -86,11 +92,7 @@ async def test_new_messages_trim_the_oldest_views_only_while_the_reader_is_at_th
 async def test_a_resumed_long_session_mounts_only_its_latest_messages(tmp_path):
     app = make_app(tmp_path, ScriptedClient())
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.workspace.engine_ready, what="the engine")
-        [pane] = app.workspace.grid.panes
-        for m in _long_history(40):
-            await pane.add_message(m)
-        await settle(pilot)
+        await _filled_pane(app, pilot, 40)
     again = make_app(tmp_path, ScriptedClient(), resume=True)
     async with again.run_test() as pilot:
         await wait_for(pilot, lambda: again.workspace.engine_ready, what="the engine")
@@ -103,14 +105,9 @@ async def test_a_resumed_long_session_mounts_only_its_latest_messages(tmp_path):
 
 
 async def test_editing_the_last_prompt_of_a_long_conversation_keeps_the_transcript_filled(tmp_path):
-    client = ScriptedClient()
-    app = make_app(tmp_path, client)
+    app = make_app(tmp_path, ScriptedClient())
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.workspace.engine_ready, what="the engine")
-        [pane] = app.workspace.grid.panes
-        for m in _long_history(30):
-            await pane.add_message(m)
-        await settle(pilot)
+        pane = await _filled_pane(app, pilot, 30)
         transcript = pane.query_one(Transcript)
         # Take the last four messages away (as a resend of an earlier prompt does).
         await pane.truncate(pane.record.messages[-4], keep=False)
