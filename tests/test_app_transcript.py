@@ -6,7 +6,7 @@ from __future__ import annotations
 from magnitude_tui.store import MessageRecord
 from magnitude_tui.widgets.message_view import MessageView
 from magnitude_tui.widgets.transcript import MIN_SHOWN, Transcript, shown_from
-from tests.app_support import ScriptedClient, make_app, settle, wait_for
+from tests.app_support import ScriptedClient, make_app, one_turn, settle, wait_for
 
 PARAGRAPH = "A finished reply with a list in it:\n\n" + "".join(f"{i}. item number {i} of the list\n" for i in range(1, 25))
 
@@ -116,3 +116,50 @@ async def test_editing_the_last_prompt_of_a_long_conversation_keeps_the_transcri
         assert len(shown) >= MIN_SHOWN
         assert shown == [m.content for m in pane.record.messages[-len(shown):]]
         assert transcript.hidden == len(pane.record.messages) - len(shown)
+
+
+def _at_end(transcript: Transcript) -> bool:
+    return transcript.scroll_y >= transcript.max_scroll_y - 1
+
+
+async def test_taking_messages_away_refills_without_moving_a_reader_at_the_end(tmp_path):
+    app = make_app(tmp_path, ScriptedClient())
+    async with app.run_test() as pilot:
+        pane = await _filled_pane(app, pilot, 40)
+        transcript = pane.query_one(Transcript)
+        transcript.scroll_end(animate=False)
+        await pilot.pause()
+        await pane.truncate(pane.record.messages[-4], keep=False)  # leaves less than the budget
+        await pilot.pause()
+        await pilot.pause()
+        assert _at_end(transcript), (transcript.scroll_y, transcript.max_scroll_y)
+        for m in _long_history(20):  # the conversation goes on below: still followed, still trimmed
+            await pane.add_message(m)
+            await pilot.pause()
+        assert _at_end(transcript), (transcript.scroll_y, transcript.max_scroll_y)
+        assert len(transcript.views()) < 20
+
+
+async def test_context_notes_go_with_the_turns_they_follow(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test() as pilot:
+        pane = await _filled_pane(app, pilot, 10)
+        transcript = pane.query_one(Transcript)
+        pane.focus_composer()
+        for k in range(3):  # three turns that each push the oldest out of the context
+            client.drop_next = 4
+            await one_turn(pilot, client, f"q{k}")
+        assert len(transcript.query(".context-note")) == 3
+        for m in _long_history(30):
+            await pane.add_message(m)
+            await pilot.pause()
+        # The turns they told of are no longer shown, and neither are they (not piled at the top).
+        assert not transcript.query(".context-note")
+        for _ in range(200):  # shown again, the history comes back above anything still shown
+            if not transcript.hidden:
+                break
+            await transcript.show_earlier()
+        kinds = [type(w).__name__ for w in transcript.children if w.display]
+        assert kinds[0] == "MessageView" or transcript.children[0].has_class("fork-note")
+        assert [v.message.content for v in transcript.views()][:4] == [m.content for m in pane.record.messages[:4]]

@@ -313,6 +313,9 @@ class ChatPane(Vertical):
         for view in self.query(MessageView):
             if view.message is last:
                 await view.remove()
+        transcript = self._transcript()
+        if transcript is not None:
+            await transcript.refill()
         return last
 
     def begin_request(self, request_id: str) -> None:

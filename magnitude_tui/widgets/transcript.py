@@ -101,21 +101,40 @@ class Transcript(VerticalScroll):
             self._earlier.update(f"▲ {hidden} earlier message{'s' * (hidden != 1)} not shown · "
                                  "page up at the top (or a click here) shows more")
 
-    async def show_earlier(self) -> int:
-        """Mount the stretch of messages before the first one shown; returns how many."""
+    def _items(self) -> list:
+        """What the transcript shows below its own lines: message views and context notes."""
+        return [w for w in self.children if w is not self._earlier and not w.has_class("fork-note")]
+
+    def _shown_chars(self) -> int:
+        return sum(len(v.message.content) + HEADER_CHARS for v in self.views())
+
+    def _at_end(self) -> bool:
+        # Read before a new view is laid out: an anchored transcript is still at its old end then.
+        return self.scroll_y >= self.max_scroll_y - 1
+
+    async def _mount_earlier(self) -> MessageView | None:
+        """Mount the stretch of messages before the first one shown, above everything shown
+        (context notes included); returns the view that was first, if any, or None if nothing
+        was hidden."""
         views = self.views()
         end = self._index(views[0].message) if views else len(self._messages)
         start = shown_from(self._messages, end, self.budget(), at_least=1)
         new = [self._make_view(m) for m in self._messages[start:end] if not m.inherited]
-        if new:
-            if views:
-                await self.mount_all(new, before=views[0])
-                keep = views[0]  # the message that was first stays where the reader left it
-                self.call_after_refresh(self.scroll_to_widget, keep, top=True, animate=False)
-            else:
-                await self.mount_all(new)
+        if not new:
+            return None
+        items = self._items()
+        await self.mount_all(new, before=items[0] if items else None)
+        return views[0] if views else new[-1]
+
+    async def show_earlier(self) -> int:
+        """The reader asked for more: mount the stretch before the first message shown, keeping
+        the message that was first at the top of the view; returns how many came."""
+        before = len(self.views())
+        keep = await self._mount_earlier()
+        if keep is not None:
+            self.call_after_refresh(self.scroll_to_widget, keep, top=True, animate=False)
         self._show_count()
-        return len(new)
+        return len(self.views()) - before
 
     async def add(self, view: MessageView) -> None:
         """Mount a new message at the end, then trim the oldest views if the reader is at the end."""
@@ -124,8 +143,9 @@ class Transcript(VerticalScroll):
 
     async def trim(self) -> None:
         """Unmount the oldest views once the text shown is twice the budget, down to the budget,
-        while the transcript is scrolled to its end (a reader further up keeps what they read)."""
-        if self.scroll_y < self.max_scroll_y - 1:
+        while the transcript is scrolled to its end (a reader further up keeps what they read).
+        Context notes among them go with them: they told of turns no longer shown."""
+        if not self._at_end():
             return
         views = self.views()
         budget = self.budget()
@@ -138,15 +158,19 @@ class Transcript(VerticalScroll):
             total -= sizes[cut]
             cut += 1
         if cut:
-            await self.remove_children(views[:cut])
+            items = self._items()
+            await self.remove_children(items[:items.index(views[cut])])
             self._show_count()
 
     async def refill(self) -> None:
-        """After messages were taken away: show earlier ones until the budget is filled again."""
-        while self.hidden and (len(self.views()) < MIN_SHOWN or sum(
-                len(v.message.content) + HEADER_CHARS for v in self.views()) < self.budget()):
-            if not await self.show_earlier():
+        """After messages were taken away (an edit, a retry): show earlier ones until the budget
+        is filled again, without moving the reader (one at the end stays at the end)."""
+        at_end = self._at_end()
+        while self.hidden and (len(self.views()) < MIN_SHOWN or self._shown_chars() < self.budget()):
+            if await self._mount_earlier() is None:
                 break
+        if at_end:
+            self.anchor()
         self._show_count()
 
     async def on_click(self, event: events.Click) -> None:
