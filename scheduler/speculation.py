@@ -128,6 +128,9 @@ class SpecState:
     copying: dict[DraftKind, bool] = field(default_factory=dict)
     # Per source: whether the guess verified this step was backed by a long match.
     drafted_long: dict[DraftKind, bool] = field(default_factory=dict)
+    # Per source: (match length, the sequence's tokens) of its latest guess backed by a match. A
+    # guess continues that copy only if its match grew by every token committed since.
+    matched: dict[DraftKind, tuple[int, int]] = field(default_factory=dict)
 
     def estimate(self, kind: DraftKind, deeper: bool = False, long: bool = False) -> AcceptanceEstimate:
         """`long`: the estimate for guesses backed by at least LONG_MATCH tokens of agreement."""

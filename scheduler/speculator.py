@@ -104,7 +104,9 @@ class Speculator:
                 if caps[seq.seq_id] > 0 and src.draft_ms(1, 1) == 0.0:
                     guesses[seq.seq_id] = src.propose(seq.seq_id, seq.tokens_view(), K_MAX)[:caps[seq.seq_id]]
                     guessed_by[seq.seq_id] = src.kind
-                    long[seq.seq_id] = match_length(src, seq.seq_id) >= LONG_MATCH
+                    evidence = match_length(src, seq.seq_id)
+                    long[seq.seq_id] = evidence >= LONG_MATCH
+                    self._left_the_copy(seq, src.kind, evidence)
                     break
         if self.mode.forced is not None:
             ks = self._forced(decoding, sources[0], guesses, caps, room_rows)
@@ -143,6 +145,19 @@ class Speculator:
                                                    tuple(guess if deep else guess[:1]), depth,
                                                    long.get(seq.seq_id, False)))
         return out
+
+    @staticmethod
+    def _left_the_copy(seq: Sequence, kind: DraftKind, evidence: int) -> None:
+        """A copy goes on (`SpecState.copying`) only while the source still copies the same place:
+        then the match behind its guess grew by every token committed since its guess before. A
+        shorter one is a new place found (a fresh 2-gram after the reply left the copy), whose
+        first token is as uncertain as any fresh guess's, whatever the last judged token was."""
+        before = seq.spec.matched.get(kind)
+        if evidence <= 0:
+            return  # a source that cannot say (or no match): the judged tokens decide alone
+        seq.spec.matched[kind] = (evidence, seq.num_tokens)
+        if before is not None and evidence < before[0] + seq.num_tokens - before[1]:
+            seq.spec.copying[kind] = False
 
     def _cap(self, seq: Sequence, n_ctx_seq: int) -> int:
         """Draft rows the sequence could use: each step commits at most k + 1 tokens, and the

@@ -8,7 +8,7 @@ import pytest
 from backend.factory import BackendConfig
 from magnitude_tui.bench.common import save_result
 from magnitude_tui.bench.plots import plot_spec
-from magnitude_tui.bench.spec import SpecBenchConfig, rotated, run_spec
+from magnitude_tui.bench.spec import SpecBenchConfig, _Run, rotated, run_spec
 from magnitude_tui.bench.spec_trace import Guess, RecordingSource, TraceDrafts
 from scheduler.drafts import DraftKind
 
@@ -80,6 +80,19 @@ def test_trace_drafts_replay_how_many_guesses_matched():
     assert src.propose(0, [], 2) == truth[:2]  # a shorter ask takes the first tokens of the guess
 
 
+def test_aggregate_runs_to_the_last_step_and_the_full_batch_rate_to_the_first_sequence_end():
+    # Two sequences, both generating from t=1; "a" ends at t=3, "b" goes on alone to t=5 (steps
+    # of 1 s). Aggregate: the 6 tokens after t=1 over the 4 s to the last step; the full-batch
+    # rate: the 4 tokens of the steps up to a's end over those 2 s.
+    steps = [(1.0, 2, 2, 0, 0), (2.0, 2, 2, 0, 0), (3.0, 2, 2, 0, 0), (4.0, 1, 1, 0, 0), (5.0, 1, 1, 0, 0)]
+    run = _Run(steps, {"a": 1.0, "b": 1.0}, {"a": 3.0, "b": 5.0}, {"a": 3, "b": 5}, {})
+    r = run.row()
+    assert r["agg_tok_s"] == 6 / 4 and r["full_tok_s"] == 4 / 2
+    # Ending together, the two are the same window.
+    together = _Run(steps[:3], {"a": 1.0, "b": 1.0}, {"a": 3.0, "b": 3.0}, {"a": 3, "b": 3}, {})
+    assert together.row()["full_tok_s"] == together.row()["agg_tok_s"] == 2.0
+
+
 def test_the_modes_take_turns_so_that_none_always_runs_after_the_same_one():
     modes = ("off", "ngram", "auto")
     orders = [rotated(modes, rep) for rep in range(6)]
@@ -111,6 +124,8 @@ def test_simulated_spec_bench_measures_every_mode_and_replays_the_trace(tmp_path
     assert gpu[("repetitive", 1, "draft")]["acceptance"] == 1.0
     assert all(r["x_off_agg"] >= 0.97 for r in sim if r["mode"] == "auto")
     assert res.data["targets"]["simulated_repetitive_auto_x_off"]
+    assert all(r["x_off_full"] is not None for r in real + sim if r["mode"] != "off")
+    assert res.data["targets"]["auto_min_x_off_full"] is not None
     assert save_result(res, tmp_path, plot_spec)["png"].exists()
 
 

@@ -242,6 +242,48 @@ def test_a_copy_that_ran_to_the_end_of_a_step_drafts_on_at_the_rate_of_a_row_aft
     assert plan() == {}
 
 
+def test_a_guess_from_a_new_place_after_a_copy_is_priced_as_a_fresh_first_row():
+    # The copy's last judged token was a hit, but the reply then left it and the lookup found a
+    # new place behind a 2-gram: that guess does not continue the copy (its match did not grow
+    # by the tokens committed since), so its first row is priced at the first-row estimate, and
+    # its outcome teaches that one. Priced as a row after a hit, such guesses drafted whole
+    # drafts that were all rejected (the simulated GPU's quoting and repetitive replays).
+    from scheduler.budget import CostModel, CostParams, StepShape
+    from scheduler.sequence import Sequence
+    from scheduler.speculator import Speculator
+    from scheduler.types import Request, SamplingParams
+
+    spec = Speculator({DraftKind.NGRAM: NgramSource()}, SpecMode.AUTO)
+    text = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+    elsewhere = [40, 41, 42, 43, 44, 45, 46, 47]
+    seq = Sequence(Request("r", "s", (), SamplingParams(max_tokens=64)),
+                   text + list(range(100, 120)) + elsewhere + [1, 2], t_submit=0.0)
+    seq.seq_id, seq.num_computed = 0, len(seq.prompt)
+    seq.output += [5, 6, 7]  # the copy of `text` has begun
+    first, deeper = seq.spec.estimate(DraftKind.NGRAM), seq.spec.estimate(DraftKind.NGRAM, True)
+    first.hits, first.misses = 1.0, 5.0
+    deeper.hits, deeper.misses = 20.0, 0.5
+    cost = CostModel(CostParams(fixed_ms=CPU["fixed"], decode_ms=CPU["row"], prefill_ms=CPU["row"]))
+    shape = StepShape(decode_rows=1)
+
+    def plan():
+        out = spec.plan([seq], cost=cost, shape=shape, prefill_rows=0, room_rows=512, room_ms=None,
+                        n_ctx_seq=4096)
+        seq.spec.shadows = []  # judged elsewhere; this test sets the evidence by hand
+        return out
+
+    assert plan() == {}
+    spec.verified(seq, DraftKind.NGRAM, drafted=2, judged=2, accepted=2)
+    seq.output += [8, 9]
+    assert plan()[seq.seq_id][1][:2] == (10, 11)  # the copy goes on: priced as a row after a hit
+    spec.verified(seq, DraftKind.NGRAM, drafted=2, judged=2, accepted=2)
+    seq.output += [10, 11, 40, 41]  # ...then the reply leaves it for a 2-gram found elsewhere
+    assert seq.spec.copying[DraftKind.NGRAM]  # the last judged token was a hit
+    assert plan() == {}  # the guess 42, 43, ... is a fresh one at p ~ 0.3
+    assert not seq.spec.copying[DraftKind.NGRAM]
+    assert spec.sources[DraftKind.NGRAM].propose(0, seq.tokens_view(), 2) == [42, 43]
+
+
 def test_a_guess_continuing_a_copy_teaches_the_estimate_it_was_priced_at_not_the_first_rows():
     """While a copy goes on, the lookup's next guess continues it and is priced at the rate of a row
     after a hit; its outcome teaches that estimate. Counted as first rows, the copy's hits made a
