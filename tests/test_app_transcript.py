@@ -163,3 +163,18 @@ async def test_context_notes_go_with_the_turns_they_follow(tmp_path):
         kinds = [type(w).__name__ for w in transcript.children if w.display]
         assert kinds[0] == "MessageView" or transcript.children[0].has_class("fork-note")
         assert [v.message.content for v in transcript.views()][:4] == [m.content for m in pane.record.messages[:4]]
+
+
+async def test_a_pane_that_grows_fills_its_larger_budget_from_the_earlier_messages(tmp_path):
+    app = make_app(tmp_path, ScriptedClient())
+    async with app.run_test(size=(70, 24)) as pilot:
+        pane = await _filled_pane(app, pilot, 40)
+        transcript = pane.query_one(Transcript)
+        small = len(transcript.views())
+        await pilot.resize_terminal(200, 60)  # as a zoom or a maximised terminal does
+        await settle(pilot)
+        await pilot.pause()
+        assert len(transcript.views()) > small
+        shown = sum(len(v.message.content) for v in transcript.views())
+        assert shown >= transcript.budget() - 1_000 or not transcript.hidden
+        assert _at_end(transcript)  # the reader at the end stays there

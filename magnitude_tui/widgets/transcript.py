@@ -10,8 +10,9 @@ panes streamed, and a resize took 1.5 s. So the transcript mounts only the lates
 and a line at its top says how many earlier ones are not shown. Page Up at the top, or a click on
 that line, shows another such stretch above. New messages trim the oldest views again, only while
 the transcript is scrolled to its end (never under a reader), and only once the text shown is
-twice the budget (so a stream of short messages does not mount and unmount on every one). The
-messages themselves are all kept (the store, the context); only their widgets come and go.
+twice the budget (so a stream of short messages does not mount and unmount on every one). A
+transcript that grows (a zoom, a larger terminal) fills its larger budget at once. The messages
+themselves are all kept (the store, the context); only their widgets come and go.
 """
 
 from __future__ import annotations
@@ -172,6 +173,12 @@ class Transcript(VerticalScroll):
         if at_end:
             self.anchor()
         self._show_count()
+
+    async def on_resize(self, event: events.Resize) -> None:
+        """Grown (a zoom, a bigger terminal): fill the larger budget from the earlier messages,
+        the reader staying where they are. Shrinking unmounts nothing (the next message trims)."""
+        if self.hidden and self._shown_chars() < self.budget():
+            await self.refill()
 
     async def on_click(self, event: events.Click) -> None:
         if event.widget is self._earlier:
