@@ -208,20 +208,19 @@ def test_a_guess_not_verified_is_judged_at_every_depth_against_the_tokens_that_c
     assert spec.p(seq, DraftKind.NGRAM, deeper=True) != spec.p(seq, DraftKind.NGRAM)
 
 
-def test_a_copy_that_ran_to_the_end_of_a_step_drafts_on_at_the_rate_of_a_row_after_a_hit():
-    # A reply that paraphrased first (the lookup's first rows missed) and then started copying: the
-    # copy's next guess continues the same match, so its first row is priced like a row after an
-    # accepted one. Priced as a fresh first row it drafted nothing and recovered only slowly.
+def _copy_begun(prompt: list[int]):
+    """A sequence (prompt `prompt`) whose reply has begun copying it (its output 5, 6, 7), with
+    a paraphrase's first-row misses and a copy's later hits as evidence, the Speculator on the
+    n-gram lookup, and a function planning its next step: (speculator, sequence, plan)."""
     from scheduler.budget import CostModel, CostParams, StepShape
     from scheduler.sequence import Sequence
     from scheduler.speculator import Speculator
     from scheduler.types import Request, SamplingParams
 
     spec = Speculator({DraftKind.NGRAM: NgramSource()}, SpecMode.AUTO)
-    text = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
-    seq = Sequence(Request("r", "s", (), SamplingParams(max_tokens=64)), text + [1, 2], t_submit=0.0)
+    seq = Sequence(Request("r", "s", (), SamplingParams(max_tokens=64)), prompt, t_submit=0.0)
     seq.seq_id, seq.num_computed = 0, len(seq.prompt)
-    seq.output += [5, 6, 7]  # the copy of `text` has begun: the lookup guesses 8, 9, 10, ...
+    seq.output += [5, 6, 7]
     first, deeper = seq.spec.estimate(DraftKind.NGRAM), seq.spec.estimate(DraftKind.NGRAM, True)
     first.hits, first.misses = 1.0, 5.0  # the paraphrase's misses
     deeper.hits, deeper.misses = 20.0, 0.5  # a guess that starts right goes on right
@@ -231,9 +230,17 @@ def test_a_copy_that_ran_to_the_end_of_a_step_drafts_on_at_the_rate_of_a_row_aft
     def plan():
         out = spec.plan([seq], cost=cost, shape=shape, prefill_rows=0, room_rows=512, room_ms=None,
                         n_ctx_seq=4096)
-        seq.spec.shadows = []  # judged elsewhere; this test sets the evidence by hand
+        seq.spec.shadows = []  # judged elsewhere; these tests set the evidence by hand
         return out
 
+    return spec, seq, plan
+
+
+def test_a_copy_that_ran_to_the_end_of_a_step_drafts_on_at_the_rate_of_a_row_after_a_hit():
+    # A reply that paraphrased first (the lookup's first rows missed) and then started copying: the
+    # copy's next guess continues the same match, so its first row is priced like a row after an
+    # accepted one. Priced as a fresh first row it drafted nothing and recovered only slowly.
+    spec, seq, plan = _copy_begun([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 1, 2])  # the lookup guesses 8, 9, ...
     assert plan() == {}  # nothing judged yet: a fresh first row at p ~ 0.3 does not pay
     spec.verified(seq, DraftKind.NGRAM, drafted=2, judged=2, accepted=2)  # a draft ran to its end
     kind, tokens = plan()[seq.seq_id]
@@ -248,30 +255,9 @@ def test_a_guess_from_a_new_place_after_a_copy_is_priced_as_a_fresh_first_row():
     # by the tokens committed since), so its first row is priced at the first-row estimate, and
     # its outcome teaches that one. Priced as a row after a hit, such guesses drafted whole
     # drafts that were all rejected (the simulated GPU's quoting and repetitive replays).
-    from scheduler.budget import CostModel, CostParams, StepShape
-    from scheduler.sequence import Sequence
-    from scheduler.speculator import Speculator
-    from scheduler.types import Request, SamplingParams
-
-    spec = Speculator({DraftKind.NGRAM: NgramSource()}, SpecMode.AUTO)
     text = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
     elsewhere = [40, 41, 42, 43, 44, 45, 46, 47]
-    seq = Sequence(Request("r", "s", (), SamplingParams(max_tokens=64)),
-                   text + list(range(100, 120)) + elsewhere + [1, 2], t_submit=0.0)
-    seq.seq_id, seq.num_computed = 0, len(seq.prompt)
-    seq.output += [5, 6, 7]  # the copy of `text` has begun
-    first, deeper = seq.spec.estimate(DraftKind.NGRAM), seq.spec.estimate(DraftKind.NGRAM, True)
-    first.hits, first.misses = 1.0, 5.0
-    deeper.hits, deeper.misses = 20.0, 0.5
-    cost = CostModel(CostParams(fixed_ms=CPU["fixed"], decode_ms=CPU["row"], prefill_ms=CPU["row"]))
-    shape = StepShape(decode_rows=1)
-
-    def plan():
-        out = spec.plan([seq], cost=cost, shape=shape, prefill_rows=0, room_rows=512, room_ms=None,
-                        n_ctx_seq=4096)
-        seq.spec.shadows = []  # judged elsewhere; this test sets the evidence by hand
-        return out
-
+    spec, seq, plan = _copy_begun(text + list(range(100, 120)) + elsewhere + [1, 2])
     assert plan() == {}
     spec.verified(seq, DraftKind.NGRAM, drafted=2, judged=2, accepted=2)
     seq.output += [8, 9]
