@@ -6,7 +6,6 @@ never shows, a reply that does not arrive whole."""
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from typing import Callable
 
@@ -64,7 +63,7 @@ def ui_endurance(cfg: SoakConfig, progress: Callable[[str], None]) -> tuple[dict
         key_p95_vs_baseline=round(ratio, 2) if ratio else None,
         keys_after_a_resize_ms=_p50_max(after) + f" (8 empty panes: {_p50_max(empty)})",
         other_keys_p95_ms=_ms(away.p95_ms),
-        resize_frame_ms=_p50_max_of(endured.resize_frames_ms) + f" (8 empty panes: {_p50_max_of(floor.resize_frames_ms)})",
+        resize_frame_ms=_frames(endured) + f" (8 empty panes: {_frames(floor)})",
         settled_s=round(endured.settle_s, 1)), failures
 
 
@@ -76,9 +75,9 @@ def _p50_max(figures) -> str:
     return f"p50 {_ms(figures.p50_ms)}, max {_ms(figures.max_ms)}"
 
 
-def _p50_max_of(values: list) -> str:
-    timed = [v for v in values if v is not None]
-    return f"p50 {_ms(statistics.median(timed) if timed else None)}, max {_ms(max(timed, default=None))}"
+def _frames(result) -> str:
+    p50, top = result.resize_frames()
+    return f"p50 {_ms(p50)}, max {_ms(top)}"
 
 
 def ui_long_session(cfg: SoakConfig, progress: Callable[[str], None]) -> tuple[dict, list[str]]:
@@ -96,4 +95,4 @@ def ui_long_session(cfg: SoakConfig, progress: Callable[[str], None]) -> tuple[d
         rss_mib=f"{r.rss_start_mb:.0f} -> {r.rss_mid_mb:.0f} -> {r.rss_end_mb:.0f}", widgets=r.widgets,
         key_p95_ms=f"{_ms(r.key_p95_ms)} (p50 {_ms(r.key_p50_ms)})",
         keys_after_a_resize_ms=_p50_max(r.keys_where(True)), other_keys_p95_ms=_ms(r.keys_where(False).p95_ms),
-        resize_frame_ms=_p50_max_of(r.resize_frames_ms)), failures
+        resize_frame_ms=_frames(r)), failures

@@ -121,10 +121,15 @@ class EnduranceResult:
 
         return KeyFigures.of([k for k, a in zip(self.keys, self.after_resize) if a == after_resize])
 
+    def resize_frames(self) -> tuple[float | None, float | None]:
+        """p50 and max of the resizes' frames (None: no resize drew one)."""
+        frames = [ms for ms in self.resize_frames_ms if ms is not None]
+        return (statistics.median(frames), max(frames)) if frames else (None, None)
+
     def summary(self) -> str:
         f = lambda v: "—" if v is None else f"{v:.0f}"  # noqa: E731
         away, after = self.keys_where(False), self.keys_where(True)
-        frames = [ms for ms in self.resize_frames_ms if ms is not None]
+        frame_p50, frame_max = self.resize_frames()
         what = (f"{self.tokens:,} tokens into one pane ({self.reply_chars:,} chars) beside "
                 f"{self.config['panes'] - 1} streaming" if self.config.get("stream", True)
                 else f"{self.config['panes']} empty panes")
@@ -135,8 +140,7 @@ class EnduranceResult:
                 f"keypress p50 {f(self.key_p50_ms)} p95 {f(self.key_p95_ms)} max {f(self.key_max_ms)} ms "
                 f"({len(self.keys)} keys, {self.keys_missed} missed; typed right after a resize: p50 "
                 f"{f(after.p50_ms)} max {f(after.max_ms)}, the others: p95 {f(away.p95_ms)}); a resize's "
-                f"frame p50 {f(statistics.median(frames) if frames else None)} max "
-                f"{f(max(frames, default=None))} ms; settled {self.settle_s:.1f} s after")
+                f"frame p50 {f(frame_p50)} max {f(frame_max)} ms; settled {self.settle_s:.1f} s after")
 
 
 async def _add_history(panes, turns: int) -> None:

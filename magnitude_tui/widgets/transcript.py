@@ -34,6 +34,11 @@ UNSIZED_CHARS = 6_000  # the budget before the transcript has a size (compose)
 HEADER_CHARS = 80  # what a message's header and margins count for besides its text
 
 
+def cost(message: MessageRecord) -> int:
+    """What a shown message counts for against the budget: its text, its header and margins."""
+    return len(message.content) + HEADER_CHARS
+
+
 def shown_from(messages: Sequence[MessageRecord], end: int, budget: int, *, at_least: int = MIN_SHOWN) -> int:
     """Index of the first of the messages before `end` that fit `budget` characters, counted
     back from `end` (inherited context, never shown, counts nothing); at least `at_least` of them."""
@@ -42,10 +47,10 @@ def shown_from(messages: Sequence[MessageRecord], end: int, budget: int, *, at_l
     while i > 0:
         m = messages[i - 1]
         if not m.inherited:
-            cost = len(m.content) + HEADER_CHARS
-            if count >= at_least and total + cost > budget:
+            c = cost(m)
+            if count >= at_least and total + c > budget:
                 break
-            total += cost
+            total += c
             count += 1
         i -= 1
     return i
@@ -88,12 +93,12 @@ class Transcript(VerticalScroll):
     @property
     def hidden(self) -> int:
         """Messages before the first one shown that are not on screen (inherited ones not counted)."""
-        views = self.views()
-        end = self._index(views[0].message) if views else len(self._messages)
-        return sum(not m.inherited for m in self._messages[:end])
+        return sum(not m.inherited for m in self._messages[:self._first_shown(self.views())])
 
-    def _index(self, message: MessageRecord) -> int:
-        return next((i for i, m in enumerate(self._messages) if m is message), len(self._messages))
+    def _first_shown(self, views: list[MessageView]) -> int:
+        """Index in the messages of the first one shown (their length if none is)."""
+        first = views[0].message if views else None
+        return next((i for i, m in enumerate(self._messages) if m is first), len(self._messages))
 
     def _show_count(self) -> None:
         hidden = self.hidden
@@ -107,7 +112,7 @@ class Transcript(VerticalScroll):
         return [w for w in self.children if w is not self._earlier and not w.has_class("fork-note")]
 
     def _shown_chars(self) -> int:
-        return sum(len(v.message.content) + HEADER_CHARS for v in self.views())
+        return sum(cost(v.message) for v in self.views())
 
     def _at_end(self) -> bool:
         # Read before a new view is laid out: an anchored transcript is still at its old end then.
@@ -118,7 +123,7 @@ class Transcript(VerticalScroll):
         (context notes included); returns the view that was first, if any, or None if nothing
         was hidden."""
         views = self.views()
-        end = self._index(views[0].message) if views else len(self._messages)
+        end = self._first_shown(views)
         start = shown_from(self._messages, end, self.budget(), at_least=1)
         new = [self._make_view(m) for m in self._messages[start:end] if not m.inherited]
         if not new:
@@ -150,7 +155,7 @@ class Transcript(VerticalScroll):
             return
         views = self.views()
         budget = self.budget()
-        sizes = [len(v.message.content) + HEADER_CHARS for v in views]
+        sizes = [cost(v.message) for v in views]
         total = sum(sizes)
         if total <= 2 * budget:
             return
