@@ -34,6 +34,21 @@ class Speculator:
         self.num_accepted = 0
         self.row_price = RowPrice()  # a draft row's cost, measured from the engine's timed steps
 
+    def learned(self) -> tuple[dict, RowPrice]:
+        """What this speculator learned across sequences: the overall acceptance estimates and the
+        measured row price (a sequence's own estimates end with it)."""
+        return self.overall, self.row_price
+
+    def adopt(self, learned: tuple[dict, RowPrice] | None) -> None:
+        """Go on from `learned` (from `learned()`), or from the priors when None: a benchmark that
+        compares modes on one engine gives each mode only what its own runs taught (forced lookup's
+        wasted rows would otherwise lower the estimates `auto` starts from)."""
+        if learned is None:
+            self.overall = {key: AcceptanceEstimate() for key in self.overall}
+            self.row_price = RowPrice()
+        else:
+            self.overall, self.row_price = learned
+
     def set_mode(self, mode: SpecMode) -> None:
         """ValueError when the mode needs a source that is not loaded (`draft` without a model)."""
         available_sources(mode, self.sources)

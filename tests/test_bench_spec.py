@@ -3,14 +3,18 @@ acceptance trace recorded on one backend and replayed on a simulated GPU."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from backend.factory import BackendConfig
-from magnitude_tui.bench.common import save_result
+from backend.factory import BackendConfig, build_backend
+from magnitude_tui.bench.common import prompt_tokens, save_result
 from magnitude_tui.bench.plots import plot_spec
-from magnitude_tui.bench.spec import SpecBenchConfig, _Run, rotated, run_spec
+from magnitude_tui.bench.spec import SpecBenchConfig, _merge_reps, _Run, rotated, run_spec
+from magnitude_tui.bench.spec_tasks import Task
 from magnitude_tui.bench.spec_trace import Guess, RecordingSource, TraceDrafts
 from scheduler.drafts import DraftKind
+from scheduler.ngram import NgramSource
 
 
 @pytest.fixture(autouse=True)
@@ -161,3 +165,95 @@ def test_bench_throughput_runs_the_engine_with_the_spec_it_is_given():
     ngram = engine_run(backend, prompts, 48, "fixed:64", spec="ngram")
     assert off["made"] == ngram["made"] == 2 * 48
     assert ngram["steps"] < off["steps"]  # the fake reply repeats itself: drafts were accepted
+
+
+def test_each_mode_is_compared_with_the_off_run_of_its_own_repetition():
+    # Repetition 0 ran on a busy machine (every mode at half speed), repetition 1 on a quiet one.
+    # Paired, auto is 1.1x off in both; the ratio of the medians would mix the two machines.
+    def row(mode, rep, rate):
+        return {"task": "chat", "seqs": 2, "mode": mode, "rep": rep, "per_seq_tok_s": rate, "agg_tok_s": rate,
+                "full_tok_s": rate, "acceptance": None, "tokens_per_step": 1.0, "draft_rows_per_step": 0.0,
+                "tokens": 10, "same_text_as_off": None}
+
+    rows = [row("off", 0, 50.0), row("auto", 0, 55.0), row("off", 1, 100.0), row("auto", 1, 110.0),
+            row("off", 2, 60.0), row("auto", 2, 200.0)]  # one outlier pair
+    merged = {r["mode"]: r for r in _merge_reps(rows)}
+    assert merged["auto"]["x_off_agg"] == merged["auto"]["x_off_full"] == merged["auto"]["x_off_per_seq"] == 1.1
+    assert merged["off"]["x_off_agg"] == 1.0
+    assert merged["auto"]["agg_tok_s"] == 110.0  # the rates themselves are still medians
+
+
+def test_a_short_batch_repeats_until_off_made_enough_tokens_and_no_more_than_three_times_reps():
+    cfg = SpecBenchConfig(reps=2, min_tokens=100)
+
+    def count(per_run: int, extend: bool = True) -> int:
+        made = done = 0
+        while done < cfg.reps_at(made, done, extend):
+            made, done = made + per_run, done + 1
+        return done
+
+    assert count(60) == 2  # 120 tokens after the two asked for: enough
+    assert count(30) == 4  # 30, 60, 90, 120
+    assert count(1) == 6  # never enough: three times the repetitions asked for
+    assert count(1, extend=False) == 2  # a run without `off` (the draft model's engine) keeps `reps`
+    # In a run: a 4-token chat at one sequence repeats until 12 tokens, 3 repetitions.
+    res = run_spec(BackendConfig(kind="simulated:cpu2core"),
+                   SpecBenchConfig(widths=(1,), tasks=("chat",), modes=("off", "ngram"), max_tokens=4, min_tokens=12))
+    assert res.data["repetitions"] == {"chat": {1: 3}}
+
+
+def test_each_task_writes_its_own_reply_length_unless_max_tokens_says_otherwise():
+    cfg = SpecBenchConfig(widths=(1, 2), tasks=("repetitive", "quoting", "chat"), modes=("off", "ngram"))
+    assert [cfg.reply_tokens(Task(t)) for t in cfg.tasks] == [512, 96, 64] and cfg.longest_reply() == 512
+    assert SpecBenchConfig(max_tokens=7).reply_tokens(Task.REPETITIVE) == 7
+    # The stand-in never ends a reply: each runs to its task's length, and the simulated GPU's too.
+    res = run_spec(BackendConfig(kind="simulated:cpu2core"), replace(cfg, tasks=("chat",)))
+    assert res.data["reply_tokens"] == {"chat": {0: 64, 1: 64}}
+    real, sim = list(res.tables.values())[:2]
+    assert {r["tokens"] for r in real} == {64, 128} and {r["tokens"] for r in sim} == {64, 128}
+
+
+def test_the_simulated_gpu_ends_each_reply_where_the_real_one_ended():
+    from magnitude_tui.bench.spec import _Bench, _task
+
+    backend = build_backend(BackendConfig(kind="simulated:rx9070xt", n_seq_max=3))
+    cfg = SpecBenchConfig(widths=(3,), tasks=("quoting",), modes=("off", "ngram"), max_tokens=40)
+    bench = _Bench(backend, backend, backend.clock, cfg)
+    prompts = [prompt_tokens(backend, 30, salt=i + 1) for i in range(3)]
+    lengths: dict[int, int] = {}
+    rows = _task(bench, Task.QUOTING, prompts, {DraftKind.NGRAM: NgramSource()}, lambda s: None,
+                 caps={0: 17, 1: 40, 2: 25}, lengths=lengths)
+    assert lengths == {0: 17, 1: 40, 2: 25}  # each `off` reply's length, as capped
+    assert {r["mode"]: r["tokens"] for r in rows} == {"off": 82, "ngram": 82}
+    # Without caps every reply runs to max_tokens.
+    assert {r["tokens"] for r in _task(bench, Task.QUOTING, prompts, {DraftKind.NGRAM: NgramSource()},
+                                       lambda s: None)} == {120}
+
+
+def test_each_mode_goes_on_from_what_its_own_runs_taught():
+    # One engine runs every mode in turn; forced lookup's verifications must not set the estimates
+    # or the row price `auto` starts from.
+    from types import SimpleNamespace
+
+    from magnitude_tui.bench.spec import _ModeMemory
+    from scheduler.speculator import Speculator
+
+    spec = Speculator()
+    switched = []
+    engine = SimpleNamespace(scheduler=SimpleNamespace(speculator=spec), set_spec=switched.append)
+    memory = _ModeMemory()
+    memory.switch(engine, "off")
+    memory.switch(engine, "ngram")
+    key = (DraftKind.NGRAM, False, False)
+    for _ in range(10):
+        spec.overall[key].observe(0, True)  # forced lookup: its guesses rejected
+    taught = spec.overall[key].p(0.5)
+    assert taught < 0.2
+    memory.switch(engine, "auto")
+    assert spec.overall[key].p(0.5) == 0.5  # auto starts from the prior
+    spec.overall[key].observe(1, False)
+    memory.switch(engine, "ngram")
+    assert spec.overall[key].p(0.5) == taught  # ngram goes on from its own
+    memory.switch(engine, "auto")
+    assert spec.overall[key].p(0.5) > 0.5  # and auto from its one hit
+    assert switched == ["off", "ngram", "auto", "ngram", "auto"]

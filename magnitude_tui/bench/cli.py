@@ -128,8 +128,11 @@ def spec_bench(
     seqs: str = typer.Option("1,2,4,8,16", "--seqs", help="Concurrent sequences (widths)."),
     tasks: str = typer.Option("repetitive,quoting,chat", "--tasks", help="Tasks: repetitive, quoting, chat."),
     modes: str = typer.Option("off,ngram,auto,draft", "--modes", help="--spec modes to compare (off first)."),
-    max_tokens: int = typer.Option(48, "--max-tokens", help="Longest reply per sequence (greedy; EOS ends it)."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Longest reply per sequence (greedy; EOS "
+                                             "ends it). Default: each task's own (repetitive 512, quoting 96, chat 64)."),
     reps: int = typer.Option(1, "--reps", help="Repetitions (modes alternate inside each; medians reported)."),
+    min_tokens: int = typer.Option(1000, "--min-tokens", help="A width repeats beyond --reps (up to 3x) until "
+                                   "its off runs made this many tokens: short batches are noisy."),
     policy: str = typer.Option("target:50", "--policy", "-p"),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft GGUF for the draft mode "
                                               "(default: the model itself, an upper bound on acceptance)."),
@@ -152,7 +155,7 @@ def spec_bench(
     from magnitude_tui.bench.spec_peer import run_peer
 
     cfg = options.spec_config(seqs=seqs, tasks=tasks, modes=modes, max_tokens=max_tokens, reps=reps, policy=policy,
-                              draft_model=draft_model, wall_clock=wall_clock, peer=peer, sim_profile=sim_profile)
+                              min_tokens=min_tokens, draft_model=draft_model, wall_clock=wall_clock, peer=peer, sim_profile=sim_profile)
     spec = options.spec_backend(flash_attn=flash_attn, backend=backend, model=model, device=device, threads=threads,
                                 ctx=ctx)
     real = spec.family == "llama"

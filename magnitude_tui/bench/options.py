@@ -75,7 +75,8 @@ def throughput_config(*, seqs: str, prompt: int, gen: int, reps: int, policy: Se
                             spec=spec_mode)
 
 
-def spec_config(*, seqs: str, tasks: str, modes: str, max_tokens: int, reps: int, policy: str,
+def spec_config(*, seqs: str, tasks: str, modes: str, max_tokens: Optional[int], reps: int, policy: str,
+                min_tokens: int = 1000,
                 draft_model: Optional[str], wall_clock: bool, peer: bool, sim_profile: str):
     from magnitude_tui.bench.spec import SpecBenchConfig
     from magnitude_tui.bench.spec_tasks import Task
@@ -89,10 +90,12 @@ def spec_config(*, seqs: str, tasks: str, modes: str, max_tokens: int, reps: int
         chosen_modes = tuple(parse_spec_mode(m).value for m in modes.split(",") if m.strip())
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--modes") from None
+    if max_tokens is not None and max_tokens < 1:
+        raise typer.BadParameter(f"expected at least 1, got {max_tokens}", param_hint="--max-tokens")
     if not chosen_modes or chosen_modes[0] != "off":
         raise typer.BadParameter("the modes must start with off (every ratio is to it)", param_hint="--modes")
     return SpecBenchConfig(widths=ints(seqs), tasks=chosen_tasks, modes=chosen_modes, max_tokens=max_tokens,
-                           reps=reps, policy=policy, draft_model=draft_model, cpu_clock=not wall_clock,
+                           reps=reps, min_tokens=min_tokens, policy=policy, draft_model=draft_model, cpu_clock=not wall_clock,
                            peer=peer, sim_profile=sim_profile)
 
 

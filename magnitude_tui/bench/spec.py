@@ -29,8 +29,9 @@ class SpecBenchConfig:
     widths: tuple[int, ...] = (1, 2, 4, 8, 16)
     tasks: tuple[str, ...] = tuple(t.value for t in Task)
     modes: tuple[str, ...] = ("off", "ngram", "auto", "draft")
-    max_tokens: int = 48
+    max_tokens: int | None = None  # None: each task's own reply length (Task.reply_tokens)
     reps: int = 1
+    min_tokens: int = 1000  # a width repeats beyond `reps` (up to 3 x) until its `off` runs made this many
     policy: str = "target:50"
     draft_model: str | None = None  # None: the model drafts for itself (an upper bound on acceptance)
     cpu_clock: bool = True  # time the real model in CPU seconds of this process (1 thread: a shared machine)
@@ -39,6 +40,21 @@ class SpecBenchConfig:
     # A draft step on the simulated GPU: a draft model of ~0.5 GB reads its weights in ~0.8 ms at
     # the profile's 644 GB/s, plus kernel launches; the profile's own fixed cost scaled by weights.
     sim_draft_ms: float = 1.5
+
+    def reps_at(self, made: int, done: int, extend: bool) -> int:
+        """How many repetitions a width runs, after `done` whose `off` runs made `made` tokens:
+        `reps`, and while `extend` (the runs include `off`) more until those made `min_tokens`, at
+        most 3 x `reps`. A short batch (a quote at one sequence is ~50 tokens, a second of CPU)
+        moves by a tenth with a moment's load; a long one averages that out itself."""
+        more = extend and made < self.min_tokens
+        return max(self.reps, min(3 * self.reps, done + 1)) if more else max(self.reps, done)
+
+    def reply_tokens(self, task: Task) -> int:
+        """The longest reply a sequence of `task` may write (greedy; the model's EOS ends it sooner)."""
+        return self.max_tokens if self.max_tokens is not None else task.reply_tokens
+
+    def longest_reply(self) -> int:
+        return max((self.reply_tokens(Task(t)) for t in self.tasks), default=1)
 
 
 class _Timed(FixedLength):
@@ -106,29 +122,40 @@ def _step_all(engine: Engine, reqs: list[Request]) -> _Run:
 
 
 def _task_runs(engine: Engine, task: Task, prompts: list[tuple[int, ...]], cfg: SpecBenchConfig,
-               modes: tuple[str, ...], off_texts: dict, progress) -> list[dict]:
+               modes: tuple[str, ...], off_texts: dict, progress, caps: dict[int, int] | None = None) -> list[dict]:
     """Every width and mode of one task on one engine. Each sequence keeps its conversation (and
     its prompt's KV) between runs, so only a first turn, a warm-up, evaluates a prompt: every
     measured run starts from resident prompts and differs only in its mode. Widths go up, and
     each warms up only its new sequences: no conversation outside the width is resident (without
     flash attention every row would read its cells too). `off_texts` carries the `off` replies
-    per (width, repetition) to the runs of another engine."""
-    sampling = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens)
+    per (width, repetition) to the runs of another engine, and their lengths per sequence under
+    "lengths" (the widest width's). `caps`: a reply length per sequence (the simulated GPU ends
+    each reply where the real model's ended; its stand-in tokens never end one)."""
+    sampling = SamplingParams(temperature=0.0, max_tokens=cfg.reply_tokens(task))
+
+    memory = _ModeMemory()
+
+    def capped(i: int) -> SamplingParams:
+        return replace(sampling, max_tokens=caps[i]) if caps and caps.get(i) else sampling
     rows, warm = [], 0
     for w in sorted(cfg.widths):
-        engine.set_spec(SpecMode.OFF)
+        memory.switch(engine, SpecMode.OFF.value)
         _step_all(engine, [Request(f"{task.value}-warm-{i}", f"s{i}", (), replace(sampling, max_tokens=1),
                                    prompt_tokens=prompts[i]) for i in range(warm, w)])
         warm = max(warm, w)
-        for rep in range(cfg.reps):
+        made, rep = 0, 0
+        while rep < cfg.reps_at(made, rep, "off" in modes):
             done: dict[str, tuple] = {}
             for mode in rotated(modes, rep):  # side by side: modes alternate inside each repetition
-                engine.set_spec(mode)
+                memory.switch(engine, mode)
                 ids = [f"{task.value}-{w}-{mode}-{rep}-{i}" for i in range(w)]
-                run = _step_all(engine, [Request(rid, f"s{i}", (), sampling, prompt_tokens=prompts[i])
+                run = _step_all(engine, [Request(rid, f"s{i}", (), capped(i), prompt_tokens=prompts[i])
                                          for i, rid in enumerate(ids)])
                 r = run.row()
                 done[mode] = (r, [run.texts[rid] for rid in ids])
+                if mode == "off":
+                    off_texts.setdefault("lengths", {}).update({i: run.tokens[rid] for i, rid in enumerate(ids)})
+                    made += sum(run.tokens.values())
                 progress(f"{task.value} x{w} {mode}: {r['per_seq_tok_s']} tok/s per sequence, "
                          f"{r['agg_tok_s']} aggregate, acceptance {r['acceptance']}")
             if "off" in done:
@@ -138,7 +165,26 @@ def _task_runs(engine: Engine, task: Task, prompts: list[tuple[int, ...]], cfg: 
                 r, texts = done[mode]
                 rows.append({"task": task.value, "seqs": w, "mode": mode, "rep": rep, **r,
                              "same_text_as_off": None if base is None or mode == "off" else texts == base})
+            rep += 1
     return rows
+
+
+class _ModeMemory:
+    """Each mode's own learning on an engine that runs every mode in turn: on a switch the
+    speculator keeps what the mode before learned aside and goes on from what this mode learned in
+    its own earlier runs (the priors at its first), as an engine that always ran it would."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple] = {}
+        self._mode: str | None = None
+
+    def switch(self, engine: Engine, mode: str) -> None:
+        spec = engine.scheduler.speculator
+        if self._mode is not None and self._mode != mode:
+            self._kept[self._mode] = spec.learned()
+            spec.adopt(self._kept.get(mode))
+        self._mode = mode
+        engine.set_spec(mode)
 
 
 def rotated(modes: tuple[str, ...], rep: int) -> tuple[str, ...]:
@@ -162,7 +208,7 @@ class _Bench:
     params: object = None
 
     def engine(self, drafts: dict[DraftKind, DraftSource]) -> Engine:
-        engine = Engine(self.view, policy=self.cfg.policy, coalesce_ms=0.0, gen_reserve=self.cfg.max_tokens,
+        engine = Engine(self.view, policy=self.cfg.policy, coalesce_ms=0.0, gen_reserve=self.cfg.longest_reply(),
                         clock=self.clock, drafts=drafts)
         if self.params is None:
             self.params = engine.calibrate()
@@ -171,10 +217,12 @@ class _Bench:
         return engine
 
 
-def _task(bench: _Bench, task: Task, prompts, sources: dict[DraftKind, DraftSource], progress) -> list[dict]:
+def _task(bench: _Bench, task: Task, prompts, sources: dict[DraftKind, DraftSource], progress,
+          caps: dict[int, int] | None = None, lengths: dict[int, int] | None = None) -> list[dict]:
     """One task's runs: off, ngram and auto on an engine with n-gram lookup only (what a user
     without --draft-model runs), then `draft` on one that also has the draft model (the model as
-    its own draft: an upper bound on acceptance, not a draft model anyone would pay for)."""
+    its own draft: an upper bound on acceptance, not a draft model anyone would pay for).
+    `lengths` receives each sequence's `off` reply length."""
     rows: list[dict] = []
     off_texts: dict = {}
     lookup = {DraftKind.NGRAM: sources[DraftKind.NGRAM]}
@@ -187,31 +235,37 @@ def _task(bench: _Bench, task: Task, prompts, sources: dict[DraftKind, DraftSour
         for src in sources.values():
             for key in range(bench.backend.n_seq_max):
                 src.forget(key)
-        rows += _task_runs(bench.engine(drafts), task, prompts, bench.cfg, modes, off_texts, progress)
+        rows += _task_runs(bench.engine(drafts), task, prompts, bench.cfg, modes, off_texts, progress, caps)
+    if lengths is not None:
+        lengths.update(off_texts.get("lengths", {}))
     return rows
 
 
+RATIOS = (("per_seq_tok_s", "x_off_per_seq"), ("agg_tok_s", "x_off_agg"), ("full_tok_s", "x_off_full"))
+
+
 def _merge_reps(rows: list[dict]) -> list[dict]:
-    """Medians over repetitions, then each mode's ratio to `off` at the same task and width."""
+    """Medians over repetitions; each mode's ratio to `off` is the median of its ratios to the `off`
+    run of the same repetition (the runs side by side: a stretch of load that slows one repetition
+    slows both runs of a pair, not one median)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         groups[(r["task"], r["seqs"], r["mode"])].append(r)
+    off = {(r["task"], r["seqs"], r["rep"]): r for r in rows if r["mode"] == "off"}
     out = []
     for (task, w, mode), rs in groups.items():
         m = {"task": task, "seqs": w, "mode": mode}
         for col in ("per_seq_tok_s", "agg_tok_s", "full_tok_s", "acceptance", "tokens_per_step",
-                    "draft_rows_per_step"):
+                    "draft_rows_per_step", "tokens"):
             vals = [r[col] for r in rs if r[col] is not None]
             m[col] = rnd(median(vals), 3) if vals else None
         same = [r["same_text_as_off"] for r in rs if r["same_text_as_off"] is not None]
         m["same_text_as_off"] = all(same) if same else None
+        for col, name in RATIOS:
+            pairs = [(r[col], off[(task, w, r["rep"])][col]) for r in rs if (task, w, r["rep"]) in off]
+            ratios = [a / b for a, b in pairs if a and b]
+            m[name] = rnd(median(ratios), 3) if ratios else None
         out.append(m)
-    off = {(r["task"], r["seqs"]): r for r in out if r["mode"] == "off"}
-    for r in out:
-        base = off.get((r["task"], r["seqs"]))
-        for col, name in (("per_seq_tok_s", "x_off_per_seq"), ("agg_tok_s", "x_off_agg"),
-                          ("full_tok_s", "x_off_full")):
-            r[name] = rnd(r[col] / base[col], 3) if base and r[col] and base[col] else None
     return out
 
 
@@ -236,8 +290,9 @@ def _sources(backend, spec: BackendConfig, cfg: SpecBenchConfig, draft: bool) ->
     return sources
 
 
-def _measure(spec: BackendConfig, cfg: SpecBenchConfig, progress) -> tuple[list[dict], dict, dict, dict]:
-    """The engine on `spec`'s backend: rows, per-task traces (kind -> Trace), prompt lengths, info."""
+def _measure(spec: BackendConfig, cfg: SpecBenchConfig, progress) -> tuple[list[dict], dict, dict, dict, dict]:
+    """The engine on `spec`'s backend: rows, per-task traces (kind -> Trace), prompt lengths, reply
+    lengths (task -> sequence -> tokens of its `off` reply), info."""
     width = max(cfg.widths)
     backend = build_backend(replace(spec, n_seq_max=max(spec.n_seq_max, width),
                                     n_ctx=spec.n_ctx or width * 1024 if spec.family == "llama" else spec.n_ctx))
@@ -247,6 +302,7 @@ def _measure(spec: BackendConfig, cfg: SpecBenchConfig, progress) -> tuple[list[
     sources = _sources(backend, spec, cfg, "draft" in cfg.modes)
     traces: dict[str, dict[str, Trace]] = {}
     lengths: dict[str, list[int]] = {}
+    replies: dict[str, dict[int, int]] = {}
     rows: list[dict] = []
     try:
         for name in cfg.tasks:
@@ -257,7 +313,7 @@ def _measure(spec: BackendConfig, cfg: SpecBenchConfig, progress) -> tuple[list[
             lengths[name] = [len(p) for p in prompts]
             for src in sources.values():
                 src.clear()
-            rows += _task(bench, task, prompts, sources, progress)
+            rows += _task(bench, task, prompts, sources, progress, lengths=replies.setdefault(name, {}))
             traces[name] = {src.kind.value: Trace(list(src.guesses), src.replies()) for src in sources.values()}
         info = backend_info(backend)
         info["clock"] = "CPU seconds of the engine process" if cpu else "backend clock"
@@ -267,12 +323,14 @@ def _measure(spec: BackendConfig, cfg: SpecBenchConfig, progress) -> tuple[list[
         if draft is not None and hasattr(draft.inner, "close"):
             draft.inner.close()
         backend.close()
-    return rows, traces, lengths, info
+    return rows, traces, lengths, replies, info
 
 
-def _replay(cfg: SpecBenchConfig, traces: dict, lengths: dict, progress) -> list[dict]:
+def _replay(cfg: SpecBenchConfig, traces: dict, lengths: dict, replies: dict, progress) -> list[dict]:
     """The same tasks on the simulated GPU, each source replaying its guesses on the real model (the
-    lookup: at each sequence's own position in a real reply)."""
+    lookup: at each sequence's own position in a real reply), each sequence's reply ending where the
+    real model's `off` reply to the same prompt ended (at EOS or max_tokens): a batch drains as it
+    did there."""
     width = max(cfg.widths)
     backend = build_backend(BackendConfig(kind=f"simulated:{cfg.sim_profile}", n_seq_max=max(16, width)))
     bench = _Bench(backend, backend, backend.clock, cfg)
@@ -287,7 +345,8 @@ def _replay(cfg: SpecBenchConfig, traces: dict, lengths: dict, progress) -> list
                 sources[DraftKind.DRAFT_MODEL] = TraceDrafts(backend, DraftKind.DRAFT_MODEL, t["draft"].guesses,
                                                              step_ms=cfg.sim_draft_ms)
             prompts = [prompt_tokens(backend, n, salt=31 * i) for i, n in enumerate(lengths[name])]
-            rows += _task(bench, Task(name), prompts, sources, lambda s: progress("simulated " + s))
+            rows += _task(bench, Task(name), prompts, sources, lambda s: progress("simulated " + s),
+                          caps=replies.get(name))
     finally:
         backend.close()
     return rows
@@ -295,9 +354,9 @@ def _replay(cfg: SpecBenchConfig, traces: dict, lengths: dict, progress) -> list
 
 def run_spec(spec: BackendConfig, cfg: SpecBenchConfig, progress: Callable[[str], None] = lambda s: None,
              peer: Callable[..., list[dict]] | None = None) -> BenchResult:
-    rows, traces, lengths, info = _measure(spec, cfg, progress)
+    rows, traces, lengths, replies, info = _measure(spec, cfg, progress)
     real = _merge_reps(rows)
-    sim = _merge_reps(_replay(cfg, traces, lengths, progress))
+    sim = _merge_reps(_replay(cfg, traces, lengths, replies, progress))
     res = BenchResult(name="spec", title="bench spec: speculative decoding in the shared batch",
                       config={"spec": asdict(cfg), "backend": asdict(spec)}, machine=machine_info())
     res.tables[f"engine on {info['backend']} ({info['clock']})"] = real
@@ -312,22 +371,37 @@ def run_spec(spec: BackendConfig, cfg: SpecBenchConfig, progress: Callable[[str]
         {"task": task, "source": kind, **summary(trace.guesses), "replies": len(trace.replies),
          "every_position": summary([g for r in trace.replies for g in r.guesses])["match_rate"]}
         for task, kinds in traces.items() for kind, trace in kinds.items()]
-    res.data = {"backend": info, "prompt_tokens": lengths, "targets": targets(real, sim)}
+    reps: dict[str, dict[int, int]] = defaultdict(dict)
+    for r in rows:
+        if r["mode"] == "off":
+            reps[r["task"]][r["seqs"]] = max(reps[r["task"]].get(r["seqs"], 0), r["rep"] + 1)
+    res.data = {"backend": info, "prompt_tokens": lengths, "reply_tokens": replies, "repetitions": dict(reps),
+                "targets": targets(real, sim)}
     res.notes += _notes(cfg, res.data["targets"]) + [_identity_note(info)]
     return res
 
 
 def targets(real: list[dict], sim: list[dict]) -> dict:
-    """The issue's three targets, read off one run's ratios."""
-    auto = [r["x_off_agg"] for r in real if r["mode"] == "auto" and r["x_off_agg"] is not None]
-    auto_seq = [r["x_off_per_seq"] for r in real if r["mode"] == "auto" and r["x_off_per_seq"] is not None]
-    auto_full = [r["x_off_full"] for r in real if r["mode"] == "auto" and r["x_off_full"] is not None]
+    """The issue's three targets, read off one run's ratios. `auto` against `off` at a width is read
+    on the rate while that many sequences generate (`x_off_full`) and per sequence, on the real model
+    and on the simulated GPU (`auto_min_x_off`, `simulated_auto_min_x_off`): a closed batch's
+    aggregate to its last step (`x_off_agg`, reported beside) also prices the drain after the
+    first reply ends, at narrower widths, where a sequence whose reply is nearly done saves the
+    batch only its own rows (docs/design/speculation.md)."""
+
+    def col(rows: list[dict], name: str) -> list[float]:
+        return [r[name] for r in rows if r["mode"] == "auto" and r[name] is not None]
+
+    auto, auto_seq, auto_full = col(real, "x_off_agg"), col(real, "x_off_per_seq"), col(real, "x_off_full")
     rep1 = [max(r["x_off_per_seq"] or 0, r["x_off_agg"] or 0) for r in real
             if r["task"] == Task.REPETITIVE.value and r["seqs"] == 1 and r["mode"] in ("ngram", "auto")]
     gpu = {r["seqs"]: r["x_off_agg"] for r in sim
            if r["task"] == Task.REPETITIVE.value and r["mode"] == "auto" and r["seqs"] <= 4}
-    return {"auto_min_x_off_agg": min(auto, default=None), "auto_min_x_off_per_seq": min(auto_seq, default=None),
-            "auto_min_x_off_full": min(auto_full, default=None),
+    return {"auto_min_x_off": min(auto_full + auto_seq, default=None),
+            "simulated_auto_min_x_off": min(col(sim, "x_off_full") + col(sim, "x_off_per_seq"), default=None),
+            "auto_min_x_off_agg": min(auto, default=None), "simulated_auto_min_x_off_agg": min(col(sim, "x_off_agg"),
+                                                                                            default=None),
+            "auto_min_x_off_per_seq": min(auto_seq, default=None), "auto_min_x_off_full": min(auto_full, default=None),
             "repetitive_1_seq_best_x_off": max(rep1, default=None), "simulated_repetitive_auto_x_off": gpu}
 
 
@@ -348,7 +422,7 @@ def _notes(cfg: SpecBenchConfig, t: dict) -> list[str]:
         "agg_tok_s: tokens committed once every sequence generates / that window, to the last step (a closed "
         "batch's makespan: the slowest sequence sets it); full_tok_s: the same up to the step where the first "
         "sequence ends (the rate while every sequence generates); x_off_*: ÷ the `off` run of the same task and "
-        "width (modes alternate inside each repetition)",
+        "width: the median of the ratios to the `off` run of the same repetition (modes alternate inside each)",
         "acceptance: accepted ÷ verified draft rows; tokens_per_step: tokens a generating sequence gains per "
         "decode row (1 + accepted drafts); same_text_as_off: greedy replies identical to `off`",
         "draft: the model drafts for itself (identical weights: every draft is what the target would say, the "
@@ -356,9 +430,13 @@ def _notes(cfg: SpecBenchConfig, t: dict) -> list[str]:
         "simulated: n-gram lookup replays the guess a fresh lookup made at the sequence's own position in a real "
         "reply (each finished reply judged at every position: how many tokens it proposed and how many matched); "
         f"a draft model replays its guesses on the real model in order, cycling; a draft step costs "
-        f"{cfg.sim_draft_ms} ms there",
-        f"targets: auto ≥ 0.97x off at every width (min {t['auto_min_x_off_agg']} aggregate, "
-        f"{t['auto_min_x_off_per_seq']} per sequence, {t['auto_min_x_off_full']} while all generate); repetitive at 1 sequence ≥ 1.3x "
-        f"({t['repetitive_1_seq_best_x_off']}); simulated GPU ≥ 2x at 1-4 sequences "
-        f"({t['simulated_repetitive_auto_x_off']})",
+        f"{cfg.sim_draft_ms} ms there; each simulated reply ends where the real `off` reply to its prompt ended",
+        "replies: " + (f"at most {cfg.max_tokens} tokens" if cfg.max_tokens is not None else
+                       ", ".join(f"{t} at most {cfg.reply_tokens(Task(t))} tokens" for t in cfg.tasks))
+        + " (greedy; EOS ends a reply sooner)",
+        f"targets: auto ≥ 0.97x off at every width, while that many generate and per sequence (min "
+        f"{t['auto_min_x_off']}; simulated {t['simulated_auto_min_x_off']}; the closed batch's aggregate to its "
+        f"last step, drain included: {t['auto_min_x_off_agg']}, simulated {t['simulated_auto_min_x_off_agg']}); "
+        f"repetitive at 1 sequence ≥ 1.3x ({t['repetitive_1_seq_best_x_off']}); simulated GPU ≥ 2x at 1-4 "
+        f"sequences ({t['simulated_repetitive_auto_x_off']})",
     ]

@@ -84,7 +84,7 @@ def run_peer(spec: BackendConfig, cfg, lengths: dict, progress) -> list[dict]:
                 for task in cfg.tasks:
                     for w in cfg.widths:
                         _burst(server, prompts[task][:w], 1)  # the prompts become each slot's cache
-                        replies, cpu = _burst(server, prompts[task][:w], cfg.max_tokens)
+                        replies, cpu = _burst(server, prompts[task][:w], cfg.reply_tokens(Task(task)))
                         rows.append(_row(task, w, kind, replies, cpu))
                         progress(f"llama-server {kind} {task} x{w}: {rows[-1]['agg_tok_cpu_s']} tok per CPU s")
         except (PeerError, OSError) as exc:

@@ -87,6 +87,17 @@ class Task(str, Enum):
     QUOTING = "quoting"  # answer with quotes from a passage
     CHAT = "chat"  # open conversation
 
+    @property
+    def reply_tokens(self) -> int:
+        """The longest reply `bench spec` lets this task write unless --max-tokens says otherwise: room
+        for the reply the task asks for, which the model ends itself (EOS). The rewrite is the ~400-token
+        block again (greedy replies of SmolLM2-135M end at 225-406 tokens); a quote ends at 17-54; open
+        chat never ends on its own, so it stops at a chat turn's length."""
+        return _REPLY_TOKENS[self]
+
+
+_REPLY_TOKENS = {Task.REPETITIVE: 512, Task.QUOTING: 96, Task.CHAT: 64}
+
 
 def task_messages(task: Task, i: int) -> tuple[Message, ...]:
     """Sequence i's prompt for a task (each sequence gets a different variant)."""
