@@ -34,10 +34,14 @@ class RowPrice:
     def __init__(self) -> None:
         self._plain: dict[int, deque[float]] = {}
         self._drafted: dict[int, deque[float]] = {}
+        self.timed = False  # whether any step was timed (a fake backend's never are)
 
     def observe(self, decode_rows: int, draft_rows: int, prefill_rows: int, step_ms: float) -> None:
         """A successful step: steps with prompt rows, or not timed (a fake backend), teach nothing."""
-        if prefill_rows or decode_rows <= 0 or not math.isfinite(step_ms) or step_ms <= 0:
+        if not math.isfinite(step_ms) or step_ms <= 0:
+            return
+        self.timed = True
+        if prefill_rows or decode_rows <= 0:
             return
         if decode_rows not in self._plain:
             if len(self._plain) >= MAX_WIDTHS:
@@ -59,3 +63,11 @@ class RowPrice:
         if not drafted or len(drafted) < MIN_DRAFTED:
             return None
         return max(0.0, median(drafted))
+
+    def wants_plain(self, decode_rows: int) -> bool:
+        """Whether a step at this width should go without drafts so that the price can be
+        measured: timed steps, but fewer than MIN_PLAIN plain ones timed at this width. A drafted
+        step is priced against the plain ones; a policy that drafted from a width's first step on
+        (the cost model's price said rows were cheap) never timed one, and so drafted at that
+        price for good."""
+        return self.timed and len(self._plain.get(decode_rows, ())) < MIN_PLAIN

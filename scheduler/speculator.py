@@ -126,6 +126,8 @@ class Speculator:
         if self.mode.forced is not None:
             ks = self._forced(decoding, sources[0], guesses, caps, room_rows)
             chosen = {seq.seq_id: sources[0].kind for seq in decoding}
+        elif self.row_price.wants_plain(shape.decode_rows):
+            ks, chosen = {}, {}  # measure the width's plain step first; the guesses become shadows
         else:
             ks, chosen = self._adaptive(decoding, sources, kinds, guesses, long, caps, row_ms, shape=shape,
                                         base_ms=base_ms, room_rows=room_rows, room_ms=room_ms)

@@ -8,6 +8,7 @@ from backend.simulated import SimulatedBackend
 from scheduler.budget import CostModel, CostParams, StepShape
 from scheduler.drafts import DraftKind, match_length
 from scheduler.ngram import NgramIndex, NgramSource
+from scheduler.row_price import MIN_PLAIN
 from scheduler.sequence import Sequence
 from scheduler.speculation import LONG_MATCH, SpecMode
 from scheduler.speculator import Speculator
@@ -85,13 +86,17 @@ def test_a_reply_copying_a_block_of_its_prompt_drafts_long_once_the_match_is_lon
     # a chance match that misses. Once LONG_MATCH characters agree the guess has its own estimate,
     # which that miss did not lower: it drafts several rows at once and K_MAX next. One estimate
     # for both crept back a row at a time (1, 1, 2, 3, 4, 5 rows; 17 steps for the reply).
+    # The engine's first MIN_PLAIN decode steps at a width go without drafts (the row price is
+    # measured against them, tests/test_spec_row_price.py), so this fresh engine drafts from the
+    # reply's 4th token on.
     off, off_rows = run("off", "Rewrite this:\n" + CODE, CODE)
     auto, rows = run("auto", "Rewrite this:\n" + CODE, CODE)
     assert auto == off == CODE[:64] and not any(off_rows)
-    assert rows[3] == 1  # the chance match's guess after "def "
+    assert rows[:1 + MIN_PLAIN] == [0] * (1 + MIN_PLAIN)  # the prompt's step, then the plain ones
+    assert 1 <= rows[1 + MIN_PLAIN] <= 2  # the chance match's guess after "def ", on the prior
     first_long = next(i for i, r in enumerate(rows) if r >= 4)
-    assert first_long <= LONG_MATCH  # the step whose latest LONG_MATCH characters match the block
-    assert len(rows) <= 13  # 64 tokens in 13 steps or fewer: about 5 a step
+    assert first_long <= LONG_MATCH + 1  # the step whose latest LONG_MATCH characters match the block
+    assert len(rows) <= 14  # 64 tokens in 14 steps or fewer: about 5 a step
 
 
 def test_a_reply_whose_guesses_come_from_chance_matches_drafts_nothing():

@@ -72,3 +72,22 @@ def test_four_sequences_at_rows_costing_most_of_a_step_do_not_lose():
     off, auto = run("off", 0.1, 0.6, n=4), run("auto", 0.1, 0.6, n=4)
     assert auto["texts"] == off["texts"]
     assert off["ms"] / auto["ms"] >= 0.97  # the acceptance criterion: never below 0.97x off
+
+
+def test_a_width_drafted_at_from_its_first_step_still_measures_its_price():
+    """The prompt already holds the reply, so the lookup guesses right from the first step and the
+    cost model's prior (a row at 0.1 of a step) would draft every step: no plain step would ever be
+    timed to price a drafted one against. The first MIN_PLAIN steps at the width go without drafts,
+    the price converges to what a row costs (a whole step) and the drafts stop."""
+    prior = HardwareProfile("scripted", fixed_ms=9.0, decode_ms=1.0, prefill_ms=1.0)
+    backend = SimulatedBackend(prior, n_ctx=32768, n_batch=2048, reply=DEFAULT_REPLY,
+                               step_ms=lambda rows, prefill: 10.0 * rows + prefill)
+    engine, _ = engine_for(backend, policy="target:50", spec="auto")
+    engine.submit(chat("r0", "s0", DEFAULT_REPLY * 12, max_tokens=200))
+    reports = engine.run_until_idle()
+    assert_clean(engine, "s0")
+    decoding = [r for r in reports if r.decode_rows and not r.prefill_rows]
+    assert [r.draft_rows for r in decoding[:MIN_PLAIN]] == [0] * MIN_PLAIN
+    assert any(r.draft_rows for r in decoding[MIN_PLAIN:MIN_PLAIN + 4])  # then it drafts, and learns
+    assert engine.scheduler.speculator.row_price.share(1) == pytest.approx(1.0, abs=0.02)
+    assert sum(r.draft_rows for r in decoding[len(decoding) // 2:]) == 0
