@@ -274,7 +274,12 @@ class Scheduler:
                 seq.refresh_phase()
             # A draft row carries logits like a decode row, and is priced as one.
             self.cost.observe(plan.n_decode + plan.n_draft, plan.n_prefill, result.step_ms, kpos)
-            self.speculator.timed(plan.n_decode, plan.n_draft, plan.n_prefill, result.step_ms)
+            # The decode rows' share of the attention (draft rows sit beside their sequence's):
+            # draft rows are priced against plain steps brought to this step's depth.
+            n_decode = plan.n_decode
+            self.speculator.timed(n_decode, plan.n_draft, plan.n_prefill, result.step_ms,
+                                  kpos * n_decode / max(1, n_decode + plan.n_draft),
+                                  lambda k: self.cost.predict(n_decode, 0, k))
             self.relief.on_success()
             self._charge_idle_rent(plan)
             return ready

@@ -6,7 +6,8 @@ one-row step in three runs of the same work on the real model, while a verificat
 cost 0.6-0.8 of one. Draft rows are priced instead from decode-only steps of the same width timed
 with and without drafts: per drafted step, (its time / the plain step's - 1) / its draft rows, and
 the median of those, a share of the plain step (robust to one slow step and to the machine's load,
-which moves both alike).
+which moves both alike). Each step is taken as a multiple of what the cost model expects of it
+without draft rows, so plain steps timed at another depth still compare.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from statistics import median
+from typing import Callable
 
 __all__ = ["RowPrice"]
 
@@ -27,17 +29,36 @@ MIN_DRAFTED = 4
 MAX_WIDTHS = 8
 
 
+def _at_depth(plain, kpos: float, predict: Callable[[float], float] | None) -> list[float]:
+    """The plain steps' times, each scaled by the model's ratio of a step at `kpos` to one at its own."""
+    if predict is None:
+        return [ms for ms, _ in plain]
+    now = predict(kpos)
+    out = []
+    for ms, then_kpos in plain:
+        then = predict(then_kpos)
+        out.append(ms * now / then if now > 0 and then > 0 else ms)
+    return out
+
+
 class RowPrice:
     """Per engine: the measured cost of a draft row as a share of a decode-only step without
     drafts at the same width, or None until enough such steps were timed."""
 
     def __init__(self) -> None:
-        self._plain: dict[int, deque[float]] = {}
+        self._plain: dict[int, deque[tuple[float, float]]] = {}  # (ms, kpos) of plain steps
         self._drafted: dict[int, deque[float]] = {}
         self.timed = False  # whether any step was timed (a fake backend's never are)
 
-    def observe(self, decode_rows: int, draft_rows: int, prefill_rows: int, step_ms: float) -> None:
-        """A successful step: steps with prompt rows, or not timed (a fake backend), teach nothing."""
+    def observe(self, decode_rows: int, draft_rows: int, prefill_rows: int, step_ms: float,
+                kpos: float = 0.0, predict: Callable[[float], float] | None = None) -> None:
+        """A successful step: steps with prompt rows, or not timed (a fake backend), teach nothing.
+        `kpos`: the attention work of its decode rows (thousands of positions); `predict(kpos)`:
+        the cost model's time, now, of a plain step of this width at that work. A drafted step is
+        compared with the plain ones brought to its depth by that model's ratio (its level, which
+        the online fit moves, cancels): against their raw times, plain steps timed at the end of
+        a batch's long replies (deeper, slower) made a drafted step at the start of the next batch
+        look nearly free, and `auto` at 8 sequences drafted at forced lookup's 0.6 acceptance."""
         if not math.isfinite(step_ms) or step_ms <= 0:
             return
         self.timed = True
@@ -51,10 +72,10 @@ class RowPrice:
             self._drafted[decode_rows] = deque(maxlen=DRAFTED_WINDOW)
         plain = self._plain[decode_rows]
         if draft_rows <= 0:
-            plain.append(step_ms)
+            plain.append((step_ms, kpos))
         elif len(plain) >= MIN_PLAIN:
-            # Priced against the plain steps timed before it, so the depth they ran at is close.
-            self._drafted[decode_rows].append((step_ms / median(plain) - 1.0) / draft_rows)
+            base = median(_at_depth(plain, kpos, predict))
+            self._drafted[decode_rows].append((step_ms / base - 1.0) / draft_rows)
 
     def share(self, decode_rows: int) -> float | None:
         """One more draft row beside `decode_rows` decode rows, as a share of that step without

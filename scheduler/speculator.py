@@ -190,9 +190,11 @@ class Speculator:
             room_rows -= k
         return ks
 
-    def timed(self, decode_rows: int, draft_rows: int, prefill_rows: int, step_ms: float) -> None:
-        """A successful step's rows and measured time (what prices draft rows once there is enough)."""
-        self.row_price.observe(decode_rows, draft_rows, prefill_rows, step_ms)
+    def timed(self, decode_rows: int, draft_rows: int, prefill_rows: int, step_ms: float,
+              kpos: float = 0.0, predict=None) -> None:
+        """A successful step's rows and measured time (what prices draft rows once there is enough);
+        `kpos` and `predict`: see RowPrice.observe."""
+        self.row_price.observe(decode_rows, draft_rows, prefill_rows, step_ms, kpos, predict)
 
     def _measured_row_ms(self, cost: CostModel, shape: StepShape) -> float | None:
         """One more draft row, from what draft rows measurably added to decode-only steps of this

@@ -5,7 +5,7 @@
 #   bash scripts/benchmarks.sh [OUT_DIR]      (default: results/full-<timestamp>)
 #
 # Needs `bash scripts/setup.sh` (the venv) and, for the throughput peers, `bash
-# scripts/build_llama_tools.sh`. Takes about two hours on 2 cores; each measurement waits for the
+# scripts/build_llama_tools.sh`. Takes about three hours on 2 cores; each measurement waits for the
 # machine to be quiet (other processes under a quarter of a core) and is repeated if disturbed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,8 @@ bench resume --history 2000 --reps 3 --threads 1
 # Other programs: OpenAI clients against `serve` (llama-server beside it), this app on a server.
 bench serve --seqs 1,4,8,16 --gen 32 --agents 16
 bench remote --llama-server 8 --local --seqs 1,4,8 --gen 32 --device cpu
-bench spec --max-tokens 32
+# Each task at its own reply length (the rewrite runs to ~400 tokens); about 50 minutes.
+bench spec --reps 2
 # Busy processes on purpose: run last, and read the figures as ratios.
 bench contention --reps 1
 .venv/bin/python scripts/benchmarks_report.py "$out"

@@ -91,3 +91,26 @@ def test_a_width_drafted_at_from_its_first_step_still_measures_its_price():
     assert any(r.draft_rows for r in decoding[MIN_PLAIN:MIN_PLAIN + 4])  # then it drafts, and learns
     assert engine.scheduler.speculator.row_price.share(1) == pytest.approx(1.0, abs=0.02)
     assert sum(r.draft_rows for r in decoding[len(decoding) // 2:]) == 0
+
+
+def test_a_drafted_step_is_compared_with_plain_steps_as_they_would_be_at_its_depth():
+    # The cost model says a plain step of 8 rows takes 10 ms plus 5 ms per thousand positions
+    # attended. Plain steps timed deep (kpos 4: expected 30 ms) took 36 ms, 1.2x the model; the
+    # next batch starts shallow (kpos 0: expected 10 ms, so 12 ms as the machine runs), where a
+    # drafted step of 4 rows took 16.8 ms: 0.1 of a plain step a row. Against the raw 36 ms it
+    # would look free.
+    def predict(kpos):
+        return 10.0 + 5.0 * kpos
+
+    price = RowPrice()
+    for _ in range(MIN_PLAIN):
+        price.observe(8, 0, 0, 36.0, kpos=4.0, predict=predict)
+    for _ in range(4):
+        price.observe(8, 4, 0, 16.8, kpos=0.0, predict=predict)
+    assert price.share(8) == pytest.approx(0.1)
+    raw = RowPrice()  # without the model's depth: compared with the 36 ms steps
+    for _ in range(MIN_PLAIN):
+        raw.observe(8, 0, 0, 36.0)
+    for _ in range(4):
+        raw.observe(8, 4, 0, 16.8)
+    assert raw.share(8) == 0.0

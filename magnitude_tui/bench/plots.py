@@ -217,8 +217,9 @@ def plot_serve(result: BenchResult, path: Path) -> None:
 
 
 def plot_spec(result: BenchResult, path: Path) -> None:
-    """Each mode's aggregate tok/s ÷ off by width: the real model (top) and the simulated GPU
-    replaying its acceptance (bottom), one column per task; llama-server's n-gram ÷ its own none."""
+    """Each mode's tok/s while every sequence generates ÷ off's, by width (auto's closed-batch
+    aggregate, drain included, dotted): the real model (top) and the simulated GPU replaying its
+    acceptance (bottom), one column per task; llama-server's n-gram ÷ its own none (aggregate)."""
     tables = list(result.tables.items())
     real = next((rows for title, rows in tables if title.startswith("engine on")), [])
     sim = next((rows for title, rows in tables if title.startswith("simulated")), [])
@@ -230,10 +231,13 @@ def plot_spec(result: BenchResult, path: Path) -> None:
         for col, task in enumerate(tasks):
             ax = axes[row][col]
             for mode, color in colors.items():
-                pts = sorted((r["seqs"], r["x_off_agg"]) for r in rows
-                             if r["task"] == task and r["mode"] == mode and r["x_off_agg"] is not None)
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=mode)
+                for col, style, name in (("x_off_full", "o-", mode), ("x_off_agg", ":", f"{mode} aggregate")):
+                    if col == "x_off_agg" and mode != "auto":
+                        continue
+                    pts = sorted((r["seqs"], r.get(col)) for r in rows
+                                 if r["task"] == task and r["mode"] == mode and r.get(col) is not None)
+                    if pts:
+                        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=name)
             if row == 0:
                 pts = sorted((r["seqs"], r["x_none_agg"]) for r in peer
                              if r.get("task") == task and r.get("spec_type") == "ngram-simple" and r.get("x_none_agg"))
@@ -245,7 +249,7 @@ def plot_spec(result: BenchResult, path: Path) -> None:
             ax.set_xscale("log", base=2)
             ax.set_title(f"{label}: {task}", fontsize=10)
             ax.set_xlabel("sequences")
-            ax.set_ylabel("aggregate tok/s ÷ off")
+            ax.set_ylabel("tok/s while all generate ÷ off")
             ax.grid(True, alpha=0.3)
             if col == 0:
                 ax.legend(fontsize=7)

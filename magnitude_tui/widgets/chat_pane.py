@@ -414,13 +414,13 @@ class ChatPane(Vertical):
 
     async def _paint_notes(self) -> None:
         notes, self._notes = self._notes, []
-        transcripts = self.query(".transcript")
-        if not notes or not transcripts:
+        transcript = self._transcript()
+        if not notes or transcript is None:
             return
         for view in self.query(MessageView):
             view.set_class(id(view.message) in self._dropped, "-dropped")
         for note in notes:
-            await transcripts.first().mount(Static(note, classes="context-note", markup=False))
+            await transcript.add_note(note)
 
     def _mark_unsaved(self, message: MessageRecord) -> None:
         self._unsaved.setdefault(id(message), message)

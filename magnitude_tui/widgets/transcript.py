@@ -147,6 +147,11 @@ class Transcript(VerticalScroll):
         await self.mount(view)
         await self.trim()
 
+    async def add_note(self, text: str) -> None:
+        """Mount a context note (what the engine dropped from the context) at the end; `trim`
+        removes it with the turns before it."""
+        await self.mount(Static(text, classes="context-note", markup=False))
+
     async def trim(self) -> None:
         """Unmount the oldest views once the text shown is twice the budget, down to the budget,
         while the transcript is scrolled to its end (a reader further up keeps what they read).
