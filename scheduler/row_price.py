@@ -6,8 +6,8 @@ one-row step in three runs of the same work on the real model, while a verificat
 cost 0.6-0.8 of one. Draft rows are priced instead from decode-only steps of the same width timed
 with and without drafts: per drafted step, (its time / the plain step's - 1) / its draft rows, and
 the median of those, a share of the plain step (robust to one slow step and to the machine's load,
-which moves both alike). Each step is taken as a multiple of what the cost model expects of it
-without draft rows, so plain steps timed at another depth still compare.
+which moves both alike). Plain steps timed at another depth are brought to a drafted step's depth by
+the cost model's ratio of the two.
 """
 
 from __future__ import annotations

@@ -122,17 +122,17 @@ def _step_all(engine: Engine, reqs: list[Request]) -> _Run:
 
 
 def _task_runs(engine: Engine, task: Task, prompts: list[tuple[int, ...]], cfg: SpecBenchConfig,
-               modes: tuple[str, ...], off_texts: dict, progress, caps: dict[int, int] | None = None) -> list[dict]:
+               modes: tuple[str, ...], off_texts: dict, progress, caps: dict[int, int] | None = None,
+               lengths: dict[int, int] | None = None) -> list[dict]:
     """Every width and mode of one task on one engine. Each sequence keeps its conversation (and
     its prompt's KV) between runs, so only a first turn, a warm-up, evaluates a prompt: every
     measured run starts from resident prompts and differs only in its mode. Widths go up, and
     each warms up only its new sequences: no conversation outside the width is resident (without
     flash attention every row would read its cells too). `off_texts` carries the `off` replies
-    per (width, repetition) to the runs of another engine, and their lengths per sequence under
-    "lengths" (the widest width's). `caps`: a reply length per sequence (the simulated GPU ends
+    per (width, repetition) to the runs of another engine; `lengths` receives their lengths per
+    sequence (the widest width's). `caps`: a reply length per sequence (the simulated GPU ends
     each reply where the real model's ended; its stand-in tokens never end one)."""
     sampling = SamplingParams(temperature=0.0, max_tokens=cfg.reply_tokens(task))
-
     memory = _ModeMemory()
 
     def capped(i: int) -> SamplingParams:
@@ -154,7 +154,8 @@ def _task_runs(engine: Engine, task: Task, prompts: list[tuple[int, ...]], cfg: 
                 r = run.row()
                 done[mode] = (r, [run.texts[rid] for rid in ids])
                 if mode == "off":
-                    off_texts.setdefault("lengths", {}).update({i: run.tokens[rid] for i, rid in enumerate(ids)})
+                    if lengths is not None:
+                        lengths.update({i: run.tokens[rid] for i, rid in enumerate(ids)})
                     made += sum(run.tokens.values())
                 progress(f"{task.value} x{w} {mode}: {r['per_seq_tok_s']} tok/s per sequence, "
                          f"{r['agg_tok_s']} aggregate, acceptance {r['acceptance']}")
@@ -235,9 +236,8 @@ def _task(bench: _Bench, task: Task, prompts, sources: dict[DraftKind, DraftSour
         for src in sources.values():
             for key in range(bench.backend.n_seq_max):
                 src.forget(key)
-        rows += _task_runs(bench.engine(drafts), task, prompts, bench.cfg, modes, off_texts, progress, caps)
-    if lengths is not None:
-        lengths.update(off_texts.get("lengths", {}))
+        rows += _task_runs(bench.engine(drafts), task, prompts, bench.cfg, modes, off_texts, progress, caps,
+                           lengths)
     return rows
 
 
