@@ -80,6 +80,10 @@ class MagnitudeApp(App):
         self.set_interval(GC_TICK_S, self._collect_between_keys)
 
     def _collect_between_keys(self) -> None:
+        # At exit Textual clears the installed screens before this interval stops; a tick then
+        # has no workspace to ask about keys, and a collection is of no use.
+        if not self.is_screen_installed("workspace"):
+            return
         pane = self.workspace.grid.focused_pane() if self.workspace.is_mounted else None
         self.gc_pacer.tick(pane.composer.typed_at if pane is not None else -1.0)
 

@@ -50,3 +50,19 @@ async def test_the_running_app_turns_off_automatic_full_collections_and_restores
         assert gc.get_freeze_count() > 0  # what existed at start is never walked again
         assert app.gc_pacer.running
     assert gc.get_threshold() == saved and gc.get_freeze_count() == 0
+
+
+async def test_a_tick_during_exit_after_the_screens_are_gone_does_nothing(tmp_path):
+    # At exit Textual clears the installed screens before it stops the app's timers; a pacer tick
+    # in between once failed the exit with "No screen called 'workspace' installed".
+    app = make_app(tmp_path, ScriptedClient())
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.gc_pacer.running, what="the pacer started after the first frame")
+        collections = app.gc_pacer.full_collections
+        screens = dict(app._installed_screens)
+        app._installed_screens.clear()  # the state _close_all leaves before the timers stop
+        try:
+            app._collect_between_keys()
+        finally:
+            app._installed_screens.update(screens)
+        assert app.gc_pacer.full_collections == collections
