@@ -10,7 +10,7 @@ import pytest
 from backend.factory import BackendConfig, build_backend
 from magnitude_tui.bench.common import prompt_tokens, save_result
 from magnitude_tui.bench.plots import plot_spec
-from magnitude_tui.bench.spec import SpecBenchConfig, _merge_reps, _Run, rotated, run_spec
+from magnitude_tui.bench.spec import CONTROL, SpecBenchConfig, _merge_reps, _Run, rotated, run_spec
 from magnitude_tui.bench.spec_tasks import Task
 from magnitude_tui.bench.spec_trace import Guess, RecordingSource, TraceDrafts
 from scheduler.drafts import DraftKind
@@ -257,3 +257,23 @@ def test_each_mode_goes_on_from_what_its_own_runs_taught():
     memory.switch(engine, "auto")
     assert spec.overall[key].p(0.5) > 0.5  # and auto from its one hit
     assert switched == ["off", "ngram", "auto", "ngram", "auto"]
+
+
+def test_the_control_runs_off_again_in_each_repetition_and_reports_what_identical_work_reads():
+    # On a machine whose clock drifts between minutes, `off` run twice reads the spread of the
+    # measurement itself; on a deterministic clock identical work must read exactly 1.
+    cfg = SpecBenchConfig(widths=(1, 2), tasks=("chat",), modes=("off", "auto"), max_tokens=6, reps=2,
+                          min_tokens=1, control=True, peer=False)
+    res = run_spec(BackendConfig(kind="simulated:cpu2core"), cfg)
+    real, sim, _ = res.tables.values()
+    again = [r for r in real if r["mode"] == CONTROL]
+    assert [r["seqs"] for r in again] == [1, 2]
+    for r in again:
+        assert r["x_off_full"] == r["x_off_per_seq"] == r["x_off_agg"] == 1.0
+        assert r["same_text_as_off"] is True
+    assert CONTROL not in {r["mode"] for r in sim}  # the simulated clock repeats exactly: no control
+    assert res.data["targets"]["control_x_off"] == [1.0, 1.0]
+    assert any("identical work" in n for n in res.notes)
+    without = run_spec(BackendConfig(kind="simulated:cpu2core"), replace(cfg, control=False))
+    assert CONTROL not in {r["mode"] for r in next(iter(without.tables.values()))}
+    assert without.data["targets"]["control_x_off"] is None

@@ -139,6 +139,8 @@ def spec_bench(
     backend: str = typer.Option("llama", "--backend", "-b", help="llama, or simulated:<profile> (a smoke run)."),
     sim_profile: str = typer.Option("rx9070xt", "--sim-profile", help="The simulated GPU replaying the acceptance."),
     peer: bool = typer.Option(True, "--peer/--no-peer", help="Also run llama-server with and without its n-gram speculation."),
+    control: bool = typer.Option(False, "--control", help="Run off a second time in each repetition: what "
+                                 "identical work reads against off on this machine, beside every ratio."),
     wall_clock: bool = typer.Option(False, "--wall-clock", help="Time in wall seconds instead of the engine "
                                     "process's CPU seconds (only meaningful on a quiet machine)."),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt,
@@ -155,7 +157,8 @@ def spec_bench(
     from magnitude_tui.bench.spec_peer import run_peer
 
     cfg = options.spec_config(seqs=seqs, tasks=tasks, modes=modes, max_tokens=max_tokens, reps=reps, policy=policy,
-                              min_tokens=min_tokens, draft_model=draft_model, wall_clock=wall_clock, peer=peer, sim_profile=sim_profile)
+                              min_tokens=min_tokens, draft_model=draft_model, wall_clock=wall_clock, peer=peer,
+                              sim_profile=sim_profile, control=control)
     spec = options.spec_backend(flash_attn=flash_attn, backend=backend, model=model, device=device, threads=threads,
                                 ctx=ctx)
     real = spec.family == "llama"

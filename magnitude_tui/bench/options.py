@@ -76,7 +76,7 @@ def throughput_config(*, seqs: str, prompt: int, gen: int, reps: int, policy: Se
 
 
 def spec_config(*, seqs: str, tasks: str, modes: str, max_tokens: Optional[int], reps: int, policy: str,
-                min_tokens: int = 1000,
+                min_tokens: int = 1000, control: bool = False,
                 draft_model: Optional[str], wall_clock: bool, peer: bool, sim_profile: str):
     from magnitude_tui.bench.spec import SpecBenchConfig
     from magnitude_tui.bench.spec_tasks import Task
@@ -96,7 +96,7 @@ def spec_config(*, seqs: str, tasks: str, modes: str, max_tokens: Optional[int],
         raise typer.BadParameter("the modes must start with off (every ratio is to it)", param_hint="--modes")
     return SpecBenchConfig(widths=ints(seqs), tasks=chosen_tasks, modes=chosen_modes, max_tokens=max_tokens,
                            reps=reps, min_tokens=min_tokens, policy=policy, draft_model=draft_model, cpu_clock=not wall_clock,
-                           peer=peer, sim_profile=sim_profile)
+                           peer=peer, sim_profile=sim_profile, control=control)
 
 
 def spec_backend(*, flash_attn: str, backend: str, model: Optional[str], device: str, threads: Optional[int],

@@ -226,16 +226,17 @@ def plot_spec(result: BenchResult, path: Path) -> None:
     peer = next((rows for title, rows in tables if title.startswith("llama-server")), [])
     tasks = list(dict.fromkeys(r["task"] for r in real))
     fig, axes = plt.subplots(2, max(1, len(tasks)), figsize=(4.2 * max(1, len(tasks)), 7), squeeze=False)
-    colors = {"off": "tab:gray", "ngram": "tab:blue", "auto": "tab:green", "draft": "tab:purple"}
+    colors = {"off": "tab:gray", "ngram": "tab:blue", "auto": "tab:green", "draft": "tab:purple",
+              "off again": "tab:olive"}
     for row, (label, rows) in enumerate((("real model", real), ("simulated GPU", sim))):
         for col, task in enumerate(tasks):
             ax = axes[row][col]
             for mode, color in colors.items():
-                for col, style, name in (("x_off_full", "o-", mode), ("x_off_agg", ":", f"{mode} aggregate")):
-                    if col == "x_off_agg" and mode != "auto":
+                for ratio, style, name in (("x_off_full", "o-", mode), ("x_off_agg", ":", f"{mode} aggregate")):
+                    if ratio == "x_off_agg" and mode != "auto":
                         continue
-                    pts = sorted((r["seqs"], r.get(col)) for r in rows
-                                 if r["task"] == task and r["mode"] == mode and r.get(col) is not None)
+                    pts = sorted((r["seqs"], r.get(ratio)) for r in rows
+                                 if r["task"] == task and r["mode"] == mode and r.get(ratio) is not None)
                     if pts:
                         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=name)
             if row == 0:

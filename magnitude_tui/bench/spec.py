@@ -22,6 +22,7 @@ from scheduler.speculation import SpecMode
 from scheduler.types import Request, SamplingParams
 
 MODES = tuple(m.value for m in SpecMode)  # off, ngram, draft, auto
+CONTROL = "off again"  # `off` a second time in each repetition: identical work, the measurement's own spread
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class SpecBenchConfig:
     # A draft step on the simulated GPU: a draft model of ~0.5 GB reads its weights in ~0.8 ms at
     # the profile's 644 GB/s, plus kernel launches; the profile's own fixed cost scaled by weights.
     sim_draft_ms: float = 1.5
+    control: bool = False  # each repetition also runs `off` a second time (CONTROL) on the real model
 
     def reps_at(self, made: int, done: int, extend: bool) -> int:
         """How many repetitions a width runs, after `done` whose `off` runs made `made` tokens:
@@ -137,6 +139,8 @@ def _task_runs(engine: Engine, task: Task, prompts: list[tuple[int, ...]], cfg: 
 
     def capped(i: int) -> SamplingParams:
         return replace(sampling, max_tokens=caps[i]) if caps and caps.get(i) else sampling
+    if cfg.control and "off" in modes:
+        modes = modes + (CONTROL,)
     rows, warm = [], 0
     for w in sorted(cfg.widths):
         memory.switch(engine, SpecMode.OFF.value)
@@ -148,7 +152,7 @@ def _task_runs(engine: Engine, task: Task, prompts: list[tuple[int, ...]], cfg: 
             done: dict[str, tuple] = {}
             for mode in rotated(modes, rep):  # side by side: modes alternate inside each repetition
                 memory.switch(engine, mode)
-                ids = [f"{task.value}-{w}-{mode}-{rep}-{i}" for i in range(w)]
+                ids = [f"{task.value}-{w}-{mode.replace(' ', '-')}-{rep}-{i}" for i in range(w)]
                 run = _step_all(engine, [Request(rid, f"s{i}", (), capped(i), prompt_tokens=prompts[i])
                                          for i, rid in enumerate(ids)])
                 r = run.row()
@@ -185,7 +189,7 @@ class _ModeMemory:
             self._kept[self._mode] = spec.learned()
             spec.adopt(self._kept.get(mode))
         self._mode = mode
-        engine.set_spec(mode)
+        engine.set_spec("off" if mode == CONTROL else mode)
 
 
 def rotated(modes: tuple[str, ...], rep: int) -> tuple[str, ...]:
@@ -333,7 +337,7 @@ def _replay(cfg: SpecBenchConfig, traces: dict, lengths: dict, replies: dict, pr
     did there."""
     width = max(cfg.widths)
     backend = build_backend(BackendConfig(kind=f"simulated:{cfg.sim_profile}", n_seq_max=max(16, width)))
-    bench = _Bench(backend, backend, backend.clock, cfg)
+    bench = _Bench(backend, backend, backend.clock, replace(cfg, control=False))  # its clock repeats exactly
     rows: list[dict] = []
     try:
         for name in cfg.tasks:
@@ -397,12 +401,16 @@ def targets(real: list[dict], sim: list[dict]) -> dict:
             if r["task"] == Task.REPETITIVE.value and r["seqs"] == 1 and r["mode"] in ("ngram", "auto")]
     gpu = {r["seqs"]: r["x_off_agg"] for r in sim
            if r["task"] == Task.REPETITIVE.value and r["mode"] == "auto" and r["seqs"] <= 4}
+    control = [r[name] for r in real if r["mode"] == CONTROL for name in ("x_off_full", "x_off_per_seq")
+               if r[name] is not None]
     return {"auto_min_x_off": min(auto_full + auto_seq, default=None),
             "simulated_auto_min_x_off": min(col(sim, "x_off_full") + col(sim, "x_off_per_seq"), default=None),
             "auto_min_x_off_agg": min(auto, default=None), "simulated_auto_min_x_off_agg": min(col(sim, "x_off_agg"),
                                                                                             default=None),
             "auto_min_x_off_per_seq": min(auto_seq, default=None), "auto_min_x_off_full": min(auto_full, default=None),
-            "repetitive_1_seq_best_x_off": max(rep1, default=None), "simulated_repetitive_auto_x_off": gpu}
+            "repetitive_1_seq_best_x_off": max(rep1, default=None), "simulated_repetitive_auto_x_off": gpu,
+            # `off` again against `off`: what identical work reads on this machine (None without --control)
+            "control_x_off": [min(control), max(control)] if control else None}
 
 
 def _identity_note(info: dict) -> str:
@@ -423,6 +431,8 @@ def _notes(cfg: SpecBenchConfig, t: dict) -> list[str]:
         "batch's makespan: the slowest sequence sets it); full_tok_s: the same up to the step where the first "
         "sequence ends (the rate while every sequence generates); x_off_*: ÷ the `off` run of the same task and "
         "width: the median of the ratios to the `off` run of the same repetition (modes alternate inside each)",
+        f"{CONTROL} (with --control): `off` run a second time in each repetition; its x_off_* is what identical "
+        "work reads on this machine, the spread any mode's ratio carries",
         "acceptance: accepted ÷ verified draft rows; tokens_per_step: tokens a generating sequence gains per "
         "decode row (1 + accepted drafts); same_text_as_off: greedy replies identical to `off`",
         "draft: the model drafts for itself (identical weights: every draft is what the target would say, the "
@@ -438,5 +448,7 @@ def _notes(cfg: SpecBenchConfig, t: dict) -> list[str]:
         f"{t['auto_min_x_off']}; simulated {t['simulated_auto_min_x_off']}; the closed batch's aggregate to its "
         f"last step, drain included: {t['auto_min_x_off_agg']}, simulated {t['simulated_auto_min_x_off_agg']}); "
         f"repetitive at 1 sequence ≥ 1.3x ({t['repetitive_1_seq_best_x_off']}); simulated GPU ≥ 2x at 1-4 "
-        f"sequences ({t['simulated_repetitive_auto_x_off']})",
+        f"sequences ({t['simulated_repetitive_auto_x_off']})"
+        + (f"; identical work (`{CONTROL}` ÷ off) read {t['control_x_off'][0]}–{t['control_x_off'][1]}"
+           if t.get("control_x_off") else ""),
     ]
