@@ -26,8 +26,11 @@ bench resume --history 2000 --reps 3 --threads 1
 # Other programs: OpenAI clients against `serve` (llama-server beside it), this app on a server.
 bench serve --seqs 1,4,8,16 --gen 32 --agents 16
 bench remote --llama-server 8 --local --seqs 1,4,8 --gen 32 --device cpu
-# Each task at its own reply length (the rewrite runs to ~400 tokens); about 50 minutes.
-bench spec --reps 2
+# Each task at its own reply length (the rewrite runs to ~400 tokens), off run twice in each
+# repetition to show what identical work reads (about 75 minutes); then the model as its own
+# draft and llama-server's n-gram speculation at 1-8 sequences (draft at 16 alone takes ~30).
+bench spec --reps 3 --modes off,ngram,auto --control --no-peer
+bench spec --seqs 1,2,4,8 --modes off,draft --reps 1
 # Busy processes on purpose: run last, and read the figures as ratios.
 bench contention --reps 1
 .venv/bin/python scripts/benchmarks_report.py "$out"
