@@ -10,7 +10,8 @@ import pytest
 from backend.factory import BackendConfig, build_backend
 from magnitude_tui.bench.common import prompt_tokens, save_result
 from magnitude_tui.bench.plots import plot_spec
-from magnitude_tui.bench.spec import CONTROL, SpecBenchConfig, _merge_reps, _Run, rotated, run_spec
+from magnitude_tui.bench.spec import SpecBenchConfig, _Run, rotated, run_spec
+from magnitude_tui.bench.spec_report import CONTROL, merge_reps
 from magnitude_tui.bench.spec_tasks import Task
 from magnitude_tui.bench.spec_trace import Guess, RecordingSource, TraceDrafts
 from scheduler.drafts import DraftKind
@@ -177,7 +178,7 @@ def test_each_mode_is_compared_with_the_off_run_of_its_own_repetition():
 
     rows = [row("off", 0, 50.0), row("auto", 0, 55.0), row("off", 1, 100.0), row("auto", 1, 110.0),
             row("off", 2, 60.0), row("auto", 2, 200.0)]  # one outlier pair
-    merged = {r["mode"]: r for r in _merge_reps(rows)}
+    merged = {r["mode"]: r for r in merge_reps(rows)}
     assert merged["auto"]["x_off_agg"] == merged["auto"]["x_off_full"] == merged["auto"]["x_off_per_seq"] == 1.1
     assert merged["off"]["x_off_agg"] == 1.0
     assert merged["auto"]["agg_tok_s"] == 110.0  # the rates themselves are still medians
