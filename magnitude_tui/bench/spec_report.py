@@ -5,13 +5,8 @@ repetition, the issue's three targets read off them, and the notes printed under
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
-
 from magnitude_tui.bench.common import median, rnd
 from magnitude_tui.bench.spec_tasks import Task
-
-if TYPE_CHECKING:
-    from magnitude_tui.bench.spec import SpecBenchConfig
 
 CONTROL = "off again"  # `off` a second time in each repetition: identical work, the measurement's own spread
 
@@ -83,7 +78,7 @@ def identity_note(info: dict) -> str:
             "attention sums them). See docs/design/speculation.md")
 
 
-def run_notes(cfg: SpecBenchConfig, t: dict) -> list[str]:
+def run_notes(cfg, t: dict) -> list[str]:  # cfg: spec.SpecBenchConfig (spec.py imports this module)
     return [
         "per_seq_tok_s: median over sequences of tokens after the first / time from first to last token; "
         "agg_tok_s: tokens committed once every sequence generates / that window, to the last step (a closed "
