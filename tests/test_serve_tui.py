@@ -75,9 +75,18 @@ async def test_closing_the_pane_cancels_the_http_request(tmp_path):
         assert rest[-1] == "data: [DONE]" or rest[-2] == "data: [DONE]"
 
 
-async def test_eight_http_requests_complete_while_a_pane_streams(tmp_path):
+async def test_eight_http_requests_complete_while_a_pane_streams(tmp_path, monkeypatch):
     import asyncio
+    import time
 
+    from backend.fake import FakeBackend
+
+    # The fake decodes thousands of tokens a second (several a step once n-gram drafts are
+    # accepted): unpaced, the person's 60,000-token reply ran out ('length') before the escape on
+    # a slow CI machine. At >= 10 ms a step it needs minutes, far beyond this test; the agents'
+    # 20-token replies still take well under a second.
+    decode = FakeBackend.decode
+    monkeypatch.setattr(FakeBackend, "decode", lambda self, plan: (time.sleep(0.01), decode(self, plan))[1])
     app, base = _app(tmp_path)
     app.sampling = SamplingParams(max_tokens=60_000)
     async with app.run_test(size=SIZE) as pilot:
