@@ -25,8 +25,9 @@ DRAFTED_WINDOW = 32
 # Evidence needed before the measured price replaces the cost model's.
 MIN_PLAIN = 3
 MIN_DRAFTED = 4
-# How many widths are remembered (the oldest seen is forgotten first).
-MAX_WIDTHS = 8
+# How many widths are remembered (the one observed longest ago is forgotten first). A width is
+# 48 floats at most; 64 covers every batch width this engine is started with in practice.
+MAX_WIDTHS = 64
 
 
 def _at_depth(plain, kpos: float, predict: Callable[[float], float] | None) -> list[float]:
@@ -64,10 +65,14 @@ class RowPrice:
         self.timed = True
         if prefill_rows or decode_rows <= 0:
             return
-        if decode_rows not in self._plain:
+        if decode_rows in self._plain:
+            # Move to the end: the dicts' order is least recently observed first.
+            self._plain[decode_rows] = self._plain.pop(decode_rows)
+            self._drafted[decode_rows] = self._drafted.pop(decode_rows)
+        else:
             if len(self._plain) >= MAX_WIDTHS:
-                oldest = next(iter(self._plain))
-                del self._plain[oldest], self._drafted[oldest]
+                stalest = next(iter(self._plain))
+                del self._plain[stalest], self._drafted[stalest]
             self._plain[decode_rows] = deque(maxlen=PLAIN_WINDOW)
             self._drafted[decode_rows] = deque(maxlen=DRAFTED_WINDOW)
         plain = self._plain[decode_rows]

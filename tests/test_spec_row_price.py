@@ -8,7 +8,7 @@ import pytest
 
 from backend.fake import DEFAULT_REPLY
 from backend.simulated import HardwareProfile, SimulatedBackend
-from scheduler.row_price import MIN_PLAIN, RowPrice
+from scheduler.row_price import MAX_WIDTHS, MIN_DRAFTED, MIN_PLAIN, RowPrice
 from tests.engine_driver import assert_clean, by_request, chat, engine_for, text
 
 
@@ -26,6 +26,28 @@ def test_the_price_is_the_median_extra_share_of_a_plain_step_per_draft_row():
     price.observe(1, 4, 7, 500.0)  # prompt rows, or a step not timed, teach nothing
     price.observe(1, 4, 0, 0.0)
     assert price.share(1) == pytest.approx(0.3)
+
+
+def _priced(price, width):
+    for _ in range(MIN_PLAIN):
+        price.observe(width, 0, 0, 10.0)
+    for _ in range(MIN_DRAFTED):
+        price.observe(width, 1, 0, 15.0)
+
+
+def test_the_width_in_use_keeps_its_price_while_many_others_come_and_go():
+    """A 16-sequence batch drains through every width below 16 and starts again at 16: the width
+    observed longest ago is forgotten, not the first one seen (which may be the one in use)."""
+    price = RowPrice()
+    _priced(price, 16)
+    widths = [w for w in range(1, MAX_WIDTHS + 3) if w != 16]  # two more than it remembers
+    for width in widths:
+        for _ in range(MIN_PLAIN):
+            price.observe(width, 0, 0, 10.0)
+        price.observe(16, 0, 0, 10.0)  # the batch's own width keeps being timed
+    assert price.share(16) == pytest.approx(0.5) and not price.wants_plain(16)
+    # The two observed longest ago went (their plain steps are timed again); the rest are kept.
+    assert [w for w in widths if price.wants_plain(w)] == [1, 2]
 
 
 def run(mode, prior_row, true_row, n=1):
