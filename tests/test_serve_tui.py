@@ -16,7 +16,7 @@ from magnitude_tui.store import Store
 from magnitude_tui.widgets.pane_grid import MAX_PANES
 from magnitude_tui.widgets.status_line import StatusLine
 from scheduler.types import Phase, SamplingParams
-from tests.app_support import SIZE, wait_for
+from tests.app_support import SIZE, pace_fake, wait_for
 from tests.serve_support import free_port
 
 
@@ -55,7 +55,8 @@ async def test_an_http_conversation_is_a_pane_and_its_next_turn_continues_there(
             assert api[0].record.messages[2].content == "more"
 
 
-async def test_closing_the_pane_cancels_the_http_request(tmp_path):
+async def test_closing_the_pane_cancels_the_http_request(tmp_path, monkeypatch):
+    pace_fake(monkeypatch)
     app, base = _app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.workspace.engine_ready, what="EngineReady")
@@ -77,16 +78,8 @@ async def test_closing_the_pane_cancels_the_http_request(tmp_path):
 
 async def test_eight_http_requests_complete_while_a_pane_streams(tmp_path, monkeypatch):
     import asyncio
-    import time
 
-    from backend.fake import FakeBackend
-
-    # The fake decodes thousands of tokens a second (several a step once n-gram drafts are
-    # accepted): unpaced, the person's 60,000-token reply ran out ('length') before the escape on
-    # a slow CI machine. At >= 10 ms a step it needs minutes, far beyond this test; the agents'
-    # 20-token replies still take well under a second.
-    decode = FakeBackend.decode
-    monkeypatch.setattr(FakeBackend, "decode", lambda self, plan: (time.sleep(0.01), decode(self, plan))[1])
+    pace_fake(monkeypatch)  # unpaced, the person's reply once ended at 'length' before the escape
     app, base = _app(tmp_path)
     app.sampling = SamplingParams(max_tokens=60_000)
     async with app.run_test(size=SIZE) as pilot:
