@@ -47,8 +47,9 @@ class RowPrice:
     drafts at the same width, or None until enough such steps were timed."""
 
     def __init__(self) -> None:
-        self._plain: dict[int, deque[tuple[float, float]]] = {}  # (ms, kpos) of plain steps
-        self._drafted: dict[int, deque[float]] = {}
+        # Per width, least recently observed first: the (ms, kpos) of its plain steps and the
+        # per-row shares of its drafted ones.
+        self._widths: dict[int, tuple[deque[tuple[float, float]], deque[float]]] = {}
         self.timed = False  # whether any step was timed (a fake backend's never are)
 
     def observe(self, decode_rows: int, draft_rows: int, prefill_rows: int, step_ms: float,
@@ -65,30 +66,26 @@ class RowPrice:
         self.timed = True
         if prefill_rows or decode_rows <= 0:
             return
-        if decode_rows in self._plain:
-            # Move to the end: the dicts' order is least recently observed first.
-            self._plain[decode_rows] = self._plain.pop(decode_rows)
-            self._drafted[decode_rows] = self._drafted.pop(decode_rows)
-        else:
-            if len(self._plain) >= MAX_WIDTHS:
-                stalest = next(iter(self._plain))
-                del self._plain[stalest], self._drafted[stalest]
-            self._plain[decode_rows] = deque(maxlen=PLAIN_WINDOW)
-            self._drafted[decode_rows] = deque(maxlen=DRAFTED_WINDOW)
-        plain = self._plain[decode_rows]
+        width = self._widths.pop(decode_rows, None)  # re-inserted last: the most recent
+        if width is None:
+            if len(self._widths) >= MAX_WIDTHS:
+                del self._widths[next(iter(self._widths))]
+            width = (deque(maxlen=PLAIN_WINDOW), deque(maxlen=DRAFTED_WINDOW))
+        self._widths[decode_rows] = width
+        plain, drafted = width
         if draft_rows <= 0:
             plain.append((step_ms, kpos))
         elif len(plain) >= MIN_PLAIN:
             base = median(_at_depth(plain, kpos, predict))
-            self._drafted[decode_rows].append((step_ms / base - 1.0) / draft_rows)
+            drafted.append((step_ms / base - 1.0) / draft_rows)
 
     def share(self, decode_rows: int) -> float | None:
         """One more draft row beside `decode_rows` decode rows, as a share of that step without
         drafts; None without enough evidence at that width."""
-        drafted = self._drafted.get(decode_rows)
-        if not drafted or len(drafted) < MIN_DRAFTED:
+        width = self._widths.get(decode_rows)
+        if width is None or len(width[1]) < MIN_DRAFTED:
             return None
-        return max(0.0, median(drafted))
+        return max(0.0, median(width[1]))
 
     def wants_plain(self, decode_rows: int) -> bool:
         """Whether a step at this width should go without drafts so that the price can be
@@ -96,4 +93,5 @@ class RowPrice:
         step is priced against the plain ones; a policy that drafted from a width's first step on
         (the cost model's price said rows were cheap) never timed one, and so drafted at that
         price for good."""
-        return self.timed and len(self._plain.get(decode_rows, ())) < MIN_PLAIN
+        width = self._widths.get(decode_rows)
+        return self.timed and (width is None or len(width[0]) < MIN_PLAIN)

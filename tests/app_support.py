@@ -1,11 +1,10 @@
 """Provides ScriptedClient, an EngineClient stepped by the test, and the app-test helpers built on it
-(make_app, scripted_app, type_message, one_turn, queued_behind_a_reply, wait_for, settle, pace_fake)."""
+(make_app, scripted_app, type_message, one_turn, queued_behind_a_reply, wait_for, settle; PACED)."""
 
 from __future__ import annotations
 
 import asyncio
 import queue
-import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,20 +230,12 @@ class ScriptedClient:
         self._queue.put(batch)
 
 
-def pace_fake(monkeypatch, step_s: float = 0.01) -> None:
-    """Make every fake-backend step take at least `step_s`. Unpaced, the fake decodes thousands of
-    tokens a second (more once n-gram drafts are accepted), so an "endless" reply that a test means
-    to cancel can run into its length limit first on a slow machine; at 10 ms a step a 60,000-token
-    reply needs minutes."""
-    from backend.fake import FakeBackend
-
-    decode = FakeBackend.decode
-
-    def paced(self, plan):
-        time.sleep(step_s)
-        return decode(self, plan)
-
-    monkeypatch.setattr(FakeBackend, "decode", paced)
+# The fake backend at a 2-core CPU's pace: a simulated backend is the fake (same replies) whose
+# steps take a hardware profile's time, and with realtime=True it really sleeps them (~11 ms for
+# one row, ~58 ms for eight). Unpaced, the fake decodes thousands of tokens a second (more once
+# n-gram drafts are accepted), so an "endless" reply that a test means to cancel can reach its
+# length limit first on a slow machine.
+PACED = "simulated:cpu2core"
 
 
 def make_app(tmp_path: Path, client=None, *, resume: bool = False, theme: str | None = None,

@@ -9,13 +9,14 @@ from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
 from magnitude_tui.widgets.status_line import StatusLine
 from scheduler.types import Phase, SamplingParams
-from tests.app_support import SIZE, make_app, pace_fake, wait_for
+from tests.app_support import PACED, SIZE, make_app, wait_for
 
 ENDLESS = SamplingParams(max_tokens=1_000_000)
 
 
-def _engine_app(tmp_path, *, max_tokens: int, policy: str = "fixed:64"):
-    config = EngineConfig(BackendConfig("fake", n_ctx=65536, n_seq_max=16), policy=policy)
+def _engine_app(tmp_path, *, max_tokens: int, policy: str = "fixed:64", backend: str = "fake"):
+    config = EngineConfig(BackendConfig(backend, n_ctx=65536, n_seq_max=16, realtime=backend != "fake"),
+                          policy=policy)
     client = WorkerClient(config, in_process=True)
     return make_app(tmp_path, client, sampling=SamplingParams(max_tokens=max_tokens)), client
 
@@ -54,9 +55,9 @@ async def test_two_panes_stream_to_the_end(tmp_path):
         assert {a1.last_update.seq_id, a2.last_update.seq_id} == {0, 1}
 
 
-async def test_escape_cancels_one_pane_and_the_other_carries_on(tmp_path, monkeypatch):
-    pace_fake(monkeypatch)  # the endless reply must not reach the context's end before the keys
-    app, _ = _engine_app(tmp_path, max_tokens=ENDLESS.max_tokens)
+async def test_escape_cancels_one_pane_and_the_other_carries_on(tmp_path):
+    # Paced: the endless reply must not reach the context's end before the keys.
+    app, _ = _engine_app(tmp_path, max_tokens=ENDLESS.max_tokens, backend=PACED)
     async with app.run_test(size=SIZE) as pilot:
         await _ready(pilot, app)
         # Two subagents start in the same step: typing into a second pane while the fake engine
@@ -95,9 +96,9 @@ async def test_spawn_three_subagents_fork_and_report_back(tmp_path):
         assert all(_expected(30) in m.content for m in parent.record.messages if m.author)
 
 
-async def test_close_pane_frees_its_sequence(tmp_path, monkeypatch):
-    pace_fake(monkeypatch)  # the endless reply must not reach the context's end before the keys
-    app, _ = _engine_app(tmp_path, max_tokens=ENDLESS.max_tokens)
+async def test_close_pane_frees_its_sequence(tmp_path):
+    # Paced: the endless reply must not reach the context's end before the keys.
+    app, _ = _engine_app(tmp_path, max_tokens=ENDLESS.max_tokens, backend=PACED)
     async with app.run_test(size=SIZE) as pilot:
         await _ready(pilot, app)
         await pilot.press("ctrl+n")

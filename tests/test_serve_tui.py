@@ -16,12 +16,13 @@ from magnitude_tui.store import Store
 from magnitude_tui.widgets.pane_grid import MAX_PANES
 from magnitude_tui.widgets.status_line import StatusLine
 from scheduler.types import Phase, SamplingParams
-from tests.app_support import SIZE, pace_fake, wait_for
+from tests.app_support import PACED, SIZE, wait_for
 from tests.serve_support import free_port
 
 
-def _app(tmp_path):
-    config = EngineConfig(BackendConfig("fake", n_ctx=65536, n_seq_max=16), policy="fixed:64")
+def _app(tmp_path, backend: str = "fake"):
+    config = EngineConfig(BackendConfig(backend, n_ctx=65536, n_seq_max=16, realtime=backend != "fake"),
+                          policy="fixed:64")
     client = WorkerClient(config, in_process=True)
     port = free_port()
     serve = EmbeddedServer(client, host="127.0.0.1", port=port, options=ServeOptions(model_name="fake"))
@@ -55,9 +56,8 @@ async def test_an_http_conversation_is_a_pane_and_its_next_turn_continues_there(
             assert api[0].record.messages[2].content == "more"
 
 
-async def test_closing_the_pane_cancels_the_http_request(tmp_path, monkeypatch):
-    pace_fake(monkeypatch)
-    app, base = _app(tmp_path)
+async def test_closing_the_pane_cancels_the_http_request(tmp_path):
+    app, base = _app(tmp_path, PACED)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.workspace.engine_ready, what="EngineReady")
         async with httpx.AsyncClient(base_url=base, timeout=30) as http:
@@ -76,11 +76,10 @@ async def test_closing_the_pane_cancels_the_http_request(tmp_path, monkeypatch):
         assert rest[-1] == "data: [DONE]" or rest[-2] == "data: [DONE]"
 
 
-async def test_eight_http_requests_complete_while_a_pane_streams(tmp_path, monkeypatch):
+async def test_eight_http_requests_complete_while_a_pane_streams(tmp_path):
     import asyncio
 
-    pace_fake(monkeypatch)  # unpaced, the person's reply once ended at 'length' before the escape
-    app, base = _app(tmp_path)
+    app, base = _app(tmp_path, PACED)  # on the bare fake the person's reply once ended at 'length' first
     app.sampling = SamplingParams(max_tokens=60_000)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.workspace.engine_ready, what="EngineReady")
