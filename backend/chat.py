@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import logging
 import re
 from datetime import datetime
 from typing import Sequence
@@ -12,6 +13,7 @@ import jinja2
 import jinja2.sandbox
 import llama_cpp
 
+from backend.template_fallback import TemplateSource, fallback_notice, template_info, text_markers
 from scheduler.admission import RequestError
 from scheduler.types import Message
 
@@ -26,6 +28,7 @@ CHATML = (
 _MARK = re.compile("\ue000(\\d+)\ue001")
 # Every chat template renders these; "tool" only where the template names it.
 STANDARD_ROLES = ("system", "user", "assistant")
+log = logging.getLogger("backend.chat")
 
 
 class Vocab:
@@ -39,11 +42,26 @@ class Vocab:
         self.eos = llama_cpp.llama_vocab_eos(self._vocab)
         raw = llama_cpp.llama_model_chat_template(model, None)
         self.chat_template = raw.decode("utf-8") if raw else CHATML
+        self._choose_template(fallback=not raw)
         self._piece_buf = ctypes.create_string_buffer(256)
         self._template = _compile(self.chat_template)
         # Roles reach the scaffolding, which is parsed for special tokens: only the template's own
         # roles may pass (a generic ChatML template would render any text as a role).
         self.roles = STANDARD_ROLES + (("tool",) if "tool" in self.chat_template else ())
+
+    def _choose_template(self, *, fallback: bool) -> None:
+        """Where the template came from; with the ChatML fallback, the markers a reply must stop
+        on as text (no end-of-generation token exists for them) and the notice for the user."""
+        self.template_source = TemplateSource.CHATML_FALLBACK if fallback else TemplateSource.MODEL
+        self.chat_stops: tuple[str, ...] = (text_markers(lambda m: self.tokenize(m, special=True))
+                                            if fallback else ())
+        self.template_notice = fallback_notice(self.chat_stops) if fallback else None
+        if self.template_notice:
+            log.warning(self.template_notice)
+
+    def template_info(self) -> dict[str, str]:
+        """What EngineReady.info says about the chat template (the app shows the notice)."""
+        return template_info(self.template_source, self.template_notice)
 
     def token_text(self, token: int) -> str:
         return self.piece(token, special=True).decode("utf-8", errors="replace") if token >= 0 else ""

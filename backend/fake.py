@@ -8,6 +8,7 @@ from enum import Enum
 from typing import Callable, Sequence
 
 from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, KvStateError, check_plan
+from backend.template_fallback import CHATML_MARKERS, TemplateSource, fallback_notice, template_info
 from scheduler.budget import CostParams
 from scheduler.drafts import DraftKind
 from scheduler.types import AttentionPath, BatchPlan, Message, SamplingParams
@@ -52,7 +53,10 @@ class FakeBackend:
         eog_after: int | None = None,
         name: str = "fake",
         max_threads: int = 0,
+        base_model: bool = False,
     ) -> None:
+        """`base_model`: like a GGUF with no chat template and no ChatML tokens in its vocabulary
+        (ChatML stands in, its markers are plain text, and the backend says so in `info`)."""
         self.n_ctx = n_ctx
         self.n_ctx_seq = n_ctx_seq or n_ctx
         self.n_seq_max = n_seq_max
@@ -62,7 +66,10 @@ class FakeBackend:
         self.name = name
         self.model_name = name
         self.device_name = name
-        self.info: dict = {}
+        self.base_model = base_model
+        self.chat_stops: tuple[str, ...] = CHATML_MARKERS if base_model else ()
+        self.info: dict = (template_info(TemplateSource.CHATML_FALLBACK, fallback_notice(self.chat_stops))
+                           if base_model else {})
         self.clock: Clock = WALL_CLOCK
         self.known_costs: CostParams | None = None
         self.attention_path = AttentionPath.FLASH  # no attention at all: nothing resident costs a row
@@ -120,13 +127,16 @@ class FakeBackend:
     def tokenize_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
         """ChatML; the scaffolding is special, the content never is (no injected control tokens)."""
         out: list[int] = []
+        start, end = [IM_START], [IM_END]
+        if self.base_model:  # a base model's vocabulary has no ChatML tokens: the markers are text
+            start, end = self.tokenize("<|im_start|>"), self.tokenize("<|im_end|>")
         for m in messages:
             if m.role not in _ROLES:
                 raise ValueError(f"unknown chat role {m.role!r}: use one of {', '.join(_ROLES)}")
-            out += [IM_START] + self.tokenize(m.role + "\n") + self.tokenize(m.content)
-            out += [IM_END] + self.tokenize("\n")
+            out += start + self.tokenize(m.role + "\n") + self.tokenize(m.content)
+            out += end + self.tokenize("\n")
         if add_generation_prompt:
-            out += [IM_START] + self.tokenize("assistant\n")
+            out += start + self.tokenize("assistant\n")
         return out
 
     def detokenizer(self) -> FakeDetokenizer:

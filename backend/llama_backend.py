@@ -103,6 +103,8 @@ class LlamaBackend:
         self.attention_path = self.attention.path
         self.attention_tile_rows = attention.tile_rows(self.attention, device_name)
         self.info["attention"] = self.attention.short()
+        self.info.update(vocab.template_info())  # no chat template: the app tells the user
+        self.chat_stops = vocab.chat_stops
         self.info["attention_reason"] = self.attention.summary()
         # A sequence state holds K and V rows as this context lays them out: the model, the build
         # that wrote them, the V type and whether V is transposed (flash attention off).

@@ -130,6 +130,9 @@ class Backend(Protocol):
     # Steps with fewer rows than this run attention one row at a time, dearer per row deep in a
     # context (llama.cpp's CPU flash-attention kernel: 64); 0 when the kernel has no such step.
     attention_tile_rows: int
+    # Texts that end a reply rendered with the chat template: the ChatML fallback's markers when
+    # the model has no template and its vocabulary no token for them (backend/template_fallback.py).
+    chat_stops: tuple[str, ...]
 
     def tokenize(self, text: str, *, special: bool = False, add_bos: bool = False) -> list[int]: ...
     def tokenize_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]: ...

@@ -27,7 +27,8 @@ SLASH_HELP = (
     "/spawn [ROLE] N task — N subagents (with a role from agents.toml) fork this conversation and "
     "report back · "
     "/burst [N] — N subagents at once · /policy P — prefill-first | fixed:N | target:MS · "
-    "/retry · /export · /copy"
+    "/retry · /export · /copy · /raw — this pane completes its text as is, no chat template "
+    "(base models)"
 )
 
 
@@ -35,7 +36,7 @@ SLASH_HELP = (
 class Slash:
     """A parsed slash command."""
 
-    name: str  # spawn | burst | policy | export | copy | retry | help
+    name: str  # spawn | burst | policy | export | copy | retry | raw | help
     count: int = 0
     arg: str = ""
     role: str | None = None
@@ -70,7 +71,7 @@ def parse_slash(text: str, roles: Iterable[str] = ()) -> Slash:
         if problem:
             raise ValueError(problem)
         return Slash("policy", arg=rest)
-    if name in ("export", "copy", "retry", "help"):
+    if name in ("export", "copy", "retry", "help", "raw"):
         return Slash(name)
     raise ValueError(f"unknown command /{name}; {SLASH_HELP}")
 

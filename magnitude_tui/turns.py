@@ -83,6 +83,10 @@ class Turns:
             ws.action_copy_answer()
         elif command.name == "retry":
             await self.retry(pane)
+        elif command.name == "raw":
+            pane.set_raw(not pane.raw)
+            ws.notify(f"{pane.record.name}: " + ("raw completion: the transcript is continued as text, "
+                      "without the chat template (/raw again to chat)" if pane.raw else "chat mode"))
         else:
             ws.notify(SLASH_HELP, timeout=10, markup=False)
 

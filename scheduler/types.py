@@ -105,6 +105,9 @@ class Request:
     fork_from: str | None = None
     # Pre-tokenized prompt (skips the chat template); used by benchmarks and tests.
     prompt_tokens: tuple[int, ...] | None = None
+    # Raw completion (a base model, POST /v1/completions, a /raw pane): this text is continued as
+    # is, without the chat template; `messages` are not sent. Never parsed for special tokens.
+    prompt: str | None = None
     priority: Priority = Priority.INTERACTIVE
 
 

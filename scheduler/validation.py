@@ -36,6 +36,8 @@ def check_request(req: object) -> Request:
     _check_sampling(req.sampling)
     if req.prompt_tokens is not None:
         _check_prompt_tokens(req.prompt_tokens)
+    elif req.prompt is not None:
+        _check_prompt_text(req.prompt)
     else:
         _check_messages(req.messages)
     return req
@@ -58,6 +60,13 @@ def check_policy_text(policy: object) -> str:
         raise ValueError(f"the policy must be text such as 'target:50', 'fixed:64' or "
                          f"'prefill-first', got {type(policy).__name__} {policy!r:.60}")
     return policy
+
+
+def _check_prompt_text(prompt: object) -> None:
+    if not isinstance(prompt, str):
+        raise RequestError(f"prompt must be text, got {type(prompt).__name__}")
+    if not prompt:
+        raise RequestError("the prompt is empty: send some text to complete")
 
 
 def _check_messages(messages: object) -> None:

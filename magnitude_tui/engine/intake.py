@@ -212,9 +212,15 @@ class Intake:
         """Tokenize an accepted request and queue it; a bad request fails alone, right here."""
         req = seq.request
         try:
-            seq.detok = ReplyText(self.backend.detokenizer(), req.sampling.stop)
+            chat = req.prompt_tokens is None and req.prompt is None
+            # A model without a chat template: the ChatML fallback's markers end a reply as text.
+            stops = req.sampling.stop + (self.backend.chat_stops if chat else ())
+            seq.detok = ReplyText(self.backend.detokenizer(), stops)
             if req.prompt_tokens is not None:
                 prompt = list(req.prompt_tokens)
+            elif req.prompt is not None:
+                # Raw completion: the text as typed (special-token parsing off), BOS if the vocab adds one.
+                prompt = self.backend.tokenize(req.prompt, add_bos=True)
             else:
                 # A conversation that outgrew its sequence drops its oldest turns (context.py).
                 limit = min(self.scheduler.n_ctx_seq, self.scheduler.n_ctx)

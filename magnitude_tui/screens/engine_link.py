@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from backend.template_fallback import INFO_NOTICE
 from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
                                          LoadProgress, PolicyChanged, RestoreOutcome, SessionRestored,
                                          SpecChanged)
@@ -149,6 +150,8 @@ class EngineLink:
         panel.set_policy(event.policy)
         panel.set_spec(event.spec)
         ws.loading_view.display = False
+        if event.info.get(INFO_NOTICE):  # e.g. no chat template: ChatML stands in (template_fallback.py)
+            ws.notify(event.info[INFO_NOTICE], title="Chat template", severity="warning", timeout=20)
         # Give focus back to the pane the user was in when ctrl+r was pressed.
         pane = ws.grid.pane(self._focus_after_restart or "") or ws.grid.focused_pane()
         self._focus_after_restart = None

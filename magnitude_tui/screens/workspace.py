@@ -221,7 +221,7 @@ class WorkspaceScreen(Screen):
         fork = self.link.fork_source(fork_from)
         sampling = pane.record.settings.sampling(self.sampling)
         self.client.submit(Request(request_id, pane.session_id, pane.conversation(), sampling,
-                                   fork_from=fork, priority=priority))
+                                   fork_from=fork, priority=priority, prompt=pane.raw_prompt()))
 
     def release_session(self, pane: ChatPane) -> None:
         """Give the pane's KV back to the pool (its next turn prefills again)."""

@@ -87,6 +87,8 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
                                        headers={"Cache-Control": "no-cache"})
         return await _whole(request, completion, options, on_finish)
 
+    from magnitude_tui.serve.text_completion import register  # it imports this module's helpers
+    register(api, hub, options, on_finish)  # POST /v1/completions: a raw prompt, no chat template
     return api
 
 

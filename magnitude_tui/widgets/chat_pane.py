@@ -76,6 +76,9 @@ class ChatPane(Vertical):
         self._notes: list[str] = []  # context notes waiting for the next paint
         self._gauge = ""
         self.composer = Composer()  # held: the paint tick reads it even while the pane is torn down
+        # Raw completion (/raw): the transcript's text is continued as is, without the chat
+        # template, for base models that have none (the engine is told with Request.prompt).
+        self.raw = False
         self.border_title = self.title
         for m in record.messages:
             if m.role == "assistant" and not m.complete and m.done_reason is None:
@@ -97,7 +100,7 @@ class ChatPane(Vertical):
             return f"{r.name} ← {self.parent_name or 'closed pane'}{f' · {role}' if role else ''}{task}"
         if r.role == "api":
             return f"{r.name} · API"
-        return f"{r.name} · {role or 'main'}"
+        return f"{r.name} · {role or 'main'}{' · raw' if self.raw else ''}"
 
     @property
     def busy(self) -> bool:
@@ -118,6 +121,15 @@ class ChatPane(Vertical):
         system = self.record.settings.system
         head = (Message("system", system),) if system and with_system else ()
         return head + tuple(Message(m.role, m.content) for m in self._in_context(committed_only))
+
+    def raw_prompt(self) -> str | None:
+        """In raw mode, the text the next turn continues: the transcript's messages joined as
+        they are (no roles, no system prompt); None in chat mode."""
+        return "".join(m.content for m in self._in_context()) if self.raw else None
+
+    def set_raw(self, raw: bool) -> None:
+        self.raw = raw
+        self.border_title = self.title
 
     def apply_settings(self, settings: AgentSettings) -> None:
         """New system prompt and sampling: they apply from the next turn on."""

@@ -1,0 +1,220 @@
+"""Provides POST /v1/completions: a raw prompt continued as is (no chat template), in OpenAI's text_completion shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from fastapi import FastAPI, Request as HttpRequest
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse
+
+from magnitude_tui.serve.body import (DEFAULT_TEMPERATURE, MAX_N, _boolean, _default, _integer, _number,
+                                      _stops)
+from magnitude_tui.serve.completion import Completion
+from magnitude_tui.serve.errors import ErrorType, OpenAIError, invalid
+from magnitude_tui.serve.hub import EngineHub, EngineState
+from scheduler.types import Priority, Request, SamplingParams
+
+if TYPE_CHECKING:
+    from magnitude_tui.serve.app import Outcome, ServeOptions
+
+# OpenAI's default for /v1/completions (vLLM's too): a base model given no limit rarely stops.
+DEFAULT_MAX_TOKENS = 16
+# Parameters that change what a completion means; silently ignoring them would answer another question.
+UNSUPPORTED = ("suffix", "logit_bias", "response_format", "tools", "tool_choice")
+
+
+@dataclass(frozen=True)
+class TextCall:
+    """What one POST /v1/completions asks for: one prompt (text, or token ids), n choices."""
+
+    prompt: str | tuple[int, ...]
+    sampling: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    priority: int | None = None
+    user: str | None = None
+    model: str | None = None
+
+    @property
+    def priority_class(self) -> Priority:
+        """As for chat calls: an agent, or background when it asks for a priority above 0."""
+        return Priority.BACKGROUND if (self.priority or 0) > 0 else Priority.AGENT
+
+
+def parse_text_call(body: object) -> TextCall:
+    """A TextCall, or OpenAIError (400) naming the first parameter that is wrong."""
+    if not isinstance(body, dict):
+        raise invalid(None, "the request body must be a JSON object", "invalid_json")
+    for name in UNSUPPORTED:
+        if body.get(name) not in (None, "", [], {}):
+            raise invalid(name, f"'{name}' is not supported by this server", "unsupported_parameter")
+    for name in ("logprobs", "echo"):
+        if body.get(name) not in (None, False, 0):
+            raise invalid(name, f"'{name}' is not supported by this server", "unsupported_parameter")
+    if _integer(body, "best_of", lo=1) not in (None, 1):
+        raise invalid("best_of", "'best_of' other than 1 is not supported by this server", "unsupported_parameter")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if _number(body, name, lo=-2.0, hi=2.0) not in (None, 0.0):
+            raise invalid(name, f"'{name}' other than 0 is not supported by this server", "unsupported_parameter")
+    temperature = _number(body, "temperature", lo=0.0, hi=2.0)
+    sampling = SamplingParams(
+        temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
+        top_k=_default(_integer(body, "top_k", lo=0), 40),
+        top_p=_default(_number(body, "top_p", lo=0.0, hi=1.0, open_lo=True), 0.95),
+        min_p=_default(_number(body, "min_p", lo=0.0, hi=1.0), 0.05),
+        seed=_integer(body, "seed"),
+        max_tokens=_default(_integer(body, "max_tokens", lo=1), DEFAULT_MAX_TOKENS),
+    )
+    stream = _boolean(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise invalid("stream_options", "'stream_options' must be an object")
+    if options and not stream:
+        raise invalid("stream_options", "'stream_options' is only allowed when 'stream' is true")
+    include_usage = bool(options) and _boolean(options, "include_usage", prefix="stream_options.")
+    for name in ("user", "model"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise invalid(name, f"'{name}' must be a string")
+    return TextCall(prompt=_prompt(body.get("prompt")), sampling=sampling, stream=stream,
+                    include_usage=include_usage, n=_default(_integer(body, "n", lo=1, hi=MAX_N), 1),
+                    stop=_stops(body.get("stop")), priority=_integer(body, "priority"),
+                    user=body.get("user") or None, model=body.get("model"))
+
+
+def _prompt(raw: object) -> str | tuple[int, ...]:
+    """One prompt: a string, or an array of token ids (OpenAI's other forms hold several prompts)."""
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], (str, list)):
+        raw = raw[0]  # one prompt in OpenAI's array form
+    if isinstance(raw, str):
+        if not raw:
+            raise invalid("prompt", "'prompt' is empty: send some text to complete")
+        return raw
+    if isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        return tuple(raw)
+    if isinstance(raw, list) and len(raw) > 1 and all(isinstance(p, (str, list)) for p in raw):
+        raise invalid("prompt", "send one prompt per request (several prompts in one call are not "
+                      "supported; 'n' asks for several completions of one prompt)")
+    raise invalid("prompt", "'prompt' must be a non-empty string or an array of token ids")
+
+
+class TextCompletion(Completion):
+    """A Completion whose requests carry the raw prompt: the engine tokenizes it without the chat
+    template (special-token parsing off); choices, forks of one evaluated prompt, usage and
+    timings are the chat call's."""
+
+    def __init__(self, hub: EngineHub, call: TextCall, *, client_name: str) -> None:
+        super().__init__(hub, call, client_name=client_name)  # type: ignore[arg-type]
+        self.id = f"cmpl-{uuid.uuid4().hex[:24]}"
+
+    def _request(self, rid: str, session: str, sampling: SamplingParams, fork_from: str | None) -> Request:
+        text, tokens = (self.call.prompt, None) if isinstance(self.call.prompt, str) else (None, self.call.prompt)
+        return Request(request_id=rid, session_id=session, messages=(), sampling=sampling,
+                       fork_from=fork_from, priority=self.call.priority_class, prompt=text, prompt_tokens=tokens)
+
+    async def start(self) -> None:
+        try:
+            await super().start()
+        except OpenAIError as e:
+            if e.param == "messages":  # a refusal names the chat field; here the prompt is at fault
+                e.param = "prompt"
+            raise
+
+
+def register(api: FastAPI, hub: EngineHub, options: "ServeOptions",
+             on_finish: Callable[[Completion, "Outcome"], None] | None) -> None:
+    """Add POST /v1/completions to the app (serve/app.py's create_app calls this)."""
+    from magnitude_tui.serve.app import _address, _authorize, _not_ready, _read_json
+
+    @api.post("/v1/completions")
+    async def completions(request: HttpRequest):
+        _authorize(request, options)
+        body = await _read_json(request, options.max_body_bytes)
+        if hub.state is not EngineState.READY:
+            raise _not_ready(hub)
+        call = parse_text_call(body)
+        if hub.num_live + call.n > options.max_live:
+            raise OpenAIError(429, f"too many requests in flight ({hub.num_live} of {options.max_live}); "
+                              "retry shortly", ErrorType.RATE_LIMIT, "queue_full", retry_after_s=1)
+        completion = TextCompletion(hub, call, client_name=call.user or _address(request))
+        try:
+            await completion.start()
+        except asyncio.CancelledError:
+            completion.cancel()
+            raise
+        if call.stream:
+            return EventSourceResponse(_stream(completion, options, on_finish), ping=15,
+                                       headers={"Cache-Control": "no-cache"})
+        return await _whole(request, completion, options, on_finish)
+
+
+def _body(completion: TextCompletion, options: "ServeOptions", choices: list[dict], **extra) -> dict:
+    return {"id": completion.id, "object": "text_completion", "created": int(time.time()),
+            "model": options.model_name, "choices": choices, **extra}
+
+
+def _choice(index: int, text: str, finish_reason: str | None) -> dict:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+async def _stream(completion: TextCompletion, options: "ServeOptions", on_finish):
+    from magnitude_tui.serve.app import Outcome
+
+    outcome = Outcome.CANCELLED
+    try:
+        async for d in completion.deltas():
+            if d.error is not None:
+                yield json.dumps({"error": {"message": d.error, "type": ErrorType.SERVER.value,
+                                            "code": "generation_failed", "param": None}})
+                continue
+            extra = {}
+            if d.finish_reason is not None and all(c.done for c in completion.choices):
+                extra["timings"] = completion.timings()
+            body = _body(completion, options, [_choice(d.index, d.text, d.finish_reason)], **extra)
+            yield json.dumps(body, ensure_ascii=False)
+        if completion.call.include_usage:
+            yield json.dumps(_body(completion, options, [], usage=completion.usage()), ensure_ascii=False)
+        yield "[DONE]"
+        outcome = Outcome.ERROR if any(c.error for c in completion.choices) else Outcome.OK
+    finally:
+        if outcome is Outcome.CANCELLED:
+            completion.cancel()
+        if on_finish is not None:
+            on_finish(completion, outcome)
+
+
+async def _whole(request: HttpRequest, completion: TextCompletion, options: "ServeOptions",
+                 on_finish) -> JSONResponse:
+    """Wait for every choice; a client that hangs up meanwhile cancels the call."""
+    from magnitude_tui.serve.app import Outcome
+
+    run = asyncio.ensure_future(completion.run_to_end())
+    try:
+        while not run.done():
+            await asyncio.wait({run}, timeout=0.1)
+            if not run.done() and await request.is_disconnected():
+                run.cancel()
+                completion.cancel()
+                if on_finish is not None:
+                    on_finish(completion, Outcome.CANCELLED)
+                return JSONResponse({}, status_code=499)
+        run.result()
+    except BaseException:
+        completion.cancel()
+        raise
+    failed = [c for c in completion.choices if c.error]
+    if on_finish is not None:
+        on_finish(completion, Outcome.ERROR if failed else Outcome.OK)
+    if failed and len(failed) == len(completion.choices):
+        error = OpenAIError(500, failed[0].error or "generation failed", ErrorType.SERVER, "generation_failed")
+        return JSONResponse(error.body(), status_code=error.status)
+    choices = [_choice(c.index, c.text, c.finish_reason or "error") for c in completion.choices]
+    return JSONResponse(_body(completion, options, choices, usage=completion.usage(),
+                              timings=completion.timings()))
