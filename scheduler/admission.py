@@ -11,6 +11,9 @@ from scheduler.types import ErrorKind, Phase
 # A prefix shorter than this is not worth a KV copy from another conversation (a chat template's
 # opening lines are shared by everyone; the copy is cheap, but so is evaluating a few rows).
 MIN_DONOR_PREFIX = 16
+# A request waits for another to evaluate a prompt prefix they share (then copies it) only when
+# that saves at least this many rows: a shorter one costs less to evaluate than a step's wait.
+MIN_SHARED_WAIT = 64
 WAITING_FOR_PREVIOUS_TURN = "waiting for the previous turn of this conversation to finish"
 
 
@@ -69,6 +72,7 @@ class Admission:
         blocked_reason: str | None = None
         # Highest class first, first come first served within a class (the sort is stable).
         for seq in sorted(self.waiting, key=lambda s: s.priority):
+            seq.sharer = None
             session = self.residency.sessions.get(seq.session_id)
             if session is not None and session.live not in (None, seq):
                 seq.waiting_reason = WAITING_FOR_PREVIOUS_TURN
@@ -76,6 +80,13 @@ class Admission:
             if blocked_reason is not None:
                 # First come, first served: nobody overtakes a request waiting for room.
                 seq.waiting_reason = blocked_reason
+                continue
+            seq.sharer = self._sharer(seq)
+            if seq.sharer is not None:
+                seq.copies_from = seq.sharer
+                n = seq.shared_prefix[seq.sharer.admit_order]
+                seq.waiting_reason = (f"waiting for {seq.sharer.request_id} to evaluate the {n:,} "
+                                      "prompt tokens they share, once; then copies them")
                 continue
             if self.hold and self.running:
                 blocked_reason = "waiting for KV room (the cache was full; waiting for a reply to end)"
@@ -114,7 +125,7 @@ class Admission:
         par_n = 0
         if parent is not None and parent.seq_id is not None:
             par_n = min(common_prefix_len(parent.committed_tokens(), tokens), cap)
-        donor, don_n = self._best_donor(tokens, cap, exclude={seq.session_id, parent_id})
+        donor, don_n = self._best_donor(tokens, cap, exclude={seq.session_id, parent_id}, live=seq.copies_from)
         if don_n > max(own_n, par_n):
             # Another idle conversation already holds a longer prefix of this prompt (an agent
             # re-sending its history under a new id, a shared system prompt): share its cells.
@@ -170,14 +181,42 @@ class Admission:
         seq.refresh_phase()
         return None
 
-    def _best_donor(self, tokens: list[int], cap: int, exclude: set) -> tuple[Session | None, int]:
-        """The idle resident conversation sharing the longest prefix with `tokens` (at least
-        MIN_DONOR_PREFIX, at most `cap`), and that length."""
+    def _sharer(self, seq: Sequence) -> Sequence | None:
+        """A running request of the same class or higher still evaluating a prompt prefix it
+        shares with `seq`, at least MIN_SHARED_WAIT longer than what `seq` could reuse now
+        (subagents spawned over a parent whose latest messages are not in its KV yet, a burst, an
+        agent re-sending its history): `seq` waits for it and copies that prefix, so the shared
+        rows are evaluated once instead of once per request."""
+        res = self.residency
+        tokens = seq.prompt
+        cap = len(tokens) - 1
+        reusable = 0
+        for sid in (seq.session_id, seq.request.fork_from or res.fork_parent.get(seq.session_id)):
+            held = res.sessions.get(sid) if sid else None
+            if held is not None and held.seq_id is not None:
+                reusable = max(reusable, common_prefix_len(held.committed_tokens(), tokens))
+        for other in self.running:
+            if other.priority > seq.priority or other.num_computed >= len(other.prompt):
+                continue
+            n = seq.shared_prefix.get(other.admit_order)
+            if n is None:
+                n = seq.shared_prefix[other.admit_order] = min(common_prefix_len(other.prompt, tokens), cap)
+            if n - max(reusable, other.num_computed) >= MIN_SHARED_WAIT:
+                return other
+        return None
+
+    def _best_donor(self, tokens: list[int], cap: int, exclude: set,
+                    live: Sequence | None = None) -> tuple[Session | None, int]:
+        """The resident conversation sharing the longest committed prefix with `tokens` (at least
+        MIN_DONOR_PREFIX, at most `cap`), and that length: an idle one, or `live`'s while it runs
+        (the `_sharer` this request waited for: its committed rows)."""
         best, best_n = None, 0
         for session in self.residency.sessions.values():
-            if session.session_id in exclude or not session.is_idle or session.seq_id is None:
+            if session.session_id in exclude or session.seq_id is None:
                 continue
-            n = min(common_prefix_len(session.tokens, tokens), cap)
+            if not session.is_idle and (live is None or session.live is not live):
+                continue
+            n = min(common_prefix_len(session.committed_tokens(), tokens), cap)
             if n > best_n:
                 best, best_n = session, n
         return (best, best_n) if best_n >= MIN_DONOR_PREFIX else (None, 0)

@@ -19,11 +19,24 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[k]
 
 
+def partition_ms(parts: list[float], ndigits: int = 0) -> list[float]:
+    """Round consecutive durations at their cumulative boundaries, so that the rounded parts add
+    up exactly to the rounded total (rounding each part alone can miss it by a unit per part)."""
+    out, edge, acc = [], 0.0, 0.0
+    for part in parts:
+        acc += part
+        end = round(acc, ndigits)
+        out.append(round(end - edge, ndigits))
+        edge = end
+    return out
+
+
 @dataclass
 class RequestMetrics:
     """Timestamps (engine clock, seconds) of one request's life and what follows from them."""
 
     t_submit: float
+    t_prepared: float | None = None  # chat template and tokenizer done, handed to the scheduler
     t_admit: float | None = None
     t_first_scheduled: float | None = None
     t_first_token: float | None = None
@@ -34,6 +47,10 @@ class RequestMetrics:
     # Sorted, so percentiles stay O(1) per report however long the reply gets.
     _itl_sorted: list[float] = field(default_factory=list)
     _recent: deque = field(default_factory=deque)
+
+    def on_prepared(self, now: float) -> None:
+        if self.t_prepared is None:
+            self.t_prepared = now
 
     def on_admit(self, now: float) -> None:
         if self.t_admit is None:
@@ -61,17 +78,43 @@ class RequestMetrics:
 
     # ---- derived -------------------------------------------------------------------------------
 
+    # Time to first token in three phases that partition it, cut at the same timestamps:
+    # preparing (submit -> tokenized), queued (tokenized -> first row scheduled) and prefill (first
+    # row scheduled -> first token). A preemption before the first token stays inside prefill.
+
+    @property
+    def preparing_ms(self) -> float | None:
+        if self.t_prepared is None:
+            return None
+        return (self.t_prepared - self.t_submit) * 1000.0
+
     @property
     def queue_ms(self) -> float | None:
+        """Waiting for a slot, KV room or prompt rows, after preparing (from submit when the
+        request was never prepared here)."""
         if self.t_first_scheduled is None:
             return None
-        return (self.t_first_scheduled - self.t_submit) * 1000.0
+        start = self.t_prepared if self.t_prepared is not None else self.t_submit
+        return (self.t_first_scheduled - start) * 1000.0
+
+    @property
+    def prefill_ms(self) -> float | None:
+        if self.t_first_token is None or self.t_first_scheduled is None:
+            return None
+        return (self.t_first_token - self.t_first_scheduled) * 1000.0
 
     @property
     def ttft_ms(self) -> float | None:
         if self.t_first_token is None:
             return None
         return (self.t_first_token - self.t_submit) * 1000.0
+
+    def ttft_phases_ms(self, ndigits: int = 3) -> tuple[float, float, float] | None:
+        """(preparing, queued, prefill) rounded so that they add up exactly to TTFT rounded the same
+        way (None before the first token); see `partition_ms`."""
+        if None in (self.t_prepared, self.t_first_scheduled, self.t_first_token):
+            return None
+        return tuple(partition_ms([self.preparing_ms, self.queue_ms, self.prefill_ms], ndigits))
 
     def live_tok_s(self, now: float) -> float | None:
         """Tokens per second over the last LIVE_WINDOW_S (or since the first token, if sooner)."""

@@ -12,12 +12,14 @@ from collections import deque
 from scheduler.admission import WAITING_FOR_PREVIOUS_TURN, Admission, RequestError
 from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, Policy, StepShape, parse_policy, share_rows
 from scheduler.ledger import KvCache
+from scheduler.ramp import PromptRamp
 from scheduler.relief import DRAFT_PAUSE_STEPS, KvRelief, Remedy
 from scheduler.residency import Residency
 from scheduler.drafts import DraftKind
 from scheduler.sequence import Sequence
 from scheduler.speculation import SpecMode
 from scheduler.speculator import Speculator
+from scheduler.yielding import AGENT_HOLD_MS, held_for_person
 from scheduler.types import (AttentionPath, BatchPlan, DecodeOutcome, DoneReason, ErrorKind, Phase, SeqSlice,
                              attended_kpos, plan_kpos, used_cells_kpos)
 
@@ -71,11 +73,17 @@ class Scheduler:
                                    n_ctx_seq=self.n_ctx_seq, n_seq_max=n_seq_max,
                                    gen_reserve=gen_reserve)
         self.relief = KvRelief(n_batch)
+        # Caps a target policy's prompt rows until measured steps bear the cost model out (ramp.py).
+        self.ramp = PromptRamp(n_batch)
         # Which sequences verify draft tokens in the rows a step has left (speculation.md).
         self.speculator = speculator or Speculator()
         self._num_steps = 0
         self.num_evicted_for_speed = 0  # idle conversations dropped because they slowed every row
         self._rr = 0  # round-robin start among prefilling sequences
+        # Under a target policy, agents' decode rows yield to a person's prompt for at most this
+        # long each (yielding.py); 0: never.
+        self.agent_hold_ms = AGENT_HOLD_MS
+        self.num_yielded = 0  # decode rows held out of the last plan
 
     # ---- public state --------------------------------------------------------------------------
 
@@ -217,6 +225,13 @@ class Scheduler:
         by_id = sorted(self.running, key=lambda s: s.seq_id)
         decoding = [s for s in by_id if s.is_decoding]
         prefilling = sorted((s for s in self.running if not s.is_decoding), key=lambda s: s.admit_order)
+        held = (held_for_person(decoding, prefilling, now, self.agent_hold_ms)
+                if self.policy.target_ms is not None else [])
+        for s in self.running:
+            s.yielding = s in held
+        if held:
+            decoding = [s for s in decoding if not s.yielding]
+        self.num_yielded = len(held)
         if self.policy.is_prefill_first and prefilling:
             # The common default: prompts jump the queue and every generating sequence waits.
             decoding = []
@@ -224,6 +239,8 @@ class Scheduler:
             budget = self.n_batch
         else:
             allowance = self.policy.prefill_allowance(self._shape(decoding, prefilling), self.cost)
+            if self.policy.target_ms is not None:
+                allowance = self.ramp.cap(allowance)
             budget = min(self.n_batch, len(decoding) + allowance)
         allowance = self.relief.cap(allowance)
         grants = self._share_prefill(prefilling, allowance)
@@ -272,6 +289,9 @@ class Scheduler:
                 if sl.want_logits:
                     ready.append(seq)
                 seq.refresh_phase()
+            self.ramp.observe(plan.n_prefill, result.step_ms,
+                              self.cost.predict(plan.n_decode + plan.n_draft, plan.n_prefill, kpos),
+                              self.policy.target_ms)
             # A draft row carries logits like a decode row, and is priced as one.
             self.cost.observe(plan.n_decode + plan.n_draft, plan.n_prefill, result.step_ms, kpos)
             # The decode rows' share of the attention (draft rows sit beside their sequence's):
@@ -361,8 +381,10 @@ class Scheduler:
         agents) must not wait for a slot or KV room: preempt the newest running sequence of the
         lowest class below it, and admit again, until it is admitted or nothing is left to take."""
         for _ in range(self.n_seq_max):
-            blocked = [s for s in self.waiting
-                       if s.waiting_reason and s.waiting_reason != WAITING_FOR_PREVIOUS_TURN]
+            # Not blocked: one waiting on its own conversation, or on a request evaluating the
+            # prompt prefix it will copy.
+            blocked = [s for s in self.waiting if s.waiting_reason and s.sharer is None
+                       and s.waiting_reason != WAITING_FOR_PREVIOUS_TURN]
             if not blocked:
                 return
             first = min(blocked, key=lambda s: s.priority)

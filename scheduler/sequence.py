@@ -50,6 +50,12 @@ class Sequence:
         self.num_drafted = 0  # draft tokens verified
         self.num_accepted = 0  # of them accepted
         self.num_gen_steps = 0  # steps that gave it tokens while generating
+        # A running request whose prompt shares a long prefix with this one and is evaluating it:
+        # this one waits to copy that prefix instead of evaluating it again (admission.py).
+        self.sharer: Sequence | None = None
+        self.copies_from: Sequence | None = None  # the last sharer it waited for: its donor
+        self.yielding = False  # an agent whose decode row sat out the last plan for a person's prompt
+        self.shared_prefix: dict[int, int] = {}  # a sharer's admit order -> prompt prefix in common
 
     # ---- identity ------------------------------------------------------------------------------
 

@@ -229,8 +229,12 @@ class SeqUpdate:
     prompt_total: int = 0
     cached_tokens: int = 0
     generated: int = 0
+    # TTFT in three phases that add up to it: preparing (template + tokenizer), queue (waiting
+    # for a slot, KV room or prompt rows) and prefill (first row scheduled -> first token).
     queue_ms: float | None = None
     ttft_ms: float | None = None
+    preparing_ms: float | None = None
+    prefill_ms: float | None = None
     tok_s_live: float | None = None
     tok_s: float | None = None
     itl_p50_ms: float | None = None
@@ -255,6 +259,8 @@ class SeqUpdate:
     drafted: int = 0
     accepted: int = 0
     tokens_per_step: float | None = None
+    # An agent whose decode row sat out this step so that a person's prompt gets its rows sooner.
+    yielding: bool = False
 
     @property
     def acceptance(self) -> float | None:
@@ -319,3 +325,5 @@ class StepReport:
     draft_rows: int = 0
     draft_accepted: int = 0
     spec: str = "off"
+    # Agents' decode rows held out of this step for a person's prompt in prefill.
+    yielded_rows: int = 0

@@ -111,7 +111,8 @@ def test_two_long_prompts_in_a_row_get_one_notice_then_run():
     engine, backend = engine_for(FakeBackend(n_ctx=32768), prepare_notice_chars=100)
     engine.submit(chat("a", "sa", "z" * 200, max_tokens=2))
     assert engine.step().prefill_rows == 0  # the notice for a
-    engine.submit(chat("b", "sb", "z" * 200, max_tokens=2))
+    # Another text: the same one would wait to copy a's prompt instead (test_engine_fork_once.py).
+    engine.submit(chat("b", "sb", "y" * 200, max_tokens=2))
     report = engine.step()  # no second notice in a row: both are tokenized and scheduled
     assert report.prefill_rows > 0
     assert {u.request_id: u.phase for u in report.updates} == {"a": Phase.PREFILL, "b": Phase.PREFILL}
@@ -163,7 +164,10 @@ def _forks(backend, n_kids=8, fork=True):
         engine.close_session("lead")
     t0 = backend.clock()
     for i in range(n_kids):
-        engine.submit(chat(f"kid{i}", f"kid{i}", ("system", context), "plan the work",
+        # Cold: contexts that differ from their first character, or the kids would wait for the
+        # first one to evaluate it and copy it (test_engine_fork_once.py).
+        own = context if fork else f"{i}{context[1:]}"
+        engine.submit(chat(f"kid{i}", f"kid{i}", ("system", own), "plan the work",
                            f"subtask {i}: check file {i}", max_tokens=4,
                            fork_from="lead" if fork else None))
     ups = by_request(engine.run_until_idle())

@@ -1,4 +1,4 @@
-"""Provides the `magnitude-tui bench` commands (typer): admit, prefill-curve, throughput, fork,
+"""Provides the `magnitude-tui bench` commands (typer): admit, prefill-curve, throughput, fork, person,
 burst, target-depth, resume, remote, serve, soak, spec, contention, ui, ui-cpu."""
 
 from __future__ import annotations
@@ -185,6 +185,23 @@ def fork(
     cfg = ForkConfig(n=n, parent_tokens=parent, task_tokens=task, gen=gen, policy=policy, reps=reps)
     spec = options.backend_spec(backend, model, device, threads, ctx)
     _finish(run_fork(spec, cfg, progress=_progress), out, plot_fork)
+
+
+@bench_app.command()
+def person(
+    agents: int = typer.Option(8, "--agents", help="Agents generating when the prompt arrives."),
+    prompt: int = typer.Option(1409, "--prompt", help="Tokens of the person's prompt."),
+    policy: str = typer.Option("target:50", "--policy", "-p"),
+    backend: str = BackendOpt,
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
+    ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
+) -> None:
+    """A person's prompt TTFT beside N generating agents (agents yield, never yield) against the same prompt alone."""
+    from magnitude_tui.bench.person import PersonConfig, run_person
+
+    cfg = PersonConfig(agents=agents, prompt=prompt, policy=policy)
+    spec = options.backend_spec(backend, model, device, threads, ctx)
+    _finish(run_person(spec, cfg, progress=_progress), out, None)
 
 
 @bench_app.command()

@@ -54,12 +54,15 @@ def run_fork(spec: BackendConfig, cfg: ForkConfig, progress=lambda s: None) -> B
     backend = build_backend(spec)
     clock = backend_clock(backend)
     parent = prompt_tokens(backend, cfg.parent_tokens, salt=5)
+    # Cold: contexts of the same length that share nothing, or the engine would evaluate the first
+    # one and copy it to the others (a request waits for a prefix another is evaluating).
+    colds = [prompt_tokens(backend, cfg.parent_tokens, salt=1000 + 17 * i) for i in range(cfg.n)]
     tasks = [prompt_tokens(backend, cfg.task_tokens, salt=200 + 13 * i) for i in range(cfg.n)]
     out: dict[str, list[dict]] = {"forked": [], "cold": []}
     try:
         for rep in range(cfg.reps):
             for mode in ("forked", "cold"):
-                run = lambda: _one(backend, clock, cfg, mode, parent, tasks)  # noqa: E731
+                run = lambda: _one(backend, clock, cfg, mode, parent, tasks, colds)  # noqa: E731
                 r, busy = (run(), 0.0) if spec.simulated else measured(run, progress=progress)
                 r["others_cores"] = busy
                 out[mode].append(r)
@@ -71,9 +74,10 @@ def run_fork(spec: BackendConfig, cfg: ForkConfig, progress=lambda s: None) -> B
     return _result(spec, cfg, out, info)
 
 
-def _one(backend, clock, cfg: ForkConfig, mode: str, parent: tuple[int, ...], tasks: list[tuple[int, ...]]) -> dict:
+def _one(backend, clock, cfg: ForkConfig, mode: str, parent: tuple[int, ...], tasks: list[tuple[int, ...]],
+         colds: list[tuple[int, ...]]) -> dict:
     """One measurement: (forked) the parent's turn leaves its context resident, then N subagents
-    fork from it; (cold) the same N full prompts from nothing."""
+    fork from it; (cold) N prompts of the same length from nothing, sharing no prefix."""
     reset_kv(backend)
     engine = Engine(FixedLength(backend), policy=cfg.policy, coalesce_ms=0.0, gen_reserve=cfg.gen)
     if parse_policy(cfg.policy).target_ms is not None:
@@ -84,7 +88,7 @@ def _one(backend, clock, cfg: ForkConfig, mode: str, parent: tuple[int, ...], ta
                                                   prompt_tokens=parent)])
     sampling = SamplingParams(temperature=0.0, max_tokens=cfg.gen)
     reqs = [Request(f"sub{i}", f"sub{i}", (), sampling, fork_from="parent" if mode == "forked" else None,
-                    prompt_tokens=parent + task) for i, task in enumerate(tasks)]
+                    prompt_tokens=(parent if mode == "forked" else colds[i]) + task) for i, task in enumerate(tasks)]
     r = _run(engine, clock, reqs)
     r["parent_ttft_s"] = parent_run["ttft"][0] if parent_run else None
     reset_kv(backend)
@@ -118,7 +122,7 @@ def _result(spec: BackendConfig, cfg: ForkConfig, out: dict, info: dict) -> Benc
                 f"shared context + {cfg.task_tokens} own tokens, {cfg.policy}"}
     res.notes += [
         "forked: each subagent starts from a copy of the parent's KV prefix (llama_memory_seq_cp, shared cells) "
-        "and evaluates only its own task tokens; cold: the same full prompts, nothing reused",
+        "and evaluates only its own task tokens; cold: prompts of the same length sharing no prefix, nothing reused",
         f"TTFT from the moment all {cfg.n} requests are submitted; the parent's own turn "
         f"(parent_ttft_s) is not part of the forked TTFT",
         "others_cores: cores other processes kept busy during a measurement (a shared machine); one over 0.25 "

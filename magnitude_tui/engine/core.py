@@ -180,6 +180,7 @@ class Engine:
         if self._intake.announce():
             return self._reporter.report(None, None, now, 0.0)
         self._intake.prepare_all()
+        now = self._clock()  # after tokenizing: a request's queue time starts where preparing ended
         if self._coalescing(now):
             return self._reporter.report(None, None, now, 0.0)
         plan = self.scheduler.schedule(now)
@@ -236,6 +237,9 @@ class Engine:
         for d, p, ms, kpos in calibration_steps(self.backend, self.scheduler):
             fit.observe(d, p, ms, kpos)
         self.scheduler.cost.seed(fit.params)
+        # The fit saw shallow, narrow steps only: the first real ones widen their prompt rows as
+        # measured steps bear it out (scheduler/ramp.py).
+        self.scheduler.ramp.arm()
         return fit.params
 
     def fail_all(self, message: str) -> StepReport | None:

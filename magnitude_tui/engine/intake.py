@@ -232,6 +232,7 @@ class Intake:
                 raise RequestError(f"token id {bad[0]} is outside the model's vocabulary "
                                    f"(0..{self.backend.n_vocab - 1})")
             seq.prompt = prompt
+            seq.metrics.on_prepared(self.clock())  # preparing ends here; queue time starts
             self.scheduler.add(seq)
         except RequestError as e:
             self.scheduler.finish(seq, DoneReason.ERROR, str(e), e.kind)

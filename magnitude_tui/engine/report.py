@@ -43,6 +43,8 @@ def seq_update(seq: Sequence, now: float) -> SeqUpdate:
         generated=len(seq.output),
         queue_ms=m.queue_ms,
         ttft_ms=m.ttft_ms,
+        preparing_ms=m.preparing_ms,
+        prefill_ms=m.prefill_ms,
         tok_s_live=m.live_tok_s(now),
         tok_s=m.final_tok_s,
         itl_p50_ms=m.itl_p50_ms,
@@ -57,6 +59,7 @@ def seq_update(seq: Sequence, now: float) -> SeqUpdate:
         drafted=seq.num_drafted,
         accepted=seq.num_accepted,
         tokens_per_step=len(seq.output) / seq.num_gen_steps if seq.num_gen_steps else None,
+        yielding=seq.yielding and not seq.is_finished,
     )
 
 
@@ -99,7 +102,7 @@ class StepReporter:
                 if self.warm is not None and seq.done_reason is not DoneReason.ERROR:
                     self.warm.went_idle(seq.session_id, now)
             sig = (seq.phase, seq.seq_id, seq.prompt_done, len(seq.output), seq.num_cached,
-                   seq.waiting_reason, seq.done_reason)
+                   seq.waiting_reason, seq.done_reason, seq.yielding)
             if sig != seq.last_reported or seq.text_pending:
                 seq.last_reported = sig
                 updates.append(seq_update(seq, now))
@@ -127,4 +130,5 @@ class StepReporter:
             draft_rows=plan.n_draft if plan else 0,
             draft_accepted=self.sampler.accepted if plan else 0,
             spec=s.speculator.mode.value,
+            yielded_rows=s.num_yielded if plan else 0,
         )

@@ -117,6 +117,8 @@ class SequencesPanel(Vertical):
     def _cells(self, row: _Row) -> list[object]:
         u = row.update
         phase = u.phase.value if u.phase is not Phase.DONE else f"done·{u.done_reason.value if u.done_reason else '?'}"
+        if u.yielding:  # an agent holding back its decode row for a person's prompt
+            phase += "·yields"
         style_name = "error" if u.error else u.phase.value
         style_key = f"seq--{style_name}" if f"seq--{style_name}" in self.COMPONENT_CLASSES else "seq--queued"
         prompt = f"{fmt_count(u.prompt_done)}/{fmt_count(u.prompt_total)} ({fmt_count(u.cached_tokens)})" if u.prompt_total else "—"
