@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import sys
 from dataclasses import dataclass, replace
@@ -66,10 +67,14 @@ def check_settings(*, temperature: float | None, max_tokens: int | None) -> None
 
 
 def load_agents(path: Path | None = None) -> dict[str, AgentSettings]:
-    """The roles defined in agents.toml (none when the file does not exist)."""
-    path = path or agents_path()
-    if not path.exists():
-        return {}
+    """The roles defined in `path` (AgentFileError when it does not exist: it was asked for), else
+    in agents.toml of the config directory (none when that does not exist)."""
+    if path is None:
+        path = agents_path()
+        if not path.exists():
+            return {}
+    elif not path.is_file():
+        raise AgentFileError(f"{path}: no such file (--agents names a TOML file of roles)")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
@@ -95,3 +100,60 @@ def load_agents(path: Path | None = None) -> dict[str, AgentSettings]:
             raise AgentFileError(f"{path}: [{name}] {exc}") from None
         roles[name] = AgentSettings(name, system, None if temperature is None else float(temperature), max_tokens)
     return roles
+
+
+class RoleBook:
+    """The roles of one agents file, read again whenever the file changes (checked when a role is
+    looked up, and on the workspace's timer). A file that turns bad keeps the last good roles, and
+    `problem` says why until it is fixed."""
+
+    def __init__(self, path: Path | None, roles: dict[str, AgentSettings] | None = None) -> None:
+        """`path` None: a fixed set of roles (tests, a session without a file to follow)."""
+        self.path = path
+        self._roles = dict(roles) if roles is not None else {}
+        self.problem: str | None = None
+        # (mtime, size) of the file as last read; "unread" makes the first reload read it.
+        self._stamp: tuple[int, int] | str | None = self._stat() if roles is not None else "unread"
+        self.reload()
+
+    def _stat(self) -> tuple[int, int] | None:
+        if self.path is None:
+            return None
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    def reload(self) -> bool:
+        """Read the file again if it changed since the last read; True when the roles changed."""
+        stamp = self._stat()
+        if self.path is None or stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        try:
+            roles = load_agents(self.path) if stamp is not None else {}
+        except AgentFileError as exc:
+            self.problem = str(exc)
+            return False
+        self.problem = None
+        changed, self._roles = roles != self._roles, roles
+        return changed
+
+    @property
+    def roles(self) -> dict[str, AgentSettings]:
+        """The current roles (the file is checked for changes first)."""
+        self.reload()
+        return self._roles
+
+    def unknown(self, name: str) -> str:
+        """What to tell a user who asked for role `name`, which is not defined."""
+        return unknown_role(name, list(self.roles), self.path)
+
+
+def unknown_role(name: str, known: list[str], path: Path | None = None) -> str:
+    """The message for a role nobody defined: the known ones (and a near miss, if any)."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    where = f" in {path}" if path is not None else ""
+    return f"unknown role {name!r}{hint}; known roles{where}: {', '.join(known) or 'none'}"

@@ -9,10 +9,11 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from magnitude_tui.agents import AgentSettings
+from magnitude_tui.agents import AgentSettings, RoleBook
 from magnitude_tui.commands import palette_commands
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.engine.protocol import EngineClient
+from magnitude_tui.export import default_export_dir
 from magnitude_tui.gc_pacing import GcPacer
 from magnitude_tui.screens.workspace import WorkspaceScreen
 from magnitude_tui.store import Store
@@ -41,19 +42,21 @@ class MagnitudeApp(App):
     def __init__(self, *, client: EngineClient, store: Store, theme: str | None = None,
                  resume: bool = False, export_dir: Path | None = None,
                  sampling: SamplingParams | None = None, serve=None,
-                 roles: dict[str, AgentSettings] | None = None, warm_dir: Path | None = None) -> None:
+                 roles: RoleBook | dict[str, AgentSettings] | None = None,
+                 warm_dir: Path | None = None) -> None:
         """`warm_dir`: where the engine saves conversations' KV (deleting a conversation deletes
-        its files there too)."""
+        its files there too). `export_dir`: where f5 writes (default: `exports` in the data
+        directory, beside the database)."""
         super().__init__()
         self.warm_dir = warm_dir
         self.serve = serve
-        self.roles = roles or {}  # named agent definitions (agents.toml)
+        self.roles = roles if isinstance(roles, RoleBook) else RoleBook(None, roles or {})  # agents.toml
         self.failure: str | None = None  # why the engine is down (None while it runs or loads)
         self.sampling = sampling or SamplingParams()
         self.client = client
         self.store = store
         self._resume = resume
-        self._export_dir = export_dir or Path.cwd()
+        self._export_dir = export_dir or default_export_dir()
         for t in THEMES:
             self.register_theme(t)
         self.gc_pacer = GcPacer()  # full garbage collections between keys, not during them
@@ -111,7 +114,8 @@ class MagnitudeApp(App):
 def run_app(engine: EngineConfig | EngineClient, *, theme: str | None, resume: bool,
             sampling: SamplingParams | None = None, serve_port: int | None = None,
             serve_host: str = "127.0.0.1", api_key: str | None = None,
-            roles: dict[str, AgentSettings] | None = None) -> str | None:
+            roles: RoleBook | dict[str, AgentSettings] | None = None,
+            export_dir: Path | None = None) -> str | None:
     """Run the TUI until the user quits: a local engine (its worker in its own process) or a
     remote client, state in SQLite; with `serve_port`, the OpenAI-compatible endpoint too.
 
@@ -131,7 +135,7 @@ def run_app(engine: EngineConfig | EngineClient, *, theme: str | None, resume: b
                                options=ServeOptions(model_name=served_model_name(client), api_key=api_key))
     warm_dir = Path(engine.warm_dir) if isinstance(engine, EngineConfig) and engine.warm_dir else None
     app = MagnitudeApp(client=client, store=store, theme=theme, resume=resume, sampling=sampling,
-                       serve=serve, roles=roles, warm_dir=warm_dir)
+                       serve=serve, roles=roles, warm_dir=warm_dir, export_dir=export_dir)
     try:
         app.run()
         return app.failure

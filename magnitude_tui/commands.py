@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
 from textual.app import SystemCommand
 
+from magnitude_tui.agents import unknown_role
 from magnitude_tui.screens.policy_dialog import PRESETS, policy_problem
 
 # The palette's speculation choices (`--spec`), each with what it does.
@@ -42,17 +44,31 @@ class Slash:
     role: str | None = None
 
 
+class UnknownRole(ValueError):
+    """/spawn was given a role name that agents.toml does not define."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        super().__init__(unknown_role(name, known))
+
+
 def parse_slash(text: str, roles: Iterable[str] = ()) -> Slash:
     """Parse '/name args'; raises ValueError with a message meant for the user. `roles` are the
     agent names /spawn accepts before its count."""
     name, _, rest = text[1:].strip().partition(" ")
     name, rest = name.lower(), rest.strip()
     if name == "spawn":
+        known = list(roles)
         head, _, tail = rest.partition(" ")
         role = None
-        if head in set(roles):
+        if head in known:
             role, rest = head, tail.strip()
             head, _, tail = rest.partition(" ")
+        elif not head.isdigit() and (tail.partition(" ")[0].isdigit()
+                                     or difflib.get_close_matches(head, known, n=1, cutoff=0.75)):
+            # "/spawn critc 2 task": a word before the count is meant as a role (and one a typo
+            # away from a role is one); taken as the task it would spawn the wrong thing silently.
+            raise UnknownRole(head, known)
         count, task = (int(head), tail.strip()) if head.isdigit() else (1, rest)
         if not task:
             raise ValueError("usage: /spawn [ROLE] N task")

@@ -1,5 +1,6 @@
 """Provides conversation management for the workspace: closing a pane (asking first when it is
-replying), the conversation list's open, reopen, rename and delete, and a pane's agent settings."""
+replying), the conversation list's open, reopen (one pane or a whole workspace), rename and
+delete, and a pane's agent settings."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ def free_name(name: str, taken: set[str]) -> str:
         k += 1
         candidate = f"{name} ({k})"
     return candidate
+
+
+def untouched(pane: ChatPane) -> bool:
+    """Nothing in it: no message, nothing queued or typed, no reply running (closing loses nothing)."""
+    return not (pane.record.messages or pane.queued or pane.busy or pane.composer.text.strip())
 
 
 class Conversations:
@@ -57,6 +63,8 @@ class Conversations:
             return
         if choice.action is ListAction.OPEN:
             await self.open(choice.row.id)
+        elif choice.action is ListAction.OPEN_WORKSPACE:
+            await self.open_workspace(choice.row.workspace_id)
         elif choice.action is ListAction.RENAME:
             self.rename(choice.row.id, choice.name)
         elif choice.action is ListAction.DELETE:
@@ -89,6 +97,29 @@ class Conversations:
             await ws.turns.send_restored_queue([pane])
         ws.grid.focus_pane(pane)
         return pane
+
+    async def open_workspace(self, workspace_id: int) -> list[ChatPane]:
+        """Reopen every pane that was open when workspace `workspace_id` was last used, in its
+        order; the untouched empty panes here give way to them (a fresh launch opens one)."""
+        ws = self.workspace
+        wanted = [i for i in ws.store.workspace_panes(workspace_id) if ws.grid.pane(i) is None]
+        if not wanted:
+            ws.notify("Every conversation of that workspace is open already", timeout=4)
+            return []
+        for pane in [p for p in ws.grid.panes if untouched(p)]:
+            await ws.close_pane(pane, replace=False)
+            ws.store.delete_pane(pane.session_id)  # nothing in it worth listing in f4
+        opened = []
+        for pane_id in wanted:
+            pane = await self.open(pane_id)
+            if pane is None:  # the grid is full (open() said so)
+                break
+            opened.append(pane)
+        if not ws.grid.panes:
+            await ws.action_new_pane()
+        elif opened:
+            ws.grid.focus_pane(opened[0])
+        return opened
 
     async def edit_settings(self) -> None:
         """f6: the focused pane's role, system prompt and sampling, from its next turn on."""

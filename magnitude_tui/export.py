@@ -3,8 +3,11 @@ is partial, cancelled, out of context or still queued) and the last answer."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
+
+import platformdirs
 
 from magnitude_tui.widgets.chat_pane import ChatPane
 
@@ -28,9 +31,25 @@ def pane_markdown(pane: ChatPane) -> str:
     return "\n".join(lines)
 
 
+def default_export_dir() -> Path:
+    """`exports` in the user's data directory, beside the database (not wherever the app was
+    started: exports there were scattered and easy to lose)."""
+    return Path(platformdirs.user_data_dir("magnitude-tui", appauthor=False)) / "exports"
+
+
+def safe_name(name: str) -> str:
+    """A file-name part from a pane name: letters, digits, `.`, `_` and `-` only ("A1 (2)" ->
+    "A1-2", "api@127.0.0.1" -> "api-127.0.0.1"), so the path can be pasted into a shell."""
+    return re.sub(r"[^A-Za-z0-9._]+", "-", name).strip("-.") or "pane"
+
+
 def export_pane(pane: ChatPane, directory: Path) -> Path:
-    """Write the pane's conversation to a new Markdown file in `directory`."""
+    """Write the pane's conversation to a new Markdown file in `directory`; returns its path."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"magnitude-{pane.record.name}-{time.strftime('%Y%m%d-%H%M%S')}.md"
+    stem = f"magnitude-{safe_name(pane.record.name)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, k = directory / f"{stem}.md", 1
+    while path.exists():  # two exports of one pane within a second
+        k += 1
+        path = directory / f"{stem}-{k}.md"
     path.write_text(pane_markdown(pane), encoding="utf-8")
-    return path
+    return path.resolve()

@@ -114,8 +114,13 @@ class Store:
     # ---- workspaces ---------------------------------------------------------------------------
 
     def open_workspace(self, *, resume: bool) -> list[PaneRecord]:
-        """Start a fresh workspace, or reopen the latest one and return its open panes in order."""
-        row = self._db.execute("SELECT id FROM workspaces ORDER BY id DESC LIMIT 1").fetchone()
+        """Start a fresh workspace, or reopen the latest one that holds a conversation and return
+        its open panes in order (a launch that was quit untouched leaves an empty workspace
+        behind, which must not hide the session before it)."""
+        row = self._db.execute(
+            "SELECT w.id FROM workspaces w WHERE EXISTS (SELECT 1 FROM panes p JOIN messages m "
+            "ON m.pane_id = p.id WHERE p.workspace_id = w.id AND p.closed IS NULL) "
+            "ORDER BY w.id DESC LIMIT 1").fetchone()
         if resume and row is not None:
             self.workspace_id = row[0]
             return self._load_open_panes()
@@ -136,6 +141,13 @@ class Store:
             pane.settings = self.pane_settings(pane.id)
             pane.queued = self.queued(pane.id)
         return panes
+
+    def workspace_panes(self, workspace_id: int) -> list[str]:
+        """The panes that were open when `workspace_id` was last used, in their order (what
+        reopening that whole workspace brings back)."""
+        rows = self._db.execute("SELECT id FROM panes WHERE workspace_id = ? AND closed IS NULL "
+                                "ORDER BY position, created", (workspace_id,))
+        return [r[0] for r in rows]
 
     def pane_names(self) -> list[str]:
         """The names of the panes open in this workspace: a closed pane's name, or the name a pane

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from typing import Iterable, Protocol
 
-from magnitude_tui.agents import AgentSettings
+from magnitude_tui.agents import RoleBook
 from magnitude_tui.commands import BURST_DEFAULT
 from magnitude_tui.screens.spawn_dialog import SpawnSpec
 from magnitude_tui.store import MessageRecord, PaneRecord, Store
@@ -59,10 +59,10 @@ def answer_message(child: PaneRecord, message: MessageRecord | None, update: Seq
 class Subagents:
     """Spawns subagent panes and posts each one's first answer back to its parent, exactly once."""
 
-    def __init__(self, host: SubagentHost, store: Store, roles: dict[str, AgentSettings] | None = None) -> None:
+    def __init__(self, host: SubagentHost, store: Store, roles: RoleBook | None = None) -> None:
         self.host = host
         self.store = store
-        self.roles = roles or {}  # named agent definitions a spawn may ask for
+        self.role_book = roles or RoleBook(None, {})  # named agent definitions a spawn may ask for
         self.reported: set[str] = set()  # subagents whose answer already went back to the parent
 
     def restore(self, records: Iterable[PaneRecord]) -> None:
@@ -72,20 +72,28 @@ class Subagents:
 
     async def spawn(self, parent: ChatPane, spec: SpawnSpec, *, tasks: list[str] | None = None,
                     priority: Priority = Priority.AGENT) -> list[ChatPane]:
-        """Open `spec.count` subagent panes that fork `parent`'s conversation and run their task.
+        """Open `spec.count` subagent panes that fork `parent`'s conversation and run their task
+        (as many as the grid has room for, saying so when that is fewer).
 
         Each copies the parent's committed messages (marked inherited) plus its task; all are
         submitted back to back, forking the parent's KV, so the engine admits them in one step.
         """
         host = self.host
+        settings = parent.record.settings
+        if spec.role:
+            roles = self.role_book.roles
+            if spec.role not in roles:  # the file changed since the role was typed
+                host.warn(self.role_book.unknown(spec.role))
+                return []
+            settings = roles[spec.role]
         free = MAX_PANES - host.pane_count()
         count = min(spec.count, free)
         if count < spec.count:
-            host.warn(f"Room for {free} more pane(s) (at most {MAX_PANES})")
+            host.warn(f"Asked for {spec.count} subagents; room for {count} more pane(s) (at most "
+                      f"{MAX_PANES}), so {count} started")
         # The child sends its own system prompt (its role's, else the parent's) ahead of the
         # inherited messages; with the parent's, the prefix matches and the fork shares its KV.
         context = parent.conversation(committed_only=True, with_system=False)
-        settings = self.roles.get(spec.role, parent.record.settings) if spec.role else parent.record.settings
         used = set(self.store.pane_names())
         children = []
         for i in range(count):
@@ -106,7 +114,9 @@ class Subagents:
         return children
 
     async def burst(self, parent: ChatPane, count: int = BURST_DEFAULT) -> list[ChatPane]:
-        return await self.spawn(parent, SpawnSpec(count, "burst"), tasks=burst_tasks(count),
+        """`count` subagents with distinct perspectives, titled "k of n" for the n that fit."""
+        fits = min(count, MAX_PANES - self.host.pane_count())
+        return await self.spawn(parent, SpawnSpec(count, "burst"), tasks=burst_tasks(fits),
                                 priority=Priority.BACKGROUND)
 
     async def reply_finished(self, event: ChatPane.ReplyFinished) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from magnitude_tui.commands import SLASH_HELP, parse_slash
+from magnitude_tui.commands import SLASH_HELP, UnknownRole, parse_slash
 from magnitude_tui.screens.spawn_dialog import SpawnSpec
 from magnitude_tui.store import MessageRecord
 from magnitude_tui.widgets.chat_pane import ChatPane
@@ -68,6 +68,11 @@ class Turns:
         ws = self.workspace
         try:
             command = parse_slash(text, ws.roles)
+        except UnknownRole as exc:
+            ws.notify(f"{ws.role_book.unknown(exc.name)} · usage: /spawn [ROLE] N task", severity="warning",
+                      timeout=10, markup=False)
+            pane.return_to_composer([text])  # fix the name and send again
+            return
         except ValueError as exc:
             ws.notify(str(exc), severity="warning", markup=False)
             return

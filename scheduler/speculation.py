@@ -235,7 +235,7 @@ def available_sources(mode: SpecMode, sources: dict[DraftKind, DraftSource]) -> 
     if forced is None:
         return list(sources.values())
     if forced not in sources:
-        hint = " (start with --draft-model PATH)" if forced is DraftKind.DRAFT_MODEL else ""
-        raise ValueError(f"--spec {mode.value} needs a {forced.value} draft source, and none is "
-                         f"loaded{hint}; use --spec auto or off")
+        drafted = forced is DraftKind.DRAFT_MODEL
+        needs, hint = ("a draft model", " (start with --draft-model PATH)") if drafted else ("n-gram lookup", "")
+        raise ValueError(f"--spec {mode.value} needs {needs}, and none is loaded{hint}; use --spec auto or off")
     return [sources[forced]]

@@ -20,7 +20,8 @@ def test_agents_toml_defines_roles(tmp_path):
     path.write_text('[critic]\nsystem = "You find the weakest point."\ntemperature = 0.2\nmax_tokens = 50\n'
                     '[scribe]\nsystem = "You write it down."\n')
     assert load_agents(path) == {"critic": CRITIC, "scribe": AgentSettings("scribe", "You write it down.")}
-    assert load_agents(tmp_path / "none.toml") == {}
+    with pytest.raises(AgentFileError, match="none.toml: no such file"):
+        load_agents(tmp_path / "none.toml")  # named with --agents: it must exist
     for bad, says in [('[x]\ntemp = 1\n', "unknown key(s) temp"), ('[x]\ntemperature = -1\n', "temperature -1"),
                       ('[x]\nmax_tokens = "a"\n', "max_tokens must be an integer"), ('x = 1\n', "must be a table"),
                       ('[x\n', "agents.toml")]:
@@ -40,7 +41,23 @@ def test_a_bad_agents_file_is_refused_before_the_app_opens(monkeypatch, tmp_path
     assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "temperature must be a number" in result.stderr
     agents.write_text('[critic]\nsystem = "x"\n')
     result = CliRunner().invoke(cli, ["--model", model, "--agents", str(agents)])
-    assert result.exit_code == 0 and list(started[0]["roles"]) == ["critic"]
+    assert result.exit_code == 0 and list(started[0]["roles"].roles) == ["critic"]
+    assert started[0]["roles"].path == agents  # followed: the app reads it again when it changes
+
+
+def test_a_missing_agents_file_is_refused_and_the_default_one_may_be_absent(monkeypatch, tmp_path):
+    started = []
+    monkeypatch.setattr(magnitude_tui.app, "run_app", lambda config, **kw: started.append(kw))
+    model = str(tiny_gguf(tmp_path / "m.gguf"))
+    missing = tmp_path / "agnets.toml"
+    for extra in ([], ["--check"]):
+        result = CliRunner().invoke(cli, ["--model", model, "--agents", str(missing), *extra])
+        assert result.exit_code == 2 and not started and "roles: none" not in result.output
+        assert f"{missing}: no such file" in result.stderr
+    monkeypatch.setattr("magnitude_tui.agents.agents_path", lambda: tmp_path / "absent" / "agents.toml")
+    assert load_agents() == {}
+    result = CliRunner().invoke(cli, ["--model", model, "--check"])
+    assert result.exit_code == 0 and "roles: none" in result.output
 
 
 async def test_spawn_with_a_role_uses_its_prompt_and_sampling(tmp_path):

@@ -21,6 +21,8 @@ class ConfirmDialog(ModalScreen[bool]):
     ConfirmDialog { align: center middle; }
     ConfirmDialog > Vertical { width: 64; height: auto; padding: 1 2; border: thick $warning;
                                background: $surface; }
+    /* A Label is as wide as its text unless told otherwise: the detail ran past the box. */
+    ConfirmDialog Label { width: 100%; }
     ConfirmDialog #confirm-title { text-style: bold; }
     ConfirmDialog #confirm-detail { color: $text-muted; margin-top: 1; }
     ConfirmDialog Horizontal { height: auto; margin-top: 1; align-horizontal: right; }

@@ -20,6 +20,7 @@ from magnitude_tui.store import ConversationRow
 
 class ListAction(Enum):
     OPEN = "open"  # focus it, or reopen it as a pane when it is closed
+    OPEN_WORKSPACE = "open workspace"  # reopen every pane that was open in its workspace
     RENAME = "rename"
     DELETE = "delete"
 
@@ -39,17 +40,19 @@ def describe(row: ConversationRow, now: float) -> str:
             else time.strftime("%Y-%m-%d", time.localtime(row.updated)))
     role = " · subagent" if row.role == "subagent" else ""
     preview = row.preview or "(no messages)"
-    return f"{row.name:<10} {state:<6} {row.messages:>3} msgs  {when:>11}{role}  {preview}"
+    return f"{row.name:<10} {state:<6} w{row.workspace_id:<3} {row.messages:>3} msgs  {when:>11}{role}  {preview}"
 
 
 class ConversationList(ModalScreen[ListChoice | None]):
-    """Type to search; enter opens (a closed one comes back as a pane), f2 renames, ctrl+d deletes."""
+    """Type to search; enter opens (a closed one comes back as a pane), f3 reopens every pane of
+    its workspace (wN, the launch it belongs to), f2 renames, ctrl+d deletes."""
 
     BINDINGS = [
         Binding("escape", "close", "Close"),
         Binding("down", "move(1)", "Down", show=False),
         Binding("up", "move(-1)", "Up", show=False),
         Binding("f2", "rename", "Rename"),
+        Binding("f3", "open_workspace", "Open its workspace"),
         # Priority: the search box would otherwise take ctrl+d (delete right).
         Binding("ctrl+d", "delete", "Delete", priority=True),
     ]
@@ -58,7 +61,7 @@ class ConversationList(ModalScreen[ListChoice | None]):
     ConversationList > Vertical { width: 96; height: 80%; padding: 0 1; border: thick $accent;
                                   background: $surface; }
     ConversationList #list-title { text-style: bold; margin: 0 0 1 0; }
-    ConversationList #list-help { color: $text-muted; margin-top: 1; }
+    ConversationList #list-help { color: $text-muted; margin-top: 1; width: 100%; }
     ConversationList OptionList { height: 1fr; border: none; }
     """
 
@@ -74,7 +77,8 @@ class ConversationList(ModalScreen[ListChoice | None]):
             yield Label("Conversations", id="list-title")
             yield Input(placeholder="search names and messages", id="list-search")
             yield OptionList(id="list-rows")
-            yield Label("enter open or reopen · f2 rename · ctrl+d delete · esc close", id="list-help")
+            yield Label("enter open or reopen · f3 its whole workspace (wN) · f2 rename · ctrl+d delete · "
+                        "esc close", id="list-help")
 
     def on_mount(self) -> None:
         self._fill("")
@@ -128,6 +132,10 @@ class ConversationList(ModalScreen[ListChoice | None]):
         search.placeholder = f"new name for {row.name}, then enter"
         search.value = row.name
         self.query_one("#list-title", Label).update(f"Rename {row.name}")
+
+    def action_open_workspace(self) -> None:
+        if self.selected is not None:
+            self.dismiss(ListChoice(ListAction.OPEN_WORKSPACE, self.selected))
 
     def action_delete(self) -> None:
         if self.selected is not None:

@@ -14,7 +14,7 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from magnitude_tui.agents import AgentSettings
+from magnitude_tui.agents import AgentSettings, RoleBook
 from magnitude_tui.conversations import Conversations
 from magnitude_tui.engine.protocol import EngineClient
 from magnitude_tui.export import export_pane
@@ -36,6 +36,7 @@ from scheduler.types import Priority, Request, SamplingParams
 PUMP_WAIT_S = 0.2  # longest blocking wait for the next batch (bounds shutdown latency)
 PUMP_SLICE_S = 0.02  # longest the pump holds the event loop while draining a backlog
 SAVE_INTERVAL_S = 0.5  # streaming replies reach the database at most this far behind
+ROLES_CHECK_S = 2.0  # how often the agents file is checked for changes (one stat)
 SCHEDULER_PANEL_MIN_WIDTH = 110  # columns; narrower terminals start with the scheduler panel hidden
 _PANES = Binding.Group("Pane")
 _PANELS = Binding.Group("Panels")
@@ -48,10 +49,12 @@ class WorkspaceScreen(Screen):
     # is in the README's key table and the palette, like every action. Quit is the app's binding.
     BINDINGS = [
         Binding("ctrl+p", "app.command_palette", "Palette", priority=True),
-        Binding("ctrl+n", "new_pane", "New"),
+        # Priority (these three): focus must move as the key is read, so the keys typed after it
+        # in the same burst (a fast typist, tmux send-keys) reach the pane it moved to. Without
+        # it ctrl+n's action ran only once the key had bubbled back up from the old composer, and
+        # the keys read meanwhile were typed there (and sent to its conversation).
+        Binding("ctrl+n", "new_pane", "New", priority=True),
         Binding("ctrl+x", "close_pane", "Close"),
-        # Priority: focus must move as the key is read, so the keys typed after it in the same
-        # burst (a fast typist, tmux send-keys) reach the pane it moved to.
         Binding("tab", "next_pane", "Next pane", key_display="⇥", group=_PANES, priority=True),
         Binding("shift+tab", "prev_pane", "Previous pane", key_display="⇤", group=_PANES, priority=True),
         Binding("ctrl+o", "zoom", "Zoom", show=False),
@@ -72,19 +75,19 @@ class WorkspaceScreen(Screen):
 
     def __init__(self, *, client: EngineClient, store: Store, restored: list[PaneRecord],
                  export_dir: Path, sampling: SamplingParams | None = None, serve=None,
-                 roles: dict[str, AgentSettings] | None = None) -> None:
+                 roles: RoleBook | dict[str, AgentSettings] | None = None) -> None:
         """`serve`: an object with `start(workspace)` and `dispatch(batch)` (the HTTP endpoint
         of `--serve PORT`), fed every engine batch. `roles`: named agent definitions for
-        /spawn ROLE and the spawn and agent dialogs."""
+        /spawn ROLE and the spawn and agent dialogs (a RoleBook follows its file's changes)."""
         super().__init__()
         self.serve = serve
-        self.roles = roles or {}
+        self.role_book = roles if isinstance(roles, RoleBook) else RoleBook(None, roles or {})
         self.sampling = sampling or SamplingParams()
         self.client = client
         self.store = store
         self.export_dir = export_dir
         self._restored = restored
-        self.subagents = Subagents(self, store, self.roles)
+        self.subagents = Subagents(self, store, self.role_book)
         self.conversations = Conversations(self)
         self.turns = Turns(self)
         self._panes: dict[str, ChatPane] = {}  # open panes; outlives the DOM at shutdown, for save()
@@ -119,6 +122,7 @@ class WorkspaceScreen(Screen):
         self.grid.focus_pane(self.grid.panes[0])
         self.set_interval(SAVE_INTERVAL_S, self.save)
         self.set_interval(PAINT_TICK_S, self.paint)
+        self.set_interval(ROLES_CHECK_S, self.check_roles)
         self.client.start()
         self.link.restore_sessions(self.grid.panes)
         await self.turns.send_restored_queue(self.grid.panes)
@@ -142,6 +146,22 @@ class WorkspaceScreen(Screen):
                     await asyncio.sleep(0)  # let the screen repaint between slices of a backlog
                     deadline = loop.time() + PUMP_SLICE_S
                 batch = self.client.poll_events(0)
+
+    @property
+    def roles(self) -> dict[str, AgentSettings]:
+        """The agent definitions as the file says now (it is read again when it changed)."""
+        return self.role_book.roles
+
+    def check_roles(self) -> None:
+        """Say when the agents file changed: its new roles, or why it cannot be used."""
+        book = self.role_book
+        before = book.problem
+        if book.reload():
+            self.notify(f"{book.path} reloaded; roles: {', '.join(book.roles) or 'none'}", timeout=6,
+                        markup=False)
+        elif book.problem and book.problem != before:
+            self.notify(f"{book.problem} (the roles stay as they were until the file is fixed)",
+                        severity="error", timeout=10, markup=False)
 
     def panes_by_session(self) -> dict[str, ChatPane]:
         return dict(self._panes)
@@ -243,8 +263,9 @@ class WorkspaceScreen(Screen):
     async def action_close_pane(self) -> None:
         await self.conversations.close_focused()
 
-    async def close_pane(self, pane: ChatPane) -> None:
-        """Close a pane now: cancel its reply, free its sequence and KV, keep it in the store."""
+    async def close_pane(self, pane: ChatPane, *, replace: bool = True) -> None:
+        """Close a pane now: cancel its reply, free its sequence and KV, keep it in the store
+        (`replace`: the last pane closed gives way to a new empty one)."""
         if pane.request_id is not None:
             self.client.cancel(pane.request_id)
         self.client.close_session(pane.session_id)
@@ -255,7 +276,7 @@ class WorkspaceScreen(Screen):
         self._panes.pop(pane.session_id, None)
         await self.grid.remove_pane(pane)
         self.store.set_positions([p.session_id for p in self.grid.panes])
-        if not self.grid.panes:
+        if replace and not self.grid.panes:
             await self.action_new_pane()
 
     @work(exclusive=True, group="conversations")
@@ -313,8 +334,15 @@ class WorkspaceScreen(Screen):
 
     def action_export(self) -> None:
         pane = self.grid.focused_pane()
-        if pane is not None:
-            self.notify(f"Exported {pane.record.name} to {export_pane(pane, self.export_dir)}")
+        if pane is None:
+            return
+        try:
+            path = export_pane(pane, self.export_dir)
+        except OSError as exc:
+            self.notify(f"Could not export {pane.record.name} to {self.export_dir}: {exc}", severity="error",
+                        markup=False)
+            return
+        self.notify(f"Exported {pane.record.name} to {path}", timeout=10, markup=False)
 
     def action_copy_answer(self) -> None:
         pane = self.grid.focused_pane()

@@ -206,8 +206,13 @@ class ChatPane(Vertical):
     def _speaker(self, m: MessageRecord) -> str:
         if m.role == "user" and self.record.role == "subagent":
             return f"task from {self.parent_name or 'parent'}"
-        if m.role == "user" and self.record.role == "api":
-            return self.record.task or "API caller"  # the caller the pane is named after
+        if self.record.role == "api":
+            # The pane is named after its caller: the caller's messages carry that name, and the
+            # model's replies must not carry it too.
+            if m.role == "user":
+                return f"caller {self.record.task or self.record.name}"
+            if m.role == "assistant":
+                return "model"
         return "you" if m.role == "user" else self.record.name if m.role == "assistant" else m.role
 
     def rename(self, name: str) -> None:
@@ -397,7 +402,7 @@ class ChatPane(Vertical):
             transcript = self._transcript()
             if transcript is None:  # the pane is being torn down (the app is closing)
                 return
-            reply.view = MessageView(reply.message, speaker=self.record.name, streaming=True)
+            reply.view = MessageView(reply.message, speaker=self._speaker(reply.message), streaming=True)
             await transcript.add(reply.view)
         # While keys come, finished blocks wait in the open text: mounting them as Markdown lays
         # out the screen several frames in a row, and a typed key's frame would wait for that.

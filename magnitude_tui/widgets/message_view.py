@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
+from markdown_it import MarkdownIt
+from markdown_it.rules_core import StateCore
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widget import Widget
@@ -87,7 +89,7 @@ class MessageView(Vertical):
             # written; as Markdown its line breaks and indentation would collapse into one paragraph.
             yield Static(self.message.content.strip("\n"), classes="plain", markup=False)
         else:
-            yield Markdown(self.message.content)
+            yield body_markdown(self.message.content)
 
     def _header_text(self) -> str:
         m = self.message
@@ -168,7 +170,7 @@ class MessageView(Vertical):
             if fold:
                 await self.remove_children(fold)
         if keep_from < len(finished):
-            await self.mount(Markdown(finished[keep_from:]), before=before)
+            await self.mount(body_markdown(finished[keep_from:]), before=before)
 
     def markdown_budget(self) -> int:
         """Characters of finished blocks this reply keeps as Markdown widgets while it streams."""
@@ -190,7 +192,7 @@ class MessageView(Vertical):
             elif self._streaming and self.is_attached:  # the streamed pieces give way to one document
                 pieces = list(self.query("StreamingText, Markdown"))
                 # Mount the whole first, then drop the pieces: no frame shows the body missing.
-                await self.mount(Markdown(text), before=pieces[0] if pieces else None)
+                await self.mount(body_markdown(text), before=pieces[0] if pieces else None)
                 await self.remove_children(pieces)
             self._writing = False
             self._settled = True
@@ -208,6 +210,28 @@ class MessageView(Vertical):
         if headers and text != self._header:
             self._header = text
             headers.first(Static).update(text)
+
+
+def line_break_parser() -> MarkdownIt:
+    """Textual's parser ("gfm-like") with every line break kept: a model writes a poem or a list
+    without bullets one item a line, which CommonMark would join into one paragraph. (The
+    `breaks` option only changes markdown-it's HTML; Textual reads the tokens, so the soft breaks
+    become hard ones there.)"""
+    parser = MarkdownIt("gfm-like")
+    parser.core.ruler.push("keep_line_breaks", _keep_line_breaks)
+    return parser
+
+
+def _keep_line_breaks(state: StateCore) -> None:
+    for token in state.tokens:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type = "hardbreak"
+
+
+def body_markdown(text: str) -> Markdown:
+    """A message body as Markdown, its single line breaks kept."""
+    return Markdown(text, parser_factory=line_break_parser)
 
 
 def block_ends(text: str) -> list[int]:

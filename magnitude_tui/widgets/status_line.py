@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import ProgressBar, Static
@@ -16,6 +17,20 @@ _BADGE = {
     Phase.PREFILL: "PREFILL",
     Phase.WAITING: "WAITING",
     Phase.GENERATING: "GENERATING",
+    Phase.DONE: "DONE",
+}
+
+
+# Narrow panes (9 or more on a 120-column terminal) get short badges and only the figures that fit
+# whole: a figure cut in the middle ("20.4 tok…") reads as a different number.
+COMPACT_WIDTH = 32  # columns of the status line below which it is compact
+_SHORT_BADGE = {
+    Phase.LOADING: "LOAD",
+    Phase.QUEUED: "QUEUE",
+    Phase.PREPARING: "PREP",
+    Phase.PREFILL: "PRE",
+    Phase.WAITING: "WAIT",
+    Phase.GENERATING: "GEN",
     Phase.DONE: "DONE",
 }
 
@@ -43,10 +58,13 @@ class StatusLine(Horizontal):
     StatusLine > ProgressBar Bar { width: 10; }
     StatusLine > .metrics { width: 1fr; padding: 0 1; color: $text-muted; text-wrap: nowrap;
                             text-overflow: ellipsis; }
+    StatusLine.-compact > .badge { min-width: 0; }
+    StatusLine.-compact > .metrics { padding: 0 0 0 1; }
     """
 
     def compose(self) -> ComposeResult:
         self._shown: tuple = ()  # what the widgets show now: (badge class, badge text, bar, metrics)
+        self._update: SeqUpdate | None = None  # the update shown (a resize shows it again)
         yield Static("IDLE", classes="badge")
         yield ProgressBar(total=1, show_eta=False, show_percentage=False)
         yield Static("", classes="metrics", markup=False)
@@ -59,10 +77,19 @@ class StatusLine(Horizontal):
         """
         if not self.query(".badge"):  # not composed yet, or torn down as the app closes
             return
-        badge_class, badge_text = self._badge_class(update), self._badge_text(update)
+        self._update = update
+        compact = 0 < self.size.width < COMPACT_WIDTH
+        self.set_class(compact, "-compact")
+        badge_class, badge_text = self._badge_class(update), self._badge_text(update, short=compact)
         prefilling = update is not None and update.phase in _PROMPT_PHASES
         bar = (update.prompt_total, update.prompt_done) if prefilling and update.prompt_total else None
-        metrics = self.metrics_text(update)
+        if compact:
+            # The bar's 11 columns go to the figures; the prompt's done/total says the same.
+            prefilling, bar = False, None
+            room = self.size.width - len(badge_text) - 2 - 1
+            metrics = fit_parts(self.compact_parts(update), room)
+        else:
+            metrics = self.metrics_text(update)
         old = self._shown or (None, None, None, None, None)
         self._shown = (badge_class, badge_text, prefilling, bar, metrics)
         if (badge_class, badge_text) != old[:2]:
@@ -76,6 +103,10 @@ class StatusLine(Horizontal):
         if metrics != old[4]:
             self.query_one(".metrics", Static).update(metrics, layout=False)
 
+    def on_resize(self, event: events.Resize) -> None:
+        if self._shown and (0 < event.size.width < COMPACT_WIDTH) != self.has_class("-compact"):
+            self.show(self._update)
+
     @staticmethod
     def _badge_class(update: SeqUpdate | None) -> str:
         if update is None:
@@ -85,12 +116,35 @@ class StatusLine(Horizontal):
         return f"-{update.phase.value}"
 
     @staticmethod
-    def _badge_text(update: SeqUpdate | None) -> str:
+    def _badge_text(update: SeqUpdate | None, *, short: bool = False) -> str:
         if update is None:
             return "IDLE"
         if update.phase is Phase.DONE and update.done_reason is not None:
-            return f"DONE·{update.done_reason.value}"
-        return _BADGE[update.phase]
+            reason = update.done_reason
+            if short:
+                return {DoneReason.STOP: "DONE", DoneReason.CANCELLED: "STOP",
+                        DoneReason.ERROR: "ERR", DoneReason.LENGTH: "LEN"}.get(reason, "DONE")
+            return f"DONE·{reason.value}"
+        return (_SHORT_BADGE if short else _BADGE)[update.phase]
+
+    @staticmethod
+    def compact_parts(u: SeqUpdate | None) -> list[str]:
+        """A narrow pane's figures, most telling first (the rate before the latencies)."""
+        if u is None:
+            return ["Enter sends", "/help"]
+        if u.phase is Phase.LOADING:
+            return [f"model {round((u.load_fraction or 0.0) * 100)}%"]
+        if u.phase is Phase.WAITING:
+            return ["no token yet", f"queue {fmt_ms(u.queue_ms)}"]
+        if u.phase in _PROMPT_PHASES:
+            admitted = u.phase is Phase.PREFILL and u.prompt_total
+            prompt = (f"{fmt_count(u.prompt_done)}/{fmt_count(u.prompt_total)}" if admitted
+                      else f"{fmt_count(u.prompt_total)} tok" if u.prompt_total else None)
+            return [p for p in (prompt, f"queue {fmt_ms(u.queue_ms)}") if p]
+        rate = u.tok_s_live if u.phase is not Phase.DONE else u.tok_s
+        parts = [u.error, f"{fmt_rate(rate)} tok/s", f"TTFT {fmt_ms(u.ttft_ms)}",
+                 f"ITL p95 {fmt_ms(u.itl_p95_ms)}", f"{u.generated} tok"]
+        return [p for p in parts if p]
 
     @staticmethod
     def metrics_text(u: SeqUpdate | None) -> str:
@@ -128,3 +182,15 @@ class StatusLine(Horizontal):
                     if u.drafted and u.tokens_per_step is not None else None)
             parts = [u.error, *latency, spec, f"queue {fmt_ms(u.queue_ms)}", count, prompt, where, server]
         return " · ".join(p for p in parts if p)
+
+
+def fit_parts(parts: list[str], width: int) -> str:
+    """The leading parts, joined by " · ", that fit in `width` columns whole (the first one is
+    always shown, cut with an ellipsis only when it alone is too wide)."""
+    shown = ""
+    for part in parts:
+        joined = f"{shown} · {part}" if shown else part
+        if shown and len(joined) > width:
+            break
+        shown = joined
+    return shown
