@@ -9,8 +9,10 @@ import httpx
 import openai
 import pytest
 
-from backend.fake import DEFAULT_REPLY
+import backend.fake
+from backend.fake import DEFAULT_REPLY, FakeBackend
 from backend.factory import BackendConfig
+from backend.template_fallback import INFO_NOTICE
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions
 from magnitude_tui.serve.text_completion import DEFAULT_MAX_TOKENS
@@ -116,3 +118,22 @@ def test_a_bad_body_is_refused_with_the_field_named(server, body, param):
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
     wait_until(lambda: server.hub.num_live == 0)
+
+
+
+class _BaseModelFake(FakeBackend):
+    """The fake as a model without a chat template (serve's worker builds it by this name)."""
+
+    def __init__(self, **sizes) -> None:
+        super().__init__(base_model=True, **sizes)
+
+
+def test_serve_logs_a_missing_chat_template_at_load(monkeypatch):
+    monkeypatch.setattr(backend.fake, "FakeBackend", _BaseModelFake)
+    with running_server(FAKE, ServeOptions(model_name="base")) as s:
+        notice = _BaseModelFake().info[INFO_NOTICE]
+        assert f"[serve] {notice}" in s.log.getvalue().splitlines()
+        # A chat reply on it is ChatML-rendered as text: the prompt counts the markers' characters.
+        r = openai.OpenAI(base_url=s.base, api_key="unused", max_retries=0).chat.completions.create(
+            model="base", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        assert r.usage.prompt_tokens == len("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
