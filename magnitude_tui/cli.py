@@ -256,6 +256,16 @@ def serve(
     max_live: int = typer.Option(64, "--max-queue", min=1, help="Requests in flight before 429."),
     draft_model: Optional[str] = DraftModelOpt,
     verbose: bool = VerboseOpt,
+    grace: float = typer.Option(5.0, "--grace", min=0, help="On SIGTERM/SIGINT, seconds the replies in flight "
+                                "get to finish before they are ended with an error event."),
+    max_restarts: int = typer.Option(5, "--max-restarts", min=0, help="Engine worker restarts within 10 "
+                                     "minutes before serve gives up and exits non-zero."),
+    allow_host: List[str] = typer.Option([], "--allow-host", help="Another name the server answers for "
+                                         "in the Host header (besides the bound address; repeat for several)."),
+    allow_origin: List[str] = typer.Option([], "--allow-origin", help="A web page origin allowed to call "
+                                           "(scheme://host[:port], or *); pages are refused by default."),
+    backend_kind: str = typer.Option("llama", "--backend", hidden=True, help="llama, fake or "
+                                     "simulated:<profile> (paced in real time): tests and soak runs."),
 ) -> None:
     """Serve the engine headless as an OpenAI-compatible endpoint (/v1/chat/completions, /v1/models, /health)."""
     import asyncio
@@ -264,10 +274,14 @@ def serve(
     from magnitude_tui.engine.client import WorkerClient
     from magnitude_tui.engine.events import EngineConfig
     from magnitude_tui.serve.app import ServeOptions
+    from magnitude_tui.serve.connections import raise_fd_limit
+    from magnitude_tui.serve.guard import GuardPolicy, bound_hosts
+    from magnitude_tui.serve.lifecycle import Lifecycle, RestartPolicy
     from magnitude_tui.serve.server import (ServeConfigError, check_bind, resolve_api_key, serve_async,
                                             served_model_name)
 
-    _check_model(model, draft_model)
+    if backend_kind == "llama":
+        _check_model(model, draft_model)
     from magnitude_tui import preflight
 
     try:
@@ -280,16 +294,21 @@ def serve(
     except ServeConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
-    backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, n_seq_max=parallel, n_threads=threads,
-                            verbose=verbose, draft_model=draft_model)
+    try:
+        backend = BackendConfig(backend_kind, model=model, device=device, n_ctx=n_ctx, n_seq_max=parallel,
+                                n_threads=threads, verbose=verbose, draft_model=draft_model,
+                                realtime=backend_kind.startswith("simulated"))
+    except ValueError as exc:
+        _fail(str(exc))
     client = WorkerClient(EngineConfig(backend, policy=policy, auto_threads=threads is None, spec=spec_mode),
                           log_path=None if verbose else "auto")
+    raise_fd_limit()
     client.start()
-    try:
-        asyncio.run(serve_async(client, host=host, port=port, options=ServeOptions(
-            model_name=served_model_name(client), api_key=key, max_live=max_live)))
-    except KeyboardInterrupt:
-        pass
+    lifecycle = Lifecycle(grace_s=grace, restart=RestartPolicy(limit=max_restarts))
+    code = asyncio.run(serve_async(client, host=host, port=port, lifecycle=lifecycle, options=ServeOptions(
+        model_name=served_model_name(client), api_key=key, max_live=max_live,
+        guard=GuardPolicy(bound_hosts(host, tuple(allow_host)), frozenset(allow_origin)))))
+    raise typer.Exit(code)
 
 
 def _remote_client(urls: List[str], model: Optional[str], api_key_env: Optional[str]):

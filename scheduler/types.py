@@ -109,6 +109,9 @@ class Request:
     # is, without the chat template; `messages` are not sent. Never parsed for special tokens.
     prompt: str | None = None
     priority: Priority = Priority.INTERACTIVE
+    # A conversation too long for its sequence drops its oldest turns (a pane); False refuses it
+    # instead (context_length_exceeded): an API caller must be told, never answered on a cut history.
+    drop_oldest_turns: bool = True
 
 
 @dataclass(frozen=True, slots=True)

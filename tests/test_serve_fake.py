@@ -176,7 +176,7 @@ def test_malformed_json_and_oversized_bodies(server):
     r = httpx.post(server.base + "/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     big = b'{"messages": [{"role": "user", "content": "' + b"x" * (5 * 2**20) + b'"}]}'
-    r = httpx.post(server.base + "/chat/completions", content=big)
+    r = httpx.post(server.base + "/chat/completions", content=big, headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
 
@@ -193,6 +193,7 @@ class _StubHub:
     def __init__(self, state, num_live=0, failure=None):
         self.state, self.num_live, self.failure, self.load_fraction = state, num_live, failure, 0.42
         self.context_per_sequence = 4096
+        self.draining = self.supervised = False
 
 
 @pytest.mark.parametrize("hub, status, code", [

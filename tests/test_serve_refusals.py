@@ -20,6 +20,7 @@ from tests.serve_support import running_server
 
 FAKE = EngineConfig(BackendConfig("fake", n_ctx=4096, n_seq_max=16), policy="fixed:64")
 KEY = {"Authorization": "Bearer right-key"}
+JSON_KEY = {**KEY, "Content-Type": "application/json"}
 HI = [{"role": "user", "content": "hi"}]
 GOOD_TOKENS = 3500  # a second or more on the fake engine: long enough to stay in flight
 
@@ -45,8 +46,8 @@ def _refusals(base: str) -> list[tuple[str, dict, int, str, str | None]]:
         ("prompt over the context, streamed", dict(json={"messages": [{"role": "user", "content": "x" * 5000}],
                                                          "stream": True}, headers=KEY),
          400, "context_length_exceeded", "messages"),
-        ("malformed JSON", dict(content=b"{nope", headers=KEY), 400, "invalid_json", None),
-        ("body over the limit", dict(content=b"x" * (5 * 2**20), headers=KEY), 413, "body_too_large", None),
+        ("malformed JSON", dict(content=b"{nope", headers=JSON_KEY), 400, "invalid_json", None),
+        ("body over the limit", dict(content=b"x" * (5 * 2**20), headers=JSON_KEY), 413, "body_too_large", None),
     ]
 
 
@@ -85,6 +86,7 @@ def test_every_refusal_is_openai_shaped_while_a_good_call_streams_to_its_end(ser
 
 class _LoadingHub:
     state, num_live, failure, load_fraction, context_per_sequence = EngineState.LOADING, 0, None, 0.42, 4096
+    draining = supervised = False
 
 
 async def test_health_is_503_with_the_reason_while_the_model_loads():

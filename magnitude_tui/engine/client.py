@@ -65,6 +65,8 @@ class WorkerClient:
         self._reader = None
         self._stopping = False
         self._ready = False  # EngineReady came from the current worker
+        # The current worker's own EngineFailed (a load failure): its exit that follows is no news.
+        self._worker_failure: EngineFailed | None = None
         if not in_process:
             # multiprocessing's resource tracker starts on the first spawn and passes
             # sys.stderr's fd to it; inside a Textual app stderr is a capture object with no
@@ -82,6 +84,7 @@ class WorkerClient:
 
     def start(self) -> None:
         self._stopping = False
+        self._worker_failure = None
         with self._live_lock:
             self._ready = False
             self._loading = set()
@@ -206,8 +209,16 @@ class WorkerClient:
                 elif isinstance(event, EngineReady):
                     with self._live_lock:
                         self._ready, self._loading = True, set()
+                elif isinstance(event, EngineFailed):
+                    self._worker_failure = event
             self._events.put(batch + extra)
-        if not self._stopping:
+        if self._stopping:
+            return
+        if self._worker_failure is not None:
+            # The worker said why it stopped (llama.cpp refused the model); its exit status (0)
+            # would only hide that reason.
+            self._fail_live(self._worker_failure.message, announce=False)
+        else:
             self._fail_live(self._death_reason())
 
     def _load_progress(self, fraction: float) -> list[SeqUpdate]:
@@ -251,9 +262,9 @@ class WorkerClient:
         else:
             how = f"exited with code {code}"
         where = f"; native log: {self.log_path}" if self.log_path else ""
-        return f"the engine worker (pid {self._proc.pid}) {how}{where}. Restart the engine to continue."
+        return f"the engine worker {how}{where}. Restart the engine to continue."
 
-    def _fail_live(self, reason: str) -> None:
+    def _fail_live(self, reason: str, *, announce: bool = True) -> None:
         with self._live_lock:
             live, self._live, self._loading = self._live, {}, set()
         batch: list = [
@@ -261,5 +272,7 @@ class WorkerClient:
                       done_reason=DoneReason.ERROR, error=reason)
             for rid, sid in live.items()
         ]
-        batch.append(EngineFailed(message=reason, restartable=True))
-        self._events.put(batch)
+        if announce:
+            batch.append(EngineFailed(message=reason, restartable=True))
+        if batch:
+            self._events.put(batch)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from scheduler.admission import ContextLengthError
 from scheduler.types import Message
 
 # A conversation is trimmed when its prompt leaves less than room for a reply (max_tokens, at most
@@ -74,3 +75,11 @@ def fit_conversation(messages: Sequence[Message], tokenize: Callable[[Sequence[M
         cut = starts[-1]
         return Fitted(tokenize([*messages[:first], *messages[cut:]]), cut - first)
     return Fitted(*best)
+
+
+def history_too_long(fitted: Fitted, n_ctx_seq: int) -> ContextLengthError:
+    """The refusal for a request that may not drop turns (`Request.drop_oldest_turns` False)."""
+    return ContextLengthError(
+        f"the conversation does not fit one sequence ({n_ctx_seq:,} tokens) with room for the reply: "
+        f"its {fitted.dropped:,} oldest messages would have to be dropped. Send a shorter history "
+        "(or a smaller max_tokens)")

@@ -11,15 +11,19 @@ from enum import Enum
 from typing import Callable
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from magnitude_tui.serve.body import parse_chat
 from magnitude_tui.serve.completion import Completion, Delta
 from magnitude_tui.serve.errors import ErrorType, OpenAIError, invalid
+from magnitude_tui.serve.guard import GuardPolicy, RequestGuard
 from magnitude_tui.serve.hub import EngineHub, EngineState
 
 MAX_BODY_BYTES = 4 * 2**20
+BODY_TIMEOUT_S = 30.0
+MAX_JSON_DEPTH = 64  # tool schemas nest a dozen levels; thousands only exhaust a parser's stack
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class ServeOptions:
     max_live: int = 64  # requests in the engine at once; more get 429
     max_body_bytes: int = MAX_BODY_BYTES
     default_max_tokens: int | None = None  # None: what the sequence's context leaves
+    guard: GuardPolicy | None = None  # Host/Origin/Content-Type checks (serve_async: the bound names)
 
 
 class Outcome(str, Enum):
@@ -46,6 +51,11 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
     that ran, `on_refused(caller address, error)` once per call answered with an error before
     anything ran (log lines in the headless server; /health is not a call)."""
     api = FastAPI(title="magnitude-tui", docs_url=None, redoc_url=None, openapi_url=None)
+    if options.guard is not None:
+        if options.guard.origins:  # the pages allowed to call get CORS answers (preflight included)
+            api.add_middleware(CORSMiddleware, allow_origins=sorted(options.guard.origins),
+                               allow_methods=["GET", "POST"], allow_headers=["authorization", "content-type"])
+        api.add_middleware(RequestGuard, policy=options.guard, on_refused=on_refused)
 
     @api.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
@@ -55,7 +65,7 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
 
     @api.get("/health")
     async def health() -> JSONResponse:
-        if hub.state is EngineState.READY:
+        if hub.state is EngineState.READY and not hub.draining:
             return JSONResponse({"status": "ok"})
         raise _not_ready(hub)
 
@@ -69,7 +79,7 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
     async def chat(request: Request):
         _authorize(request, options)
         body = await _read_json(request, options.max_body_bytes)
-        if hub.state is not EngineState.READY:
+        if hub.state is not EngineState.READY or hub.draining:
             raise _not_ready(hub)
         limit = options.default_max_tokens or hub.context_per_sequence
         call = parse_chat(body, default_max_tokens=limit)
@@ -97,8 +107,14 @@ def _address(request: Request) -> str:
 
 
 def _not_ready(hub: EngineHub) -> OpenAIError:
+    # Never the engine's own words (a pid, a log path): /health answers without a key.
+    if hub.draining:
+        return OpenAIError(503, "the server is shutting down", ErrorType.UNAVAILABLE, "shutting_down")
     if hub.state is EngineState.FAILED:
-        return OpenAIError(503, f"the engine is down: {hub.failure}", ErrorType.UNAVAILABLE, "engine_failed")
+        if hub.supervised:
+            return OpenAIError(503, "the engine stopped and is being restarted; retry shortly",
+                               ErrorType.UNAVAILABLE, "engine_failed", retry_after_s=2)
+        return OpenAIError(503, "the engine stopped", ErrorType.UNAVAILABLE, "engine_failed")
     return OpenAIError(503, f"the model is loading ({hub.load_fraction:.0%}); retry shortly",
                        ErrorType.UNAVAILABLE, "model_loading", retry_after_s=2)
 
@@ -119,15 +135,43 @@ async def _read_json(request: Request, limit: int) -> object:
         raise OpenAIError(413, f"the request body is over {limit:,} bytes", ErrorType.INVALID_REQUEST,
                           "body_too_large")
     data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise OpenAIError(413, f"the request body is over {limit:,} bytes", ErrorType.INVALID_REQUEST,
-                              "body_too_large")
+
+    async def read() -> None:
+        async for chunk in request.stream():
+            data.extend(chunk)
+            if len(data) > limit:
+                raise OpenAIError(413, f"the request body is over {limit:,} bytes", ErrorType.INVALID_REQUEST,
+                                  "body_too_large")
+
     try:
-        return json.loads(data)
+        # A body sent a byte at a time would otherwise hold its connection (and a slot) for ever.
+        await asyncio.wait_for(read(), BODY_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise OpenAIError(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s",
+                          ErrorType.INVALID_REQUEST, "request_timeout") from None
+    too_deep = invalid(None, f"the request body nests deeper than {MAX_JSON_DEPTH} levels", "invalid_json")
+    try:
+        body = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise invalid(None, f"the request body is not valid JSON: {e}", "invalid_json") from None
+    except RecursionError:  # past the parser's own limit (about 1,000 levels)
+        raise too_deep from None
+    if not _nesting_within(body, MAX_JSON_DEPTH):
+        raise too_deep
+    return body
+
+
+def _nesting_within(value: object, limit: int) -> bool:
+    """Whether no object or array in `value` lies more than `limit` levels deep (walked without
+    recursion, so a hostile body cannot exhaust the stack of whatever reads it next)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth > limit:
+                return False
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return True
 
 
 def _chunk(completion: Completion, options: ServeOptions, choices: list[dict], **extra) -> str:

@@ -106,7 +106,8 @@ class Completion:
 
     def _request(self, rid: str, session: str, sampling: SamplingParams, fork_from: str | None) -> Request:
         return Request(request_id=rid, session_id=session, messages=self.call.messages,
-                       sampling=sampling, fork_from=fork_from, priority=self.call.priority_class)
+                       sampling=sampling, fork_from=fork_from, priority=self.call.priority_class,
+                       drop_oldest_turns=False)
 
     # ---- progress ----------------------------------------------------------------------
 

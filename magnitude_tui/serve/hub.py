@@ -6,11 +6,16 @@ import asyncio
 import hashlib
 import time
 import uuid
+from dataclasses import replace
 from enum import Enum
 from typing import Callable
 
 from magnitude_tui.engine.events import EngineFailed, EngineReady, LoadProgress
-from scheduler.types import Phase, Request, SeqUpdate, StepReport
+from scheduler.types import DoneReason, ErrorKind, Phase, Request, SeqUpdate, StepReport
+
+# What HTTP callers (and the unauthenticated /health) are told when the worker dies: the full
+# reason (pid, signal, log path) is for whoever runs the server and goes to its log only.
+WORKER_DIED = "the engine stopped while running this request"
 
 
 class EngineState(str, Enum):
@@ -29,7 +34,13 @@ class EngineHub:
         self.clock = clock
         self.state = EngineState.LOADING
         self.load_fraction = 0.0
-        self.failure: str | None = None
+        self.failure: str | None = None  # the engine's own words, for the operator's log
+        self.failed: EngineFailed | None = None
+        self.draining = False  # the server is shutting down: no new calls
+        self.num_ready = 0  # EngineReady events seen: a worker that loaded, restarts included
+        self.supervised = False  # a dead worker is restarted by the server (headless serve)
+        # Set whenever `state` changes (the headless server's supervisor waits on it).
+        self.state_changed = asyncio.Event()
         self.ready: EngineReady | None = None
         self.last_report: StepReport | None = None
         self._routes: dict[str, tuple[asyncio.Queue, int]] = {}
@@ -59,13 +70,22 @@ class EngineHub:
                 for u in ev.updates:
                     self._route(u, now)
             elif isinstance(ev, SeqUpdate):  # the worker died: its live requests' last word
-                self._route(ev, now)
+                self._route(replace(ev, error=WORKER_DIED) if ev.error else ev, now)
             elif isinstance(ev, LoadProgress):
-                self.state, self.load_fraction = EngineState.LOADING, ev.fraction
+                self.load_fraction = ev.fraction
+                self._set_state(EngineState.LOADING)
             elif isinstance(ev, EngineReady):
-                self.state, self.ready, self.failure = EngineState.READY, ev, None
+                self.ready, self.failure, self.failed = ev, None, None
+                self.num_ready += 1
+                self._set_state(EngineState.READY)
             elif isinstance(ev, EngineFailed):
-                self.state, self.failure = EngineState.FAILED, ev.message
+                self.failure, self.failed = ev.message, ev
+                self._set_state(EngineState.FAILED)
+
+    def _set_state(self, state: EngineState) -> None:
+        if state is not self.state:
+            self.state = state
+            self.state_changed.set()
 
     def _route(self, u: SeqUpdate, now: float) -> None:
         route = self._routes.get(u.request_id)
@@ -118,6 +138,20 @@ class EngineHub:
     def cancel(self, request_id: str) -> None:
         if request_id in self._routes:
             self.client.cancel(request_id)
+
+    def end_all(self, message: str) -> int:
+        """End every live request now with `message` as its error (the server is stopping): each
+        waiting call gets its last word at once, and the engine is told to cancel them. Returns
+        how many were ended."""
+        sessions = {rid: sid for sid, rid in self._live_sessions.items()}
+        live = list(self._routes)
+        now = self.clock()
+        for rid in live:
+            self.client.cancel(rid)
+            self._route(SeqUpdate(request_id=rid, session_id=sessions.get(rid, ""), seq_id=None,
+                                  phase=Phase.DONE, done_reason=DoneReason.ERROR, error=message,
+                                  error_kind=ErrorKind.FAILED), now)
+        return len(live)
 
     @property
     def num_live(self) -> int:

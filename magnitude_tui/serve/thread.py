@@ -14,6 +14,7 @@ from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.local_server import free_port
 from magnitude_tui.serve.app import ServeOptions
+from magnitude_tui.serve.connections import ConnectionLimits
 from magnitude_tui.serve.hub import EngineHub
 from magnitude_tui.serve.server import serve_async
 
@@ -31,7 +32,7 @@ class RunningServer:
 
 @contextmanager
 def serve_in_thread(config: EngineConfig, options: ServeOptions = ServeOptions(), *, in_process: bool = True,
-                    ready_timeout: float = 300.0):
+                    ready_timeout: float = 300.0, limits: ConnectionLimits = ConnectionLimits()):
     """Start the engine (a worker thread, or a worker process with in_process=False) and the HTTP
     app; yield a RunningServer once the engine is ready; stop both after."""
     port = free_port()
@@ -45,7 +46,7 @@ def serve_in_thread(config: EngineConfig, options: ServeOptions = ServeOptions()
     async def main() -> None:
         ready = asyncio.Event()
         task = asyncio.create_task(serve_async(client, host="127.0.0.1", port=port, options=options,
-                                               out=log, started=ready, hub=hub))
+                                               out=log, started=ready, hub=hub, limits=limits))
         holder["loop"], holder["task"] = asyncio.get_running_loop(), task
         await ready.wait()
         started.set()
