@@ -60,7 +60,10 @@ def main(
     draft_model: Optional[str] = DraftModelOpt,
     agents: Optional[Path] = typer.Option(
         None, "--agents", help="Agent definitions (TOML: [role] system, temperature, max_tokens; "
-        "default: agents.toml in the user config directory)."),
+        "default: agents.toml in the user config directory; read again when it changes)."),
+    export_dir: Optional[Path] = typer.Option(
+        None, "--export-dir", help="Where f5 and /export write conversations as Markdown (default: "
+        "exports in the user data directory, beside the database)."),
     kv_disk_mb: int = typer.Option(
         1024, "--kv-disk-mb", help="Disk the saved KV of idle conversations may take, in MB (warm "
         "--resume: a conversation's next reply starts from it; least recently used dropped first; 0 = off)."),
@@ -103,6 +106,7 @@ def main(
         typer.echo(f"ok: {where}, policy {policy}, n_ctx {n_ctx}, roles: {', '.join(roles) or 'none'}")
         return
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    from magnitude_tui.agents import RoleBook, agents_path
     from magnitude_tui.serve.server import resolve_api_key
     from magnitude_tui.store import StoreError
 
@@ -129,7 +133,8 @@ def main(
     # --serve exposes the local engine; a remote one is already a server.
     serving = {} if remote else {"serve_port": serve_port, "api_key": resolve_api_key(api_key)}
     try:
-        failure = run_app(engine, theme=theme, resume=resume, sampling=sampling, roles=roles, **serving)
+        failure = run_app(engine, theme=theme, resume=resume, sampling=sampling, export_dir=export_dir,
+                          roles=RoleBook(agents or agents_path(), roles), **serving)
     except StoreError as exc:
         _fail(str(exc), code=1)
     if failure:
@@ -203,6 +208,8 @@ def generate(
     spec: str = SpecOpt,
     n_ctx: int = CtxOpt,
     stream: bool = typer.Option(False, "--stream", help="Print text as it streams (interleaved)."),
+    json_out: bool = typer.Option(False, "--json", metavar=" ", help="Print the answers and figures as one "
+                                  "JSON document on stdout (progress goes to stderr)."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads, fixed "
                                           "(default: chosen between steps from measured step times)."),
     draft_model: Optional[str] = DraftModelOpt,
@@ -235,7 +242,8 @@ def generate(
             _fail(str(exc))
         client = local_client(len(lines), model=model_path, device=device, policy=policy, n_ctx=n_ctx,
                               verbose=verbose, threads=threads, draft_model=draft_model, spec=spec_mode)
-    code = run_generate(lines, client, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=stream)
+    code = run_generate(lines, client, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=stream,
+                        json_out=json_out)
     raise typer.Exit(code)
 
 

@@ -1,8 +1,9 @@
 """Provides `magnitude-tui generate`: N concurrent sequences through an engine (local or remote),
-printed with rich."""
+printed with rich (at full width when stdout is a file or a pipe) or as JSON."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -30,10 +31,25 @@ def local_client(n_prompts: int, *, model, device, policy, n_ctx, verbose: bool,
     return WorkerClient(config, log_path=None if verbose else "auto")
 
 
+# Where stdout is not a terminal rich would assume 80 columns and squeeze the table's columns into
+# `TT…` and `tok…`; a file gets lines as long as the table needs instead.
+FILE_WIDTH = 400
+
+
+def output_console(*, json_out: bool) -> Console:
+    """Where the human-readable output goes: stdout (stderr when stdout carries the JSON), at the
+    terminal's width, or unbounded when it is a file or a pipe."""
+    console = Console(stderr=json_out)
+    if not console.is_terminal:
+        console = Console(stderr=json_out, width=FILE_WIDTH)
+    return console
+
+
 def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temperature, seed,
-                 stream: bool) -> int:
-    """Submit every prompt at once, stream until all are done, print answers and latency."""
-    console = Console()
+                 stream: bool, json_out: bool = False) -> int:
+    """Submit every prompt at once, stream until all are done, print answers and latency (as one
+    JSON document on stdout with `json_out`; the progress lines then go to stderr)."""
+    console = output_console(json_out=json_out)
     client.start()
     try:
         if not _wait_ready(client, console):
@@ -71,11 +87,15 @@ def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temper
                     console.print(f"[red]{ev.message}[/]")
                 for u in updates:
                     texts[u.request_id] += u.text_delta
-                    if stream and u.text_delta:
+                    if stream and u.text_delta and not json_out:
                         sys.stdout.write(f"[{u.request_id}] {u.text_delta!r}\n")
                     if u.phase is Phase.DONE:
                         finals[u.request_id] = u
         wall = time.perf_counter() - t0
+        if json_out:
+            json.dump(results_json(order, prompts, texts, finals, wall, steps, rows, threads), sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            return 0 if all(f.error is None for f in finals.values()) else 1
         _print_results(console, order, prompts, texts, finals, wall, steps, rows)
         if threads is not None:
             console.print(f"CPU threads: {threads.short()}: {threads.why}")
@@ -106,6 +126,27 @@ def _wait_ready(client: EngineClient, console: Console) -> bool:
                     progress.stop()
                     console.print(f"[red]{ev.message}[/]")
                     return False
+
+
+def results_json(order, prompts, texts, finals, wall, steps, rows, threads: ThreadState | None) -> dict:
+    """What the table says, as data: one entry per sequence and the run's totals."""
+    sequences = []
+    for i, rid in enumerate(order):
+        f = finals[rid]
+        sequences.append({
+            "index": i, "prompt": prompts[i], "text": texts[rid], "error": f.error,
+            "done_reason": f.done_reason.value if f.done_reason else None,
+            "prompt_tokens": f.prompt_total, "cached_tokens": f.cached_tokens, "generated_tokens": f.generated,
+            "tokens_estimated": f.tokens_estimated, "queue_ms": f.queue_ms, "ttft_ms": f.ttft_ms,
+            "tok_s": f.tok_s, "itl_p50_ms": f.itl_p50_ms, "itl_p95_ms": f.itl_p95_ms, "itl_max_ms": f.itl_max_ms,
+            "tokens_per_step": f.tokens_per_step, "drafted": f.drafted, "accepted": f.accepted,
+            "endpoint": f.endpoint,
+        })
+    total = sum(finals[rid].generated for rid in order)
+    return {"sequences": sequences, "wall_s": wall, "steps": steps,
+            "aggregate_tok_s": total / wall if wall > 0 else None,
+            "rows": dict(rows) if rows else None,
+            "threads": None if threads is None else {"summary": threads.short(), "why": threads.why}}
 
 
 def _fmt(v, spec=".0f"):

@@ -54,3 +54,11 @@ def test_remote_servers_replace_the_local_engine(monkeypatch, tmp_path):
                       (["--remote", "http://a:1", "--api-key-env", "UNSET_VAR"], "UNSET_VAR")):
         result, seen = _launch(monkeypatch, *args, tmp_path=tmp_path)
         assert result.exit_code == 2 and not seen and why in result.output
+
+
+def test_export_dir_reaches_the_app(monkeypatch, tmp_path):
+    result, seen = _launch(monkeypatch, "--export-dir", str(tmp_path / "out"), tmp_path=tmp_path)
+    assert result.exit_code == 0, result.output
+    assert seen["export_dir"] == tmp_path / "out"
+    result, seen = _launch(monkeypatch, tmp_path=tmp_path)
+    assert seen["export_dir"] is None  # the app's default: exports in the data directory
