@@ -6,14 +6,20 @@ import asyncio
 import ipaddress
 import os
 import sys
+from dataclasses import replace
 from typing import TextIO
 
 from magnitude_tui.serve.app import Outcome, ServeOptions, create_app
 from magnitude_tui.serve.completion import Completion
+from magnitude_tui.serve.connections import ConnectionLimits, QuietLog, guarded_protocol, quiet_loop_errors
 from magnitude_tui.serve.errors import OpenAIError
+from magnitude_tui.serve.guard import GuardPolicy, bound_hosts
 from magnitude_tui.serve.hub import EngineHub
+from magnitude_tui.serve.lifecycle import Lifecycle, Stopper, drain, install_signals, supervise
 
 API_KEY_ENV = "MAGNITUDE_API_KEY"
+# After the grace period every stream has been ended; this bounds the wait for their last bytes.
+SHUTDOWN_FLUSH_S = 3
 
 
 class ServeConfigError(ValueError):
@@ -34,9 +40,17 @@ def check_bind(host: str, api_key: str | None) -> None:
             f"Pass --api-key KEY or set {API_KEY_ENV}, or bind 127.0.0.1")
 
 
+def printable(text: str, limit: int = 80) -> str:
+    """`text` as one harmless log field: a caller's `user` may hold newlines (a forged log line) or
+    terminal escapes (ESC [ ... recolours or clears the operator's terminal); they are written
+    escaped, and a long name is cut."""
+    out = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    return out if len(out) <= limit else out[:limit] + "..."
+
+
 def refusal_line(caller: str, error: OpenAIError) -> str:
     """One line per call answered with an error before it ran (401, 400, 413, 429, 503)."""
-    return f"{caller}  refused {error.status} {error.code}: {error.message}"
+    return f"{printable(caller)}  refused {error.status} {error.code}: {printable(error.message, 300)}"
 
 
 def log_line(completion: Completion, outcome: Outcome) -> str:
@@ -45,7 +59,7 @@ def log_line(completion: Completion, outcome: Outcome) -> str:
     t = completion.timings() if completion.choices else {}
     u = completion.usage() if completion.choices else {}
     cached = u.get("prompt_tokens_details", {}).get("cached_tokens", 0)
-    parts = [f"{completion.id[:20]}", completion.client_name, outcome.value]
+    parts = [f"{completion.id[:20]}", printable(completion.client_name), outcome.value]
     if u:
         parts.append(f"prompt {u['prompt_tokens']} ({cached} cached)")
         parts.append(f"{u['completion_tokens']} tokens")
@@ -64,29 +78,63 @@ def log_line(completion: Completion, outcome: Outcome) -> str:
 
 
 async def serve_async(client, *, host: str, port: int, options: ServeOptions, out: TextIO = sys.stderr,
-                      started: asyncio.Event | None = None, hub: EngineHub | None = None) -> None:
-    """Run the engine client, the hub and uvicorn until cancelled (or the server stops)."""
-    import uvicorn
-
+                      started: asyncio.Event | None = None, hub: EngineHub | None = None,
+                      lifecycle: Lifecycle | None = None, limits: ConnectionLimits = ConnectionLimits()) -> int:
+    """Run the engine client, the hub and uvicorn until cancelled, the server stops, or (with a
+    `lifecycle`) a signal or the supervisor asks it to stop; returns the process's exit status."""
     hub = hub or EngineHub(client)
-    api = create_app(hub, options,
-                     on_finish=lambda c, o: print(f"[serve] {log_line(c, o)}", file=out, flush=True),
-                     on_refused=lambda who, e: print(f"[serve] {refusal_line(who, e)}", file=out, flush=True))
-    config = uvicorn.Config(api, host=host, port=port, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    pump = asyncio.create_task(hub.run())
-    print(f"[serve] http://{host}:{port}/v1 (model {options.model_name}); loading the engine...",
-          file=out, flush=True)
-    watch = asyncio.create_task(_announce_ready(hub, out, started))
+    if options.guard is None:
+        options = replace(options, guard=GuardPolicy(bound_hosts(host)))
+
+    def log(text: str) -> None:
+        print(f"[serve] {text}", file=out, flush=True)
+
+    refusals = QuietLog(log)  # a line per refusal, but a flood of them cannot fill the disk
+    api = create_app(hub, options, on_finish=lambda c, o: log(log_line(c, o)),
+                     on_refused=lambda who, e: refusals(refusal_line(who, e)))
+    quiet_loop_errors(asyncio.get_running_loop(), log)
+    server = _QuietServer.make(api, host, port, limits)
+    stopper = Stopper()
+    tasks = [asyncio.create_task(hub.run())]
+    remove_signals = None
+    if lifecycle is not None:
+        if lifecycle.signals:
+            remove_signals = install_signals(stopper)
+        if lifecycle.restart is not None:
+            hub.supervised = True
+            tasks.append(asyncio.create_task(supervise(hub, client, lifecycle.restart, stopper, log)))
+    log(f"http://{host}:{port}/v1 (model {options.model_name}); loading the engine...")
+    tasks.append(asyncio.create_task(_announce_ready(hub, out, started)))
+    serving = asyncio.create_task(server.serve())
+    asked = asyncio.create_task(stopper.requested.wait())
+    tasks.append(asked)
     try:
-        await server.serve()
+        await asyncio.wait({serving, asked}, return_when=asyncio.FIRST_COMPLETED)
+        if stopper.stop is None:  # uvicorn ended by itself
+            await serving
+            return 0
+        log(f"stopping: {stopper.stop.why}")
+        _stop_listening(server)
+        await drain(hub, lifecycle.grace_s if lifecycle else 0.0, stopper, log)
+        # uvicorn closes idle connections and waits (bounded) for the last bytes of each stream.
+        server.should_exit = True
+        await serving
+        log(f"stopped (exit status {stopper.stop.code})")
+        return stopper.stop.code
     finally:
         # Cancelled (serve_in_thread's stop), uvicorn skips its shutdown: close the listening sockets.
-        for listening in getattr(server, "servers", ()):
-            listening.close()
-        watch.cancel()
+        _stop_listening(server)
+        if remove_signals is not None:
+            remove_signals()
+        serving.cancel()
+        for task in tasks:
+            task.cancel()
         client.stop()
-        pump.cancel()
+
+
+def _stop_listening(server) -> None:
+    for listening in getattr(server, "servers", ()):
+        listening.close()
 
 
 async def _announce_ready(hub: EngineHub, out: TextIO, started: asyncio.Event | None) -> None:
@@ -122,7 +170,7 @@ class _QuietServer:
     """uvicorn inside another program's event loop: the host program keeps its own signals."""
 
     @staticmethod
-    def make(api, host: str, port: int):
+    def make(api, host: str, port: int, limits: ConnectionLimits = ConnectionLimits()):
         import contextlib
 
         import uvicorn
@@ -132,7 +180,10 @@ class _QuietServer:
             def capture_signals(self):
                 yield
 
-        return Server(uvicorn.Config(api, host=host, port=port, log_level="warning", lifespan="off"))
+        # A bounded wait at shutdown: streams still open after it are cancelled, never waited for.
+        return Server(uvicorn.Config(api, host=host, port=port, log_level="warning", lifespan="off",
+                                     http=guarded_protocol(limits), timeout_keep_alive=limits.keep_alive_s,
+                                     timeout_graceful_shutdown=SHUTDOWN_FLUSH_S))
 
 
 class EmbeddedServer:
@@ -141,6 +192,8 @@ class EmbeddedServer:
 
     def __init__(self, client, *, host: str, port: int, options: ServeOptions) -> None:
         self.hub = EngineHub(client)
+        if options.guard is None:
+            options = replace(options, guard=GuardPolicy(bound_hosts(host)))
         self.api = create_app(self.hub, options)
         self.host, self.port = host, port
         self.task: asyncio.Task | None = None
