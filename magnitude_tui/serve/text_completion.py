@@ -137,7 +137,7 @@ def register(api: FastAPI, hub: EngineHub, options: "ServeOptions",
     async def completions(request: HttpRequest):
         _authorize(request, options)
         body = await _read_json(request, options.max_body_bytes)
-        if hub.state is not EngineState.READY:
+        if hub.state is not EngineState.READY or hub.draining:  # as the chat route (serve/app.py)
             raise _not_ready(hub)
         call = parse_text_call(body)
         if hub.num_live + call.n > options.max_live:
