@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import json
 import logging
 import re
 from datetime import datetime
@@ -15,7 +16,8 @@ import llama_cpp
 
 from backend.template_fallback import TemplateSource, fallback_notice, template_info, text_markers
 from scheduler.admission import RequestError
-from scheduler.types import Message
+from backend.tools import detect_syntax, generic_messages, tool_json
+from scheduler.types import Message, Tool
 
 # Used when a GGUF carries no chat template.
 CHATML = (
@@ -48,6 +50,7 @@ class Vocab:
         # Roles reach the scaffolding, which is parsed for special tokens: only the template's own
         # roles may pass (a generic ChatML template would render any text as a role).
         self.roles = STANDARD_ROLES + (("tool",) if "tool" in self.chat_template else ())
+        self.tool_syntax = detect_syntax(self.chat_template)
 
     def _choose_template(self, *, fallback: bool) -> None:
         """Where the template came from; with the ChatML fallback, the markers a reply must stop
@@ -62,6 +65,11 @@ class Vocab:
     def template_info(self) -> dict[str, str]:
         """What EngineReady.info says about the chat template (the app shows the notice)."""
         return template_info(self.template_source, self.template_notice)
+
+    @property
+    def native(self):
+        """The llama_vocab handle (grammar samplers are built over it)."""
+        return self._vocab
 
     def token_text(self, token: int) -> str:
         return self.piece(token, special=True).decode("utf-8", errors="replace") if token >= 0 else ""
@@ -90,18 +98,31 @@ class Vocab:
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
-    def render_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
-        """Render the template; return (text, is_scaffold) segments in order."""
+    def render_chat(self, messages: Sequence[Message], *, tools: Sequence[Tool] = (),
+                    add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
+        """Render the template; return (text, is_scaffold) segments in order.
+
+        Tools and tool turns go through the template when it renders them (as llama-server's
+        `--jinja` does); otherwise through the generic format (backend/tools.py)."""
+        if not self.tool_syntax.template_renders_tools and (
+                tools or any(m.role == "tool" or m.tool_calls for m in messages)):
+            messages = generic_messages(messages, tools)
         for m in messages:
             if m.role not in self.roles:
                 raise RequestError(f"unknown chat role {m.role!r:.80}: this model's chat template "
                                    f"knows {', '.join(self.roles)}")
-        marked = [{"role": m.role, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
+        marked = [_marked(i, m) for i, m in enumerate(messages)]
+        extra = {"tools": [tool_json(t) for t in tools]} if tools else {}
+        if extra or any(m.tool_calls for m in messages):
+            # Tool names, schemas and call arguments reach the scaffolding, which is parsed for
+            # special tokens: none of them may spell one.
+            self._refuse_control_text(json.dumps([extra, [m.get("tool_calls") for m in marked]]))
         rendered = self._template.render(
             messages=marked,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.token_text(self.bos),
             eos_token=self.token_text(self.eos),
+            **extra,
         )
         segments: list[tuple[str, bool]] = []
         pos = 0
@@ -114,9 +135,14 @@ class Vocab:
             segments.append((rendered[pos:], True))
         return segments
 
-    def tokenize_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
+    def _refuse_control_text(self, text: str) -> None:
+        if self.tokenize(text, special=True) != self.tokenize(text, special=False):
+            raise RequestError("a tool definition or tool call spells one of the model's control tokens")
+
+    def tokenize_chat(self, messages: Sequence[Message], *, tools: Sequence[Tool] = (),
+                      add_generation_prompt: bool = True) -> list[int]:
         tokens: list[int] = []
-        for text, scaffold in self.render_chat(messages, add_generation_prompt=add_generation_prompt):
+        for text, scaffold in self.render_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt):
             if text:
                 tokens += self.tokenize(text, special=scaffold)
         if self.add_bos and (not tokens or tokens[0] != self.bos):
@@ -139,6 +165,28 @@ class Detokenizer:
         context's end) is dropped, not shown as U+FFFD; the decoder only ever buffers such a tail."""
         self._decoder.reset()
         return ""
+
+
+def _marked(i: int, m: Message) -> dict:
+    """A message as the template reads it, its content replaced by a marker (see _MARK)."""
+    out: dict = {"role": m.role, "content": f"\ue000{i}\ue001"}
+    if m.tool_calls:
+        # Templates index arguments as a mapping (llama-server parses them the same way).
+        out["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+                             for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    return out
+
+
+def _arguments(text: str):
+    try:
+        return json.loads(text or "{}")
+    except ValueError:
+        return text
 
 
 def _raise(message: str):

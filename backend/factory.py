@@ -39,6 +39,8 @@ class BackendConfig:
     # A smaller GGUF with the same vocabulary that drafts tokens for speculative decoding
     # (`--draft-model`, llama only); None: only n-gram lookup drafts.
     draft_model: str | None = None
+    # The fake backend's scripted reply, which then ends (None: its endless default text).
+    reply: str | None = None
 
     def __post_init__(self) -> None:
         if self.family not in _DEFAULT_N_CTX:
@@ -74,6 +76,8 @@ def build_backend(config: BackendConfig, on_progress: Callable[[float, str], Non
     if config.family == "fake":
         from backend.fake import FakeBackend
 
+        if config.reply is not None:
+            return FakeBackend(reply=config.reply, eog_after=len(config.reply), **sizes)
         return FakeBackend(**sizes)
     if config.simulated:
         from backend.simulated import SimulatedBackend

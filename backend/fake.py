@@ -11,7 +11,8 @@ from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, KvS
 from backend.template_fallback import CHATML_MARKERS, TemplateSource, fallback_notice, template_info
 from scheduler.budget import CostParams
 from scheduler.drafts import DraftKind
-from scheduler.types import AttentionPath, BatchPlan, Message, SamplingParams
+from backend.tools import ToolSyntax, generic_messages
+from scheduler.types import AttentionPath, BatchPlan, Grammar, Message, SamplingParams, Tool
 
 # Token ids: a few specials below 32, then one token per Unicode character (code point < n_vocab).
 BOS, EOS, IM_START, IM_END = 1, 2, 3, 4
@@ -78,6 +79,8 @@ class FakeBackend:
         self.states_loaded = 0  # kv_load calls that succeeded (tests tell warm from cold by it)
         self.attention_tile_rows = 0
         self.reply = reply
+        self.tool_syntax = ToolSyntax.GENERIC
+        self.grammars: dict[int, Grammar | None] = {}  # seq id -> the grammar its sampler was given
         # No CPU threads to choose unless a test gives it some (the simulated backend prices them).
         self.max_threads = max_threads
         self.n_threads = max_threads
@@ -124,8 +127,12 @@ class FakeBackend:
             i += 1
         return out
 
-    def tokenize_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
-        """ChatML; the scaffolding is special, the content never is (no injected control tokens)."""
+    def tokenize_chat(self, messages: Sequence[Message], *, tools: Sequence[Tool] = (),
+                      add_generation_prompt: bool = True) -> list[int]:
+        """ChatML; the scaffolding is special, the content never is (no injected control tokens).
+        Tools and tool turns in the generic format (backend/tools.py), as a template without them."""
+        if tools or any(m.role == "tool" or m.tool_calls for m in messages):
+            messages = generic_messages(messages, tools)
         out: list[int] = []
         start, end = [IM_START], [IM_END]
         if self.base_model:  # a base model's vocabulary has no ChatML tokens: the markers are text
@@ -176,9 +183,14 @@ class FakeBackend:
         return DecodeResult(DecodeOutcome.OK, 0.0, {s: rows[0] for s, rows in self._logits.items()}, 0,
                             draft_rows={s: rows[1:] for s, rows in self._logits.items() if len(rows) > 1})
 
-    def set_sampler(self, seq_id: int, params: SamplingParams) -> None:
+    def set_sampler(self, seq_id: int, params: SamplingParams, grammar: Grammar | None = None,
+                    replay: Sequence[int] = ()) -> None:
+        """A grammar is recorded, not enforced (the scripted reply is what it is). A sampler
+        rebuilt for a grammar that starts mid-reply keeps the script's place."""
         self.samplers[seq_id] = params
-        self._sampled[seq_id] = 0
+        self.grammars[seq_id] = grammar
+        if grammar is None or seq_id not in self._sampled:
+            self._sampled[seq_id] = 0
 
     def sample(self, seq_id: int, logit_row: int) -> int:
         """The next character of `reply` (cycling), or EOG after `eog_after` tokens."""

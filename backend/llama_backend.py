@@ -15,8 +15,9 @@ import llama_cpp
 
 from backend import attention, model_file, model_path_problem, native, usable_cpus
 from backend.chat import Detokenizer, Vocab
+from backend.grammar_sampler import GrammarSampler, sample_masked
 from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, KvStateError, check_plan
-from scheduler.types import BatchPlan, Message, SamplingParams
+from scheduler.types import BatchPlan, Grammar, Message, SamplingParams, Tool
 
 
 _PROBE_TEXT = ("The keeper climbed the stairs of the lighthouse every evening, counted the steps "
@@ -87,6 +88,7 @@ class LlamaBackend:
         self.max_threads = max(n_threads, usable_cpus())
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._samplers: dict[int, ctypes.c_void_p] = {}
+        self._grammars: dict[int, GrammarSampler] = {}
         self._closed = False
         buf = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(model, buf, len(buf))
@@ -103,6 +105,8 @@ class LlamaBackend:
         self.attention_path = self.attention.path
         self.attention_tile_rows = attention.tile_rows(self.attention, device_name)
         self.info["attention"] = self.attention.short()
+        self.tool_syntax = vocab.tool_syntax
+        self.info["tool_syntax"] = vocab.tool_syntax.value
         self.info.update(vocab.template_info())  # no chat template: the app tells the user
         self.chat_stops = vocab.chat_stops
         self.info["attention_reason"] = self.attention.summary()
@@ -219,6 +223,9 @@ class LlamaBackend:
         if self._closed:
             return
         self._closed = True
+        for grammar in self._grammars.values():
+            grammar.close()
+        self._grammars.clear()
         for smpl in self._samplers.values():
             llama_cpp.llama_sampler_free(smpl)
         self._samplers.clear()
@@ -238,8 +245,9 @@ class LlamaBackend:
     def tokenize(self, text: str, *, special: bool = False, add_bos: bool = False) -> list[int]:
         return self.vocab.tokenize(text, special=special, add_bos=add_bos)
 
-    def tokenize_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
-        return self.vocab.tokenize_chat(messages, add_generation_prompt=add_generation_prompt)
+    def tokenize_chat(self, messages: Sequence[Message], *, tools: Sequence[Tool] = (),
+                      add_generation_prompt: bool = True) -> list[int]:
+        return self.vocab.tokenize_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt)
 
     def detokenizer(self) -> Detokenizer:
         return Detokenizer(self.vocab)
@@ -306,8 +314,11 @@ class LlamaBackend:
 
     # ---- sampling --------------------------------------------------------------------------
 
-    def set_sampler(self, seq_id: int, params: SamplingParams) -> None:
+    def set_sampler(self, seq_id: int, params: SamplingParams, grammar: Grammar | None = None,
+                    replay: Sequence[int] = ()) -> None:
         self.free_sampler(seq_id)
+        if grammar is not None:
+            self._grammars[seq_id] = GrammarSampler(self.vocab.native, grammar, replay)
         if params.temperature <= 0:
             return  # greedy: `sample` takes the largest logit, no sampler needed
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
@@ -324,6 +335,9 @@ class LlamaBackend:
 
     def sample(self, seq_id: int, logit_row: int) -> int:
         smpl = self._samplers.get(seq_id)
+        grammar = self._grammars.get(seq_id)
+        if grammar is not None:
+            return self._sample_constrained(smpl, grammar, logit_row)
         if smpl is None:
             # Greedy: the first largest logit, as llama.cpp's greedy sampler picks it, read in place;
             # the sampler would first copy the whole vocabulary into a candidate array (0.11 vs
@@ -331,7 +345,19 @@ class LlamaBackend:
             return int(np.argmax(self.logits(logit_row)))
         return int(llama_cpp.llama_sampler_sample(smpl, self._ctx, logit_row))
 
+    def _sample_constrained(self, smpl, grammar: GrammarSampler, logit_row: int) -> int:
+        logits = self.logits(logit_row)
+        token = int(np.argmax(logits)) if smpl is None else int(llama_cpp.llama_sampler_sample(smpl, self._ctx, logit_row))
+        if not grammar.allows(token):
+            cand = grammar.mask(logits)
+            token = int(np.argmax(cand["logit"])) if smpl is None else sample_masked(smpl, cand)
+        grammar.accept(token)
+        return token
+
     def free_sampler(self, seq_id: int) -> None:
+        grammar = self._grammars.pop(seq_id, None)
+        if grammar is not None:
+            grammar.close()
         smpl = self._samplers.pop(seq_id, None)
         if smpl is not None:
             llama_cpp.llama_sampler_free(smpl)

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from scheduler.budget import CostParams
-from scheduler.types import AttentionPath, BatchPlan, DecodeOutcome, Message, SamplingParams
+from scheduler.types import AttentionPath, BatchPlan, DecodeOutcome, Grammar, Message, SamplingParams, Tool
 
 if TYPE_CHECKING:
     from backend.attention import AttentionChoice
+    from backend.tools import ToolSyntax
 
 __all__ = ["Backend", "Clock", "DecodeOutcome", "DecodeResult", "Detokenizer", "KvStateError", "PlanError",
            "WALL_CLOCK", "check_plan"]
@@ -135,12 +136,21 @@ class Backend(Protocol):
     chat_stops: tuple[str, ...]
 
     def tokenize(self, text: str, *, special: bool = False, add_bos: bool = False) -> list[int]: ...
-    def tokenize_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]: ...
+    # The tool-call form the chat template teaches the model (backend/tools.py).
+    tool_syntax: ToolSyntax
+
+    def tokenize_chat(self, messages: Sequence[Message], *, tools: Sequence[Tool] = (),
+                      add_generation_prompt: bool = True) -> list[int]: ...
     def detokenizer(self) -> Detokenizer: ...
     def is_eog(self, token: int) -> bool: ...
 
     def decode(self, plan: BatchPlan) -> DecodeResult: ...
-    def set_sampler(self, seq_id: int, params: SamplingParams) -> None: ...
+    def set_sampler(self, seq_id: int, params: SamplingParams, grammar: Grammar | None = None,
+                    replay: Sequence[int] = ()) -> None:
+        """The sequence's sampler chain; with a grammar, every token it samples is one the grammar
+        allows, and `replay` (tokens already written under that grammar) is accepted first.
+        GrammarError-like ValueError when the grammar does not compile."""
+        ...
     def sample(self, seq_id: int, logit_row: int) -> int: ...
     def free_sampler(self, seq_id: int) -> None: ...
     def set_n_threads(self, n: int) -> None: ...

@@ -56,6 +56,16 @@ class Sequence:
         self.copies_from: Sequence | None = None  # the last sharer it waited for: its donor
         self.yielding = False  # an agent whose decode row sat out the last plan for a person's prompt
         self.shared_prefix: dict[int, int] = {}  # a sharer's admit order -> prompt prefix in common
+        # Constrained replies (docs/design/tools.md): the grammar in force (a backend Grammar) and
+        # the output index it began at, one that takes over when the model opens a tool call, the
+        # parser taking calls out of the text, the calls parsed since the last report, and the
+        # time sampling under a grammar took.
+        self.grammar: Any = None
+        self.grammar_from = 0
+        self.grammar_on_open: Any = None
+        self.tool_parser: Any = None
+        self.tool_calls_pending: list = []
+        self.grammar_ms = 0.0
 
     # ---- identity ------------------------------------------------------------------------------
 
@@ -71,6 +81,11 @@ class Sequence:
     @property
     def session_id(self) -> str:
         return self.request.session_id
+
+    @property
+    def constrained(self) -> bool:
+        """Samples under a grammar now or may soon (a tool call it opens): it never drafts."""
+        return self.grammar is not None or self.grammar_on_open is not None or self.tool_parser is not None
 
     @property
     def max_tokens(self) -> int:

@@ -178,7 +178,10 @@ class Speculator:
 
     def _cap(self, seq: Sequence, n_ctx_seq: int) -> int:
         """Draft rows the sequence could use: each step commits at most k + 1 tokens, and the
-        verified rows must stay inside its context."""
+        verified rows must stay inside its context. A constrained reply does not draft: its rows
+        are sampled under a grammar the draft sources know nothing of."""
+        if seq.constrained:
+            return 0
         left = seq.max_tokens - len(seq.output) - 1
         return max(0, min(K_MAX, left, n_ctx_seq - seq.num_computed - 1))
 

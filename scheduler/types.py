@@ -84,9 +84,64 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function call the model made (or a caller replays in its history)."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text of an object, as OpenAI carries it
+
+
+@dataclass(frozen=True)
 class Message:
-    role: str  # "system" | "user" | "assistant"
+    role: str  # "system" | "user" | "assistant" | "tool"
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+    name: str | None = None  # a tool turn: the function that produced it
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call: its JSON-schema `parameters` kept as JSON text (hashable)."""
+
+    name: str
+    description: str = ""
+    parameters: str = '{"type": "object"}'
+
+
+class ToolChoiceMode(str, Enum):
+    NONE = "none"  # never call; the tools are still shown to the model
+    AUTO = "auto"  # free text until the model opens a call; the call itself is constrained
+    REQUIRED = "required"  # at least one call, constrained from the first token
+    FUNCTION = "function"  # this one function, constrained from the first token
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: ToolChoiceMode = ToolChoiceMode.AUTO
+    name: str | None = None  # with FUNCTION
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A GBNF grammar a sequence samples under (llama.cpp's grammar sampler). With `triggers`, it
+    is lazy: free text until one of these regexes matches the reply, constrained from there."""
+
+    gbnf: str
+    root: str = "root"
+    triggers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a tool call as it streams: the first piece of a call carries its id and name,
+    later ones only more of its arguments' JSON text (OpenAI's `delta.tool_calls` entries)."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
 
 
 @dataclass(frozen=True)
@@ -109,6 +164,12 @@ class Request:
     # is, without the chat template; `messages` are not sent. Never parsed for special tokens.
     prompt: str | None = None
     priority: Priority = Priority.INTERACTIVE
+    # Tool use and structured output (docs/design/tools.md): the functions shown to the model, how
+    # it may call them, and a JSON schema the whole reply must satisfy (None: free text).
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = ToolChoice()
+    parallel_tool_calls: bool = True
+    response_schema: str | None = None
     # A conversation too long for its sequence drops its oldest turns (a pane); False refuses it
     # instead (context_length_exceeded): an API caller must be told, never answered on a cut history.
     drop_oldest_turns: bool = True
@@ -264,6 +325,10 @@ class SeqUpdate:
     tokens_per_step: float | None = None
     # An agent whose decode row sat out this step so that a person's prompt gets its rows sooner.
     yielding: bool = False
+    # Tool calls parsed out of the reply this step (their text is not in text_delta).
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    # Time spent masking this request's rows under its grammar so far (0: unconstrained).
+    grammar_ms: float = 0.0
 
     @property
     def acceptance(self) -> float | None:

@@ -151,7 +151,7 @@ def test_eight_concurrent_requests_all_complete(server):
     ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, "top_p"),
     ({"messages": [{"role": "user", "content": "hi"}], "n": 99}, "n"),
     ({"messages": [{"role": "user", "content": "hi"}], "stop": [""]}, "stop"),
-    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools[0]"),
     ({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, "stream"),
 ])
 def test_invalid_parameters_fail_alone_naming_the_parameter(server, body, param):

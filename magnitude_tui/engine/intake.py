@@ -208,6 +208,27 @@ class Intake:
         self.scheduler.close_session(session_id)
         self._sessions_seen.discard(session_id)
 
+    def _chat_tokenizer(self, req: Request):
+        if req.tools:
+            return lambda ms: list(self.backend.tokenize_chat(ms, tools=req.tools))
+        return lambda ms: list(self.backend.tokenize_chat(ms))
+
+    def _constrain(self, seq: Sequence) -> None:
+        """A request with tools or a response schema gets its grammar and its call parser."""
+        req = seq.request
+        if not req.tools and req.response_schema is None:
+            return
+        from backend.grammar import GrammarError, reply_constraint  # the converter loads llama_cpp
+        from backend.tools import ToolCallParser
+
+        try:
+            constraint = reply_constraint(req, self.backend.tool_syntax)
+        except GrammarError as e:
+            raise RequestError(str(e)) from None
+        seq.grammar, seq.grammar_on_open = constraint.grammar, constraint.on_open
+        if constraint.syntax is not None:
+            seq.tool_parser = ToolCallParser(constraint.syntax)
+
     def _prepare(self, seq: Sequence) -> None:
         """Tokenize an accepted request and queue it; a bad request fails alone, right here."""
         req = seq.request
@@ -224,7 +245,7 @@ class Intake:
             else:
                 # A conversation that outgrew its sequence drops its oldest turns (context.py).
                 limit = min(self.scheduler.n_ctx_seq, self.scheduler.n_ctx)
-                fitted = fit_conversation(req.messages, lambda ms: list(self.backend.tokenize_chat(ms)),
+                fitted = fit_conversation(req.messages, self._chat_tokenizer(req),
                                           limit, seq.max_tokens)
                 prompt, seq.dropped_messages = fitted.prompt, fitted.dropped
                 if fitted.dropped and not req.drop_oldest_turns:
@@ -234,6 +255,7 @@ class Intake:
                 raise RequestError(f"token id {bad[0]} is outside the model's vocabulary "
                                    f"(0..{self.backend.n_vocab - 1})")
             seq.prompt = prompt
+            self._constrain(seq)
             seq.metrics.on_prepared(self.clock())  # preparing ends here; queue time starts
             self.scheduler.add(seq)
         except RequestError as e:

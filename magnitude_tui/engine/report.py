@@ -28,8 +28,11 @@ class Arrivals(Protocol):
 def seq_update(seq: Sequence, now: float) -> SeqUpdate:
     """The sequence's update as of `now`; the text and tokens it carries are no longer pending."""
     m = seq.metrics
+    if seq.tool_parser is not None and seq.is_finished:
+        seq.text_pending += seq.tool_parser.finish()  # text held back in case a call began
     text, n_new = seq.text_pending, seq.new_tokens_pending
     seq.text_pending, seq.new_tokens_pending = "", 0
+    calls, seq.tool_calls_pending = tuple(seq.tool_calls_pending), []
     return SeqUpdate(
         request_id=seq.request_id,
         session_id=seq.session_id,
@@ -59,6 +62,8 @@ def seq_update(seq: Sequence, now: float) -> SeqUpdate:
         drafted=seq.num_drafted,
         accepted=seq.num_accepted,
         tokens_per_step=len(seq.output) / seq.num_gen_steps if seq.num_gen_steps else None,
+        tool_calls=calls,
+        grammar_ms=seq.grammar_ms,
         yielding=seq.yielding and not seq.is_finished,
     )
 
@@ -103,7 +108,7 @@ class StepReporter:
                     self.warm.went_idle(seq.session_id, now)
             sig = (seq.phase, seq.seq_id, seq.prompt_done, len(seq.output), seq.num_cached,
                    seq.waiting_reason, seq.done_reason, seq.yielding)
-            if sig != seq.last_reported or seq.text_pending:
+            if sig != seq.last_reported or seq.text_pending or seq.tool_calls_pending:
                 seq.last_reported = sig
                 updates.append(seq_update(seq, now))
         if plan is None and not updates and not rejected:

@@ -49,7 +49,12 @@ class StepSampler:
         for i, row in enumerate(rows):
             try:
                 self._ensure_sampler(seq)
-                token = self.backend.sample(slot, row)
+                if seq.grammar is not None:
+                    t0 = self.clock()
+                    token = self.backend.sample(slot, row)
+                    seq.grammar_ms += (self.clock() - t0) * 1000.0
+                else:
+                    token = self.backend.sample(slot, row)
             except Exception as e:
                 self.scheduler.finish(seq, DoneReason.ERROR, f"sampling failed: {e}")
                 break
@@ -73,7 +78,11 @@ class StepSampler:
             self.scheduler.finish(seq, DoneReason.STOP)
             return False
         self.scheduler.append_token(seq, token)
-        seq.text_pending += seq.detok.feed(token)
+        piece = seq.detok.feed(token)
+        if seq.tool_parser is None:
+            seq.text_pending += piece
+        else:
+            self._parse(seq, piece)
         seq.new_tokens_pending += 1
         if seq.detok.stopped:
             self.scheduler.finish(seq, DoneReason.STOP)
@@ -81,6 +90,22 @@ class StepSampler:
             seq.text_pending += seq.detok.flush()
             self.scheduler.finish(seq, DoneReason.LENGTH)
         return True
+
+    @staticmethod
+    def _parse(seq: Sequence, piece: str) -> None:
+        """Tool calls go to their own list; the first call the model opens by itself (`auto`)
+        brings in the grammar of a call, from the next token on."""
+        opened = seq.tool_parser.opened
+        text, calls = seq.tool_parser.feed(piece)
+        seq.text_pending += text
+        seq.tool_calls_pending += calls
+        if seq.grammar_on_open is not None and seq.tool_parser.opened > opened:
+            # Only when the marker ended the piece (whitespace aside): text already past it
+            # belongs to no grammar state we could start from, so that call is only parsed.
+            if seq.tool_parser.in_call and not seq.tool_parser.pending_call_text().strip():
+                seq.grammar, seq.grammar_from = seq.grammar_on_open, len(seq.output)
+                seq.sampler_seq = None  # the next sample builds the sampler with the grammar
+            seq.grammar_on_open = None
 
     def _ensure_sampler(self, seq: Sequence) -> None:
         slot = seq.seq_id
@@ -90,7 +115,12 @@ class StepSampler:
         if owner is not None and owner is not seq:
             self.backend.free_sampler(slot)
             owner.sampler_seq = None
-        self.backend.set_sampler(slot, seq.request.sampling)
+        if seq.grammar is not None:
+            # A grammar restarted mid-reply (a preempted sequence back in a slot, a call opened)
+            # first accepts the tokens already written under it.
+            self.backend.set_sampler(slot, seq.request.sampling, seq.grammar, tuple(seq.output[seq.grammar_from:]))
+        else:
+            self.backend.set_sampler(slot, seq.request.sampling)
         self.owner[slot] = seq
         seq.sampler_seq = slot
 

@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from magnitude_tui.serve.body import parse_chat
-from magnitude_tui.serve.completion import Completion, Delta
+from magnitude_tui.serve.completion import Choice, Completion, Delta
+from magnitude_tui.serve.tool_calls import delta_json, message_json
 from magnitude_tui.serve.errors import ErrorType, OpenAIError, invalid
 from magnitude_tui.serve.guard import GuardPolicy, RequestGuard
 from magnitude_tui.serve.hub import EngineHub, EngineState
@@ -100,6 +101,12 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
     from magnitude_tui.serve.text_completion import register  # it imports this module's helpers
     register(api, hub, options, on_finish)  # POST /v1/completions: a raw prompt, no chat template
     return api
+
+
+def _message(c: Choice) -> dict:
+    if not c.calls:
+        return {"role": "assistant", "content": c.text}
+    return {"role": "assistant", "content": c.text or None, "tool_calls": message_json(c.calls)}
 
 
 def _address(request: Request) -> str:
@@ -192,6 +199,8 @@ async def _stream(completion: Completion, options: ServeOptions, on_finish):
                                             "code": "generation_failed", "param": None}})
                 continue
             delta = {"content": d.text} if d.text else {}
+            if d.tool_calls:
+                delta["tool_calls"] = delta_json(d.tool_calls)
             extra = {}
             if d.finish_reason is not None and all(c.done for c in completion.choices):
                 extra["timings"] = completion.timings()
@@ -234,8 +243,8 @@ async def _whole(request: Request, completion: Completion, options: ServeOptions
     return JSONResponse({
         "id": completion.id, "object": "chat.completion", "created": int(time.time()),
         "model": options.model_name,
-        "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                     "finish_reason": c.finish_reason or "error"} for c in completion.choices],
+        "choices": [{"index": c.index, "message": _message(c), "finish_reason": c.finish_reason or "error"}
+                    for c in completion.choices],
         "usage": completion.usage(),
         "timings": completion.timings(),
     })

@@ -6,19 +6,19 @@ import math
 from dataclasses import dataclass
 
 from magnitude_tui.serve.errors import invalid
+from magnitude_tui.serve.tools_body import ToolUse, check_tool_turns, parse_tool_use, tool_calls
 from scheduler.types import Message, Priority, SamplingParams
 
 # OpenAI's own roles; "developer" is the newer name for "system". A role reaches the chat template
 # only through this table, so text in a role can never become template scaffolding.
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_N = 8  # choices per request, each a fork of one evaluated prompt
 MAX_STOP = 8
 MAX_STOP_CHARS = 256
 # Defaults when a body leaves them out: llama-server's sampling defaults.
 DEFAULT_TEMPERATURE = 0.8
 # Parameters that change what a reply means; silently ignoring them would answer another question.
-UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_format", "logit_bias",
-               "audio", "modalities", "prediction")
+UNSUPPORTED = ("functions", "function_call", "logit_bias", "audio", "modalities", "prediction")
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class ChatCall:
     priority: int | None = None
     user: str | None = None
     model: str | None = None
+    tool_use: ToolUse = ToolUse()
 
     @property
     def priority_class(self) -> Priority:
@@ -47,8 +48,8 @@ def parse_chat(body: object, *, default_max_tokens: int) -> ChatCall:
     if not isinstance(body, dict):
         raise invalid(None, "the request body must be a JSON object", "invalid_json")
     for name in UNSUPPORTED:
-        if body.get(name) not in (None, [], {}) and not (name == "response_format" and _is_text_format(body[name])):
-            raise invalid(name, f"'{name}' is not supported by this server", "unsupported_parameter")
+        if body.get(name) not in (None, [], {}):
+            raise invalid(name, f"'{name}' is not supported by this server (use 'tools')", "unsupported_parameter")
     if body.get("logprobs"):
         raise invalid("logprobs", "'logprobs' is not supported by this server", "unsupported_parameter")
     for name in ("frequency_penalty", "presence_penalty"):
@@ -56,6 +57,7 @@ def parse_chat(body: object, *, default_max_tokens: int) -> ChatCall:
         if v not in (None, 0.0):
             raise invalid(name, f"'{name}' other than 0 is not supported by this server", "unsupported_parameter")
     messages = _messages(body.get("messages"))
+    tool_use = parse_tool_use(body)
     max_tokens = _integer(body, "max_completion_tokens", lo=1)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", lo=1)
@@ -83,11 +85,7 @@ def parse_chat(body: object, *, default_max_tokens: int) -> ChatCall:
         raise invalid("model", "'model' must be a string")
     return ChatCall(messages=messages, sampling=sampling, stream=stream, include_usage=include_usage,
                     n=_default(_integer(body, "n", lo=1, hi=MAX_N), 1), stop=_stops(body.get("stop")),
-                    priority=_integer(body, "priority"), user=user or None, model=model)
-
-
-def _is_text_format(value: object) -> bool:
-    return isinstance(value, dict) and value.get("type") == "text"
+                    priority=_integer(body, "priority"), user=user or None, model=model, tool_use=tool_use)
 
 
 def _default(value, fallback):
@@ -106,9 +104,16 @@ def _messages(raw: object) -> tuple[Message, ...]:
         if role not in ROLES:
             raise invalid(f"{where}.role", f"'{where}.role' must be one of {', '.join(sorted(ROLES))} "
                           f"(got {str(role)[:40]!r})")
-        out.append(Message(ROLES[role], _content(m.get("content"), f"{where}.content")))
-    if not any(m.content.strip() for m in out):
+        calls = tool_calls(m.get("tool_calls"), f"{where}.tool_calls") if role == "assistant" else ()
+        call_id = m.get("tool_call_id") if role == "tool" else None
+        if call_id is not None and not isinstance(call_id, str):
+            raise invalid(f"{where}.tool_call_id", f"'{where}.tool_call_id' must be a string")
+        name = m.get("name") if role == "tool" and isinstance(m.get("name"), str) else None
+        out.append(Message(ROLES[role], _content(m.get("content"), f"{where}.content"), tool_calls=calls,
+                           tool_call_id=call_id, name=name))
+    if not any(m.content.strip() or m.tool_calls for m in out):
         raise invalid("messages", "every message is empty: send some text")
+    check_tool_turns(tuple(out))
     return tuple(out)
 
 

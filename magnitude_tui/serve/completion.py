@@ -9,7 +9,8 @@ from dataclasses import dataclass, field, replace
 from magnitude_tui.serve.body import ChatCall
 from magnitude_tui.serve.errors import ErrorType, OpenAIError
 from magnitude_tui.serve.hub import EngineHub
-from scheduler.types import DoneReason, ErrorKind, Phase, Request, SamplingParams, SeqUpdate
+from magnitude_tui.serve.tool_calls import check_calls
+from scheduler.types import DoneReason, ErrorKind, Phase, Request, SamplingParams, SeqUpdate, ToolCallDelta
 
 
 @dataclass
@@ -25,6 +26,7 @@ class Choice:
     phase_at: dict[str, float] = field(default_factory=dict)  # phase -> when first seen
     t_first_token: float | None = None
     t_last_token: float | None = None
+    calls: list[dict] = field(default_factory=list)  # {"id", "name", "arguments"} as they stream
 
     @property
     def done(self) -> bool:
@@ -43,6 +45,7 @@ class Delta:
     text: str = ""
     finish_reason: str | None = None
     error: str | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 class Completion:
@@ -105,9 +108,11 @@ class Completion:
                 return session
 
     def _request(self, rid: str, session: str, sampling: SamplingParams, fork_from: str | None) -> Request:
+        use = self.call.tool_use
         return Request(request_id=rid, session_id=session, messages=self.call.messages,
                        sampling=sampling, fork_from=fork_from, priority=self.call.priority_class,
-                       drop_oldest_turns=False)
+                       drop_oldest_turns=False, tools=use.tools, tool_choice=use.tool_choice,
+                       parallel_tool_calls=use.parallel_tool_calls, response_schema=use.response_schema)
 
     # ---- progress ----------------------------------------------------------------------
 
@@ -141,6 +146,21 @@ class Completion:
         c.text += shown
         if shown:
             out.append(Delta(c.index, text=shown))
+        if u.tool_calls:
+            for d in u.tool_calls:
+                if d.id is not None:
+                    c.calls.append({"id": d.id, "name": d.name or "", "arguments": ""})
+                if 0 <= d.index < len(c.calls):
+                    c.calls[d.index]["arguments"] += d.arguments
+            out.append(Delta(c.index, tool_calls=u.tool_calls))
+        if c.finish_reason in ("stop", "length") and c.calls:
+            # Calls that all arrived whole are the reply, even when the token limit then cut
+            # what came after them (a small model may go on opening calls it never finishes).
+            problem = check_calls(c.calls, self.call.tool_use.tools)
+            if problem is None:
+                c.finish_reason = "tool_calls"
+            elif c.finish_reason == "stop":
+                c.finish_reason, c.error = None, problem
         if c.done:
             out.append(Delta(c.index, finish_reason=c.finish_reason, error=c.error))
         return out
@@ -205,6 +225,8 @@ class Completion:
             "itl_p50_ms": _r(u.itl_p50_ms) if u else None,
             "itl_p95_ms": _r(u.itl_p95_ms) if u else None,
             "phases_ms": self._phase_ms(first if self.prime else c),
+            # Time sampling spent under this reply's grammar (tools, response_format); 0 if none.
+            "grammar_ms": _r(u.grammar_ms) if u else 0.0,
         }
 
     def _phase_ms(self, c: Choice) -> dict[str, float]:
@@ -229,5 +251,7 @@ def _refusal(u: SeqUpdate) -> OpenAIError:
     if u.error_kind is ErrorKind.CONTEXT_LENGTH:
         return OpenAIError(400, message, ErrorType.INVALID_REQUEST, "context_length_exceeded", "messages")
     if u.error_kind is ErrorKind.INVALID:
-        return OpenAIError(400, message, ErrorType.INVALID_REQUEST, "invalid_request", "messages")
+        # A schema the grammar converter cannot express names its parameter first (backend/grammar.py).
+        param = next((p for p in ("response_format", "tools", "tool_choice") if message.startswith(p)), "messages")
+        return OpenAIError(400, message, ErrorType.INVALID_REQUEST, "invalid_request", param)
     return OpenAIError(503, message, ErrorType.UNAVAILABLE, "engine_unavailable", retry_after_s=2)
