@@ -12,7 +12,7 @@ import functools
 import time
 
 from magnitude_tui.remote.stream import Usage
-from scheduler.types import DoneReason, Phase, Request, SeqUpdate, ServerTimings
+from scheduler.types import DoneReason, Phase, Request, SeqUpdate, ServerTimings, ToolCall, ToolCallDelta
 
 LIVE_WINDOW_S = 2.0  # live tok/s: deltas over the last two seconds (as the local engine reports)
 
@@ -62,6 +62,8 @@ class RemoteSeq:
         self.error: str | None = None
         self._pending_text = ""
         self._pending_deltas = 0
+        self.calls: dict[int, dict] = {}  # index -> {"id", "name", "arguments"} so far
+        self._pending_calls: list[ToolCallDelta] = []
 
     # ---- events ------------------------------------------------------------------------------
 
@@ -70,15 +72,39 @@ class RemoteSeq:
         self.t_sent = self.clock()
         self.phase, self.waiting_reason = Phase.WAITING, None
 
-    def delta(self, text: str) -> None:
+    def _stamp(self) -> None:
         now = self.clock()
         if self.t_first is None:
             self.t_first = now
             self.phase = Phase.GENERATING
         self.delta_times.append(now)
+
+    def delta(self, text: str) -> None:
+        self._stamp()
         self.text += text
         self._pending_text += text
         self._pending_deltas += 1
+
+    def tool_delta(self, deltas: tuple[ToolCallDelta, ...]) -> None:
+        """Pieces of tool calls. A call's id and name go out once, with its first piece, as the
+        engine's SeqUpdate promises, whatever a server repeats in later pieces; a server that sends
+        no id gets one (OpenAI's clients need it to answer the call)."""
+        self._stamp()
+        self._pending_deltas += 1
+        for d in deltas:
+            call = self.calls.get(d.index)
+            if call is None:
+                call = self.calls[d.index] = {"id": d.id or f"call_{self.request.request_id}_{d.index}",
+                                              "name": d.name or "", "arguments": ""}
+                self._pending_calls.append(ToolCallDelta(d.index, call["id"], call["name"], d.arguments))
+            elif d.arguments:
+                self._pending_calls.append(ToolCallDelta(d.index, arguments=d.arguments))
+            call["arguments"] += d.arguments
+
+    @property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The calls of the reply so far, whole."""
+        return tuple(ToolCall(c["id"], c["name"], c["arguments"]) for _, c in sorted(self.calls.items()))
 
     def finish(self, reason: DoneReason, error: str | None = None) -> None:
         if self.phase is Phase.DONE:
@@ -107,12 +133,12 @@ class RemoteSeq:
         if self.usage is not None:
             return self.usage.completion_tokens
         if self.phase is Phase.DONE:
-            return estimate_tokens(self.text)
+            return estimate_tokens(self.text + "".join(c["name"] + c["arguments"] for c in self.calls.values()))
         return len(self.delta_times)  # while streaming: deltas (llama-server sends one per token)
 
     @property
     def estimated(self) -> bool:
-        return self.usage is None and self.phase is Phase.DONE and bool(self.text)
+        return self.usage is None and self.phase is Phase.DONE and bool(self.text or self.calls)
 
     def final_tok_s(self) -> float | None:
         t = self.delta_times
@@ -130,6 +156,7 @@ class RemoteSeq:
         """Everything since the last update (the text delta and deltas count are taken)."""
         text, n = self._pending_text, self._pending_deltas
         self._pending_text, self._pending_deltas = "", 0
+        calls, self._pending_calls = tuple(self._pending_calls), []
         done = self.phase is Phase.DONE
         prompt_total, cached = 0, 0
         if self.usage is not None:
@@ -149,4 +176,5 @@ class RemoteSeq:
             itl_p50_ms=_pct(itls, 0.5), itl_p95_ms=_pct(itls, 0.95), itl_max_ms=max(itls, default=None),
             done_reason=self.done_reason, error=self.error, waiting_reason=self.waiting_reason,
             endpoint=self.endpoint, tokens_estimated=self.estimated, server_timings=self.timings,
+            tool_calls=calls,
         )

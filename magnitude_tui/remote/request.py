@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import time
 from contextlib import aclosing
 from typing import Callable
@@ -15,7 +16,7 @@ from magnitude_tui.remote.config import RemoteConfig, base_url
 from magnitude_tui.remote.metrics import RemoteSeq
 from magnitude_tui.remote.pool import Endpoint, EndpointPool, NoEndpoint
 from magnitude_tui.remote.stream import DONE, Chunk, MalformedStream, ServerError, events
-from scheduler.types import DoneReason, Phase, Request
+from scheduler.types import DoneReason, Message, Phase, Request, ToolChoiceMode
 
 RETRY_STATUS = (429, 500, 502, 503, 504)
 
@@ -34,7 +35,7 @@ def request_body(request: Request, model: str) -> dict:
     s = request.sampling
     body = {
         "model": model,
-        "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+        "messages": [_message(m) for m in request.messages],
         "stream": True,
         "stream_options": {"include_usage": True},
         "max_tokens": s.max_tokens,
@@ -46,7 +47,40 @@ def request_body(request: Request, model: str) -> dict:
     }
     if s.seed is not None:
         body["seed"] = s.seed
+    body.update(tool_fields(request))
     return body
+
+
+def _message(m: Message) -> dict:
+    """One turn in OpenAI's shape: an assistant turn keeps its calls, a tool turn its call id."""
+    out: dict = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["content"] = m.content or None
+        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in m.tool_calls]
+    if m.role == "tool":
+        out["tool_call_id"] = m.tool_call_id
+        if m.name:
+            out["name"] = m.name
+    return out
+
+
+def tool_fields(request: Request) -> dict:
+    """`tools`, `tool_choice`, `parallel_tool_calls` and `response_format` as OpenAI takes them
+    (vLLM, SGLang and llama-server `--jinja` alike); none of them for a plain chat request."""
+    out: dict = {}
+    if request.tools:
+        out["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                           "parameters": json.loads(t.parameters)}}
+                        for t in request.tools]
+        choice = request.tool_choice
+        out["tool_choice"] = ({"type": "function", "function": {"name": choice.name}}
+                              if choice.mode is ToolChoiceMode.FUNCTION else choice.mode.value)
+        out["parallel_tool_calls"] = request.parallel_tool_calls
+    if request.response_schema is not None:
+        out["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": "reply", "schema": json.loads(request.response_schema), "strict": True}}
+    return out
 
 
 def retry_after_s(response: httpx.Response, attempt: int, cap: float) -> float:
@@ -115,6 +149,9 @@ async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: htt
                     chunk: Chunk = item
                     if chunk.text:
                         seq.delta(chunk.text)  # the first one stamps the first-token time
+                    if chunk.tool_calls:
+                        seq.tool_delta(chunk.tool_calls)  # so does a call's first piece
+                    if chunk.text or chunk.tool_calls:
                         if not got_text:
                             got_text = True
                             endpoint.on_first_token(seq.ttft_ms)

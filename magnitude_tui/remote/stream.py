@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from scheduler.types import ServerTimings
+from scheduler.types import ServerTimings, ToolCallDelta
 
 
 class MalformedStream(ValueError):
@@ -32,6 +32,7 @@ class Chunk:
     finish_reason: str | None = None
     usage: Usage | None = None
     timings: ServerTimings | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()  # `delta.tool_calls` pieces, as the server cut them
 
 
 DONE = object()  # the `data: [DONE]` sentinel
@@ -79,13 +80,34 @@ def parse_chunk(payload: str) -> Chunk:
     choices = body.get("choices")
     if not isinstance(choices, list):
         raise MalformedStream(f"a stream event has no 'choices' list: {payload[:120]!r}")
-    text, finish = "", None
+    text, finish, calls = "", None, ()
     for choice in choices[:1]:  # one completion per request (n=1)
         delta = choice.get("delta") or {}
         text = delta.get("content") or ""
+        calls = _tool_calls(delta.get("tool_calls"), payload)
         finish = choice.get("finish_reason")
     return Chunk(text=text, finish_reason=finish, usage=_usage(body.get("usage")),
-                 timings=_timings(body.get("timings")))
+                 timings=_timings(body.get("timings")), tool_calls=calls)
+
+
+def _tool_calls(raw, payload: str) -> tuple[ToolCallDelta, ...]:
+    """`delta.tool_calls` entries: each has an `index`; a call's first piece (usually) its `id`
+    and `function.name`, every piece a fragment of `function.arguments`."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise MalformedStream(f"'delta.tool_calls' is not a list: {payload[:120]!r}")
+    out = []
+    for entry in raw:
+        fn = entry.get("function") if isinstance(entry, dict) else None
+        fn = fn if isinstance(fn, dict) else {}
+        index = entry.get("index") if isinstance(entry, dict) else None
+        if not isinstance(index, int) or not isinstance(fn.get("arguments") or "", str):
+            raise MalformedStream(f"a 'delta.tool_calls' entry has no integer 'index' or its arguments are "
+                                  f"not text: {payload[:120]!r}")
+        out.append(ToolCallDelta(index=index, id=entry.get("id") or None, name=fn.get("name") or None,
+                                 arguments=fn.get("arguments") or ""))
+    return tuple(out)
 
 
 def _usage(raw) -> Usage | None:
