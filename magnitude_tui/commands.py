@@ -114,8 +114,12 @@ def palette_commands(screen: "WorkspaceScreen") -> Iterable[SystemCommand]:
                         screen.action_export)
     yield SystemCommand("Copy last answer", "Copy the focused pane's last reply (ctrl+y)",
                         screen.action_copy_answer)
-    yield SystemCommand("Retry reply", "Drop the focused pane's last reply and ask again (ctrl+g)",
+    yield SystemCommand("Retry reply", "Ask again; the earlier answer is kept to page back to (ctrl+g)",
                         screen.action_retry)
+    yield SystemCommand("Earlier answer", "Show the reply's previous answer, kept by retry (alt+left)",
+                        lambda: screen.action_page_answer(-1))
+    yield SystemCommand("Later answer", "Show the reply's next answer, kept by retry (alt+right)",
+                        lambda: screen.action_page_answer(1))
     yield SystemCommand("Agent settings", "Role, system prompt, temperature, max tokens of the pane (f6)",
                         screen.action_agent_settings)
     yield SystemCommand("Conversations", "Open, reopen, rename, delete or search conversations (f4)",

@@ -25,7 +25,12 @@ def pane_markdown(pane: ChatPane) -> str:
             who += f" (ended: {m.done_reason})"
         if pane.is_dropped(m):
             who += " (out of context)"
+        if m.others:
+            who += f" (answer {m.shown + 1} of {len(m.others) + 1}, the one sent on)"
         lines += [f"## {who}", "", m.content, ""]
+        for k, other in enumerate(m.answers):
+            if k != m.shown:
+                lines += [f"### other answer {k + 1} of {len(m.others) + 1}", "", other, ""]
     for text in pane.queued:
         lines += ["## user (queued, not sent yet)", "", text, ""]
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,14 @@ CREATE TABLE IF NOT EXISTS queued (          -- messages typed while a pane was 
 );
 """
 
+ANSWERS_TABLE = """
+CREATE TABLE IF NOT EXISTS answers (         -- a reply's other answers, kept by retry (paged ‹k/n›)
+    message_id INTEGER PRIMARY KEY REFERENCES messages(id),
+    others     TEXT NOT NULL,                -- JSON list of the answers not shown, in order
+    shown      INTEGER NOT NULL              -- the shown answer's place among all of them (from 0)
+);
+"""
+
 __all__ = ["SCHEMA_VERSION", "MessageRecord", "PaneRecord", "Store", "StoreError", "default_db_path"]
 
 def default_db_path() -> Path:
@@ -47,6 +56,20 @@ class MessageRecord:
     done_reason: str | None = None
     inherited: bool = False  # context copied from the parent pane at spawn (sent, not shown)
     id: int | None = None  # assigned by the store
+    # A reply asked again (retry) keeps its earlier answers: `content` is answer `shown` (from 0)
+    # of len(others) + 1, the others in order around it. Only the shown one is sent to the model.
+    others: list[str] = field(default_factory=list)
+    shown: int = 0
+
+    @property
+    def answers(self) -> list[str]:
+        """Every answer of this reply in order, the shown one in its place."""
+        return self.others[:self.shown] + [self.content] + self.others[self.shown:]
+
+    def show_answer(self, index: int) -> None:
+        everything = self.answers
+        self.content, self.shown = everything[index], index
+        self.others = everything[:index] + everything[index + 1:]
 
 
 @dataclass(frozen=True)
@@ -108,7 +131,7 @@ class Store:
             self.notice = (f"History will not be saved: {opened.read_only}. This session runs on a copy "
                            f"in memory; make {self.path} and its directory writable and restart to save again.")
         # Added within schema 1, idempotently: a database from before it simply gains the table.
-        self._db.executescript(PANE_SETTINGS_TABLE + QUEUED_TABLE)
+        self._db.executescript(PANE_SETTINGS_TABLE + QUEUED_TABLE + ANSWERS_TABLE)
         self.workspace_id: int | None = None
 
     # ---- workspaces ---------------------------------------------------------------------------
@@ -213,6 +236,8 @@ class Store:
         """Forget a conversation and its messages (its subagents lose their parent link)."""
         with self._transaction():
             self._db.execute("UPDATE panes SET parent_id = NULL WHERE parent_id = ?", (pane_id,))
+            self._db.execute("DELETE FROM answers WHERE message_id IN (SELECT id FROM messages "
+                             "WHERE pane_id = ?)", (pane_id,))
             self._db.execute("DELETE FROM messages WHERE pane_id = ?", (pane_id,))
             self._db.execute("DELETE FROM pane_settings WHERE pane_id = ?", (pane_id,))
             self._db.execute("DELETE FROM queued WHERE pane_id = ?", (pane_id,))
@@ -255,6 +280,8 @@ class Store:
             (pane_id, message.role, message.content, int(message.complete), message.author,
              message.done_reason, int(message.inherited), time.time()),
         ).lastrowid
+        if message.others:
+            self._save_answers(message)
         return message.id
 
     def save_messages(self, messages: list[MessageRecord]) -> None:
@@ -267,17 +294,28 @@ class Store:
                     "UPDATE messages SET content = ?, complete = ?, done_reason = ? WHERE id = ?",
                     (m.content, int(m.complete), m.done_reason, m.id),
                 )
+                if m.others:
+                    self._save_answers(m)
+
+    def _save_answers(self, m: MessageRecord) -> None:
+        self._db.execute(
+            "INSERT INTO answers (message_id, others, shown) VALUES (?, ?, ?) ON CONFLICT(message_id) "
+            "DO UPDATE SET others = excluded.others, shown = excluded.shown",
+            (m.id, json.dumps(m.others), m.shown))
 
     def delete_message(self, message_id: int) -> None:
+        self._db.execute("DELETE FROM answers WHERE message_id = ?", (message_id,))
         self._db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
 
     def messages(self, pane_id: str) -> list[MessageRecord]:
         rows = self._db.execute(
-            "SELECT role, content, complete, author, done_reason, inherited, id FROM messages "
-            "WHERE pane_id = ? ORDER BY id",
+            "SELECT m.role, m.content, m.complete, m.author, m.done_reason, m.inherited, m.id, a.others, "
+            "a.shown FROM messages m LEFT JOIN answers a ON a.message_id = m.id WHERE m.pane_id = ? "
+            "ORDER BY m.id",
             (pane_id,),
         )
-        return [MessageRecord(r[0], r[1], bool(r[2]), r[3], r[4], bool(r[5]), r[6]) for r in rows]
+        return [MessageRecord(r[0], r[1], bool(r[2]), r[3], r[4], bool(r[5]), r[6],
+                              json.loads(r[7]) if r[7] else [], r[8] or 0) for r in rows]
 
     # ---- settings -----------------------------------------------------------------------------
 

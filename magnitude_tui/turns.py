@@ -48,7 +48,8 @@ class Turns:
             pane.start_editing(message)
 
     async def retry(self, pane: ChatPane) -> None:
-        """ctrl+g: drop the latest reply and ask again with the same conversation."""
+        """ctrl+g: ask again with the same conversation; the latest reply's answers are kept, and
+        the new one joins them (alt+left/right page between them)."""
         if pane.busy:
             self.workspace.notify(f"{pane.record.name} is replying; esc stops it first", severity="warning")
             return
@@ -56,8 +57,25 @@ class Turns:
         if last is None:
             self.workspace.notify("Nothing to retry yet", severity="warning")
             return
-        await self._forget(pane, await pane.truncate(last, keep=True))
+        removed = await pane.truncate(last, keep=True)
+        replies = [m for m in removed if m.role == "assistant" and m.content]
+        pane.carried = replies[-1].answers if replies else []
+        await self._forget(pane, removed)
         self.workspace.submit_turn(pane)
+
+    async def page_answer(self, pane: ChatPane, step: int) -> None:
+        """alt+left / alt+right: show the reply's earlier or later answer (kept by retry); the
+        shown one is what the next turn sends."""
+        reply = pane.last_reply()
+        if reply is None or not reply.others:
+            self.workspace.notify("One answer only: ctrl+g asks again and keeps this one", severity="warning")
+            return
+        if pane.busy:
+            self.workspace.notify(f"{pane.record.name} is replying; esc stops it first", severity="warning")
+            return
+        index = reply.shown + step
+        if 0 <= index <= len(reply.others):
+            await pane.show_answer(reply, index)
 
     async def _forget(self, pane: ChatPane, removed: list[MessageRecord]) -> None:
         for message in removed:
@@ -101,7 +119,9 @@ class Turns:
         if reported and not pane.busy:
             ws.release_session(pane)  # its answer is in the parent now: the KV goes back to the pool
         reason = event.update.done_reason
-        if reason is DoneReason.CANCELLED and event.message is None:
+        if pane.carried and event.message is None:
+            await self._restore_answers(pane)  # a retry that gave no text: the answers come back
+        elif reason is DoneReason.CANCELLED and event.message is None:
             await self._withdraw_prompt(pane)
         if pane.busy or not pane.queued:
             return
@@ -122,6 +142,11 @@ class Turns:
     def _keep_queue(self, pane: ChatPane) -> None:
         """Queued messages are in the store at once: a crash or quit must not lose them."""
         self.workspace.store.set_queued(pane.session_id, pane.queued)
+
+    async def _restore_answers(self, pane: ChatPane) -> None:
+        carried, pane.carried = pane.carried, []
+        await pane.add_message(MessageRecord("assistant", carried[-1], others=carried[:-1],
+                                             shown=len(carried) - 1))
 
     async def _withdraw_prompt(self, pane: ChatPane) -> None:
         """A reply cancelled before its first token: its prompt leaves the context and returns to

@@ -70,6 +70,8 @@ class WorkspaceScreen(Screen):
         Binding("ctrl+t", "app.change_theme", "Theme", show=False),
         Binding("ctrl+y", "copy_answer", "Copy", show=False),
         Binding("ctrl+g", "retry", "Retry", show=False),
+        Binding("alt+left", "page_answer(-1)", "Earlier answer", show=False),
+        Binding("alt+right", "page_answer(1)", "Later answer", show=False),
         Binding("ctrl+r", "restart_engine", "Restart", show=False),
     ]
 
@@ -331,6 +333,11 @@ class WorkspaceScreen(Screen):
         pane = self.grid.focused_pane()
         if pane is not None:
             await self.turns.retry(pane)
+
+    async def action_page_answer(self, step: int) -> None:
+        pane = self.grid.focused_pane()
+        if pane is not None:
+            await self.turns.page_answer(pane, step)
 
     def action_export(self) -> None:
         pane = self.grid.focused_pane()

@@ -75,6 +75,8 @@ class ChatPane(Vertical):
         self._dropped: set[int] = set()  # id() of messages left out of the context (it was full)
         self._notes: list[str] = []  # context notes waiting for the next paint
         self._gauge = ""
+        # The answers a retry replaced: the next reply keeps them as its others (paged ‹k/n›).
+        self.carried: list[str] = []
         self.composer = Composer()  # held: the paint tick reads it even while the pane is torn down
         # Raw completion (/raw): the transcript's text is continued as is, without the chat
         # template, for base models that have none (the engine is told with Request.prompt).
@@ -159,6 +161,19 @@ class ChatPane(Vertical):
             return ""
         filled = min(8, round(used / size * 8))
         return f"ctx {'▰' * filled}{'▱' * (8 - filled)} {fmt_count(used)}/{fmt_count(size)}"
+
+    def last_reply(self) -> MessageRecord | None:
+        """The latest message of the model (what retry asks again and alt+left/right page)."""
+        last = self.record.messages[-1] if self.record.messages else None
+        return last if last is not None and last.role == "assistant" else None
+
+    async def show_answer(self, message: MessageRecord, index: int) -> None:
+        """Show (and send from now on) answer `index` of a reply that retry gave several."""
+        message.show_answer(index)
+        self._mark_unsaved(message)
+        for view in self.query(MessageView):
+            if view.message is message:
+                await view.redraw()
 
     def last_answer(self) -> str | None:
         for m in reversed(self.record.messages):
@@ -355,7 +370,9 @@ class ChatPane(Vertical):
         self._status_dirty = True
         if update.text_delta:
             if self._reply is None:
-                self._reply = _Reply(MessageRecord("assistant", "", complete=False))
+                carried, self.carried = self.carried, []
+                self._reply = _Reply(MessageRecord("assistant", "", complete=False, others=carried,
+                                                   shown=len(carried)))
                 self.record.messages.append(self._reply.message)
             self._reply.message.content += update.text_delta
             self._reply.pending.append(update.text_delta)

@@ -102,7 +102,19 @@ class MessageView(Vertical):
             state = " · interrupted"
         elif m.done_reason and m.done_reason != "stop":
             state = f" · {m.done_reason}"
-        return f"{self._speaker}{state}"
+        pages = f" ‹{m.shown + 1}/{len(m.others) + 1}› alt+←/→" if m.others else ""
+        return f"{self._speaker}{state}{pages}"
+
+    async def redraw(self) -> None:
+        """The message's text was swapped for another answer: draw the new one whole."""
+        async with self._body_lock:
+            self.refresh_header()
+            if not self._settled or not self.is_attached:
+                return  # still streaming: the reply's end draws it
+            await self.remove_children("Markdown, StreamingText, .plain")
+            text = self.message.content
+            self._long = len(text) > LONG_REPLY_CHARS
+            await self.mount(StreamingText(text) if self._long else body_markdown(text))
 
     async def write(self, fragment: str, *, settle: bool = True) -> None:
         """Append streamed text (called on the workspace's paint tick, never per token). With
