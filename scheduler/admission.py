@@ -203,6 +203,8 @@ class Admission:
                 n = seq.shared_prefix[other.admit_order] = min(common_prefix_len(other.prompt, tokens), cap)
             if n - max(reusable, other.num_computed) >= MIN_SHARED_WAIT:
                 return other
+            if other is seq.copies_from and other.num_computed < n:
+                return other  # once waiting, until the whole shared prefix is there to copy
         return None
 
     def _best_donor(self, tokens: list[int], cap: int, exclude: set,

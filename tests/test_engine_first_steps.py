@@ -121,3 +121,27 @@ def test_the_ramp_widens_after_steps_that_ran_as_predicted_and_narrows_after_an_
     for _ in range(6):
         ramp.observe(ramp.limit, 10.0, 10.0, 50.0)
     assert ramp.cap(10_000) == 512
+
+
+@pytest.mark.slow
+def test_real_model_first_steps_after_calibration_start_at_one_quantum_and_keep_their_bound(clean_llama):
+    from tests.engine_driver import Driver
+
+    engine = Engine(clean_llama, policy="target:200", coalesce_ms=0)
+    engine.calibrate()
+    assert engine.scheduler.ramp.armed
+    d = Driver(engine)
+    d.submit("gen", "g", "Write a very long story about a dragon who learns to bake bread.", max_tokens=400)
+    d.run_until(lambda: len(d.seen["gen"].token_times) >= 2)
+    facts = " ".join(f"Fact {i}: the number {i} squared is {i * i}." for i in range(90))
+    d.submit("new", "n", facts, max_tokens=2)
+    d.run_until(lambda: d.seen["new"].done)
+    prompt_steps = [r for r in d.reports if r.prefill_rows]
+    # The very first prompt steps after the calibration: one quantum, then at most twice that
+    # (step times on a shared 2-core machine are not asserted: the load there swings them 10x).
+    assert prompt_steps[0].prefill_rows <= MIN_PREFILL_QUANTUM
+    assert prompt_steps[1].prefill_rows <= 2 * MIN_PREFILL_QUANTUM
+    assert all(r.outcome.value == "ok" for r in d.reports)
+    engine.cancel("gen")
+    d.run_until_done("gen", "new")
+    close_and_assert_empty(engine, "g", "n")
