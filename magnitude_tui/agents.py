@@ -6,6 +6,8 @@
     system = "You look for the weakest point of a plan and say it in two sentences."
     temperature = 0.3
     max_tokens = 200
+    top_p = 0.9      # nucleus sampling (0 < top_p <= 1)
+    min_p = 0.05     # drop tokens below this share of the likeliest one (0 <= min_p < 1)
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-_KEYS = {"system", "temperature", "max_tokens"}
+_KEYS = {"system", "temperature", "max_tokens", "top_p", "min_p"}
+_NUMBERS = ("temperature", "top_p", "min_p")
 
 
 class AgentFileError(ValueError):
@@ -40,13 +43,12 @@ class AgentSettings:
     system: str = ""
     temperature: float | None = None
     max_tokens: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
 
     def sampling(self, default: SamplingParams) -> SamplingParams:
-        changes = {}
-        if self.temperature is not None:
-            changes["temperature"] = self.temperature
-        if self.max_tokens is not None:
-            changes["max_tokens"] = self.max_tokens
+        changes = {k: v for k, v in (("temperature", self.temperature), ("max_tokens", self.max_tokens),
+                                     ("top_p", self.top_p), ("min_p", self.min_p)) if v is not None}
         return replace(default, **changes) if changes else default
 
     @property
@@ -58,12 +60,17 @@ def agents_path() -> Path:
     return Path(platformdirs.user_config_dir("magnitude-tui", appauthor=False)) / "agents.toml"
 
 
-def check_settings(*, temperature: float | None, max_tokens: int | None) -> None:
-    """ValueError (one line for the user) if a temperature or max_tokens cannot be used."""
+def check_settings(*, temperature: float | None, max_tokens: int | None, top_p: float | None = None,
+                   min_p: float | None = None) -> None:
+    """ValueError (one line for the user) if a temperature, max_tokens, top_p or min_p cannot be used."""
     if temperature is not None and not (temperature >= 0 and math.isfinite(temperature)):
         raise ValueError(f"temperature {temperature} is not allowed; use 0 (greedy) or more")
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens {max_tokens} is too small; a reply needs at least 1 token")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p {top_p} is not allowed; use more than 0 and at most 1 (1: off)")
+    if min_p is not None and not 0 <= min_p < 1:
+        raise ValueError(f"min_p {min_p} is not allowed; use 0 (off) up to below 1")
 
 
 def load_agents(path: Path | None = None) -> dict[str, AgentSettings]:
@@ -87,18 +94,21 @@ def load_agents(path: Path | None = None) -> dict[str, AgentSettings]:
         if unknown:
             raise AgentFileError(f"{path}: [{name}] has unknown key(s) {', '.join(sorted(unknown))}; "
                                  f"use {', '.join(sorted(_KEYS))}")
-        system, temperature, max_tokens = table.get("system", ""), table.get("temperature"), table.get("max_tokens")
+        system, max_tokens = table.get("system", ""), table.get("max_tokens")
         if not isinstance(system, str):
             raise AgentFileError(f"{path}: [{name}] system must be a string")
-        if temperature is not None and not isinstance(temperature, (int, float)):
-            raise AgentFileError(f"{path}: [{name}] temperature must be a number")
+        for key in _NUMBERS:
+            if key in table and (isinstance(table[key], bool) or not isinstance(table[key], (int, float))):
+                raise AgentFileError(f"{path}: [{name}] {key} must be a number")
         if max_tokens is not None and not isinstance(max_tokens, int):
             raise AgentFileError(f"{path}: [{name}] max_tokens must be an integer")
+        numbers = {key: float(table[key]) if key in table else None for key in _NUMBERS}
         try:
-            check_settings(temperature=temperature, max_tokens=max_tokens)
+            check_settings(max_tokens=max_tokens, **numbers)
         except ValueError as exc:
             raise AgentFileError(f"{path}: [{name}] {exc}") from None
-        roles[name] = AgentSettings(name, system, None if temperature is None else float(temperature), max_tokens)
+        roles[name] = AgentSettings(name, system, numbers["temperature"], max_tokens, numbers["top_p"],
+                                    numbers["min_p"])
     return roles
 
 

@@ -120,7 +120,7 @@ def palette_commands(screen: "WorkspaceScreen") -> Iterable[SystemCommand]:
                         lambda: screen.action_page_answer(-1))
     yield SystemCommand("Later answer", "Show the reply's next answer, kept by retry (alt+right)",
                         lambda: screen.action_page_answer(1))
-    yield SystemCommand("Agent settings", "Role, system prompt, temperature, max tokens of the pane (f6)",
+    yield SystemCommand("Agent settings", "Role, system prompt and sampling (temperature, max tokens, top_p, min_p) of the pane (f6)",
                         screen.action_agent_settings)
     yield SystemCommand("Conversations", "Open, reopen, rename, delete or search conversations (f4)",
                         screen.action_conversations)

@@ -19,9 +19,13 @@ CREATE TABLE IF NOT EXISTS pane_settings (   -- a pane's agent settings, when no
     role        TEXT,                        -- the agents.toml definition they came from
     system      TEXT NOT NULL,
     temperature REAL,                        -- NULL: the app's default
-    max_tokens  INTEGER
+    max_tokens  INTEGER,
+    top_p       REAL,
+    min_p       REAL
 );
 """
+# Columns added to pane_settings after it first shipped (ALTER TABLE, once, on open).
+PANE_SETTINGS_ADDED = {"top_p": "REAL", "min_p": "REAL"}
 
 QUEUED_TABLE = """
 CREATE TABLE IF NOT EXISTS queued (          -- messages typed while a pane was replying, not sent yet
@@ -132,6 +136,10 @@ class Store:
                            f"in memory; make {self.path} and its directory writable and restart to save again.")
         # Added within schema 1, idempotently: a database from before it simply gains the table.
         self._db.executescript(PANE_SETTINGS_TABLE + QUEUED_TABLE + ANSWERS_TABLE)
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(pane_settings)")}
+        for column, kind in PANE_SETTINGS_ADDED.items():
+            if column not in have:
+                self._db.execute(f"ALTER TABLE pane_settings ADD COLUMN {column} {kind}")
         self.workspace_id: int | None = None
 
     # ---- workspaces ---------------------------------------------------------------------------
@@ -196,14 +204,17 @@ class Store:
 
     def set_pane_settings(self, pane_id: str, settings: AgentSettings) -> None:
         self._db.execute(
-            "INSERT INTO pane_settings (pane_id, role, system, temperature, max_tokens) VALUES (?, ?, ?, ?, ?) "
+            "INSERT INTO pane_settings (pane_id, role, system, temperature, max_tokens, top_p, min_p) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT(pane_id) DO UPDATE SET role = excluded.role, system = excluded.system, "
-            "temperature = excluded.temperature, max_tokens = excluded.max_tokens",
-            (pane_id, settings.role, settings.system, settings.temperature, settings.max_tokens),
+            "temperature = excluded.temperature, max_tokens = excluded.max_tokens, top_p = excluded.top_p, "
+            "min_p = excluded.min_p",
+            (pane_id, settings.role, settings.system, settings.temperature, settings.max_tokens,
+             settings.top_p, settings.min_p),
         )
 
     def pane_settings(self, pane_id: str) -> AgentSettings:
-        row = self._db.execute("SELECT role, system, temperature, max_tokens FROM pane_settings "
+        row = self._db.execute("SELECT role, system, temperature, max_tokens, top_p, min_p FROM pane_settings "
                                "WHERE pane_id = ?", (pane_id,)).fetchone()
         return AgentSettings(*row) if row else AgentSettings()
 

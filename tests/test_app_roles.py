@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 from typer.testing import CliRunner
 
@@ -9,6 +11,8 @@ import magnitude_tui.app
 from magnitude_tui.agents import AgentFileError, AgentSettings, load_agents
 from magnitude_tui.cli import app as cli
 from magnitude_tui.screens.agent_dialog import AgentDialog
+from magnitude_tui.store import PaneRecord, Store
+from scheduler.types import SamplingParams
 from tests.app_support import SIZE, ScriptedClient, make_app, settle, wait_for
 from tests.gguf_files import tiny_gguf
 
@@ -101,3 +105,46 @@ async def test_the_agent_dialog_sets_a_panes_role_and_it_is_kept(tmp_path):
     async with again.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: again.workspace.grid.panes, what="the restored pane")
         assert again.workspace.grid.panes[0].record.settings == CRITIC
+
+
+def test_roles_and_panes_set_top_p_and_min_p(tmp_path):
+    path = tmp_path / "agents.toml"
+    path.write_text('[looper]\nsystem = "Be brief."\ntop_p = 0.9\nmin_p = 0.1\n')
+    [looper] = load_agents(path).values()
+    assert (looper.top_p, looper.min_p) == (0.9, 0.1)
+    sampling = looper.sampling(SamplingParams(temperature=0.7))
+    assert (sampling.temperature, sampling.top_p, sampling.min_p) == (0.7, 0.9, 0.1)
+    for bad, says in [("top_p = 1.5", "top_p 1.5"), ("min_p = 1", "min_p 1.0"), ("top_p = 'x'", "top_p must be")]:
+        path.write_text(f"[x]\n{bad}\n")
+        with pytest.raises(AgentFileError, match=says):
+            load_agents(path)
+    # A database from before these columns gains them.
+    db = sqlite3.connect(tmp_path / "old.db")
+    db.executescript("CREATE TABLE pane_settings (pane_id TEXT PRIMARY KEY, role TEXT, system TEXT NOT NULL, "
+                     "temperature REAL, max_tokens INTEGER);")
+    db.close()
+    store = Store(tmp_path / "old.db")
+    store.open_workspace(resume=False)
+    store.add_pane(PaneRecord("p1", "A1", settings=looper))
+    assert store.pane_settings("p1") == looper
+    store.close()
+
+
+async def test_the_agent_dialog_sets_top_p_and_min_p(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.workspace.grid.panes[0]
+        await pilot.press("f6")
+        await wait_for(pilot, lambda: isinstance(app.screen, AgentDialog), what="the dialog")
+        app.screen.query_one("#agent-top-p").value = "2"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: any("top_p 2.0" in n.message for n in app._notifications), what="the refusal")
+        app.screen.query_one("#agent-top-p").value = "0.8"
+        app.screen.query_one("#agent-min-p").value = "0.2"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: pane.record.settings.top_p == 0.8, what="the settings applied")
+        await pilot.press(*"hi", "enter")
+        await wait_for(pilot, lambda: client.submitted, what="the turn")
+        assert (client.submitted[0].sampling.top_p, client.submitted[0].sampling.min_p) == (0.8, 0.2)
+        assert app.store.pane_settings(pane.session_id).min_p == 0.2

@@ -1,4 +1,5 @@
-"""Provides the agent dialog: a pane's role, system prompt, temperature and max tokens."""
+"""Provides the agent dialog: a pane's role, system prompt and sampling (temperature, max tokens,
+top_p, min_p)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from magnitude_tui.agents import AgentSettings, check_settings
 
 class AgentDialog(ModalScreen[AgentSettings | None]):
     """Edits one pane's settings; typing a role from agents.toml fills in its definition.
-    Empty temperature or max tokens mean the app's defaults (--temperature, --max-tokens)."""
+    An empty number means the app's default (--temperature, --max-tokens; top_p 0.95, min_p 0.05)."""
 
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel"), Binding("ctrl+s", "save", "Save", priority=True)]
     DEFAULT_CSS = """
@@ -26,6 +27,7 @@ class AgentDialog(ModalScreen[AgentSettings | None]):
     AgentDialog #agent-system { height: 6; }
     AgentDialog .numbers { height: auto; }
     AgentDialog .numbers Vertical { width: 1fr; height: auto; }
+    AgentDialog .numbers Label { margin: 0; }
     AgentDialog Horizontal.buttons { height: auto; margin-top: 1; align-horizontal: right; }
     AgentDialog Button { margin-left: 1; }
     """
@@ -45,14 +47,15 @@ class AgentDialog(ModalScreen[AgentSettings | None]):
             yield Input(s.role or "", placeholder="no role", id="agent-role")
             yield Label("System prompt")
             yield TextArea(s.system, id="agent-system", soft_wrap=True, compact=True)
+            yield Label("Sampling (empty: the app's default)")
             with Horizontal(classes="numbers"):
-                with Vertical():
-                    yield Label("Temperature (empty: default)")
-                    yield Input("" if s.temperature is None else f"{s.temperature:g}", id="agent-temperature")
-                with Vertical():
-                    yield Label("Max tokens (empty: default)")
-                    yield Input("" if s.max_tokens is None else str(s.max_tokens), type="integer",
-                                id="agent-max-tokens")
+                for label, key, value in (("Temperature", "temperature", s.temperature),
+                                          ("Max tokens", "max-tokens", s.max_tokens),
+                                          ("top_p", "top-p", s.top_p), ("min_p", "min-p", s.min_p)):
+                    with Vertical():
+                        yield Label(label)
+                        yield Input(_shown(value), type="integer" if key == "max-tokens" else "text",
+                                    id=f"agent-{key}")
             with Horizontal(classes="buttons"):
                 yield Button("Cancel", id="agent-cancel")
                 yield Button("Save (ctrl+s)", variant="primary", id="agent-save")
@@ -66,25 +69,35 @@ class AgentDialog(ModalScreen[AgentSettings | None]):
         if role is None:
             return
         self.query_one("#agent-system", TextArea).load_text(role.system)
-        self.query_one("#agent-temperature", Input).value = "" if role.temperature is None else f"{role.temperature:g}"
-        self.query_one("#agent-max-tokens", Input).value = "" if role.max_tokens is None else str(role.max_tokens)
+        for key, value in (("temperature", role.temperature), ("max-tokens", role.max_tokens),
+                           ("top-p", role.top_p), ("min-p", role.min_p)):
+            self.query_one(f"#agent-{key}", Input).value = _shown(value)
 
     @on(Button.Pressed, "#agent-save")
     @on(Input.Submitted)
     def action_save(self) -> None:
-        temperature_text = self.query_one("#agent-temperature", Input).value.strip()
-        max_tokens_text = self.query_one("#agent-max-tokens", Input).value.strip()
+        def number(key: str, kind=float):
+            text = self.query_one(f"#agent-{key}", Input).value.strip()
+            try:
+                return kind(text) if text else None
+            except ValueError:
+                raise ValueError(f"{key.replace('-', '_')}: {text!r} is not a number") from None
+
         try:
-            temperature = float(temperature_text) if temperature_text else None
-            max_tokens = int(max_tokens_text) if max_tokens_text else None
-            check_settings(temperature=temperature, max_tokens=max_tokens)
+            temperature, max_tokens = number("temperature"), number("max-tokens", int)
+            top_p, min_p = number("top-p"), number("min-p")
+            check_settings(temperature=temperature, max_tokens=max_tokens, top_p=top_p, min_p=min_p)
         except ValueError as exc:
             self.notify(str(exc), severity="warning", markup=False)
             return
         role = self.query_one("#agent-role", Input).value.strip() or None
         system = self.query_one("#agent-system", TextArea).text.strip()
-        self.dismiss(AgentSettings(role, system, temperature, max_tokens))
+        self.dismiss(AgentSettings(role, system, temperature, max_tokens, top_p, min_p))
 
     @on(Button.Pressed, "#agent-cancel")
     def _cancel(self) -> None:
         self.dismiss(None)
+
+
+def _shown(value: float | int | None) -> str:
+    return "" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
