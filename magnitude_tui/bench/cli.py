@@ -1,5 +1,5 @@
 """Provides the `magnitude-tui bench` commands (typer): admit, prefill-curve, throughput, fork, person,
-burst, target-depth, resume, remote, serve, soak, spec, contention, ui, ui-cpu."""
+burst, target-depth, resume, remote, serve, soak, spec, contention, structured, ui, ui-cpu."""
 
 from __future__ import annotations
 
@@ -405,6 +405,35 @@ def contention(
     cfg = ContentionConfig(seqs=seqs, gen=gen, reps=reps, loads=options.ints(loads) if loads else None,
                            engine_fixed=fixed, model=model)
     _finish(run_contention(cfg, progress=_progress), out, None)
+
+
+@bench_app.command()
+def structured(
+    seqs: str = typer.Option("1,8,16", "--seqs", help="Concurrent sequences."),
+    max_tokens: int = typer.Option(48, "--max-tokens", help="Longest reply, the same in both modes (greedy)."),
+    reps: int = typer.Option(2, "--reps", help="Repetitions (the modes alternate which goes first)."),
+    peer: bool = typer.Option(True, "--peer/--no-peer", help="Also run llama-server with the same schema."),
+    clients: int = typer.Option(8, "--clients", help="llama-server slots and concurrent HTTP clients."),
+    backend: str = typer.Option("llama", "--backend", "-b", help="llama, fake or simulated:<profile> (a smoke run)."),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt,
+    threads: int = typer.Option(2, "--threads", "-t", help="CPU threads, the engine's and llama-server's."),
+    ctx: Optional[int] = CtxOpt,
+    out: Path = typer.Option(Path("docs/benchmarks"), "--out", help="Directory for the JSON and Markdown files."),
+) -> None:
+    """json_schema-constrained replies vs free text at 1..16 sequences on the same engine, and vs
+    llama-server with the same schema: aggregate tok/s, ratios, the grammar's share."""
+    from backend.factory import BackendConfig
+    from magnitude_tui.bench.structured import StructuredConfig, run_structured
+
+    if max_tokens < 1 or reps < 1 or clients < 1:
+        raise typer.BadParameter("--max-tokens, --reps and --clients must be at least 1")
+    try:
+        spec = BackendConfig(kind=backend, model=model, device=device, n_threads=threads, n_ctx=ctx)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--backend") from None
+    cfg = StructuredConfig(seqs=options.ints(seqs), max_tokens=max_tokens, reps=reps, peer=peer,
+                           peer_clients=clients, threads=threads)
+    _finish(run_structured(spec, cfg, progress=_progress), out, None)
 
 
 if __name__ == "__main__":
