@@ -217,9 +217,21 @@ def generate(
     remote_model: Optional[str] = RemoteModelOpt,
     api_key_env: Optional[str] = ApiKeyEnvOpt,
     verbose: bool = VerboseOpt,
+    json_schema: Optional[Path] = typer.Option(None, "--json-schema", help="A JSON schema file every reply "
+                                               "must satisfy (response_format json_schema)."),
+    tools: Optional[Path] = typer.Option(None, "--tools", help="A file with an OpenAI-style tools array; "
+                                         "the parsed tool calls are printed."),
+    tool_choice: Optional[str] = typer.Option(None, "--tool-choice", help="With --tools: auto (default), "
+                                              "required, none, or a function's name."),
 ) -> None:
     """Run N prompts as concurrent sequences in ONE context through the engine; print answers and latency."""
-    from magnitude_tui.generate import local_client, run_generate
+    from magnitude_tui.generate import ToolFileError, local_client, run_generate, tool_use_from_files
+
+    try:
+        tool_use = tool_use_from_files(json_schema, tools, tool_choice) \
+            if json_schema or tools or tool_choice else None
+    except ToolFileError as exc:
+        _fail(str(exc))
 
     if prompts is not None:
         lines = [l.strip() for l in prompts.read_text().splitlines() if l.strip()]
@@ -243,7 +255,7 @@ def generate(
         client = local_client(len(lines), model=model_path, device=device, policy=policy, n_ctx=n_ctx,
                               verbose=verbose, threads=threads, draft_model=draft_model, spec=spec_mode)
     code = run_generate(lines, client, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=stream,
-                        json_out=json_out)
+                        json_out=json_out, tool_use=tool_use)
     raise typer.Exit(code)
 
 

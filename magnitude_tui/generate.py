@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
@@ -45,10 +47,43 @@ def output_console(*, json_out: bool) -> Console:
     return console
 
 
+class ToolFileError(ValueError):
+    """A --json-schema or --tools file that cannot be used; the message names the file and the part."""
+
+
+def tool_use_from_files(json_schema: Path | None = None, tools: Path | None = None,
+                        tool_choice: str | None = None):
+    """The ToolUse that `--json-schema FILE`, `--tools FILE` (an OpenAI `tools` array) and
+    `--tool-choice` ask for, checked exactly as `serve` checks a body (the same messages)."""
+    from magnitude_tui.serve.errors import OpenAIError
+    from magnitude_tui.serve.tools_body import parse_tool_use
+
+    body: dict = {}
+    for path, key in ((json_schema, "response_format"), (tools, "tools")):
+        if path is None:
+            continue
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise ToolFileError(f"{path}: not a readable JSON file ({e})") from None
+        body[key] = {"type": "json_schema", "json_schema": {"name": "reply", "schema": data}} \
+            if key == "response_format" else data
+    if tool_choice is not None:
+        body["tool_choice"] = tool_choice if tool_choice in ("none", "auto", "required") else \
+            {"type": "function", "function": {"name": tool_choice}}
+    try:
+        return parse_tool_use(body)
+    except OpenAIError as e:
+        source = json_schema if e.param and e.param.startswith("response_format") else tools
+        raise ToolFileError(f"{source or '--tool-choice'}: {e.message}") from None
+
+
 def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temperature, seed,
-                 stream: bool, json_out: bool = False) -> int:
+                 stream: bool, json_out: bool = False, tool_use=None) -> int:
     """Submit every prompt at once, stream until all are done, print answers and latency (as one
-    JSON document on stdout with `json_out`; the progress lines then go to stderr)."""
+    JSON document on stdout with `json_out`; the progress lines then go to stderr). `tool_use`
+    (from `tool_use_from_files`): the tools and schema every request carries; the parsed tool
+    calls are printed after the answers."""
     console = output_console(json_out=json_out)
     client.start()
     try:
@@ -57,13 +92,17 @@ def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temper
         sampling = SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens)
         finals: dict[str, SeqUpdate] = {}
         texts: dict[str, str] = {}
+        calls: dict[str, dict[int, dict]] = {}  # request id -> call index -> id, name, arguments
         order = []
         for i, p in enumerate(prompts):
             rid = f"gen-{i}"
             order.append(rid)
             texts[rid] = ""
+            use = {} if tool_use is None else {"tools": tool_use.tools, "tool_choice": tool_use.tool_choice,
+                                               "parallel_tool_calls": tool_use.parallel_tool_calls,
+                                               "response_schema": tool_use.response_schema}
             client.submit(Request(request_id=rid, session_id=f"s{i}", messages=(Message("user", p),),
-                                  sampling=sampling))
+                                  sampling=sampling, **use))
         t0 = time.perf_counter()
         steps = 0
         threads: ThreadState | None = None
@@ -87,21 +126,40 @@ def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temper
                     console.print(f"[red]{ev.message}[/]")
                 for u in updates:
                     texts[u.request_id] += u.text_delta
+                    _add_calls(calls.setdefault(u.request_id, {}), u)
                     if stream and u.text_delta and not json_out:
                         sys.stdout.write(f"[{u.request_id}] {u.text_delta!r}\n")
                     if u.phase is Phase.DONE:
                         finals[u.request_id] = u
         wall = time.perf_counter() - t0
         if json_out:
-            json.dump(results_json(order, prompts, texts, finals, wall, steps, rows, threads), sys.stdout, indent=2)
+            doc = results_json(order, prompts, texts, finals, wall, steps, rows, threads)
+            for entry, rid in zip(doc["sequences"], order):
+                entry["tool_calls"] = [c for _, c in sorted(calls.get(rid, {}).items())]
+            json.dump(doc, sys.stdout, indent=2)
             sys.stdout.write("\n")
             return 0 if all(f.error is None for f in finals.values()) else 1
         _print_results(console, order, prompts, texts, finals, wall, steps, rows)
+        _print_calls(console, order, calls)
         if threads is not None:
             console.print(f"CPU threads: {threads.short()}: {threads.why}")
         return 0 if all(f.error is None for f in finals.values()) else 1
     finally:
         client.stop()
+
+
+def _add_calls(calls: dict[int, dict], u: SeqUpdate) -> None:
+    """Put a step's tool-call pieces together: the first names the call, later ones extend its arguments."""
+    for d in u.tool_calls:
+        call = calls.setdefault(d.index, {"id": d.id, "name": d.name, "arguments": ""})
+        call["arguments"] += d.arguments
+
+
+def _print_calls(console: Console, order: list[str], calls: dict[str, dict[int, dict]]) -> None:
+    for i, rid in enumerate(order):
+        for _, c in sorted(calls.get(rid, {}).items()):
+            console.print(f"[bold]#{i}[/] tool call [cyan]{escape(c['name'] or '')}[/]({escape(c['arguments'])})"
+                          f"  [dim]{escape(c['id'] or '')}[/]", highlight=False)
 
 
 def _wait_ready(client: EngineClient, console: Console) -> bool:
