@@ -416,7 +416,8 @@ def structured(
     clients: int = typer.Option(8, "--clients", help="llama-server slots and concurrent HTTP clients."),
     backend: str = typer.Option("llama", "--backend", "-b", help="llama, fake or simulated:<profile> (a smoke run)."),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt,
-    threads: int = typer.Option(2, "--threads", "-t", help="CPU threads, the engine's and llama-server's."),
+    threads: int = typer.Option(1, "--threads", "-t", help="CPU threads, the engine's and llama-server's "
+                                "(default 1: on a shared 2-core machine spinning thread barriers dominate)."),
     ctx: Optional[int] = CtxOpt,
     out: Path = typer.Option(Path("docs/benchmarks"), "--out", help="Directory for the JSON and Markdown files."),
 ) -> None:
