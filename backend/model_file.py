@@ -11,6 +11,7 @@ from pathlib import Path
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+GGML_MAX_DIMS = 4
 
 # ggml type id -> (elements per block, bytes per block), as ggml's type traits define them
 # (tests/test_model_file.py checks this table against the built libggml).
@@ -143,7 +144,11 @@ def _read(f, path: str, size: int) -> GgufInfo:
         ends = []
         for _ in range(n_tensors):
             name = r.string()
-            dims = [r.unpack("Q") for _ in range(r.unpack("I"))]
+            n_dims = r.unpack("I")
+            if n_dims > GGML_MAX_DIMS:  # read as a count, 0xFFFFFFFF would walk the whole file
+                raise ValueError(f"tensor {name.decode(errors='replace')[:80]!r} claims {n_dims:,} "
+                                 f"dimensions (ggml has at most {GGML_MAX_DIMS})")
+            dims = [r.unpack("Q") for _ in range(n_dims)]
             kind, offset = r.unpack("I"), r.unpack("Q")
             block = GGML_BLOCKS.get(kind)
             elements = 1

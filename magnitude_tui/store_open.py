@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import time
@@ -62,6 +63,62 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
 
 class StoreError(RuntimeError):
     """The database exists but must not be touched (e.g. written by a newer version)."""
+
+
+# Lock files held by this process: path -> [the open lock file, connections holding it]. Another
+# process that opens the same store is refused; this process may open it again (a resume).
+_HELD: dict[str, list] = {}
+
+
+class _Connection(sqlite3.Connection):
+    """A store connection that holds its store's instance lock (`<db>.lock`, flock) until it is
+    closed or collected: two apps writing one conversation would interleave it."""
+
+    _lock_key: str | None = None
+
+    def hold_instance_lock(self, path: Path) -> None:
+        lock_path = Path(f"{path}.lock")
+        key = os.path.realpath(lock_path)
+        held = _HELD.get(key)
+        if held is not None:
+            held[1] += 1
+            self._lock_key = key
+            return
+        try:
+            f = open(lock_path, "a+")
+        except OSError:
+            return  # nowhere to put a lock (a read-only place is handled before this)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            other = f.read().strip()[:20]
+            f.close()
+            raise StoreError(f"another magnitude-tui{f' (pid {other})' if other.isdigit() else ''} is "
+                             f"using {path}; quit it first (two apps on one store would interleave "
+                             "their conversations)") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        _HELD[key] = [f, 1]
+        self._lock_key = key
+
+    def close(self) -> None:
+        super().close()
+        self._release()
+
+    def __del__(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        key, self._lock_key = self._lock_key, None
+        held = _HELD.get(key) if key is not None else None
+        if held is not None:
+            held[1] -= 1
+            if held[1] <= 0:
+                del _HELD[key]
+                held[0].close()
 
 
 class _Unreadable(Exception):
@@ -128,12 +185,19 @@ def _check_header(path: Path) -> None:
 
 
 def _open(path: Path) -> tuple[sqlite3.Connection, int | None]:
+    if path.is_dir():
+        raise StoreError(f"the database path {path} is a directory; pass a file (it is created if missing)")
     reason = read_only_reason(path)
     if reason is not None:
         raise _ReadOnly(reason)
     _check_header(path)
-    db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
     try:
+        db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, factory=_Connection)
+    except sqlite3.Error as e:
+        raise StoreError(f"could not open the database {path}: {e}") from None
+    try:
+        if str(path) != ":memory:":
+            db.hold_instance_lock(path)
         return db, _prepare(db, path)
     except _Unreadable:
         db.close()

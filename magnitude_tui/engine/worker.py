@@ -99,7 +99,13 @@ def _warm_store(config: EngineConfig, backend) -> WarmStore | None:
     """Where this engine saves idle conversations' KV (None when the config turns it off)."""
     if not config.warm_dir or config.warm_budget_mb <= 0:
         return None
-    return WarmStore(config.warm_dir, layout=backend.state_layout, budget_bytes=config.warm_budget_mb << 20)
+    try:
+        return WarmStore(config.warm_dir, layout=backend.state_layout, budget_bytes=config.warm_budget_mb << 20)
+    except OSError as exc:
+        # A read-only data directory: warm resume is an optimisation, never a reason not to start.
+        print(f"warm resume is off: cannot use {config.warm_dir}: {exc}", file=sys.stderr, flush=True)
+        backend.info["warm_resume"] = f"off: cannot use {config.warm_dir} ({exc.strerror or exc})"
+        return None
 
 
 def _model_name(config: BackendConfig) -> str:
