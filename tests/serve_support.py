@@ -109,7 +109,7 @@ def serve_process(*args: str, ready: bool = True, env: dict | None = None):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "magnitude_tui.cli", "serve", "--port", str(port), *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **(env or {})}, start_new_session=True)
     server = ServeProcess(port, proc)
 
     def read() -> None:

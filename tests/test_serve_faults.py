@@ -80,14 +80,18 @@ def test_sigterm_ends_every_live_stream_with_an_error_and_done_then_exits_0():
             httpx.get(server.base + "/models", timeout=2)
 
 
-def test_sigterm_lets_a_short_reply_finish_within_the_grace_period():
+@pytest.mark.parametrize("how", ["SIGTERM to the server", "ctrl+c to the process group"])
+def test_a_stop_signal_lets_a_short_reply_finish_within_the_grace_period(how):
     with serve_process(*PACED, "--grace", "30") as server:
         client = openai.OpenAI(base_url=server.base, api_key="none", max_retries=0)
         stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
                                                 max_tokens=60, stream=True)
         chunks = iter(stream)
         first = next(chunks)
-        server.proc.send_signal(signal.SIGTERM)
+        if how.startswith("SIGTERM"):
+            server.proc.send_signal(signal.SIGTERM)
+        else:  # a terminal's ctrl+c reaches the engine worker too, which must leave it to serve
+            os.killpg(server.proc.pid, signal.SIGINT)
         finish = [c.choices[0].finish_reason for c in chunks if c.choices]
         assert finish[-1] == "length" and first.choices[0].delta.role == "assistant"
         assert server.proc.wait(timeout=30) == 0

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -48,6 +50,11 @@ def _redirect_native_output(log_path: str | None) -> None:
 
 def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -> None:
     """Worker entry point: load, then loop (drain commands, step, send one report per step)."""
+    if threading.current_thread() is threading.main_thread():
+        # ctrl+c in a terminal reaches the whole process group; it is the client's to act on (a
+        # headless server first lets its streams finish), and the worker stops when told to (or
+        # when the pipe closes). SIGTERM keeps its default: multiprocessing stops daemons with it.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _redirect_native_output(log_path)
     model_name = _model_name(config.backend)
     last_sent = [0.0]
