@@ -46,6 +46,30 @@ CREATE TABLE IF NOT EXISTS answers (         -- a reply's other answers, kept by
 
 __all__ = ["SCHEMA_VERSION", "MessageRecord", "PaneRecord", "Store", "StoreError", "default_db_path"]
 
+TITLE_CHARS = 40  # a conversation's title: the first user message cut at a word within this
+
+
+def short_title(text: str, limit: int = TITLE_CHARS) -> str:
+    """A conversation's title from its first message: the first line, spaces collapsed, cut at a
+    word boundary with an ellipsis when longer than `limit`."""
+    line = " ".join(next((l for l in text.splitlines() if l.strip()), "").split())
+    if len(line) <= limit:
+        return line
+    cut = line[:limit].rsplit(" ", 1)[0] if " " in line[:limit] else line[:limit]
+    return cut.rstrip(" ,.;:") + "…"
+
+
+def snippet(text: str, needle: str, width: int = 60) -> str:
+    """The part of `text` around the first case-insensitive occurrence of `needle`, on one line."""
+    flat = " ".join(text.split())
+    at = flat.lower().find(needle.lower())
+    if at < 0:
+        return ""
+    start = max(0, at - (width - len(needle)) // 2)
+    part = flat[start:start + width]
+    return f"{'…' if start else ''}{part}{'…' if start + width < len(flat) else ''}"
+
+
 def default_db_path() -> Path:
     """The database in the user's data directory (created on first use)."""
     return Path(platformdirs.user_data_dir("magnitude-tui", appauthor=False)) / "magnitude.db"
@@ -87,8 +111,9 @@ class ConversationRow:
     is_open: bool  # open in the current workspace
     closed: float | None
     messages: int
-    preview: str  # the first thing the user asked
+    preview: str  # the conversation's title: the first thing the user asked, shortened
     updated: float  # the newest message's time (or the pane's creation)
+    match: str = ""  # with a search: where a message says it (when the title does not)
 
 
 @dataclass
@@ -267,8 +292,16 @@ class Store:
             " WHERE m.pane_id = p.id AND m.content LIKE ?)) ORDER BY updated DESC",
             (like, like, like),
         ).fetchall()
+        needle = search.strip()
         return [ConversationRow(r[0], r[1], r[2], r[3], r[3] == self.workspace_id and r[4] is None,
-                                r[4], r[5], " ".join((r[6] or "").split())[:80], r[7]) for r in rows]
+                                r[4], r[5], short_title(r[6] or "", 60), r[7],
+                                self._match(r[0], needle) if needle and needle.lower() not in
+                                f"{r[1]} {r[6] or ''}".lower() else "") for r in rows]
+
+    def _match(self, pane_id: str, needle: str) -> str:
+        row = self._db.execute("SELECT content FROM messages WHERE pane_id = ? AND content LIKE ? "
+                               "ORDER BY id LIMIT 1", (pane_id, f"%{needle}%")).fetchone()
+        return snippet(row[0], needle) if row else ""
 
     def set_queued(self, pane_id: str, texts: list[str]) -> None:
         """The pane's queued messages are now exactly `texts` (in the order they will be sent)."""

@@ -138,3 +138,21 @@ async def test_agents_toml_is_read_again_when_it_changes(tmp_path):
         assert "temperature must be a number" in book.problem and "scout" in book.roles
         await wait_for(pilot, lambda: any("temperature must be a number" in n.message for n in app._notifications),
                        what="the file's problem shown")
+
+
+async def test_a_conversation_is_titled_by_its_first_message_and_f4_finds_words_deep_inside(tmp_path):
+    client = ScriptedClient(reply=lambda request: "Pack light.\n\nTake the night train to Kyoto, then walk.")
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.workspace.grid.panes[0]
+        assert pane.border_title == "A1 · main"
+        await one_turn(pilot, client, "Plan a four-day trip through Japan in spring, cheaply please")
+        assert pane.border_title == "A1 · main · Plan a four-day trip through Japan in…"
+        app.workspace.save()
+        [row] = app.store.conversations("night train")
+        assert row.preview.startswith("Plan a four-day trip") and "night train to Kyoto" in row.match
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConversationList), what="the list")
+        await pilot.press(*"night train")
+        await wait_for(pilot, lambda: "night train to Kyoto" in str(
+            app.screen.query_one("#list-rows").get_option_at_index(0).prompt), what="the hit shown")

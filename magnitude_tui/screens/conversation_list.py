@@ -40,7 +40,9 @@ def describe(row: ConversationRow, now: float) -> str:
             else time.strftime("%Y-%m-%d", time.localtime(row.updated)))
     role = " · subagent" if row.role == "subagent" else ""
     preview = row.preview or "(no messages)"
-    return f"{row.name:<10} {state:<6} w{row.workspace_id:<3} {row.messages:>3} msgs  {when:>11}{role}  {preview}"
+    found = f"  · “{row.match}”" if row.match else ""  # the search hit deeper in the transcript
+    return (f"{row.name:<10} {state:<6} w{row.workspace_id:<3} {row.messages:>3} msgs  {when:>11}{role}  "
+            f"{preview}{found}")
 
 
 class ConversationList(ModalScreen[ListChoice | None]):

@@ -12,7 +12,7 @@ from textual.message import Message as TextualMessage
 from textual.widgets import Static
 
 from magnitude_tui.agents import AgentSettings
-from magnitude_tui.store import MessageRecord, PaneRecord
+from magnitude_tui.store import MessageRecord, PaneRecord, short_title
 from magnitude_tui.widgets.composer import Composer, typing_in
 from magnitude_tui.widgets.format import fmt_count
 from magnitude_tui.widgets.message_view import MessageView
@@ -102,7 +102,9 @@ class ChatPane(Vertical):
             return f"{r.name} ← {self.parent_name or 'closed pane'}{f' · {role}' if role else ''}{task}"
         if r.role == "api":
             return f"{r.name} · API"
-        return f"{r.name} · {role or 'main'}{' · raw' if self.raw else ''}"
+        first = next((m.content for m in r.messages if m.role == "user" and not m.author and not m.inherited), "")
+        topic = f" · {short_title(first)}" if first.strip() else ""  # what the conversation is about
+        return f"{r.name} · {role or 'main'}{' · raw' if self.raw else ''}{topic}"
 
     @property
     def busy(self) -> bool:
@@ -320,6 +322,7 @@ class ChatPane(Vertical):
             await transcript.refill()
         self.editing = None
         self._show_note()
+        self.border_title = self.title
         return removed
 
     # ---- conversation -------------------------------------------------------------------------
@@ -331,6 +334,7 @@ class ChatPane(Vertical):
             return
         self.record.messages.append(message)
         self._mark_unsaved(message)
+        self.border_title = self.title  # the first message names the conversation
         transcript = self._transcript()
         if transcript is not None:
             await transcript.add(self._view(message))
@@ -348,6 +352,7 @@ class ChatPane(Vertical):
         transcript = self._transcript()
         if transcript is not None:
             await transcript.refill()
+        self.border_title = self.title
         return last
 
     def begin_request(self, request_id: str) -> None:
