@@ -55,7 +55,7 @@ def schema_grammar(schema_text: str, where: str) -> Grammar:
         conv.visit(schema, "")
     except Exception as e:  # the converter raises what it likes on schemas it cannot express
         raise GrammarError(f"{where}: the JSON schema cannot be turned into a grammar ({e})") from None
-    return Grammar(conv.format_grammar())
+    return _grammar(conv)
 
 
 def _calls_grammar(syntax: ToolSyntax, tools: tuple[Tool, ...], parallel: bool, *, after_open: bool) -> Grammar:
@@ -84,7 +84,13 @@ def _calls_grammar(syntax: ToolSyntax, tools: tuple[Tool, ...], parallel: bool, 
         more = f' ({lit(chr(10))} block)*' if parallel else ""
         root = f'{lit(chr(10))}? call {close}{more}' if after_open else f"block{more}"
     conv._rules["root"] = root
-    return Grammar(conv.format_grammar())
+    return _grammar(conv)
+
+
+def _grammar(conv) -> Grammar:
+    # JSON forbids raw control characters inside strings; this converter's `char` lets them through
+    # (a newline in a string made replies that json.loads refuses), so they are excluded here.
+    return Grammar(conv.format_grammar().replace('char ::= [^"\\\\]', 'char ::= [^"\\\\\\x7F\\x00-\\x1F]', 1))
 
 
 def _converter():

@@ -125,12 +125,10 @@ class ToolChoice:
 
 @dataclass(frozen=True)
 class Grammar:
-    """A GBNF grammar a sequence samples under (llama.cpp's grammar sampler). With `triggers`, it
-    is lazy: free text until one of these regexes matches the reply, constrained from there."""
+    """A GBNF grammar a sequence samples under (llama.cpp's grammar sampler)."""
 
     gbnf: str
     root: str = "root"
-    triggers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

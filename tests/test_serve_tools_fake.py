@@ -1,0 +1,135 @@
+"""`serve` with tools and response_format on the fake backend: OpenAI shapes, `auto` mid-text, bad input."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import openai
+import pytest
+
+from backend.factory import BackendConfig
+from backend.tools import ToolSyntax, call_text
+from magnitude_tui.engine.events import EngineConfig
+from magnitude_tui.serve.app import ServeOptions
+from tests.serve_support import running_server
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+# The scripted model talks first, then opens a call by itself (tool_choice "auto").
+REPLY = "Let me check. " + call_text(ToolSyntax.GENERIC, "get_weather", '{"city": "Paris"}')
+USER = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def _config(reply: str) -> EngineConfig:
+    return EngineConfig(BackendConfig("fake", n_ctx=4096, n_seq_max=8, reply=reply), policy="fixed:64")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running_server(_config(REPLY), ServeOptions(model_name="fake")) as s:
+        yield s
+
+
+def _client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, timeout=30)
+
+
+def test_auto_streams_the_text_then_the_call_in_openai_delta_shapes(server):
+    stream = _client(server).chat.completions.create(model="fake", messages=USER, tools=TOOLS, stream=True,
+                                                     max_tokens=200)
+    text, calls, finish = "", {}, None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        text += delta.content or ""
+        for tc in delta.tool_calls or []:
+            call = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
+            if tc.id:
+                assert tc.type == "function" and call["id"] is None
+                call["id"], call["name"] = tc.id, tc.function.name
+            call["arguments"] += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert text == "Let me check. "
+    assert finish == "tool_calls"
+    assert list(calls) == [0] and calls[0]["name"] == "get_weather"
+    assert json.loads(calls[0]["arguments"]) == {"city": "Paris"}
+
+
+def test_the_whole_reply_carries_message_tool_calls(server):
+    r = _client(server).chat.completions.create(model="fake", messages=USER, tools=TOOLS, max_tokens=200)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me check. "
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    assert r.usage.completion_tokens == len(REPLY)
+
+
+def test_tool_choice_none_leaves_the_call_as_text(server):
+    r = _client(server).chat.completions.create(model="fake", messages=USER, tools=TOOLS, tool_choice="none",
+                                                max_tokens=200)
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == REPLY
+    assert not r.choices[0].message.tool_calls
+
+
+def test_a_tool_result_goes_back_and_the_history_is_accepted(server):
+    history = USER + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    r = _client(server).chat.completions.create(model="fake", messages=history, tools=TOOLS, tool_choice="none",
+                                                max_tokens=5)
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_a_call_of_an_unknown_function_is_an_error_not_a_call():
+    reply = call_text(ToolSyntax.GENERIC, "launch_missiles", "{}")
+    with running_server(_config(reply), ServeOptions(model_name="fake")) as s:
+        r = httpx.post(s.base + "/chat/completions", json={"messages": USER, "tools": TOOLS, "max_tokens": 100},
+                       timeout=30)
+    assert r.status_code == 500 and "launch_missiles" in r.json()["error"]["message"]
+
+
+BAD = [
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"messages": USER + [{"role": "tool", "tool_call_id": "call_x", "content": "r"}]}, "messages[1].tool_call_id"),
+    ({"messages": USER + [{"role": "tool", "content": "r"}]}, "messages[1].tool_call_id"),
+    ({"messages": USER + [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{oops"}}]}]},
+     "messages[1].tool_calls[0].function.arguments"),
+    ({"messages": USER + [{"role": "assistant", "tool_calls": [{"type": "function"}]}]}, "messages[1].tool_calls[0]"),
+    ({"response_format": {"type": "yaml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 12}}}},
+     "response_format.json_schema.schema"),
+    ({"parallel_tool_calls": "yes", "tools": TOOLS}, "parallel_tool_calls"),
+    # Valid JSON schemas that the grammar converter cannot express: refused by the engine, alone.
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/definitions/gone"}}}},
+     "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/definitions/gone"}}}],
+      "tool_choice": "required"}, "tools"),
+]
+
+
+@pytest.mark.parametrize("extra, param", BAD)
+def test_bad_tool_input_is_a_400_naming_the_parameter_while_a_good_stream_completes(server, extra, param):
+    good: dict = {}
+
+    def good_stream():
+        chunks = _client(server).chat.completions.create(model="fake", messages=USER, max_tokens=30, stream=True)
+        good["text"] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    t = threading.Thread(target=good_stream)
+    t.start()
+    r = httpx.post(server.base + "/chat/completions", json={"messages": USER, "max_tokens": 20, **extra}, timeout=30)
+    t.join(30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param, err
+    assert good["text"] == REPLY[:30]
