@@ -59,7 +59,12 @@ def test_non_streaming_reply_usage_and_timings(server):
     for key in ("prompt_ms", "prompt_per_second", "predicted_ms", "predicted_per_second", "queue_ms",
                 "ttft_ms", "itl_p50_ms", "itl_p95_ms", "phases_ms"):
         assert key in t
-    assert "prefill" in t["phases_ms"] or "generating" in t["phases_ms"]
+    # The phases before the first token partition TTFT exactly (issue 26, defect 7), in `timings`
+    # and so in the log line built from it.
+    phases = t["phases_ms"]
+    assert list(phases) == ["preparing", "queued", "prefill", "generating"]
+    assert round(phases["preparing"] + phases["queued"] + phases["prefill"], 2) == t["ttft_ms"]
+    assert phases["prefill"] == t["prompt_ms"] and phases["generating"] == t["predicted_ms"]
 
 
 def test_openai_client_streams_with_usage_before_done(server):

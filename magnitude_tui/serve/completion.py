@@ -10,6 +10,7 @@ from magnitude_tui.serve.body import ChatCall
 from magnitude_tui.serve.errors import ErrorType, OpenAIError
 from magnitude_tui.serve.hub import EngineHub
 from magnitude_tui.serve.tool_calls import check_calls
+from scheduler.metrics import partition_ms
 from scheduler.types import DoneReason, ErrorKind, Phase, Request, SamplingParams, SeqUpdate, ToolCallDelta
 
 
@@ -211,6 +212,14 @@ class Completion:
         predicted_n = c.completion_tokens
         predicted_ms = ((c.t_last_token - c.t_first_token) * 1000.0
                         if c.t_first_token is not None and c.t_last_token is not None else 0.0)
+        phases = self._phase_ms(first)
+        if fu is not None and fu.ttft_ms is not None and fu.prefill_ms is not None:
+            # The engine's own cut of the time to the first token (preparing, queued, prefill add up
+            # to TTFT exactly), then what the stream took after it.
+            parts = partition_ms([fu.preparing_ms or 0.0, fu.queue_ms or 0.0, fu.prefill_ms], 2)
+            phases = dict(zip(("preparing", "queued", "prefill"), parts))
+            phases["generating"] = _r(predicted_ms)
+            prompt_ms = fu.prefill_ms
         return {
             "cache_n": cache_n,
             "prompt_n": prompt_n,
@@ -224,7 +233,7 @@ class Completion:
             "ttft_ms": _r(ttft),
             "itl_p50_ms": _r(u.itl_p50_ms) if u else None,
             "itl_p95_ms": _r(u.itl_p95_ms) if u else None,
-            "phases_ms": self._phase_ms(first if self.prime else c),
+            "phases_ms": phases,
             # Time sampling spent under this reply's grammar (tools, response_format); 0 if none.
             "grammar_ms": _r(u.grammar_ms) if u else 0.0,
         }
