@@ -254,6 +254,9 @@ class StepShape:
     n_ubatch: int = 512
     pending_rows: int = 0  # prompt rows still to evaluate, all prefilling sequences together
     tile_rows: int = 0  # fewer rows than this run attention one row at a time (0: no such kernel)
+    # Time sampling will take after the step for rows constrained by a grammar (the mask is
+    # checked, and sometimes applied to the whole vocabulary): part of the step a reader waits for.
+    sampling_ms: float = 0.0
 
     def kpos(self, prefill_rows: int) -> float:
         """The step's attention work (thousands) with `prefill_rows` prompt rows added."""
@@ -330,7 +333,7 @@ class Policy:
             return min(max(MIN_PREFILL_QUANTUM, cost.rows_within(target, legacy)), room)
         # Aim below the target by what recent steps ran over their prediction, so that the tail,
         # not only the average, stays within it.
-        fits = cost.rows_within(self.value / cost.overrun(), shape)
+        fits = cost.rows_within(max(0.0, self.value - shape.sampling_ms) / cost.overrun(), shape)
         if d == 0:
             # Everything pending in one step, when that is quick: every waiting prompt finishes
             # together and decoding then starts at full width, with no chunked tail.

@@ -327,7 +327,8 @@ class Scheduler:
             prefill_pos0=max((s.num_computed for s in prefilling), default=0),
             cells_used=self.kv.cells_used(), path=self.attention,
             n_batch=self.n_batch, n_ubatch=self.n_ubatch,
-            pending_rows=sum(s.num_pending for s in prefilling), tile_rows=self.attention_tile)
+            pending_rows=sum(s.num_pending for s in prefilling), tile_rows=self.attention_tile,
+            sampling_ms=sum(s.mask_ms_per_token for s in decoding if s.grammar is not None))
 
     def _drafts(self, decoding: list[Sequence], prefilling: list[Sequence],
                 grants: list[tuple[Sequence, int]]):

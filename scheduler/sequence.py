@@ -88,6 +88,11 @@ class Sequence:
         return self.grammar is not None or self.grammar_on_open is not None or self.tool_parser is not None
 
     @property
+    def mask_ms_per_token(self) -> float:
+        """What sampling one token under its grammar has cost this reply so far, on average."""
+        return self.grammar_ms / max(1, len(self.output) - self.grammar_from)
+
+    @property
     def max_tokens(self) -> int:
         return self.request.sampling.max_tokens
 

@@ -1,0 +1,72 @@
+"""Constrained rows in the shared batch: priced by the step budget, never drafted, grammar restarted mid-reply."""
+
+from __future__ import annotations
+
+import json
+
+from backend.fake import FakeBackend
+from backend.tools import ToolSyntax, call_text
+from magnitude_tui.engine.core import Engine
+from scheduler.budget import CostModel, CostParams, StepShape, parse_policy
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, Tool, ToolChoice, ToolChoiceMode
+
+CPU = CostParams(fixed_ms=5.0, decode_ms=6.0, prefill_ms=4.0)
+TOOL = Tool("lookup", "", json.dumps({"type": "object", "properties": {"q": {"type": "string"}}}))
+
+
+def test_the_budget_leaves_room_for_sampling_under_a_grammar():
+    policy, cost = parse_policy("target:200"), CostModel(CPU)
+    free = policy.prefill_allowance(StepShape(decode_rows=4), cost)
+    masked = policy.prefill_allowance(StepShape(decode_rows=4, sampling_ms=12.0), cost)
+    # 12 ms of masking leaves 3 fewer 4 ms prompt rows in a 200 ms step.
+    assert free - masked == 3
+
+
+def _engine(reply: str) -> tuple[Engine, FakeBackend]:
+    backend = FakeBackend(reply=reply, eog_after=len(reply))
+    return Engine(backend, policy="target:50", spec="ngram", coalesce_ms=0), backend
+
+
+def _run(engine: Engine, req: Request):
+    engine.submit(req)
+    text, calls, last = "", [], None
+    for report in engine.run_until_idle():
+        for u in report.updates:
+            text += u.text_delta
+            calls += u.tool_calls
+            last = u
+    return text, calls, last
+
+
+def test_a_call_opened_mid_reply_switches_the_grammar_on_and_keeps_the_scripts_place():
+    reply = "Looking. " + call_text(ToolSyntax.GENERIC, "lookup", '{"q": "x"}')
+    engine, backend = _engine(reply)
+    req = Request("r1", "s1", (Message("user", "find x"),), SamplingParams(max_tokens=400), tools=(TOOL,))
+    text, calls, last = _run(engine, req)
+    assert text == "Looking. " and last.phase is Phase.DONE and last.done_reason is DoneReason.STOP
+    assert calls[0].name == "lookup" and "".join(c.arguments for c in calls) == '{"q": "x"}'
+    # The sampler was rebuilt with the call's grammar once `<tool_call>` appeared, and the fake's
+    # script went on from where it was (a restarted script would have repeated "Looking. ").
+    assert backend.grammars and any(g is not None for g in backend.grammars.values())
+    assert last.generated == len(reply)
+
+
+def test_a_constrained_sequence_never_drafts_although_its_text_repeats():
+    reply = "abcabcabcabcabcabcabcabcabcabcabcabcabcabcabcabc"
+    engine, _ = _engine(reply)
+    prompt = (Message("user", reply * 4),)
+    schema = '{"type": "object"}'
+    _, _, free = _run(engine, Request("free", "a", prompt, SamplingParams(max_tokens=40)))
+    _, _, constrained = _run(engine, Request("json", "b", prompt, SamplingParams(max_tokens=40),
+                                             response_schema=schema))
+    assert free.drafted > 0  # n-gram lookup drafts this text when nothing constrains it
+    assert constrained.drafted == 0
+
+
+def test_tool_choice_required_starts_under_the_grammar_from_the_first_token():
+    engine, backend = _engine(call_text(ToolSyntax.GENERIC, "lookup", "{}"))
+    req = Request("r", "s", (Message("user", "go"),), SamplingParams(max_tokens=200), tools=(TOOL,),
+                  tool_choice=ToolChoice(ToolChoiceMode.REQUIRED))
+    _, calls, last = _run(engine, req)
+    assert calls and calls[0].name == "lookup" and last.done_reason is DoneReason.STOP
+    assert all(g is not None and "lookup" in g.gbnf for g in backend.grammars.values())
