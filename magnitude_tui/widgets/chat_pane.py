@@ -12,10 +12,10 @@ from textual.message import Message as TextualMessage
 from textual.widgets import Static
 
 from magnitude_tui.agents import AgentSettings
-from magnitude_tui.store import MessageRecord, PaneRecord, short_title
+from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.widgets.composer import Composer, typing_in
-from magnitude_tui.widgets.format import fmt_count
 from magnitude_tui.widgets.message_view import MessageView
+from magnitude_tui.widgets.pane_labels import gauge, pane_title, queue_note, speaker
 from magnitude_tui.widgets.status_line import StatusLine
 from magnitude_tui.widgets.transcript import Transcript
 from scheduler.types import DoneReason, Message, Phase, SeqUpdate
@@ -95,16 +95,7 @@ class ChatPane(Vertical):
 
     @property
     def title(self) -> str:
-        r = self.record
-        role = r.settings.role
-        if r.role == "subagent":
-            task = f" · {r.task}" if r.task else ""
-            return f"{r.name} ← {self.parent_name or 'closed pane'}{f' · {role}' if role else ''}{task}"
-        if r.role == "api":
-            return f"{r.name} · API"
-        first = next((m.content for m in r.messages if m.role == "user" and not m.author and not m.inherited), "")
-        topic = f" · {short_title(first)}" if first.strip() else ""  # what the conversation is about
-        return f"{r.name} · {role or 'main'}{' · raw' if self.raw else ''}{topic}"
+        return pane_title(self.record, self.parent_name, raw=self.raw)
 
     @property
     def busy(self) -> bool:
@@ -152,17 +143,9 @@ class ChatPane(Vertical):
         return u.prompt_total + u.generated if u is not None and u.prompt_total else None
 
     def gauge_text(self) -> str:
-        """The context gauge in the pane's bottom border: tokens used of the sequence's context;
-        on a remote engine, which has no context to gauge, the server the pane runs on (the
-        status line names it too, but last, where a narrow pane cuts it)."""
-        used, size = self.context_used, self.context_size
+        """The context gauge in the pane's bottom border (pane_labels.gauge)."""
         endpoint = self.last_update.endpoint if self.last_update is not None else None
-        if endpoint is not None and not size:
-            return f"on {endpoint.partition('://')[2] or endpoint}"
-        if used is None or not size:
-            return ""
-        filled = min(8, round(used / size * 8))
-        return f"ctx {'▰' * filled}{'▱' * (8 - filled)} {fmt_count(used)}/{fmt_count(size)}"
+        return gauge(self.context_used, self.context_size, endpoint)
 
     def last_reply(self) -> MessageRecord | None:
         """The latest message of the model (what retry asks again and alt+left/right page)."""
@@ -221,16 +204,7 @@ class ChatPane(Vertical):
         return found.first() if found else None
 
     def _speaker(self, m: MessageRecord) -> str:
-        if m.role == "user" and self.record.role == "subagent":
-            return f"task from {self.parent_name or 'parent'}"
-        if self.record.role == "api":
-            # The pane is named after its caller: the caller's messages carry that name, and the
-            # model's replies must not carry it too.
-            if m.role == "user":
-                return f"caller {self.record.task or self.record.name}"
-            if m.role == "assistant":
-                return "model"
-        return "you" if m.role == "user" else self.record.name if m.role == "assistant" else m.role
+        return speaker(self.record, self.parent_name, m)
 
     def rename(self, name: str) -> None:
         self.record.name = name
@@ -276,16 +250,11 @@ class ChatPane(Vertical):
         self.composer.value = "\n\n".join(parts)
 
     def _show_note(self) -> None:
+        text = queue_note(self.queued, self.editing is not None)
         for note in self.query(".queued-note"):
-            note.display = bool(self.queued) or self.editing is not None
-            if self.queued:
-                first = self.queued[0].splitlines()[0] if self.queued[0].strip() else ""
-                more = f" (+{len(self.queued) - 1} more)" if len(self.queued) > 1 else ""
-                note.update(f"queued: {first}{more} · sent when this reply ends · esc stops the "
-                            "reply and returns it to the composer")
-            elif self.editing is not None:
-                note.update("editing your last message · enter sends it again and replaces the reply "
-                            "below it · empty the composer to cancel")
+            note.display = bool(text)
+            if text:
+                note.update(text)
 
     # ---- editing and retrying -----------------------------------------------------------------
 
