@@ -76,6 +76,9 @@ def test_sigterm_ends_every_live_stream_with_an_error_and_done_then_exits_0():
         assert server.proc.wait(timeout=30) == 0
         assert "stopped (exit status 0)" in server.log
         assert "ended 2 requests still running after the grace period" in server.log
+        # The cut replies' log lines keep their counts (the usage a client with include_usage gets).
+        cut = [line for line in server.lines if "  error  prompt" in line]
+        assert len(cut) == 2 and all(" 0 tokens" not in line for line in cut), cut
         with pytest.raises(httpx.ConnectError):
             httpx.get(server.base + "/models", timeout=2)
 

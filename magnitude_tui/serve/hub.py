@@ -44,6 +44,7 @@ class EngineHub:
         self.ready: EngineReady | None = None
         self.last_report: StepReport | None = None
         self._routes: dict[str, tuple[asyncio.Queue, int]] = {}
+        self._last: dict[str, SeqUpdate] = {}  # each live request's latest update (its counts)
         self._live_sessions: dict[str, str] = {}  # session -> its live request id
         self._run = uuid.uuid4().hex[:6]  # session ids stay unique across runs (they name panes)
         # Called for every conversation's request sent, with the caller's name (the TUI opens a
@@ -92,8 +93,10 @@ class EngineHub:
         if route is None:
             return
         queue, tag = route
+        self._last[u.request_id] = u
         if u.phase is Phase.DONE:
             del self._routes[u.request_id]
+            del self._last[u.request_id]
             if self._live_sessions.get(u.session_id) == u.request_id:
                 del self._live_sessions[u.session_id]
         queue.put_nowait((tag, u, now))
@@ -148,9 +151,15 @@ class EngineHub:
         now = self.clock()
         for rid in live:
             self.client.cancel(rid)
+            # The latest counts stay (usage, the log line): only the ending is new.
+            last = self._last.get(rid)
+            counts = {} if last is None else dict(
+                prompt_done=last.prompt_done, prompt_total=last.prompt_total, cached_tokens=last.cached_tokens,
+                generated=last.generated, queue_ms=last.queue_ms, ttft_ms=last.ttft_ms,
+                itl_p50_ms=last.itl_p50_ms, itl_p95_ms=last.itl_p95_ms, priority=last.priority)
             self._route(SeqUpdate(request_id=rid, session_id=sessions.get(rid, ""), seq_id=None,
                                   phase=Phase.DONE, done_reason=DoneReason.ERROR, error=message,
-                                  error_kind=ErrorKind.FAILED), now)
+                                  error_kind=ErrorKind.FAILED, **counts), now)
         return len(live)
 
     @property
