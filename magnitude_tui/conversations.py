@@ -39,21 +39,31 @@ class Conversations:
         self.workspace = workspace
 
     async def close_focused(self) -> None:
-        """ctrl+x: close the focused pane, after a confirmation if it is still replying."""
+        """ctrl+x: close the focused pane now, or ask first if it is still replying. Either way it
+        is done before the next key is read (the binding is a priority one): the keys after
+        ctrl+x reach the pane that takes the focus, or the dialog, never the pane being closed."""
         ws = self.workspace
         pane = ws.grid.focused_pane()
         if pane is None:
             return
+        if not pane.busy:
+            await self.close(pane)
+            return
         name = pane.record.name
-        if pane.busy:
-            ok = await ws.app.push_screen_wait(ConfirmDialog(
-                f"Close {name}?",
-                f"{name} is still replying. Closing stops the reply and frees its sequence; the "
-                "conversation stays saved and f4 reopens it.", confirm="Close"))
-            if not ok or not pane.is_attached:
-                return
-        await ws.close_pane(pane)
-        ws.notify(f"Closed {name} · f4 lists conversations to reopen it", timeout=4)
+
+        async def answered(ok: bool | None) -> None:
+            if ok and pane.is_attached:
+                await self.close(pane)
+
+        await ws.app.push_screen(ConfirmDialog(
+            f"Close {name}?",
+            f"{name} is still replying. Closing stops the reply and frees its sequence; the "
+            "conversation stays saved and f4 reopens it.", confirm="Close"), answered)
+
+    async def close(self, pane: ChatPane) -> None:
+        name = pane.record.name
+        await self.workspace.close_pane(pane)
+        self.workspace.notify(f"Closed {name} · f4 lists conversations to reopen it", timeout=4)
 
     async def choose(self) -> None:
         """f4: the conversation list; act on what the user picked there."""

@@ -156,3 +156,35 @@ async def test_a_conversation_is_titled_by_its_first_message_and_f4_finds_words_
         await pilot.press(*"night train")
         await wait_for(pilot, lambda: "night train to Kyoto" in str(
             app.screen.query_one("#list-rows").get_option_at_index(0).prompt), what="the hit shown")
+
+
+async def test_keys_typed_right_after_ctrl_x_never_reach_the_closed_conversation(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        await one_turn(pilot, client, "first")
+        await pilot.press("ctrl+n")
+        a1, a2 = app.workspace.grid.panes
+        _burst(app, ["ctrl+x", *"hi", "enter"])
+        await wait_for(pilot, lambda: app.workspace.grid.panes == [a1] and len(client.submitted) == 2,
+                       what="A2 closed and the message sent")
+        # The keys after ctrl+x belong to the pane on screen once it is gone: A1.
+        assert client.submitted[1].session_id == a1.session_id
+        client.run_to_completion()
+        await settle(pilot)
+        app.workspace.save()
+        assert app.store.messages(a2.session_id) == []
+
+
+async def test_a_message_from_a_pane_closed_meanwhile_is_not_sent(tmp_path):
+    from magnitude_tui.widgets.chat_pane import ChatPane
+
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+n")
+        a1, a2 = app.workspace.grid.panes
+        await app.workspace.close_pane(a2)
+        app.workspace.post_message(ChatPane.Submitted(a2, "late"))
+        await wait_for(pilot, lambda: a1.composer.value == "late", what="the text back, unsent")
+        assert client.submitted == [] and app.store.messages(a2.session_id) == []

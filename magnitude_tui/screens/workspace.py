@@ -49,12 +49,13 @@ class WorkspaceScreen(Screen):
     # is in the README's key table and the palette, like every action. Quit is the app's binding.
     BINDINGS = [
         Binding("ctrl+p", "app.command_palette", "Palette", priority=True),
-        # Priority (these three): focus must move as the key is read, so the keys typed after it
-        # in the same burst (a fast typist, tmux send-keys) reach the pane it moved to. Without
-        # it ctrl+n's action ran only once the key had bubbled back up from the old composer, and
-        # the keys read meanwhile were typed there (and sent to its conversation).
+        # Priority (these four): focus must move as the key is read, so the keys typed after it
+        # in the same burst (a fast typist, tmux send-keys) reach the pane it moved to (or the
+        # close dialog). Without it the action ran only once the key had bubbled back up from the
+        # old composer, and the keys read meanwhile were typed there and sent to its conversation,
+        # even to one being closed.
         Binding("ctrl+n", "new_pane", "New", priority=True),
-        Binding("ctrl+x", "close_pane", "Close"),
+        Binding("ctrl+x", "close_pane", "Close", priority=True),
         Binding("tab", "next_pane", "Next pane", key_display="⇥", group=_PANES, priority=True),
         Binding("shift+tab", "prev_pane", "Previous pane", key_display="⇤", group=_PANES, priority=True),
         Binding("ctrl+o", "zoom", "Zoom", show=False),
@@ -217,6 +218,14 @@ class WorkspaceScreen(Screen):
 
     @on(ChatPane.Submitted)
     async def _submitted(self, event: ChatPane.Submitted) -> None:
+        if self._panes.get(event.pane.session_id) is not event.pane:
+            # Closed between Enter and now: its conversation is off screen, so nothing goes to it.
+            focused = self.grid.focused_pane()
+            if focused is not None:
+                focused.return_to_composer([event.text])
+            self.notify(f"{event.pane.record.name} was closed before its message was sent; the text is "
+                        "back in the composer, unsent", severity="warning", markup=False)
+            return
         await self.turns.submitted(event.pane, event.text, event.editing)
 
     @on(ChatPane.ReplyFinished)
@@ -261,7 +270,6 @@ class WorkspaceScreen(Screen):
         self.store.add_pane(record)
         await self.add_pane(ChatPane(record))
 
-    @work(exclusive=True, group="close")
     async def action_close_pane(self) -> None:
         await self.conversations.close_focused()
 
