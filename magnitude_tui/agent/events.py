@@ -1,0 +1,99 @@
+"""Provides the progress events an agent loop reports (turns, text, tools, approval, subagents) for the TUI's `tool` phase and headless output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, Union
+
+from magnitude_tui.agent.policy import Decision
+from scheduler.types import ToolCall
+
+
+class EndReason(str, Enum):
+    ANSWERED = "answered"  # a turn ended without tool calls: its text is the answer
+    MAX_TURNS = "max_turns"  # the turn bound came first
+    FAILED = "failed"  # the engine ended a turn with an error
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class TurnStarted:
+    agent: str
+    turn: int
+    request_id: str
+
+
+@dataclass(frozen=True)
+class TurnFinished:
+    """One engine request done: how much of its prompt was already in the KV cache."""
+
+    agent: str
+    turn: int
+    prompt_tokens: int
+    cached_tokens: int
+    generated: int
+    calls: tuple[ToolCall, ...]
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    agent: str
+    text: str
+
+
+@dataclass(frozen=True)
+class ApprovalWaiting:
+    agent: str
+    call: ToolCall
+
+
+@dataclass(frozen=True)
+class ApprovalDecided:
+    agent: str
+    call: ToolCall
+    decision: Decision
+    wait_s: float
+
+
+@dataclass(frozen=True)
+class ToolStarted:
+    agent: str
+    call: ToolCall
+
+
+@dataclass(frozen=True)
+class ToolFinished:
+    agent: str
+    call: ToolCall
+    duration_s: float
+    result_chars: int
+    ok: bool
+    result: str  # what the model reads (the transcript may show it folded)
+
+
+@dataclass(frozen=True)
+class SubagentSpawned:
+    agent: str  # the parent
+    child: str
+    session_id: str
+    task: str
+    role: str | None
+
+
+@dataclass(frozen=True)
+class AgentFinished:
+    agent: str
+    reason: EndReason
+    answer: str
+    error: str | None = None
+
+
+AgentEvent = Union[TurnStarted, TurnFinished, TextDelta, ApprovalWaiting, ApprovalDecided, ToolStarted,
+                   ToolFinished, SubagentSpawned, AgentFinished]
+# Called on the event loop for every event, in order; must not block.
+AgentObserver = Callable[[AgentEvent], None]
+
+
+def ignore(event: AgentEvent) -> None:
+    """The observer of an agent nobody watches."""

@@ -1,0 +1,189 @@
+"""Provides the file tools (read_file, list_dir, search, edit_file, write_file), each confined to a Workspace."""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import re
+from pathlib import Path, PurePosixPath
+
+from magnitude_tui.agent.policy import ToolKind
+from magnitude_tui.agent.toolbox import AgentTool, ToolResult, function_tool
+from magnitude_tui.agent.workspace import OutsideRoot, Workspace
+
+_STR = {"type": "string"}
+_INT = {"type": "integer", "minimum": 1}
+
+
+def unified_diff(rel: str, old: str | None, new: str) -> str:
+    """The change as `git diff` would show it (a new file diffs against /dev/null)."""
+    lines = difflib.unified_diff((old or "").splitlines(keepends=True), new.splitlines(keepends=True),
+                                 fromfile="/dev/null" if old is None else f"a/{rel}", tofile=f"b/{rel}")
+    out = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+    return out or f"(no change to {rel})\n"
+
+
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    if b"\0" in data[:4096]:
+        raise ValueError("it is a binary file")
+    return data.decode("utf-8", errors="replace")
+
+
+class FileTools:
+    """The file tools of one workspace."""
+
+    def __init__(self, ws: Workspace) -> None:
+        self.ws = ws
+
+    def tools(self) -> list[AgentTool]:
+        return [
+            AgentTool(function_tool("read_file", "Read a text file of the workspace, optionally a range of lines.",
+                                    {"path": _STR, "start_line": _INT, "end_line": _INT}, ["path"]),
+                      ToolKind.READ, self._async(self.read_file)),
+            AgentTool(function_tool("list_dir", "List a directory of the workspace (directories end with /).",
+                                    {"path": _STR}, []),
+                      ToolKind.READ, self._async(self.list_dir)),
+            AgentTool(function_tool("search", "Search the workspace's files for a regular expression "
+                                    "(files .gitignore ignores are skipped); glob narrows the files, e.g. src/**/*.py.",
+                                    {"pattern": _STR, "glob": _STR}, ["pattern"]),
+                      ToolKind.READ, self._async(self.search)),
+            AgentTool(function_tool("edit_file", "Replace one exact occurrence of old_text with new_text in a file.",
+                                    {"path": _STR, "old_text": _STR, "new_text": _STR},
+                                    ["path", "old_text", "new_text"]),
+                      ToolKind.WRITE, self._async(self.edit_file), self.edit_preview),
+            AgentTool(function_tool("write_file", "Write a whole file (created, or replaced).",
+                                    {"path": _STR, "content": _STR}, ["path", "content"]),
+                      ToolKind.WRITE, self._async(self.write_file), self.write_preview),
+        ]
+
+    @staticmethod
+    def _async(fn):
+        async def run(args: dict) -> ToolResult:
+            # File work off the event loop: a large search must not freeze the panes.
+            return await asyncio.to_thread(_guarded, fn, args)
+        return run
+
+    # ---- reading ------------------------------------------------------------------------------
+
+    def read_file(self, args: dict) -> ToolResult:
+        path = self.ws.resolve(args["path"])
+        rel = self.ws.relative(path)
+        if not path.is_file():
+            return ToolResult.failed(f"{rel} is not a file")
+        text = _read_text(path)
+        lines = text.splitlines(keepends=True)
+        start = max(1, int(args.get("start_line") or 1))
+        end = min(len(lines), int(args.get("end_line") or len(lines)))
+        if start > max(1, len(lines)) or end < start and lines:
+            return ToolResult.failed(f"{rel} has {len(lines)} lines; lines {start}-{end} do not exist")
+        asked_end, end = end, min(end, start + self.ws.limits.read_lines - 1)
+        body = "".join(lines[start - 1:end])
+        cut = ""
+        if len(body) > self.ws.limits.read_chars:
+            body = body[:self.ws.limits.read_chars]
+            cut = f"\n[cut at {self.ws.limits.read_chars} characters; read a smaller range]"
+        elif end < asked_end:
+            cut = f"\n[lines {end + 1}-{asked_end} not shown; ask for them with start_line]"
+        return ToolResult(f"{rel} (lines {start}-{end} of {len(lines)}):\n{body}{cut}")
+
+    def list_dir(self, args: dict) -> ToolResult:
+        path = self.ws.resolve(args.get("path") or ".")
+        rel = self.ws.relative(path)
+        if not path.is_dir():
+            return ToolResult.failed(f"{rel} is not a directory")
+        entries = sorted(path.iterdir(), key=lambda p: p.name)
+        cap = self.ws.limits.list_entries
+        names = [p.name + ("/" if p.is_dir() else "") for p in entries[:cap]]
+        more = f"\n[{len(entries) - cap} more not shown]" if len(entries) > cap else ""
+        return ToolResult(f"{rel}/ ({len(entries)} entries):\n" + "\n".join(names) + more)
+
+    def search(self, args: dict) -> ToolResult:
+        try:
+            regex = re.compile(args["pattern"])
+        except re.error as e:
+            return ToolResult.failed(f"pattern {args['pattern']!r} is not a regular expression: {e}")
+        glob = self.ws.check_glob(args["glob"]) if args.get("glob") else None
+        hits: list[str] = []
+        cap, files = self.ws.limits.search_matches, 0
+        for path in self.ws.walk_files(self.ws.root):
+            rel = self.ws.relative(path)
+            if glob is not None and not _glob_match(rel, glob):
+                continue
+            try:
+                if path.stat().st_size > self.ws.limits.search_file_bytes:
+                    continue
+                text = _read_text(path)
+            except (OSError, ValueError):
+                continue
+            files += 1
+            for no, line in enumerate(text.splitlines(), 1):
+                if regex.search(line):
+                    hits.append(f"{rel}:{no}: {line[:300]}")
+                    if len(hits) >= cap:
+                        return ToolResult("\n".join(hits) + f"\n[stopped at {cap} matches; narrow the pattern or glob]")
+        if not hits:
+            return ToolResult(f"no match for {args['pattern']!r} in {files} files")
+        return ToolResult("\n".join(hits))
+
+    # ---- writing ------------------------------------------------------------------------------
+
+    def _edited(self, args: dict) -> tuple[Path, str, str | None, str]:
+        """(real path, its relative name, old text or None for a new file, new text)."""
+        path = self.ws.resolve(args["path"])
+        rel = self.ws.relative(path)
+        if "content" in args:
+            if path.is_dir():
+                raise ValueError(f"{rel} is a directory")
+            return path, rel, _read_text(path) if path.exists() else None, args["content"]
+        if not path.is_file():
+            raise ValueError(f"{rel} is not a file")
+        old, find, repl = _read_text(path), args["old_text"], args["new_text"]
+        if not find:
+            raise ValueError("old_text is empty; quote the exact text to replace")
+        count = old.count(find)
+        if count != 1:
+            raise ValueError(f"old_text occurs {count} times in {rel}; quote it exactly, with enough "
+                             "context to make it unique" if count else f"old_text was not found in {rel}; "
+                             "quote it exactly as read_file shows it")
+        return path, rel, old, old.replace(find, repl, 1)
+
+    def edit_preview(self, args: dict) -> str | ToolResult:
+        return _guarded(lambda a: unified_diff(*self._edited(a)[1:]), args)
+
+    write_preview = edit_preview
+
+    def edit_file(self, args: dict) -> ToolResult:
+        path, rel, old, new = self._edited(args)
+        path.write_text(new, encoding="utf-8")
+        diff = unified_diff(rel, old, new)
+        return ToolResult(f"edited {rel}:\n{diff}", diff=diff)
+
+    def write_file(self, args: dict) -> ToolResult:
+        path, rel, old, new = self._edited(args)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.ws.resolve(self.ws.relative(path.parent))  # mkdir followed no link out (checked again)
+        path.write_text(new, encoding="utf-8")
+        diff = unified_diff(rel, old, new)
+        return ToolResult(f"{'wrote' if old is None else 'replaced'} {rel} ({len(new)} characters):\n{diff}",
+                          diff=diff)
+
+
+def _glob_match(rel: str, glob: str) -> bool:
+    """`**` spans directories, `*` stays inside one; a glob without `/` matches a file's name in
+    any directory (as in .gitignore). Python < 3.13 has no PurePath.full_match."""
+    if "/" not in glob:
+        rel = PurePosixPath(rel).name
+    pattern = re.escape(glob).replace(r"\*\*/", "(?:.*/)?").replace(r"\*\*", ".*").replace(r"\*", "[^/]*") \
+        .replace(r"\?", "[^/]")
+    return re.fullmatch(pattern, rel) is not None
+
+
+def _guarded(fn, args: dict):
+    """A tool's refusals and failures become its result, never an exception in the loop."""
+    try:
+        return fn(args)
+    except OutsideRoot as e:
+        return ToolResult.refused(str(e))
+    except (OSError, ValueError, UnicodeError) as e:
+        return ToolResult.failed(str(e))

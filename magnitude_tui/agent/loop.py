@@ -1,0 +1,132 @@
+"""Provides AgentLoop: turns of one agent on one session (request, tool calls, approval, tool results) until it answers."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from magnitude_tui.agent.engine_link import TurnRunner
+from magnitude_tui.agent.events import (AgentFinished, AgentObserver, ApprovalDecided, ApprovalWaiting, EndReason,
+                                        TextDelta, ToolFinished, ToolStarted, TurnFinished, TurnStarted, ignore)
+from magnitude_tui.agent.policy import ApprovalGate, ApprovalRequest
+from magnitude_tui.agent.toolbox import AgentTool, ToolResult
+from magnitude_tui.serve.tool_calls import check_calls
+from scheduler.types import (Message, Priority, Request, SamplingParams, ToolCall, ToolChoice, ToolChoiceMode)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Who the agent is and how its turns are sent."""
+
+    name: str  # in approval requests and events ("main", "main/2")
+    session_id: str  # every turn runs in this conversation, so its KV stays resident
+    sampling: SamplingParams = SamplingParams(max_tokens=1024)
+    max_turns: int = 20
+    first_tool_choice: ToolChoiceMode = ToolChoiceMode.AUTO  # REQUIRED: the first turn must call a tool
+    parent: str | None = None  # a subagent's parent agent
+    fork_from: str | None = None  # a subagent starts from its parent's KV
+    depth: int = 0  # 0: the main agent; n: a subagent of a depth n - 1 agent
+    priority: Priority = Priority.AGENT
+
+
+@dataclass
+class AgentOutcome:
+    reason: EndReason
+    answer: str
+    messages: list[Message]
+    turns: list[TurnFinished] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is EndReason.ANSWERED
+
+
+class AgentLoop:
+    def __init__(self, runner: TurnRunner, config: AgentConfig, tools: Sequence[AgentTool], gate: ApprovalGate,
+                 observer: AgentObserver = ignore) -> None:
+        self.runner = runner
+        self.config = config
+        self.tools = {t.name: t for t in tools}
+        self.gate = gate
+        self.observer = observer
+        self.messages: list[Message] = []  # the conversation so far (spawn_agents forks it)
+        self._schemas = tuple(t.tool for t in tools)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    async def run(self, task: str, history: Sequence[Message] = ()) -> AgentOutcome:
+        """Answer `task` (a user turn after `history`, which holds the system turn if any)."""
+        self.messages = [*history, Message("user", task)]
+        turns: list[TurnFinished] = []
+        cfg = self.config
+        for turn in range(1, cfg.max_turns + 1):
+            request = self._request(turn)
+            self.observer(TurnStarted(cfg.name, turn, request.request_id))
+            result = await self.runner.turn(request, lambda t: self.observer(TextDelta(cfg.name, t)))
+            f = result.final
+            done = TurnFinished(cfg.name, turn, f.prompt_total, f.cached_tokens, f.generated, result.calls)
+            turns.append(done)
+            self.observer(done)
+            if f.error is not None:
+                return self._end(EndReason.FAILED, result.text, turns, f.error)
+            self.messages.append(Message("assistant", result.text, tool_calls=result.calls))
+            if not result.calls:
+                return self._end(EndReason.ANSWERED, result.text, turns)
+            for call in result.calls:
+                out = await self.call_tool(call)
+                self.messages.append(Message("tool", out.text, tool_call_id=call.id, name=call.name))
+        return self._end(EndReason.MAX_TURNS, "", turns,
+                         f"no answer after {cfg.max_turns} turns (every turn called tools)")
+
+    def _request(self, turn: int) -> Request:
+        cfg = self.config
+        mode = cfg.first_tool_choice if turn == 1 and self._schemas else ToolChoiceMode.AUTO
+        return Request(request_id=f"{cfg.session_id}-t{turn}-{uuid.uuid4().hex[:6]}", session_id=cfg.session_id,
+                       messages=tuple(self.messages), sampling=cfg.sampling,
+                       fork_from=cfg.fork_from if turn == 1 else None, priority=cfg.priority,
+                       tools=self._schemas, tool_choice=ToolChoice(mode))
+
+    def _end(self, reason: EndReason, answer: str, turns: list[TurnFinished], error: str | None = None) -> AgentOutcome:
+        self.observer(AgentFinished(self.config.name, reason, answer, error))
+        return AgentOutcome(reason, answer, self.messages, turns, error)
+
+    async def call_tool(self, call: ToolCall) -> ToolResult:
+        """Check, approve and run one call; whatever happens, the model gets a result."""
+        t0 = time.monotonic()
+        result = await self._checked_call(call)
+        self.observer(ToolFinished(self.config.name, call, time.monotonic() - t0, len(result.text), result.ok,
+                                   result.text))
+        return result
+
+    async def _checked_call(self, call: ToolCall) -> ToolResult:
+        problem = check_calls([{"name": call.name, "arguments": call.arguments}], self._schemas)
+        if problem is not None:
+            return ToolResult.failed(problem)
+        tool = self.tools[call.name]
+        if tool.unavailable is not None:
+            return ToolResult.failed(f"{call.name} is unavailable: {tool.unavailable}")
+        args = json.loads(call.arguments or "{}")
+        preview = tool.preview(args) if tool.preview is not None else None
+        if isinstance(preview, ToolResult):  # refused or impossible: nobody needs to be asked
+            return preview
+        asked = self.gate.needs_asking(tool.kind, tool.name)
+        if asked:
+            self.observer(ApprovalWaiting(self.config.name, call))
+        t0 = time.monotonic()
+        decision = await self.gate.decide(ApprovalRequest(self.config.name, self.config.parent, tool.name,
+                                                          call.arguments, tool.kind, preview))
+        if asked:
+            self.observer(ApprovalDecided(self.config.name, call, decision, time.monotonic() - t0))
+        if not decision.allowed:
+            return ToolResult(f"denied: {decision.reason or 'the user did not allow it'}", ok=False)
+        self.observer(ToolStarted(self.config.name, call))
+        try:
+            return await tool.run(args)
+        except Exception as e:  # a tool's bug must not end the agent: the model reads what failed
+            return ToolResult.failed(f"{call.name} failed: {type(e).__name__}: {e}")

@@ -1,0 +1,106 @@
+"""Provides Workspace: the root an agent's tools are confined to, with the checks that keep every path inside it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import pathspec
+
+
+class OutsideRoot(ValueError):
+    """A path that leads out of the workspace root; the message is the model's tool result."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps that keep one tool result from flooding a context (chars are what the model reads)."""
+
+    read_chars: int = 64_000  # read_file: the most text one call returns
+    read_lines: int = 2_000
+    list_entries: int = 500
+    search_matches: int = 200
+    search_file_bytes: int = 2_000_000  # larger files are skipped by search
+    output_chars: int = 32_000  # run_command: stdout and stderr together
+    command_timeout_s: float = 60.0
+
+
+class Workspace:
+    """The directory tools act in. Every path a model names goes through `resolve` first."""
+
+    def __init__(self, root: str | os.PathLike, limits: Limits = Limits()) -> None:
+        self.root = Path(root).resolve(strict=True)
+        if not self.root.is_dir():
+            raise NotADirectoryError(f"{root}: the workspace root must be a directory")
+        self.limits = limits
+
+    def resolve(self, path: str) -> Path:
+        """The real path `path` (relative to the root) names: OutsideRoot when it is absolute,
+        climbs above the root with `..`, or leads out through a symbolic link (followed as the OS
+        would, even for a file that does not exist yet)."""
+        if not isinstance(path, str) or "\0" in path:
+            raise OutsideRoot(f"{path!r} is not a usable path")
+        if path.startswith("~") or os.path.isabs(path) or PurePosixPath(path).is_absolute():
+            raise OutsideRoot(f"{path!r} is absolute; give a path relative to the workspace root")
+        real = (self.root / path).resolve(strict=False)
+        if real != self.root and self.root not in real.parents:
+            raise OutsideRoot(f"{path!r} leads outside the workspace root")
+        return real
+
+    def relative(self, real: Path) -> str:
+        rel = real.relative_to(self.root).as_posix()
+        return rel or "."
+
+    def check_glob(self, pattern: str) -> str:
+        """A search glob stays inside the root: relative, no `..` segment."""
+        if not isinstance(pattern, str) or "\0" in pattern:
+            raise OutsideRoot(f"{pattern!r} is not a usable glob")
+        if pattern.startswith(("/", "~", "\\")) or os.path.isabs(pattern):
+            raise OutsideRoot(f"glob {pattern!r} is absolute; give one relative to the workspace root")
+        if ".." in PurePosixPath(pattern.replace("\\", "/")).parts:
+            raise OutsideRoot(f"glob {pattern!r} climbs out of the workspace root")
+        return pattern
+
+    def walk_files(self, start: Path):
+        """Files under `start` (real paths inside the root), skipping .git and what .gitignore
+        files (the root's and nested ones) ignore; symbolic links are never followed out."""
+        ignores: list[tuple[Path, pathspec.PathSpec]] = []
+        for parent in [start, *start.parents]:  # .gitignore files above `start`, up to the root
+            if parent == self.root or self.root in parent.parents:
+                self._add_ignore(parent, ignores)
+            if parent == self.root:
+                break
+        for dirpath, dirnames, filenames in os.walk(start, followlinks=False):
+            here = Path(dirpath)
+            if here != start:
+                self._add_ignore(here, ignores)
+            dirnames[:] = sorted(d for d in dirnames if d != ".git" and not self._ignored(here / d, True, ignores))
+            for name in sorted(filenames):
+                path = here / name
+                if self._ignored(path, False, ignores):
+                    continue
+                real = path.resolve()
+                if real != path and (self.root not in real.parents or not real.is_file()):
+                    continue  # a link that leads out (or to no file) is not searched
+                yield path
+
+    @staticmethod
+    def _add_ignore(directory: Path, ignores: list) -> None:
+        gi = directory / ".gitignore"
+        if gi.is_file():
+            try:
+                lines = gi.read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                return
+            ignores.append((directory, pathspec.GitIgnoreSpec.from_lines(lines)))
+
+    @staticmethod
+    def _ignored(path: Path, is_dir: bool, ignores: list) -> bool:
+        for base, spec in ignores:
+            if base == path or base not in path.parents:
+                continue
+            rel = path.relative_to(base).as_posix() + ("/" if is_dir else "")
+            if spec.match_file(rel):
+                return True
+        return False

@@ -1,0 +1,170 @@
+"""The built-in agent tools: reading, searching under .gitignore, edits as diffs, commands with timeouts, and every way out of the root refused."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from magnitude_tui.agent.command import CommandTool
+from magnitude_tui.agent.fs_tools import FileTools
+from magnitude_tui.agent.workspace import Limits, Workspace
+
+
+@pytest.fixture
+def ws(tmp_path):
+    root = tmp_path / "root"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "app.py").write_text("def main():\n    return 41\n")
+    (root / "notes.txt").write_text("one\ntwo\nthree\nfour\n")
+    (root / ".gitignore").write_text("build/\n*.log\n")
+    (root / "build").mkdir()
+    (root / "build" / "out.py").write_text("return 41 in build\n")
+    (root / "debug.log").write_text("return 41 in a log\n")
+    (tmp_path / "secret.txt").write_text("the secret outside\n")
+    return Workspace(root, Limits(command_timeout_s=5.0, output_chars=200))
+
+
+def tools(ws):
+    return {t.name: t for t in [*FileTools(ws).tools(), CommandTool(ws).tool()]}
+
+
+def run(ws, name, **args):
+    return asyncio.run(tools(ws)[name].run(args))
+
+
+def test_read_file_whole_and_a_line_range(ws):
+    r = run(ws, "read_file", path="notes.txt")
+    assert r.ok and "one\ntwo\nthree\nfour" in r.text and "lines 1-4 of 4" in r.text
+    r = run(ws, "read_file", path="notes.txt", start_line=2, end_line=3)
+    assert r.ok and r.text.endswith("two\nthree\n") and "one" not in r.text
+
+
+def test_read_file_is_capped(ws):
+    (ws.root / "big.txt").write_text("x" * 100 + "\n" + "y" * 100_000)
+    r = run(ws, "read_file", path="big.txt")
+    assert r.ok and len(r.text) < ws.limits.read_chars + 200 and "cut at" in r.text
+
+
+def test_list_dir_marks_directories(ws):
+    r = run(ws, "list_dir", path=".")
+    assert r.ok and "src/" in r.text.splitlines() and "notes.txt" in r.text.splitlines()
+
+
+def test_search_honours_gitignore_and_globs(ws):
+    r = run(ws, "search", pattern=r"return \d+")
+    assert r.ok and "src/app.py:2:" in r.text
+    assert "build/" not in r.text and "debug.log" not in r.text  # both ignored by .gitignore
+    assert run(ws, "search", pattern="return", glob="*.txt").text.startswith("no match")
+    assert "src/app.py" in run(ws, "search", pattern="return", glob="src/**/*.py").text
+
+
+def test_search_reports_a_bad_pattern_as_its_result(ws):
+    r = run(ws, "search", pattern="(")
+    assert not r.ok and "not a regular expression" in r.text
+
+
+def test_edit_file_replaces_one_exact_occurrence_and_returns_the_diff(ws):
+    r = run(ws, "edit_file", path="src/app.py", old_text="return 41", new_text="return 42")
+    assert r.ok and "-    return 41" in r.diff and "+    return 42" in r.diff
+    assert (ws.root / "src" / "app.py").read_text() == "def main():\n    return 42\n"
+    missing = run(ws, "edit_file", path="src/app.py", old_text="return 41", new_text="x")
+    assert not missing.ok and "not found" in missing.text
+
+
+def test_edit_preview_shows_the_diff_without_writing(ws):
+    tool = tools(ws)["edit_file"]
+    preview = tool.preview({"path": "notes.txt", "old_text": "two", "new_text": "2"})
+    assert isinstance(preview, str) and "+2" in preview
+    assert (ws.root / "notes.txt").read_text().startswith("one\ntwo")
+
+
+def test_write_file_creates_and_diffs(ws):
+    r = run(ws, "write_file", path="docs/new.md", content="# hi\n")
+    assert r.ok and "--- /dev/null" in r.diff and "+# hi" in r.diff
+    assert (ws.root / "docs" / "new.md").read_text() == "# hi\n"
+
+
+def test_run_command_runs_in_the_root_with_its_exit_status(ws):
+    r = run(ws, "run_command", command="pwd; echo err >&2; exit 3")
+    assert not r.ok and r.text.startswith("exit status 3") and str(ws.root) in r.text and "err" in r.text
+
+
+def test_run_command_output_is_capped(ws):
+    r = run(ws, "run_command", command="yes | head -c 100000")
+    assert r.ok and "more bytes of output not shown" in r.text and len(r.text) < 400
+
+
+def test_run_command_timeout_kills_the_whole_group(ws):
+    marker = ws.root / "child-alive"
+    t0 = time.monotonic()
+    r = run(ws, "run_command", command=f"(sleep 3; touch {marker}) & sleep 30", timeout_s=0.5)
+    assert not r.ok and "timeout" in r.text and time.monotonic() - t0 < 4
+    time.sleep(3.2)
+    assert not marker.exists()  # the background child died with the group
+
+
+async def test_cancelling_run_command_kills_its_process_group(ws):
+    pidfile = ws.root / "pid"
+    task = asyncio.create_task(tools(ws)["run_command"].run({"command": f"sleep 30 & echo $! > {pidfile}; wait"}))
+    for _ in range(200):
+        if pidfile.exists() and pidfile.read_text().strip():
+            break
+        await asyncio.sleep(0.02)
+    pid = int(pidfile.read_text())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    with pytest.raises(ProcessLookupError):
+        for _ in range(100):  # SIGKILL is delivered at once; reaping by init may take a moment
+            os.kill(pid, 0)
+            await asyncio.sleep(0.02)
+
+
+# ---- every escape route out of the root ----------------------------------------------------------
+
+ESCAPES = ["../secret.txt", "src/../../secret.txt", "/etc/passwd", "~/x", "src/\0x"]
+
+
+@pytest.mark.parametrize("path", ESCAPES)
+@pytest.mark.parametrize("tool", ["read_file", "list_dir", "edit_file", "write_file"])
+def test_paths_outside_the_root_are_refused_as_the_result(ws, tool, path):
+    args = {"path": path, "old_text": "the", "new_text": "x", "content": "x"}
+    spec = [t for t in FileTools(ws).tools() if t.name == tool][0]
+    needed = {k: v for k, v in args.items() if f'"{k}"' in spec.tool.parameters}
+    r = asyncio.run(spec.run(needed))
+    assert not r.ok and r.text.startswith("refused:"), r.text
+    assert (ws.root.parent / "secret.txt").read_text() == "the secret outside\n"
+
+
+@pytest.fixture
+def linked(ws):
+    (ws.root / "out").symlink_to(ws.root.parent, target_is_directory=True)
+    (ws.root / "leak.txt").symlink_to(ws.root.parent / "secret.txt")
+    return ws
+
+
+@pytest.mark.parametrize("path", ["out/secret.txt", "leak.txt", "out", "out/new.txt"])
+def test_symlinks_out_of_the_root_are_refused(linked, path):
+    for tool, args in [("read_file", {}), ("list_dir", {}), ("write_file", {"content": "x"}),
+                       ("edit_file", {"old_text": "the", "new_text": "x"})]:
+        r = run(linked, tool, path=path, **args)
+        assert not r.ok and r.text.startswith("refused:"), (tool, r.text)
+    assert (linked.root.parent / "secret.txt").read_text() == "the secret outside\n"
+    assert not (linked.root.parent / "new.txt").exists()
+
+
+def test_search_never_leaves_the_root(linked):
+    r = run(linked, "search", pattern="secret")
+    assert "the secret outside" not in r.text and r.text.startswith("no match")  # links out are not followed
+    for glob in ["../*.txt", "/etc/*", "src/../../*", "~/*"]:
+        r = run(linked, "search", pattern="secret", glob=glob)
+        assert not r.ok and r.text.startswith("refused:"), glob
+
+
+def test_edit_preview_refuses_before_anyone_is_asked(linked):
+    edit = tools(linked)["edit_file"]
+    r = edit.preview({"path": "leak.txt", "old_text": "the", "new_text": "x"})
+    assert not isinstance(r, str) and r.text.startswith("refused:")
