@@ -129,6 +129,9 @@ async def test_nine_panes_get_a_compact_status_line_with_whole_figures(tmp_path)
             text = str(metrics.content)
             assert status.has_class("-compact") and str(status.query_one(".badge").content) == "GEN"
             assert text.startswith("20.0 tok/s") and len(text) <= metrics.content_size.width
+            # The border's context gauge drops its bar and keeps its figures whole.
+            assert pane.border_subtitle.startswith("ctx ") and "▱" not in pane.border_subtitle
+            assert len(pane.border_subtitle) <= pane.size.width - 6
 
 
 def test_fit_parts_keeps_whole_figures():

@@ -145,7 +145,7 @@ class ChatPane(Vertical):
     def gauge_text(self) -> str:
         """The context gauge in the pane's bottom border (pane_labels.gauge)."""
         endpoint = self.last_update.endpoint if self.last_update is not None else None
-        return gauge(self.context_used, self.context_size, endpoint)
+        return gauge(self.context_used, self.context_size, endpoint, width=self.size.width)
 
     def last_reply(self) -> MessageRecord | None:
         """The latest message of the model (what retry asks again and alt+left/right page)."""
@@ -192,6 +192,9 @@ class ChatPane(Vertical):
 
     def on_mount(self) -> None:
         self._show_note()
+
+    def on_resize(self) -> None:
+        self._status_dirty = True  # the gauge's form follows the pane's width (next paint)
 
     def _view(self, m: MessageRecord) -> MessageView:
         view = MessageView(m, speaker=self._speaker(m))

@@ -34,16 +34,22 @@ def speaker(r: PaneRecord, parent_name: str | None, m: MessageRecord) -> str:
     return "you" if m.role == "user" else r.name if m.role == "assistant" else m.role
 
 
-def gauge(used: int | None, size: int | None, endpoint: str | None) -> str:
+NARROW_PANE = 32  # columns: a narrower pane's gauge drops its bar, keeping the figures whole
+
+
+def gauge(used: int | None, size: int | None, endpoint: str | None, *, width: int = 0) -> str:
     """The context gauge in the pane's bottom border: tokens used of the sequence's context; on a
     remote engine, which has no context to gauge, the server the pane runs on (the status line
-    names it too, but last, where a narrow pane cuts it)."""
+    names it too, but last, where a narrow pane cuts it). `width`: the pane's (0: unknown)."""
     if endpoint is not None and not size:
         return f"on {endpoint.partition('://')[2] or endpoint}"
     if used is None or not size:
         return ""
+    figures = f"{fmt_count(used)}/{fmt_count(size)}"
+    if 0 < width < NARROW_PANE:
+        return f"ctx {figures}"
     filled = min(8, round(used / size * 8))
-    return f"ctx {'▰' * filled}{'▱' * (8 - filled)} {fmt_count(used)}/{fmt_count(size)}"
+    return f"ctx {'▰' * filled}{'▱' * (8 - filled)} {figures}"
 
 
 def queue_note(queued: list[str], editing: bool) -> str:
