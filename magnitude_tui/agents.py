@@ -20,14 +20,17 @@ from pathlib import Path
 
 import platformdirs
 
-from scheduler.types import SamplingParams
+from magnitude_tui.agent.policy import ApprovePolicy
+from scheduler.types import SamplingParams, ToolChoiceMode
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-_KEYS = {"system", "temperature", "max_tokens", "top_p", "min_p"}
+_KEYS = {"system", "temperature", "max_tokens", "top_p", "min_p", "tools", "approve", "tool_choice"}
+# Top-level tables that are not roles: MCP servers and subagent limits (magnitude_tui/agent/config.py).
+RESERVED_TABLES = ("mcp", "spawn")
 _NUMBERS = ("temperature", "top_p", "min_p")
 
 
@@ -45,6 +48,11 @@ class AgentSettings:
     max_tokens: int | None = None
     top_p: float | None = None
     min_p: float | None = None
+    # An agent role (docs/design/agents.md): the tools it may use (None: every tool), who approves
+    # its writes and commands (None: ask), and the tool choice of its first turn (None: auto).
+    tools: tuple[str, ...] | None = None
+    approve: ApprovePolicy | None = None
+    tool_choice: ToolChoiceMode | None = None
 
     def sampling(self, default: SamplingParams) -> SamplingParams:
         changes = {k: v for k, v in (("temperature", self.temperature), ("max_tokens", self.max_tokens),
@@ -88,6 +96,8 @@ def load_agents(path: Path | None = None) -> dict[str, AgentSettings]:
         raise AgentFileError(f"{path}: {exc}") from None
     roles = {}
     for name, table in data.items():
+        if name in RESERVED_TABLES:
+            continue
         if not isinstance(table, dict):
             raise AgentFileError(f"{path}: {name!r} must be a table ([{name}] with system, temperature, max_tokens)")
         unknown = set(table) - _KEYS
@@ -108,8 +118,26 @@ def load_agents(path: Path | None = None) -> dict[str, AgentSettings]:
         except ValueError as exc:
             raise AgentFileError(f"{path}: [{name}] {exc}") from None
         roles[name] = AgentSettings(name, system, numbers["temperature"], max_tokens, numbers["top_p"],
-                                    numbers["min_p"])
+                                    numbers["min_p"], *_agent_keys(path, name, table))
     return roles
+
+
+def _agent_keys(path: Path, name: str, table: dict) -> tuple:
+    """A role's tools, approve and tool_choice keys, checked."""
+    tools = table.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, str) for t in tools)):
+        raise AgentFileError(f"{path}: [{name}] tools must be a list of tool names")
+    approve = table.get("approve")
+    try:
+        approve = ApprovePolicy.parse(approve) if approve is not None else None
+    except ValueError as exc:
+        raise AgentFileError(f"{path}: [{name}] {exc}") from None
+    choice = table.get("tool_choice")
+    if choice is not None and choice not in ("auto", "required"):
+        raise AgentFileError(f"{path}: [{name}] tool_choice {choice!r} is not allowed; use auto or required "
+                             "(for the first turn)")
+    return (tuple(tools) if tools is not None else None, approve,
+            ToolChoiceMode(choice) if choice is not None else None)
 
 
 class RoleBook:
