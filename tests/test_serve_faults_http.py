@@ -11,11 +11,14 @@ import httpx
 import pytest
 
 from backend.factory import BackendConfig
+from magnitude_tui.engine.context import fit_conversation
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions
 from magnitude_tui.serve.connections import ConnectionLimits, QuietLog
 from magnitude_tui.serve.guard import GuardPolicy, bound_hosts
 from magnitude_tui.serve.server import printable
+from scheduler.admission import ContextLengthError
+from scheduler.types import Message
 from tests.serve_support import recording, running_server, wait_until
 
 FAKE = EngineConfig(BackendConfig("fake", n_ctx=4096, n_seq_max=16), policy="fixed:64")
@@ -42,10 +45,26 @@ def test_a_history_that_would_need_trimming_is_a_400_naming_messages(server):
     assert r.status_code == 400
     error = r.json()["error"]
     assert (error["code"], error["param"]) == ("context_length_exceeded", "messages")
-    assert "oldest messages would have to be dropped" in error["message"]
+    assert "oldest messages are not dropped" in error["message"]
     assert not any(u.new_tokens for rep in reports for u in rep.updates)  # nothing was generated
     short = _chat(server, json={"messages": history[-3:], "max_tokens": 4})
     assert short.status_code == 200 and short.json()["usage"]["completion_tokens"] == 4
+
+
+def test_a_history_an_api_call_may_not_trim_is_refused_after_one_tokenization():
+    # Searching for a cut renders the whole template each try, in the engine's thread (a 2,000-
+    # message history took 1.6 s on a loaded 2-core machine, the bystanders' steps waiting).
+    calls: list[int] = []
+
+    def tokenize(messages):
+        calls.append(len(messages))
+        return [0] * (10 * len(messages))
+
+    history = [Message("user" if i % 2 == 0 else "assistant", "x") for i in range(2000)]
+    with pytest.raises(ContextLengthError, match="20,000 tokens"):
+        fit_conversation(history, tokenize, 256, 64, may_drop=False)
+    assert calls == [2000]
+    assert fit_conversation(history, tokenize, 256, 64).dropped > 0 and len(calls) > 2  # a pane's trim
 
 
 # ---- 6: Host, Origin, Content-Type ---------------------------------------------------------------

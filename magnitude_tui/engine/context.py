@@ -46,13 +46,21 @@ def turn_starts(messages: Sequence[Message], first: int) -> list[int]:
 
 
 def fit_conversation(messages: Sequence[Message], tokenize: Callable[[Sequence[Message]], list[int]],
-                     n_ctx_seq: int, max_tokens: int) -> Fitted:
+                     n_ctx_seq: int, max_tokens: int, *, may_drop: bool = True) -> Fitted:
     """The prompt for `messages`; if it would leave no room for a reply of `reply_room` tokens, the
     oldest turns are dropped until `headroom` tokens are free. The last message is always kept
-    (it is what is being asked)."""
+    (it is what is being asked). With `may_drop` False (an API caller, who must be told) such a
+    prompt raises ContextLengthError instead, before any search for a cut: each try renders the
+    whole template, and a 2,000-message history would hold up the engine's steps for it."""
     prompt = tokenize(messages)
-    if len(prompt) + reply_room(n_ctx_seq, max_tokens) <= n_ctx_seq:
+    room = reply_room(n_ctx_seq, max_tokens)
+    if len(prompt) + room <= n_ctx_seq:
         return Fitted(prompt, 0)
+    if not may_drop:
+        raise ContextLengthError(
+            f"the conversation is {len(prompt):,} tokens; with room for a {room:,}-token reply a sequence "
+            f"holds {n_ctx_seq - room:,}. Its oldest messages are not dropped for an API call: send a "
+            "shorter history (or a smaller max_tokens)")
     room = headroom(n_ctx_seq)
     first = 0
     while first < len(messages) - 1 and messages[first].role == "system":
@@ -76,10 +84,3 @@ def fit_conversation(messages: Sequence[Message], tokenize: Callable[[Sequence[M
         return Fitted(tokenize([*messages[:first], *messages[cut:]]), cut - first)
     return Fitted(*best)
 
-
-def history_too_long(fitted: Fitted, n_ctx_seq: int) -> ContextLengthError:
-    """The refusal for a request that may not drop turns (`Request.drop_oldest_turns` False)."""
-    return ContextLengthError(
-        f"the conversation does not fit one sequence ({n_ctx_seq:,} tokens) with room for the reply: "
-        f"its {fitted.dropped:,} oldest messages would have to be dropped. Send a shorter history "
-        "(or a smaller max_tokens)")

@@ -9,7 +9,7 @@ from collections import deque
 from typing import Protocol
 
 from backend.protocol import Backend, Clock
-from magnitude_tui.engine.context import fit_conversation, history_too_long
+from magnitude_tui.engine.context import fit_conversation
 from magnitude_tui.engine.events import (Cancel, CloseSession, Command, RestoreOutcome, RestoreSession,
                                          SessionRestored, SetPolicy, SetSpec, Submit)
 from magnitude_tui.engine.report import seq_update
@@ -246,10 +246,8 @@ class Intake:
                 # A conversation that outgrew its sequence drops its oldest turns (context.py).
                 limit = min(self.scheduler.n_ctx_seq, self.scheduler.n_ctx)
                 fitted = fit_conversation(req.messages, self._chat_tokenizer(req),
-                                          limit, seq.max_tokens)
+                                          limit, seq.max_tokens, may_drop=req.drop_oldest_turns)
                 prompt, seq.dropped_messages = fitted.prompt, fitted.dropped
-                if fitted.dropped and not req.drop_oldest_turns:
-                    raise history_too_long(fitted, limit)
             bad = [t for t in prompt if not 0 <= t < self.backend.n_vocab]
             if bad:
                 raise RequestError(f"token id {bad[0]} is outside the model's vocabulary "
