@@ -22,7 +22,9 @@ class McpServerSpec:
     command: str
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # added to the app's environment
-    timeout_s: float = 20.0  # start-up and each call; a server that takes longer is marked unavailable
+    # A server that takes longer to start, or to answer one call, is marked unavailable.
+    start_timeout_s: float = 30.0
+    timeout_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -59,19 +61,21 @@ def _mcp(path: Path, table) -> list[McpServerSpec]:
         where = f"{path}: [mcp.{name}]"
         if not isinstance(t, dict) or not isinstance(t.get("command"), str) or not t["command"]:
             raise AgentFileError(f"{where} needs command = \"program\"")
-        unknown = set(t) - {"command", "args", "env", "timeout_s"}
+        unknown = set(t) - {"command", "args", "env", "timeout_s", "start_timeout_s"}
         if unknown:
             raise AgentFileError(f"{where} has unknown key(s) {', '.join(sorted(unknown))}; "
-                                 "use command, args, env, timeout_s")
+                                 "use command, args, env, timeout_s, start_timeout_s")
         args, env = t.get("args", []), t.get("env", {})
         if not (isinstance(args, list) and all(isinstance(a, str) for a in args)):
             raise AgentFileError(f"{where} args must be a list of strings")
         if not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
             raise AgentFileError(f"{where} env must be a table of strings")
-        timeout = t.get("timeout_s", 20.0)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise AgentFileError(f"{where} timeout_s must be a positive number of seconds")
-        out.append(McpServerSpec(name, t["command"], tuple(args), tuple(sorted(env.items())), float(timeout)))
+        timeouts = {k: t.get(k, McpServerSpec.__dataclass_fields__[k].default) for k in ("start_timeout_s", "timeout_s")}
+        for key, value in timeouts.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise AgentFileError(f"{where} {key} must be a positive number of seconds")
+        out.append(McpServerSpec(name, t["command"], tuple(args), tuple(sorted(env.items())),
+                                 **{k: float(v) for k, v in timeouts.items()}))
     return out
 
 

@@ -44,9 +44,9 @@ class McpServer:
         """Start the server and list its tools, or set `problem`; never raises."""
         self._task = asyncio.create_task(self._serve(), name=f"mcp-{self.spec.name}")
         try:
-            await asyncio.wait_for(self._ready.wait(), self.spec.timeout_s)
+            await asyncio.wait_for(self._ready.wait(), self.spec.start_timeout_s)
         except asyncio.TimeoutError:
-            self._fail(f"it did not start within {self.spec.timeout_s:g} s")
+            self._fail(f"it did not start within {self.spec.start_timeout_s:g} s")
             await self.close()
 
     async def _serve(self) -> None:
