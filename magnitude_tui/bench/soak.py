@@ -16,6 +16,9 @@ Outside the engine (soak_crash.py):
 And:
 - app kill -9 while 8 panes stream (soak_app.py): at most 1 s of received text lost on resume;
 - CPU contention and UI endurance (soak_perf.py): figures against their targets.
+- serve under faults (soak_serve.py): a real `serve` under an idle-connection flood, hostile
+  headers, a worker kill -9 and SIGTERM; every stream must end with a finish reason or an error,
+  then [DONE].
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from magnitude_tui.bench.soak_config import Scenario, SoakConfig
 from magnitude_tui.bench.soak_crash import databases, kill_loop, model_files
 from magnitude_tui.bench.soak_engine import bad_inputs, flood, machine_fake, machine_real
 from magnitude_tui.bench.soak_perf import contention, ui_endurance, ui_long_session
+from magnitude_tui.bench.soak_serve import serve_faults
 
 SCENARIOS: dict[str, Scenario] = {
     "machine-fake": machine_fake,
@@ -41,6 +45,7 @@ SCENARIOS: dict[str, Scenario] = {
     "contention": contention,
     "ui-endurance": ui_endurance,
     "ui-long-session": ui_long_session,
+    "serve-faults": serve_faults,
 }
 
 

@@ -22,6 +22,7 @@ class SoakConfig:
     device: str = "cpu"
     contention_reps: int = 2
     ui_flood: int = 100_000
+    serve_rounds: int = 3
 
 
 # A scenario: (config, progress line printer) -> (its row of the table, its failures).
