@@ -1,5 +1,5 @@
 """Provides the `magnitude-tui bench` commands (typer): admit, prefill-curve, throughput, fork, person,
-burst, target-depth, resume, remote, serve, soak, spec, contention, structured, ui, ui-cpu."""
+burst, target-depth, resume, remote, serve, soak, spec, contention, structured, agents, ui, ui-cpu."""
 
 from __future__ import annotations
 
@@ -435,6 +435,54 @@ def structured(
     cfg = StructuredConfig(seqs=options.ints(seqs), max_tokens=max_tokens, reps=reps, peer=peer,
                            peer_clients=clients, threads=threads)
     _finish(run_structured(spec, cfg, progress=_progress), out, None)
+
+
+@bench_app.command("agents")
+def agents_bench(
+    trace: Optional[Path] = typer.Option(None, "--trace", help="A trace file (default: the repository's, "
+                                         "magnitude_tui/bench/traces/, with and without bursts)."),
+    bursts: str = typer.Option("on,off", "--bursts", help="Which default traces: on, off or both."),
+    agents: int = typer.Option(4, "--agents", min=1, help="The trace's first M agents (1, 4, 8, 16)."),
+    turns: int = typer.Option(3, "--turns", min=0, help="Each agent's first T turns."),
+    k_max: int = typer.Option(600, "--k-max", min=1, help="Cut each tool result to this many tokens "
+                              "(3000: the trace as generated)."),
+    think_scale: float = typer.Option(1.0, "--think-scale", min=0.0, help="Scale the think times (0: none)."),
+    sides: str = typer.Option(",".join(["serve", "engine", "llama-server", "llama-server+reuse",
+                                        "llama-server+ram", "llama-server+reuse+ram"]), "--sides",
+                              help="serve, engine, llama-server[+reuse][+ram]."),
+    reps: int = typer.Option(2, "--reps", min=1, help="Repetitions (the sides alternate their order)."),
+    parallel: int = typer.Option(0, "--parallel", min=0, help="llama-server -np and the engine's sequences "
+                                 "(0: agents + the widest burst)."),
+    backend: str = typer.Option("llama", "--backend", "-b", help="llama, or fake (a model-free smoke run)."),
+    model: Optional[str] = ModelOpt,
+    threads: int = typer.Option(1, "--threads", "-t", help="CPU threads, every side's (default 1: a shared machine)."),
+    ctx: int = typer.Option(16384, "--ctx", help="KV cells, every side's."),
+    generate: bool = typer.Option(False, "--generate-traces", help="Regenerate the repository's traces "
+                                  "(seed 23, 16 agents, 6 turns) from its source files, and exit."),
+    out: Path = typer.Option(Path("docs/benchmarks"), "--out", help="Directory for the JSON, Markdown and PNG files."),
+) -> None:
+    """A seeded agent trace (tool results, think times, subagent bursts) replayed against serve,
+    the engine and llama-server -np N (unified KV, cache_prompt, with/without --cache-reuse and
+    --cache-ram): makespan, TTFT, prompt tokens evaluated vs the trace's minimum, KV over time."""
+    from magnitude_tui.bench.agents import AgentsConfig, run_agents
+    from magnitude_tui.bench.agents_report import plot_agents
+
+    if generate:
+        from magnitude_tui.bench.agents_trace import write_default_traces
+
+        for path in write_default_traces(Path(__file__).resolve().parents[2]):
+            Console().print(f"wrote {path}")
+        return
+    which = {"on": (True,), "off": (False,), "on,off": (True, False), "off,on": (False, True)}.get(bursts.replace(" ", ""))
+    if which is None:
+        raise typer.BadParameter("use on, off or on,off", param_hint="--bursts")
+    try:
+        cfg = AgentsConfig(trace=str(trace) if trace else None, bursts=which, agents=agents, turns=turns,
+                           k_max=k_max, think_scale=think_scale, sides=options.names(sides), reps=reps,
+                           threads=threads, n_ctx=ctx, parallel=parallel, backend=backend, model=model)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--sides") from None
+    _finish(run_agents(cfg, progress=_progress), out, plot_agents)
 
 
 if __name__ == "__main__":
