@@ -1,0 +1,142 @@
+"""Provides `magnitude-tui run`: one agent loop to its end without the TUI, its transcript printed (or JSON), approval asked on the terminal."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, TextIO
+
+from magnitude_tui.agent.config import AgentFileConfig
+from magnitude_tui.agent.engine_link import HubRunner, TurnRunner
+from magnitude_tui.agent.mcp_tools import McpServers
+from magnitude_tui.agent.policy import Approval, ApprovalRequest, ApprovePolicy, Decision, FixedApproval, Verdict, deny
+from magnitude_tui.agent.team import AgentTeam, RoleToolsError
+from magnitude_tui.agent.transcript import RunRecorder, dump
+from magnitude_tui.agent.workspace import Workspace
+from magnitude_tui.agents import AgentSettings, unknown_role
+from scheduler.types import SamplingParams
+
+# How long the engine may take to load before the run gives up.
+LOAD_WAIT_S = 600.0
+NO_TERMINAL = ("no terminal to ask on (stdin is not a TTY); run with --approve auto, or give the role "
+               "approve = \"auto\", to let it write and run commands")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    task: str
+    workdir: Path
+    role: str | None = None
+    approve: ApprovePolicy | None = None  # None: the role's own policy (ask when it names none)
+    json_out: bool = False
+    max_turns: int = 20
+    sampling: SamplingParams = SamplingParams(max_tokens=1024)
+
+
+class TerminalApproval:
+    """Asks on the terminal, one request at a time (subagents may ask together)."""
+
+    def __init__(self, prompt_out: TextIO | None = None, stdin: TextIO | None = None) -> None:
+        self.out = prompt_out or sys.stderr
+        self.stdin = stdin or sys.stdin
+        self._lock = asyncio.Lock()
+
+    async def ask(self, request: ApprovalRequest) -> Decision:
+        async with self._lock:
+            self.out.write("\n" + request.describe() + "\n")
+            while True:
+                self.out.write("allow? [y] once, [a] always for this agent, [n] no: ")
+                self.out.flush()
+                answer = (await asyncio.to_thread(self.stdin.readline)).strip().lower()
+                if answer in ("y", "yes"):
+                    return Decision(Verdict.ALLOW_ONCE)
+                if answer in ("a", "always"):
+                    return Decision(Verdict.ALLOW_PANE)
+                if answer in ("n", "no", ""):
+                    self.out.write("reason for the model (optional): ")
+                    self.out.flush()
+                    reason = (await asyncio.to_thread(self.stdin.readline)).strip()
+                    return deny(reason or "the user said no")
+
+
+def terminal_approval(stdin: TextIO | None = None) -> Approval:
+    """Ask on the terminal when there is one; otherwise deny, saying how to allow."""
+    stdin = stdin or sys.stdin
+    try:
+        tty = stdin.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return TerminalApproval(sys.stderr, stdin) if tty else FixedApproval(deny(NO_TERMINAL))
+
+
+async def run_task(opts: RunOptions, runner: TurnRunner, *, roles: Mapping[str, AgentSettings],
+                   file_config: AgentFileConfig = AgentFileConfig(), approval: Approval | None = None,
+                   out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run the task's agent loop on `runner` to its end; 0 when it answered. `out` and `err`
+    default to the streams in place when it is called (not when this module was imported)."""
+    out, err = out or sys.stdout, err or sys.stderr
+    if opts.role is not None and opts.role not in roles:
+        err.write(unknown_role(opts.role, list(roles)) + "\n")
+        return 2
+    settings = roles[opts.role] if opts.role is not None else AgentSettings()
+    try:
+        workspace = Workspace(opts.workdir)
+    except OSError as e:
+        err.write(f"--workdir {opts.workdir}: {e}\n")
+        return 2
+    servers = McpServers(file_config.mcp)
+    await servers.start()
+    try:
+        for name, why in servers.problems.items():
+            err.write(f"warning: MCP server {name}'s tools are unavailable: {why}\n")
+        recorder = RunRecorder(None if opts.json_out else out)
+        team = AgentTeam(runner, workspace, roles=roles, approval=approval, observer=recorder,
+                         mcp_tools=servers.tools(), limits=file_config.spawn, sampling=opts.sampling,
+                         max_turns=opts.max_turns)
+        try:
+            loop = team.agent(settings, name=opts.role or "main", session_id=f"run-{uuid.uuid4().hex[:8]}",
+                              policy=opts.approve)
+        except RoleToolsError as e:
+            err.write(f"{e}\n")
+            return 2
+        outcome = await loop.run(opts.task, team.history(settings))
+        if opts.json_out:
+            dump(recorder.document(opts.task, opts.role, outcome, servers.problems), out)
+        elif outcome.ok:
+            out.write("\n" + outcome.answer.strip() + "\n")
+        else:
+            err.write(f"the agent did not finish: {outcome.error or outcome.reason.value}\n")
+        return 0 if outcome.ok else 1
+    finally:
+        await servers.close()
+
+
+async def run_on_client(opts: RunOptions, client, **kw) -> int:
+    """Start `client`, wait for its engine, run the task, stop it."""
+    from magnitude_tui.serve.hub import EngineHub, EngineState
+
+    err: TextIO = kw.get("err") or sys.stderr
+    hub = EngineHub(client)
+    client.start()
+    pump = asyncio.create_task(hub.run())
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LOAD_WAIT_S
+        while hub.state is EngineState.LOADING:
+            hub.state_changed.clear()
+            try:
+                await asyncio.wait_for(hub.state_changed.wait(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                err.write(f"the engine did not load within {LOAD_WAIT_S:.0f} s\n")
+                return 1
+        if hub.state is EngineState.FAILED:
+            err.write(f"the engine failed: {hub.failure}\n")
+            return 1
+        return await run_task(opts, HubRunner(hub), **kw)
+    finally:
+        pump.cancel()
+        await asyncio.gather(pump, return_exceptions=True)
+        await asyncio.to_thread(client.stop)
