@@ -1,0 +1,104 @@
+"""Tests `bench agents`: the seeded trace, and the accounting of prompt tokens on a short replay (fake backend)."""
+
+from __future__ import annotations
+
+import pytest
+
+from magnitude_tui.bench.agents import AgentsConfig, run_agents
+from magnitude_tui.bench.agents_replay import CallKind, CallRecord
+from magnitude_tui.bench.agents_report import account, minimum_new
+from magnitude_tui.bench.agents_trace import (CHARS_PER_TOKEN, HISTORY_BUDGET, Trace, default_trace_path, generate,
+                                              load_trace)
+
+FILES = {f"src/f{i}.py": "".join(f"def f{i}_{j}(x):\n    return x + {j}\n" for j in range(400)) for i in range(3)}
+
+
+def test_trace_is_seeded_and_its_first_agents_are_the_smaller_trace():
+    big = generate(FILES, seed=5, agents=16, turns=6)
+    assert generate(FILES, seed=5, agents=16, turns=6) == big
+    assert generate(FILES, seed=5, agents=4, turns=6).agents == big.agents[:4]
+    assert generate(FILES, seed=6, agents=16, turns=6) != big
+    assert Trace.from_json(big.to_json()) == big
+
+
+def test_trace_draws_stay_in_the_issue_ranges():
+    t = generate(FILES, seed=1, agents=16, turns=6)
+    reads = [x for a in t.agents for x in a.turns if not x.is_burst]
+    bursts = [x for a in t.agents for x in a.turns if x.is_burst]
+    assert reads and bursts
+    assert all(100 * CHARS_PER_TOKEN <= x.chars <= 3000 * CHARS_PER_TOKEN for x in reads)
+    assert all(0.0 <= x.think_s <= 2.0 for x in reads)
+    assert all(40 <= x.max_tokens <= 150 for a in t.agents for x in a.turns)
+    assert all(3 <= len(b.subtasks) <= 6 and len({s.task for s in b.subtasks}) == len(b.subtasks) for b in bursts)
+    for a in t.agents:  # an agent's history stays within the model's context
+        est = sum(x.chars / CHARS_PER_TOKEN + x.max_tokens for x in a.turns)
+        assert est <= HISTORY_BUDGET
+    assert not any(x.is_burst for a in generate(FILES, seed=1, bursts=False).agents for x in a.turns)
+
+
+@pytest.mark.parametrize("bursts", [True, False])
+def test_the_repository_traces_regenerate_from_their_stored_files(bursts):
+    stored = load_trace(default_trace_path(bursts))
+    assert len(stored.agents) == 16
+    assert generate(stored.files, seed=stored.seed, bursts=bursts) == stored
+
+
+def _call(i, prompt, evaluated, completion=50, extends=None, by_length=False):
+    return CallRecord(i, 0, "c", CallKind.TURN, i, extends, prompt_tokens=prompt, evaluated=evaluated,
+                      completion_tokens=completion, by_length=by_length)
+
+
+def test_minimum_counts_new_tokens_only():
+    first = _call(0, 300, 300)
+    assert minimum_new(first, None) == 300
+    # The next call extends prompt + reply; a reply cut at max_tokens leaves its last token unevaluated.
+    assert minimum_new(_call(1, 500, 0), first) == 150
+    assert minimum_new(_call(1, 500, 0), _call(0, 300, 300, by_length=True)) == 151
+
+
+def test_accounting_counts_what_was_evaluated_beyond_the_minimum():
+    calls = [_call(0, 300, 300), _call(1, 500, 150, extends=0), _call(2, 800, 800, completion=20, extends=1)]
+    acc = account(calls)
+    assert (acc.prompt, acc.minimum, acc.evaluated) == (1600, 300 + 150 + 250, 1250)
+    assert acc.reevaluated == 800 - 250  # the third call found nothing cached: its history again
+    calls[2].error = "HTTP 500"  # a failed call counts for nothing
+    assert account(calls).minimum == 450
+
+
+def _replay_config(tmp_path, **kw) -> AgentsConfig:
+    trace = generate(FILES, seed=3, agents=3, turns=3, k_range=(20, 60), reply_range=(8, 16), think_range=(0, 0.05))
+    path = tmp_path / "trace.json"
+    path.write_text(trace.to_json())
+    return AgentsConfig(trace=str(path), agents=3, turns=3, k_max=None, sides=("serve", "engine"), reps=1,
+                        backend="fake", in_process=True, **kw)
+
+
+def test_short_replay_evaluates_no_more_than_the_minimum_while_the_context_has_room(tmp_path):
+    cfg = _replay_config(tmp_path, n_ctx=16384)
+    result = run_agents(cfg, argv=["test"])
+    runs = result.data["runs"]
+    assert [r["side"] for r in runs] == ["serve", "engine"]
+    assert not any("did not run" in n for n in result.notes)
+    trace = load_trace(cfg.trace)
+    calls = len(trace.agents) + sum(1 + len(t.subtasks) for a in trace.agents for t in a.turns)
+    for r in runs:
+        assert r["errors"] == 0 and r["calls"] == calls and r["makespan_s"] > 0
+        assert r["reevaluated"] == 0, r["side"]
+        # Subagents forked together may share a few task tokens with each other too.
+        assert 0.95 * r["minimum"] <= r["evaluated"] <= r["minimum"]
+        assert r["kv"] and r["ttft_p95_s"] is not None
+    assert result.tables["the issue's targets"][0]["met"]  # serve: evaluated <= 1.1x the minimum
+
+
+def test_unknown_side_is_refused():
+    with pytest.raises(ValueError, match="unknown side"):
+        AgentsConfig(sides=("serve", "vllm"))
+
+
+def test_short_replay_counts_what_an_eviction_makes_it_evaluate_again(tmp_path):
+    # The agents' final histories hold about 6,000 tokens together: a 3,200-cell context must drop
+    # some history that a later turn needs again, and the accounting must see it.
+    result = run_agents(_replay_config(tmp_path, n_ctx=3200), argv=["test"])
+    for r in result.data["runs"]:
+        assert r["errors"] == 0
+        assert r["reevaluated"] > 0 and r["evaluated"] > r["minimum"], r["side"]
