@@ -159,10 +159,11 @@ def test_real_model_first_turn_must_call_a_tool_and_the_tool_turn_reuses_the_kv(
                                  "--max-tokens", "48", "--n-ctx", "4096", "--threads", "2"])
     assert r.exit_code in (0, 1), r.output  # 1: the small model called again on its last turn
     doc = json.loads(r.stdout)
+    # The grammar makes the first turn a call of the only tool; the arguments are the model's own
+    # (135M parameters: a wrong path comes back as an error result, which the loop sends on).
     first = doc["tools"][0]
-    assert first["name"] == "list_dir" and first["ok"], doc["tools"]
-    listing = [m for m in doc["messages"] if m["role"] == "tool"][0]["content"]
-    assert "README.md" in listing and "main.py" in listing
+    assert first["name"] == "list_dir" and json.loads(first["arguments"]).keys() <= {"path"}, doc["tools"]
+    assert [m for m in doc["messages"] if m["role"] == "tool"][0]["tool_call_id"] == first["id"]
     t1, t2 = doc["turns"][:2]
     assert t1["tool_calls"] >= 1
     # The second turn evaluates only what is new: the first turn's prompt came from the cache.
