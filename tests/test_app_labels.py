@@ -126,12 +126,28 @@ async def test_nine_panes_get_a_compact_status_line_with_whole_figures(tmp_path)
         for pane in ws.grid.panes:
             status = pane.query_one(StatusLine)
             metrics = status.query_one(".metrics")
-            text = str(metrics.content)
+            shown = str(metrics.render())
             assert status.has_class("-compact") and str(status.query_one(".badge").content) == "GEN"
-            assert text.startswith("20.0 tok/s") and len(text) <= metrics.content_size.width
+            assert shown.startswith("20.0 tok/s") and len(shown) <= metrics.content_size.width
+            assert "TTFT 80 ms" in str(metrics.content)  # all of them kept, shown as far as they fit
             # The border's context gauge drops its bar and keeps its figures whole.
             assert pane.border_subtitle.startswith("ctx ") and "▱" not in pane.border_subtitle
             assert len(pane.border_subtitle) <= pane.size.width - 6
+
+
+async def test_two_panes_show_whole_figures_rate_first(tmp_path):
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+n")
+        for pane in app.workspace.grid.panes:
+            await app.workspace.turns.send(pane, "count to ten slowly")
+        client.step(3)
+        await settle(pilot)
+        for pane in app.workspace.grid.panes:
+            metrics = pane.query_one(StatusLine).query_one(".metrics")
+            shown = str(metrics.render())
+            assert shown.startswith("20.0 tok/s · TTFT 80 ms") and len(shown) <= metrics.content_size.width
 
 
 def test_fit_parts_keeps_whole_figures():

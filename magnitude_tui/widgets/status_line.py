@@ -5,6 +5,7 @@ from __future__ import annotations
 from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal
+from textual.content import Content
 from textual.widgets import ProgressBar, Static
 
 from magnitude_tui.widgets.format import fmt_count, fmt_ms, fmt_rate
@@ -23,7 +24,7 @@ _BADGE = {
 
 # Narrow panes (9 or more on a 120-column terminal) get short badges and only the figures that fit
 # whole: a figure cut in the middle ("20.4 tok…") reads as a different number.
-COMPACT_WIDTH = 32  # columns of the status line below which it is compact
+COMPACT_WIDTH = 48  # columns of the status line below which it is compact (two panes side by side)
 _SHORT_BADGE = {
     Phase.LOADING: "LOAD",
     Phase.QUEUED: "QUEUE",
@@ -67,7 +68,7 @@ class StatusLine(Horizontal):
         self._update: SeqUpdate | None = None  # the update shown (a resize shows it again)
         yield Static("IDLE", classes="badge")
         yield ProgressBar(total=1, show_eta=False, show_percentage=False)
-        yield Static("", classes="metrics", markup=False)
+        yield Figures("", classes="metrics", markup=False)
 
     def show(self, update: SeqUpdate | None) -> None:
         """Render the latest update (called on the paint tick, not per event).
@@ -86,10 +87,10 @@ class StatusLine(Horizontal):
         if compact:
             # The bar's 11 columns go to the figures; the prompt's done/total says the same.
             prefilling, bar = False, None
-            room = self.size.width - len(badge_text) - 2 - 1
-            metrics = fit_parts(self.compact_parts(update), room)
+            parts = self.compact_parts(update)
         else:
-            metrics = self.metrics_text(update)
+            parts = self.metrics_parts(update)
+        metrics = tuple(parts)
         old = self._shown or (None, None, None, None, None)
         self._shown = (badge_class, badge_text, prefilling, bar, metrics)
         if (badge_class, badge_text) != old[:2]:
@@ -101,7 +102,7 @@ class StatusLine(Horizontal):
         if bar is not None and bar != old[3]:
             self.query_one(ProgressBar).update(total=bar[0], progress=bar[1])
         if metrics != old[4]:
-            self.query_one(".metrics", Static).update(metrics, layout=False)
+            self.query_one(Figures).show(parts)
 
     def on_resize(self, event: events.Resize) -> None:
         if self._shown and (0 < event.size.width < COMPACT_WIDTH) != self.has_class("-compact"):
@@ -129,28 +130,22 @@ class StatusLine(Horizontal):
 
     @staticmethod
     def compact_parts(u: SeqUpdate | None) -> list[str]:
-        """A narrow pane's figures, most telling first (the rate before the latencies)."""
+        """A narrow pane's figures: the rate first while generating (the figure people watch), the
+        rest as in the full line; shown as far as they fit."""
         if u is None:
             return ["Enter sends", "/help"]
-        if u.phase is Phase.LOADING:
-            return [f"model {round((u.load_fraction or 0.0) * 100)}%"]
-        if u.phase is Phase.WAITING:
-            return ["no token yet", f"queue {fmt_ms(u.queue_ms)}"]
-        if u.phase in _PROMPT_PHASES:
-            admitted = u.phase is Phase.PREFILL and u.prompt_total
-            prompt = (f"{fmt_count(u.prompt_done)}/{fmt_count(u.prompt_total)}" if admitted
-                      else f"{fmt_count(u.prompt_total)} tok" if u.prompt_total else None)
-            return [p for p in (prompt, f"queue {fmt_ms(u.queue_ms)}") if p]
-        rate = u.tok_s_live if u.phase is not Phase.DONE else u.tok_s
-        parts = [u.error, f"{fmt_rate(rate)} tok/s", f"TTFT {fmt_ms(u.ttft_ms)}",
-                 f"ITL p95 {fmt_ms(u.itl_p95_ms)}", f"{u.generated} tok"]
-        return [p for p in parts if p]
+        return StatusLine.metrics_parts(u, rate_first=True)
 
     @staticmethod
     def metrics_text(u: SeqUpdate | None) -> str:
-        """Most telling figure first, so a narrow pane cuts the least useful ones."""
+        """Every figure of the status line, most telling first."""
+        return " · ".join(StatusLine.metrics_parts(u))
+
+    @staticmethod
+    def metrics_parts(u: SeqUpdate | None, *, rate_first: bool = False) -> list[str]:
+        """Most telling figure first, so a narrow pane leaves out the least useful ones."""
         if u is None:
-            return "Enter sends · /spawn N task · Esc cancels"
+            return ["Enter sends", "/spawn N task", "Esc cancels"]
         if not u.prompt_total:
             prompt = None
         elif u.phase in (Phase.LOADING, Phase.QUEUED, Phase.PREPARING):
@@ -161,9 +156,10 @@ class StatusLine(Horizontal):
                       f"({fmt_count(u.cached_tokens)} cached)")
         rate = u.tok_s_live if u.phase is not Phase.DONE else u.tok_s
         latency = [f"TTFT {fmt_ms(u.ttft_ms)}", f"{fmt_rate(rate)} tok/s", f"ITL p95 {fmt_ms(u.itl_p95_ms)}"]
+        if rate_first:
+            latency[:2] = latency[1::-1]
         if u.phase is Phase.LOADING:
-            loaded = f"model {round((u.load_fraction or 0.0) * 100)}% loaded"
-            return f"{loaded} · runs when the engine is ready"
+            return [f"model {round((u.load_fraction or 0.0) * 100)}% loaded", "runs when the engine is ready"]
         where = f"on {u.endpoint}" if u.endpoint else None
         if u.phase is Phase.WAITING:
             # A remote server's prefill cannot be seen from the client: say only what is known.
@@ -181,7 +177,23 @@ class StatusLine(Horizontal):
             spec = (f"{u.tokens_per_step:.1f} tok/step, {round(100 * u.acceptance)}% of drafts accepted"
                     if u.drafted and u.tokens_per_step is not None else None)
             parts = [u.error, *latency, spec, f"queue {fmt_ms(u.queue_ms)}", count, prompt, where, server]
-        return " · ".join(p for p in parts if p)
+        return [p for p in parts if p]
+
+
+class Figures(Static):
+    """The status line's figures: as many as fit its width, each whole (a figure cut in the
+    middle, `20.4 tok…`, reads as another number); `content` keeps them all."""
+
+    def show(self, parts: list[str]) -> None:
+        self._parts = parts
+        self.update(" · ".join(parts), layout=False)
+
+    def render(self) -> Content:
+        width = self.content_size.width
+        parts = getattr(self, "_parts", None)
+        if not parts or width <= 0:
+            return Content(str(self.content))
+        return Content(fit_parts(parts, width))
 
 
 def fit_parts(parts: list[str], width: int) -> str:
