@@ -19,7 +19,7 @@ def _bench(*args: str):
 def test_every_bench_command_is_listed():
     assert COMMANDS == sorted(["admit", "prefill-curve", "throughput", "spec", "fork", "resume", "burst",
                                "target-depth", "serve", "remote", "ui", "ui-cpu", "soak", "contention", "person",
-                               "structured"])
+                               "structured", "agents"])
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -52,6 +52,8 @@ BAD_VALUES = [
     (["ui", "-b", "wat"], "Invalid value for --backend: unknown backend 'wat': use llama, fake or simulated:<profile>"),
     (["soak", "--only", "nothing"], "Invalid value for --only: unknown scenario 'nothing': choose from machine-fake"),
     (["contention", "--loads", "a"], "Invalid value: expected comma-separated integers, got 'a'"),
+    (["agents", "--sides", "serve,vllm"], "Invalid value for --sides: unknown side 'vllm'"),
+    (["agents", "--bursts", "sometimes"], "Invalid value for --bursts: use on, off or on,off"),
 ]
 
 
