@@ -78,6 +78,14 @@ def base_model_copy(src: Path, dst: Path, *, eos_id: int = 0) -> Path:
             raw = data[start:value_at] + struct.pack("<I", eos_id)
         kvs.append(raw)
     assert len(marker_ids) == 2, "the source model has no ChatML tokens to turn into text"
+    kvs = [_token_types(kv, marker_ids) for kv in kvs]
+    return write_gguf(dst, data, r, (magic, version, n_tensors), kvs, alignment)
+
+
+def write_gguf(dst: Path, data: bytes, r: _Reader, head: tuple, kvs: list[bytes], alignment: int) -> Path:
+    """Write a GGUF whose key-values are `kvs`, with `data`'s tensors; `r` stands where its tensor
+    infos begin."""
+    magic, version, n_tensors = head
     tensors_at = r.pos
     for _ in range(n_tensors):
         r.string()
@@ -85,7 +93,6 @@ def base_model_copy(src: Path, dst: Path, *, eos_id: int = 0) -> Path:
         r.pos += 8 * n_dims + 4 + 8
     tensor_infos = data[tensors_at:r.pos]
     data_at = -(-r.pos // alignment) * alignment
-    kvs = [_token_types(kv, marker_ids) for kv in kvs]
     header = struct.pack("<4sIQQ", magic, version, n_tensors, len(kvs)) + b"".join(kvs) + tensor_infos
     header += b"\0" * (-len(header) % alignment)
     Path(dst).write_bytes(header + data[data_at:])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from tests.base_model_gguf import _STRING, _Reader, _string
+from tests.base_model_gguf import _STRING, _Reader, _string, write_gguf
 
 # ChatML with tools in the system turn, calls in <tool_call> tags and results in <tool_response>
 # tags, the layout Hermes- and Qwen-style templates use (written here for the tests).
@@ -65,14 +65,4 @@ def with_chat_template(src: Path, dst: Path, template: str) -> Path:
             alignment = struct.unpack_from("<I", data, value_at)[0]
         kvs.append(data[start:r.pos])
     kvs.append(_string(b"tokenizer.chat_template") + struct.pack("<I", _STRING) + _string(template.encode()))
-    tensors_at = r.pos
-    for _ in range(n_tensors):
-        r.string()
-        n_dims = r.take("<I")
-        r.pos += 8 * n_dims + 4 + 8
-    tensor_infos = data[tensors_at:r.pos]
-    data_at = -(-r.pos // alignment) * alignment
-    header = struct.pack("<4sIQQ", magic, version, n_tensors, len(kvs)) + b"".join(kvs) + tensor_infos
-    header += b"\0" * (-len(header) % alignment)
-    Path(dst).write_bytes(header + data[data_at:])
-    return Path(dst)
+    return write_gguf(dst, data, r, (magic, version, n_tensors), kvs, alignment)
