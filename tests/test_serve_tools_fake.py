@@ -133,3 +133,15 @@ def test_bad_tool_input_is_a_400_naming_the_parameter_while_a_good_stream_comple
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param, err
     assert good["text"] == REPLY[:30]
+
+
+def test_a_reply_outside_bounds_the_grammar_cannot_express_is_an_error_not_a_stop():
+    schema = {"type": "object", "properties": {"age": {"type": "integer", "maximum": 120}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    with running_server(_config('{"age": 999}'), ServeOptions(model_name="fake")) as s:
+        r = httpx.post(s.base + "/chat/completions", json={"messages": USER, "response_format": fmt,
+                                                          "max_tokens": 50}, timeout=30)
+        assert r.status_code == 500 and "999" in r.json()["error"]["message"]
+        ok = httpx.post(s.base + "/chat/completions", json={"messages": USER, "max_tokens": 50, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object"}}}}, timeout=30)
+        assert ok.status_code == 200 and json.loads(ok.json()["choices"][0]["message"]["content"]) == {"age": 999}

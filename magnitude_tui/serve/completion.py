@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from magnitude_tui.serve.body import ChatCall
 from magnitude_tui.serve.errors import ErrorType, OpenAIError
 from magnitude_tui.serve.hub import EngineHub
-from magnitude_tui.serve.tool_calls import check_calls
+from magnitude_tui.serve.tool_calls import check_calls, check_reply
 from scheduler.metrics import partition_ms
 from scheduler.types import DoneReason, ErrorKind, Phase, Request, SamplingParams, SeqUpdate, ToolCallDelta
 
@@ -161,6 +161,14 @@ class Completion:
             if problem is None:
                 c.finish_reason = "tool_calls"
             elif c.finish_reason == "stop":
+                c.finish_reason, c.error = None, problem
+        schema = self.call.tool_use.response_schema
+        if c.finish_reason == "stop" and schema is not None:
+            # The grammar makes the reply JSON of the schema's shape; what the converter cannot
+            # express (numeric bounds, for one) is checked here, so no reply that fails its schema
+            # passes as a finished one.
+            problem = check_reply(c.text, schema)
+            if problem is not None:
                 c.finish_reason, c.error = None, problem
         if c.done:
             out.append(Delta(c.index, finish_reason=c.finish_reason, error=c.error))

@@ -29,6 +29,16 @@ def check_calls(calls: list[dict], tools: tuple[Tool, ...]) -> str | None:
     return None
 
 
+def check_reply(text: str, schema: str) -> str | None:
+    """Why a finished `response_format` reply fails its schema (None: it parses and validates)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return "the reply is not JSON"
+    errors = sorted(Draft202012Validator(json.loads(schema)).iter_errors(value), key=str)
+    return f"the reply does not match the response schema: {errors[0].message[:200]}" if errors else None
+
+
 def delta_json(deltas: tuple[ToolCallDelta, ...]) -> list[dict]:
     """`delta.tool_calls` entries: the first piece of a call names it, later ones extend its arguments."""
     out = []
