@@ -37,6 +37,11 @@ IDLE_STEP_MS = 1000.0
 # newcomers everything that fits in that: the running sequences keep at least half their rate and
 # the prompts get at least as much of the machine as they would alone between two decode steps.
 GAP_SLACK = 1.0
+# The most a step filled to the attention tile may cost, in decode-only steps: filling it pays
+# where small steps are dear (rows attended one at a time), not where every row is.
+TILE_STRETCH = 6.0
+# ... or the share of a decode-only step that attention takes, for it to pay whatever the tile costs.
+ATTENTION_DOMINATES = 0.5
 
 # target:MS aims below MS by how far recent steps ran over what the cost model predicted for them
 # (this percentile of measured / predicted over the model's window): a model that is right on
@@ -356,8 +361,15 @@ class Policy:
             # (deep decode rows: their gap is over the target whatever the prompt gets); where
             # they fit and only the prompt's quantum does not, the gap bound stands (a 64-row tile
             # beside 4 shallow rows on 2 threads doubled their p90 gap against a 200 ms target).
+            # And only where attention makes them slow, or the tile is cheap beside them: where
+            # the decode step is slow for another reason (a loaded machine: 1 shallow row at
+            # 360 ms, prompt rows at ~50 ms each), 63 prompt rows beside it took 3-7 s against a
+            # 50 ms target. (A live fit may book the one-row-at-a-time kernel's cost as fixed
+            # cost, hence the second test.)
             tile = shape.tile_rows - d
-            if tile > fits and decode_only > self.value:
+            attention = cost.params.attn_ms * shape.kpos(0) >= ATTENTION_DOMINATES * decode_only
+            cheap = cost.predict(d, tile, shape.kpos(tile)) <= TILE_STRETCH * decode_only
+            if tile > fits and decode_only > self.value and (attention or cheap):
                 fits = tile
             return min(max(MIN_PREFILL_QUANTUM, fits), room)
         return min(max(MIN_PREFILL_QUANTUM, fits), room)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.budget import (GAP_SLACK, IDLE_MERGE_MS, IDLE_STEP_MS, MIN_PREFILL_QUANTUM, CostModel, CostParams, StepShape,
+from scheduler.budget import (GAP_SLACK, TILE_STRETCH, IDLE_MERGE_MS, IDLE_STEP_MS, MIN_PREFILL_QUANTUM, CostModel, CostParams, StepShape,
                               parse_policy)
 from scheduler.metrics import RequestMetrics
 from scheduler.types import AttentionPath, attended_kpos
@@ -257,3 +257,14 @@ def test_cost_model_learns_the_attention_cost_from_steps_deep_in_a_prompt():
     assert model.params.attn_ms == pytest.approx(1.4, rel=0.25)
     k = attended_kpos(5000, 6)
     assert model.predict(8, 6, k) == pytest.approx(truth.predict(8, 6, k), rel=0.1)
+
+
+def test_a_decode_step_slow_for_another_reason_than_attention_does_not_fill_the_tile():
+    # A loaded machine: one shallow decode row predicted at 360 ms (over a 50 ms target) and prompt
+    # rows at ~50 ms each: a step filled to the 64-row tile would cost ten decode steps (3-7 s were
+    # seen), for no kernel's sake.
+    cost = CostModel(CostParams(fixed_ms=300.0, decode_ms=60.0, prefill_ms=50.0, attn_ms=10.0))
+    shallow = StepShape(1, decode_kpos=0.4, prefill_pos0=300, n_batch=2048, tile_rows=64)
+    assert cost.predict(1, 63, shallow.kpos(63)) > TILE_STRETCH * cost.predict(1, 0, shallow.kpos(0))
+    allowance = parse_policy("target:50").prefill_allowance(shallow, cost)
+    assert allowance == parse_policy("target:50").prefill_allowance(replace(shallow, tile_rows=0), cost) < 63
