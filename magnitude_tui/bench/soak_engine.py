@@ -154,7 +154,10 @@ def flood(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
         engine = Engine(FakeBackend(n_ctx=16384, n_seq_max=8), policy="fixed:64", clock=VirtualClock(),
                         coalesce_ms=0)
         for i in range(64):
-            engine.submit(Request(f"r{i:02}", f"s{i:02}", (Message("user", "word " * (5 + (i * 7) % 40)),),
+            # Each prompt its own from the first word: prompts that share a long prefix rightly
+            # wait for it to be evaluated once (admission), which is not the order this checks.
+            text = f"request {i}: " + "word " * (5 + (i * 7) % 40)
+            engine.submit(Request(f"r{i:02}", f"s{i:02}", (Message("user", text),),
                                   SamplingParams(max_tokens=8)))
         first: dict[str, int] = {}
         last: dict[str, SeqUpdate] = {}
