@@ -70,3 +70,12 @@ def test_tool_choice_required_starts_under_the_grammar_from_the_first_token():
     _, calls, last = _run(engine, req)
     assert calls and calls[0].name == "lookup" and last.done_reason is DoneReason.STOP
     assert all(g is not None and "lookup" in g.gbnf for g in backend.grammars.values())
+
+
+def test_the_sequences_panel_shows_the_mask_time_per_token_of_a_constrained_reply():
+    from magnitude_tui.widgets.sequences_panel import spec_text
+    from scheduler.types import SeqUpdate
+
+    masked = SeqUpdate("r", "s", 0, Phase.GENERATING, generated=10, grammar_ms=14.0)
+    assert spec_text(masked) == "mask 1.4"
+    assert spec_text(SeqUpdate("r", "s", 0, Phase.GENERATING, generated=10)) == "—"

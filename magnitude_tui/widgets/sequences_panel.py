@@ -141,8 +141,11 @@ class SequencesPanel(Vertical):
 
 
 def spec_text(u: SeqUpdate) -> str:
-    """Tokens gained per generating step and the share of draft tokens accepted ("2.3 78%"), or
-    "—" for a sequence that never verified a draft."""
+    """Tokens gained per generating step and the share of draft tokens accepted ("2.3 78%"); for a
+    reply sampled under a grammar (it never drafts), the mask's time per token ("mask 1.4", ms);
+    "—" for a sequence that did neither."""
+    if u.grammar_ms > 0 and u.generated:
+        return f"mask {u.grammar_ms / u.generated:.1f}"
     if not u.drafted or u.tokens_per_step is None:
         return "—"
     return f"{u.tokens_per_step:.1f} {round(100 * u.acceptance)}%"
