@@ -8,7 +8,7 @@ import time
 import pytest
 
 from backend import attention
-from backend.attention import AttentionChoice, PathTiming
+from backend.attention import PathTiming
 from magnitude_tui.bench.common import median
 from scheduler.types import AttentionPath
 from tests.needs import need_real_model

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.template_fallback import INFO_NOTICE, TemplateSource, fallback_notice, template_info
+from backend.template_fallback import TemplateSource, fallback_notice, template_info
 from magnitude_tui.engine.events import EngineReady, LoadProgress
 from tests.app_support import SIZE, ScriptedClient, make_app, one_turn, settle, type_message, wait_for
 

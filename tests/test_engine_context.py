@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backend.fake import FakeBackend
-from magnitude_tui.engine.context import fit_conversation, headroom, reply_room
+from magnitude_tui.engine.context import fit_conversation, headroom
 from magnitude_tui.engine.core import Engine
 from scheduler.types import DoneReason, Message, Request, SamplingParams
 from tests.needs import need_real_model

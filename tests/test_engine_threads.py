@@ -290,8 +290,8 @@ def test_a_swinging_load_reading_does_not_trigger_a_probe_every_few_seconds() ->
 def test_slower_steps_at_the_same_count_trigger_a_probe() -> None:
     gov = ThreadGovernor(start=2, max_threads=4)
     # Something took two cores: 4 threads now run 3x slower, 2 threads at their quiet speed.
-    used = drive(gov, lambda n, t: {4: 3.0, 3: 2.0, 2: 1.3, 1: 2.1}[n] if t > 5 else (1.0 if n == 2 else 1.2),
-                 seconds=30)
+    drive(gov, lambda n, t: {4: 3.0, 3: 2.0, 2: 1.3, 1: 2.1}[n] if t > 5 else (1.0 if n == 2 else 1.2),
+          seconds=30)
     assert gov.n_threads == 2
     gov2 = ThreadGovernor(start=4, max_threads=4)
     drive(gov2, lambda n, t: {4: 3.0, 3: 2.0, 2: 1.3, 1: 2.1}[n] if t > 5 else 1.0, seconds=30)

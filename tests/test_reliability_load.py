@@ -4,7 +4,7 @@ starve the other (fake backend, virtual clock)."""
 from __future__ import annotations
 
 from backend.fake import DEFAULT_REPLY, FakeBackend
-from scheduler.types import DoneReason, Phase, Request, SamplingParams
+from scheduler.types import DoneReason, Phase
 from tests.engine_driver import Driver, assert_clean, engine_for
 
 
@@ -19,7 +19,10 @@ def admission_step(d: Driver, rid: str) -> int | None:
 def test_a_flood_of_64_requests_is_served_in_order_and_every_one_completes():
     engine, _ = engine_for(FakeBackend(n_ctx=16384, n_seq_max=8), policy="fixed:64")
     d = Driver(engine)
-    rids = [d.submit(f"r{i:02}", f"s{i:02}", "word " * (5 + (i * 7) % 40), max_tokens=8) for i in range(64)]
+    # Each prompt its own from the first word: prompts sharing a long prefix wait for it to be
+    # evaluated once, which is another order than the one checked here.
+    rids = [d.submit(f"r{i:02}", f"s{i:02}", f"request {i}: " + "word " * (5 + (i * 7) % 40), max_tokens=8)
+            for i in range(64)]
     d.run_until_done(*rids, timeout=60)
     admitted = [admission_step(d, r) for r in rids]
     # Submitted together: each one gets a slot no earlier than the one submitted before it.

@@ -190,7 +190,7 @@ def test_a_cancelled_conversation_is_evicted_like_any_idle_one():
 
 def test_admission_is_fifo_and_waits_for_a_slot():
     sched, kv = make(n_seq_max=2)
-    a, b, c = add(sched, "a", 8, max_tokens=2), add(sched, "b", 8, max_tokens=50), add(sched, "c", 8)
+    a, _b, c = add(sched, "a", 8, max_tokens=2), add(sched, "b", 8, max_tokens=50), add(sched, "c", 8)
     step(sched, kv)
     assert c.phase is Phase.QUEUED and "slot" in c.waiting_reason
     while not a.is_finished:

@@ -59,7 +59,7 @@ def test_a_persons_turn_never_waits_behind_agents_for_a_slot():
 
 def test_prompt_rows_go_to_the_higher_class_first():
     sched, kv = make("fixed:32")
-    agent = _with_priority(add(sched, "agent", 200), Priority.AGENT)
+    _with_priority(add(sched, "agent", 200), Priority.AGENT)
     person = add(sched, "person", 200)
     plan = step(sched, kv)
     assert rows(plan) == {person.seq_id: 32}

@@ -34,7 +34,6 @@ def server():
 
 def _refusals(base: str) -> list[tuple[str, dict, int, str, str | None]]:
     """(what, request kwargs, status, code, param): the error table."""
-    chat = base + "/chat/completions"
     return [
         ("queue full", dict(json={"messages": HI, "n": 2}, headers=KEY), 429, "queue_full", None),
         ("no key", dict(json={"messages": HI}), 401, "invalid_api_key", None),

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from magnitude_tui.serve.body import parse_chat
-from magnitude_tui.serve.completion import Choice, Completion, Delta
+from magnitude_tui.serve.completion import Choice, Completion
 from magnitude_tui.serve.tool_calls import delta_json, message_json
 from magnitude_tui.serve.errors import ErrorType, OpenAIError, invalid
 from magnitude_tui.serve.guard import GuardPolicy, RequestGuard
