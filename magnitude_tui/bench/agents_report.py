@@ -65,16 +65,18 @@ def tables(result: BenchResult, runs: list[dict]) -> None:
     """Medians per (trace, side); serve ÷ llama-server's best per repetition; the targets."""
     rows = []
     for bursts, side in dict.fromkeys((r["bursts"], r["side"]) for r in runs):
-        at = [r for r in runs if r["bursts"] == bursts and r["side"] == side]
+        every = [r for r in runs if r["bursts"] == bursts and r["side"] == side]
+        # A run with a failed call did less work: its figures are not the trace's.
+        at = [r for r in every if not r["errors"]] or every
         row = {"trace": _trace(bursts), "side": side, "reps": len(at)}
         for col in ("makespan_s", "ttft_p50_s", "ttft_p95_s", "subagent_ttft_p95_s", "prompt_tokens", "minimum",
                     "evaluated", "eval_x_min", "reevaluated", "generated"):
             vals = [r[col] for r in at if r[col] is not None]
             row[col] = rnd(median(vals), 3) if vals else None
-        row["errors"] = sum(r["errors"] for r in at)
-        row["others_cores_max"] = rnd(max(r["others_cores"] for r in at), 2)
+        row["errors"] = sum(r["errors"] for r in every)
+        row["others_cores_max"] = rnd(max(r["others_cores"] for r in every), 2)
         rows.append(row)
-    result.tables["per side, median of the repetitions"] = rows
+    result.tables["per side, median of the repetitions without a failed call"] = rows
     ratios, targets = [], []
     for bursts in dict.fromkeys(r["bursts"] for r in runs):
         got = _ratios(runs, bursts)
