@@ -43,12 +43,13 @@ class MagnitudeApp(App):
                  resume: bool = False, export_dir: Path | None = None,
                  sampling: SamplingParams | None = None, serve=None,
                  roles: RoleBook | dict[str, AgentSettings] | None = None,
-                 warm_dir: Path | None = None) -> None:
+                 warm_dir: Path | None = None, workdir: Path | None = None) -> None:
         """`warm_dir`: where the engine saves conversations' KV (deleting a conversation deletes
         its files there too). `export_dir`: where f5 writes (default: `exports` in the data
         directory, beside the database)."""
         super().__init__()
         self.warm_dir = warm_dir
+        self.workdir = workdir  # agents' workspace root (None: the current directory)
         self.serve = serve
         self.roles = roles if isinstance(roles, RoleBook) else RoleBook(None, roles or {})  # agents.toml
         self.failure: str | None = None  # why the engine is down (None while it runs or loads)
@@ -73,7 +74,8 @@ class MagnitudeApp(App):
             self.notify(self.store.notice, title="Database", severity="warning", timeout=30)
         self.install_screen(WorkspaceScreen(client=self.client, store=self.store,
                                             restored=restored, export_dir=self._export_dir,
-                                            sampling=self.sampling, serve=self.serve, roles=self.roles),
+                                            sampling=self.sampling, serve=self.serve, roles=self.roles,
+                                            workdir=self.workdir),
                            "workspace")
         self.push_screen("workspace")  # it starts the engine once its panes are mounted
         self.call_after_refresh(self._pace_gc)  # the first frame is drawn: what is alive now stays
@@ -115,7 +117,7 @@ def run_app(engine: EngineConfig | EngineClient, *, theme: str | None, resume: b
             sampling: SamplingParams | None = None, serve_port: int | None = None,
             serve_host: str = "127.0.0.1", api_key: str | None = None,
             roles: RoleBook | dict[str, AgentSettings] | None = None,
-            export_dir: Path | None = None) -> str | None:
+            export_dir: Path | None = None, workdir: Path | None = None) -> str | None:
     """Run the TUI until the user quits: a local engine (its worker in its own process) or a
     remote client, state in SQLite; with `serve_port`, the OpenAI-compatible endpoint too.
 
@@ -135,7 +137,8 @@ def run_app(engine: EngineConfig | EngineClient, *, theme: str | None, resume: b
                                options=ServeOptions(model_name=served_model_name(client), api_key=api_key))
     warm_dir = Path(engine.warm_dir) if isinstance(engine, EngineConfig) and engine.warm_dir else None
     app = MagnitudeApp(client=client, store=store, theme=theme, resume=resume, sampling=sampling,
-                       serve=serve, roles=roles, warm_dir=warm_dir, export_dir=export_dir)
+                       serve=serve, roles=roles, warm_dir=warm_dir, export_dir=export_dir,
+                       workdir=workdir)
     try:
         app.run()
         return app.failure

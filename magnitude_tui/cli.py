@@ -64,6 +64,8 @@ def main(
     export_dir: Optional[Path] = typer.Option(
         None, "--export-dir", help="Where f5 and /export write conversations as Markdown (default: "
         "exports in the user data directory, beside the database)."),
+    workdir: Path = typer.Option(Path("."), "--workdir", help="The workspace root agents' tools (/agent, "
+                                 "roles with tools) are confined to (default: the current directory)."),
     kv_disk_mb: int = typer.Option(
         1024, "--kv-disk-mb", help="Disk the saved KV of idle conversations may take, in MB (warm "
         "--resume: a conversation's next reply starts from it; least recently used dropped first; 0 = off)."),
@@ -89,6 +91,8 @@ def main(
 
             preflight.check_theme(theme, available_themes())
         roles = preflight.check_agents(agents)
+        if not workdir.is_dir():
+            raise preflight.OptionError(f"--workdir {workdir}: no such directory")
         if not remote:
             preflight.check_policy(policy)
             spec_mode = preflight.check_spec(spec, draft_model)
@@ -134,7 +138,7 @@ def main(
     serving = {} if remote else {"serve_port": serve_port, "api_key": resolve_api_key(api_key)}
     try:
         failure = run_app(engine, theme=theme, resume=resume, sampling=sampling, export_dir=export_dir,
-                          roles=RoleBook(agents or agents_path(), roles), **serving)
+                          roles=RoleBook(agents or agents_path(), roles), workdir=workdir.resolve(), **serving)
     except StoreError as exc:
         _fail(str(exc), code=1)
     if failure:

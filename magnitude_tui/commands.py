@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 BURST_DEFAULT = 8
 
 SLASH_HELP = (
+    "/agent [ROLE] task — this pane runs the task as an agent with tools (read, search, edit, run; "
+    "writes and commands ask first) · "
     "/spawn [ROLE] N task — N subagents (with a role from agents.toml) fork this conversation and "
     "report back · "
     "/burst [N] — N subagents at once · /policy P — prefill-first | fixed:N | target:MS · "
@@ -38,7 +40,7 @@ SLASH_HELP = (
 class Slash:
     """A parsed slash command."""
 
-    name: str  # spawn | burst | policy | export | copy | retry | raw | help
+    name: str  # agent | spawn | burst | policy | export | copy | retry | raw | help
     count: int = 0
     arg: str = ""
     role: str | None = None
@@ -75,6 +77,14 @@ def parse_slash(text: str, roles: Iterable[str] = ()) -> Slash:
         if not 1 <= count <= MAX_SUBAGENTS:
             raise ValueError(f"spawn between 1 and {MAX_SUBAGENTS} subagents")
         return Slash("spawn", count, task, role)
+    if name == "agent":
+        known = list(roles)
+        head, _, tail = rest.partition(" ")
+        role = head if head in known else None
+        task = tail.strip() if role is not None else rest
+        if not task:
+            raise ValueError("usage: /agent [ROLE] task")
+        return Slash("agent", arg=task, role=role)
     if name == "burst":
         if rest and not rest.isdigit():
             raise ValueError("usage: /burst [N]")
@@ -101,6 +111,8 @@ def palette_commands(screen: "WorkspaceScreen") -> Iterable[SystemCommand]:
     yield SystemCommand("Previous pane", "Focus the previous pane (shift+tab)", screen.action_prev_pane)
     yield SystemCommand("Zoom pane", "Zoom the focused pane / show all panes (ctrl+o)", screen.action_zoom)
     yield SystemCommand("Cancel generation", "Stop the focused pane's reply (esc)", screen.action_cancel)
+    yield SystemCommand("Agent task", "Type /agent [ROLE] task in a pane: it runs as an agent with tools",
+                        screen.action_agent_hint)
     yield SystemCommand("Spawn subagents", "Fork subagents from the focused pane (ctrl+s)",
                         screen.action_spawn)
     yield SystemCommand(f"Burst spawn {BURST_DEFAULT}", "Spawn subagents all at once (ctrl+b)",

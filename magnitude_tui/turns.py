@@ -27,9 +27,11 @@ class Turns:
         elif editing is not None and not pane.busy and any(m is editing for m in pane.record.messages):
             await self._forget(pane, await pane.truncate(editing, keep=False))
             await self.send(pane, text)
-        elif pane.busy or pane.queued:
+        elif pane.busy or pane.queued or self.workspace.agents.running(pane):
             pane.queue(text)  # the next turn, once the reply (and anything queued before) is done
             self._keep_queue(pane)
+        elif self.workspace.agents.wants_agent(pane):  # its role names tools: the message is a task
+            await self.workspace.agents.start(pane, text)
         else:
             await self.send(pane, text)
 
@@ -94,7 +96,9 @@ class Turns:
         except ValueError as exc:
             ws.notify(str(exc), severity="warning", markup=False)
             return
-        if command.name == "spawn":
+        if command.name == "agent":
+            await ws.agents.start(pane, command.arg, command.role)
+        elif command.name == "spawn":
             await ws.subagents.spawn(pane, SpawnSpec(command.count, command.arg, command.role))
         elif command.name == "burst":
             await ws.subagents.burst(pane, command.count)
@@ -123,8 +127,8 @@ class Turns:
             await self._restore_answers(pane)  # a retry that gave no text: the answers come back
         elif reason is DoneReason.CANCELLED and event.message is None:
             await self._withdraw_prompt(pane)
-        if pane.busy or not pane.queued:
-            return
+        if pane.busy or not pane.queued or ws.agents.running(pane):
+            return  # (a running agent sends what was queued when it ends)
         if reason in (DoneReason.STOP, DoneReason.LENGTH):
             await self.send(pane, pane.next_queued() or "")
         else:  # stopped (esc) or failed: what was queued goes back to the composer, unsent

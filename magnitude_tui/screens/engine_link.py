@@ -111,6 +111,7 @@ class EngineLink:
             self._warm_answers(restored)
 
     def _route(self, update: SeqUpdate, t: float | None = None) -> None:
+        self.ws.agents.runner.take(update)  # an agent's turn waits on it (its pane may be closed)
         pane = self._panes.get(update.session_id)
         if pane is None:
             return

@@ -20,6 +20,7 @@ from magnitude_tui.engine.protocol import EngineClient
 from magnitude_tui.export import export_pane
 from magnitude_tui.screens.engine_link import EngineLink
 from magnitude_tui.screens.painter import PAINT_TICK_S, Painter
+from magnitude_tui.screens.pane_agent import PaneAgents
 from magnitude_tui.screens.policy_dialog import PolicyDialog
 from magnitude_tui.screens.spawn_dialog import SpawnDialog
 from magnitude_tui.store import PaneRecord, Store
@@ -78,8 +79,9 @@ class WorkspaceScreen(Screen):
 
     def __init__(self, *, client: EngineClient, store: Store, restored: list[PaneRecord],
                  export_dir: Path, sampling: SamplingParams | None = None, serve=None,
-                 roles: RoleBook | dict[str, AgentSettings] | None = None) -> None:
-        """`serve`: an object with `start(workspace)` and `dispatch(batch)` (the HTTP endpoint
+                 roles: RoleBook | dict[str, AgentSettings] | None = None,
+                 workdir: Path | None = None) -> None:
+        """`workdir`: the root agents' tools are confined to (default: the current directory). `serve`: an object with `start(workspace)` and `dispatch(batch)` (the HTTP endpoint
         of `--serve PORT`), fed every engine batch. `roles`: named agent definitions for
         /spawn ROLE and the spawn and agent dialogs (a RoleBook follows its file's changes)."""
         super().__init__()
@@ -96,6 +98,7 @@ class WorkspaceScreen(Screen):
         self._panes: dict[str, ChatPane] = {}  # open panes; outlives the DOM at shutdown, for save()
         self.link = EngineLink(self, self._panes)  # what the engine said: readiness, KV held, warm resume
         self.painter = Painter(self)
+        self.agents = PaneAgents(self, workdir)  # panes that run as agents (tools, approval)
         self._scheduler_chosen = False  # f3 was pressed: the panel no longer follows the width
 
     def compose(self) -> ComposeResult:
@@ -304,6 +307,8 @@ class WorkspaceScreen(Screen):
 
     def action_cancel(self) -> None:
         pane = self.grid.focused_pane()
+        if pane is not None and self.agents.stop(pane):  # its turn, tool or approval wait ends
+            return
         if pane is not None and pane.request_id is not None:
             self.client.cancel(pane.request_id)
 
@@ -320,6 +325,12 @@ class WorkspaceScreen(Screen):
         parent = self.grid.focused_pane()
         if parent is not None:
             await self.subagents.burst(parent)
+
+    def action_agent_hint(self) -> None:
+        pane = self.grid.focused_pane()
+        if pane is not None:
+            pane.return_to_composer(["/agent "])
+            pane.focus_composer()
 
     @work
     async def action_policy(self) -> None:

@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message as TextualMessage
+from textual.widget import Widget
 from textual.widgets import Static
 
 from magnitude_tui.agents import AgentSettings
@@ -17,6 +18,7 @@ from magnitude_tui.widgets.composer import Composer, typing_in
 from magnitude_tui.widgets.message_view import MessageView
 from magnitude_tui.widgets.pane_labels import gauge, pane_title, queue_note, speaker
 from magnitude_tui.widgets.status_line import StatusLine
+from magnitude_tui.widgets.tool_block import ToolActivity
 from magnitude_tui.widgets.transcript import Transcript
 from scheduler.types import DoneReason, Message, Phase, SeqUpdate
 
@@ -73,7 +75,7 @@ class ChatPane(Vertical):
         self.context_size: int | None = None  # tokens one sequence holds (from EngineReady)
         self._sent: list[MessageRecord] = []  # the records the current request carries, in order
         self._dropped: set[int] = set()  # id() of messages left out of the context (it was full)
-        self._notes: list[str] = []  # context notes waiting for the next paint
+        self._notes: list[str | Widget] = []  # context notes and tool blocks waiting for the next paint
         self._gauge = ""
         # The answers a retry replaced: the next reply keeps them as its others (paged ‹k/n›).
         self.carried: list[str] = []
@@ -81,6 +83,7 @@ class ChatPane(Vertical):
         # Raw completion (/raw): the transcript's text is continued as is, without the chat
         # template, for base models that have none (the engine is told with Request.prompt).
         self.raw = False
+        self.activity: ToolActivity | None = None  # an agent's tool or approval this pane waits on
         self.border_title = self.title
         for m in record.messages:
             if m.role == "assistant" and not m.complete and m.done_reason is None:
@@ -375,10 +378,10 @@ class ChatPane(Vertical):
         if self._reply is not None:
             await self._paint(self._reply)
         await self._paint_notes()
-        if self._status_dirty:
+        if self._status_dirty or self.activity is not None:  # the tool phase's clock runs
             self._status_dirty = False
             for status in self.query(StatusLine):  # none while the pane is torn down
-                status.show(self.last_update)
+                status.show(self.last_update, self.activity)
             gauge = self.gauge_text()
             if gauge and gauge != self._gauge:  # a new request keeps the last gauge until it knows
                 self._gauge = self.border_subtitle = gauge
@@ -410,6 +413,15 @@ class ChatPane(Vertical):
             self.notify(f"{self.record.name}: {note}", severity="error")
         self.post_message(self.ReplyFinished(self, reply.message if reply else None, update))
 
+    def set_activity(self, activity: ToolActivity | None) -> None:
+        """An agent's tool phase (shown on the next paint instead of the last request's phase)."""
+        self.activity = activity
+        self._status_dirty = True
+
+    def add_block(self, block: Widget) -> None:
+        """A tool call's block, mounted after the text painted before it (on the next paint)."""
+        self._notes.append(block)
+
     def _drop_oldest(self, count: int) -> None:
         """The engine left out the oldest `count` messages after the system ones: stop sending them."""
         # The pane's system prompt is sent ahead of these records and never dropped.
@@ -431,7 +443,7 @@ class ChatPane(Vertical):
         for view in self.query(MessageView):
             view.set_class(id(view.message) in self._dropped, "-dropped")
         for note in notes:
-            await transcript.add_note(note)
+            await (transcript.mount(note) if isinstance(note, Widget) else transcript.add_note(note))
 
     def _mark_unsaved(self, message: MessageRecord) -> None:
         self._unsaved.setdefault(id(message), message)

@@ -12,6 +12,7 @@ from textual.containers import Vertical
 from textual.widgets import DataTable
 
 from magnitude_tui.widgets.format import fmt_count, fmt_ms, fmt_rate, spark
+from magnitude_tui.widgets.tool_block import ToolActivity
 from scheduler.types import Phase, Priority, SeqUpdate
 
 REFRESH_S = 0.25
@@ -41,7 +42,7 @@ class SequencesPanel(Vertical):
     """Live per-sequence view; fed every step, repainted a few times a second."""
 
     COMPONENT_CLASSES = {"seq--queued", "seq--preparing", "seq--prefill", "seq--generating", "seq--done",
-                         "seq--error"}
+                         "seq--error", "seq--tool"}
     DEFAULT_CSS = """
     SequencesPanel { height: auto; max-height: 45%; border-top: solid $primary 40%; }
     SequencesPanel > DataTable { height: auto; max-height: 18; background: $surface; }
@@ -50,6 +51,7 @@ class SequencesPanel(Vertical):
     SequencesPanel .seq--prefill { color: $warning; }
     SequencesPanel .seq--generating { color: $primary; text-style: bold; }
     SequencesPanel .seq--done { color: $success; }
+    SequencesPanel .seq--tool { color: $accent; text-style: bold; }
     SequencesPanel .seq--error { color: $error; }
     """
 
@@ -59,6 +61,7 @@ class SequencesPanel(Vertical):
         self._rows: dict[str, _Row] = {}
         self._dirty = True
         self._shown: dict[str, list[object]] = {}  # the cells on screen, by session, in table order
+        self._tools: dict[str, ToolActivity] = {}  # agents' sessions in the `tool` phase
 
     def compose(self) -> ComposeResult:
         table: DataTable = DataTable(cursor_type="none", zebra_stripes=True, show_cursor=False)
@@ -84,6 +87,18 @@ class SequencesPanel(Vertical):
             row.sampled_at = t
         self._dirty = True
 
+    def set_activity(self, session_id: str, activity: ToolActivity | None) -> None:
+        """An agent's session waits on a tool or on approval (None: not any more): its row
+        shows `tool` with the tool's name and the time so far, and stays while it does."""
+        if activity is None:
+            self._tools.pop(session_id, None)
+        else:
+            self._tools[session_id] = activity
+        row = self._rows.get(session_id)
+        if row is not None and row.done_at is not None and activity is None:
+            row.done_at = self.clock()  # ages from the tool's end, like a turn's
+        self._dirty = True
+
     def forget(self, session_id: str) -> None:
         if self._rows.pop(session_id, None) is not None:
             self._dirty = True
@@ -95,14 +110,16 @@ class SequencesPanel(Vertical):
     def refresh_rows(self) -> None:
         now = self.clock()
         for session_id, row in list(self._rows.items()):
-            if row.done_at is not None and now - row.done_at > KEEP_DONE_S:
+            if row.done_at is not None and now - row.done_at > KEEP_DONE_S and session_id not in self._tools:
                 del self._rows[session_id]
                 self._dirty = True
+        if self._tools:
+            self._dirty = True  # the tool phase's clock runs
         if not self._dirty or not self.display:
             return
         self._dirty = False
         table = self.query_one(DataTable)
-        cells = {sid: self._cells(row) for sid, row in sorted(self._rows.items(), key=lambda kv: _order(kv[1]))}
+        cells = {sid: self._cells(row, self._tools.get(sid)) for sid, row in sorted(self._rows.items(), key=lambda kv: _order(kv[1]))}
         if list(cells) != list(self._shown):  # rows came, went or moved: build the table again
             table.clear()
             for session_id, row_cells in cells.items():
@@ -114,12 +131,14 @@ class SequencesPanel(Vertical):
                         table.update_cell(session_id, column, new)
         self._shown = cells
 
-    def _cells(self, row: _Row) -> list[object]:
+    def _cells(self, row: _Row, activity: ToolActivity | None = None) -> list[object]:
         u = row.update
         phase = u.phase.value if u.phase is not Phase.DONE else f"done·{u.done_reason.value if u.done_reason else '?'}"
         if u.yielding:  # an agent holding back its decode row for a person's prompt
             phase += "·yields"
         style_name = "error" if u.error else u.phase.value
+        if activity is not None:
+            phase, style_name = activity.cell(), "tool"
         style_key = f"seq--{style_name}" if f"seq--{style_name}" in self.COMPONENT_CLASSES else "seq--queued"
         prompt = f"{fmt_count(u.prompt_done)}/{fmt_count(u.prompt_total)} ({fmt_count(u.cached_tokens)})" if u.prompt_total else "—"
         rate = u.tok_s_live if u.phase is not Phase.DONE else u.tok_s

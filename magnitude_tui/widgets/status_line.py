@@ -9,6 +9,7 @@ from textual.content import Content
 from textual.widgets import ProgressBar, Static
 
 from magnitude_tui.widgets.format import fmt_count, fmt_ms, fmt_rate
+from magnitude_tui.widgets.tool_block import ToolActivity
 from scheduler.types import DoneReason, Phase, SeqUpdate
 
 _BADGE = {
@@ -52,6 +53,7 @@ class StatusLine(Horizontal):
         background: $secondary; color: $text; }
     StatusLine > .badge.-preparing, StatusLine > .badge.-prefill { background: $warning; color: $background; }
     StatusLine > .badge.-generating { background: $primary; color: $background; }
+    StatusLine > .badge.-tool { background: $accent; color: $background; }
     StatusLine > .badge.-done { background: $success; color: $background; }
     StatusLine > .badge.-cancelled { background: $panel-lighten-2; color: $text; }
     StatusLine > .badge.-error { background: $error; color: $background; }
@@ -66,11 +68,12 @@ class StatusLine(Horizontal):
     def compose(self) -> ComposeResult:
         self._shown: tuple = ()  # what the widgets show now: (badge class, badge text, bar, metrics)
         self._update: SeqUpdate | None = None  # the update shown (a resize shows it again)
+        self._activity: ToolActivity | None = None
         yield Static("IDLE", classes="badge")
         yield ProgressBar(total=1, show_eta=False, show_percentage=False)
         yield Figures("", classes="metrics", markup=False)
 
-    def show(self, update: SeqUpdate | None) -> None:
+    def show(self, update: SeqUpdate | None, activity: ToolActivity | None = None) -> None:
         """Render the latest update (called on the paint tick, not per event).
 
         Only what changed is touched: the badge (its width follows its text, so it lays out
@@ -79,12 +82,16 @@ class StatusLine(Horizontal):
         if not self.query(".badge"):  # not composed yet, or torn down as the app closes
             return
         self._update = update
+        self._activity = activity
         compact = 0 < self.size.width < COMPACT_WIDTH
         self.set_class(compact, "-compact")
         badge_class, badge_text = self._badge_class(update), self._badge_text(update, short=compact)
         prefilling = update is not None and update.phase in _PROMPT_PHASES
         bar = (update.prompt_total, update.prompt_done) if prefilling and update.prompt_total else None
-        if compact:
+        if activity is not None:  # an agent waits on a tool or on approval: the `tool` phase
+            badge_class, badge_text, prefilling, bar = "-tool", "TOOL", False, None
+            parts = [activity.label()]
+        elif compact:
             # The bar's 11 columns go to the figures; the prompt's done/total says the same.
             prefilling, bar = False, None
             parts = self.compact_parts(update)
@@ -106,7 +113,7 @@ class StatusLine(Horizontal):
 
     def on_resize(self, event: events.Resize) -> None:
         if self._shown and (0 < event.size.width < COMPACT_WIDTH) != self.has_class("-compact"):
-            self.show(self._update)
+            self.show(self._update, self._activity)
 
     @staticmethod
     def _badge_class(update: SeqUpdate | None) -> str:

@@ -1,0 +1,143 @@
+"""Provides the approval dialog (one agent's tool call: allow once, allow for the pane, deny with a reason) and DialogApproval, the core's Approval protocol on it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static
+
+from magnitude_tui.agent.policy import ALLOW_ONCE, ALLOW_PANE, ApprovalRequest, Decision, deny
+
+DEFAULT_DENY = "the user said no"
+
+
+def who(request: ApprovalRequest) -> str:
+    """The requesting agent, and its parent for a subagent."""
+    return request.agent if request.parent is None else f"{request.agent} (subagent of {request.parent})"
+
+
+def pretty_arguments(arguments: str) -> str:
+    """The whole JSON arguments, indented (as written when they are not JSON)."""
+    try:
+        return json.dumps(json.loads(arguments or "{}"), indent=2, ensure_ascii=False)
+    except ValueError:
+        return arguments
+
+
+class ApprovalDialog(ModalScreen[Decision]):
+    """y: allow once · a: allow this tool for the pane · n: deny (then a reason, Enter sends it);
+    esc denies without a reason. Nothing runs until one is chosen."""
+
+    BINDINGS = [
+        Binding("y", "allow_once", "Allow once"),
+        Binding("a", "allow_pane", "Allow for this pane"),
+        Binding("n", "deny", "Deny"),
+        Binding("escape", "deny_now", "Deny"),
+    ]
+    DEFAULT_CSS = """
+    ApprovalDialog { align: center middle; }
+    ApprovalDialog > Vertical { width: 90%; max-width: 110; height: auto; max-height: 90%; padding: 1 2;
+                                border: thick $warning; background: $surface; }
+    ApprovalDialog #approval-title { text-style: bold; }
+    ApprovalDialog .approval-label { margin: 1 0 0 0; color: $text-muted; }
+    ApprovalDialog VerticalScroll { height: auto; max-height: 20; background: $panel; }
+    ApprovalDialog #approval-diff { color: $text; }
+    ApprovalDialog #approval-reason { display: none; }
+    ApprovalDialog #approval-reason.-shown { display: block; }
+    ApprovalDialog Horizontal { height: auto; margin-top: 1; align-horizontal: right; }
+    ApprovalDialog Button { margin-left: 1; }
+    """
+
+    def __init__(self, request: ApprovalRequest) -> None:
+        super().__init__()
+        self.request = request
+
+    def compose(self) -> ComposeResult:
+        r = self.request
+        with Vertical():
+            yield Label(f"{who(r)} wants to call {r.tool} ({r.kind.value})", id="approval-title", markup=False)
+            yield Label("Arguments", classes="approval-label")
+            with VerticalScroll(id="approval-args-box"):
+                yield Static(pretty_arguments(r.arguments), id="approval-args", markup=False)
+            if r.preview:
+                yield Label("What it changes", classes="approval-label")
+                with VerticalScroll(id="approval-diff-box"):
+                    yield Static(r.preview, id="approval-diff", markup=False)
+            yield Input(placeholder="why not? (sent to the model; Enter denies)", id="approval-reason")
+            yield Label("y allow once · a allow this tool for the pane · n deny with a reason · esc deny",
+                        classes="approval-label")
+            with Horizontal():
+                yield Button("Deny (n)", variant="error", id="approval-deny")
+                yield Button("For this pane (a)", id="approval-pane")
+                yield Button("Allow once (y)", variant="primary", id="approval-once")
+
+    def on_mount(self) -> None:
+        self.query_one("#approval-once", Button).focus()
+
+    def _reason_open(self) -> bool:
+        return self.query_one("#approval-reason", Input).has_class("-shown")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # While the reason is typed, its letters are text, not choices.
+        if action in ("allow_once", "allow_pane", "deny") and self._reason_open():
+            return False
+        return True
+
+    @on(Button.Pressed, "#approval-once")
+    def action_allow_once(self) -> None:
+        self.dismiss(ALLOW_ONCE)
+
+    @on(Button.Pressed, "#approval-pane")
+    def action_allow_pane(self) -> None:
+        self.dismiss(ALLOW_PANE)
+
+    @on(Button.Pressed, "#approval-deny")
+    def action_deny(self) -> None:
+        reason = self.query_one("#approval-reason", Input)
+        if self._reason_open():
+            self._deny_with(reason.value)
+            return
+        reason.add_class("-shown")
+        reason.focus()
+
+    def action_deny_now(self) -> None:
+        self._deny_with(self.query_one("#approval-reason", Input).value)
+
+    @on(Input.Submitted, "#approval-reason")
+    def _reason_given(self, event: Input.Submitted) -> None:
+        self._deny_with(event.value)
+
+    def _deny_with(self, reason: str) -> None:
+        self.dismiss(deny(reason.strip() or DEFAULT_DENY))
+
+
+class DialogApproval:
+    """The Approval protocol on the dialog: one request on screen at a time (subagents of one
+    spawn may ask together; they wait their turn)."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self._lock = asyncio.Lock()
+
+    async def ask(self, request: ApprovalRequest) -> Decision:
+        async with self._lock:
+            answer: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+
+            def done(decision: Decision | None) -> None:
+                if not answer.done():
+                    answer.set_result(decision if decision is not None else deny(DEFAULT_DENY))
+
+            screen = ApprovalDialog(request)
+            self.app.push_screen(screen, done)
+            try:
+                return await answer
+            except asyncio.CancelledError:  # the agent was stopped: its question goes away
+                if screen.is_attached:
+                    screen.dismiss(None)
+                raise

@@ -1,0 +1,215 @@
+"""Provides agents in panes: PaneRunner (the loop's turns through the workspace's engine event flow) and PaneAgents (run a pane as an agent: approval dialog, `tool` phase, tool blocks, subagent panes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from magnitude_tui.agent.engine_link import CallAssembler, TurnResult
+from magnitude_tui.agent.events import (AgentEvent, AgentFinished, ApprovalDecided, ApprovalWaiting, SubagentSpawned,
+                                        ToolFinished, ToolStarted, TurnStarted)
+from magnitude_tui.agent.team import SPAWN, AgentTeam, RoleToolsError
+from magnitude_tui.agent.workspace import Workspace
+from magnitude_tui.agents import AgentSettings
+from magnitude_tui.screens.approval_dialog import DialogApproval
+from magnitude_tui.store import MessageRecord, PaneRecord
+from magnitude_tui.subagents import next_name
+from magnitude_tui.widgets.chat_pane import ChatPane
+from magnitude_tui.widgets.tool_block import ToolActivity, ToolBlock
+from scheduler.types import Message, Phase, Request, SeqUpdate
+
+if TYPE_CHECKING:
+    from magnitude_tui.screens.workspace import WorkspaceScreen
+
+
+class PaneRunner:
+    """The loop's TurnRunner on the workspace's engine client: requests go out with
+    `client.submit`, their updates come back through EngineLink (which also paints them in the
+    request's pane, so an agent's turns stream and report phases like a person's)."""
+
+    def __init__(self, ws: WorkspaceScreen) -> None:
+        self.ws = ws
+        self._sinks: dict[str, asyncio.Queue] = {}  # request id -> its updates, for the waiting turn
+
+    def take(self, update: SeqUpdate) -> None:
+        """EngineLink hands every routed update here first."""
+        sink = self._sinks.get(update.request_id)
+        if sink is not None:
+            sink.put_nowait(update)
+
+    async def turn(self, request: Request, on_text: Callable[[str], None]) -> TurnResult:
+        ws = self.ws
+        # A subagent forks its parent's KV only when the current worker holds it.
+        request = replace(request, fork_from=ws.link.fork_source(request.fork_from))
+        sink: asyncio.Queue = asyncio.Queue()
+        self._sinks[request.request_id] = sink
+        pane = ws.panes_by_session().get(request.session_id)
+        if pane is not None:
+            pane.begin_request(request.request_id)
+        ws.client.submit(request)
+        text: list[str] = []
+        calls = CallAssembler()
+        try:
+            while True:
+                u: SeqUpdate = await sink.get()
+                if u.text_delta:
+                    text.append(u.text_delta)
+                    on_text(u.text_delta)
+                calls.add(u.tool_calls)
+                if u.phase is Phase.DONE:
+                    return TurnResult("".join(text), calls.calls(), u)
+        except asyncio.CancelledError:
+            ws.client.cancel(request.request_id)
+            raise
+        finally:
+            self._sinks.pop(request.request_id, None)
+
+    def close_session(self, session_id: str) -> None:
+        self.ws.client.close_session(session_id)
+        self.ws.link.forget(session_id)
+
+
+class PaneAgents:
+    """The workspace owns one: which panes run an agent, and what their agents report."""
+
+    def __init__(self, ws: WorkspaceScreen, workdir: Path | None) -> None:
+        self.ws = ws
+        self.workdir = workdir or Path.cwd()
+        self.runner = PaneRunner(ws)
+        self.approval = DialogApproval(ws.app)
+        self._running: dict[str, object] = {}  # session id -> the worker running its agent
+        self._agent_panes: dict[str, ChatPane] = {}  # agent name -> the pane it runs in
+        self._allowed: dict[str, set[str]] = {}  # session id -> tools allowed for that pane
+        self._history: dict[str, tuple[list[Message], int]] = {}  # session -> (loop messages, records then)
+        self._children: dict[str, str] = {}  # subagent name -> its pane's name
+
+    def running(self, pane: ChatPane) -> bool:
+        return pane.session_id in self._running
+
+    def wants_agent(self, pane: ChatPane) -> bool:
+        """A pane whose role names tools runs every message as an agent task."""
+        return pane.record.settings.tools is not None and not pane.raw
+
+    def stop(self, pane: ChatPane) -> bool:
+        worker = self._running.get(pane.session_id)
+        if worker is None:
+            return False
+        worker.cancel()
+        return True
+
+    async def start(self, pane: ChatPane, task: str, role: str | None = None) -> None:
+        """Run `task` as an agent in `pane` (with `role` from agents.toml, else the pane's own)."""
+        ws = self.ws
+        if self.running(pane) or pane.busy:  # after what runs now, as a typed message would be
+            pane.queue(f"/agent {role} {task}" if role else f"/agent {task}")
+            ws.store.set_queued(pane.session_id, pane.queued)
+            return
+        if role is not None:
+            if role not in ws.roles:
+                ws.warn(ws.role_book.unknown(role))
+                return
+            settings = ws.roles[role]
+            pane.apply_settings(settings)
+            ws.store.set_pane_settings(pane.session_id, settings)
+        settings = pane.record.settings
+        try:
+            team = AgentTeam(self.runner, Workspace(self.workdir), roles=ws.roles, approval=self.approval,
+                             observer=self._observe, sampling=ws.sampling)
+            loop = team.agent(settings, name=pane.record.name, session_id=pane.session_id)
+        except (OSError, RoleToolsError) as e:
+            ws.notify(f"{pane.record.name}: cannot start the agent: {e}", severity="error", markup=False)
+            return
+        loop.gate.allowed_tools = self._allowed.setdefault(pane.session_id, set())
+        history = self._history_for(pane, settings)
+        self._agent_panes[loop.name] = pane
+        await pane.add_message(MessageRecord("user", task))
+        self._running[pane.session_id] = ws.run_worker(self._run(pane, loop, task, history),
+                                                       group=f"agent-{pane.session_id}", exit_on_error=False)
+
+    def _history_for(self, pane: ChatPane, settings: AgentSettings) -> list[Message]:
+        """The last agent run's messages (tool turns included, so its KV is reused) when nothing
+        was added since; else the pane's conversation."""
+        kept = self._history.get(pane.session_id)
+        if kept is not None and kept[1] == len(pane.record.messages):
+            return kept[0]
+        head = [Message("system", settings.system)] if settings.system else []
+        return head + list(pane.conversation(committed_only=True, with_system=False))
+
+    async def _run(self, pane: ChatPane, loop, task: str, history: list[Message]) -> None:
+        ws = self.ws
+        try:
+            outcome = await loop.run(task, history)
+            self._history[pane.session_id] = (outcome.messages, len(pane.record.messages) + 1)
+            if outcome.error:
+                ws.notify(f"{pane.record.name}: the agent stopped: {outcome.error}", severity="warning",
+                          markup=False)
+        except asyncio.CancelledError:
+            ws.notify(f"{pane.record.name}: agent stopped")
+            raise
+        except Exception as e:  # a bug must not take the app down: say what failed
+            ws.notify(f"{pane.record.name}: the agent failed: {type(e).__name__}: {e}", severity="error",
+                      markup=False)
+        finally:
+            self._running.pop(pane.session_id, None)
+            self._set_activity(pane, None)
+        if pane.queued and not pane.busy:
+            await ws.turns.submitted(pane, pane.next_queued() or "")
+            ws.store.set_queued(pane.session_id, pane.queued)
+
+    # ---- what the agents report -----------------------------------------------------------------
+
+    def _observe(self, event: AgentEvent) -> None:
+        pane = self._agent_panes.get(event.agent)
+        if pane is None:
+            return
+        now = time.monotonic()
+        if isinstance(event, ApprovalWaiting):
+            self._set_activity(pane, ToolActivity(event.call.name, now, approval=True))
+        elif isinstance(event, ToolStarted):
+            self._set_activity(pane, ToolActivity(event.call.name, now))
+        elif isinstance(event, ApprovalDecided) and not event.decision.allowed:
+            self._set_activity(pane, None)
+        elif isinstance(event, ToolFinished):
+            self._set_activity(pane, None)
+            panes = self._spawned_panes(event) if event.call.name == SPAWN else ()
+            pane.add_block(ToolBlock(event.agent, event.call.name, event.call.arguments, event.duration_s,
+                                     event.result, event.ok, panes=panes))
+        elif isinstance(event, (TurnStarted, AgentFinished)):
+            self._set_activity(pane, None)
+        elif isinstance(event, SubagentSpawned):
+            self._open_child(pane, event)
+
+    def _set_activity(self, pane: ChatPane, activity: ToolActivity | None) -> None:
+        pane.set_activity(activity)
+        self.ws.sequences_panel.set_activity(pane.session_id, activity)
+
+    def _spawned_panes(self, event: ToolFinished) -> tuple[str, ...]:
+        try:
+            entries = json.loads(event.result)
+        except ValueError:
+            return ()
+        if not isinstance(entries, list):
+            return ()
+        return tuple(self._children.get(e.get("agent", ""), e.get("agent", "?")) for e in entries
+                     if isinstance(e, dict))
+
+    def _open_child(self, parent: ChatPane, event: SubagentSpawned) -> None:
+        """A spawn_agents subagent gets a pane of its own (as /spawn's do), named like them."""
+        ws = self.ws
+        if ws.grid.is_full:  # it still runs; its answer still reaches the parent's tool result
+            ws.warn(f"No room for a pane for subagent {event.child}; it runs unseen")
+            return
+        name = next_name(f"{parent.record.name}.", set(ws.store.pane_names()))
+        settings = ws.roles.get(event.role, parent.record.settings) if event.role else parent.record.settings
+        record = PaneRecord(event.session_id, name, "subagent", parent.session_id, event.task,
+                            ws.pane_count(), [MessageRecord("user", event.task)], settings)
+        # Its answer reaches the parent as the spawn_agents result, not as a posted message.
+        ws.subagents.reported.add(name)
+        child = ChatPane(record, parent_name=parent.record.name)
+        self._agent_panes[event.child] = child
+        self._children[event.child] = name
+        ws.open_pane(child)

@@ -1,0 +1,172 @@
+"""Pilot tests of agents in panes: /agent, the approval dialog (allow once, allow for the pane, deny with a reason), the tool phase, tool blocks."""
+
+from __future__ import annotations
+
+import json
+
+from magnitude_tui.agent.policy import Verdict
+from magnitude_tui.screens.approval_dialog import ApprovalDialog
+from magnitude_tui.widgets.status_line import StatusLine
+from magnitude_tui.widgets.tool_block import ToolBlock
+from tests.agent_app_support import ToolClient, agent_app, drive, tool_results
+from tests.app_support import settle, type_message
+
+
+def edit_twice(request):
+    """Two edits (one per turn), then an answer that quotes what the tools said."""
+    results = tool_results(request)
+    if len(results) == 0:
+        return [("edit_file", {"path": "a.txt", "old_text": "hello", "new_text": "bye"})]
+    if len(results) == 1:
+        return [("edit_file", {"path": "a.txt", "old_text": "bye", "new_text": "ciao"})]
+    return "finished after " + " | ".join(results)
+
+
+async def test_allow_once_asks_each_time_and_shows_the_diff(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "a.txt").write_text("hello\n")
+    client = ToolClient(edit_twice)
+    async with agent_app(tmp_path, client) as (app, pilot):
+        await type_message(pilot, "/agent change the greeting")
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the first approval")
+        dialog = app.screen
+        assert dialog.request.tool == "edit_file" and dialog.request.agent == "A1"
+        assert dialog.request.parent is None
+        assert "-hello" in str(dialog.query_one("#approval-diff").render())
+        assert '"new_text": "bye"' in str(dialog.query_one("#approval-args").render())
+        await pilot.press("y")
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the second approval")
+        await pilot.press("y")
+        await drive(pilot, client, lambda: "finished after" in (app.workspace.grid.panes[0].last_answer() or ""),
+                    "the answer")
+        assert (tmp_path / "work" / "a.txt").read_text() == "ciao\n"
+        await settle(pilot)
+        blocks = list(app.workspace.grid.panes[0].query(ToolBlock))
+        assert [b.tool for b in blocks] == ["edit_file", "edit_file"] and all(b.ok for b in blocks)
+        assert "edit_file(" in blocks[0].summary() and "chars" in blocks[0].summary()
+
+
+async def test_allow_for_the_pane_asks_once(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "a.txt").write_text("hello\n")
+    client = ToolClient(edit_twice)
+    async with agent_app(tmp_path, client) as (app, pilot):
+        asked = []
+        await type_message(pilot, "/agent change the greeting")
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the approval")
+        asked.append(app.screen.request.tool)
+        await pilot.press("a")
+        await drive(pilot, client, lambda: "finished after" in (app.workspace.grid.panes[0].last_answer() or ""),
+                    "the answer", on_dialog=lambda: asked.append("again"))
+        assert asked == ["edit_file"]
+        assert (tmp_path / "work" / "a.txt").read_text() == "ciao\n"
+
+
+async def test_deny_with_a_reason_reaches_the_model(tmp_path):
+    (tmp_path / "work").mkdir()
+
+    def script(request):
+        results = tool_results(request)
+        if not results:
+            return [("run_command", {"command": "rm -rf build"})]
+        return f"ok: {results[0]}"
+
+    client = ToolClient(script)
+    async with agent_app(tmp_path, client) as (app, pilot):
+        await type_message(pilot, "/agent clean up")
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the approval")
+        await pilot.press("n")
+        await pilot.press(*"keep the build", "enter")
+        await drive(pilot, client, lambda: "ok:" in (app.workspace.grid.panes[0].last_answer() or ""), "the answer")
+        last = client.submitted[-1]
+        tool_message = [m for m in last.messages if m.role == "tool"][-1]
+        assert tool_message.content == "denied: keep the build"
+        await settle(pilot)
+        [block] = app.workspace.grid.panes[0].query(ToolBlock)
+        assert not block.ok and block.tool == "run_command"
+
+
+async def test_tool_phase_shown_while_waiting_on_approval(tmp_path):
+    (tmp_path / "work").mkdir()
+    client = ToolClient(lambda r: [("write_file", {"path": "n.txt", "content": "x"})] if not tool_results(r)
+                        else "written")
+    async with agent_app(tmp_path, client) as (app, pilot):
+        await type_message(pilot, "/agent write it")
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the approval")
+        ws = app.workspace
+        pane = ws.grid.panes[0]
+        assert pane.activity is not None and pane.activity.tool == "write_file" and pane.activity.approval
+        await pilot.pause(0.15)  # a paint tick
+        badge = pane.query_one(StatusLine).query_one(".badge")
+        assert str(badge.render()) == "TOOL"
+        assert "write_file · approval" in str(pane.query_one(StatusLine).query_one(".metrics").render())
+        ws.sequences_panel.display = True
+        ws.sequences_panel.refresh_rows()
+        cells = ws.sequences_panel._cells(ws.sequences_panel._rows[pane.session_id],
+                                          ws.sequences_panel._tools.get(pane.session_id))
+        assert cells[3].plain.startswith("tool?") and "write_file"[:3] in cells[3].plain
+        await pilot.press("y")
+        await drive(pilot, client, lambda: pane.last_answer() == "written", "the answer")
+        assert pane.activity is None and pane.session_id not in ws.sequences_panel._tools
+
+
+async def test_esc_denies_and_a_read_runs_without_asking(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "r.txt").write_text("readable\n")
+
+    def script(request):
+        results = tool_results(request)
+        if not results:
+            return [("read_file", {"path": "r.txt"})]
+        if len(results) == 1:
+            return [("write_file", {"path": "w.txt", "content": "no"})]
+        return "done: " + results[1]
+
+    client = ToolClient(script)
+    async with agent_app(tmp_path, client) as (app, pilot):
+        await type_message(pilot, "/agent look")
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the approval")
+        assert app.screen.request.tool == "write_file"  # the read did not ask
+        await pilot.press("escape")
+        pane = app.workspace.grid.panes[0]
+        await drive(pilot, client, lambda: (pane.last_answer() or "").startswith("done:")
+                    and not app.workspace.agents.running(pane), "the answer")
+        assert pane.last_answer() == "done: denied: the user said no"
+        assert not (tmp_path / "work" / "w.txt").exists()
+
+
+def test_approval_verdicts_are_the_core_ones():
+    assert {v.value for v in Verdict} == {"allow_once", "allow_pane", "deny"}
+
+
+async def test_spawn_agents_opens_subagent_panes(tmp_path):
+    (tmp_path / "work").mkdir()
+
+    def script(request):
+        last = request.messages[-1].content
+        if "Your task:" in last and request.messages[-1].role == "user":
+            return "child answer " + last.split("Your task: ")[1].split("\n")[0]
+        results = tool_results(request)
+        if not results:
+            return [("spawn_agents", {"agents": [{"task": "alpha"}, {"task": "beta"}]})]
+        return "merged " + str(len(json.loads(results[0])))
+
+    client = ToolClient(script)
+    async with agent_app(tmp_path, client) as (app, pilot):
+        await type_message(pilot, "/agent split the work")
+        ws = app.workspace
+        await drive(pilot, client, lambda: (ws.grid.panes[0].last_answer() or "").startswith("merged")
+                    and not ws.agents.running(ws.grid.panes[0]), "the merged answer")
+        await settle(pilot)
+        names = [p.record.name for p in ws.grid.panes]
+        assert names == ["A1", "A1.1", "A1.2"]
+        children = ws.grid.panes[1:]
+        assert [c.record.task for c in children] == ["alpha", "beta"]
+        assert all(c.record.role == "subagent" and c.record.parent_id == ws.grid.panes[0].session_id
+                   for c in children)
+        assert [c.last_answer() for c in children] == ["child answer alpha", "child answer beta"]
+        [block] = ws.grid.panes[0].query(ToolBlock)
+        assert block.panes == ("A1.1", "A1.2") and "answers from A1.1, A1.2" in block.summary()
+        # Their answers went back as the tool result, not as messages posted to the parent.
+        assert not [m for m in ws.grid.panes[0].record.messages if m.author]
+        assert ws.grid.panes[0].last_answer() == "merged 2"
