@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 
-from magnitude_tui.agent.policy import Verdict
+import pytest
+
+from magnitude_tui.agent.policy import ApprovePolicy, Verdict
+from magnitude_tui.agents import AgentSettings
 from magnitude_tui.screens.approval_dialog import ApprovalDialog
 from magnitude_tui.widgets.status_line import StatusLine
 from magnitude_tui.widgets.tool_block import ToolBlock
 from tests.agent_app_support import ToolClient, agent_app, drive, tool_results
-from tests.app_support import settle, type_message
+from tests.app_support import settle, type_message, wait_for
 
 
 def edit_twice(request):
@@ -170,3 +173,54 @@ async def test_spawn_agents_opens_subagent_panes(tmp_path):
         # Their answers went back as the tool result, not as messages posted to the parent.
         assert not [m for m in ws.grid.panes[0].record.messages if m.author]
         assert ws.grid.panes[0].last_answer() == "merged 2"
+
+
+def test_agent_command_parses_an_optional_role():
+    from magnitude_tui.commands import parse_slash
+
+    assert parse_slash("/agent fix it", ["coder"]) == parse_slash("/agent fix it")
+    command = parse_slash("/agent coder fix the bug", ["coder"])
+    assert (command.name, command.role, command.arg) == ("agent", "coder", "fix the bug")
+    assert parse_slash("/agent fix it").role is None
+    with pytest.raises(ValueError, match="usage: /agent"):
+        parse_slash("/agent", ["coder"])
+    with pytest.raises(ValueError, match="usage: /agent"):
+        parse_slash("/agent coder", ["coder"])
+
+
+async def test_a_role_with_tools_runs_each_message_as_an_agent(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "r.txt").write_text("inside\n")
+    roles = {"reader": AgentSettings("reader", "You read files.", tools=("read_file",),
+                                     approve=ApprovePolicy.READ_ONLY)}
+    client = ToolClient(lambda r: [("read_file", {"path": "r.txt"})] if not tool_results(r)
+                        else "it says " + tool_results(r)[0].strip())
+    async with agent_app(tmp_path, client, roles=roles) as (app, pilot):
+        ws = app.workspace
+        pane = ws.grid.panes[0]
+        await type_message(pilot, "/agent reader what is in r.txt")
+        await drive(pilot, client, lambda: not ws.agents.running(pane) and pane.last_answer(), "the answer")
+        first = client.submitted[0]
+        assert first.messages[0].content == "You read files."
+        assert [t.name for t in first.tools] == ["read_file"]
+        assert pane.record.settings.role == "reader" and "inside" in pane.last_answer()
+        # From now on a plain message is an agent task too (the pane's role names tools).
+        before = len(client.submitted)
+        await type_message(pilot, "and again")
+        await drive(pilot, client, lambda: len(client.submitted) >= before + 2 and not ws.agents.running(pane),
+                    "the second run")
+        assert client.submitted[before].tools and client.submitted[before].messages[-1].content == "and again"
+
+
+async def test_esc_stops_an_agent_waiting_on_approval(tmp_path):
+    (tmp_path / "work").mkdir()
+    client = ToolClient(lambda r: [("run_command", {"command": "true"})])
+    async with agent_app(tmp_path, client) as (app, pilot):
+        ws = app.workspace
+        pane = ws.grid.panes[0]
+        await type_message(pilot, "/agent loop forever")
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the approval")
+        ws.action_cancel()  # esc in the workspace (the dialog would take the key itself)
+        await wait_for(pilot, lambda: not ws.agents.running(pane) and not isinstance(app.screen, ApprovalDialog),
+                       what="the agent to stop")
+        assert pane.activity is None

@@ -181,3 +181,22 @@ def test_agent_dialog(snap_compare, tmp_path):
         await _settle(pilot)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_approval_dialog(snap_compare, tmp_path):
+    from magnitude_tui.agent.policy import ApprovalRequest, ToolKind
+    from magnitude_tui.screens.approval_dialog import ApprovalDialog
+
+    diff = "--- a/notes.txt\n+++ b/notes.txt\n@@ -1,2 +1,2 @@\n-hello\n+goodbye\n world"
+    request = ApprovalRequest("A1/2", "A1", "edit_file",
+                              '{"path": "notes.txt", "old_text": "hello", "new_text": "goodbye"}',
+                              ToolKind.WRITE, diff)
+    app = make_app(tmp_path)
+
+    async def run_before(pilot):
+        await wait_for(pilot, lambda: quiet(pilot.app), what="the workspace")
+        pilot.app.push_screen(ApprovalDialog(request))
+        await pilot.press("n", *"not that file")
+        await _settle(pilot)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
