@@ -224,3 +224,18 @@ async def test_esc_stops_an_agent_waiting_on_approval(tmp_path):
         await wait_for(pilot, lambda: not ws.agents.running(pane) and not isinstance(app.screen, ApprovalDialog),
                        what="the agent to stop")
         assert pane.activity is None
+
+
+def test_workdir_option_reaches_the_app(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    import magnitude_tui.app
+    from magnitude_tui.cli import app as cli
+    from tests.test_cli_preflight import tiny_gguf
+
+    seen = []
+    monkeypatch.setattr(magnitude_tui.app, "run_app", lambda config, **kw: seen.append(kw))
+    model = str(tiny_gguf(tmp_path / "tiny.gguf"))
+    result = CliRunner().invoke(cli, ["--model", model, "--workdir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert seen[0]["workdir"] == tmp_path.resolve()

@@ -77,6 +77,7 @@ def test_a_bad_model_file_is_refused_in_one_line(monkeypatch, tmp_path, case):
     (["--temperature", "-1"], "--temperature"),
     (["--max-tokens", "0"], "--max-tokens"),
     (["--kv-disk-mb", "-1"], "--kv-disk-mb"),
+    (["--workdir", "/no/such/dir"], "no such directory"),
 ])
 def test_a_bad_option_is_refused_in_one_line(monkeypatch, model, args, says):
     result, started = _launch(monkeypatch, "--model", model, *args)
