@@ -47,6 +47,8 @@ async def test_allow_once_asks_each_time_and_shows_the_diff(tmp_path):
         blocks = list(app.workspace.grid.panes[0].query(ToolBlock))
         assert [b.tool for b in blocks] == ["edit_file", "edit_file"] and all(b.ok for b in blocks)
         assert "edit_file(" in blocks[0].summary() and "chars" in blocks[0].summary()
+        await pilot.click(blocks[0])  # unfolds: the whole arguments and the result (the diff)
+        assert blocks[0].unfolded and "+bye" in str(blocks[0].render())
 
 
 async def test_allow_for_the_pane_asks_once(tmp_path):
