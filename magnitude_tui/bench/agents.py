@@ -11,8 +11,7 @@ from magnitude_tui.bench.agents_replay import CallKind, CallRecord, Replay, repl
 from magnitude_tui.bench.agents_report import summary, tables
 from magnitude_tui.bench.agents_sides import SIDES, SideSetup, SideSpec, open_side
 from magnitude_tui.bench.agents_trace import Trace, default_trace_path, load_trace
-from magnitude_tui.bench.common import BenchResult, Contention, machine_info
-from magnitude_tui.bench.structured import _git_version
+from magnitude_tui.bench.common import BenchResult, Contention, git_version, machine_info
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def run_one(spec: SideSpec, setup: SideSetup, trace: Trace, tag: str) -> dict:
 def run_agents(cfg: AgentsConfig, progress=lambda s: None, argv: list[str] | None = None) -> BenchResult:
     result = BenchResult("agents", "bench agents: an agent trace against serve, the engine and llama-server",
                          config={"agents": asdict(cfg), "command": " ".join(argv if argv is not None else sys.argv),
-                                 "git": _git_version(),
+                                 "git": git_version(),
                                  "trace_files": [cfg.trace] if cfg.trace else
                                  [str(default_trace_path(b)) for b in cfg.bursts]},
                          machine=machine_info())

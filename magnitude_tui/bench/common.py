@@ -6,6 +6,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -251,6 +252,15 @@ class BenchResult:
     tables: dict[str, list[dict]] = field(default_factory=dict)  # table title -> rows
     notes: list[str] = field(default_factory=list)
     data: dict = field(default_factory=dict)  # raw series for plots and re-analysis
+
+
+def git_version() -> str:
+    """`git describe` of the code a bench ran ("?" outside a checkout)."""
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parents[2], timeout=10).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
 
 
 def machine_info() -> dict:

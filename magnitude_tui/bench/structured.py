@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 from jsonschema import Draft202012Validator
 
 from backend.factory import BackendConfig
-from magnitude_tui.bench.common import BenchResult, machine_info, measured, median, rnd
+from magnitude_tui.bench.common import BenchResult, git_version, machine_info, measured, median, rnd
 from magnitude_tui.bench.remote import TOPICS
 from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from magnitude_tui.engine.waiting import events_until, wait_ready
@@ -141,7 +139,7 @@ def run_structured(backend: BackendConfig, cfg: StructuredConfig, progress=lambd
     result = BenchResult("structured", "bench structured: json_schema-constrained vs free replies",
                          config={"structured": asdict(cfg), "backend": asdict(backend), "schema": SCHEMA,
                                  "command": " ".join(argv if argv is not None else sys.argv),
-                                 "git": _git_version()},
+                                 "git": git_version()},
                          machine=machine_info())
     # Speculation off: a constrained sequence never drafts, so free text must not either.
     engine = WorkerClient(EngineConfig(backend, policy=cfg.policy, spec=SpecMode.OFF, auto_threads=False),
@@ -241,11 +239,3 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def tgs(runs: list[dict]) -> list[float]:
     return [r["tg_tok_s"] for r in runs if r["tg_tok_s"]]
-
-
-def _git_version() -> str:
-    try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parents[2], timeout=10).stdout.strip() or "?"
-    except (OSError, subprocess.SubprocessError):
-        return "?"
