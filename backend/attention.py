@@ -21,8 +21,12 @@ PROBE_WIDTH = 8
 PROBE_CHUNK = 256
 PROBE_REPEATS = 3
 # The verdict weighs the paths on one reference workload: fill a PROBE_DEPTH-token prompt, then
-# this many decode steps of PROBE_WIDTH sequences near position 0 and as many at depth.
+# this many decode steps of PROBE_WIDTH sequences near position 0, as many at depth over a shared
+# prefix (forks), and as many with one sequence at depth beside short ones (distinct conversations).
 REFERENCE_STEPS = 32
+# The probe's version, part of the cache key: a verdict measured without the mixed step is measured
+# again (it favoured the dense path on workloads where most of its work is masked, issue 28).
+PROBE_VERSION = 2
 
 # llama.cpp's CPU flash-attention kernel (ggml-cpu ops.cpp, GGML_FA_TILE_Q in this build) runs a
 # step's attention as tiled matrix products only when the step has at least this many rows, one
@@ -68,10 +72,16 @@ class PathTiming:
     decode_shallow_ms: float  # PROBE_WIDTH decode rows a few positions deep
     decode_deep_ms: float  # PROBE_WIDTH decode rows over the shared PROBE_DEPTH-token prefix
     chunk_deep_ms: float  # 16 prompt rows at depth PROBE_DEPTH
+    # PROBE_WIDTH decode rows, one over its own PROBE_DEPTH-token prefix, the others a few positions
+    # deep. In one unified KV pool the dense path multiplies every row by every cell and masks the
+    # other sequences' cells afterwards; the flash kernel skips masked cells. Over a shared prefix
+    # nothing is masked, so only this step shows what distinct conversations cost each path.
+    decode_mixed_ms: float = 0.0
 
     @property
     def reference_ms(self) -> float:
-        return self.fill_ms + REFERENCE_STEPS * (self.decode_shallow_ms + self.decode_deep_ms)
+        return self.fill_ms + REFERENCE_STEPS * (self.decode_shallow_ms + self.decode_deep_ms
+                                                 + self.decode_mixed_ms)
 
 
 @dataclass(frozen=True)
@@ -129,7 +139,8 @@ def decide(timings: tuple[PathTiming, ...], key: dict) -> AttentionChoice:
     off = next(t for t in timings if not t.flash)
     best, other = (on, off) if on.reference_ms < off.reference_ms else (off, on)
     reason = (f"measured {best.decode_deep_ms:.0f} vs {other.decode_deep_ms:.0f} ms for a "
-              f"{PROBE_WIDTH}-sequence decode step {PROBE_DEPTH} deep, {best.fill_ms / 1000:.1f} vs "
+              f"{PROBE_WIDTH}-sequence decode step {PROBE_DEPTH} deep, {best.decode_mixed_ms:.0f} vs "
+              f"{other.decode_mixed_ms:.0f} ms with one of them that deep, {best.fill_ms / 1000:.1f} vs "
               f"{other.fill_ms / 1000:.1f} s to fill it ({other.reference_ms / best.reference_ms:.2f}x "
               f"on the reference workload)")
     return AttentionChoice(best.flash, reason, timings, key=key)
@@ -175,6 +186,13 @@ def measure_path(backend, flash: bool, tokens: list[int]) -> PathTiming:
             chunks.append(step([SeqSlice(0, PROBE_DEPTH, tuple(filler[PROBE_DEPTH:PROBE_DEPTH + 16]),
                                          True, False)]))
             backend.kv_keep_prefix(0, PROBE_DEPTH)
+        for s in range(1, width):  # short conversations of their own beside the deep one
+            step([SeqSlice(s, 0, tuple(filler[s:s + 4]), True, False)])
+        mixed = []
+        for _ in range(PROBE_REPEATS):
+            mixed.append(decode_all())
+            for s in range(width):
+                backend.kv_keep_prefix(s, PROBE_DEPTH if s == 0 else 4)
         for s in range(1, width):
             backend.kv_copy(0, s, PROBE_DEPTH)
         deep = []
@@ -182,7 +200,7 @@ def measure_path(backend, flash: bool, tokens: list[int]) -> PathTiming:
             deep.append(decode_all())
             for s in range(width):
                 backend.kv_keep_prefix(s, PROBE_DEPTH)
-        return PathTiming(flash, fill, shallow, median(deep), median(chunks))
+        return PathTiming(flash, fill, shallow, median(deep), median(chunks), median(mixed))
     finally:
         for s in range(width):
             backend.kv_remove(s)
@@ -201,7 +219,7 @@ def cache_key(*, model_path: str, device: str, n_threads: int, n_ubatch: int, bu
     st = os.stat(model_path)
     return {"model": os.path.abspath(model_path), "model_size": st.st_size, "model_mtime": int(st.st_mtime),
             "device": device, "n_threads": n_threads, "n_ubatch": n_ubatch, "build": build,
-            "probe": [PROBE_DEPTH, PROBE_WIDTH, PROBE_CHUNK]}
+            "probe": [PROBE_DEPTH, PROBE_WIDTH, PROBE_CHUNK, PROBE_VERSION]}
 
 
 def _cache_file(key: dict) -> Path:
