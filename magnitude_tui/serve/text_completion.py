@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
+from magnitude_tui.serve.tools_body import ToolUse
 from magnitude_tui.serve.body import (DEFAULT_TEMPERATURE, MAX_N, _boolean, _default, _integer, _number,
                                       _stops)
 from magnitude_tui.serve.completion import Completion
@@ -42,6 +43,7 @@ class TextCall:
     priority: int | None = None
     user: str | None = None
     model: str | None = None
+    tool_use: ToolUse = ToolUse()  # none: a text completion takes no tools or response format
 
     @property
     def priority_class(self) -> Priority:
