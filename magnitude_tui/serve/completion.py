@@ -227,7 +227,9 @@ class Completion:
             parts = partition_ms([fu.preparing_ms or 0.0, fu.queue_ms or 0.0, fu.prefill_ms], 2)
             phases = dict(zip(("preparing", "queued", "prefill"), parts))
             phases["generating"] = _r(predicted_ms)
-            prompt_ms = fu.prefill_ms
+            prompt_ms = parts[2]
+            if self.prime is None:  # the figures quoted beside the phases are the same rounded cut
+                queue, ttft = parts[1], round(sum(parts), 2)
         return {
             "cache_n": cache_n,
             "prompt_n": prompt_n,
