@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Awaitable, Callable, Protocol
 
 from backend.tools import new_call_id
 from scheduler.types import Phase, Request, SeqUpdate, ToolCall, ToolCallDelta
@@ -46,6 +46,21 @@ class CallAssembler:
                      for _, c in sorted(self._calls.items()))
 
 
+async def collect_turn(next_update: Callable[[], Awaitable[SeqUpdate]],
+                       on_text: Callable[[str], None]) -> TurnResult:
+    """One turn's text and calls, read from its updates until it is done (every runner's loop)."""
+    text: list[str] = []
+    calls = CallAssembler()
+    while True:
+        u = await next_update()
+        if u.text_delta:
+            text.append(u.text_delta)
+            on_text(u.text_delta)
+        calls.add(u.tool_calls)
+        if u.phase is Phase.DONE:
+            return TurnResult("".join(text), calls.calls(), u)
+
+
 class HubRunner:
     """Turns through an EngineHub: the headless run's own, or the one the TUI and serve share (so
     agents' requests are routed beside the panes' and HTTP callers')."""
@@ -56,17 +71,12 @@ class HubRunner:
     async def turn(self, request: Request, on_text: Callable[[str], None]) -> TurnResult:
         queue: asyncio.Queue = asyncio.Queue()
         self.hub.submit(request, queue)
-        text: list[str] = []
-        calls = CallAssembler()
+
+        async def next_update():
+            return (await queue.get())[1]
+
         try:
-            while True:
-                _, u, _ = await queue.get()
-                if u.text_delta:
-                    text.append(u.text_delta)
-                    on_text(u.text_delta)
-                calls.add(u.tool_calls)
-                if u.phase is Phase.DONE:
-                    return TurnResult("".join(text), calls.calls(), u)
+            return await collect_turn(next_update, on_text)
         except asyncio.CancelledError:
             self.hub.cancel(request.request_id)
             raise

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from magnitude_tui.agent.engine_link import CallAssembler, TurnResult
+from magnitude_tui.agent.engine_link import TurnResult, collect_turn
 from magnitude_tui.agent.events import (AgentEvent, AgentFinished, ApprovalDecided, ApprovalWaiting, SubagentSpawned,
                                         ToolFinished, ToolStarted, TurnStarted)
 from magnitude_tui.agent.team import SPAWN, AgentTeam, RoleToolsError
@@ -20,7 +20,7 @@ from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.subagents import next_name
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.tool_block import ToolActivity, ToolBlock
-from scheduler.types import Message, Phase, Request, SeqUpdate
+from scheduler.types import Message, Request, SeqUpdate
 
 if TYPE_CHECKING:
     from magnitude_tui.screens.workspace import WorkspaceScreen
@@ -51,17 +51,8 @@ class PaneRunner:
         if pane is not None:
             pane.begin_request(request.request_id)
         ws.client.submit(request)
-        text: list[str] = []
-        calls = CallAssembler()
         try:
-            while True:
-                u: SeqUpdate = await sink.get()
-                if u.text_delta:
-                    text.append(u.text_delta)
-                    on_text(u.text_delta)
-                calls.add(u.tool_calls)
-                if u.phase is Phase.DONE:
-                    return TurnResult("".join(text), calls.calls(), u)
+            return await collect_turn(sink.get, on_text)
         except asyncio.CancelledError:
             ws.client.cancel(request.request_id)
             raise

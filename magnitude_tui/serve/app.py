@@ -96,7 +96,7 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
         if call.stream:
             return EventSourceResponse(_stream(completion, options, on_finish), ping=15,
                                        headers={"Cache-Control": "no-cache"})
-        return await _whole(request, completion, options, on_finish)
+        return await answer_whole(request, completion, on_finish, lambda c: _chat_reply(c, options))
 
     from magnitude_tui.serve.text_completion import register  # it imports this module's helpers
     register(api, hub, options, on_finish)  # POST /v1/completions: a raw prompt, no chat template
@@ -217,8 +217,10 @@ async def _stream(completion: Completion, options: ServeOptions, on_finish):
             on_finish(completion, outcome)
 
 
-async def _whole(request: Request, completion: Completion, options: ServeOptions, on_finish) -> JSONResponse:
-    """Wait for every choice; a client that hangs up meanwhile cancels the call."""
+async def answer_whole(request: Request, completion: Completion, on_finish,
+                       reply: Callable[[Completion], dict]) -> JSONResponse:
+    """Wait for every choice, then answer `reply(completion)`; a client that hangs up meanwhile
+    cancels the call (chat and text completions alike)."""
     run = asyncio.ensure_future(completion.run_to_end())
     try:
         while not run.done():
@@ -240,11 +242,15 @@ async def _whole(request: Request, completion: Completion, options: ServeOptions
         # Answered here, not raised: the call ran (its log line is written), it was not refused.
         error = OpenAIError(500, failed[0].error or "generation failed", ErrorType.SERVER, "generation_failed")
         return JSONResponse(error.body(), status_code=error.status)
-    return JSONResponse({
+    return JSONResponse(reply(completion))
+
+
+def _chat_reply(completion: Completion, options: ServeOptions) -> dict:
+    return {
         "id": completion.id, "object": "chat.completion", "created": int(time.time()),
         "model": options.model_name,
         "choices": [{"index": c.index, "message": _message(c), "finish_reason": c.finish_reason or "error"}
                     for c in completion.choices],
         "usage": completion.usage(),
         "timings": completion.timings(),
-    })
+    }

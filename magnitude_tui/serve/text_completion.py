@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from fastapi import FastAPI, Request as HttpRequest
-from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from magnitude_tui.serve.tools_body import ToolUse
@@ -154,7 +153,9 @@ def register(api: FastAPI, hub: EngineHub, options: "ServeOptions",
         if call.stream:
             return EventSourceResponse(_stream(completion, options, on_finish), ping=15,
                                        headers={"Cache-Control": "no-cache"})
-        return await _whole(request, completion, options, on_finish)
+        from magnitude_tui.serve.app import answer_whole  # app.py registers this route: imported late
+
+        return await answer_whole(request, completion, on_finish, lambda c: _reply(c, options))
 
 
 def _body(completion: TextCompletion, options: "ServeOptions", choices: list[dict], **extra) -> dict:
@@ -192,31 +193,6 @@ async def _stream(completion: TextCompletion, options: "ServeOptions", on_finish
             on_finish(completion, outcome)
 
 
-async def _whole(request: HttpRequest, completion: TextCompletion, options: "ServeOptions",
-                 on_finish) -> JSONResponse:
-    """Wait for every choice; a client that hangs up meanwhile cancels the call."""
-    from magnitude_tui.serve.app import Outcome
-
-    run = asyncio.ensure_future(completion.run_to_end())
-    try:
-        while not run.done():
-            await asyncio.wait({run}, timeout=0.1)
-            if not run.done() and await request.is_disconnected():
-                run.cancel()
-                completion.cancel()
-                if on_finish is not None:
-                    on_finish(completion, Outcome.CANCELLED)
-                return JSONResponse({}, status_code=499)
-        run.result()
-    except BaseException:
-        completion.cancel()
-        raise
-    failed = [c for c in completion.choices if c.error]
-    if on_finish is not None:
-        on_finish(completion, Outcome.ERROR if failed else Outcome.OK)
-    if failed and len(failed) == len(completion.choices):
-        error = OpenAIError(500, failed[0].error or "generation failed", ErrorType.SERVER, "generation_failed")
-        return JSONResponse(error.body(), status_code=error.status)
+def _reply(completion: TextCompletion, options: "ServeOptions") -> dict:
     choices = [_choice(c.index, c.text, c.finish_reason or "error") for c in completion.choices]
-    return JSONResponse(_body(completion, options, choices, usage=completion.usage(),
-                              timings=completion.timings()))
+    return _body(completion, options, choices, usage=completion.usage(), timings=completion.timings())
