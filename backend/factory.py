@@ -103,3 +103,10 @@ def build_draft_source(config: BackendConfig, target: Backend) -> "DraftModelSou
 
     return DraftModelSource.load(config.draft_model, target, device=config.device,
                                  flash_attn=config.flash_attn, verbose=config.verbose)
+
+
+def reset_kv(backend) -> None:
+    """Leave no sequence behind between runs that share one loaded model."""
+    for s in range(backend.n_seq_max):
+        backend.kv_remove(s)
+        backend.free_sampler(s)

@@ -71,7 +71,7 @@ PROFILES: dict[str, HardwareProfile] = {
     ),
     # 1 engine thread on the 2 EPYC cores (the app's engine there), flash attention off (what the
     # attention probe picks for decode at depth there), so every row reads every used cell. Source:
-    # the calibration `magnitude-tui bench burst --threads 1 --cpu-clock` fitted on 2026-12-01 (CPU
+    # the calibration `magnitude-bench burst --threads 1 --cpu-clock` fitted on 2026-12-01 (CPU
     # time of the steps): 7.9 ms a step, 8.9 ms a decode row, 7.3 ms a prompt row and 2.0 ms per
     # thousand (row, used cell) pairs. An 11-sequence decode step at depth 2,200 then costs
     # 7.9 + 11 x 8.9 + 2.0 x 11 x 2.3 = 157 ms, 0.32 of it attention.

@@ -1,4 +1,4 @@
-"""Provides the magnitude-tui command line (typer): the app, devices, generate, bench."""
+"""Provides the magnitude-tui command line (typer): the app, devices, generate, serve, run."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def main(
 
         # ggml's CPU threads meet at spinning barriers after every op: when the UI takes a core
         # they spin while one of them waits for the CPU. Measured on 2 cores with 8 panes
-        # streaming (`magnitude-tui bench ui --threads 2,1`): 8-row decode steps took 86 ms p50 /
+        # streaming (`magnitude-bench ui --threads 2,1`): 8-row decode steps took 86 ms p50 /
         # 171 ms p95 with 2 threads and 68 / 79 ms with 1. So the app starts with one core left to
         # the UI; unless --threads fixes the count, the engine then measures whether more pay.
         backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, verbose=verbose,
@@ -418,8 +418,11 @@ def _check_model(model: Optional[str], draft_model: Optional[str] = None) -> str
     return path
 
 
-from magnitude_tui.bench.cli import bench_app  # noqa: E402  (typer and rich only; commands import the rest)
-app.add_typer(bench_app, name="bench")
+@app.command(hidden=True, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench(ctx: typer.Context) -> None:
+    """The benchmarks moved to their own command; this says where (the app never imports them)."""
+    _fail("the benchmarks are the magnitude-bench command: magnitude-bench " + " ".join(ctx.args)
+          + "\n(installed with the bench extra: pip install 'magnitude-tui[bench]')")
 
 
 def run() -> None:

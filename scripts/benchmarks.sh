@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-results/full-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$out"
-bench() { echo "+ magnitude-tui bench $*" | tee -a "$out/commands.txt"; .venv/bin/magnitude-tui bench "$@" --out "$out"; }
+bench() { echo "+ magnitude-bench $*" | tee -a "$out/commands.txt"; .venv/bin/magnitude-bench "$@" --out "$out"; }
 : > "$out/commands.txt"
 bench admit -b simulated:rx9070xt -b llama
 bench prefill-curve

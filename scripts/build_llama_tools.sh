@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's own llama-batched-bench and llama-server from the SAME vendored llama.cpp
-# source as the installed llama-cpp-python (its sdist), for `magnitude-tui bench throughput`.
+# source as the installed llama-cpp-python (its sdist), for `magnitude-bench throughput`.
 # Only those two targets (and what they link) are built; the result is cached outside the repo:
 #
 #   ~/.cache/magnitude-tui/llama-tools/<llama-cpp-python version>-<variant>/bin/

@@ -84,7 +84,7 @@ def run_case(side: str, flash: str, args, work: Path, env: dict) -> dict:
         if args.model:
             cmd += ["--model", args.model]
     else:
-        from magnitude_tui.bench import peers
+        from magnitude_bench import peers
 
         found = peers.tools_dir()
         if not found:

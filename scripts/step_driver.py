@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backend.factory import BackendConfig, build_backend  # noqa: E402
-from magnitude_tui.bench.common import prompt_tokens, reset_kv  # noqa: E402
+from magnitude_bench.common import prompt_tokens, reset_kv  # noqa: E402
 from scheduler.types import BatchPlan, SeqSlice  # noqa: E402
 
 
@@ -51,7 +51,7 @@ def direct(view: Recorder, prompts: list[tuple[int, ...]], steps: int) -> None:
 
 def through_engine(view: Recorder, prompts: list[tuple[int, ...]], steps: int, policy: str, spec: str) -> None:
     """The real Engine schedules the same prompts (as `bench throughput` does)."""
-    from magnitude_tui.bench.throughput import engine_run
+    from magnitude_bench.throughput import engine_run
     from scheduler.speculation import parse_spec_mode
 
     engine_run(view, prompts, steps, policy, spec=parse_spec_mode(spec))

@@ -39,7 +39,7 @@ def llama_tools():
     REQUIRE_TOOLS=1, so in CI a missing build fails the tests that need it instead of skipping them.
     Outside `make test` the caller decides what a missing build means (skip, or compare fewer peers).
     """
-    from magnitude_tui.bench import peers
+    from magnitude_bench import peers
 
     found = peers.tools_dir()
     if found is None and os.environ.get(REQUIRE_TOOLS) == "1":

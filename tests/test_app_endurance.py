@@ -3,7 +3,7 @@ terminal is resized; the app keeps answering keys and what it holds does not gro
 
 from __future__ import annotations
 
-from magnitude_tui.bench.ui_endurance import rss_mb
+from magnitude_bench.ui_endurance import rss_mb
 from magnitude_tui.widgets.composer import Composer
 from magnitude_tui.widgets.message_view import LONG_REPLY_CHARS, MessageView
 from magnitude_tui.widgets.streaming_text import StreamingText
@@ -73,7 +73,7 @@ def test_the_flood_follows_the_clock_when_steps_come_late():
     # The stand-in engine shares the app's process: on a busy machine its steps come late, and a
     # flood counted per step took many times its planned duration (the 100,000-token run was
     # stopped after 7 minutes). A late step hands over what the flood owes by then.
-    from magnitude_tui.bench.ui_endurance import FloodClient
+    from magnitude_bench.ui_endurance import FloodClient
     from scheduler.types import Phase, Request
 
     client = FloodClient(flood=2000, burst=40, step_hz=25.0, tokens=10**9)
@@ -95,7 +95,7 @@ def test_the_flood_follows_the_clock_when_steps_come_late():
 def test_the_flood_never_sends_more_than_it_was_asked_for():
     # A flood that is not a whole number of bursts ends on a short step, not a whole burst past it
     # (the run's reported tokens are what was sent).
-    from magnitude_tui.bench.ui_endurance import FloodClient
+    from magnitude_bench.ui_endurance import FloodClient
     from scheduler.types import Phase, Request
 
     client = FloodClient(flood=50, burst=40, step_hz=25.0, tokens=10**9)

@@ -9,7 +9,7 @@ import pytest
 
 from backend import attention
 from backend.attention import PathTiming
-from magnitude_tui.bench.common import median
+from magnitude_bench.common import median
 from scheduler.types import AttentionPath
 from tests.needs import need_real_model
 
@@ -150,7 +150,7 @@ def test_the_cost_model_predicts_held_out_deep_steps_within_a_quarter(flash):
 
 def _held_out_errors(flash: str) -> list[float]:
     from backend.llama_backend import LlamaBackend
-    from magnitude_tui.bench.common import CPU_CLOCK, FixedLength, prompt_tokens
+    from magnitude_bench.common import CPU_CLOCK, FixedLength, prompt_tokens
     from magnitude_tui.engine.core import Engine
     from scheduler.types import Request, SamplingParams, plan_kpos
 

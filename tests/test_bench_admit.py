@@ -7,11 +7,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from magnitude_tui.bench.admit import AdmitConfig, admit_result, run_admit
-from magnitude_tui.bench.cli import bench_app
+from magnitude_bench.admit import AdmitConfig, admit_result, run_admit
+from magnitude_bench.cli import bench_app
 from backend.factory import BackendConfig
-from magnitude_tui.bench.common import save_result
-from magnitude_tui.bench.plots import plot_admit
+from magnitude_bench.common import save_result
+from magnitude_bench.plots import plot_admit
 
 
 @pytest.fixture(autouse=True)

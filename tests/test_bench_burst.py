@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from magnitude_tui.bench.burst import BurstConfig, run_bursts
+from magnitude_bench.burst import BurstConfig, run_bursts
 from backend.factory import BackendConfig
-from magnitude_tui.bench.common import save_result
+from magnitude_bench.common import save_result
 
 
 @pytest.fixture(autouse=True)

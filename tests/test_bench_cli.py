@@ -6,14 +6,13 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from magnitude_tui.bench.cli import bench_app
-from magnitude_tui.cli import app
+from magnitude_bench.cli import bench_app
 
 COMMANDS = sorted(c.name or c.callback.__name__ for c in bench_app.registered_commands)
 
 
 def _bench(*args: str):
-    return CliRunner().invoke(app, ["bench", *args], env={"COLUMNS": "200"})
+    return CliRunner().invoke(bench_app, list(args), env={"COLUMNS": "200"}, prog_name="magnitude-bench")
 
 
 def test_every_bench_command_is_listed():

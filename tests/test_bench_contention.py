@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from magnitude_tui.bench.contention import StepSeen, busy_processes, step_stats, summarize
+from magnitude_bench.contention import StepSeen, busy_processes, step_stats, summarize
 
 
 def _alive(pid: int) -> bool:

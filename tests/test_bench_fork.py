@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from backend.factory import BackendConfig
-from magnitude_tui.bench.common import save_result
-from magnitude_tui.bench.fork import ForkConfig, run_fork
-from magnitude_tui.bench.plots import plot_fork
+from magnitude_bench.common import save_result
+from magnitude_bench.fork import ForkConfig, run_fork
+from magnitude_bench.plots import plot_fork
 
 
 @pytest.fixture(autouse=True)

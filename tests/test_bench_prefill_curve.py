@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from backend.factory import BackendConfig
-from magnitude_tui.bench.common import save_result
-from magnitude_tui.bench.plots import plot_prefill_curve
-from magnitude_tui.bench.prefill_curve import CurveConfig, curve_result
+from magnitude_bench.common import save_result
+from magnitude_bench.plots import plot_prefill_curve
+from magnitude_bench.prefill_curve import CurveConfig, curve_result
 
 
 @pytest.fixture(autouse=True)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from backend.factory import BackendConfig
-from magnitude_tui.bench.common import save_result
-from magnitude_tui.bench.remote import RemoteBenchConfig, bench_engines
+from magnitude_bench.common import save_result
+from magnitude_bench.remote import RemoteBenchConfig, bench_engines
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.remote.client import RemoteClient
@@ -31,12 +31,12 @@ def test_bench_remote_compares_a_server_with_the_local_engine(tmp_path):
 def test_bench_remote_needs_exactly_one_server_source():
     from typer.testing import CliRunner
 
-    from magnitude_tui.cli import app
+    from magnitude_bench.cli import bench_app
 
     runner = CliRunner()
-    neither = runner.invoke(app, ["bench", "remote", "--seqs", "1"])
-    both = runner.invoke(app, ["bench", "remote", "--url", "http://127.0.0.1:9", "--llama-server", "2"])
-    gpu_peer = runner.invoke(app, ["bench", "remote", "--llama-server", "2", "--device", "vulkan"])
+    neither = runner.invoke(bench_app, ["remote", "--seqs", "1"])
+    both = runner.invoke(bench_app, ["remote", "--url", "http://127.0.0.1:9", "--llama-server", "2"])
+    gpu_peer = runner.invoke(bench_app, ["remote", "--llama-server", "2", "--device", "vulkan"])
     for result in (neither, both):
         assert result.exit_code == 2
         assert "either --url" in result.output
@@ -46,10 +46,10 @@ def test_bench_remote_needs_exactly_one_server_source():
 def test_bench_remote_through_the_cli_writes_its_results(tmp_path):
     from typer.testing import CliRunner
 
-    from magnitude_tui.cli import app
+    from magnitude_bench.cli import bench_app
 
     with StubServer(Script(words=4)) as stub:
-        result = CliRunner().invoke(app, ["bench", "remote", "--url", stub.url, "--seqs", "1,2", "--gen", "3",
+        result = CliRunner().invoke(bench_app, ["remote", "--url", stub.url, "--seqs", "1,2", "--gen", "3",
                                           "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert len(stub.requests) == 3  # one call at width 1, two at width 2

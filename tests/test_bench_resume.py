@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from backend.factory import BackendConfig
-from magnitude_tui.bench.common import save_result
-from magnitude_tui.bench.resume import ResumeConfig, run_resume
+from magnitude_bench.common import save_result
+from magnitude_bench.resume import ResumeConfig, run_resume
 
 
 def _rows(res):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from magnitude_tui.bench.common import BenchResult
-from magnitude_tui.bench.serve_load import ServeBenchConfig, burst_prompt, run_serve_bench, serve_ratios
+from magnitude_bench.common import BenchResult
+from magnitude_bench.serve_load import ServeBenchConfig, burst_prompt, run_serve_bench, serve_ratios
 
 
 def _r(peer, clients, rep, tok_s):
@@ -38,7 +38,7 @@ def test_the_priority_part_fails_with_the_reason_when_the_engine_does_not_start(
     # left `bench serve` polling forever.
     import threading
 
-    from magnitude_tui.bench.serve_priority import run_priority
+    from magnitude_bench.serve_priority import run_priority
     from magnitude_tui.engine.waiting import EngineStartFailed
 
     cfg = ServeBenchConfig(seqs=(1,), gen=4, threads=1, n_ctx=2048, peers=("serve",), parts=("priority",))

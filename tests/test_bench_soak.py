@@ -1,9 +1,9 @@
 """bench soak, short: the scenarios that need no model run from the command's registry and report a
-clean row each (the long versions are `magnitude-tui bench soak`)."""
+clean row each (the long versions are `magnitude-bench soak`)."""
 
 from __future__ import annotations
 
-from magnitude_tui.bench.soak import SCENARIOS, SoakConfig, run_soak
+from magnitude_bench.soak import SCENARIOS, SoakConfig, run_soak
 
 
 def test_the_scenarios_without_a_model_run_clean_and_fill_one_table():

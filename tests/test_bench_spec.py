@@ -8,12 +8,12 @@ from dataclasses import replace
 import pytest
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_tui.bench.common import prompt_tokens, save_result
-from magnitude_tui.bench.plots import plot_spec
-from magnitude_tui.bench.spec import SpecBenchConfig, _Run, rotated, run_spec
-from magnitude_tui.bench.spec_report import CONTROL, merge_reps
-from magnitude_tui.bench.spec_tasks import Task
-from magnitude_tui.bench.spec_trace import Guess, RecordingSource, TraceDrafts
+from magnitude_bench.common import prompt_tokens, save_result
+from magnitude_bench.plots import plot_spec
+from magnitude_bench.spec import SpecBenchConfig, _Run, rotated, run_spec
+from magnitude_bench.spec_report import CONTROL, merge_reps
+from magnitude_bench.spec_tasks import Task
+from magnitude_bench.spec_trace import Guess, RecordingSource, TraceDrafts
 from scheduler.drafts import DraftKind
 from scheduler.ngram import NgramSource
 
@@ -157,8 +157,8 @@ def test_a_failing_peer_keeps_the_engines_rows():
 def test_bench_throughput_runs_the_engine_with_the_spec_it_is_given():
     # `bench throughput --spec`: the same fixed work (EOS ignored), verified drafts when asked for.
     from backend.fake import FakeBackend
-    from magnitude_tui.bench.common import prompt_tokens
-    from magnitude_tui.bench.throughput import engine_run
+    from magnitude_bench.common import prompt_tokens
+    from magnitude_bench.throughput import engine_run
 
     backend = FakeBackend(n_seq_max=4)
     prompts = [prompt_tokens(backend, 32, salt=i + 1) for i in range(2)]
@@ -215,7 +215,7 @@ def test_each_task_writes_its_own_reply_length_unless_max_tokens_says_otherwise(
 
 
 def test_the_simulated_gpu_ends_each_reply_where_the_real_one_ended():
-    from magnitude_tui.bench.spec import _Bench, _task
+    from magnitude_bench.spec import _Bench, _task
 
     backend = build_backend(BackendConfig(kind="simulated:rx9070xt", n_seq_max=3))
     cfg = SpecBenchConfig(widths=(3,), tasks=("quoting",), modes=("off", "ngram"), max_tokens=40)
@@ -236,7 +236,7 @@ def test_each_mode_goes_on_from_what_its_own_runs_taught():
     # or the row price `auto` starts from.
     from types import SimpleNamespace
 
-    from magnitude_tui.bench.spec import _ModeMemory
+    from magnitude_bench.spec import _ModeMemory
     from scheduler.speculator import Speculator
 
     spec = Speculator()

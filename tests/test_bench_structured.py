@@ -7,9 +7,9 @@ import json
 from typer.testing import CliRunner
 
 from backend.factory import BackendConfig
-from magnitude_tui.bench.cli import bench_app
-from magnitude_tui.bench.common import save_result
-from magnitude_tui.bench.structured import CONSTRAINED, FREE, StructuredConfig, run_structured
+from magnitude_bench.cli import bench_app
+from magnitude_bench.common import save_result
+from magnitude_bench.structured import CONSTRAINED, FREE, StructuredConfig, run_structured
 
 REPLY = '{"name": "Ann", "age": 30, "city": "Oslo"}'  # what the scripted backend writes, in either mode
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from backend.factory import BackendConfig
-from magnitude_tui.bench.common import save_result
-from magnitude_tui.bench.target_depth import TargetDepthConfig, run_target_depth
+from magnitude_bench.common import save_result
+from magnitude_bench.target_depth import TargetDepthConfig, run_target_depth
 
 
 @pytest.fixture(autouse=True)

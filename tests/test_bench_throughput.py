@@ -13,9 +13,9 @@ import warnings
 import pytest
 
 from backend.factory import BackendConfig
-from magnitude_tui.bench.common import save_result
-from magnitude_tui.bench.plots import plot_throughput
-from magnitude_tui.bench.throughput import ThroughputConfig, run_throughput
+from magnitude_bench.common import save_result
+from magnitude_bench.plots import plot_throughput
+from magnitude_bench.throughput import ThroughputConfig, run_throughput
 from tests.needs import REQUIRE_TOOLS, llama_tools
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from backend.factory import BackendConfig
-from magnitude_tui.bench.common import save_result
-from magnitude_tui.bench.ui import UiConfig, run_ui_bench
+from magnitude_bench.common import save_result
+from magnitude_bench.ui import UiConfig, run_ui_bench
 from magnitude_tui.engine.events import EngineConfig
 from tests.needs import need_real_model
 
@@ -49,7 +49,7 @@ def test_tiny_real_bench_ui_is_well_formed():
 
 def test_keys_never_painted_count_in_the_percentiles_as_their_timeout():
     # Left out, a run whose slowest 10 % of keys never showed read p95 = the fast keys' 10 ms.
-    from magnitude_tui.bench.ui_keys import KeyFigures
+    from magnitude_bench.ui_keys import KeyFigures
 
     figures = KeyFigures.of([10.0] * 18 + [None, None], timeout_ms=2000.0)
     assert figures.missed == 2
@@ -58,7 +58,7 @@ def test_keys_never_painted_count_in_the_percentiles_as_their_timeout():
 
 
 def test_each_resize_is_timed_to_its_first_laid_out_frame_and_its_key_is_told_apart():
-    from magnitude_tui.bench.ui_endurance import EnduranceResult, _frame_after
+    from magnitude_bench.ui_endurance import EnduranceResult, _frame_after
 
     frames = [1.000, 1.120, 2.050]
     assert _frame_after(frames, 1.05) == pytest.approx(70.0)  # the frame at 1.12, not the one before
@@ -73,7 +73,7 @@ def test_each_resize_is_timed_to_its_first_laid_out_frame_and_its_key_is_told_ap
 
 @pytest.mark.timeout(120)
 async def test_the_floor_run_resizes_empty_panes_and_times_each_resize_and_its_key():
-    from magnitude_tui.bench.ui_endurance import EnduranceConfig, run_endurance
+    from magnitude_bench.ui_endurance import EnduranceConfig, run_endurance
 
     r = await run_endurance(EnduranceConfig(panes=3, stream=False, resizes=3, history=2))
     assert r.resizes == 3 and r.tokens == 0 and len(r.keys) == 3 and r.after_resize == [True] * 3

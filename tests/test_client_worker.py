@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from backend.factory import BackendConfig
-from magnitude_tui.bench.soak_crash import kill_worker
+from magnitude_tui.reliability.crash import kill_worker
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import EngineConfig, LoadProgress
 from magnitude_tui.engine.protocol import seq_updates

@@ -11,7 +11,7 @@ from contextlib import ExitStack
 import pytest
 
 from backend.factory import BackendConfig
-from magnitude_tui.bench.ui_cpu import PacedClient
+from magnitude_bench.ui_cpu import PacedClient
 from magnitude_tui.engine import worker
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import (CommandRejected, EngineConfig, EngineReady, LoadProgress, PolicyChanged,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from magnitude_tui.bench.common import Contention, wait_for_quiet
+from magnitude_bench.common import Contention, wait_for_quiet
 from magnitude_tui.engine.core import Engine
 from scheduler.types import DoneReason, Message
 from tests.engine_driver import Driver, close_and_assert_empty

@@ -6,7 +6,7 @@ import pytest
 
 from backend.factory import BackendConfig
 from backend.simulated import SimulatedBackend
-from magnitude_tui.bench.person import PersonConfig, run_person
+from magnitude_bench.person import PersonConfig, run_person
 from magnitude_tui.engine.core import Engine
 from scheduler.budget import IDLE_MERGE_MS
 from scheduler.types import Priority, Request, SamplingParams

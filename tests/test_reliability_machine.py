@@ -12,7 +12,7 @@ import tempfile
 
 from backend.fake import FakeBackend
 from backend.simulated import VirtualClock
-from magnitude_tui.bench.soak_machine import POLICIES, EngineHarness
+from magnitude_tui.reliability.machine import POLICIES, EngineHarness
 from magnitude_tui.engine.core import Engine
 from magnitude_tui.engine.warm_store import WarmStore
 

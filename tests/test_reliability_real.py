@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from backend.native import LOG_CONT, LOG_ERROR, LOG_INFO, LOG_WARN, log_shown
-from magnitude_tui.bench.soak_machine import EngineHarness
+from magnitude_tui.reliability.machine import EngineHarness
 from magnitude_tui.engine.core import Engine
 from scheduler.admission import RequestError
 from scheduler.types import DoneReason, Message, Request, SamplingParams

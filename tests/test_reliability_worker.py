@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backend.factory import BackendConfig
-from magnitude_tui.bench.soak_crash import ENDLESS, kill_worker
+from magnitude_tui.reliability.crash import ENDLESS, kill_worker
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import CommandRejected, EngineConfig, PolicyChanged
 from magnitude_tui.engine.protocol import seq_updates

@@ -128,7 +128,7 @@ def test_a_schema_and_a_required_call_on_the_vendored_llama_server():
     from jsonschema import Draft202012Validator
 
     from backend.llama_backend import default_model_path
-    from magnitude_tui.bench.peers import Server
+    from magnitude_bench.peers import Server
     from tests.needs import llama_tools, need_real_model
 
     need_real_model()

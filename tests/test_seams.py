@@ -87,7 +87,7 @@ def _sources(*globs: str) -> list[tuple[str, ast.AST]]:
 
 # Everything that reads a backend: the engine, the worker, the backends' own helpers, the bench
 # and the commands that build one.
-BACKEND_READERS = ("backend/*.py", "magnitude_tui/engine/*.py", "magnitude_tui/bench/*.py", "magnitude_tui/cli.py",
+BACKEND_READERS = ("backend/*.py", "magnitude_tui/engine/*.py", "magnitude_bench/*.py", "magnitude_tui/cli.py",
                    "magnitude_tui/generate.py", "magnitude_tui/app.py")
 
 
@@ -146,7 +146,7 @@ def test_backends_are_built_only_by_the_factory():
                 continue
             call = ast.unparse(node.func)
             if call in ("LlamaBackend", "LlamaBackend.load", "SimulatedBackend") or \
-                    (call == "FakeBackend" and path != "magnitude_tui/bench/soak_engine.py"):
+                    (call == "FakeBackend" and path != "magnitude_tui/reliability/engine.py"):
                 built.append(f"{path}:{node.lineno}: {call}(...)")
     assert not built, built
 
@@ -155,21 +155,21 @@ def _bench_imports() -> dict[str, set[str]]:
     """Each bench module -> the bench modules it imports, at any depth of its code (an import
     inside a function is still an edge: it only moves the cycle to run time)."""
     graph: dict[str, set[str]] = {}
-    for path, tree in _sources("magnitude_tui/bench/*.py"):
-        name = "magnitude_tui.bench" + ("" if path.endswith("__init__.py") else "." + Path(path).stem)
+    for path, tree in _sources("magnitude_bench/*.py"):
+        name = "magnitude_bench" + ("" if path.endswith("__init__.py") else "." + Path(path).stem)
         edges = graph.setdefault(name, set())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 module = node.module or ""
                 if node.level:
-                    module = "magnitude_tui.bench" if node.level == 1 else "magnitude_tui"
+                    module = "magnitude_bench" if node.level == 1 else "magnitude_tui"
                     module += f".{node.module}" if node.module else ""
-                if module == "magnitude_tui.bench":
-                    edges.update(f"magnitude_tui.bench.{a.name}" for a in node.names)
-                elif module.startswith("magnitude_tui.bench."):
+                if module == "magnitude_bench":
+                    edges.update(f"magnitude_bench.{a.name}" for a in node.names)
+                elif module.startswith("magnitude_bench."):
                     edges.add(module)
             elif isinstance(node, ast.Import):
-                edges.update(a.name for a in node.names if a.name.startswith("magnitude_tui.bench."))
+                edges.update(a.name for a in node.names if a.name.startswith("magnitude_bench."))
         edges.discard(name)
     return graph
 
@@ -200,13 +200,13 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_bench_package_has_no_import_cycle_and_no_private_imports():
     # bench.ui is importable on its own, without the CLI that registers its command.
-    code = "import sys, magnitude_tui.bench.ui; assert 'magnitude_tui.bench.cli' not in sys.modules"
+    code = "import sys, magnitude_bench.ui; assert 'magnitude_bench.cli' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
     graph = _bench_imports()
-    assert "magnitude_tui.bench.soak_perf" in graph["magnitude_tui.bench.soak"]  # the graph sees lazy imports
+    assert "magnitude_bench.soak_perf" in graph["magnitude_bench.soak"]  # the graph sees lazy imports
     assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
     private = []
-    for path, tree in _sources("magnitude_tui/bench/*.py"):
+    for path, tree in _sources("magnitude_bench/*.py"):
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] in
                                                      ("magnitude_tui", "backend", "scheduler", "themes")):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from magnitude_tui.bench.soak import SCENARIOS, SoakConfig, run_soak
+from magnitude_bench.soak import SCENARIOS, SoakConfig, run_soak
 
 
 def test_the_serve_faults_scenario_ends_every_stream_explicitly():

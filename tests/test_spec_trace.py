@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from backend.fake import FakeBackend
-from magnitude_tui.bench.spec_trace import Guess, RecordingSource, Reply, TraceDrafts
+from magnitude_bench.spec_trace import Guess, RecordingSource, Reply, TraceDrafts
 from scheduler.drafts import DraftKind
 from scheduler.ngram import NgramSource
 from scheduler.sequence import TokenView

@@ -1,0 +1,121 @@
+"""Provides `bench agents`: one agent trace replayed against serve, the engine and llama-server, alternating and repeated."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from dataclasses import asdict, dataclass
+
+from magnitude_bench.agents_replay import CallKind, CallRecord, Replay, replay
+from magnitude_bench.agents_report import summary, tables
+from magnitude_bench.agents_sides import SIDES, SideSetup, SideSpec, open_side
+from magnitude_bench.agents_trace import Trace, default_trace_path, load_trace
+from magnitude_bench.common import BenchResult, Contention, git_version, machine_info
+
+
+@dataclass(frozen=True)
+class AgentsConfig:
+    trace: str | None = None  # a trace file; None: the repository's (with and without bursts)
+    bursts: tuple[bool, ...] = (True, False)  # which default traces (ignored with `trace`)
+    # The view of the trace that runs: its first agents and turns, reads cut to k_max tokens (a
+    # shared 2-core machine cannot replay 16 agents' 3,000-token reads many times over).
+    agents: int = 4
+    turns: int | None = 3
+    k_max: int | None = 600
+    think_scale: float = 1.0
+    sides: tuple[str, ...] = tuple(SIDES)
+    reps: int = 2
+    threads: int = 1
+    n_ctx: int = 16384
+    parallel: int = 0  # llama-server -np and the engine's sequences; 0: agents + the widest burst
+    backend: str = "llama"  # "fake": a model-free smoke run (tests)
+    model: str | None = None
+    in_process: bool = False  # the engine in a thread of this process (tests)
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.sides if s not in SIDES]
+        if unknown:
+            raise ValueError(f"unknown side {unknown[0]!r}: use {', '.join(SIDES)}")
+
+
+def traces(cfg: AgentsConfig) -> list[tuple[bool, Trace]]:
+    """The traces a run replays, as viewed by cfg."""
+    if cfg.trace is not None:
+        found = [load_trace(cfg.trace)]
+    else:
+        found = [load_trace(default_trace_path(b)) for b in cfg.bursts]
+    viewed = [t.view(agents=cfg.agents, turns=cfg.turns, k_max=cfg.k_max, think_scale=cfg.think_scale)
+              for t in found]
+    return [(any(turn.is_burst for a in t.agents for turn in a.turns), t) for t in viewed]
+
+
+def setup_for(cfg: AgentsConfig, trace: Trace) -> SideSetup:
+    widest = max((len(t.subtasks) for a in trace.agents for t in a.turns), default=0)
+    parallel = cfg.parallel or len(trace.agents) + widest
+    return SideSetup(cfg.backend, cfg.model, cfg.threads, cfg.n_ctx, parallel, cfg.in_process)
+
+
+async def _drive(side, trace: Trace, tag: str) -> Replay:
+    async with side.session():
+        # First-call costs (a server's lazy setup), on a prompt no agent shares a prefix with.
+        warm = CallRecord(0, 0, f"{tag}-warmup", CallKind.TURN, 0, None)
+        await side.call(warm, [{"role": "user", "content": "Say hello."}], 4)
+        return await replay(trace, side, tag=tag)
+
+
+def run_one(spec: SideSpec, setup: SideSetup, trace: Trace, tag: str) -> dict:
+    """A fresh side (nothing cached from another run), the trace replayed on it once."""
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    with open_side(spec, setup) as side:
+        busy = Contention(side.pids)  # the server is ours, not a neighbour
+        out = asyncio.run(_drive(side, trace, tag))
+        others = busy.others_cores()
+        cmd = getattr(side, "cmd", None)
+    return {"side": spec.label, **summary(out), "others_cores": round(others, 2), "load_before": load_before,
+            "load_after": [round(x, 2) for x in os.getloadavg()], "server_cmd": cmd, "kv": out.kv,
+            "call_log": [{**{k: v for k, v in asdict(c).items() if k != "text"}, "kind": c.kind.value,
+                          "reply_chars": len(c.text)} for c in out.calls]}
+
+
+def run_agents(cfg: AgentsConfig, progress=lambda s: None, argv: list[str] | None = None) -> BenchResult:
+    result = BenchResult("agents", "bench agents: an agent trace against serve, the engine and llama-server",
+                         config={"agents": asdict(cfg), "command": " ".join(argv if argv is not None else sys.argv),
+                                 "git": git_version(),
+                                 "trace_files": [cfg.trace] if cfg.trace else
+                                 [str(default_trace_path(b)) for b in cfg.bursts]},
+                         machine=machine_info())
+    runs: list[dict] = []
+    for bursts, trace in traces(cfg):
+        setup = setup_for(cfg, trace)
+        result.config.setdefault("setups", []).append({"bursts": bursts, **asdict(setup)})
+        for rep in range(cfg.reps):
+            # Every other repetition in the opposite order: what runs first must not decide a ratio.
+            order = cfg.sides if rep % 2 == 0 else cfg.sides[::-1]
+            for name in order:
+                progress(f"{'bursts' if bursts else 'no bursts'}, repetition {rep + 1} of {cfg.reps}: {name}")
+                try:
+                    row = run_one(SIDES[name], setup, trace, tag=f"r{rep + 1}{'b' if bursts else 'n'}")
+                except Exception as e:  # a side that cannot start is a note, not a lost benchmark
+                    result.notes.append(f"{name} (rep {rep + 1}) did not run: {type(e).__name__}: {e}")
+                    continue
+                runs.append({"bursts": bursts, "rep": rep + 1, **row})
+                progress(f"  makespan {row['makespan_s']} s, TTFT p95 {row['ttft_p95_s']} s, evaluated "
+                         f"{row['evaluated']} of minimum {row['minimum']}, others {row['others_cores']} cores")
+    result.data["runs"] = runs
+    tables(result, runs)
+    result.notes += [
+        "makespan: the first call to the last reply of the trace; TTFT: every call's send to its first "
+        "streamed token, on the client (agents' turns and subagents')",
+        "minimum: per call, its prompt tokens less the prompt + reply of the call it extends (the agent's "
+        "previous call; a subagent's parent call): new tokens only; evaluated: what the side reported "
+        "(serve: prompt - cached_tokens; llama-server: timings.prompt_n); reevaluated: evaluated beyond "
+        "the minimum, summed per call (what its cache no longer held or never shared)",
+        "serve and llama-server render the tool calls in the history with their own templates, so "
+        "their prompt tokens may differ slightly; each side's minimum is its own",
+        "replies stop on end-of-generation or max_tokens (greedy, the same model): generated shows "
+        "how many tokens each side made",
+        "others_cores: cores other processes kept busy during the run (a shared machine); "
+        "load_before/load_after per run are in the JSON",
+    ]
+    return result

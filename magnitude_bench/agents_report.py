@@ -1,0 +1,158 @@
+"""Provides `bench agents`' accounting (the trace's minimum prompt tokens vs those evaluated), tables, targets and plot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from magnitude_bench.agents_replay import CallKind, CallRecord, Replay
+from magnitude_bench.common import BenchResult, median, percentile, rnd
+
+# The issue's targets: serve ÷ llama-server's best configuration.
+MAKESPAN_BURSTS, TTFT_P95_BURSTS, MAKESPAN_NO_BURSTS, EVAL_X_MIN = 0.6, 0.5, 1.0, 1.1
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """Prompt tokens of a run: all of them, the minimum the trace needs (new tokens only: what no
+    earlier call of the same context already evaluated), those the side evaluated, and those it
+    evaluated beyond the minimum (its cache no longer held them: evicted, or never shared)."""
+
+    prompt: int
+    minimum: int
+    evaluated: int
+    reevaluated: int
+
+    @property
+    def eval_x_min(self) -> float | None:
+        return self.evaluated / self.minimum if self.minimum else None
+
+
+def minimum_new(call: CallRecord, extends: CallRecord | None) -> int:
+    """What `call` must evaluate at least: its prompt less the context it extends (that call's
+    prompt and reply; a reply cut at max_tokens ends on a token sampled but never evaluated)."""
+    if extends is None:
+        return call.prompt_tokens
+    held = extends.prompt_tokens + extends.completion_tokens - (1 if extends.by_length else 0)
+    return max(0, call.prompt_tokens - held)
+
+
+def account(calls: list[CallRecord]) -> Accounting:
+    by = {c.index: c for c in calls}
+    ok = [c for c in calls if c.error is None]
+    mins = {c.index: minimum_new(c, None if c.extends is None else by[c.extends]) for c in ok}
+    return Accounting(prompt=sum(c.prompt_tokens for c in ok), minimum=sum(mins.values()),
+                      evaluated=sum(c.evaluated for c in ok),
+                      reevaluated=sum(max(0, c.evaluated - mins[c.index]) for c in ok))
+
+
+def summary(replay: Replay) -> dict:
+    """One run's row: makespan, TTFT of every call (agents' turns and subagents'), the accounting."""
+    acc = account(replay.calls)
+    ttfts = [c.ttft_s for c in replay.calls if c.ttft_s is not None]
+    sub = [c.ttft_s for c in replay.calls if c.ttft_s is not None and c.kind is CallKind.SUBAGENT]
+    return {"makespan_s": rnd(replay.makespan_s, 2), "calls": len(replay.calls),
+            "ttft_p50_s": rnd(percentile(ttfts, 50), 3), "ttft_p95_s": rnd(percentile(ttfts, 95), 3),
+            "subagent_ttft_p95_s": rnd(percentile(sub, 95), 3),
+            "prompt_tokens": acc.prompt, "minimum": acc.minimum, "evaluated": acc.evaluated,
+            "eval_x_min": rnd(acc.eval_x_min, 3), "reevaluated": acc.reevaluated,
+            "generated": sum(c.completion_tokens for c in replay.calls),
+            "kv_peak": max((u for _, u, _ in replay.kv), default=None),
+            "errors": sum(c.error is not None for c in replay.calls)}
+
+
+def tables(result: BenchResult, runs: list[dict]) -> None:
+    """Medians per (trace, side); serve ÷ llama-server's best per repetition; the targets."""
+    rows = []
+    for bursts, side in dict.fromkeys((r["bursts"], r["side"]) for r in runs):
+        every = [r for r in runs if r["bursts"] == bursts and r["side"] == side]
+        # A run with a failed call did less work: its figures are not the trace's.
+        at = [r for r in every if not r["errors"]] or every
+        row = {"trace": _trace(bursts), "side": side, "reps": len(at)}
+        for col in ("makespan_s", "ttft_p50_s", "ttft_p95_s", "subagent_ttft_p95_s", "prompt_tokens", "minimum",
+                    "evaluated", "eval_x_min", "reevaluated", "generated"):
+            vals = [r[col] for r in at if r[col] is not None]
+            row[col] = rnd(median(vals), 3) if vals else None
+        row["errors"] = sum(r["errors"] for r in every)
+        row["others_cores_max"] = rnd(max(r["others_cores"] for r in every), 2)
+        rows.append(row)
+    result.tables["per side, median of the repetitions without a failed call"] = rows
+    ratios, targets = [], []
+    for bursts in dict.fromkeys(r["bursts"] for r in runs):
+        got = _ratios(runs, bursts)
+        if got:
+            ratios.append({"trace": _trace(bursts), **got})
+            targets += _targets(bursts, got)
+    serve = [r for r in rows if r["side"] == "serve" and r["eval_x_min"] is not None]
+    targets += [{"target": f"serve prompt tokens evaluated ≤ {EVAL_X_MIN}x the minimum ({r['trace']})",
+                 "measured": r["eval_x_min"], "met": r["eval_x_min"] <= EVAL_X_MIN} for r in serve]
+    if ratios:
+        result.tables["serve ÷ llama-server's best configuration (median of per-repetition ratios)"] = ratios
+    if targets:
+        result.tables["the issue's targets"] = targets
+
+
+def _trace(bursts: bool) -> str:
+    return "with bursts" if bursts else "no bursts"
+
+
+def _ratios(runs: list[dict], bursts: bool) -> dict | None:
+    """Per repetition: serve's figure ÷ the best (lowest) any llama-server configuration had in that
+    repetition; then the median over repetitions."""
+    per: dict[str, list[float]] = {"makespan": [], "ttft_p95": [], "ttft_p50": []}
+    best_side: list[str] = []
+    for rep in sorted({r["rep"] for r in runs}):
+        at = [r for r in runs if r["bursts"] == bursts and r["rep"] == rep and not r["errors"]]
+        ours = next((r for r in at if r["side"] == "serve"), None)
+        theirs = [r for r in at if r["side"].startswith("llama-server")]
+        if ours is None or not theirs:
+            continue
+        best = min(theirs, key=lambda r: r["makespan_s"])
+        best_side.append(best["side"])
+        per["makespan"].append(ours["makespan_s"] / best["makespan_s"])
+        for q in ("ttft_p95", "ttft_p50"):
+            lows = [r[f"{q}_s"] for r in theirs if r[f"{q}_s"]]
+            if lows and ours[f"{q}_s"] is not None:
+                per[q].append(ours[f"{q}_s"] / min(lows))
+    if not per["makespan"]:
+        return None
+    return {"makespan ÷ best": rnd(median(per["makespan"]), 3),
+            "ttft p95 ÷ best": rnd(median(per["ttft_p95"]), 3) if per["ttft_p95"] else None,
+            "ttft p50 ÷ best": rnd(median(per["ttft_p50"]), 3) if per["ttft_p50"] else None,
+            "each repetition (makespan)": ", ".join(f"{x:.2f}" for x in per["makespan"]),
+            "best llama-server (by makespan)": ", ".join(dict.fromkeys(best_side))}
+
+
+def _targets(bursts: bool, got: dict) -> list[dict]:
+    if bursts:
+        out = [{"target": f"with bursts: serve makespan ≤ {MAKESPAN_BURSTS}x llama-server's best",
+                "measured": got["makespan ÷ best"], "met": got["makespan ÷ best"] <= MAKESPAN_BURSTS}]
+        if got["ttft p95 ÷ best"] is not None:
+            out.append({"target": f"with bursts: serve TTFT p95 ≤ {TTFT_P95_BURSTS}x llama-server's best",
+                        "measured": got["ttft p95 ÷ best"], "met": got["ttft p95 ÷ best"] <= TTFT_P95_BURSTS})
+        return out
+    return [{"target": f"no bursts: serve makespan ≤ {MAKESPAN_NO_BURSTS}x llama-server's best",
+             "measured": got["makespan ÷ best"], "met": got["makespan ÷ best"] <= MAKESPAN_NO_BURSTS}]
+
+
+def plot_agents(result: BenchResult, path: Path) -> None:
+    """KV cells in use over each side's first repetition, one panel per trace."""
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in result.data.get("runs", []) if r["rep"] == 1]
+    traces = list(dict.fromkeys(r["bursts"] for r in runs)) or [True]
+    fig, axes = plt.subplots(1, len(traces), figsize=(6.5 * len(traces), 4.2), squeeze=False)
+    for ax, bursts in zip(axes[0], traces):
+        for r in (r for r in runs if r["bursts"] == bursts):
+            if r["kv"]:
+                ax.plot([p[0] for p in r["kv"]], [p[1] for p in r["kv"]], label=r["side"], lw=1.2)
+                ax.axvline(r["makespan_s"], ls=":", lw=0.6, color=ax.lines[-1].get_color())
+        ax.set_title(f"KV cells in use, {_trace(bursts)} (dotted: makespan)", fontsize=10)
+        ax.set_xlabel("seconds since the first call")
+        ax.set_ylabel("cells (llama-server: its slots' cached prompts)")
+        ax.grid(True, alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,230 @@
+"""Provides the sides `bench agents` replays a trace against: serve and llama-server over one HTTP client, and the engine directly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from enum import Enum
+from typing import AsyncIterator, Callable, Iterator
+
+import httpx
+
+from magnitude_bench.agents_replay import CallRecord
+from scheduler.types import DoneReason, Message, Phase, Priority, Request, SamplingParams, ToolCall
+
+
+class SideKind(Enum):
+    SERVE = "serve"  # this engine behind `serve`, over HTTP
+    ENGINE = "engine"  # this engine's EngineClient, no HTTP
+    LLAMA_SERVER = "llama-server"  # the vendored llama-server -np N -kvu, over HTTP
+
+
+@dataclass(frozen=True)
+class SideSpec:
+    kind: SideKind
+    cache_reuse: int = 0  # llama-server --cache-reuse N (0: off)
+    cache_ram_mib: int = 0  # llama-server --cache-ram MiB (0: off; its own default is 8192)
+
+    @property
+    def label(self) -> str:
+        parts = [self.kind.value]
+        if self.cache_reuse:
+            parts.append(f"--cache-reuse {self.cache_reuse}")
+        if self.cache_ram_mib:
+            parts.append(f"--cache-ram {self.cache_ram_mib}")
+        return " ".join(parts)
+
+    def server_args(self) -> list[str]:
+        # Given after peers.Server's own `-cram 0`: llama.cpp's parser keeps the last value.
+        return ((["--cache-reuse", str(self.cache_reuse)] if self.cache_reuse else [])
+                + (["--cache-ram", str(self.cache_ram_mib)] if self.cache_ram_mib else []))
+
+
+# The names `--sides` takes: llama-server as its users run agents on it (unified KV, cache_prompt),
+# with and without the two cache options they reach for.
+SIDES = {"serve": SideSpec(SideKind.SERVE), "engine": SideSpec(SideKind.ENGINE),
+         "llama-server": SideSpec(SideKind.LLAMA_SERVER),
+         "llama-server+reuse": SideSpec(SideKind.LLAMA_SERVER, cache_reuse=256),
+         "llama-server+ram": SideSpec(SideKind.LLAMA_SERVER, cache_ram_mib=8192),
+         "llama-server+reuse+ram": SideSpec(SideKind.LLAMA_SERVER, cache_reuse=256, cache_ram_mib=8192)}
+
+
+class HttpSide:
+    """One OpenAI-style client for every server: the whole history each call, streamed, greedy;
+    `user` names the agent (serve keeps one conversation per user; llama-server ignores it and
+    matches slots by prompt), `cache_prompt` as llama-server's users send it (serve ignores it)."""
+
+    def __init__(self, name: str, url: str, kv: Callable[[httpx.AsyncClient], "asyncio.Future"] | None,
+                 pids: tuple[int, ...] = ()) -> None:
+        self.name, self.url, self._kv, self.pids = name, url, kv, pids
+        self.http: httpx.AsyncClient | None = None
+        self.cmd: list[str] | None = None  # a server this side started: its command line
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator["HttpSide"]:
+        async with httpx.AsyncClient(base_url=self.url, timeout=1800) as http:
+            self.http = http
+            yield self
+
+    async def call(self, record: CallRecord, messages: list[dict], max_tokens: int) -> None:
+        body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}, "user": record.conv, "cache_prompt": True}
+        cached, timings = 0, None
+        async with self.http.stream("POST", "/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                record.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
+                return
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    record.error = str(event["error"])[:300]
+                for choice in event.get("choices") or []:
+                    record.by_length = record.by_length or choice.get("finish_reason") == "length"
+                    piece = (choice.get("delta") or {}).get("content")
+                    if piece:
+                        record.t_first = record.t_first or time.perf_counter()
+                        record.text += piece
+                usage = event.get("usage")
+                if usage:
+                    record.prompt_tokens = usage.get("prompt_tokens", 0)
+                    record.completion_tokens = usage.get("completion_tokens", 0)
+                    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                timings = event.get("timings") or timings
+        # llama-server says what it evaluated (prompt_n); serve says what it found cached.
+        record.evaluated = (int(timings["prompt_n"]) if timings and "prompt_n" in timings
+                            else record.prompt_tokens - cached)
+
+    async def kv(self) -> tuple[int, int] | None:
+        return None if self._kv is None else await self._kv(self.http)
+
+
+class EngineSide:
+    """This engine's EngineClient without HTTP: the same conversations as serve's (one session
+    per agent, the whole history each turn), through serve's own event hub."""
+
+    def __init__(self, name: str, client) -> None:
+        from magnitude_tui.serve.hub import EngineHub
+
+        self.name, self.client = name, client
+        self.hub = EngineHub(client)
+        self.pids = (client.pid,) if client.pid else ()
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator["EngineSide"]:
+        pump = asyncio.create_task(self.hub.run(wait_s=0.05))
+        try:
+            yield self
+        finally:
+            pump.cancel()
+
+    async def call(self, record: CallRecord, messages: list[dict], max_tokens: int) -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        self.hub.submit(Request(f"{record.conv}-{record.index}", record.conv, to_messages(messages),
+                                SamplingParams(temperature=0.0, max_tokens=max_tokens), priority=Priority.AGENT,
+                                drop_oldest_turns=False), queue)
+        while True:
+            _, u, _ = await queue.get()
+            if u.text_delta:
+                record.t_first = record.t_first or time.perf_counter()
+                record.text += u.text_delta
+            if u.phase is Phase.DONE:
+                record.error = u.error
+                record.by_length = u.done_reason is DoneReason.LENGTH
+                record.prompt_tokens, record.completion_tokens = u.prompt_total, u.generated
+                record.evaluated = u.prompt_total - u.cached_tokens
+                return
+
+    async def kv(self) -> tuple[int, int] | None:
+        report = self.hub.last_report
+        return None if report is None else (report.kv_used, report.kv_total)
+
+
+def to_messages(messages: list[dict]) -> tuple[Message, ...]:
+    return tuple(Message(m["role"], m.get("content") or "",
+                         tool_calls=tuple(ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"])
+                                          for c in m.get("tool_calls") or ()),
+                         tool_call_id=m.get("tool_call_id")) for m in messages)
+
+
+# ---- starting and stopping each side ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SideSetup:
+    """What every side shares: the same model file, threads, context and sequences."""
+
+    backend_kind: str  # "llama", or "fake" (tests)
+    model: str | None
+    threads: int
+    n_ctx: int
+    parallel: int  # llama-server -np; the engine's sequences
+    in_process: bool = False  # the engine in a thread of this process (tests) instead of a worker
+    timeout_s: float = 600.0
+
+
+@contextmanager
+def open_side(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide | EngineSide]:
+    """A fresh side (server or engine started, model loaded), stopped on exit."""
+    if spec.kind is SideKind.LLAMA_SERVER:
+        yield from _llama_server(spec, setup)
+        return
+    from magnitude_tui.engine.client import WorkerClient
+    from magnitude_tui.engine.waiting import wait_ready
+
+    config = _engine_config(setup)
+    if spec.kind is SideKind.SERVE:
+        from magnitude_tui.serve.app import ServeOptions
+        from magnitude_tui.serve.thread import serve_in_thread
+
+        with serve_in_thread(config, ServeOptions(), in_process=setup.in_process) as s:
+            hub = s.hub
+
+            async def kv(_http) -> tuple[int, int] | None:
+                r = hub.last_report
+                return None if r is None else (r.kv_used, r.kv_total)
+
+            pid = hub.client.pid
+            yield HttpSide(spec.label, s.url, kv, (pid,) if pid else ())
+        return
+    client = WorkerClient(config, in_process=setup.in_process, log_path=None if setup.in_process else "auto")
+    client.start()
+    try:
+        wait_ready(client, setup.timeout_s)
+        yield EngineSide(spec.label, client)
+    finally:
+        client.stop()
+
+
+def _engine_config(setup: SideSetup):
+    from backend.factory import BackendConfig
+    from magnitude_tui.engine.events import EngineConfig
+
+    # Threads as llama-server's (no automatic choice), so both sides compute on the same cores.
+    return EngineConfig(BackendConfig(kind=setup.backend_kind, model=setup.model, device="cpu", n_ctx=setup.n_ctx,
+                                      n_seq_max=setup.parallel, n_threads=setup.threads), auto_threads=False)
+
+
+def _llama_server(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide]:
+    from backend.llama_backend import default_model_path
+    from magnitude_bench.peers import PeerError, Server, tools_dir
+
+    found = tools_dir()
+    if found is None:
+        raise PeerError("llama-server is not built (scripts/build_llama_tools.sh)")
+    with Server.on_cpu(found[0], model=setup.model or default_model_path(), parallel=setup.parallel,
+                       threads=setup.threads, n_ctx=setup.n_ctx, extra=spec.server_args()) as srv:
+
+        async def kv(http: httpx.AsyncClient) -> tuple[int, int] | None:
+            # Each slot keeps its last prompt's cells (unified KV: one pool of n_ctx cells).
+            r = await http.get("/slots", timeout=5)
+            if r.status_code != 200:
+                return None
+            return sum(int(s.get("n_prompt_tokens") or 0) for s in r.json()), setup.n_ctx
+
+        side = HttpSide(spec.label, f"http://127.0.0.1:{srv.port}", kv, (srv.pid,) if srv.pid else ())
+        side.cmd = list(srv.cmd)
+        yield side

@@ -1,0 +1,218 @@
+"""Provides `bench burst`: N subagents forked at once from a long conversation, every policy, flash attention on and off."""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import asdict, dataclass, replace
+
+from backend.factory import BackendConfig, build_backend
+from magnitude_bench import peers
+from magnitude_bench.common import (CPU_CLOCK, BenchResult, FixedLength, backend_clock, backend_info, machine_info,
+                                        measured, median, not_quiet_note, percentile, prompt_tokens, reset_kv,
+                                        rnd)
+from magnitude_tui.engine.core import Engine
+from scheduler.types import Request, SamplingParams
+
+# `target-v1:50` is target:50 as it was before it knew depth and occupancy: with llama.cpp's
+# default attention (flash attention on, on this CPU) that is the code path the issue measured.
+DEFAULT_POLICIES = ("target:50", "prefill-first", "fixed:2048", "target-v1:50")
+
+
+@dataclass(frozen=True)
+class BurstConfig:
+    n: int = 11  # subagents
+    context: int = 2000  # tokens of the conversation they fork from
+    own: int = 200  # each subagent's own prompt tokens after the shared context
+    gen: int = 48  # tokens each subagent generates
+    policies: tuple[str, ...] = DEFAULT_POLICIES
+    flash: tuple[str, ...] = ("off", "on")
+    peer_gen: int = 16  # llama-batched-bench -ntg
+    # Time in CPU seconds of this process (and of the peer's process) instead of wall seconds.
+    # With one thread every step computes on the calling thread, so CPU time is the work done,
+    # whatever else the machine runs: on a shared machine wall time measures the neighbours.
+    cpu_clock: bool = False
+
+
+@dataclass
+class BurstRun:
+    ttft_s: list[float]
+    itl_ms: list[float]
+    decode_step_ms: list[float]  # steps holding every subagent's decode row and nothing else
+    total_s: float
+    steps: int
+    prompt_rows: int
+    kv_idle_after: int
+    evicted_for_speed: int
+
+
+def run_burst(backend, policy: str, cfg: BurstConfig, params=None) -> BurstRun:
+    """The parent's turn leaves `context` tokens resident; then N subagents fork from it at once,
+    each with its own `own` tokens, and generate `gen` tokens each."""
+    reset_kv(backend)
+    # Submitted between two steps, the burst is taken in by one step: no coalescing window needed.
+    clock = _cpu_clock(backend, cfg)
+    engine = Engine(FixedLength(backend, clock), policy=policy, coalesce_ms=0.0, gen_reserve=cfg.gen, clock=clock)
+    if params is not None:
+        engine.scheduler.cost.seed(params)
+    clock = clock or backend_clock(backend)
+    parent = prompt_tokens(backend, cfg.context, salt=5)
+    engine.submit(Request("parent", "parent", (), SamplingParams(max_tokens=1), prompt_tokens=parent))
+    engine.run_until_idle()
+    sampling = SamplingParams(temperature=0.0, max_tokens=cfg.gen)
+    t0 = clock()
+    for i in range(cfg.n):
+        own = prompt_tokens(backend, cfg.own, salt=300 + 17 * i)
+        engine.submit(Request(f"sub{i}", f"sub{i}", (), sampling, fork_from="parent", prompt_tokens=parent + own))
+    times: dict[str, list[float]] = {f"sub{i}": [] for i in range(cfg.n)}
+    deep_steps: list[float] = []
+    steps = prompt_rows = 0
+    kv_idle = 0
+    while engine.has_work():
+        report = engine.step()
+        if report is None:
+            continue
+        if report.decode_rows + report.prefill_rows:
+            steps += 1
+            prompt_rows += report.prefill_rows
+        if report.decode_rows == cfg.n and report.prefill_rows == 0:
+            deep_steps.append(report.step_ms)
+        kv_idle = report.kv_idle
+        for u in report.updates:
+            if u.error:
+                raise RuntimeError(f"{policy}: {u.request_id} failed: {u.error}")
+            if u.request_id in times:
+                times[u.request_id].extend([report.t] * u.new_tokens)
+    total = max(ts[-1] for ts in times.values()) - t0
+    evicted = engine.scheduler.num_evicted_for_speed
+    for sid in ["parent", *times]:
+        engine.close_session(sid)
+    engine.step()
+    if not engine.is_empty():
+        raise RuntimeError(f"{policy}: the engine kept state after the burst: {engine.leaks()}")
+    reset_kv(backend)
+    return BurstRun(ttft_s=[ts[0] - t0 for ts in times.values()],
+                    itl_ms=[(b - a) * 1000 for ts in times.values() for a, b in zip(ts, ts[1:])],
+                    decode_step_ms=deep_steps, total_s=total, steps=steps, prompt_rows=prompt_rows,
+                    kv_idle_after=kv_idle, evicted_for_speed=evicted)
+
+
+def _cpu_clock(backend, cfg: BurstConfig):
+    return CPU_CLOCK if cfg.cpu_clock and backend.known_costs is None else None
+
+
+def _row(flash: str, policy: str, r: BurstRun, busy: float) -> dict:
+    return {
+        "flash_attn": flash, "policy": policy,
+        "ttft_p50_s": rnd(median(r.ttft_s), 2), "ttft_max_s": rnd(max(r.ttft_s), 2),
+        "itl_p50_ms": rnd(percentile(r.itl_ms, 50), 1), "itl_p95_ms": rnd(percentile(r.itl_ms, 95), 1),
+        "decode_step_ms": rnd(median(r.decode_step_ms), 1) if r.decode_step_ms else None,
+        "total_s": rnd(r.total_s, 2), "steps": r.steps, "prompt_rows": r.prompt_rows,
+        "idle_kv_after": r.kv_idle_after, "evicted_idle": r.evicted_for_speed,
+        "others_cores": rnd(busy, 2),
+    }
+
+
+def run_bursts(spec: BackendConfig, cfg: BurstConfig, progress=lambda s: None) -> BenchResult:
+    res = BenchResult(name="burst", title=f"bench burst: {cfg.n} subagents x {cfg.own} own tokens forked from "
+                      f"a {cfg.context:,}-token conversation", config={"burst": asdict(cfg), "backend": asdict(spec)},
+                      machine=machine_info())
+    need = cfg.context + cfg.n * (cfg.own + cfg.gen) + 1024
+    rows, info = [], {}
+    flashes = cfg.flash if not spec.simulated else ("profile",)
+    for flash in flashes:
+        fspec = replace(spec, n_ctx=spec.n_ctx or max(8192, -(-need // 1024) * 1024),
+                        n_seq_max=max(spec.n_seq_max, cfg.n + 1), flash_attn=flash if flash != "profile" else "auto")
+        backend = build_backend(fspec)
+        try:
+            calibrator = Engine(FixedLength(backend, _cpu_clock(backend, cfg)))
+            params = calibrator.calibrate()
+            info[flash] = backend_info(backend) | {"cost": asdict(params),
+                                                   "attention": backend.info.get("attention")}
+            for policy in cfg.policies:
+                if policy.startswith("target-v1") and flash == "off":
+                    continue  # the old code path ran llama.cpp's default attention (on, here)
+                run = lambda: run_burst(backend, policy, cfg, params)  # noqa: E731
+                r, busy = (run(), 0.0) if spec.simulated else measured(run, retries=1, progress=progress)
+                rows.append(_row(flash, policy, r, busy))
+                progress(f"flash {flash} {policy:>14}: TTFT p50 {rows[-1]['ttft_p50_s']} s, max "
+                         f"{rows[-1]['ttft_max_s']} s, decode step {rows[-1]['decode_step_ms']} ms, total "
+                         f"{rows[-1]['total_s']} s")
+        finally:
+            backend.close()
+    _ratios(rows)
+    res.tables["per policy and attention path"] = rows
+    if not spec.simulated:
+        peer = _peer_rows(fspec, cfg, progress)
+        if peer:
+            res.tables["llama-batched-bench at the same depth and width (-pps -kvu)"] = peer
+            _versus_peer(rows, peer)
+    res.data = {"backends": info}
+    res.notes += [
+        f"TTFT from the moment the {cfg.n} subagents are submitted (together); the parent's {cfg.context:,}-token "
+        "turn runs first and is not timed; every subagent shares its cells (fork) and evaluates only its own tokens",
+        f"decode_step_ms: median step holding the {cfg.n} subagents' decode rows and nothing else (depth "
+        f"{cfg.context + cfg.own}..{cfg.context + cfg.own + cfg.gen})",
+        "ttft_x_pf: subagent TTFT p50 / prefill-first's with the same attention path; ttft_x_v1: / target-v1:50's "
+        "(the policy before this change) with flash attention on (llama.cpp's default here)",
+        "idle_kv_after: cells held only by idle conversations when the burst ended; evicted_idle: idle "
+        "conversations evicted because their cells slowed every row (flash attention off only)",
+        "others_cores: cores other processes kept busy during a measurement (a shared machine)",
+    ]
+    if cfg.cpu_clock:
+        res.notes.append("times are CPU seconds of the engine's process (one thread: every step computes on it) "
+                         "and, for llama-batched-bench, the CPU time of a run with twice the generated tokens minus "
+                         "one with the given number, per step; pp_tok_s and tg_tok_s are the peer's own wall figures")
+    if note := not_quiet_note():
+        res.notes.append(note)
+    return res
+
+
+def _ratios(rows: list[dict]) -> None:
+    old = [r for r in rows if r["policy"].startswith("target-v1")]
+    # The old code path ran llama.cpp's default attention: flash on, on the CPU measured here.
+    v1 = next((r["ttft_p50_s"] for r in old if r["flash_attn"] == "on"), old[0]["ttft_p50_s"] if old else None)
+    for r in rows:
+        pf = next((x["ttft_p50_s"] for x in rows if x["policy"] == "prefill-first"
+                   and x["flash_attn"] == r["flash_attn"]), None)
+        r["ttft_x_pf"] = rnd(r["ttft_p50_s"] / pf, 2) if pf else None
+        r["ttft_x_v1"] = rnd(r["ttft_p50_s"] / v1, 2) if v1 else None
+
+
+def _peer_rows(spec: BackendConfig, cfg: BurstConfig, progress) -> list[dict]:
+    found = peers.tools_dir()
+    if found is None:
+        progress("llama-batched-bench is not built (scripts/build_llama_tools.sh): no peer row")
+        return []
+    bindir, _ = found
+    from backend.llama_backend import default_model_path
+
+    rows = []
+    for flash in ("off", "on"):
+        def run(ntg: int = cfg.peer_gen) -> tuple[dict, float]:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            out = peers.batched_bench(
+                bindir, model=spec.model or default_model_path(), seqs=[cfg.n], prompt=cfg.context,
+                gen=ntg, threads=spec.n_threads or 1, n_ctx=spec.n_ctx or 16384, n_batch=2048,
+                n_ubatch=spec.n_ubatch, dev=peers.device_args(spec.device), extra=["-pps", "-fa", flash])
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return out, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+        (out, cpu_short), busy = measured(run, retries=1, progress=progress)
+        row = out[cfg.n]
+        decode_ms = cfg.n / row["speed_tg"] * 1000 if row.get("speed_tg") else None
+        if cfg.cpu_clock:
+            # The same prompt twice, 2x the generated tokens the second time: the CPU time that
+            # differs is peer_gen decode steps at this depth.
+            (_, cpu_long), _ = measured(lambda: run(2 * cfg.peer_gen), retries=0, progress=progress)
+            decode_ms = (cpu_long - cpu_short) / cfg.peer_gen * 1000
+        rows.append({"flash_attn": flash, "npp": cfg.context, "ntg": cfg.peer_gen, "npl": cfg.n,
+                     "pp_tok_s": rnd(row.get("speed_pp"), 1), "tg_tok_s": rnd(row.get("speed_tg"), 1),
+                     "decode_step_ms": rnd(decode_ms, 1), "others_cores": rnd(busy, 2)})
+        progress(f"llama-batched-bench -fa {flash}: decode step {rows[-1]['decode_step_ms']} ms")
+    return rows
+
+
+def _versus_peer(rows: list[dict], peer: list[dict]) -> None:
+    best = min((p["decode_step_ms"] for p in peer if p["decode_step_ms"]), default=None)
+    for r in rows:
+        r["decode_x_peer_best"] = rnd(r["decode_step_ms"] / best, 2) if best and r["decode_step_ms"] else None

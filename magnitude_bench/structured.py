@@ -1,0 +1,241 @@
+"""Provides `bench structured`: JSON-schema-constrained replies against free text on the same engine, and against llama-server with the same schema."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+
+from jsonschema import Draft202012Validator
+
+from backend.factory import BackendConfig
+from magnitude_bench.common import BenchResult, git_version, machine_info, measured, median, rnd
+from magnitude_bench.remote import TOPICS
+from magnitude_tui.engine.protocol import EngineClient, seq_updates
+from magnitude_tui.engine.waiting import events_until, wait_ready
+from scheduler.speculation import SpecMode
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, SeqUpdate
+
+# Bounded strings and a small integer, so a constrained reply closes well within max_tokens.
+# (No minimum/maximum: llama-cpp-python's converter does not bound integers, see docs/BENCHMARKS.md.)
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
+          "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 24},
+                         "age": {"type": "integer"},
+                         "city": {"type": "string", "minLength": 1, "maxLength": 24}}}
+FREE, CONSTRAINED = "free", "json_schema"
+
+
+@dataclass(frozen=True)
+class StructuredConfig:
+    seqs: tuple[int, ...] = (1, 8, 16)
+    max_tokens: int = 48  # the same for both modes (a free reply may stop earlier, or run to it)
+    reps: int = 2  # modes alternate which goes first in each repetition
+    peer: bool = True  # llama-server -np `peer_clients`, the same schema, as many HTTP clients
+    peer_clients: int = 8
+    threads: int = 1
+    policy: str = "target:50"
+    in_process: bool = False  # the engine in a thread of this process (tests) instead of a worker process
+    timeout_s: float = 600.0
+
+
+def prompt(i: int) -> str:
+    return (f"Invent a character who lives in {TOPICS[i % len(TOPICS)]} (story {i}). "
+            "Give the character's name, age and city.")
+
+
+def requests(n: int, mode: str, cfg: StructuredConfig, tag: str) -> list[Request]:
+    """n distinct prompts (the same for both modes), greedy, one fresh session each."""
+    sampling = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, seed=1)
+    schema = json.dumps(SCHEMA) if mode == CONSTRAINED else None
+    return [Request(f"{tag}-{i}", f"{tag}-s{i}", (Message("user", prompt(i)),), sampling, response_schema=schema)
+            for i in range(n)]
+
+
+def burst(client: EngineClient, reqs: list[Request], timeout_s: float) -> dict:
+    """Every request at once on any EngineClient; wall time to the last done, tokens, grammar time,
+    and how many replies parse and validate against SCHEMA."""
+    text: dict[str, str] = {r.request_id: "" for r in reqs}
+    finals: dict[str, SeqUpdate] = {}
+    made_so_far: dict[str, int] = {}
+    seen, t_all_first, made_at_first = 0, None, 0
+
+    def all_done(events: list) -> bool:
+        nonlocal seen, t_all_first, made_at_first
+        for u in seq_updates(events[seen:]):
+            if u.request_id in text:
+                text[u.request_id] += u.text_delta
+                if u.generated:
+                    made_so_far[u.request_id] = u.generated
+                if u.phase is Phase.DONE:
+                    finals[u.request_id] = u
+        seen = len(events)
+        if t_all_first is None and len(made_so_far) == len(reqs):
+            # Every sequence has its first token: from here on the batch only decodes.
+            t_all_first, made_at_first = time.perf_counter(), sum(made_so_far.values())
+        return len(finals) == len(reqs)
+
+    t0 = time.perf_counter()
+    for r in reqs:
+        client.submit(r)
+    events_until(client, all_done, timeout_s, what=f"{len(reqs)} replies")
+    t_end = time.perf_counter()
+    wall = t_end - t0
+    for r in reqs:
+        client.close_session(r.session_id)
+    failed = [u for u in finals.values() if u.error]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(reqs)} requests failed: {failed[0].error}")
+    made = sum(u.generated for u in finals.values())
+    grammar_ms = sum(u.grammar_ms for u in finals.values())
+    decode_s = t_end - t_all_first if t_all_first is not None else 0.0
+    tg = (made - made_at_first) / decode_s if decode_s > 0 and made > made_at_first else None
+    return {"wall_s": wall, "made": made, "tok_s": made / wall, "tg_tok_s": tg, "grammar_ms": grammar_ms,
+            "grammar_share": grammar_ms / (wall * 1000.0), "valid": sum(map(valid, text.values())),
+            "replies": len(reqs), "stopped": sum(u.done_reason is DoneReason.STOP for u in finals.values()),
+            "sample": text[reqs[0].request_id][:120]}
+
+
+def valid(reply: str) -> bool:
+    try:
+        return Draft202012Validator(SCHEMA).is_valid(json.loads(reply))
+    except ValueError:
+        return False
+
+
+def _modes(rep: int) -> tuple[str, str]:
+    # Every other repetition in the opposite order: what runs first must not decide a ratio.
+    return (FREE, CONSTRAINED) if rep % 2 == 0 else (CONSTRAINED, FREE)
+
+
+def run_side(name: str, client: EngineClient, widths: tuple[int, ...], cfg: StructuredConfig, progress,
+             pids: tuple[int, ...] = ()) -> list[dict]:
+    """Every width and repetition on one started client, both modes each time; one row per run."""
+    ready = wait_ready(client, cfg.timeout_s)
+    burst(client, requests(1, CONSTRAINED, replace(cfg, max_tokens=4), f"{name}-warm"), cfg.timeout_s)
+    runs = []
+    for n in widths:
+        for rep in range(cfg.reps):
+            for mode in _modes(rep):
+                tag = f"{name}-{n}-{rep}-{mode}"
+                r, busy = measured(lambda: burst(client, requests(n, mode, cfg, tag), cfg.timeout_s),
+                                   pids=pids, progress=progress)
+                runs.append({"engine": name, "seqs": n, "rep": rep + 1, "mode": mode, **r, "others_cores": busy})
+                progress(f"{name} {n} seqs rep {rep + 1} {mode}: {r['tok_s']:.1f} tok/s, "
+                         f"{r['valid']}/{n} valid, grammar {r['grammar_share']:.1%}")
+    for row in runs:
+        row["model"] = ready.model
+    return runs
+
+
+def run_structured(backend: BackendConfig, cfg: StructuredConfig, progress=lambda s: None,
+                   argv: list[str] | None = None) -> BenchResult:
+    from magnitude_tui.engine.client import WorkerClient
+    from magnitude_tui.engine.events import EngineConfig
+
+    n_ctx = backend.n_ctx or max(8192, max(cfg.seqs) * (cfg.max_tokens + 160))
+    backend = replace(backend, n_ctx=n_ctx, n_seq_max=max(backend.n_seq_max, max(cfg.seqs)),
+                      n_threads=backend.n_threads or cfg.threads)
+    result = BenchResult("structured", "bench structured: json_schema-constrained vs free replies",
+                         config={"structured": asdict(cfg), "backend": asdict(backend), "schema": SCHEMA,
+                                 "command": " ".join(argv if argv is not None else sys.argv),
+                                 "git": git_version()},
+                         machine=machine_info())
+    # Speculation off: a constrained sequence never drafts, so free text must not either.
+    engine = WorkerClient(EngineConfig(backend, policy=cfg.policy, spec=SpecMode.OFF, auto_threads=False),
+                          in_process=cfg.in_process, log_path=None if cfg.in_process else "auto")
+    engine.start()
+    try:
+        # The worker process is ours, not a neighbour: its CPU is not "others".
+        runs = run_side("engine", engine, cfg.seqs, cfg, progress, pids=(engine.pid,) if engine.pid else ())
+    finally:
+        engine.stop()
+    if cfg.peer:
+        runs += _peer_runs(backend, cfg, result, progress)
+    _tables(result, runs, cfg)
+    result.data["runs"] = runs
+    return result
+
+
+def _peer_runs(backend: BackendConfig, cfg: StructuredConfig, result: BenchResult, progress) -> list[dict]:
+    """llama-server on the same model and threads, driven through the remote engine (which sends
+    the schema as `response_format: json_schema`), `peer_clients` at once."""
+    from backend.llama_backend import default_model_path
+    from magnitude_bench.peers import PeerError, Server, tool_info, tools_dir
+    from magnitude_tui.remote.client import RemoteClient
+    from magnitude_tui.remote.config import RemoteConfig
+
+    found = tools_dir() if backend.family == "llama" else None
+    if found is None:
+        result.notes.append("llama-server peer left out: " + ("not built (scripts/build_llama_tools.sh)"
+                                                              if backend.family == "llama" else "not a real model"))
+        return []
+    result.data["tools"] = tool_info(found[0])
+    n = cfg.peer_clients
+    try:
+        with Server.on_cpu(found[0], model=str(backend.model or default_model_path()), parallel=n,
+                           threads=backend.n_threads or cfg.threads, n_ctx=backend.n_ctx or 8192) as srv:
+            result.data["peer_cmd"] = srv.cmd
+            client = RemoteClient(RemoteConfig((f"http://127.0.0.1:{srv.port}",), max_in_flight=n))
+            client.start()
+            try:
+                return run_side("llama-server", client, (n,), cfg, progress, pids=(srv.pid,))
+            finally:
+                client.stop()
+    except PeerError as e:
+        result.notes.append(f"llama-server peer failed: {e}")
+        return []
+
+
+def _tables(result: BenchResult, runs: list[dict], cfg: StructuredConfig) -> None:
+    rows = []
+    for (eng, n) in dict.fromkeys((r["engine"], r["seqs"]) for r in runs):
+        at = [r for r in runs if r["engine"] == eng and r["seqs"] == n]
+        by = {m: [r for r in at if r["mode"] == m] for m in (FREE, CONSTRAINED)}
+        # The ratio per repetition (both modes ran side by side), then their median.
+        ratios = [c["tok_s"] / f["tok_s"] for f, c in zip(by[FREE], by[CONSTRAINED]) if f["tok_s"]]
+        tg_ratios = [c["tg_tok_s"] / f["tg_tok_s"] for f, c in zip(by[FREE], by[CONSTRAINED])
+                     if f["tg_tok_s"] and c["tg_tok_s"]]
+        rows.append({"engine": eng, "seqs": n,
+                     "free tok/s": rnd(median(r["tok_s"] for r in by[FREE]), 1),
+                     "json_schema tok/s": rnd(median(r["tok_s"] for r in by[CONSTRAINED]), 1),
+                     "json_schema ÷ free": rnd(median(ratios), 3),
+                     "decode free": rnd(median(tgs(by[FREE])), 1),
+                     "decode json": rnd(median(tgs(by[CONSTRAINED])), 1),
+                     "decode json ÷ free": rnd(median(tg_ratios), 3),
+                     # A server reports no grammar time to its client.
+                     "grammar share": rnd(median(r["grammar_share"] for r in by[CONSTRAINED]), 3)
+                     if eng == "engine" else None,
+                     "tokens/reply free": rnd(median(r["made"] / r["replies"] for r in by[FREE]), 1),
+                     "tokens/reply json": rnd(median(r["made"] / r["replies"] for r in by[CONSTRAINED]), 1),
+                     "valid json": f"{sum(r['valid'] for r in by[CONSTRAINED])}/{sum(r['replies'] for r in by[CONSTRAINED])}",
+                     "reps": len(ratios),
+                     "others_cores_max": rnd(max(r["others_cores"] for r in at), 2)})
+    result.tables[f"aggregate tok/s, median of {cfg.reps} alternating repetitions"] = rows
+    ours = next((r for r in rows if r["engine"] == "engine" and r["seqs"] == cfg.peer_clients), None)
+    theirs = next((r for r in rows if r["engine"] == "llama-server"), None)
+    if ours and theirs:
+        result.tables[f"this engine ÷ llama-server, {cfg.peer_clients} sequences"] = [
+            {"mode": m, "engine tok/s": ours[f"{m} tok/s"], "llama-server tok/s": theirs[f"{m} tok/s"],
+             "engine ÷ llama-server": _ratio(ours[f"{m} tok/s"], theirs[f"{m} tok/s"]),
+             "engine decode": ours[f"decode {short}"], "llama-server decode": theirs[f"decode {short}"],
+             "decode engine ÷ llama-server": _ratio(ours[f"decode {short}"], theirs[f"decode {short}"])}
+            for m, short in ((FREE, "free"), (CONSTRAINED, "json"))]
+    result.notes += [
+        "tok/s = tokens generated by all sequences / wall time from the first submit to the last reply "
+        "(prefill included), measured on the client; greedy, the same prompts and max_tokens in both modes",
+        "decode = tok/s from the moment every sequence has its first token to the last reply (prefill "
+        "excluded): free replies may stop sooner than the JSON closes, so end-to-end rates mix in "
+        "different prefill shares",
+        "grammar share = the requests' summed grammar_ms (masking under the schema, on the engine thread) / wall",
+        "targets: json_schema ÷ free >= 0.9; engine ÷ llama-server (json_schema) >= 1.0",
+        "others_cores: cores other processes kept busy during a run (a shared machine)",
+    ]
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return rnd(a / b, 3) if a and b else None
+
+
+def tgs(runs: list[dict]) -> list[float]:
+    return [r["tg_tok_s"] for r in runs if r["tg_tok_s"]]

@@ -1,0 +1,154 @@
+"""Provides `bench target-depth`: does target:MS hold its step target deep in a context?"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+from backend.factory import BackendConfig, build_backend
+from magnitude_bench.common import (CPU_CLOCK, BenchResult, FixedLength, backend_info, machine_info,
+                                        not_quiet_note, percentile, prompt_tokens, reset_kv, rnd)
+from magnitude_tui.engine.core import Engine
+from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel
+from scheduler.types import AttentionPath, Request, SamplingParams, attended_kpos, used_cells_kpos
+
+HOLD_RATIO = 1.1  # "p99 step <= 1.1x the target"
+
+
+@dataclass(frozen=True)
+class TargetDepthConfig:
+    depths: tuple[int, ...] = (0, 2000, 6000)  # tokens of the conversation the running ones fork from
+    n_running: int = 4  # sequences generating when the newcomer arrives
+    newcomer: int = 1000  # tokens of the prompt that arrives behind them
+    target_ms: float = 50.0  # the target wherever the decode rows plus one quantum fit in it
+    # Where they do not, the bench sets the target to this multiple of what they are predicted to
+    # take at the newcomer's deepest point: the smallest round target the promise applies to.
+    headroom: float = 1.25
+    cpu_clock: bool = False  # time steps in CPU seconds of this process (one thread only)
+
+
+@dataclass
+class DepthRun:
+    depth: int
+    target_ms: float
+    need_ms: float  # the cost model's decode rows + one quantum at the newcomer's deepest point
+    steps_ms: list[float]  # from the newcomer's arrival to its first token
+    prompt_rows: list[int]
+    ttft_s: float
+
+
+def needed_ms(cost: CostModel, path: AttentionPath, decode_rows: int, depth: int, cells: int, newcomer: int) -> float:
+    """What `decode_rows` decode rows `depth` deep plus one quantum of the newcomer's prompt, at its
+    last position, are predicted to take (`cells`: resident cells once the newcomer is in)."""
+    q = MIN_PREFILL_QUANTUM
+    if path is AttentionPath.DENSE:
+        kpos = used_cells_kpos(cells + decode_rows + q, decode_rows + q)
+    else:
+        kpos = decode_rows * attended_kpos(depth, 1) + attended_kpos(max(0, newcomer - q), q)
+    return cost.predict(decode_rows, q, kpos)
+
+
+def run_depth(backend, depth: int, cfg: TargetDepthConfig, params=None) -> DepthRun:
+    """N sequences fork from a `depth`-token conversation and generate; a `newcomer`-token prompt
+    arrives; every step until its first token is timed under target:MS."""
+    reset_kv(backend)
+    clock = CPU_CLOCK if cfg.cpu_clock and backend.known_costs is None else None
+    engine = Engine(FixedLength(backend, clock), policy=f"target:{cfg.target_ms:g}", coalesce_ms=0.0,
+                    gen_reserve=4 * cfg.newcomer, clock=clock)
+    if params is not None:
+        engine.scheduler.cost.seed(params)
+    parent = prompt_tokens(backend, max(depth, 1), salt=3)
+    engine.submit(Request("parent", "parent", (), SamplingParams(max_tokens=1), prompt_tokens=parent))
+    engine.run_until_idle()
+    running = [f"run{i}" for i in range(cfg.n_running)]
+    # Enough tokens to outlast the newcomer's prompt at one quantum a step.
+    sampling = SamplingParams(temperature=0.0, max_tokens=cfg.newcomer // MIN_PREFILL_QUANTUM + 16)
+    for i, rid in enumerate(running):
+        engine.submit(Request(rid, rid, (), sampling, fork_from="parent",
+                              prompt_tokens=parent + prompt_tokens(backend, 8, salt=50 + i)))
+    started: set[str] = set()
+    while len(started) < cfg.n_running:
+        report = engine.step()
+        started |= {u.request_id for u in (report.updates if report else ()) if u.new_tokens}
+    for _ in range(8):  # every running sequence generating, and the cost model has seen them
+        engine.step()
+    sched = engine.scheduler
+    need = needed_ms(sched.cost, sched.attention, cfg.n_running, depth + 24, backend.kv_cells_used() + cfg.newcomer,
+                     cfg.newcomer)
+    target = cfg.target_ms if need <= cfg.target_ms else 10.0 * math.ceil(need * cfg.headroom / 10.0)
+    engine.set_policy(f"target:{target:g}")
+    t0 = (clock or backend.clock)()
+    engine.submit(Request("newcomer", "newcomer", (), SamplingParams(max_tokens=1),
+                          prompt_tokens=prompt_tokens(backend, cfg.newcomer, salt=99)))
+    steps: list[float] = []
+    rows: list[int] = []
+    ttft = None
+    while ttft is None:
+        report = engine.step()
+        if report is None:
+            if not engine.has_work():
+                raise RuntimeError(f"depth {depth}: the engine went idle before the newcomer's first token")
+            continue
+        for u in report.updates:
+            if u.error:
+                raise RuntimeError(f"depth {depth}: {u.request_id} failed: {u.error}")
+            if u.request_id == "newcomer" and u.new_tokens:
+                ttft = report.t - t0
+        if report.decode_rows + report.prefill_rows:
+            steps.append(report.step_ms)
+            rows.append(report.prefill_rows)
+    for sid in ["parent", "newcomer", *running]:
+        engine.close_session(sid)
+    engine.run_until_idle()
+    if not engine.is_empty():
+        raise RuntimeError(f"depth {depth}: the engine kept state after the run: {engine.leaks()}")
+    reset_kv(backend)
+    return DepthRun(depth, target, need, steps, rows, ttft)
+
+
+def _row(r: DepthRun) -> dict:
+    p99 = percentile(r.steps_ms, 99)
+    return {"depth": r.depth, "target_ms": r.target_ms, "need_ms": rnd(r.need_ms, 1), "steps": len(r.steps_ms),
+            "step_p50_ms": rnd(percentile(r.steps_ms, 50), 1), "step_p99_ms": rnd(p99, 1),
+            "step_max_ms": rnd(max(r.steps_ms), 1), "p99_x_target": rnd(p99 / r.target_ms, 3),
+            "prompt_rows_p50": percentile(r.prompt_rows, 50), "newcomer_ttft_s": rnd(r.ttft_s, 2),
+            "holds": p99 <= HOLD_RATIO * r.target_ms}
+
+
+def run_target_depth(spec: BackendConfig, cfg: TargetDepthConfig, progress=lambda s: None) -> BenchResult:
+    res = BenchResult(name="target-depth", title=f"bench target-depth: target:MS with {cfg.n_running} sequences "
+                      f"generating and a {cfg.newcomer:,}-token prompt arriving, at depths "
+                      f"{', '.join(f'{d:,}' for d in cfg.depths)}",
+                      config={"target_depth": asdict(cfg), "backend": asdict(spec)}, machine=machine_info())
+    need_cells = max(cfg.depths) + cfg.newcomer * 2 + cfg.n_running * (cfg.newcomer // MIN_PREFILL_QUANTUM + 64)
+    spec = replace(spec, n_ctx=spec.n_ctx or max(8192, -(-need_cells // 1024) * 1024),
+                   n_seq_max=max(spec.n_seq_max, cfg.n_running + 2))
+    backend = build_backend(spec)
+    try:
+        params = Engine(FixedLength(backend, CPU_CLOCK if cfg.cpu_clock and backend.known_costs is None
+                                    else None)).calibrate()
+        rows, traces = [], {}
+        for depth in cfg.depths:
+            run = run_depth(backend, depth, cfg, params)
+            traces[str(depth)] = {"step_ms": [rnd(x, 1) for x in run.steps_ms], "prompt_rows": run.prompt_rows}
+            rows.append(_row(run))
+            progress(f"depth {depth:>5}: target {rows[-1]['target_ms']:g} ms, step p50 {rows[-1]['step_p50_ms']} "
+                     f"p99 {rows[-1]['step_p99_ms']} ms ({rows[-1]['p99_x_target']}x)")
+        res.tables["step time against the target, per depth"] = rows
+        res.data = {"backend": backend_info(backend) | {"cost": asdict(params),
+                                                        "attention": backend.info.get("attention")},
+                    "steps": traces}
+    finally:
+        backend.close()
+    res.notes += [
+        f"target_ms: {cfg.target_ms:g} where the decode rows plus one {MIN_PREFILL_QUANTUM}-row quantum are "
+        f"predicted to fit in it (need_ms, at the newcomer's last position), else {cfg.headroom:g}x need_ms "
+        "rounded up to 10 ms: the promise is for targets they fit in",
+        "steps: every step from the newcomer's arrival to its first token; holds: p99 <= "
+        f"{HOLD_RATIO:g}x target",
+    ]
+    if cfg.cpu_clock:
+        res.notes.append("times are CPU seconds of the engine's process (one thread: every step computes on it)")
+    if note := not_quiet_note():
+        res.notes.append(note)
+    return res

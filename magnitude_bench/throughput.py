@@ -1,0 +1,248 @@
+"""Provides `bench throughput`: aggregate tok/s of this engine against llama.cpp's tools and serial Llama."""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import time
+from dataclasses import asdict, dataclass
+
+from backend.factory import BackendConfig, build_backend
+from magnitude_bench import peers
+from magnitude_bench.common import (CPU_CLOCK, BenchResult, FixedLength, backend_info, machine_info,
+                                        measured, median, prompt_tokens, reset_kv, rnd)
+from magnitude_tui.engine.core import Engine
+from scheduler.budget import parse_policy
+from scheduler.speculation import SpecMode
+from scheduler.types import Request, SamplingParams
+
+PEERS = ("batched-bench", "server", "serial")
+SHORT = {"llama-batched-bench": "batched-bench", "llama-server -np N": "server", "Llama serial": "serial"}
+
+
+@dataclass(frozen=True)
+class ThroughputConfig:
+    seqs: tuple[int, ...] = (1, 2, 4, 8, 16)
+    prompt: int = 64
+    gen: int = 128
+    reps: int = 3
+    policies: tuple[str, ...] = ("target:50", "fixed:2048")  # the first is "this engine" in the ratios
+    peers: tuple[str, ...] = PEERS
+    require_tools: bool = False  # fail instead of skipping llama.cpp's tools when they are not built
+    profile: bool = False  # cProfile one engine run at `profile_seqs`
+    profile_seqs: int = 8
+    # The engine's runs in CPU seconds of this process (one thread: every step computes on it),
+    # the work done whatever else a shared machine runs; the peers keep their wall figures.
+    cpu_clock: bool = False
+    # The engine's --spec: off by default, so its rows are the work llama.cpp's tools do (none of
+    # them speculates); auto shows what drafting adds or costs on the same runs.
+    spec: SpecMode = SpecMode.OFF
+
+
+def engine_run(backend, prompts: list[tuple[int, ...]], gen: int, policy: str, cpu_clock: bool = False,
+               spec: SpecMode = SpecMode.OFF) -> dict:
+    """All prompts submitted at once, run to the end; wall time (or CPU time, `cpu_clock`) plus
+    per-step Python vs native time."""
+    reset_kv(backend)
+    clock = CPU_CLOCK if cpu_clock else None
+    view = FixedLength(backend, clock)
+    engine = Engine(view, policy=policy, coalesce_ms=0.0, gen_reserve=gen, clock=clock, spec=spec)
+    now = clock or time.perf_counter
+    if parse_policy(policy).target_ms is not None:
+        engine.calibrate()
+    view.decode_ms.clear()
+    sampling = SamplingParams(temperature=0.0, max_tokens=gen)
+    step_ms, native_ms, counts = [], [], {}
+    made, t_all_first, made_at_first = 0, None, 0
+    t0 = now()
+    for i, p in enumerate(prompts):
+        engine.submit(Request(request_id=f"r{i}", session_id=f"r{i}", messages=(), sampling=sampling,
+                              prompt_tokens=p))
+    while engine.has_work():
+        n_native = len(view.decode_ms)
+        ts = now()
+        report = engine.step()
+        te = now()
+        if len(view.decode_ms) > n_native:
+            step_ms.append((te - ts) * 1000)
+            native_ms.append(view.decode_ms[-1])
+        if report is None:
+            continue
+        for u in report.updates:
+            if u.error:
+                raise RuntimeError(f"engine request {u.request_id} failed: {u.error}")
+            made += u.new_tokens
+            counts[u.request_id] = counts.get(u.request_id, 0) + u.new_tokens
+        if t_all_first is None and len(counts) == len(prompts) and all(counts.values()):
+            t_all_first, made_at_first = te, made
+    wall = now() - t0
+    for i in range(len(prompts)):
+        engine.close_session(f"r{i}")
+    engine.step()
+    reset_kv(backend)
+    tg = (made - made_at_first) / (t0 + wall - t_all_first) if t_all_first and made > made_at_first else None
+    return {"wall_s": wall, "made": made, "tok_s": made / wall, "tg_tok_s": tg, "steps": len(step_ms),
+            "step_ms": step_ms, "native_ms": native_ms}
+
+
+def profile_engine(backend, prompts, gen: int, policy: str) -> list[dict]:
+    """cProfile of one engine run: the functions with the most own time."""
+    prof = cProfile.Profile()
+    prof.enable()
+    engine_run(backend, prompts, gen, policy)
+    prof.disable()
+    stats = pstats.Stats(prof, stream=io.StringIO())
+    rows = []
+    for (file, line, fn), (_, ncalls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append({"function": f"{file.rsplit('/', 2)[-1] if '/' in file else file}:{line}:{fn}",
+                     "calls": ncalls, "own_s": round(tottime, 3), "cum_s": round(cumtime, 3)})
+    return sorted(rows, key=lambda r: -r["own_s"])[:15]
+
+
+def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s: None) -> BenchResult:
+    n_ctx = spec.n_ctx or max(8192, max(cfg.seqs) * (cfg.prompt + cfg.gen) + 256)
+    spec = BackendConfig(**{**asdict(spec), "n_ctx": n_ctx, "n_seq_max": max(spec.n_seq_max, max(cfg.seqs))})
+    backend = build_backend(spec)
+    threads = backend.n_threads or 1
+    model = spec.model
+    if model is None and spec.family == "llama":
+        from backend.llama_backend import default_model_path
+
+        model = default_model_path()
+    res = BenchResult(name="throughput", title="bench throughput: aggregate generated tok/s, same work for every peer",
+                      config={"throughput": asdict(cfg), "backend": asdict(spec)}, machine=machine_info())
+    found = peers.tools_dir() if not spec.simulated else None
+    wanted = [p for p in cfg.peers if not spec.simulated]
+    if not found and any(p in wanted for p in ("batched-bench", "server")):
+        msg = "llama.cpp tools are not built: run scripts/build_llama_tools.sh (peers skipped)"
+        if cfg.require_tools:
+            raise peers.PeerError(msg)
+        res.notes.append(msg)
+        wanted = [p for p in wanted if p == "serial"]
+    bindir = found[0] if found else None
+    dev = peers.device_args(backend.device_name)
+    serial = None
+    if "serial" in wanted:
+        serial = peers.SerialLlama(model=model, threads=threads, n_ctx=cfg.prompt + cfg.gen + 16,
+                                   n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch,
+                                   cpu=dev[1] == "none")
+        serial.answer(list(prompt_tokens(backend, cfg.prompt, salt=999)), 4)  # warm-up
+    prompts = {n: [prompt_tokens(backend, cfg.prompt, salt=i + 1) for i in range(n)] for n in cfg.seqs}
+    runs: list[dict] = []  # one per (peer, seqs, rep)
+    engine_steps: dict[int, dict] = {}
+    try:
+        engine_run(backend, prompts[cfg.seqs[0]], 8, cfg.policies[0])  # warm-up
+        # Repetitions outermost and every peer inside each one: a noisy neighbour hits all of them alike.
+        for rep in range(cfg.reps):
+            # Every other repetition in the opposite order: what runs first must not decide a ratio.
+            for policy in (cfg.policies if rep % 2 == 0 else cfg.policies[::-1]):
+                for n in cfg.seqs:
+                    r, busy = measured(lambda: engine_run(backend, prompts[n], cfg.gen, policy, cfg.cpu_clock, cfg.spec),
+                                       progress=progress)
+                    runs.append({"peer": f"engine {policy}", "seqs": n, "rep": rep, "tok_s": r["tok_s"],
+                                 "tg_tok_s": r["tg_tok_s"], "made": r["made"], "wall_s": r["wall_s"], "others": busy})
+                    if policy == cfg.policies[0]:
+                        engine_steps.setdefault(n, {"step_ms": [], "native_ms": []})
+                        engine_steps[n]["step_ms"] += r["step_ms"]
+                        engine_steps[n]["native_ms"] += r["native_ms"]
+            progress(f"rep {rep + 1}/{cfg.reps}: engine " + ", ".join(
+                f"{x['seqs']}:{x['tok_s']:.1f}" for x in runs if x["rep"] == rep and x["peer"] == f"engine {cfg.policies[0]}"))
+            if "batched-bench" in wanted:
+                bb, busy = measured(lambda: peers.batched_bench(
+                    bindir, model=model, seqs=list(cfg.seqs), prompt=cfg.prompt, gen=cfg.gen, threads=threads,
+                    n_ctx=n_ctx, n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch, dev=dev), progress=progress)
+                for n, row in bb.items():
+                    runs.append({"peer": "llama-batched-bench", "seqs": n, "rep": rep,
+                                 "tok_s": n * cfg.gen / row["t"], "tg_tok_s": row["speed_tg"],
+                                 "made": n * cfg.gen, "wall_s": row["t"], "others": busy})
+            if "server" in wanted:
+                for n in cfg.seqs:
+                    with peers.Server(bindir, model=model, parallel=n, threads=threads, n_ctx=n_ctx,
+                                      n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch, dev=dev) as srv:
+                        srv.burst([list(p) for p in prompts[n][:1]], 4)  # warm-up
+                        (wall, made), busy = measured(lambda: srv.burst([list(p) for p in prompts[n]], cfg.gen),
+                                                      pids=(srv.pid,), progress=progress)
+                    runs.append({"peer": "llama-server -np N", "seqs": n, "rep": rep, "tok_s": made / wall,
+                                 "tg_tok_s": None, "made": made, "wall_s": wall, "others": busy})
+            if serial is not None:
+                for n in cfg.seqs:
+                    (wall, made), busy = measured(lambda: serial.serial([list(p) for p in prompts[n]], cfg.gen),
+                                                  progress=progress)
+                    runs.append({"peer": "Llama serial", "seqs": n, "rep": rep, "tok_s": made / wall,
+                                 "tg_tok_s": None, "made": made, "wall_s": wall, "others": busy})
+            progress(f"rep {rep + 1}/{cfg.reps} done: " + ", ".join(
+                f"{x['peer']}@{x['seqs']}={x['tok_s']:.1f}" for x in runs if x["rep"] == rep and x["seqs"] == 8))
+        if cfg.profile:
+            n = cfg.profile_seqs
+            res.tables[f"cProfile of one engine run ({n} seqs, {cfg.policies[0]}): most own time"] = \
+                profile_engine(backend, prompts[n], cfg.gen, cfg.policies[0])
+    finally:
+        if serial is not None:
+            serial.close()
+        info = backend_info(backend)
+        backend.close()
+    _tables(res, runs, engine_steps, cfg, info, found)
+    if cfg.cpu_clock:
+        res.notes.append("the engine's tok/s are per CPU second of its process (one thread: every step "
+                         "computes on it); the peers' are per wall second")
+    return res
+
+
+def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: ThroughputConfig, info: dict,
+            found) -> None:
+    peers_seen = list(dict.fromkeys(r["peer"] for r in runs))
+    base_peer = f"engine {cfg.policies[0]}"
+    medians = []
+    for peer in peers_seen:
+        for n in cfg.seqs:
+            xs = [r for r in runs if r["peer"] == peer and r["seqs"] == n]
+            if not xs:
+                continue
+            tg = [r["tg_tok_s"] for r in xs if r["tg_tok_s"]]
+            medians.append({"peer": peer, "seqs": n, "tok_s": rnd(median(r["tok_s"] for r in xs), 1),
+                            "tg_tok_s": rnd(median(tg), 1) if tg else None, "reps": len(xs),
+                            "spread": rnd(max(r["tok_s"] for r in xs) - min(r["tok_s"] for r in xs), 1),
+                            "others_cores_max": rnd(max(r["others"] for r in xs), 2)})
+    engines = [f"engine {p}" for p in cfg.policies]
+    for e in engines:  # every peer as a ratio to each engine policy (the first is "this engine")
+        base = {m["seqs"]: m["tok_s"] for m in medians if m["peer"] == e}
+        for m in medians:
+            m[f"over_{e.split()[1]}"] = rnd(m["tok_s"] / base[m["seqs"]], 3) if base.get(m["seqs"]) else None
+    wide = []
+    for n in cfg.seqs:
+        row = {"seqs": n}
+        at_n = [m for m in medians if m["seqs"] == n]
+        for m in at_n:
+            row[m["peer"]] = m["tok_s"]
+        base = next((m["tok_s"] for m in at_n if m["peer"] == base_peer), None)
+        for m in at_n:
+            if m["peer"] != base_peer:
+                name = SHORT.get(m["peer"], m["peer"].removeprefix("engine "))
+                row[f"engine ÷ {name}"] = rnd(base / m["tok_s"], 3) if base and m["tok_s"] else None
+        wide.append(row)
+    res.tables[f"generated tok/s, end to end (median of {cfg.reps}), and {base_peer} ÷ each peer"] = wide
+    res.tables["per peer and batch width (tg_tok_s: decode phase only, where the peer reports it)"] = medians
+    prof = []
+    for n, s in sorted(engine_steps.items()):
+        py = [w - nat for w, nat in zip(s["step_ms"], s["native_ms"])]
+        prof.append({"seqs": n, "steps": len(py), "step_ms_p50": rnd(median(s["step_ms"]), 2),
+                     "native_decode_ms_p50": rnd(median(s["native_ms"]), 2), "python_ms_p50": rnd(median(py), 3),
+                     "python_share": rnd(sum(py) / sum(s["step_ms"]), 3) if s["step_ms"] else None})
+    res.tables[f"engine step time: Python vs native llama_decode ({base_peer})"] = prof
+    res.data.update({"medians": medians, "runs": runs, "backend": info,
+                     "tools": peers.tool_info(found[0]) if found else None,
+                     "label": f"{info.get('model_name', info['backend'])} on {info.get('device_name', '')}, "
+                              f"{info.get('n_threads', '?')} threads: prompt {cfg.prompt}, {cfg.gen} generated per sequence"})
+    res.notes += [
+        f"every peer: same GGUF, {info.get('n_threads')} threads, n_batch {info.get('n_batch')}, n_ubatch "
+        f"{info.get('n_ubatch')}, unified KV, greedy, {cfg.prompt} prompt tokens and exactly {cfg.gen} generated "
+        "per sequence (EOS ignored), distinct prompts",
+        "tok/s = sequences x generated tokens / wall time from the first prompt to the last token (prefill included); "
+        "llama-batched-bench: its T = T_PP + T_TG",
+        "others_cores: cores other processes kept busy during a measurement (a shared machine); one over 0.25 "
+        "was measured again, up to twice, after waiting for the machine to go quiet",
+        "Llama serial = llama-cpp-python's high-level Llama.generate, one request after another",
+        f"the engine's --spec: {cfg.spec.value}" + (" (no drafts: the work every peer does)" if cfg.spec is SpecMode.OFF else
+                                              " (drafts verified in the batch; no peer speculates)"),
+    ]

@@ -1,0 +1,124 @@
+"""Provides the key probe the UI benchmarks share (`bench ui`, `bench ui-cpu`, the UI endurance
+run): a key is handed to the app the way the terminal driver hands it over, and timed to the first
+frame the app gives its driver whose composer row shows the typed text.
+
+Headless Textual writes nothing, so `FrameProbe` renders every frame to terminal bytes as a real
+driver would, and reads the composer row from the frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass
+
+DIGITS = "1234567"  # typed keys: never in the composer's placeholder, so a match is the typed text
+
+
+def _row_text(update, y: int, x0: int, x1: int) -> str | None:
+    """The text of screen row y between x0 and x1 in a compositor update, or None if it has no row y."""
+    from textual._compositor import ChopsUpdate, LayoutUpdate
+
+    if isinstance(update, ChopsUpdate):
+        if not any(sy == y for sy, _, _ in update.spans):
+            return None
+        return "".join(s.text for x, s in sorted(update.chops[y].items()) if s is not None and x < x1 and x + s.cell_length > x0)
+    if isinstance(update, LayoutUpdate) and update.region.y <= y < update.region.bottom:
+        return "".join(s.text for s in update.strips[y - update.region.y])
+    return None
+
+
+class FrameProbe:
+    """Hooks the app's display: counts the frames a terminal driver would be given, and notes the
+    moment (`pending["t1"]`) a frame first shows `pending["want"]` in the row `pending["row"]`:
+    (y, x0, x1), or a function giving it for each frame (where a widget is in that frame: a
+    resize laid out after the key was sent moves the composer)."""
+
+    def __init__(self, app) -> None:
+        self.app, self.frames, self.pending, self.seen = app, 0, {}, asyncio.Event()
+        self.layout_frames: list[float] = []  # when each frame that laid the screen out was drawn
+        self._display = app._display
+        app._display = self._painted
+
+    def expect(self, want: str, row: tuple[int, int, int], **extra) -> None:
+        """About to send a key: wait for `want` in `row` (y, x0, x1) from now on."""
+        self.seen.clear()
+        self.pending.clear()
+        self.pending.update(want=want, row=row, **extra)
+        self.pending["t0"] = time.perf_counter()
+
+    def latency_ms(self) -> float | None:
+        p = self.pending
+        return (p["t1"] - p["t0"]) * 1e3 if "t1" in p else None
+
+    def _painted(self, screen, update) -> None:
+        if update is not None:
+            from textual._compositor import LayoutUpdate
+
+            update.render_segments(self.app.console)  # the bytes a real terminal driver would write
+            self.frames += 1
+            if isinstance(update, LayoutUpdate):
+                self.layout_frames.append(time.perf_counter())
+            p = self.pending
+            if p and "t1" not in p:
+                row = p["row"]() if callable(p["row"]) else p["row"]
+                text = _row_text(update, *row)
+                if text is not None and p["want"] in text:
+                    p["t1"] = time.perf_counter()
+                    self.seen.set()
+        self._display(screen, update)
+
+
+def send_key(app, key: str, char: str | None) -> None:
+    """Hand a key event to the app as its terminal driver does with a key it read (not
+    pilot.press: that waits for an idle app, and streaming panes never idle)."""
+    from textual import events
+
+    event = events.Key(key, char)
+    event.set_sender(app)
+    app._driver.send_message(event)
+
+
+async def type_and_time_key(probe: FrameProbe, composer, i: int, *, timeout_s: float = 2.0,
+                            **extra) -> float | None:
+    """Type the i-th key of the probe sequence into `composer` and return the milliseconds until a
+    frame showed it (None: not within `timeout_s`). Every len(DIGITS) keys the composer is emptied
+    first, so the typed text stays on its row. `extra` is kept in `probe.pending`."""
+    ch = DIGITS[i % len(DIGITS)]
+    if i % len(DIGITS) == 0:
+        composer.value = ""
+        await asyncio.sleep(0.05)
+    def row() -> tuple[int, int, int]:  # the composer's row in the frame being drawn
+        r = composer.region
+        return r.y, r.x, r.right
+
+    probe.expect(composer.value + ch, row, **extra)
+    send_key(probe.app, ch, ch)
+    try:
+        await asyncio.wait_for(probe.seen.wait(), timeout_s)
+    except asyncio.TimeoutError:
+        pass
+    return probe.latency_ms()
+
+
+@dataclass
+class KeyFigures:
+    """p50 / p95 / max of the keys, and how many were not painted at all (None: no key).
+
+    A key not painted within its timeout counts in the percentiles as taking that long (it took at
+    least that): left out, a run whose slowest keys never showed would read faster than one whose
+    slowest keys did."""
+
+    p50_ms: float | None
+    p95_ms: float | None
+    max_ms: float | None
+    missed: int
+
+    @classmethod
+    def of(cls, keys: list[float | None], timeout_ms: float = 2000.0) -> "KeyFigures":
+        from magnitude_bench.common import percentile
+
+        timed = [timeout_ms if k is None else k for k in keys]
+        return cls(statistics.median(timed) if timed else None, percentile(timed, 95),
+                   max(timed) if timed else None, sum(k is None for k in keys))

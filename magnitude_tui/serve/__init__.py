@@ -1,0 +1,1 @@
+"""Provides the OpenAI-compatible endpoint: `magnitude-tui serve`."""
