@@ -94,7 +94,8 @@ def step_stats(steps: list[StepSeen], wall_s: float) -> dict:
 
 def engine_round(client, cfg: ContentionConfig, tag: str) -> dict:
     """Submit cfg.seqs requests at once (fresh conversations), wait for all; tok/s and threads."""
-    from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
+    from magnitude_tui.engine.events import SeqUpdate, StepReport
+    from scheduler.types import Message, Phase, Request, SamplingParams
 
     sampling = SamplingParams(temperature=0.0, max_tokens=cfg.gen)
     sessions = [f"{tag}-{i}" for i in range(cfg.seqs)]

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 from magnitude_bench.common import BenchResult, machine_info, median, percentile, rnd
 from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from magnitude_tui.engine.waiting import wait_ready
-from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate
+from magnitude_tui.engine.events import SeqUpdate
+from scheduler.types import Message, Phase, Request, SamplingParams
 
 TOPICS = ("the sea", "a mountain town", "a lighthouse keeper", "an old library", "a winter market",
           "a river boat", "a night train", "a bakery at dawn", "a garden in autumn", "a desert road",
@@ -57,7 +58,7 @@ def run_burst(client: EngineClient, requests: list[Request], timeout_s: float) -
     ttfts = [f.ttft_ms for f in finals.values() if f.ttft_ms is not None]
     return {"wall_s": wall, "made": made, "tok_s": made / wall, "ttft_p50_ms": median(ttfts),
             "ttft_p95_ms": percentile(ttfts, 95), "queue_p50_ms": median([f.queue_ms or 0.0 for f in finals.values()]),
-            "estimated": any(f.tokens_estimated for f in finals.values())}
+            "estimated": any(f.remote.tokens_estimated for f in finals.values())}
 
 
 def bench_engines(engines: dict[str, EngineClient], cfg: RemoteBenchConfig, progress=lambda s: None) -> BenchResult:

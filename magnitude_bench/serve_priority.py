@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 
 from magnitude_bench.common import PASSAGE, median, rnd
-from scheduler.types import Message, Phase, Priority, Request, SamplingParams, StepReport
+from magnitude_tui.engine.events import StepReport
+from scheduler.types import Message, Phase, Priority, Request, SamplingParams
 
 
 def _words(n: int, salt: int) -> str:

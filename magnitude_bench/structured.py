@@ -15,7 +15,8 @@ from magnitude_bench.remote import TOPICS
 from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from magnitude_tui.engine.waiting import events_until, wait_ready
 from scheduler.speculation import SpecMode
-from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, SeqUpdate
+from magnitude_tui.engine.events import SeqUpdate
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
 
 # Bounded strings and a small integer, so a constrained reply closes well within max_tokens.
 # (No minimum/maximum: llama-cpp-python's converter does not bound integers, see docs/BENCHMARKS.md.)

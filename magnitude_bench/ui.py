@@ -60,7 +60,7 @@ def recording_client(config):
     """A WorkerClient that keeps every StepReport its consumer takes (the app and the headless
     loop both take batches through poll_events)."""
     from magnitude_tui.engine.client import WorkerClient
-    from scheduler.types import StepReport
+    from magnitude_tui.engine.events import StepReport
 
     class RecordingClient(WorkerClient):
         def __init__(self, config) -> None:
@@ -89,8 +89,8 @@ def _shape(steps: list, rows: int) -> dict:
 
 def run_headless(config, cfg: UiConfig) -> dict:
     from magnitude_bench.common import Contention
-    from magnitude_tui.engine.events import EngineFailed, EngineReady
-    from scheduler.types import Message, Phase, Request, SamplingParams, StepReport
+    from magnitude_tui.engine.events import EngineFailed, EngineReady, StepReport
+    from scheduler.types import Message, Phase, Request, SamplingParams
 
     client = recording_client(config)
     client.start()

@@ -183,7 +183,8 @@ class PacedClient:
             self.thread_cpu_s = time.thread_time() - cpu0
 
     def _step(self, t: float):
-        from scheduler.types import DoneReason, Phase, SeqUpdate, StepReport
+        from magnitude_tui.engine.events import SeqUpdate, StepReport
+        from scheduler.types import DoneReason, Phase
 
         self.steps += 1
         updates, decode, prefill = [], 0, 0

@@ -15,10 +15,11 @@ from rich.table import Table
 
 from backend.factory import BackendConfig
 from magnitude_tui.engine.client import WorkerClient
-from magnitude_tui.engine.events import CommandRejected, EngineConfig, EngineFailed, EngineReady, LoadProgress
+from magnitude_tui.engine.events import (CommandRejected, EngineConfig, EngineFailed, EngineReady, LoadProgress, SeqUpdate,
+                                         StepReport, ThreadState)
 from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from scheduler.speculation import SpecMode
-from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport, ThreadState
+from scheduler.types import Message, Phase, Request, SamplingParams
 
 
 def local_client(n_prompts: int, *, model, device, policy, n_ctx, verbose: bool,
@@ -195,10 +196,10 @@ def results_json(order, prompts, texts, finals, wall, steps, rows, threads: Thre
             "index": i, "prompt": prompts[i], "text": texts[rid], "error": f.error,
             "done_reason": f.done_reason.value if f.done_reason else None,
             "prompt_tokens": f.prompt_total, "cached_tokens": f.cached_tokens, "generated_tokens": f.generated,
-            "tokens_estimated": f.tokens_estimated, "queue_ms": f.queue_ms, "ttft_ms": f.ttft_ms,
+            "tokens_estimated": f.remote.tokens_estimated, "queue_ms": f.queue_ms, "ttft_ms": f.ttft_ms,
             "tok_s": f.tok_s, "itl_p50_ms": f.itl_p50_ms, "itl_p95_ms": f.itl_p95_ms, "itl_max_ms": f.itl_max_ms,
-            "tokens_per_step": f.tokens_per_step, "drafted": f.drafted, "accepted": f.accepted,
-            "endpoint": f.endpoint,
+            "tokens_per_step": f.spec.tokens_per_step, "drafted": f.spec.drafted, "accepted": f.spec.accepted,
+            "endpoint": f.remote.endpoint,
         })
     total = sum(finals[rid].generated for rid in order)
     return {"sequences": sequences, "wall_s": wall, "steps": steps,
@@ -217,9 +218,9 @@ def _print_results(console, order, prompts, texts, finals, wall, steps, rows=Non
         head = f"[bold]#{i}[/] {prompts[i][:60]!r}"
         body = texts[rid].strip() if f.error is None else f"[red]{f.error}[/]"
         console.print(f"{head}\n  {body}\n")
-    remote = any(f.endpoint for f in finals.values())
+    remote = any(f.remote.endpoint for f in finals.values())
     if remote:  # the server scheduled; every figure here was measured on the client
-        title = f"{len(order)} sequences on {len({f.endpoint for f in finals.values()})} server(s), " \
+        title = f"{len(order)} sequences on {len({f.remote.endpoint for f in finals.values()})} server(s), " \
                 f"client-side figures: {wall:.2f} s wall"
     else:
         title = f"{len(order)} sequences in one context: {wall:.2f} s wall, {steps} steps"
@@ -232,14 +233,14 @@ def _print_results(console, order, prompts, texts, finals, wall, steps, rows=Non
     for i, rid in enumerate(order):
         f = finals[rid]
         total += f.generated
-        mark = "~" if f.tokens_estimated else ""  # counted here with tiktoken: the server sent no usage
+        mark = "~" if f.remote.tokens_estimated else ""  # counted here with tiktoken: the server sent no usage
         table.add_row(str(i), f"{mark}{f.prompt_total} ({f.cached_tokens})", f"{mark}{f.generated}", _fmt(f.queue_ms),
                       _fmt(f.ttft_ms), _fmt(f.tok_s, ".1f"), _fmt(f.itl_p50_ms, ".1f"), _fmt(f.itl_p95_ms, ".1f"),
-                      _fmt(f.tokens_per_step, ".2f"),
-                      f"{f.accepted}/{f.drafted}" if f.drafted else "-",
-                      f.done_reason.value if f.done_reason else "-", *([f.endpoint or "-"] if remote else []))
+                      _fmt(f.spec.tokens_per_step, ".2f"),
+                      f"{f.spec.accepted}/{f.spec.drafted}" if f.spec.drafted else "-",
+                      f.done_reason.value if f.done_reason else "-", *([f.remote.endpoint or "-"] if remote else []))
     console.print(table)
-    if any(f.tokens_estimated for f in finals.values()):
+    if any(f.remote.tokens_estimated for f in finals.values()):
         console.print("~ estimated with tiktoken (cl100k_base): the server sent no usage")
     console.print(f"aggregate: {total / wall:.1f} generated tok/s")
     if rows and rows["steps"]:

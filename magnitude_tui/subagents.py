@@ -17,7 +17,8 @@ from magnitude_tui.screens.spawn_dialog import SpawnSpec
 from magnitude_tui.store import MessageRecord, PaneRecord, Store
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.pane_grid import MAX_PANES
-from scheduler.types import DoneReason, Priority, SeqUpdate
+from magnitude_tui.engine.events import SeqUpdate
+from scheduler.types import DoneReason, Priority
 
 
 class SubagentHost(Protocol):

@@ -10,7 +10,8 @@ from typing import Callable
 from magnitude_tui.app import MagnitudeApp
 from magnitude_tui.screens.approval_dialog import ApprovalDialog
 from magnitude_tui.store import Store
-from scheduler.types import DoneReason, Phase, Request, StepReport, ToolCallDelta
+from magnitude_tui.engine.events import StepReport
+from scheduler.types import DoneReason, Phase, Request, ToolCallDelta
 from tests.app_support import SIZE, ScriptedClient, wait_for
 
 # A scripted reply: text, or tool calls as (name, arguments) pairs.

@@ -14,7 +14,8 @@ from magnitude_tui.engine.events import (CommandRejected, EngineFailed, EngineRe
                                          PolicyChanged, RestoreOutcome, SessionRestored)
 from magnitude_tui.engine.protocol import EngineTarget
 from magnitude_tui.store import Store
-from scheduler.types import DoneReason, Phase, Request, SamplingParams, SeqUpdate, StepReport
+from magnitude_tui.engine.events import SeqUpdate, StepReport
+from scheduler.types import DoneReason, Phase, Request, SamplingParams
 
 SIZE = (120, 40)
 

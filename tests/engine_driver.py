@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from backend.fake import FakeBackend
 from backend.simulated import VirtualClock
 from magnitude_tui.engine.core import Engine
-from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate, StepReport
+from magnitude_tui.engine.events import SeqUpdate, StepReport
+from scheduler.types import Message, Phase, Request, SamplingParams
 
 
 @dataclass

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from magnitude_tui.serve.thread import RunningServer, free_port, serve_in_thread as running_server
-from scheduler.types import StepReport
+from magnitude_tui.engine.events import StepReport
 
 __all__ = ["CancelWatch", "RunningServer", "ServeProcess", "free_port", "recording", "running_server",
            "serve_process", "wait_until", "watching_cancels"]

@@ -145,8 +145,8 @@ async def test_speculation_switches_live_from_the_palette_and_shows_its_figures(
         # The fake's reply repeats every 45 characters: from its second round on, lookup guesses it.
         assert pane.record.messages[-1].content == _expected(120)
         last = pane.last_update
-        assert last.accepted > 0 and last.tokens_per_step > 1.5
+        assert last.spec.accepted > 0 and last.spec.tokens_per_step > 1.5
         assert spec_text(last).endswith("%") and "tok/step" in StatusLine.metrics_text(last)
-        assert sum(r.draft_rows for r in panel.steps) >= last.drafted
+        assert sum(r.draft_rows for r in panel.steps) >= last.spec.drafted
         commands["Speculation: off"].callback()
         await wait_for(pilot, lambda: panel.spec == "off", what="SpecChanged off")

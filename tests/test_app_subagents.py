@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.subagents import answer_message, burst_tasks, next_name
-from scheduler.types import DoneReason, Phase, SeqUpdate
+from magnitude_tui.engine.events import SeqUpdate
+from scheduler.types import DoneReason, Phase
 
 
 def test_next_name_takes_the_lowest_number_no_open_pane_has():

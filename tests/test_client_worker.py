@@ -12,10 +12,10 @@ import pytest
 from backend.factory import BackendConfig
 from magnitude_tui.reliability.crash import kill_worker
 from magnitude_tui.engine.client import WorkerClient
-from magnitude_tui.engine.events import EngineConfig, LoadProgress
+from magnitude_tui.engine.events import EngineConfig, LoadProgress, StepReport
 from magnitude_tui.engine.protocol import seq_updates
 from magnitude_tui.engine.waiting import wait_ready as ready_event
-from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, StepReport
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

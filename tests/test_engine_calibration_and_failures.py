@@ -7,7 +7,8 @@ import pytest
 
 from backend.fake import FakeBackend
 from backend.protocol import DecodeOutcome, DecodeResult, PlanError
-from scheduler.types import DoneReason, Message, Phase, RejectReason, Request, SamplingParams
+from magnitude_tui.engine.events import RejectReason
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
 from tests.engine_driver import assert_clean, by_request, chat, engine_for, text
 
 

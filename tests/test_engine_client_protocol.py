@@ -19,7 +19,8 @@ from magnitude_tui.engine.events import (CommandRejected, EngineConfig, EngineRe
 from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from magnitude_tui.remote.client import RemoteClient
 from magnitude_tui.remote.config import RemoteConfig
-from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, SeqUpdate
+from magnitude_tui.engine.events import SeqUpdate
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
 from tests.app_support import ScriptedClient
 from tests.openai_stub import Script, StubServer
 

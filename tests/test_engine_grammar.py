@@ -59,8 +59,8 @@ def test_a_constrained_sequence_never_drafts_although_its_text_repeats():
     _, _, free = _run(engine, Request("free", "a", prompt, SamplingParams(max_tokens=40)))
     _, _, constrained = _run(engine, Request("json", "b", prompt, SamplingParams(max_tokens=40),
                                              response_schema=schema))
-    assert free.drafted > 0  # n-gram lookup drafts this text when nothing constrains it
-    assert constrained.drafted == 0
+    assert free.spec.drafted > 0  # n-gram lookup drafts this text when nothing constrains it
+    assert constrained.spec.drafted == 0
 
 
 def test_tool_choice_required_starts_under_the_grammar_from_the_first_token():
@@ -74,7 +74,7 @@ def test_tool_choice_required_starts_under_the_grammar_from_the_first_token():
 
 def test_the_sequences_panel_shows_the_mask_time_per_token_of_a_constrained_reply():
     from magnitude_tui.widgets.sequences_panel import spec_text
-    from scheduler.types import SeqUpdate
+    from magnitude_tui.engine.events import SeqUpdate
 
     masked = SeqUpdate("r", "s", 0, Phase.GENERATING, generated=10, grammar_ms=14.0)
     assert spec_text(masked) == "mask 1.4"

@@ -72,9 +72,9 @@ def test_scripted_acceptance_gives_the_same_reply_with_the_right_rows_and_ledger
     # the 40th token's row included (its sample is the EOS).
     assert len(spec_steps) == -(-40 // (1 + accepted_per_step))
     last = ups[-1]
-    assert last.accepted == sum(r.draft_accepted for r in reports) and last.drafted == 8 * len(spec_steps)
+    assert last.spec.accepted == sum(r.draft_accepted for r in reports) and last.spec.drafted == 8 * len(spec_steps)
     gen_steps = 1 + sum(1 for r in spec_steps if any(u.new_tokens for u in r.updates))
-    assert last.tokens_per_step == pytest.approx(40 / gen_steps)
+    assert last.spec.tokens_per_step == pytest.approx(40 / gen_steps)
     # The conversation keeps exactly the prompt and the reply's tokens: the row of the last one
     # was evaluated (its logits gave the EOS), no draft row after it stayed.
     seq_id = ups[-1].seq_id
@@ -118,7 +118,7 @@ def test_eos_inside_an_accepted_draft_ends_the_reply_and_trims_the_rows_after_it
     ups = by_request(reports)["r"]
     assert text(ups) == DEFAULT_REPLY[:5] and ups[-1].done_reason is DoneReason.STOP
     assert [r.draft_rows for r in reports if r.draft_rows] == [8]  # one step: 4 accepted, then EOS
-    assert ups[-1].accepted == 4
+    assert ups[-1].spec.accepted == 4
     # The 5th token's draft row was evaluated and accepted; its logits gave the EOS; the 3 draft
     # rows after it are gone.
     prompt = backend.tokenize_chat([Message("user", "hello")])

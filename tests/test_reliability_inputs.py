@@ -6,7 +6,8 @@ import pytest
 
 from backend.fake import DEFAULT_REPLY, FakeBackend
 from magnitude_tui.reliability.cases import BAD_REQUESTS
-from scheduler.types import DoneReason, Message, Phase, RejectReason, Request, SamplingParams
+from magnitude_tui.engine.events import RejectReason
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
 from tests.engine_driver import assert_clean, by_request, chat, engine_for, text
 
 GOOD = chat("good", "g", "hello", max_tokens=20)

@@ -7,10 +7,10 @@ import pytest
 from backend.factory import BackendConfig
 from magnitude_tui.reliability.crash import ENDLESS, kill_worker
 from magnitude_tui.engine.client import WorkerClient
-from magnitude_tui.engine.events import CommandRejected, EngineConfig, PolicyChanged
+from magnitude_tui.engine.events import CommandRejected, EngineConfig, PolicyChanged, RejectReason, StepReport
 from magnitude_tui.engine.protocol import seq_updates
 from magnitude_tui.engine.waiting import events_until, wait_ready
-from scheduler.types import DoneReason, Message, Phase, RejectReason, Request, SamplingParams, StepReport
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
 
 
 def _events(client, until):

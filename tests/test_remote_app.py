@@ -33,7 +33,7 @@ async def test_a_remote_pane_shows_its_server_and_the_panel_shows_the_servers(tm
             assert not status.query_one("ProgressBar").display
 
             await wait_for(pilot, lambda: pane.last_update.phase is Phase.DONE, what="the reply")
-            assert pane.last_update.error is None and pane.last_update.endpoint == stub.url
+            assert pane.last_update.error is None and pane.last_update.remote.endpoint == stub.url
             # However narrow the status line, the pane's border names its server.
             await wait_for(pilot, lambda: host(stub.url) in str(pane.border_subtitle), what="the server in the border")
 
@@ -74,4 +74,4 @@ async def test_remote_subagents_send_the_parents_conversation_and_show_the_serve
                 await wait_for(pilot, lambda c=child: "(7 cached)" in str(
                     c.query_one(StatusLine).query_one(".metrics").content), what="the server's cached tokens shown")
             # New conversations go to the least-loaded server: the two subagents do not share one.
-            assert {c.last_update.endpoint for c in ws.grid.panes[1:]} == {one.url, two.url}
+            assert {c.last_update.remote.endpoint for c in ws.grid.panes[1:]} == {one.url, two.url}

@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from magnitude_tui.engine.events import EndpointsReport, EngineFailed, EngineReady
+from magnitude_tui.engine.events import EndpointsReport, EngineFailed, EngineReady, SeqUpdate
 from magnitude_tui.remote.client import RemoteClient
 from magnitude_tui.remote.config import RemoteConfig, api_key_from_env
 from magnitude_tui.remote.metrics import estimate_tokens
 from magnitude_tui.remote.request import request_body
-from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, SeqUpdate
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
 from tests.openai_stub import Script, StubServer
 
 
@@ -88,8 +88,8 @@ def test_a_reply_streams_with_client_measured_figures_and_the_servers_usage(run_
         assert "".join(u.text_delta for u in ups) == "w0 w1 w2 w3 w4 w5 "
         assert final.done_reason is DoneReason.STOP
         assert (final.generated, final.prompt_total, final.cached_tokens) == (6, 11, 5)
-        assert not final.tokens_estimated
-        assert final.endpoint == stub.url
+        assert not final.remote.tokens_estimated
+        assert final.remote.endpoint == stub.url
         assert final.ttft_ms >= 200 and final.itl_p50_ms >= 15 and final.tok_s > 0
         body = stub.requests[0]["body"]
         assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
@@ -117,10 +117,10 @@ def test_without_usage_the_counts_are_tiktoken_estimates_marked_as_such(run_clie
         run = run_client([stub.url])
         run.client.submit(chat("a", text="count these words please"))
         final = run.final("a")
-        assert final.tokens_estimated
+        assert final.remote.tokens_estimated
         assert final.generated == estimate_tokens("w0 w1 w2 w3 ")
         assert final.prompt_total > estimate_tokens("count these words please")
-        assert final.server_timings is not None and final.server_timings.cache_n == 3
+        assert final.remote.server_timings is not None and final.remote.server_timings.cache_n == 3
         assert final.cached_tokens == 3  # llama-server's cache_n stands in for cached_tokens
 
 
@@ -144,19 +144,20 @@ def test_new_work_goes_to_the_least_loaded_server(run_client):
         for rid in "abcd":
             run.client.submit(chat(rid, max_tokens=30))
         finals = [run.final(rid) for rid in "abcd"]
-        used = [f.endpoint for f in finals]
+        used = [f.remote.endpoint for f in finals]
         assert used.count(one.url) == 2 and used.count(two.url) == 2
         run.until(lambda: any(isinstance(e, EndpointsReport) for e in run.events))
         # A conversation's next turn goes back to the server that holds its prefix, even when
         # that server is now the busier one.
-        home = finals[0].endpoint
+        home = finals[0].remote.endpoint
         for i in range(3):
             run.client.submit(chat(f"x{i}", max_tokens=30))
         run.until(lambda: all(any(u.phase is Phase.GENERATING for u in run.updates(f"x{i}")) for i in range(3)))
-        load = {url: sum(run.updates(f"x{i}")[-1].endpoint == url for i in range(3)) for url in (one.url, two.url)}
+        load = {url: sum(run.updates(f"x{i}")[-1].remote.endpoint == url for i in range(3))
+                for url in (one.url, two.url)}
         assert load[home] == 2  # the first server is the busier one now
         run.client.submit(chat("a2", session="s-a"))
-        assert run.final("a2").endpoint == home
+        assert run.final("a2").remote.endpoint == home
 
 
 def test_refused_connection_marks_the_server_dead_and_work_goes_elsewhere(run_client):
@@ -166,7 +167,7 @@ def test_refused_connection_marks_the_server_dead_and_work_goes_elsewhere(run_cl
         run.ready()
         run.client.submit(chat("a"))
         final = run.final("a")
-        assert final.error is None and final.endpoint == alive.url
+        assert final.error is None and final.remote.endpoint == alive.url
         run.until(lambda: any(isinstance(e, EndpointsReport) for e in run.events))
         report = [e for e in run.events if isinstance(e, EndpointsReport)][-1]
         status = {s.url: s for s in report.endpoints}
@@ -190,7 +191,7 @@ def test_no_server_answering_fails_the_engine_with_a_restartable_error(run_clien
         assert run.client.alive
         run.client.submit(chat("b"))
         final = run.final("b")
-        assert final.error is None and final.generated == 3 and final.endpoint == url
+        assert final.error is None and final.generated == 3 and final.remote.endpoint == url
 
 
 @pytest.mark.parametrize("code, expect", [
@@ -256,7 +257,7 @@ def test_a_stream_that_breaks_mid_reply_errors_and_the_server_is_avoided(run_cli
         run.ready()
         run.client.submit(chat("a"))
         first = run.final("a")
-        assert first.done_reason is DoneReason.ERROR and first.endpoint == flaky.url
+        assert first.done_reason is DoneReason.ERROR and first.remote.endpoint == flaky.url
         assert "mid-reply" in first.error
         for rid in "bc":  # new work goes to the other server while the first is suspect
             run.client.submit(chat(rid))

@@ -61,8 +61,8 @@ def test_llama_cpp_server_streams_two_panes_with_estimated_counts(py_server):
             assert f.error is None and f.done_reason in (DoneReason.STOP, DoneReason.LENGTH), f
             assert text.strip() and 0 < f.generated <= 12 + 2
             # This server sends no usage in a stream: the counts are tiktoken's, and say so.
-            assert f.tokens_estimated and f.prompt_total > 0
-            assert f.ttft_ms > 0 and f.endpoint == py_server.url
+            assert f.remote.tokens_estimated and f.prompt_total > 0
+            assert f.ttft_ms > 0 and f.remote.endpoint == py_server.url
             phases = [u.phase for u in run.updates(f"p{i}")]
             assert Phase.WAITING in phases and Phase.PREFILL not in phases  # nothing invented
     finally:
@@ -80,7 +80,7 @@ async def test_the_app_runs_a_pane_on_a_remote_server(py_server, tmp_path):
         await wait_for(pilot, lambda: pane.last_update is not None and pane.last_update.phase is Phase.DONE,
                        timeout=240, what="the remote reply")
         assert pane.last_update.error is None and pane.last_answer()
-        assert pane.last_update.endpoint == py_server.url
+        assert pane.last_update.remote.endpoint == py_server.url
         await wait_for(pilot, lambda: ws.scheduler_panel.endpoints is not None, what="the servers panel")
         assert ws.scheduler_panel.endpoints.endpoints[0].url == py_server.url
 
@@ -118,10 +118,10 @@ def test_llama_server_four_panes_stream_at_once_with_the_servers_usage(np4_serve
         assert not any(u.phase is Phase.DONE for i in range(4) for u in run.updates(f"q{i}"))
         for i in range(4):
             f = run.final(f"q{i}", timeout=240)
-            assert f.error is None and not f.tokens_estimated
+            assert f.error is None and not f.remote.tokens_estimated
             # usage is the server's count; llama-server's own timings agree with it.
-            assert f.server_timings is not None and f.generated == f.server_timings.predicted_n
-            assert f.prompt_total == f.server_timings.prompt_n + f.server_timings.cache_n
+            assert f.remote.server_timings is not None and f.generated == f.remote.server_timings.predicted_n
+            assert f.prompt_total == f.remote.server_timings.prompt_n + f.remote.server_timings.cache_n
     finally:
         run.client.stop()
 
@@ -152,7 +152,7 @@ def test_two_llama_servers_share_the_panes_and_a_killed_one_fails_only_its_panes
                 run.client.submit(chat(f"k{i}", "Write a long story about a cat.", max_tokens=300))
             run.until(lambda: all(any(u.phase is Phase.GENERATING for u in run.updates(f"k{i}"))
                                   for i in range(4)), timeout=240)
-            where = {f"k{i}": run.updates(f"k{i}")[-1].endpoint for i in range(4)}
+            where = {f"k{i}": run.updates(f"k{i}")[-1].remote.endpoint for i in range(4)}
             assert sorted(where.values()) == sorted([one.url, one.url, two.url, two.url])
             one.kill()
             for rid, url in where.items():
@@ -167,7 +167,7 @@ def test_two_llama_servers_share_the_panes_and_a_killed_one_fails_only_its_panes
                                                                  DoneReason.LENGTH)
             run.client.submit(chat("after", "Name a bird."))
             after = run.final("after", timeout=240)
-            assert after.error is None and after.endpoint == two.url
+            assert after.error is None and after.remote.endpoint == two.url
             run.until(lambda: any(isinstance(e, EndpointsReport) and not e.endpoints[0].healthy
                                   for e in run.events))
         finally:

@@ -10,7 +10,7 @@ import pytest
 
 from backend.factory import BackendConfig
 from backend.tools import ToolSyntax, call_text
-from magnitude_tui.engine.events import EngineConfig
+from magnitude_tui.engine.events import EngineConfig, SeqUpdate
 from magnitude_tui.remote.client import RemoteClient
 from magnitude_tui.remote.config import RemoteConfig
 from magnitude_tui.remote.metrics import RemoteSeq
@@ -18,8 +18,8 @@ from magnitude_tui.remote.request import request_body
 from magnitude_tui.remote.stream import MalformedStream, parse_chunk
 from magnitude_tui.serve.app import ServeOptions
 from magnitude_tui.serve.thread import serve_in_thread
-from scheduler.types import (DoneReason, Message, Phase, Request, SamplingParams, SeqUpdate, Tool, ToolCall,
-                             ToolCallDelta, ToolChoice, ToolChoiceMode)
+from scheduler.types import (DoneReason, Message, Phase, Request, SamplingParams, Tool, ToolCall, ToolCallDelta, ToolChoice,
+                             ToolChoiceMode)
 
 WEATHER = Tool("get_weather", "The weather in a city", json.dumps(
     {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}))

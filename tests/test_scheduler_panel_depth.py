@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.app import App, ComposeResult
 
 from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
-from scheduler.types import StepReport
+from magnitude_tui.engine.events import StepReport
 
 
 class _PanelApp(App):
@@ -29,7 +29,7 @@ async def test_the_panel_shows_the_attention_choice_and_resident_idle_kv():
 
 
 async def test_the_panel_shows_the_engines_thread_count_and_why():
-    from scheduler.types import ThreadState
+    from magnitude_tui.engine.events import ThreadState
 
     app = _PanelApp()
     async with app.run_test(size=(60, 30)):

@@ -166,7 +166,8 @@ def test_a_conversation_without_a_pane_leaves_the_panel_when_the_worker_dies():
     from types import SimpleNamespace
 
     from magnitude_tui.serve.panes import ApiPanes
-    from scheduler.types import DoneReason, Message, Request, SeqUpdate, StepReport
+    from magnitude_tui.engine.events import SeqUpdate, StepReport
+    from scheduler.types import DoneReason, Message, Request
 
     shown: list[tuple[str, str, Phase]] = []
     workspace = SimpleNamespace(

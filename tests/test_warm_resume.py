@@ -9,10 +9,10 @@ import pytest
 
 from backend.fake import FakeBackend
 from magnitude_tui.engine.core import Engine
-from magnitude_tui.engine.events import RestoreOutcome, SessionRestored
+from magnitude_tui.engine.events import RestoreOutcome, SeqUpdate, SessionRestored
 from magnitude_tui.engine.warm import SAVE_AFTER_S
 from magnitude_tui.engine.warm_store import MAGIC, WarmStore
-from scheduler.types import Message, Phase, Request, SamplingParams, SeqUpdate
+from scheduler.types import Message, Phase, Request, SamplingParams
 
 HISTORY = "Tell me about lighthouses and the keepers who lived in them, at some length please."
 REPLY_TOKENS = 40

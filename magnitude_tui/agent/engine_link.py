@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable, Protocol
 
 from backend.tools import new_call_id
-from scheduler.types import Phase, Request, SeqUpdate, ToolCall, ToolCallDelta
+from magnitude_tui.engine.events import SeqUpdate
+from scheduler.types import Phase, Request, ToolCall, ToolCallDelta
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from magnitude_tui.engine.events import (
     Submit,
 )
 from magnitude_tui.engine.protocol import EngineEvent, EngineTarget, EventStream
-from scheduler.types import DoneReason, Message, Phase, Rejection, RejectReason, Request, SeqUpdate, StepReport
+from magnitude_tui.engine.events import RejectReason, Rejection, SeqUpdate, StepReport
+from scheduler.types import DoneReason, Message, Phase, Request
 
 
 

@@ -21,7 +21,8 @@ from scheduler.ngram import NgramSource
 from scheduler.speculation import SpecMode, available_sources, parse_spec_mode
 from scheduler.speculator import Speculator
 from scheduler.planner import Scheduler
-from scheduler.types import BatchPlan, DoneReason, Request, StepReport, ThreadState, plan_kpos
+from magnitude_tui.engine.events import StepReport, ThreadState
+from scheduler.types import BatchPlan, DoneReason, Request, plan_kpos
 from scheduler.validation import check_id, check_policy_text
 
 

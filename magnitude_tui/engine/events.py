@@ -1,5 +1,5 @@
 """Provides what crosses the engine's edge: its config, the commands it takes and the events it
-sends (besides StepReport and SeqUpdate)."""
+sends (a StepReport per step with a SeqUpdate per request that changed, and the rare ones)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Union
 
 from backend.factory import BackendConfig
 from scheduler.speculation import SpecMode
-from scheduler.types import Message, Request
+from scheduler.types import DecodeOutcome, DoneReason, ErrorKind, Message, Phase, Priority, Request, ToolCallDelta
 
 DEFAULT_WARM_BUDGET_MB = 1024  # saved conversation KV on disk, all models together (LRU beyond it)
 
@@ -31,6 +31,157 @@ class EngineConfig:
     warm_budget_mb: int = DEFAULT_WARM_BUDGET_MB
     # Speculative decoding (`--spec`): auto drafts where the cost model says it pays.
     spec: SpecMode = SpecMode.AUTO
+
+
+# ---- engine -> app, every step -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ServerTimings:
+    """What a llama-server reports about one reply (its `timings` object), in its own terms."""
+
+    prompt_n: int  # prompt tokens it evaluated (not taken from its cache)
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+    cache_n: int = 0  # prompt tokens reused from its cache
+
+    @property
+    def prompt_tok_s(self) -> float | None:
+        return self.prompt_n / self.prompt_ms * 1000.0 if self.prompt_ms > 0 else None
+
+    @property
+    def predicted_tok_s(self) -> float | None:
+        return self.predicted_n / self.predicted_ms * 1000.0 if self.predicted_ms > 0 else None
+
+
+@dataclass(frozen=True)
+class RemoteFacts:
+    """A remote engine's request: which server runs it, whether the token counts are estimates
+    (the server sent no usage), and the server's own timings when it reports them."""
+
+    endpoint: str | None = None
+    tokens_estimated: bool = False
+    server_timings: ServerTimings | None = None
+
+
+@dataclass(frozen=True)
+class SpecFacts:
+    """Speculation: draft tokens verified for a request so far, how many were accepted, and the
+    tokens it gained per generating step (1.0 without speculation)."""
+
+    drafted: int = 0
+    accepted: int = 0
+    tokens_per_step: float | None = None
+
+    @property
+    def acceptance(self) -> float | None:
+        """Share of verified draft tokens that were accepted (None before any was drafted)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+
+@dataclass
+class SeqUpdate:
+    """Everything the UI needs about one request after one step (only requests that changed)."""
+
+    request_id: str
+    session_id: str
+    seq_id: int | None
+    phase: Phase
+    text_delta: str = ""
+    new_tokens: int = 0
+    prompt_done: int = 0
+    prompt_total: int = 0
+    cached_tokens: int = 0
+    generated: int = 0
+    # TTFT in three phases that add up to it: preparing (template + tokenizer), queue (waiting
+    # for a slot, KV room or prompt rows) and prefill (first row scheduled -> first token).
+    queue_ms: float | None = None
+    ttft_ms: float | None = None
+    preparing_ms: float | None = None
+    prefill_ms: float | None = None
+    tok_s_live: float | None = None
+    tok_s: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p95_ms: float | None = None
+    itl_max_ms: float | None = None
+    done_reason: DoneReason | None = None
+    error_kind: ErrorKind | None = None  # with done_reason ERROR
+    error: str | None = None
+    waiting_reason: str | None = None
+    # How many of the request's oldest messages (after its system messages) were left out so the
+    # conversation fits its sequence with room for a reply (0: all of it was sent).
+    dropped_messages: int = 0
+    priority: Priority = Priority.INTERACTIVE
+    load_fraction: float | None = None  # phase `loading`: how much of the model is loaded (0..1)
+    remote: RemoteFacts = RemoteFacts()  # a remote engine's request (defaults: a local one)
+    spec: SpecFacts = SpecFacts()
+    # An agent whose decode row sat out this step so that a person's prompt gets its rows sooner.
+    yielding: bool = False
+    # Tool calls parsed out of the reply this step (their text is not in text_delta).
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    # Time spent masking this request's rows under its grammar so far (0: unconstrained).
+    grammar_ms: float = 0.0
+
+
+class RejectReason(str, Enum):
+    DUPLICATE_ID = "duplicate_id"  # another request with this id is still live
+    BAD_ID = "bad_id"  # the request id is missing or not text: no update could carry it
+    MALFORMED = "malformed"  # not a request at all, or a command the engine cannot apply
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A submit the engine refused without it ever becoming a request. Reported apart from the
+    updates because its id may belong to another, live request, which must not look ended."""
+
+    request_id: str  # as given (repr'd when it was not text)
+    session_id: str | None
+    reason: RejectReason
+    message: str
+
+
+@dataclass(frozen=True)
+class ThreadState:
+    """The engine's CPU thread count for the next step, its range, and why (shown to the user)."""
+
+    n_threads: int
+    max_threads: int
+    why: str
+    others_cores: float | None = None  # CPU other processes used lately, in cores (None: unknown)
+
+    def short(self) -> str:
+        busy = f" · others {self.others_cores:.1f} cores" if self.others_cores is not None else ""
+        return f"{self.n_threads} of {self.max_threads}{busy}"
+
+
+@dataclass
+class StepReport:
+    """One per engine step: the step's shape and every request update it caused."""
+
+    step: int
+    t: float  # engine clock seconds
+    step_ms: float
+    decode_rows: int
+    prefill_rows: int
+    budget: int
+    kv_used: int
+    kv_total: int
+    waiting: int
+    running: int
+    policy: str
+    updates: list[SeqUpdate] = field(default_factory=list)
+    # OK, or the outcome of a step that failed and committed nothing (e.g. NO_KV_SLOT).
+    outcome: DecodeOutcome = DecodeOutcome.OK
+    rejected: list[Rejection] = field(default_factory=list)
+    # Cells only idle conversations hold (without flash attention they slow every row).
+    kv_idle: int = 0
+    threads: ThreadState | None = None  # None: the backend has no CPU threads to choose
+    # Speculation: draft rows the step verified, how many of them were accepted, and the mode.
+    draft_rows: int = 0
+    draft_accepted: int = 0
+    spec: str = "off"
+    # Agents' decode rows held out of this step for a person's prompt in prefill.
+    yielded_rows: int = 0
 
 
 # ---- worker -> app -------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from magnitude_tui.engine.warm import WarmResume
 from scheduler.planner import RequestError
 from scheduler.sequence import Sequence
 from scheduler.speculation import SpecMode, parse_spec_mode
-from scheduler.types import DoneReason, ErrorKind, Phase, Rejection, RejectReason, Request, SeqUpdate
+from magnitude_tui.engine.events import RejectReason, Rejection, SeqUpdate
+from scheduler.types import DoneReason, ErrorKind, Phase, Request
 from scheduler.validation import check_request
 
 Queued = tuple[Command, float]  # a command with the time it was queued

@@ -14,7 +14,8 @@ from typing import Protocol, Union, runtime_checkable
 
 from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
                                          LoadProgress, PolicyChanged, SessionRestored, SpecChanged)
-from scheduler.types import Message, Request, SeqUpdate, StepReport
+from magnitude_tui.engine.events import SeqUpdate, StepReport
+from scheduler.types import Message, Request
 
 # What an engine's event stream carries. A batch is one list of these: one per engine step for a
 # local engine, one per network read for a remote one (never one per token).

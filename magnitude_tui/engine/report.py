@@ -11,7 +11,8 @@ from magnitude_tui.engine.threads import ThreadGovernor
 from magnitude_tui.engine.warm import WarmResume
 from scheduler.planner import Scheduler
 from scheduler.sequence import Sequence
-from scheduler.types import BatchPlan, DoneReason, Phase, Rejection, SeqUpdate, StepReport, ThreadState
+from magnitude_tui.engine.events import Rejection, SeqUpdate, SpecFacts, StepReport, ThreadState
+from scheduler.types import BatchPlan, DoneReason, Phase
 
 
 class Arrivals(Protocol):
@@ -59,9 +60,8 @@ def seq_update(seq: Sequence, now: float) -> SeqUpdate:
         waiting_reason=seq.waiting_reason,
         dropped_messages=seq.dropped_messages,
         priority=seq.priority,
-        drafted=seq.num_drafted,
-        accepted=seq.num_accepted,
-        tokens_per_step=len(seq.output) / seq.num_gen_steps if seq.num_gen_steps else None,
+        spec=SpecFacts(seq.num_drafted, seq.num_accepted,
+                       len(seq.output) / seq.num_gen_steps if seq.num_gen_steps else None),
         tool_calls=calls,
         grammar_ms=seq.grammar_ms,
         yielding=seq.yielding and not seq.is_finished,

@@ -9,7 +9,7 @@ from collections import deque
 from enum import Enum
 from typing import Callable, Protocol
 
-from scheduler.types import ThreadState
+from magnitude_tui.engine.events import ThreadState
 
 # Why the numbers: ggml's CPU threads meet at a spinning barrier after every operation of a step,
 # so one thread that shares its core with another process holds up all of them. Measured on 2

@@ -15,10 +15,10 @@ from pathlib import Path
 from scheduler.stats import percentile, rnd
 from magnitude_tui.reliability.config import SoakConfig, soak_row
 from magnitude_tui.engine.client import WorkerClient
-from magnitude_tui.engine.events import EngineFailed
+from magnitude_tui.engine.events import EngineFailed, SeqUpdate
 from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from magnitude_tui.engine.waiting import EngineStartFailed, NoEventInTime, events_until, wait_ready
-from scheduler.types import Phase, SamplingParams, SeqUpdate
+from scheduler.types import Phase, SamplingParams
 
 ENDLESS = SamplingParams(max_tokens=1_000_000)  # a reply that is still streaming when the kill comes
 
@@ -64,8 +64,8 @@ def _events_within(client: EngineClient, until, timeout_s: float) -> list:
 
 def kill_loop(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
     from backend.factory import BackendConfig
-    from magnitude_tui.engine.events import EngineConfig
-    from scheduler.types import Message, Request, StepReport
+    from magnitude_tui.engine.events import EngineConfig, StepReport
+    from scheduler.types import Message, Request
 
     failures: list[str] = []
     latencies: list[float] = []

@@ -146,7 +146,8 @@ def flood(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
     from backend.fake import FakeBackend
     from backend.simulated import VirtualClock
     from magnitude_tui.engine.core import Engine
-    from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, SeqUpdate
+    from magnitude_tui.engine.events import SeqUpdate
+    from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
 
     failures: list[str] = []
     queue_steps: list[int] = []

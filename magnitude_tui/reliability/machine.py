@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from backend.fake import FakeBackend
 from backend.protocol import DecodeOutcome
-from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, StepReport
+from magnitude_tui.engine.events import StepReport
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
 
 POLICIES = ("prefill-first", "fixed:16", "fixed:64", "target:30", "target:200")
 

@@ -20,7 +20,8 @@ from magnitude_tui.remote.config import RemoteConfig, base_url
 from magnitude_tui.remote.metrics import RemoteSeq
 from magnitude_tui.remote.pool import EndpointPool
 from magnitude_tui.remote.request import RequestFailed, run_request
-from scheduler.types import DoneReason, Message, Phase, Request, SeqUpdate
+from magnitude_tui.engine.events import SeqUpdate
+from scheduler.types import DoneReason, Message, Phase, Request
 
 FLUSH_S = 0.02  # updates gathered this long go out as one batch
 STATUS_S = 0.5  # the endpoints' figures are sent at most this often

@@ -12,7 +12,8 @@ import functools
 import time
 
 from magnitude_tui.remote.stream import Usage
-from scheduler.types import DoneReason, Phase, Request, SeqUpdate, ServerTimings, ToolCall, ToolCallDelta
+from magnitude_tui.engine.events import RemoteFacts, SeqUpdate, ServerTimings
+from scheduler.types import DoneReason, Phase, Request, ToolCall, ToolCallDelta
 
 LIVE_WINDOW_S = 2.0  # live tok/s: deltas over the last two seconds (as the local engine reports)
 
@@ -175,6 +176,6 @@ class RemoteSeq:
             tok_s=self.final_tok_s() if done else None,
             itl_p50_ms=_pct(itls, 0.5), itl_p95_ms=_pct(itls, 0.95), itl_max_ms=max(itls, default=None),
             done_reason=self.done_reason, error=self.error, waiting_reason=self.waiting_reason,
-            endpoint=self.endpoint, tokens_estimated=self.estimated, server_timings=self.timings,
+            remote=RemoteFacts(self.endpoint, self.estimated, self.timings),
             tool_calls=calls,
         )

@@ -6,7 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from scheduler.types import ServerTimings, ToolCallDelta
+from magnitude_tui.engine.events import ServerTimings
+from scheduler.types import ToolCallDelta
 
 
 class MalformedStream(ValueError):

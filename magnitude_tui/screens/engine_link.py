@@ -11,7 +11,8 @@ from backend.template_fallback import INFO_NOTICE
 from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
                                          LoadProgress, PolicyChanged, RestoreOutcome, SessionRestored,
                                          SpecChanged)
-from scheduler.types import DoneReason, Phase, SeqUpdate, StepReport
+from magnitude_tui.engine.events import SeqUpdate, StepReport
+from scheduler.types import DoneReason, Phase
 
 if TYPE_CHECKING:
     from magnitude_tui.screens.workspace import WorkspaceScreen

@@ -20,7 +20,8 @@ from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.subagents import next_name
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.tool_block import ToolActivity, ToolBlock
-from scheduler.types import Message, Request, SeqUpdate
+from magnitude_tui.engine.events import SeqUpdate
+from scheduler.types import Message, Request
 
 if TYPE_CHECKING:
     from magnitude_tui.screens.workspace import WorkspaceScreen

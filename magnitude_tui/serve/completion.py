@@ -11,7 +11,8 @@ from magnitude_tui.serve.errors import ErrorType, OpenAIError
 from magnitude_tui.serve.hub import EngineHub
 from magnitude_tui.serve.tool_calls import check_calls, check_reply
 from scheduler.metrics import partition_ms
-from scheduler.types import DoneReason, ErrorKind, Phase, Request, SamplingParams, SeqUpdate, ToolCallDelta
+from magnitude_tui.engine.events import SeqUpdate
+from scheduler.types import DoneReason, ErrorKind, Phase, Request, SamplingParams, ToolCallDelta
 
 
 @dataclass

@@ -10,8 +10,8 @@ from dataclasses import replace
 from enum import Enum
 from typing import Callable
 
-from magnitude_tui.engine.events import EngineFailed, EngineReady, LoadProgress
-from scheduler.types import DoneReason, ErrorKind, Phase, Request, SeqUpdate, StepReport
+from magnitude_tui.engine.events import EngineFailed, EngineReady, LoadProgress, SeqUpdate, StepReport
+from scheduler.types import DoneReason, ErrorKind, Phase, Request
 
 # What HTTP callers (and the unauthenticated /health) are told when the worker dies: the full
 # reason (pid, signal, log path) is for whoever runs the server and goes to its log only.

@@ -8,7 +8,8 @@ from magnitude_tui.serve.hub import EngineHub
 from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.pane_grid import MAX_PANES
-from scheduler.types import Phase, Request, SeqUpdate, StepReport
+from magnitude_tui.engine.events import SeqUpdate, StepReport
+from scheduler.types import Phase, Request
 
 
 class ApiPanes:

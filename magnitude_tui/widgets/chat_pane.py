@@ -20,7 +20,8 @@ from magnitude_tui.widgets.pane_labels import gauge, pane_title, queue_note, spe
 from magnitude_tui.widgets.status_line import StatusLine
 from magnitude_tui.widgets.tool_block import ToolActivity
 from magnitude_tui.widgets.transcript import Transcript
-from scheduler.types import DoneReason, Message, Phase, SeqUpdate
+from magnitude_tui.engine.events import SeqUpdate
+from scheduler.types import DoneReason, Message, Phase
 
 
 @dataclass
@@ -147,7 +148,7 @@ class ChatPane(Vertical):
 
     def gauge_text(self) -> str:
         """The context gauge in the pane's bottom border (pane_labels.gauge)."""
-        endpoint = self.last_update.endpoint if self.last_update is not None else None
+        endpoint = self.last_update.remote.endpoint if self.last_update is not None else None
         return gauge(self.context_used, self.context_size, endpoint, width=self.size.width)
 
     def last_reply(self) -> MessageRecord | None:

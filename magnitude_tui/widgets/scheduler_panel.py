@@ -8,10 +8,10 @@ from collections import deque
 from rich.text import Text
 from textual.widget import Widget
 
-from magnitude_tui.engine.events import EndpointsReport
+from magnitude_tui.engine.events import EndpointsReport, SeqUpdate, StepReport
 from magnitude_tui.widgets.format import fmt_ms, fmt_rate, spark
 from scheduler.budget import parse_policy
-from scheduler.types import Phase, SeqUpdate, StepReport
+from scheduler.types import Phase
 
 HISTORY = 120
 REFRESH_S = 0.25

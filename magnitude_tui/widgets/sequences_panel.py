@@ -13,7 +13,8 @@ from textual.widgets import DataTable
 
 from magnitude_tui.widgets.format import fmt_count, fmt_ms, fmt_rate, spark
 from magnitude_tui.widgets.tool_block import ToolActivity
-from scheduler.types import Phase, Priority, SeqUpdate
+from magnitude_tui.engine.events import SeqUpdate
+from scheduler.types import Phase, Priority
 
 REFRESH_S = 0.25
 RATE_SAMPLE_S = 0.25  # engine-clock spacing of the rate sparkline's samples
@@ -149,7 +150,7 @@ class SequencesPanel(Vertical):
             CLASS_LABEL[u.priority],
             Text(phase, style=self.get_component_rich_style(style_key)),
             prompt,
-            f"~{u.generated}" if u.tokens_estimated else str(u.generated),
+            f"~{u.generated}" if u.remote.tokens_estimated else str(u.generated),
             fmt_ms(u.queue_ms),
             fmt_ms(u.ttft_ms),
             fmt_rate(rate),
@@ -165,9 +166,9 @@ def spec_text(u: SeqUpdate) -> str:
     "—" for a sequence that did neither."""
     if u.grammar_ms > 0 and u.generated:
         return f"mask {u.grammar_ms / u.generated:.1f}"
-    if not u.drafted or u.tokens_per_step is None:
+    if not u.spec.drafted or u.spec.tokens_per_step is None:
         return "—"
-    return f"{u.tokens_per_step:.1f} {round(100 * u.acceptance)}%"
+    return f"{u.spec.tokens_per_step:.1f} {round(100 * u.spec.acceptance)}%"
 
 
 def _cell_key(cell: object) -> object:

@@ -10,7 +10,8 @@ from textual.widgets import ProgressBar, Static
 
 from magnitude_tui.widgets.format import fmt_count, fmt_ms, fmt_rate
 from magnitude_tui.widgets.tool_block import ToolActivity
-from scheduler.types import DoneReason, Phase, SeqUpdate
+from magnitude_tui.engine.events import SeqUpdate
+from scheduler.types import DoneReason, Phase
 
 _BADGE = {
     Phase.LOADING: "LOADING",
@@ -167,7 +168,7 @@ class StatusLine(Horizontal):
             latency[:2] = latency[1::-1]
         if u.phase is Phase.LOADING:
             return [f"model {round((u.load_fraction or 0.0) * 100)}% loaded", "runs when the engine is ready"]
-        where = f"on {u.endpoint}" if u.endpoint else None
+        where = f"on {u.remote.endpoint}" if u.remote.endpoint else None
         if u.phase is Phase.WAITING:
             # A remote server's prefill cannot be seen from the client: say only what is known.
             parts = ["waiting for first token", where, f"queue {fmt_ms(u.queue_ms)}"]
@@ -175,14 +176,14 @@ class StatusLine(Horizontal):
             parts = [u.waiting_reason if u.phase is Phase.QUEUED else None, prompt,
                      f"queue {fmt_ms(u.queue_ms)}"]
         else:
-            count = f"{'~' if u.tokens_estimated else ''}{u.generated} tok"
+            count = f"{'~' if u.remote.tokens_estimated else ''}{u.generated} tok"
             server = None
-            if u.server_timings is not None:
-                t = u.server_timings
+            if u.remote.server_timings is not None:
+                t = u.remote.server_timings
                 server = (f"server: prompt {fmt_rate(t.prompt_tok_s)} tok/s, "
                           f"gen {fmt_rate(t.predicted_tok_s)} tok/s, {t.cache_n} cached")
-            spec = (f"{u.tokens_per_step:.1f} tok/step, {round(100 * u.acceptance)}% of drafts accepted"
-                    if u.drafted and u.tokens_per_step is not None else None)
+            spec = (f"{u.spec.tokens_per_step:.1f} tok/step, {round(100 * u.spec.acceptance)}% of drafts accepted"
+                    if u.spec.drafted and u.spec.tokens_per_step is not None else None)
             parts = [u.error, *latency, spec, f"queue {fmt_ms(u.queue_ms)}", count, prompt, where, server]
         return [p for p in parts if p]
 
