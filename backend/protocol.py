@@ -113,14 +113,9 @@ class Backend(Protocol):
     device_name: str  # where the steps run: "CPU", a Vulkan device, "simulated rx9070xt"
     info: dict[str, Any]  # model facts for EngineReady (size, parameters, threads...)
     clock: Clock  # the time step costs and request metrics are measured in
-    # A simulated backend's step costs are known exactly (no calibration); None for real hardware.
-    known_costs: CostParams | None
     # Which cells a row's attention reads (llama.cpp: flash attention on or off); the cost model
     # prices rows, and idle conversations' resident KV, by it.
     attention_path: AttentionPath
-    # The measured flash-attention choice behind `attention_path`, with the probe's timings at
-    # depth that the engine's calibration adds (llama.cpp); None for a stand-in, which has no probe.
-    attention: AttentionChoice | None
     # CPU threads a step runs on, and the most it may use (0 and 0: a backend with no CPU threads
     # to choose); the engine may change the count between steps with `set_n_threads`.
     n_threads: int
@@ -134,6 +129,18 @@ class Backend(Protocol):
     # Texts that end a reply rendered with the chat template: the ChatML fallback's markers when
     # the model has no template and its vocabulary no token for them (backend/template_fallback.py).
     chat_stops: tuple[str, ...]
+
+    # Read-only for the engine (properties here, so that a backend that always has one may say so).
+    @property
+    def known_costs(self) -> CostParams | None:
+        """A simulated backend's step costs, known exactly (no calibration); None for real hardware."""
+        ...
+
+    @property
+    def attention(self) -> AttentionChoice | None:
+        """The measured flash-attention choice behind `attention_path`, with the probe's timings at
+        depth that the engine's calibration adds (llama.cpp); None for a stand-in, which has no probe."""
+        ...
 
     def tokenize(self, text: str, *, special: bool = False, add_bos: bool = False) -> list[int]: ...
     # The tool-call form the chat template teaches the model (backend/tools.py).
