@@ -7,10 +7,9 @@ from dataclasses import asdict, dataclass, replace
 
 from backend.factory import BackendConfig, build_backend
 from magnitude_bench import peers
-from magnitude_bench.common import (CPU_CLOCK, BenchResult, FixedLength, backend_clock, backend_info, machine_info,
-                                        measured, median, not_quiet_note, percentile, prompt_tokens, reset_kv,
-                                        rnd)
-from magnitude_tui.engine.core import Engine
+from magnitude_bench.common import (CPU_CLOCK, BenchResult, backend_info, machine_info, measured, median,
+                                    not_quiet_note, percentile, prompt_tokens, rnd)
+from magnitude_bench.harness import Drive, calibrated, recorded
 from scheduler.types import Request, SamplingParams
 
 # `target-v1:50` is target:50 as it was before it knew depth and occupancy: with llama.cpp's
@@ -48,52 +47,24 @@ class BurstRun:
 def run_burst(backend, policy: str, cfg: BurstConfig, params=None) -> BurstRun:
     """The parent's turn leaves `context` tokens resident; then N subagents fork from it at once,
     each with its own `own` tokens, and generate `gen` tokens each."""
-    reset_kv(backend)
-    # Submitted between two steps, the burst is taken in by one step: no coalescing window needed.
-    clock = _cpu_clock(backend, cfg)
-    engine = Engine(FixedLength(backend, clock), policy=policy, coalesce_ms=0.0, gen_reserve=cfg.gen, clock=clock)
-    if params is not None:
-        engine.scheduler.cost.seed(params)
-    clock = clock or backend_clock(backend)
+    drive = Drive(backend, policy=policy, gen_reserve=cfg.gen, clock=_cpu_clock(backend, cfg), params=params,
+                  calibrate=False)
     parent = prompt_tokens(backend, cfg.context, salt=5)
-    engine.submit(Request("parent", "parent", (), SamplingParams(max_tokens=1), prompt_tokens=parent))
-    engine.run_until_idle()
+    drive.run([Request("parent", "parent", (), SamplingParams(max_tokens=1), prompt_tokens=parent)])
     sampling = SamplingParams(temperature=0.0, max_tokens=cfg.gen)
-    t0 = clock()
-    for i in range(cfg.n):
-        own = prompt_tokens(backend, cfg.own, salt=300 + 17 * i)
-        engine.submit(Request(f"sub{i}", f"sub{i}", (), sampling, fork_from="parent", prompt_tokens=parent + own))
-    times: dict[str, list[float]] = {f"sub{i}": [] for i in range(cfg.n)}
-    deep_steps: list[float] = []
-    steps = prompt_rows = 0
-    kv_idle = 0
-    while engine.has_work():
-        report = engine.step()
-        if report is None:
-            continue
-        if report.decode_rows + report.prefill_rows:
-            steps += 1
-            prompt_rows += report.prefill_rows
-        if report.decode_rows == cfg.n and report.prefill_rows == 0:
-            deep_steps.append(report.step_ms)
-        kv_idle = report.kv_idle
-        for u in report.updates:
-            if u.error:
-                raise RuntimeError(f"{policy}: {u.request_id} failed: {u.error}")
-            if u.request_id in times:
-                times[u.request_id].extend([report.t] * u.new_tokens)
-    total = max(ts[-1] for ts in times.values()) - t0
-    evicted = engine.scheduler.num_evicted_for_speed
-    for sid in ["parent", *times]:
-        engine.close_session(sid)
-    engine.step()
-    if not engine.is_empty():
-        raise RuntimeError(f"{policy}: the engine kept state after the burst: {engine.leaks()}")
-    reset_kv(backend)
-    return BurstRun(ttft_s=[ts[0] - t0 for ts in times.values()],
-                    itl_ms=[(b - a) * 1000 for ts in times.values() for a, b in zip(ts, ts[1:])],
-                    decode_step_ms=deep_steps, total_s=total, steps=steps, prompt_rows=prompt_rows,
-                    kv_idle_after=kv_idle, evicted_for_speed=evicted)
+    subs = [Request(f"sub{i}", f"sub{i}", (), sampling, fork_from="parent",
+                    prompt_tokens=parent + prompt_tokens(backend, cfg.own, salt=300 + 17 * i)) for i in range(cfg.n)]
+    tr = drive.run(subs)
+    t0 = tr.submitted["sub0"]
+    busy = tr.busy_steps
+    evicted = drive.engine.scheduler.num_evicted_for_speed
+    drive.close()
+    ids = [r.request_id for r in subs]
+    return BurstRun(ttft_s=[tr.ttft(rid) for rid in ids], itl_ms=[g for rid in ids for g in tr.itl_ms(rid)],
+                    decode_step_ms=[s.step_ms for s in busy if s.decode_rows == cfg.n and s.prefill_rows == 0],
+                    total_s=max(tr.tokens[rid][-1] for rid in ids) - t0, steps=len(busy),
+                    prompt_rows=sum(s.prefill_rows for s in busy),
+                    kv_idle_after=tr.steps[-1].kv_idle if tr.steps else 0, evicted_for_speed=evicted)
 
 
 def _cpu_clock(backend, cfg: BurstConfig):
@@ -112,6 +83,7 @@ def _row(flash: str, policy: str, r: BurstRun, busy: float) -> dict:
     }
 
 
+@recorded
 def run_bursts(spec: BackendConfig, cfg: BurstConfig, progress=lambda s: None) -> BenchResult:
     res = BenchResult(name="burst", title=f"bench burst: {cfg.n} subagents x {cfg.own} own tokens forked from "
                       f"a {cfg.context:,}-token conversation", config={"burst": asdict(cfg), "backend": asdict(spec)},
@@ -124,8 +96,7 @@ def run_bursts(spec: BackendConfig, cfg: BurstConfig, progress=lambda s: None) -
                         n_seq_max=max(spec.n_seq_max, cfg.n + 1), flash_attn=flash if flash != "profile" else "auto")
         backend = build_backend(fspec)
         try:
-            calibrator = Engine(FixedLength(backend, _cpu_clock(backend, cfg)))
-            params = calibrator.calibrate()
+            params = calibrated(backend, _cpu_clock(backend, cfg))
             info[flash] = backend_info(backend) | {"cost": asdict(params),
                                                    "attention": backend.info.get("attention")}
             for policy in cfg.policies:

@@ -228,22 +228,25 @@ class BenchResult:
     tables: dict[str, list[dict]] = field(default_factory=dict)  # table title -> rows
     notes: list[str] = field(default_factory=list)
     data: dict = field(default_factory=dict)  # raw series for plots and re-analysis
+    # Every measured run, not only the medians the tables show (harness.sweep's records).
+    repetitions: list[dict] = field(default_factory=list)
+    # How this run ran: command line, code version, start, wall time, load before and after
+    # (harness.recorded).
+    run: dict = field(default_factory=dict)
 
 
 def git_version() -> str:
     """`git describe` of the code a bench ran ("?" outside a checkout)."""
     try:
         return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parents[2], timeout=10).stdout.strip() or "?"
+                              cwd=Path(__file__).resolve().parents[1], timeout=10).stdout.strip() or "?"
     except (OSError, subprocess.SubprocessError):
         return "?"
 
 
 def machine_info() -> dict:
-    """What the figures were measured on."""
-    info = {"os": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
-            # A shared machine: the load when the run started says how quiet it was.
-            "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()]}
+    """What the figures were measured on (the load before and after a run: `harness.recorded`)."""
+    info = {"os": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count()}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -309,7 +312,8 @@ def save_result(result: BenchResult, out_dir: str | os.PathLike = "results",
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    result.machine["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    # A result that did not come through harness.recorded still says how busy the machine was.
+    result.machine.setdefault("load_avg_at_end", [round(x, 2) for x in os.getloadavg()])
     base = out / f"{result.name}-{stamp}"
     paths = {"json": base.with_suffix(".json"), "md": base.with_suffix(".md")}
     paths["json"].write_text(json.dumps(asdict(result), indent=1, default=str))
@@ -318,7 +322,8 @@ def save_result(result: BenchResult, out_dir: str | os.PathLike = "results",
         md += [f"## {title}\n", markdown_table(rows)]
     if result.notes:
         md += ["Notes:\n"] + [f"- {n}" for n in result.notes] + [""]
-    md += ["```", json.dumps({"config": result.config, "machine": result.machine}, indent=1, default=str), "```", ""]
+    md += ["```", json.dumps({"run": result.run, "config": result.config, "machine": result.machine}, indent=1,
+                             default=str), "```", ""]
     paths["md"].write_text("\n".join(md))
     if plot is not None:
         import matplotlib

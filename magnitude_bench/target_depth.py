@@ -6,9 +6,9 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import (CPU_CLOCK, BenchResult, FixedLength, backend_info, machine_info,
-                                        not_quiet_note, percentile, prompt_tokens, reset_kv, rnd)
-from magnitude_tui.engine.core import Engine
+from magnitude_bench.common import (CPU_CLOCK, BenchResult, backend_info, machine_info, median, not_quiet_note,
+                                    percentile, prompt_tokens, rnd)
+from magnitude_bench.harness import Drive, calibrated, recorded
 from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel
 from scheduler.types import AttentionPath, Request, SamplingParams, attended_kpos, used_cells_kpos
 
@@ -31,7 +31,9 @@ class TargetDepthConfig:
 class DepthRun:
     depth: int
     target_ms: float
-    need_ms: float  # the cost model's decode rows + one quantum at the newcomer's deepest point
+    need_ms: float  # measured: the decode rows + one quantum at a newcomer-sized prompt's last position
+    model_need_ms: float  # what the engine's cost model predicted for that step
+    decode_ms: float  # measured: the decode rows alone at this depth
     steps_ms: list[float]  # from the newcomer's arrival to its first token
     prompt_rows: list[int]
     ttft_s: float
@@ -49,84 +51,72 @@ def needed_ms(cost: CostModel, path: AttentionPath, decode_rows: int, depth: int
 
 
 def run_depth(backend, depth: int, cfg: TargetDepthConfig, params=None) -> DepthRun:
-    """N sequences fork from a `depth`-token conversation and generate; a `newcomer`-token prompt
-    arrives; every step until its first token is timed under target:MS."""
-    reset_kv(backend)
-    clock = CPU_CLOCK if cfg.cpu_clock and backend.known_costs is None else None
-    engine = Engine(FixedLength(backend, clock), policy=f"target:{cfg.target_ms:g}", coalesce_ms=0.0,
-                    gen_reserve=4 * cfg.newcomer, clock=clock)
-    if params is not None:
-        engine.scheduler.cost.seed(params)
+    """N sequences fork from a `depth`-token conversation and generate; a probe of the newcomer's
+    length runs one quantum a step beside them (its deepest steps are what the target must hold);
+    then the `newcomer`-token prompt arrives and every step until its first token is timed under
+    target:MS."""
+    q = MIN_PREFILL_QUANTUM
+    drive = Drive(backend, policy=f"target:{cfg.target_ms:g}", gen_reserve=4 * cfg.newcomer, params=params,
+                  calibrate=False, clock=CPU_CLOCK if cfg.cpu_clock and backend.known_costs is None else None,
+                  what=f"depth {depth}")
     parent = prompt_tokens(backend, max(depth, 1), salt=3)
-    engine.submit(Request("parent", "parent", (), SamplingParams(max_tokens=1), prompt_tokens=parent))
-    engine.run_until_idle()
+    drive.run([Request("parent", "parent", (), SamplingParams(max_tokens=1), prompt_tokens=parent)])
     running = [f"run{i}" for i in range(cfg.n_running)]
-    # Enough tokens to outlast the newcomer's prompt at one quantum a step.
-    sampling = SamplingParams(temperature=0.0, max_tokens=cfg.newcomer // MIN_PREFILL_QUANTUM + 16)
-    for i, rid in enumerate(running):
-        engine.submit(Request(rid, rid, (), sampling, fork_from="parent",
-                              prompt_tokens=parent + prompt_tokens(backend, 8, salt=50 + i)))
-    started: set[str] = set()
-    while len(started) < cfg.n_running:
-        report = engine.step()
-        started |= {u.request_id for u in (report.updates if report else ()) if u.new_tokens}
-    for _ in range(8):  # every running sequence generating, and the cost model has seen them
-        engine.step()
-    sched = engine.scheduler
-    need = needed_ms(sched.cost, sched.attention, cfg.n_running, depth + 24, backend.kv_cells_used() + cfg.newcomer,
-                     cfg.newcomer)
+    # Enough tokens to outlast the probe's prompt and the newcomer's, each at one quantum a step.
+    sampling = SamplingParams(temperature=0.0, max_tokens=2 * (cfg.newcomer // q) + 32)
+    drive.submit(*(Request(rid, rid, (), sampling, fork_from="parent",
+                           prompt_tokens=parent + prompt_tokens(backend, 8, salt=50 + i)) for i, rid in enumerate(running)))
+    drive.until(lambda: all(drive.trace.tokens.get(rid) for rid in running))
+    n0 = len(drive.trace.steps)
+    drive.until(lambda: len(drive.trace.steps) >= n0 + 8)  # every running sequence generating
+    decode = [s.step_ms for s in drive.trace.steps[n0:] if s.decode_rows == cfg.n_running and not s.prefill_rows]
+    sched = drive.engine.scheduler
+    model_need = needed_ms(sched.cost, sched.attention, cfg.n_running, depth + 24,
+                           backend.kv_cells_used() + cfg.newcomer, cfg.newcomer)
+    # The probe: a prompt as long as the newcomer's (sharing none of it), one quantum a step.
+    drive.engine.set_policy(f"fixed:{q}")
+    n0 = len(drive.trace.steps)
+    drive.submit(Request("probe", "probe", (), SamplingParams(max_tokens=1),
+                         prompt_tokens=prompt_tokens(backend, cfg.newcomer, salt=98)))
+    drive.until(lambda: "probe" in drive.trace.done)
+    quanta = [s.step_ms for s in drive.trace.steps[n0:] if s.decode_rows == cfg.n_running and s.prefill_rows == q]
+    need = median(quanta[-3:])  # the deepest quanta: the newcomer's last steps will cost as much
+    drive.engine.close_session("probe")
     target = cfg.target_ms if need <= cfg.target_ms else 10.0 * math.ceil(need * cfg.headroom / 10.0)
-    engine.set_policy(f"target:{target:g}")
-    t0 = (clock or backend.clock)()
-    engine.submit(Request("newcomer", "newcomer", (), SamplingParams(max_tokens=1),
-                          prompt_tokens=prompt_tokens(backend, cfg.newcomer, salt=99)))
-    steps: list[float] = []
-    rows: list[int] = []
-    ttft = None
-    while ttft is None:
-        report = engine.step()
-        if report is None:
-            if not engine.has_work():
-                raise RuntimeError(f"depth {depth}: the engine went idle before the newcomer's first token")
-            continue
-        for u in report.updates:
-            if u.error:
-                raise RuntimeError(f"depth {depth}: {u.request_id} failed: {u.error}")
-            if u.request_id == "newcomer" and u.new_tokens:
-                ttft = report.t - t0
-        if report.decode_rows + report.prefill_rows:
-            steps.append(report.step_ms)
-            rows.append(report.prefill_rows)
-    for sid in ["parent", "newcomer", *running]:
-        engine.close_session(sid)
-    engine.run_until_idle()
-    if not engine.is_empty():
-        raise RuntimeError(f"depth {depth}: the engine kept state after the run: {engine.leaks()}")
-    reset_kv(backend)
-    return DepthRun(depth, target, need, steps, rows, ttft)
+    drive.engine.set_policy(f"target:{target:g}")
+    n0 = len(drive.trace.steps)
+    t0 = drive.submit(Request("newcomer", "newcomer", (), SamplingParams(max_tokens=1),
+                              prompt_tokens=prompt_tokens(backend, cfg.newcomer, salt=99)))
+    drive.until(lambda: bool(drive.trace.tokens.get("newcomer")))
+    window = [s for s in drive.trace.steps[n0:] if s.rows]
+    ttft = drive.trace.tokens["newcomer"][0] - t0
+    drive.close()
+    return DepthRun(depth, target, need, model_need, median(decode), [s.step_ms for s in window],
+                    [s.prefill_rows for s in window], ttft)
 
 
 def _row(r: DepthRun) -> dict:
     p99 = percentile(r.steps_ms, 99)
-    return {"depth": r.depth, "target_ms": r.target_ms, "need_ms": rnd(r.need_ms, 1), "steps": len(r.steps_ms),
+    return {"depth": r.depth, "target_ms": r.target_ms, "decode_ms": rnd(r.decode_ms, 1), "need_ms": rnd(r.need_ms, 1),
+            "model_need_ms": rnd(r.model_need_ms, 1), "steps": len(r.steps_ms),
             "step_p50_ms": rnd(percentile(r.steps_ms, 50), 1), "step_p99_ms": rnd(p99, 1),
             "step_max_ms": rnd(max(r.steps_ms), 1), "p99_x_target": rnd(p99 / r.target_ms, 3),
             "prompt_rows_p50": percentile(r.prompt_rows, 50), "newcomer_ttft_s": rnd(r.ttft_s, 2),
             "holds": p99 <= HOLD_RATIO * r.target_ms}
 
 
+@recorded
 def run_target_depth(spec: BackendConfig, cfg: TargetDepthConfig, progress=lambda s: None) -> BenchResult:
     res = BenchResult(name="target-depth", title=f"bench target-depth: target:MS with {cfg.n_running} sequences "
                       f"generating and a {cfg.newcomer:,}-token prompt arriving, at depths "
                       f"{', '.join(f'{d:,}' for d in cfg.depths)}",
                       config={"target_depth": asdict(cfg), "backend": asdict(spec)}, machine=machine_info())
-    need_cells = max(cfg.depths) + cfg.newcomer * 2 + cfg.n_running * (cfg.newcomer // MIN_PREFILL_QUANTUM + 64)
+    need_cells = max(cfg.depths) + cfg.newcomer * 2 + cfg.n_running * (2 * cfg.newcomer // MIN_PREFILL_QUANTUM + 64)
     spec = replace(spec, n_ctx=spec.n_ctx or max(8192, -(-need_cells // 1024) * 1024),
                    n_seq_max=max(spec.n_seq_max, cfg.n_running + 2))
     backend = build_backend(spec)
     try:
-        params = Engine(FixedLength(backend, CPU_CLOCK if cfg.cpu_clock and backend.known_costs is None
-                                    else None)).calibrate()
+        params = calibrated(backend, CPU_CLOCK if cfg.cpu_clock and backend.known_costs is None else None)
         rows, traces = [], {}
         for depth in cfg.depths:
             run = run_depth(backend, depth, cfg, params)
@@ -141,9 +131,12 @@ def run_target_depth(spec: BackendConfig, cfg: TargetDepthConfig, progress=lambd
     finally:
         backend.close()
     res.notes += [
-        f"target_ms: {cfg.target_ms:g} where the decode rows plus one {MIN_PREFILL_QUANTUM}-row quantum are "
-        f"predicted to fit in it (need_ms, at the newcomer's last position), else {cfg.headroom:g}x need_ms "
-        "rounded up to 10 ms: the promise is for targets they fit in",
+        f"need_ms: measured, the step holding the {cfg.n_running} decode rows and one {MIN_PREFILL_QUANTUM}-row "
+        "quantum at the last position of a newcomer-sized probe prompt (run one quantum a step before the "
+        "newcomer arrives; median of its last 3 such steps); model_need_ms: the engine's cost model's "
+        "prediction for that step; decode_ms: measured, the decode rows alone at this depth",
+        f"target_ms: {cfg.target_ms:g} where need_ms fits in it, else {cfg.headroom:g}x need_ms rounded up to "
+        "10 ms: the promise is for targets the decode rows and a quantum fit in",
         "steps: every step from the newcomer's arrival to its first token; holds: p99 <= "
         f"{HOLD_RATIO:g}x target",
     ]
