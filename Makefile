@@ -19,5 +19,8 @@ run: setup
 llama-tools: setup
 	MAGNITUDE_VENV=$(VENV) bash scripts/build_llama_tools.sh --cpu
 
+# Nothing setup installed may be skipped here: a missing model, llama.cpp tool or lavapipe fails
+# the run (tests/needs.py), whatever MAGNITUDE_SKIP_REAL_MODEL says. ruff and mypy run as tests.
 test: setup llama-tools
-	MAGNITUDE_REQUIRE_LLAMA_TOOLS=1 $(VENV)/bin/python -m pytest -q -ra $(PYTEST_ARGS)
+	MAGNITUDE_REQUIRE_REAL_MODEL=1 MAGNITUDE_REQUIRE_LLAMA_TOOLS=1 MAGNITUDE_REQUIRE_LAVAPIPE=1 \
+		$(VENV)/bin/python -m pytest -q -ra $(PYTEST_ARGS)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.needs import need_real_model
+from tests.needs import need_lavapipe, need_real_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "magnitude_tui.cli"]
@@ -21,11 +21,6 @@ def _run(args, env_extra=None, timeout=600):
     env.pop("GGML_VK_VISIBLE_DEVICES", None)
     env.update(env_extra or {})
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def _lavapipe_installed() -> bool:
-    return any(Path(p).exists() for p in ("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",
-                                          "/usr/share/vulkan/icd.d/lvp_icd.aarch64.json"))
 
 
 def test_build_has_vulkan_backend_compiled_in():
@@ -43,8 +38,8 @@ def test_devices_lists_cpu_by_default():
     assert "Vulkan" in r.stdout  # the compiled-backends line
 
 
-@pytest.mark.skipif(not _lavapipe_installed(), reason="needs mesa-vulkan-drivers (scripts/setup.sh installs it)")
 def test_devices_lists_vulkan_when_lavapipe_forced():
+    need_lavapipe()
     r = _run(CLI + ["devices"], {"GGML_VK_VISIBLE_DEVICES": "0"})
     assert r.returncode == 0, r.stderr
     assert "Vulkan0" in r.stdout, r.stdout
@@ -61,8 +56,8 @@ def test_vulkan_device_without_visible_device_is_a_clear_error():
 
 @pytest.mark.slow
 @pytest.mark.vulkan
-@pytest.mark.skipif(not _lavapipe_installed(), reason="needs mesa-vulkan-drivers (scripts/setup.sh installs it)")
 def test_vulkan_on_lavapipe_matches_cpu():
+    need_lavapipe()
     n = 6  # lavapipe takes 1-2 s per step on two cores
     cpu = _run([sys.executable, "-m", "tests.vk_probe", "cpu", str(n)])
     assert cpu.returncode == 0, cpu.stderr[-2000:]
