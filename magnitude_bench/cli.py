@@ -1,5 +1,5 @@
 """Provides the `magnitude-bench` commands (typer): admit, prefill-curve, throughput, fork, person,
-burst, target-depth, resume, remote, serve, soak, spec, contention, structured, agents, ui, ui-cpu."""
+burst, target-depth, resume, remote, serve, soak, spec, contention, structured, agents, ui, ui-cpu, report."""
 
 from __future__ import annotations
 
@@ -483,6 +483,24 @@ def agents_bench(
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--sides") from None
     _finish(run_agents(cfg, progress=_progress), out, plot_agents)
+
+
+@bench_app.command()
+def report(
+    folder: Optional[Path] = typer.Option(None, "--from", help="The folder of raw results (default: docs/benchmarks)."),
+    check: bool = typer.Option(False, "--check", help="Only say whether the pages match the raw results."),
+) -> None:
+    """Rebuild the generated sections of docs/BENCHMARKS.md and docs/BENCHMARKS-HISTORY.md from raw results."""
+    from magnitude_bench.report import RAW_DIR, stale, write
+
+    folder = folder or RAW_DIR
+    if check:
+        pages = stale(folder=folder)
+        for p in pages:
+            Console(stderr=True).print(f"{p} differs from the raw results under {folder}")
+        raise typer.Exit(1 if pages else 0)
+    for p in write(folder=folder):
+        Console().print(f"wrote {p}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,79 @@
+"""Provides what the benchmark pages' renderers share: figures as recorded, Markdown tables, and
+where each section's figures come from (file, date, machine, load, command)."""
+
+from __future__ import annotations
+
+from magnitude_bench.report import Raw
+
+
+def fmt(v) -> str:
+    """A recorded value as written in the JSON (no rounding: a figure on the page is the file's)."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (int, float)):
+        return format(v, ",")
+    return str(v).replace("|", "\\|")
+
+
+def md_table(headers: list[str], rows: list[list]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(fmt(c) if not isinstance(c, Cell) else c.text for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+class Cell:
+    """Already formatted text for a table cell (several figures in one cell)."""
+
+    def __init__(self, *values, sep: str = " / ") -> None:
+        self.text = sep.join(fmt(v) for v in values)
+
+
+def table(raw: Raw, prefix: str) -> list[dict]:
+    """The rows of the result's table whose title starts with `prefix`."""
+    for title, rows in raw.doc.get("tables", {}).items():
+        if title.startswith(prefix):
+            return rows
+    raise KeyError(f"{raw.file}: no table titled {prefix!r}...")
+
+
+def machine(raw: Raw) -> str:
+    m = raw.doc.get("machine") or {}
+    where = raw.provenance.get("machine")
+    if where is None:
+        cpu = m.get("cpu", "?")
+        cores = m.get("cpu_count") or m.get("cores")
+        where = f"{cpu}, {cores} cores" if cores else cpu
+    kind = ((raw.doc.get("config") or {}).get("backend") or {}).get("kind", "")
+    if kind.startswith("simulated:"):
+        where = f"{kind} (virtual clock) on {where}"
+    return where
+
+
+def load(raw: Raw) -> str:
+    """The load the result records, said as what it is: most benches build their machine record
+    after the run, so a single reading is the load at the end, not at the start."""
+    runs = (raw.doc.get("data") or {}).get("runs")
+    if isinstance(runs, list) and runs and "load_before" in runs[0]:
+        before = [r["load_before"][0] for r in runs]
+        after = [r["load_after"][0] for r in runs]
+        return f"load (1 min) before runs {fmt(min(before))}–{fmt(max(before))}, after {fmt(min(after))}–{fmt(max(after))}"
+    m = raw.doc.get("machine") or {}
+    first, end = m.get("load_avg_1_5_15"), m.get("load_avg_at_end")
+    if end and first and first != end:
+        return f"load (1 min) {fmt(first[0])} at the first reading, {fmt(end[0])} at the end"
+    if end:
+        return f"load (1 min) {fmt(end[0])} at the end (no reading before the run)"
+    if m.get("loadavg_at_write"):
+        return f"load (1 min) {fmt(m['loadavg_at_write'][0])} when written"
+    return "load not recorded"
+
+
+def source(*raws: Raw) -> str:
+    """Where a section's figures come from: file, date, machine, load, command."""
+    lines = []
+    for r in raws:
+        note = f"; {r.provenance['note']}" if r.provenance.get("note") else ""
+        lines.append(f"- `docs/benchmarks/{r.file}`: {r.date}; {machine(r)}; {load(r)}{note}; `{r.command}`")
+    return "Raw results:\n\n" + "\n".join(lines)
