@@ -46,6 +46,7 @@ class Residency:
         if own is None:
             own = self.sessions[seq.session_id] = Session(seq.session_id)
         own.seq_id, own.tokens, own.live = slot, [], seq
+        own.awaits_tools = False
         own.last_used = self._next_tick()
         self._slot_owner[slot] = own
         return own
@@ -74,6 +75,7 @@ class Residency:
             session.tokens = seq.committed_tokens()
             session.last_used = self._next_tick()
             session.rent_ms = 0.0
+            session.awaits_tools = seq.called_tools
         elif session.seq_id is not None:
             self.release(session)
         if session.seq_id is None:
@@ -91,11 +93,13 @@ class Residency:
             self.release(session)
 
     def evict_lru(self, protect: set) -> bool:
-        """Drop the least recently used idle conversation not in `protect`; False if none."""
+        """Drop the least recently used idle conversation not in `protect`; False if none. One whose
+        last reply called tools goes last: its agent is running them and comes back to extend it,
+        while a finished subagent or a person's answered chat may never return."""
         idle = [s for s in self._slot_owner.values() if s.is_idle and s.session_id not in protect]
         if not idle:
             return False
-        victim = min(idle, key=lambda s: s.last_used)
+        victim = min(idle, key=lambda s: (s.awaits_tools, s.last_used))
         self.release(victim)
         del self.sessions[victim.session_id]
         return True

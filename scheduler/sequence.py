@@ -65,6 +65,7 @@ class Sequence:
         self.grammar_on_open: Any = None
         self.tool_parser: Any = None
         self.tool_calls_pending: list = []
+        self.called_tools = False  # the reply called a tool: its caller comes back with results
         self.grammar_ms = 0.0
 
     # ---- identity ------------------------------------------------------------------------------
@@ -201,6 +202,9 @@ class Session:
         self.live: Sequence | None = None  # the request currently holding this conversation
         self.last_used = 0
         self.rent_ms = 0.0  # what its resident cells cost other rows since it went idle
+        # Its last reply called tools: an agent that will be back with the results (a parent
+        # waiting on its subagents too), evicted after every idle conversation that is not.
+        self.awaits_tools = False
 
     @property
     def is_idle(self) -> bool:

@@ -8,7 +8,7 @@ from backend.fake import FakeBackend
 from backend.tools import ToolSyntax, call_text
 from magnitude_tui.engine.core import Engine
 from scheduler.budget import CostModel, CostParams, StepShape, parse_policy
-from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, Tool, ToolChoice, ToolChoiceMode
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, Tool, ToolCall, ToolChoice, ToolChoiceMode
 
 CPU = CostParams(fixed_ms=5.0, decode_ms=6.0, prefill_ms=4.0)
 TOOL = Tool("lookup", "", json.dumps({"type": "object", "properties": {"q": {"type": "string"}}}))
@@ -79,3 +79,26 @@ def test_the_sequences_panel_shows_the_mask_time_per_token_of_a_constrained_repl
     masked = SeqUpdate("r", "s", 0, Phase.GENERATING, generated=10, grammar_ms=14.0)
     assert spec_text(masked) == "mask 1.4"
     assert spec_text(SeqUpdate("r", "s", 0, Phase.GENERATING, generated=10)) == "—"
+
+
+def test_a_conversation_waiting_on_its_tools_is_evicted_after_one_that_is_not():
+    # Two slots. A's reply calls a tool (its agent is running it); B, newer, just chatted. C needs
+    # a slot: plain LRU would drop A, the older; A keeps its KV and B goes instead.
+    reply = call_text(ToolSyntax.GENERIC, "lookup", '{"q": "x"}')
+    backend = FakeBackend(reply=reply, eog_after=len(reply), n_seq_max=2)
+    engine = Engine(backend, policy="target:50", coalesce_ms=0)
+    _, calls, _ = _run(engine, Request("a1", "A", (Message("user", "find x"),), SamplingParams(max_tokens=400),
+                                       tools=(TOOL,)))
+    assert calls and calls[0].name == "lookup"
+    _run(engine, Request("b1", "B", (Message("user", "hi"),), SamplingParams(max_tokens=400)))
+    _run(engine, Request("c1", "C", (Message("user", "hello"),), SamplingParams(max_tokens=400)))
+    assert set(engine.scheduler.sessions) == {"A", "C"}
+    # A's next turn (the tool's result) reuses the KV it kept; answered in plain text, A is an
+    # ordinary idle conversation again, and the next newcomer takes the least recently used slot.
+    call = ToolCall(calls[0].id, "lookup", "".join(c.arguments for c in calls))
+    history = (Message("user", "find x"), Message("assistant", "", tool_calls=(call,)),
+               Message("tool", '{"found": 1}', tool_call_id=call.id))
+    _, _, a2 = _run(engine, Request("a2", "A", history, SamplingParams(max_tokens=3)))
+    assert a2.cached_tokens > 0 and not engine.scheduler.sessions["A"].awaits_tools
+    _run(engine, Request("d1", "D", (Message("user", "hey"),), SamplingParams(max_tokens=400)))
+    assert set(engine.scheduler.sessions) == {"A", "D"}

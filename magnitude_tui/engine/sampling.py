@@ -99,6 +99,7 @@ class StepSampler:
         text, calls = seq.tool_parser.feed(piece)
         seq.text_pending += text
         seq.tool_calls_pending += calls
+        seq.called_tools = seq.called_tools or bool(calls)
         if seq.grammar_on_open is not None and seq.tool_parser.opened > opened:
             # Only when the marker ended the piece (whitespace aside): text already past it
             # belongs to no grammar state we could start from, so that call is only parsed.
