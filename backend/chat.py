@@ -126,11 +126,11 @@ class Vocab:
         )
         segments: list[tuple[str, bool]] = []
         pos = 0
-        for m in _MARK.finditer(rendered):
-            if m.start() > pos:
-                segments.append((rendered[pos:m.start()], True))
-            segments.append((messages[int(m.group(1))].content, False))
-            pos = m.end()
+        for mark in _MARK.finditer(rendered):
+            if mark.start() > pos:
+                segments.append((rendered[pos:mark.start()], True))
+            segments.append((messages[int(mark.group(1))].content, False))
+            pos = mark.end()
         if pos < len(rendered):
             segments.append((rendered[pos:], True))
         return segments

@@ -4,7 +4,7 @@ benchmarks build a backend."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from backend.protocol import Backend
 
@@ -71,8 +71,8 @@ class BackendConfig:
 def build_backend(config: BackendConfig, on_progress: Callable[[float, str], None] | None = None) -> Backend:
     """Build the backend a config names. Only this function knows the concrete backends; the
     llama.cpp one is imported only when asked for (the others need no native library)."""
-    sizes = dict(n_ctx=config.ctx_size, n_seq_max=config.n_seq_max, n_batch=config.batch_size,
-                 n_ubatch=config.n_ubatch)
+    sizes: dict[str, Any] = dict(n_ctx=config.ctx_size, n_seq_max=config.n_seq_max, n_batch=config.batch_size,
+                                 n_ubatch=config.n_ubatch)
     if config.family == "fake":
         from backend.fake import FakeBackend
 
@@ -100,7 +100,10 @@ def build_draft_source(config: BackendConfig, target: Backend) -> "DraftModelSou
     if config.family != "llama":
         raise DraftModelError(f"--draft-model needs the llama backend, not {config.kind!r}")
     from backend.draft_model import DraftModelSource
+    from backend.llama_backend import LlamaBackend
 
+    if not isinstance(target, LlamaBackend):
+        raise DraftModelError(f"--draft-model needs a llama.cpp target, not {target.name!r}")
     return DraftModelSource.load(config.draft_model, target, device=config.device,
                                  flash_attn=config.flash_attn, verbose=config.verbose)
 

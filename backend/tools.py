@@ -243,6 +243,7 @@ class ToolCallParser:
         """Keys in another order: wait for the call's end, then send it whole."""
         body = call.body
         close = self.syntax.close
+        obj_text: str | None
         if close is not None:
             j = body.find(close)
             if j < 0:
