@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import (BenchResult, FixedLength, backend_clock, backend_info,
-                                        machine_info, measured, median, percentile, prompt_tokens,
-                                        reset_kv, rnd)
-from magnitude_tui.engine.core import Engine
+from magnitude_bench.common import (BenchResult, backend_info, machine_info, measured, median, percentile,
+                                    prompt_tokens, rnd)
+from magnitude_bench.harness import Drive, recorded
 from scheduler.budget import MIN_PREFILL_QUANTUM
 from scheduler.types import Request, SamplingParams
 
@@ -79,74 +77,51 @@ def tail_tokens(newcomer: int, cfg: AdmitConfig) -> int:
 
 def run_policy(backend, policy: str, cfg: AdmitConfig, newcomer: int, tail: int) -> Trace:
     """Start N generating sequences, let them warm up, submit the newcomer, run everything out."""
-    reset_kv(backend)
-    view = FixedLength(backend)
-    engine = Engine(view, policy=policy, coalesce_ms=0.0, gen_reserve=cfg.warmup_tokens + tail)
-    engine.calibrate()  # target:MS needs the cost model of this backend (a profile: read, not timed)
-    clock = backend_clock(backend)
-    sampling = SamplingParams(temperature=0.0, max_tokens=cfg.warmup_tokens + tail)
+    # target:MS needs the cost model of this backend (a profile: read, not timed).
+    drive = Drive(backend, policy=policy, gen_reserve=cfg.warmup_tokens + tail, calibrate=True)
     running = [f"run{i}" for i in range(cfg.n_running)]
-    submit_running(engine, backend, cfg, running, sampling)
-    tokens: dict[str, list[float]] = defaultdict(list)
-    steps: list[tuple[float, int, int]] = []
+    submit_running(drive, backend, cfg, running, SamplingParams(temperature=0.0, max_tokens=cfg.warmup_tokens + tail))
+    tokens, n0 = drive.trace.tokens, len(drive.trace.steps)  # after the context's turn, if any
 
-    def pump(done: Callable[[], bool]) -> None:
-        idle = 0
-        while not done():
-            report = engine.step()
-            if report is None:
-                idle += 1
-                if not engine.has_work() or idle > 1000:
-                    raise RuntimeError(f"{policy}: the engine went idle before the scenario finished")
-                continue
-            for u in report.updates:
-                if u.error:
-                    raise RuntimeError(f"{policy}: request {u.request_id} failed: {u.error}")
-                tokens[u.request_id].extend([report.t] * u.new_tokens)
-            if report.decode_rows + report.prefill_rows:
-                steps.append((report.t, report.decode_rows, report.prefill_rows))
+    def steps() -> list[tuple[float, int, int]]:
+        return [(s.t, s.decode_rows, s.prefill_rows) for s in drive.trace.steps[n0:] if s.rows]
 
-    pump(lambda: all(len(tokens[r]) >= cfg.warmup_tokens for r in running))
-    t_arrival, i_arrival = clock(), len(steps)
-    engine.submit(Request(request_id="newcomer", session_id="newcomer", messages=(),
-                          sampling=SamplingParams(temperature=0.0, max_tokens=cfg.newcomer_gen),
-                          prompt_tokens=prompt_tokens(backend, newcomer, salt=1000)))
-    pump(lambda: bool(tokens["newcomer"]))
-    t_first, i_first = tokens["newcomer"][0], len(steps)
-    pump(lambda: not engine.has_work())
-    for rid in [*running, "newcomer", "context"]:
-        engine.close_session(rid)
-    engine.step()
-    reset_kv(backend)
-    return Trace(t_arrival, t_first, steps[-1][0], dict(tokens), steps, i_arrival, i_first, running)
+    drive.until(lambda: all(len(tokens[r]) >= cfg.warmup_tokens for r in running))
+    i_arrival = len(steps())
+    t_arrival = drive.submit(Request(request_id="newcomer", session_id="newcomer", messages=(),
+                                     sampling=SamplingParams(temperature=0.0, max_tokens=cfg.newcomer_gen),
+                                     prompt_tokens=prompt_tokens(backend, newcomer, salt=1000)))
+    drive.until(lambda: bool(tokens["newcomer"]))
+    t_first, i_first = tokens["newcomer"][0], len(steps())
+    drive.run_out()
+    drive.close()
+    done = steps()
+    return Trace(t_arrival, t_first, done[-1][0], {k: tokens[k] for k in [*running, "newcomer"]}, done, i_arrival,
+                 i_first, running)
 
 
-def submit_running(engine: Engine, backend, cfg: AdmitConfig, ids: list[str], sampling: SamplingParams) -> None:
+def submit_running(drive: Drive, backend, cfg: AdmitConfig, ids: list[str], sampling: SamplingParams) -> None:
     """The running sequences: each its own short prompt, forked from a `running_depth`-token
     conversation (its turn runs first) when there is one."""
     context: tuple[int, ...] = ()
     if cfg.running_depth:
         context = prompt_tokens(backend, cfg.running_depth, salt=4242)
-        engine.submit(Request("context", "context", (), SamplingParams(max_tokens=1), prompt_tokens=context))
-        engine.run_until_idle()
-    for i, rid in enumerate(ids):
-        engine.submit(Request(request_id=rid, session_id=rid, messages=(), sampling=sampling,
-                              fork_from="context" if context else None,
-                              prompt_tokens=context + prompt_tokens(backend, cfg.running_prompt, salt=i + 1)))
+        drive.submit(Request("context", "context", (), SamplingParams(max_tokens=1), prompt_tokens=context))
+        drive.run_out()
+    drive.submit(*(Request(request_id=rid, session_id=rid, messages=(), sampling=sampling,
+                           fork_from="context" if context else None,
+                           prompt_tokens=context + prompt_tokens(backend, cfg.running_prompt, salt=i + 1))
+                   for i, rid in enumerate(ids)))
 
 
 def undisturbed(backend, cfg: AdmitConfig) -> float:
     """Median time between tokens of N sequences generating with nobody arriving (seconds)."""
-    reset_kv(backend)
-    engine = Engine(FixedLength(backend), policy="prefill-first", coalesce_ms=0.0)
-    sampling = SamplingParams(temperature=0.0, max_tokens=24)
-    submit_running(engine, backend, cfg, [f"u{i}" for i in range(cfg.n_running)], sampling)
-    times: dict[str, list[float]] = defaultdict(list)
-    for report in engine.run_until_idle():
-        for u in report.updates:
-            times[u.request_id].extend([report.t] * u.new_tokens)
-    reset_kv(backend)
-    gaps = [b - a for ts in times.values() for a, b in zip(ts[4:], ts[5:])]  # skip the first steps
+    drive = Drive(backend, policy="prefill-first")
+    ids = [f"u{i}" for i in range(cfg.n_running)]
+    submit_running(drive, backend, cfg, ids, SamplingParams(temperature=0.0, max_tokens=24))
+    drive.run_out()
+    drive.close()
+    gaps = [b - a for rid in ids for ts in [drive.trace.tokens[rid]] for a, b in zip(ts[4:], ts[5:])]  # skip the first steps
     return median(gaps) or float("nan")
 
 
@@ -259,6 +234,7 @@ def run_admit(spec: BackendConfig, cfg: AdmitConfig, *, backend=None,
             backend.close()
 
 
+@recorded
 def admit_result(specs: list[BackendConfig], cfg: AdmitConfig, progress=lambda s: None,
                  keep_series: bool = False) -> BenchResult:
     result = BenchResult(name="admit", title="bench admit: one long prompt arrives while N sequences generate",

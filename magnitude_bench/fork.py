@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import (BenchResult, FixedLength, backend_clock, backend_info,
-                                        machine_info, measured, median, prompt_tokens, reset_kv, rnd)
-from magnitude_tui.engine.core import Engine
-from scheduler.budget import parse_policy
+from magnitude_bench.common import BenchResult, backend_info, machine_info, median, prompt_tokens, rnd
+from magnitude_bench.harness import Drive, recorded, sweep
 from scheduler.types import Request, SamplingParams
 
 
@@ -23,81 +20,63 @@ class ForkConfig:
     reps: int = 1
 
 
-def _run(engine: Engine, clock, reqs: list[Request]) -> dict:
+def _run(drive: Drive, reqs: list[Request]) -> dict:
     """Submit all at once and run to the end: per-request TTFT, cached tokens, prompt rows evaluated."""
-    t0 = clock()
-    for r in reqs:
-        engine.submit(r)
-    first: dict[str, float] = {}
-    cached: dict[str, int] = defaultdict(int)
-    prefill_rows = steps = 0
-    while engine.has_work():
-        report = engine.step()
-        if report is None:
-            continue
-        steps += 1
-        prefill_rows += report.prefill_rows
-        for u in report.updates:
-            if u.error:
-                raise RuntimeError(f"request {u.request_id} failed: {u.error}")
-            cached[u.request_id] = max(cached[u.request_id], u.cached_tokens)
-            if u.new_tokens and u.request_id not in first:
-                first[u.request_id] = report.t - t0
-    return {"ttft": [first[r.request_id] for r in reqs], "cached": [cached[r.request_id] for r in reqs],
-            "prefill_rows": prefill_rows, "steps": steps, "total_s": clock() - t0}
+    tr = drive.run(reqs)
+    ids = [r.request_id for r in reqs]
+    return {"ttft": [tr.ttft(rid) for rid in ids], "cached": [tr.cached[rid] for rid in ids],
+            "prefill_rows": sum(s.prefill_rows for s in tr.steps), "steps": len(tr.steps),
+            "total_s": tr.ended - tr.submitted[ids[0]]}
 
 
+@recorded
 def run_fork(spec: BackendConfig, cfg: ForkConfig, progress=lambda s: None) -> BenchResult:
     need = (cfg.n + 1) * (cfg.parent_tokens + cfg.task_tokens + cfg.gen) + 512
     spec = replace(spec, n_ctx=spec.n_ctx or max(8192, -(-need // 1024) * 1024),
                    n_seq_max=max(spec.n_seq_max, cfg.n + 1))
     backend = build_backend(spec)
-    clock = backend_clock(backend)
     parent = prompt_tokens(backend, cfg.parent_tokens, salt=5)
     # Cold: contexts of the same length that share nothing, or the engine would evaluate the first
     # one and copy it to the others (a request waits for a prefix another is evaluating).
     colds = [prompt_tokens(backend, cfg.parent_tokens, salt=1000 + 17 * i) for i in range(cfg.n)]
     tasks = [prompt_tokens(backend, cfg.task_tokens, salt=200 + 13 * i) for i in range(cfg.n)]
-    out: dict[str, list[dict]] = {"forked": [], "cold": []}
+
+    def one(mode: str, rep: int) -> dict:
+        r = _one(backend, cfg, mode, parent, tasks, colds)
+        progress(f"rep {rep + 1} {mode}: TTFT p50 {median(r['ttft']):.3f} s, max {max(r['ttft']):.3f} s, "
+                 f"{r['prefill_rows']} prompt rows")
+        return r
+
     try:
-        for rep in range(cfg.reps):
-            for mode in ("forked", "cold"):
-                run = lambda: _one(backend, clock, cfg, mode, parent, tasks, colds)  # noqa: E731
-                r, busy = (run(), 0.0) if spec.simulated else measured(run, progress=progress)
-                r["others_cores"] = busy
-                out[mode].append(r)
-                progress(f"rep {rep + 1} {mode}: TTFT p50 {median(r['ttft']):.3f} s, max {max(r['ttft']):.3f} s, "
-                         f"{r['prefill_rows']} prompt rows")
+        runs = sweep(("forked", "cold"), cfg.reps, one, quiet=not spec.simulated, progress=progress)
         info = backend_info(backend)
     finally:
         backend.close()
-    return _result(spec, cfg, out, info)
+    return _result(spec, cfg, runs, info)
 
 
-def _one(backend, clock, cfg: ForkConfig, mode: str, parent: tuple[int, ...], tasks: list[tuple[int, ...]],
+def _one(backend, cfg: ForkConfig, mode: str, parent: tuple[int, ...], tasks: list[tuple[int, ...]],
          colds: list[tuple[int, ...]]) -> dict:
     """One measurement: (forked) the parent's turn leaves its context resident, then N subagents
     fork from it; (cold) N prompts of the same length from nothing, sharing no prefix."""
-    reset_kv(backend)
-    engine = Engine(FixedLength(backend), policy=cfg.policy, coalesce_ms=0.0, gen_reserve=cfg.gen)
-    if parse_policy(cfg.policy).target_ms is not None:
-        engine.calibrate()
+    drive = Drive(backend, policy=cfg.policy, gen_reserve=cfg.gen)
     parent_run = None
     if mode == "forked":
-        parent_run = _run(engine, clock, [Request("parent", "parent", (), SamplingParams(max_tokens=1),
-                                                  prompt_tokens=parent)])
+        parent_run = _run(drive, [Request("parent", "parent", (), SamplingParams(max_tokens=1), prompt_tokens=parent)])
     sampling = SamplingParams(temperature=0.0, max_tokens=cfg.gen)
     reqs = [Request(f"sub{i}", f"sub{i}", (), sampling, fork_from="parent" if mode == "forked" else None,
                     prompt_tokens=(parent if mode == "forked" else colds[i]) + task) for i, task in enumerate(tasks)]
-    r = _run(engine, clock, reqs)
+    r = _run(drive, reqs)
     r["parent_ttft_s"] = parent_run["ttft"][0] if parent_run else None
-    reset_kv(backend)
+    drive.close()
     return r
 
 
-def _result(spec: BackendConfig, cfg: ForkConfig, out: dict, info: dict) -> BenchResult:
+def _result(spec: BackendConfig, cfg: ForkConfig, runs: list[dict], info: dict) -> BenchResult:
     res = BenchResult(name="fork", title=f"bench fork: {cfg.n} subagents over a {cfg.parent_tokens:,}-token context",
-                      config={"fork": asdict(cfg), "backend": asdict(spec)}, machine=machine_info())
+                      config={"fork": asdict(cfg), "backend": asdict(spec)}, machine=machine_info(),
+                      repetitions=runs)
+    out = {mode: [r for r in runs if r["config"] == mode] for mode in ("forked", "cold")}
     rows = []
     for mode, runs in out.items():
         ttfts = [t for r in runs for t in r["ttft"]]

@@ -195,11 +195,16 @@ def calibrated(backend, clock=None):
 
 # ---- sweeps --------------------------------------------------------------------------------------
 
+def in_turn(configs: Sequence[C], rep: int) -> Sequence[C]:
+    """The order configurations run in at repetition `rep`: every other one reversed (what runs
+    first must not decide a ratio)."""
+    return configs if rep % 2 == 0 else configs[::-1]
+
+
 def alternating(configs: Sequence[C], reps: int) -> list[tuple[int, C]]:
     """(repetition, configuration) in the order they run: repetitions outermost, every
-    configuration in each (ABAB, not AABB: a neighbour's burst hits all of them alike), and every
-    other repetition in the opposite order (what runs first must not decide a ratio)."""
-    return [(rep, c) for rep in range(reps) for c in (configs if rep % 2 == 0 else configs[::-1])]
+    configuration in each (ABAB, not AABB: a neighbour's burst hits all of them alike), `in_turn`."""
+    return [(rep, c) for rep in range(reps) for c in in_turn(configs, rep)]
 
 
 def sweep(configs: Sequence[C], reps: int, run: Callable[[C, int], dict], *, label: Callable[[C], str] = str,

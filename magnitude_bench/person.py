@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import (BenchResult, FixedLength, backend_clock, backend_info, machine_info,
-                                        prompt_tokens, reset_kv, rnd)
-from magnitude_tui.engine.core import Engine
-from scheduler.budget import parse_policy
+from magnitude_bench.common import BenchResult, backend_info, machine_info, prompt_tokens, rnd
+from magnitude_bench.harness import Drive, recorded
 from scheduler.types import Priority, Request, SamplingParams
 from scheduler.yielding import AGENT_HOLD_MS
 
@@ -27,16 +25,16 @@ class PersonConfig:
 MODES = ("alone", "agents yield", "agents never yield")
 
 
+@recorded
 def run_person(spec: BackendConfig, cfg: PersonConfig, progress=lambda s: None) -> BenchResult:
     need = cfg.agents * (cfg.agent_prompt + 4096) + cfg.prompt + cfg.gen + 1024
     spec = replace(spec, n_ctx=spec.n_ctx or max(16384, -(-need // 1024) * 1024),
                    n_seq_max=max(spec.n_seq_max, cfg.agents + 1))
     backend = build_backend(spec)
-    clock = backend_clock(backend)
     try:
         runs = {}
         for mode in MODES:
-            runs[mode] = _one(backend, clock, cfg, mode)
+            runs[mode] = _one(backend, cfg, mode)
             progress(f"{mode}: TTFT {runs[mode]['ttft_s']:.3f} s, agents' longest gap "
                      f"{runs[mode]['agent_max_gap_s'] or 0:.3f} s")
         info = backend_info(backend)
@@ -45,62 +43,30 @@ def run_person(spec: BackendConfig, cfg: PersonConfig, progress=lambda s: None) 
     return _result(spec, cfg, runs, info)
 
 
-def _one(backend, clock, cfg: PersonConfig, mode: str) -> dict:
+def _one(backend, cfg: PersonConfig, mode: str) -> dict:
     """Agents generate (unless alone); the person's prompt arrives; run to its first token and one
     more agent token each. Returns the person's TTFT and what the agents went through meanwhile."""
-    reset_kv(backend)
-    engine = Engine(FixedLength(backend), policy=cfg.policy, coalesce_ms=0.0, gen_reserve=cfg.gen)
-    if parse_policy(cfg.policy).target_ms is not None:
-        engine.calibrate()
-    engine.scheduler.agent_hold_ms = 0.0 if mode == "agents never yield" else cfg.hold_ms
-    n_agents = 0 if mode == "alone" else cfg.agents
-    tokens: dict[str, list[float]] = {f"agent{i}": [] for i in range(n_agents)}
-    for i in range(n_agents):
-        engine.submit(Request(f"agent{i}", f"agent{i}", (), SamplingParams(max_tokens=100_000),
-                              prompt_tokens=prompt_tokens(backend, cfg.agent_prompt, salt=300 + 11 * i),
-                              priority=Priority.AGENT))
-    yielded = steps = 0
-
-    def step():
-        nonlocal yielded, steps
-        report = engine.step()
-        if report is None:
-            return None
-        steps += 1
-        yielded += report.yielded_rows
-        for u in report.updates:
-            if u.error:
-                raise RuntimeError(f"request {u.request_id} failed: {u.error}")
-            if u.new_tokens and u.request_id in tokens:
-                tokens[u.request_id].append(report.t)
-        return report
-
-    while any(len(ts) < cfg.warmup_tokens for ts in tokens.values()):
-        step()
-    t0, yielded, steps = clock(), 0, 0
-    engine.submit(Request("person", "person", (), SamplingParams(max_tokens=cfg.gen),
-                          prompt_tokens=prompt_tokens(backend, cfg.prompt, salt=7), priority=Priority.INTERACTIVE))
-    ttft = None
-    while ttft is None:
-        report = step()
-        for u in report.updates if report else ():
-            if u.request_id == "person" and u.ttft_ms is not None:
-                ttft = u.ttft_ms / 1000.0
-    t_first = clock()
-    while any(ts[-1] <= t_first for ts in tokens.values()):  # a token after it, so a stall shows
-        step()
-    gaps = [b - a for ts in tokens.values() for a, b in zip(ts, ts[1:]) if b > t0]
-    window = {r: sum(1 for t in ts if t0 < t <= t_first) for r, ts in tokens.items()}
-    for rid in tokens:
-        engine.cancel(rid)
-    engine.run_until_idle()
-    for s in ("person", *tokens):
-        engine.close_session(s)
-    engine.run_until_idle()
-    reset_kv(backend)
-    return {"ttft_s": ttft, "agent_max_gap_s": max(gaps) if gaps else None,
+    drive = Drive(backend, policy=cfg.policy, gen_reserve=cfg.gen)
+    drive.engine.scheduler.agent_hold_ms = 0.0 if mode == "agents never yield" else cfg.hold_ms
+    agents = [f"agent{i}" for i in range(0 if mode == "alone" else cfg.agents)]
+    drive.submit(*(Request(rid, rid, (), SamplingParams(max_tokens=100_000), priority=Priority.AGENT,
+                           prompt_tokens=prompt_tokens(backend, cfg.agent_prompt, salt=300 + 11 * i))
+                   for i, rid in enumerate(agents)))
+    tokens = drive.trace.tokens
+    drive.until(lambda: all(len(tokens[rid]) >= cfg.warmup_tokens for rid in agents))
+    n0 = len(drive.trace.steps)
+    t0 = drive.submit(Request("person", "person", (), SamplingParams(max_tokens=cfg.gen), priority=Priority.INTERACTIVE,
+                              prompt_tokens=prompt_tokens(backend, cfg.prompt, salt=7)))
+    drive.until(lambda: "person" in drive.trace.ttft_ms)
+    t_first = drive.clock()
+    drive.until(lambda: all(tokens[rid][-1] > t_first for rid in agents))  # a token after it, so a stall shows
+    steps = drive.trace.steps[n0:]
+    gaps = [b - a for rid in agents for a, b in zip(tokens[rid], tokens[rid][1:]) if b > t0]
+    window = {rid: sum(1 for t in tokens[rid] if t0 < t <= t_first) for rid in agents}
+    drive.close()
+    return {"ttft_s": drive.trace.ttft_ms["person"] / 1000.0, "agent_max_gap_s": max(gaps) if gaps else None,
             "agent_tok_s": (sum(window.values()) / len(window) / (t_first - t0)) if window else None,
-            "yielded_rows": yielded, "steps": steps}
+            "yielded_rows": sum(s.yielded_rows for s in steps), "steps": len(steps)}
 
 
 def _result(spec: BackendConfig, cfg: PersonConfig, runs: dict, info: dict) -> BenchResult:

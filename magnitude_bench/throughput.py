@@ -5,15 +5,13 @@ from __future__ import annotations
 import cProfile
 import io
 import pstats
-import time
 from dataclasses import asdict, dataclass
 
 from backend.factory import BackendConfig, build_backend
 from magnitude_bench import peers
-from magnitude_bench.common import (CPU_CLOCK, BenchResult, FixedLength, backend_info, machine_info,
-                                        measured, median, prompt_tokens, reset_kv, rnd)
-from magnitude_tui.engine.core import Engine
-from scheduler.budget import parse_policy
+from magnitude_bench.common import (CPU_CLOCK, BenchResult, backend_info, machine_info, measured, median,
+                                    prompt_tokens, rnd)
+from magnitude_bench.harness import Drive, in_turn, recorded
 from scheduler.speculation import SpecMode
 from scheduler.types import Request, SamplingParams
 
@@ -44,46 +42,21 @@ def engine_run(backend, prompts: list[tuple[int, ...]], gen: int, policy: str, c
                spec: SpecMode = SpecMode.OFF) -> dict:
     """All prompts submitted at once, run to the end; wall time (or CPU time, `cpu_clock`) plus
     per-step Python vs native time."""
-    reset_kv(backend)
-    clock = CPU_CLOCK if cpu_clock else None
-    view = FixedLength(backend, clock)
-    engine = Engine(view, policy=policy, coalesce_ms=0.0, gen_reserve=gen, clock=clock, spec=spec)
-    now = clock or time.perf_counter
-    if parse_policy(policy).target_ms is not None:
-        engine.calibrate()
-    view.decode_ms.clear()
+    drive = Drive(backend, policy=policy, gen_reserve=gen, clock=CPU_CLOCK if cpu_clock else None, spec=spec)
+    drive.view.decode_ms.clear()
     sampling = SamplingParams(temperature=0.0, max_tokens=gen)
-    step_ms, native_ms, counts = [], [], {}
-    made, t_all_first, made_at_first = 0, None, 0
-    t0 = now()
-    for i, p in enumerate(prompts):
-        engine.submit(Request(request_id=f"r{i}", session_id=f"r{i}", messages=(), sampling=sampling,
-                              prompt_tokens=p))
-    while engine.has_work():
-        n_native = len(view.decode_ms)
-        ts = now()
-        report = engine.step()
-        te = now()
-        if len(view.decode_ms) > n_native:
-            step_ms.append((te - ts) * 1000)
-            native_ms.append(view.decode_ms[-1])
-        if report is None:
-            continue
-        for u in report.updates:
-            if u.error:
-                raise RuntimeError(f"engine request {u.request_id} failed: {u.error}")
-            made += u.new_tokens
-            counts[u.request_id] = counts.get(u.request_id, 0) + u.new_tokens
-        if t_all_first is None and len(counts) == len(prompts) and all(counts.values()):
-            t_all_first, made_at_first = te, made
-    wall = now() - t0
-    for i in range(len(prompts)):
-        engine.close_session(f"r{i}")
-    engine.step()
-    reset_kv(backend)
-    tg = (made - made_at_first) / (t0 + wall - t_all_first) if t_all_first and made > made_at_first else None
-    return {"wall_s": wall, "made": made, "tok_s": made / wall, "tg_tok_s": tg, "steps": len(step_ms),
-            "step_ms": step_ms, "native_ms": native_ms}
+    tr = drive.run([Request(request_id=f"r{i}", session_id=f"r{i}", messages=(), sampling=sampling, prompt_tokens=p)
+                    for i, p in enumerate(prompts)])
+    drive.close()
+    t0, made = tr.submitted["r0"], tr.made()
+    wall = tr.ended - t0
+    # From the step where every sequence has its first token on, the batch only decodes.
+    t_all_first = max(ts[0] for ts in tr.tokens.values())
+    made_at_first = sum(1 for ts in tr.tokens.values() for t in ts if t <= t_all_first)
+    tg = (made - made_at_first) / (tr.ended - t_all_first) if made > made_at_first else None
+    decoded = [s for s in tr.steps if s.native_ms is not None]
+    return {"wall_s": wall, "made": made, "tok_s": made / wall, "tg_tok_s": tg, "steps": len(decoded),
+            "step_ms": [s.host_ms for s in decoded], "native_ms": [s.native_ms for s in decoded]}
 
 
 def profile_engine(backend, prompts, gen: int, policy: str) -> list[dict]:
@@ -100,6 +73,7 @@ def profile_engine(backend, prompts, gen: int, policy: str) -> list[dict]:
     return sorted(rows, key=lambda r: -r["own_s"])[:15]
 
 
+@recorded
 def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s: None) -> BenchResult:
     n_ctx = spec.n_ctx or max(8192, max(cfg.seqs) * (cfg.prompt + cfg.gen) + 256)
     spec = BackendConfig(**{**asdict(spec), "n_ctx": n_ctx, "n_seq_max": max(spec.n_seq_max, max(cfg.seqs))})
@@ -135,8 +109,7 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
         engine_run(backend, prompts[cfg.seqs[0]], 8, cfg.policies[0])  # warm-up
         # Repetitions outermost and every peer inside each one: a noisy neighbour hits all of them alike.
         for rep in range(cfg.reps):
-            # Every other repetition in the opposite order: what runs first must not decide a ratio.
-            for policy in (cfg.policies if rep % 2 == 0 else cfg.policies[::-1]):
+            for policy in in_turn(cfg.policies, rep):
                 for n in cfg.seqs:
                     r, busy = measured(lambda: engine_run(backend, prompts[n], cfg.gen, policy, cfg.cpu_clock, cfg.spec),
                                        progress=progress)
