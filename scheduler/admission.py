@@ -68,7 +68,7 @@ class Admission:
     def admit(self, now: float) -> list[tuple[Sequence, "RequestError"]]:
         """Admit what fits, in order; the rest are `queued` with their reason. Returns the requests
         that can never run (or whose KV set-up failed), with the message to end them with."""
-        failed: list[tuple[Sequence, str]] = []
+        failed: list[tuple[Sequence, RequestError]] = []
         blocked_reason: str | None = None
         # Highest class first, first come first served within a class (the sort is stable).
         for seq in sorted(self.waiting, key=lambda s: s.priority):
@@ -136,9 +136,9 @@ class Admission:
 
         slot = own.seq_id if own is not None else None
         while slot is None:
-            free = res.free_slots()
-            if free:
-                slot = free[0]
+            free_slots = res.free_slots()
+            if free_slots:
+                slot = free_slots[0]
             elif res.evict_lru(protect):
                 continue
             elif parent is not None and not self.running and res.evict_lru({seq.session_id}):

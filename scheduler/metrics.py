@@ -63,7 +63,7 @@ class RequestMetrics:
     def on_token(self, now: float) -> None:
         if self.t_first_token is None:
             self.t_first_token = now
-        else:
+        elif self.t_last_token is not None:
             bisect.insort(self._itl_sorted, (now - self.t_last_token) * 1000.0)
         self.t_last_token = now
         self.num_tokens += 1
@@ -112,9 +112,11 @@ class RequestMetrics:
     def ttft_phases_ms(self, ndigits: int = 3) -> tuple[float, float, float] | None:
         """(preparing, queued, prefill) rounded so that they add up exactly to TTFT rounded the same
         way (None before the first token); see `partition_ms`."""
-        if None in (self.t_prepared, self.t_first_scheduled, self.t_first_token):
+        preparing, queued, prefill = self.preparing_ms, self.queue_ms, self.prefill_ms
+        if preparing is None or queued is None or prefill is None:
             return None
-        return tuple(partition_ms([self.preparing_ms, self.queue_ms, self.prefill_ms], ndigits))
+        preparing, queued, prefill = partition_ms([preparing, queued, prefill], ndigits)
+        return preparing, queued, prefill
 
     def live_tok_s(self, now: float) -> float | None:
         """Tokens per second over the last LIVE_WINDOW_S (or since the first token, if sooner)."""
@@ -129,7 +131,8 @@ class RequestMetrics:
     @property
     def final_tok_s(self) -> float | None:
         """Decode rate from first to last token; TTFT is reported apart, never folded in."""
-        if self.num_tokens < 2 or self.t_last_token == self.t_first_token:
+        if (self.num_tokens < 2 or self.t_first_token is None or self.t_last_token is None
+                or self.t_last_token == self.t_first_token):
             return None
         return (self.num_tokens - 1) / (self.t_last_token - self.t_first_token)
 

@@ -185,7 +185,7 @@ class Scheduler:
     def accept_draft(self, seq: Sequence) -> None:
         """The token just appended equals the next draft token: the draft row that evaluated it
         is now committed KV, and the next row's logits may be sampled."""
-        if seq.num_computed >= self.kv.positions(seq.seq_id):
+        if seq.num_computed >= self.kv.positions(seq.slot):
             raise RuntimeError(f"{seq!r}: no verified draft row left to accept")
         seq.num_computed += 1
         seq.refresh_phase()
@@ -222,7 +222,7 @@ class Scheduler:
         for seq, error in self.admission.admit(now):
             self.finish(seq, DoneReason.ERROR, str(error), error.kind)
         self._make_way(now)
-        by_id = sorted(self.running, key=lambda s: s.seq_id)
+        by_id = sorted(self.running, key=lambda s: s.slot)
         decoding = [s for s in by_id if s.is_decoding]
         prefilling = sorted((s for s in self.running if not s.is_decoding), key=lambda s: s.admit_order)
         held = (held_for_person(decoding, prefilling, now, self.agent_hold_ms)
@@ -248,13 +248,13 @@ class Scheduler:
         budget = min(self.n_batch, budget + sum(len(t) for _, t in drafts.values()))
         slices = []
         for s in decoding:
-            kind, draft = drafts.get(s.seq_id, (None, ()))
+            kind, draft = drafts.get(s.slot, (None, ()))
             s.draft, s.draft_kind = draft, kind
-            slices.append(SeqSlice(s.seq_id, s.num_computed, s.token_range(s.num_computed, s.num_tokens) + draft,
+            slices.append(SeqSlice(s.slot, s.num_computed, s.token_range(s.num_computed, s.num_tokens) + draft,
                                    want_logits=True, is_decode=True, n_draft=len(draft)))
         for s, n in grants:
             end = s.num_computed + n
-            slices.append(SeqSlice(s.seq_id, s.num_computed, s.token_range(s.num_computed, end),
+            slices.append(SeqSlice(s.slot, s.num_computed, s.token_range(s.num_computed, end),
                                    want_logits=end == s.num_tokens, is_decode=False))
         if not slices:
             return None
@@ -424,8 +424,10 @@ class Scheduler:
         if verdict.remedy is Remedy.NO_DRAFTS:
             self.speculator.pause(DRAFT_PAUSE_STEPS)
         elif verdict.remedy is Remedy.PREEMPT:
+            assert seq is not None, verdict
             self.preempt(seq)
         elif verdict.remedy is Remedy.GIVE_UP:
+            assert seq is not None, verdict
             if seq.output:
                 self.finish(seq, DoneReason.LENGTH)
             else:

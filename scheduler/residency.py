@@ -37,7 +37,7 @@ class Residency:
         the fork parent's (shared cells) when `parent` is given, else the conversation's own."""
         own = self.sessions.get(seq.session_id)
         if parent is not None:
-            self.kv.copy(parent.seq_id, slot, n_reuse)
+            self.kv.copy(parent.slot, slot, n_reuse)
             self.fork_parent[seq.session_id] = parent.session_id
         elif own is not None and own.seq_id == slot:
             self.kv.keep_prefix(slot, n_reuse)
@@ -106,7 +106,7 @@ class Residency:
 
     def idle_cells(self) -> int:
         """Cells held only by idle conversations (a prefix a live fork shares is not counted)."""
-        return sum(self.kv.exclusive_cells(s.seq_id) for s in self._slot_owner.values() if s.is_idle)
+        return sum(self.kv.exclusive_cells(s.slot) for s in self._slot_owner.values() if s.is_idle)
 
     def evict_for_speed(self, step_rows: int, attn_ms: float,
                         recompute_ms: Callable[[int], float]) -> list[str]:
@@ -117,7 +117,7 @@ class Residency:
         resident while it holds it, and is reused again). Returns the evicted conversations' ids."""
         evicted = []
         for session in [s for s in self._slot_owner.values() if s.is_idle]:
-            cells = self.kv.exclusive_cells(session.seq_id)
+            cells = self.kv.exclusive_cells(session.slot)
             session.rent_ms += attn_ms * step_rows * cells / 1000.0
             if cells and session.rent_ms > recompute_ms(cells):
                 self.release(session)
@@ -126,8 +126,8 @@ class Residency:
         return evicted
 
     def release(self, session: Session) -> None:
-        self.kv.remove(session.seq_id)
-        del self._slot_owner[session.seq_id]
+        self.kv.remove(session.slot)
+        del self._slot_owner[session.slot]
         session.seq_id = None
         session.tokens = []
 

@@ -84,6 +84,13 @@ class Sequence:
         return self.request.session_id
 
     @property
+    def slot(self) -> int:
+        """The seq id of a sequence that holds one (callers that know it is running)."""
+        if self.seq_id is None:
+            raise RuntimeError(f"{self!r} holds no seq slot")
+        return self.seq_id
+
+    @property
     def constrained(self) -> bool:
         """Samples under a grammar now or may soon (a tool call it opens): it never drafts."""
         return self.grammar is not None or self.grammar_on_open is not None or self.tool_parser is not None
@@ -205,6 +212,13 @@ class Session:
         # Its last reply called tools: an agent that will be back with the results (a parent
         # waiting on its subagents too), evicted after every idle conversation that is not.
         self.awaits_tools = False
+
+    @property
+    def slot(self) -> int:
+        """The seq id of a session that holds one (callers that know it is resident)."""
+        if self.seq_id is None:
+            raise RuntimeError(f"{self!r} holds no seq slot")
+        return self.seq_id
 
     @property
     def is_idle(self) -> bool:

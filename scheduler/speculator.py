@@ -95,7 +95,7 @@ class Speculator:
         if not sources or room_rows <= 0 or not decoding:
             return {}
         kinds = [s.kind for s in sources]
-        caps = {seq.seq_id: self._cap(seq, n_ctx_seq) for seq in decoding}
+        caps = {seq.slot: self._cap(seq, n_ctx_seq) for seq in decoding}
         base_ms = cost.predict(shape.decode_rows, prefill_rows, shape.kpos(prefill_rows))
         row_ms: dict[int, float] = {}
         if self.mode.forced is None:
@@ -106,9 +106,9 @@ class Speculator:
             # on a CPU that is every sequence, every step.
             measured = self._measured_row_ms(cost, shape)
             for seq in decoding:
-                row_ms[seq.seq_id] = measured if measured is not None else self._model_row_ms(seq, cost, shape)
-                if not row_can_pay(row_ms[seq.seq_id], base_ms, shape.decode_rows):
-                    caps[seq.seq_id] = 0
+                row_ms[seq.slot] = measured if measured is not None else self._model_row_ms(seq, cost, shape)
+                if not row_can_pay(row_ms[seq.slot], base_ms, shape.decode_rows):
+                    caps[seq.slot] = 0
         # Free sources guess now, for every sequence that could draft: the guess decides their
         # offer, and what is not verified is judged later for free against the tokens that come.
         guesses: dict[int, list[int]] = {}
@@ -116,16 +116,16 @@ class Speculator:
         long: dict[int, bool] = {}  # whether a long match backs the free guess (see LONG_MATCH)
         for seq in decoding:
             for src in sources:
-                if caps[seq.seq_id] > 0 and src.draft_ms(1, 1) == 0.0:
-                    guesses[seq.seq_id] = src.propose(seq.seq_id, seq.tokens_view(), K_MAX)[:caps[seq.seq_id]]
-                    guessed_by[seq.seq_id] = src.kind
-                    evidence = match_length(src, seq.seq_id)
-                    long[seq.seq_id] = evidence >= LONG_MATCH
+                if caps[seq.slot] > 0 and src.draft_ms(1, 1) == 0.0:
+                    guesses[seq.slot] = src.propose(seq.slot, seq.tokens_view(), K_MAX)[:caps[seq.slot]]
+                    guessed_by[seq.slot] = src.kind
+                    evidence = match_length(src, seq.slot)
+                    long[seq.slot] = evidence >= LONG_MATCH
                     self._left_the_copy(seq, src.kind, evidence)
                     break
         if self.mode.forced is not None:
             ks = self._forced(decoding, sources[0], guesses, caps, room_rows)
-            chosen = {seq.seq_id: sources[0].kind for seq in decoding}
+            chosen = {seq.slot: sources[0].kind for seq in decoding}
         elif self.row_price.wants_plain(shape.decode_rows):
             ks, chosen = {}, {}  # measure the width's plain step first; the guesses become shadows
         else:
@@ -135,32 +135,32 @@ class Speculator:
         # draft position, not one per sequence.
         wants: dict[DraftKind, list[DraftWant]] = {}
         for seq in decoding:
-            k, kind = ks.get(seq.seq_id, 0), chosen.get(seq.seq_id)
+            k, kind = ks.get(seq.slot, 0), chosen.get(seq.slot)
             if k > 0 and kind is not None and not (self.sources[kind].draft_ms(1, 1) == 0.0
-                                                   and guesses.get(seq.seq_id)):
-                wants.setdefault(kind, []).append(DraftWant(seq.seq_id, seq.tokens_view(), k))
+                                                   and guesses.get(seq.slot)):
+                wants.setdefault(kind, []).append(DraftWant(seq.slot, seq.tokens_view(), k))
         drafted = {kind: propose_all(self.sources[kind], ws) for kind, ws in wants.items()}
         out: dict[int, tuple[DraftKind, tuple[int, ...]]] = {}
         for seq in decoding:
-            k, kind = ks.get(seq.seq_id, 0), chosen.get(seq.seq_id)
-            guess = guesses.get(seq.seq_id, [])
+            k, kind = ks.get(seq.slot, 0), chosen.get(seq.slot)
+            guess = guesses.get(seq.slot, [])
             tokens: list[int] = []
             if k > 0 and kind is not None:
                 src = self.sources[kind]
                 tokens = guess[:k] if src.draft_ms(1, 1) == 0.0 and guess else drafted[kind].get(
-                    seq.seq_id, [])[:k]
+                    seq.slot, [])[:k]
                 if tokens:
-                    out[seq.seq_id] = (kind, tuple(tokens))
-                    seq.spec.drafted_long[kind] = long.get(seq.seq_id, False) and kind == guessed_by.get(seq.seq_id)
+                    out[seq.slot] = (kind, tuple(tokens))
+                    seq.spec.drafted_long[kind] = long.get(seq.slot, False) and kind == guessed_by.get(seq.slot)
             # The free guess beyond what is verified now is judged against the tokens that come:
             # all of it when nothing is drafted, its tail when a verification accepts every row.
-            depth = len(tokens) if tokens and out[seq.seq_id][0] == guessed_by.get(seq.seq_id) else 0
+            depth = len(tokens) if tokens and out[seq.slot][0] == guessed_by.get(seq.slot) else 0
             if guess and (not tokens or depth) and depth < len(guess):
                 deep = not any(len(sh.tokens) > 1 for sh in seq.spec.shadows)
                 if deep or not depth:
-                    seq.spec.shadows.append(Shadow(guessed_by[seq.seq_id], seq.num_tokens,
+                    seq.spec.shadows.append(Shadow(guessed_by[seq.slot], seq.num_tokens,
                                                    tuple(guess if deep else guess[:1]), depth,
-                                                   long.get(seq.seq_id, False)))
+                                                   long.get(seq.slot, False)))
         return out
 
     @staticmethod
@@ -188,8 +188,8 @@ class Speculator:
     def _forced(self, decoding, source: DraftSource, guesses, caps, room_rows) -> dict[int, int]:
         ks: dict[int, int] = {}
         for seq in decoding:
-            want = len(guesses.get(seq.seq_id, [])) if source.draft_ms(1, 1) == 0.0 else caps[seq.seq_id]
-            ks[seq.seq_id] = k = min(want, room_rows)
+            want = len(guesses.get(seq.slot, [])) if source.draft_ms(1, 1) == 0.0 else caps[seq.slot]
+            ks[seq.slot] = k = min(want, room_rows)
             room_rows -= k
         return ks
 
@@ -222,22 +222,22 @@ class Speculator:
         # What each source costs per sequence to propose one token, were every sequence drafting.
         share = {src.kind: src.draft_ms(1, n) / n for src in sources}
         for seq in decoding:
-            candidates: list[tuple[DraftKind, int, float]] = []
+            candidates: list[tuple[DraftKind, int, bool, float]] = []
             for src in sources:
                 free = src.draft_ms(1, 1) == 0.0
-                cap = len(guesses.get(seq.seq_id, [])) if free else caps[seq.seq_id]
+                cap = len(guesses.get(seq.slot, [])) if free else caps[seq.slot]
                 if cap > 0:
                     copying = seq.spec.copying.get(src.kind, False)
-                    backed = free and long.get(seq.seq_id, False)
+                    backed = free and long.get(seq.slot, False)
                     candidates.append((src.kind, cap, backed, self.p(seq, src.kind, copying, backed)))
             if not candidates:
                 continue
             kind, cap, backed, p = candidates[pick_source([(p, share[k]) for k, _, _, p in candidates],
-                                                          row_ms[seq.seq_id])]
-            chosen[seq.seq_id] = kind
-            offers.append(DraftOffer(p=p, cap=cap, row_ms=row_ms[seq.seq_id], source=kinds.index(kind),
+                                                          row_ms[seq.slot])]
+            chosen[seq.slot] = kind
+            offers.append(DraftOffer(p=p, cap=cap, row_ms=row_ms[seq.slot], source=kinds.index(kind),
                                      p_more=self.p(seq, kind, True, backed)))
-            owners.append(seq.seq_id)
+            owners.append(seq.slot)
         if not offers:
             return {}, chosen
         ks = draft_lengths(offers, base_ms=base_ms, base_tokens=shape.decode_rows, room_rows=room_rows,
@@ -257,7 +257,7 @@ class Speculator:
         came = seq.token_range(shadow.pos + shadow.depth, shadow.pos + n)
         matched = next((i for i, t in enumerate(came) if t != shadow.tokens[shadow.depth + i]), None)
         decided = matched is not None
-        self._observe(seq, shadow.kind, shadow.depth, matched if decided else len(came), decided, shadow.long)
+        self._observe(seq, shadow.kind, shadow.depth, len(came) if matched is None else matched, decided, shadow.long)
         shadow.depth = n
         return decided or n == len(shadow.tokens)
 
