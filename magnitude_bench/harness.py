@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TypeVar
 
 from backend.factory import reset_kv
-from magnitude_bench.common import FixedLength, git_version, measured
+from magnitude_bench.common import Contention, FixedLength, git_version, measured
 from magnitude_tui.engine.core import Engine
 from scheduler.budget import parse_policy
 from scheduler.types import Request
@@ -211,14 +211,16 @@ def sweep(configs: Sequence[C], reps: int, run: Callable[[C, int], dict], *, lab
           quiet: bool = True, pids: tuple[int, ...] = (), retries: int = 2,
           progress: Callable[[str], None] = lambda s: None) -> list[dict]:
     """Every configuration `reps` times in alternating order, each run on a quiet machine unless
-    `quiet` is off (a simulated clock); one record per run, every repetition kept:
-    {"config", "rep", **run(config, rep), "others_cores"}."""
+    `quiet` is off (a simulated clock; a bench that never waited); one record per run, every
+    repetition kept: {"config", "rep", **run(config, rep), "others_cores"}."""
     records = []
     for rep, c in alternating(configs, reps):
         if quiet:
             out, busy = measured(lambda: run(c, rep), retries=retries, pids=pids, progress=progress)
         else:
-            out, busy = run(c, rep), 0.0
+            seen = Contention(pids)
+            out = run(c, rep)
+            busy = seen.others_cores()
         records.append({"config": label(c), "rep": rep, **out, "others_cores": round(busy, 2)})
     return records
 

@@ -9,6 +9,7 @@ import numpy as np
 from backend.factory import BackendConfig, build_backend
 from magnitude_bench.common import (BenchResult, backend_info, machine_info,
                                         measured, median, prompt_tokens, reset_kv, rnd)
+from magnitude_bench.harness import calibrated, recorded
 from scheduler.types import BatchPlan, DecodeOutcome, SeqSlice
 
 DEFAULT_CHUNKS = tuple(2 ** i for i in range(12))  # 1 .. 2048
@@ -37,6 +38,7 @@ class _Bench:
         self.decoders = list(range(min(backend.n_seq_max - 1, max(max(cfg.seqs), cfg.n_decode))))
         self.text = prompt_tokens(backend, max(*cfg.chunks, *cfg.kv_fill) + cfg.context + 8, salt=3)
         self.busy: dict[tuple[int, int], float] = {}  # cores other processes used per measured point
+        self.repetitions: list[dict] = []  # every timed step, not only each point's median
         reset_kv(backend)
         for s in self.decoders:  # each decoder holds `context` tokens of its own prompt
             self.step([SeqSlice(s, 0, prompt_tokens(backend, cfg.context, salt=s + 1), True, False)])
@@ -70,6 +72,8 @@ class _Bench:
                 self.b.kv_keep_prefix(s, self.cfg.context)
             if chunk:
                 self.b.kv_keep_prefix(self.prefill_seq, at)
+        self.repetitions.append({"decode_rows": n_decode, "prompt_rows": chunk, "at": at,
+                                 "step_ms": [rnd(t, 3) for t in times]})
         return median(times)
 
 
@@ -116,6 +120,7 @@ def run_curve(spec: BackendConfig, cfg: CurveConfig, *, backend=None, progress=l
                 "occupancy": occupancy,
                 "fit": {k: rnd(v, 4) for k, v in fit.items()}, "engine_calibration": calibrated,
                 "others_cores_max": rnd(max(bench.busy.values(), default=0.0), 2),
+                "repetitions": bench.repetitions,
                 "label": f"{backend.name}: prefill and decode cost"}
     finally:
         if own:
@@ -170,24 +175,22 @@ def predict(fit: dict, d: int, p: int) -> float:
 
 def _engine_calibration(backend) -> dict | None:
     """The cost model the engine's target:MS policy starts from on this backend (its own calibration)."""
-    from magnitude_tui.engine.core import Engine
-
-    reset_kv(backend)
     try:
-        params = Engine(backend, policy="target:50").calibrate()
+        params = calibrated(backend)
     except Exception as e:  # the table still stands without it
         return {"error": str(e)}
-    finally:
-        reset_kv(backend)
     return {k: rnd(v, 4) for k, v in asdict(params).items()}
 
 
+@recorded
 def curve_result(spec: BackendConfig, cfg: CurveConfig, progress=lambda s: None) -> BenchResult:
     # One slot per decoding sequence plus one for the chunk.
     spec = replace(spec, n_seq_max=max(spec.n_seq_max, max(cfg.seqs) + 1, cfg.n_decode + 1))
     data = run_curve(spec, cfg, progress=progress)
+    repetitions = data.pop("repetitions")
     res = BenchResult(name="prefill-curve", title="bench prefill-curve: what a prompt row and a decode row cost",
-                      config={"curve": asdict(cfg), "backend": asdict(spec)}, machine=machine_info(), data=data)
+                      config={"curve": asdict(cfg), "backend": asdict(spec)}, machine=machine_info(), data=data,
+                      repetitions=repetitions)
     res.tables["decode step against generating sequences"] = data["decode"]
     res.tables[f"prefill against chunk size (alone / beside {data['n_decode']} decode rows)"] = [
         {"chunk": a["chunk"], "alone_ms": a["step_ms"], "alone_tok_s": a["prefill_tok_s"],

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, replace
 
 from backend.factory import BackendConfig, build_backend
 from magnitude_bench.common import PASSAGE, BenchResult, backend_info, machine_info, median, reset_kv, rnd
-from magnitude_tui.engine.core import Engine
+from magnitude_bench.harness import Drive, recorded, sweep
 from magnitude_tui.engine.events import RestoreOutcome
 from magnitude_tui.engine.warm_store import WarmStore
 from scheduler.types import Message, Request, SamplingParams
@@ -38,67 +38,68 @@ def conversation(backend, n_tokens: int) -> list[Message]:
     return messages
 
 
-def _turn(engine: Engine, rid: str, messages: list[Message], gen: int) -> dict:
+def _turn(drive: Drive, rid: str, messages: list[Message], gen: int) -> dict:
     """Submit one turn and run it to the end: TTFT (as the engine measures it), cached rows."""
-    engine.submit(Request(rid, "conv", tuple(messages), SamplingParams(temperature=0.0, max_tokens=gen)))
-    last, text = None, []
-    for report in engine.run_until_idle():
-        for u in report.updates:
-            if u.error:
-                raise RuntimeError(f"request {rid} failed: {u.error}")
-            if u.request_id == rid:
-                last = u
-                text.append(u.text_delta)
-    return {"ttft_ms": last.ttft_ms, "cached": last.cached_tokens, "prompt": last.prompt_total,
-            "text": "".join(text)}
+    tr = drive.run([Request(rid, "conv", tuple(messages), SamplingParams(temperature=0.0, max_tokens=gen))])
+    return {"ttft_ms": tr.ttft_ms[rid], "cached": tr.cached[rid], "prompt": tr.prompt_total[rid],
+            "text": tr.texts[rid]}
 
 
+def _engine(backend, cfg: ResumeConfig, store: WarmStore | None) -> Drive:
+    """A freshly started engine as the app starts one: the model's own replies, its coalescing window."""
+    return Drive(backend, policy=cfg.policy, fixed_length=False, calibrate=False, coalesce_ms=5.0, warm=store)
+
+
+@recorded
 def run_resume(spec: BackendConfig, cfg: ResumeConfig, progress=lambda s: None) -> BenchResult:
     spec = replace(spec, n_ctx=spec.n_ctx or max(4096, cfg.history_tokens * 2))
     backend = build_backend(spec)
-    runs: dict[str, list[dict]] = {"cold": [], "warm": []}
     with tempfile.TemporaryDirectory(prefix="magnitude-resume-") as kv_dir:
         store = WarmStore(kv_dir, layout=backend.state_layout, budget_bytes=1 << 34)
         try:
             history = conversation(backend, cfg.history_tokens)
             # The session before the quit: its last turn runs, and quitting saves the conversation.
-            first = Engine(backend, policy=cfg.policy, warm=store)
+            first = _engine(backend, cfg, store)
             asked = history[:-1]
             before = _turn(first, "before", asked, cfg.gen)
             history = asked + [Message("assistant", before["text"])]
             t0 = time.perf_counter()
-            first.shutdown()
-            save = {"copy_ms": first.warm.last_save_ms, "write_ms": store.last_write_ms,
-                    "quit_ms": (time.perf_counter() - t0) * 1000.0, "bytes": first.warm.last_state_bytes,
+            first.engine.shutdown()
+            save = {"copy_ms": first.engine.warm.last_save_ms, "write_ms": store.last_write_ms,
+                    "quit_ms": (time.perf_counter() - t0) * 1000.0, "bytes": first.engine.warm.last_state_bytes,
                     "history_tokens": before["prompt"]}
             follow_up = history + [Message("user", "Now sum it all up in one sentence.")]
-            for rep in range(cfg.reps):
-                for mode in ("cold", "warm"):
-                    reset_kv(backend)
-                    run = _resumed(backend, store if mode == "warm" else None, history, follow_up, cfg)
-                    runs[mode].append(run)
-                    progress(f"rep {rep + 1} {mode}: TTFT {run['ttft_ms']:.0f} ms, {run['cached']:,} of "
-                             f"{run['prompt']:,} prompt tokens cached, restore {run['restore_ms']:.0f} ms")
+
+            def one(mode: str, rep: int) -> dict:
+                run = _resumed(backend, store if mode == "warm" else None, history, follow_up, cfg)
+                progress(f"rep {rep + 1} {mode}: TTFT {run['ttft_ms']:.0f} ms, {run['cached']:,} of "
+                         f"{run['prompt']:,} prompt tokens cached, restore {run['restore_ms']:.0f} ms")
+                return run
+
+            records = sweep(("cold", "warm"), cfg.reps, one, quiet=False)
+            runs = {mode: [r for r in records if r["config"] == mode] for mode in ("cold", "warm")}
             info = backend_info(backend)
         finally:
             reset_kv(backend)
             backend.close()
-    return _result(spec, cfg, runs, save, info)
+    res = _result(spec, cfg, runs, save, info)
+    res.repetitions = records
+    return res
 
 
 def _resumed(backend, store: WarmStore | None, history: list[Message], follow_up: list[Message],
              cfg: ResumeConfig) -> dict:
     """A freshly started engine; warm: the history's KV restored first (as `--resume` does)."""
-    engine = Engine(backend, policy=cfg.policy, warm=store)
+    drive = _engine(backend, cfg, store)
     restore_ms = 0.0
     if store is not None:
-        engine.restore_session("conv", history)
-        engine.step()
-        [notice] = engine.take_notices()
+        drive.engine.restore_session("conv", history)
+        drive.step()
+        [notice] = drive.engine.take_notices()
         if notice.outcome is not RestoreOutcome.RESTORED:
             raise RuntimeError(f"the saved conversation was not restored: {notice.outcome.value}: {notice.detail}")
         restore_ms = notice.load_ms
-    run = _turn(engine, "after", follow_up, cfg.gen)
+    run = _turn(drive, "after", follow_up, cfg.gen)
     run["restore_ms"] = restore_ms
     run["ttft_incl_restore_ms"] = run["ttft_ms"] + restore_ms
     return run

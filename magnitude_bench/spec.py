@@ -12,11 +12,12 @@ from typing import Callable
 
 from backend.factory import BackendConfig, build_backend
 from magnitude_bench.common import (CPU_CLOCK, BenchResult, FixedLength, backend_info, machine_info, median,
-                                        prompt_tokens, reset_kv, rnd)
+                                        prompt_tokens, rnd)
+from magnitude_bench.harness import Drive, recorded
+from magnitude_tui.engine.core import Engine
 from magnitude_bench.spec_report import CONTROL, identity_note, merge_reps, run_notes, targets
 from magnitude_bench.spec_tasks import Task, task_messages
 from magnitude_bench.spec_trace import RecordingSource, Trace, TraceDrafts, summary
-from magnitude_tui.engine.core import Engine
 from scheduler.drafts import DraftKind, DraftSource
 from scheduler.ngram import NgramSource
 from scheduler.speculation import SpecMode
@@ -100,30 +101,14 @@ class _Run:
                 "tokens": sum(self.tokens.values())}
 
 
-def _step_all(engine: Engine, reqs: list[Request]) -> _Run:
-    for r in reqs:
-        engine.submit(r)
-    run = _Run([], {}, {}, defaultdict(int), defaultdict(str))
-    while engine.has_work():
-        rep = engine.step()
-        if rep is None:
-            continue
-        n = 0
-        for u in rep.updates:
-            if u.error:
-                raise RuntimeError(f"request {u.request_id} failed: {u.error}")
-            if u.new_tokens:
-                run.first.setdefault(u.request_id, rep.t)
-                run.tokens[u.request_id] += u.new_tokens
-                n += u.new_tokens
-            run.texts[u.request_id] += u.text_delta
-            if u.done_reason is not None:
-                run.done[u.request_id] = rep.t
-        run.steps.append((rep.t, n, rep.decode_rows, getattr(rep, "draft_rows", 0), getattr(rep, "draft_accepted", 0)))
-    return run
+def _step_all(drive: Drive, reqs: list[Request]) -> _Run:
+    tr = drive.run(reqs)
+    return _Run([(s.t, s.tokens, s.decode_rows, s.draft_rows, s.draft_accepted) for s in tr.steps],
+                {rid: ts[0] for rid, ts in tr.tokens.items() if ts}, dict(tr.done),
+                {rid: len(ts) for rid, ts in tr.tokens.items() if ts}, tr.texts)
 
 
-def _task_runs(engine: Engine, task: Task, prompts: list[tuple[int, ...]], cfg: SpecBenchConfig,
+def _task_runs(drive: Drive, task: Task, prompts: list[tuple[int, ...]], cfg: SpecBenchConfig,
                modes: tuple[str, ...], off_texts: dict, progress, caps: dict[int, int] | None = None,
                lengths: dict[int, int] | None = None) -> list[dict]:
     """Every width and mode of one task on one engine. Each sequence keeps its conversation (and
@@ -143,17 +128,17 @@ def _task_runs(engine: Engine, task: Task, prompts: list[tuple[int, ...]], cfg: 
         modes = modes + (CONTROL,)
     rows, warm = [], 0
     for w in sorted(cfg.widths):
-        memory.switch(engine, SpecMode.OFF.value)
-        _step_all(engine, [Request(f"{task.value}-warm-{i}", f"s{i}", (), replace(sampling, max_tokens=1),
+        memory.switch(drive.engine, SpecMode.OFF.value)
+        _step_all(drive, [Request(f"{task.value}-warm-{i}", f"s{i}", (), replace(sampling, max_tokens=1),
                                    prompt_tokens=prompts[i]) for i in range(warm, w)])
         warm = max(warm, w)
         made, rep = 0, 0
         while rep < cfg.reps_at(made, rep, "off" in modes):
             done: dict[str, tuple] = {}
             for mode in rotated(modes, rep):  # side by side: modes alternate inside each repetition
-                memory.switch(engine, mode)
+                memory.switch(drive.engine, mode)
                 ids = [f"{task.value}-{w}-{mode.replace(' ', '-')}-{rep}-{i}" for i in range(w)]
-                run = _step_all(engine, [Request(rid, f"s{i}", (), capped(i), prompt_tokens=prompts[i])
+                run = _step_all(drive, [Request(rid, f"s{i}", (), capped(i), prompt_tokens=prompts[i])
                                          for i, rid in enumerate(ids)])
                 r = run.row()
                 done[mode] = (r, [run.texts[rid] for rid in ids])
@@ -212,14 +197,11 @@ class _Bench:
     cfg: SpecBenchConfig
     params: object = None
 
-    def engine(self, drafts: dict[DraftKind, DraftSource]) -> Engine:
-        engine = Engine(self.view, policy=self.cfg.policy, coalesce_ms=0.0, gen_reserve=self.cfg.longest_reply(),
-                        clock=self.clock, drafts=drafts)
-        if self.params is None:
-            self.params = engine.calibrate()
-        else:
-            engine.scheduler.cost.seed(self.params)
-        return engine
+    def drive(self, drafts: dict[DraftKind, DraftSource]) -> Drive:
+        drive = Drive(self.backend, view=self.view, clock=self.clock, policy=self.cfg.policy,
+                      gen_reserve=self.cfg.longest_reply(), drafts=drafts, params=self.params, calibrate=True)
+        self.params = drive.params
+        return drive
 
 
 def _task(bench: _Bench, task: Task, prompts, sources: dict[DraftKind, DraftSource], progress,
@@ -236,11 +218,10 @@ def _task(bench: _Bench, task: Task, prompts, sources: dict[DraftKind, DraftSour
                            sources)):
         if not modes:
             continue
-        reset_kv(bench.backend)
         for src in sources.values():
             for key in range(bench.backend.n_seq_max):
                 src.forget(key)
-        rows += _task_runs(bench.engine(drafts), task, prompts, bench.cfg, modes, off_texts, progress, caps,
+        rows += _task_runs(bench.drive(drafts), task, prompts, bench.cfg, modes, off_texts, progress, caps,
                            lengths)
     return rows
 
@@ -328,6 +309,7 @@ def _replay(cfg: SpecBenchConfig, traces: dict, lengths: dict, replies: dict, pr
     return rows
 
 
+@recorded
 def run_spec(spec: BackendConfig, cfg: SpecBenchConfig, progress: Callable[[str], None] = lambda s: None,
              peer: Callable[..., list[dict]] | None = None) -> BenchResult:
     rows, traces, lengths, replies, info = _measure(spec, cfg, progress)
