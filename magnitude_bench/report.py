@@ -120,3 +120,22 @@ def write(pages=PAGES, folder: Path = RAW_DIR) -> list[Path]:
             p.write_text(new)
             changed.append(p)
     return changed
+
+
+def combine(out: Path, name: str, title: str, runs: list[tuple[Path, str]]) -> Path:
+    """One raw result holding several runs, each with its command line (the `--control` passes of
+    `bench spec` are read together): written as `out`, returned."""
+    doc = {"name": name, "title": title,
+           "runs": [json.loads(Path(p).read_text()) | {"command": cmd} for p, cmd in runs]}
+    Path(out).write_text(json.dumps(doc, indent=1))
+    return Path(out)
+
+
+if __name__ == "__main__":
+    import sys
+
+    # python -m magnitude_bench.report combine OUT NAME TITLE FILE COMMAND [FILE COMMAND ...]
+    if len(sys.argv) < 7 or sys.argv[1] != "combine" or len(sys.argv[5:]) % 2:
+        sys.exit("usage: python -m magnitude_bench.report combine OUT NAME TITLE FILE COMMAND [FILE COMMAND ...]")
+    args = sys.argv[5:]
+    print(combine(Path(sys.argv[2]), sys.argv[3], sys.argv[4], list(zip(args[::2], args[1::2]))))

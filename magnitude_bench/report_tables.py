@@ -22,6 +22,9 @@ def tables(results: Results, *raws: Raw) -> str:
             out += [f"*{title}*", "", md_table(cols, [[r.get(c) for c in cols] for r in rows]), ""]
         out += [f"- {n}" for n in raw.doc.get("notes", [])]
         out.append("")
+        png = results.folder / (raw.file[:-len(".json")] + ".png")
+        if png.exists():
+            out += [f"![{raw.key}](benchmarks/{png.name})", ""]
     return "\n".join(out + [source(*raws)])
 
 

@@ -1,36 +1,82 @@
 #!/usr/bin/env bash
-# Runs every benchmark once, in the order docs/BENCHMARKS.md shows them, into one folder, then
-# rebuilds docs/BENCHMARKS.md's generated part and its plots from that folder.
+# Reproduces every figure on docs/BENCHMARKS.md: runs each bench command that produced a raw result
+# on the page into one folder, copies each JSON (and plot) to docs/benchmarks/KEY-<timestamp>.json,
+# where the page's generated section KEY reads the newest, and regenerates the page.
 #
-#   bash scripts/benchmarks.sh [OUT_DIR]      (default: results/full-<timestamp>)
+#   bash scripts/benchmarks.sh [--quick] [OUT_DIR]   (default: results/full-<timestamp>, results/quick-<timestamp>)
 #
-# Needs `bash scripts/setup.sh` (the venv) and, for the throughput peers, `bash
-# scripts/build_llama_tools.sh`. Takes about three hours on 2 cores; each measurement waits for the
-# machine to be quiet (other processes under a quarter of a core) and is repeated if disturbed.
+# --quick runs the lines marked quick: under 20 minutes on 2 quiet cores. The whole list takes
+# several hours there (bench spec alone about two). Needs `bash scripts/setup.sh` (the venv) and,
+# for the peers, `bash scripts/build_llama_tools.sh`. Each measurement waits for the machine to be
+# quiet (MAGNITUDE_BENCH_QUIET_WAIT_S, 60 s) and is repeated if disturbed; on a shared machine
+# MAGNITUDE_BENCH_WAIT_QUIET=0 measures at once and records the load instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${1:-results/full-$(date +%Y%m%d-%H%M%S)}"
+quick=0
+if [[ "${1:-}" == "--quick" ]]; then quick=1; shift; fi
+out="${1:-results/$([[ $quick == 1 ]] && echo quick || echo full)-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$out"
-bench() { echo "+ magnitude-bench $*" | tee -a "$out/commands.txt"; .venv/bin/magnitude-bench "$@" --out "$out"; }
 : > "$out/commands.txt"
-bench admit -b simulated:rx9070xt -b llama
-bench prefill-curve
-bench throughput --require-tools --profile
-bench fork
-bench ui --threads 2,1
-# Depth: subagents forked from a long conversation, and target:MS deep in a context. One engine
-# thread timed in CPU seconds, so a busy machine costs wall time but does not decide the ratios.
-bench burst -p target-v1:50 -p target:50 -p prefill-first --flash on,off --threads 1 --cpu-clock
-bench target-depth --threads 1 --cpu-clock
-bench resume --history 2000 --reps 3 --threads 1
-# Other programs: OpenAI clients against `serve` (llama-server beside it), this app on a server.
-bench serve --seqs 1,4,8,16 --gen 32 --agents 16
-bench remote --llama-server 8 --local --seqs 1,4,8 --gen 32 --device cpu
-# Each task at its own reply length (the rewrite runs to ~400 tokens), off run twice in each
-# repetition to show what identical work reads (about 75 minutes); then the model as its own
-# draft and llama-server's n-gram speculation at 1-8 sequences (draft at 16 alone takes ~30).
-bench spec --reps 3 --modes off,ngram,auto --control --no-peer
-bench spec --seqs 1,2,4,8 --modes off,draft --reps 1
-# Busy processes on purpose: run last, and read the figures as ratios.
-bench contention --reps 1
-.venv/bin/python scripts/benchmarks_report.py "$out"
+last_json=""
+
+# bench quick|full KEY ARGS...: one magnitude-bench command into $out; KEY "-" keeps its JSON there only.
+bench() {
+    local set=$1 key=$2; shift 2
+    if [[ $quick == 1 && $set != quick ]]; then return 0; fi
+    local marker="$out/.before-$key"
+    touch "$marker"
+    echo "+ magnitude-bench $*" | tee -a "$out/commands.txt"
+    .venv/bin/magnitude-bench "$@" --out "$out"
+    last_json=$(find "$out" -maxdepth 1 -name '*.json' -newer "$marker" | sort | tail -1)
+    rm -f "$marker"
+    if [[ -z "$last_json" ]]; then echo "no JSON from: magnitude-bench $*" >&2; exit 1; fi
+    if [[ $key == - ]]; then echo "  -> $last_json"; return 0; fi
+    local stem; stem=$(basename "$last_json" .json)
+    local dest="docs/benchmarks/$key-${stem: -15}"
+    cp "$last_json" "$dest.json"
+    if [[ -f "${last_json%.json}.png" ]]; then cp "${last_json%.json}.png" "$dest.png"; fi
+    echo "  -> $last_json, copied to $dest.json"
+}
+
+# Warm resume: one engine thread, the first reply after --resume, cold vs warm.
+bench quick resume resume --history 2000 --reps 3 --threads 1
+# Throughput against llama.cpp's tools (issue 28's peers), one thread, alternating repetitions.
+bench quick throughput throughput --seqs 8 --gen 32 --reps 2 -p target:50 --peers batched-bench,server --require-tools --threads 1
+# HTTP clients against serve and llama-server; this app on llama-server against the local engine.
+bench quick serve serve --seqs 8 --gen 32 --reps 2 --parts clients --threads 1
+bench quick remote remote --llama-server 8 --local --seqs 8 --gen 32 --reps 2 --device cpu --threads 1
+# Subagents forked from a long parent against the same prompts cold.
+bench quick fork fork --threads 1
+# A person's prompt beside generating agents (simulated: seconds).
+bench quick person-cpu2core person --backend simulated:cpu2core
+bench quick person-cpu2core-deep person --backend simulated:cpu2core-deep
+# Structured output against free text and llama-server.
+bench quick structured structured --seqs 1,8,16 --max-tokens 48 --reps 2
+# The agent trace against llama-server (small: the full trace needs hours per side here).
+bench quick agents-2-no-bursts agents --bursts off --agents 2 --turns 2 --k-max 300 --think-scale 0.5 --reps 2 --sides serve,llama-server,llama-server+reuse+ram
+bench full agents-2-bursts agents --bursts on --agents 2 --turns 2 --k-max 300 --think-scale 0.5 --reps 2
+bench full agents-4-bursts agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 2 --sides serve,llama-server,llama-server+reuse
+# Speculative decoding: the matrix (about 75 minutes), the width 16 with a control, the model as
+# its own draft with llama-server's n-gram speculation beside it (about 20), then the control runs.
+bench full spec-reps3 spec --reps 3 --modes off,ngram,auto --no-peer
+bench full spec-width16 spec --seqs 16 --modes off,auto --control --reps 2 --no-peer
+bench full spec-draft-peer spec --seqs 1,2,4,8 --modes off,draft --reps 1
+if [[ $quick == 0 ]]; then
+    control=()
+    for args in "--tasks repetitive --seqs 16 --modes off,auto --control --reps 2 --no-peer" \
+                "--tasks quoting,chat --seqs 8,16 --modes off,auto --control --reps 2 --no-peer" \
+                "--tasks quoting,chat --seqs 8,16 --modes off,auto --control --reps 4 --no-peer"; do
+        # shellcheck disable=SC2086
+        bench full - spec $args
+        control+=("$last_json" "magnitude-bench spec $args")
+    done
+    .venv/bin/python -m magnitude_bench.report combine "docs/benchmarks/spec-control-$(date +%Y%m%d-%H%M%S).json" \
+        spec-control "bench spec --control: the cells in doubt with off run twice in each repetition" "${control[@]}"
+fi
+# Not rerun here: docs/benchmarks/issue28-attention-probe.json (the probe's timings, printed by the
+# command in that file) and issue28-callgrind.json (scripts/callgrind_compare.py, 30+ minutes under
+# valgrind with an AVX2 build of ggml-cpu: see docs/BENCHMARKS.md).
+
+.venv/bin/magnitude-bench report
+echo "raw results: $out (commands in $out/commands.txt); copied into docs/benchmarks/:"
+git status --short docs/benchmarks docs/BENCHMARKS.md docs/BENCHMARKS-HISTORY.md

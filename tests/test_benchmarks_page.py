@@ -34,8 +34,8 @@ def test_the_main_page_opens_with_the_summary_and_every_section_names_a_committe
 
 
 def test_a_changed_figure_in_a_raw_result_shows_as_a_stale_page(tmp_path):
-    for f in RAW_DIR.glob("*.json"):
-        (tmp_path / f.name).write_text(f.read_text())
+    for f in RAW_DIR.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
     assert stale(folder=tmp_path) == []
     doc = json.loads((tmp_path / "resume.json").read_text())
     warm = next(r for r in doc["tables"]["time to first token after the resume (alternating, median)"]
@@ -59,14 +59,15 @@ def test_a_newer_timestamped_result_replaces_the_figures_of_its_key(tmp_path):
 
 
 def test_every_headline_figure_is_in_its_raw_result():
-    """The summary quotes figures as recorded: each ratio is a value of its JSON (or its exact quotient)."""
+    """The summary quotes figures as recorded: each ratio is a value of its JSON, unless the headline
+    says how it derives it from the rows (a result that records no ratio)."""
     results = Results()
     for make in HEADLINES:
         for h in make(results):
             blob = json.dumps(h.raw.doc)
             for v in re.findall(r"[\d,]+\.?\d*", fmt(h.ratio) if not hasattr(h.ratio, "text") else h.ratio.text):
                 number = v.replace(",", "")
-                assert number in blob or "callgrind" in h.raw.file, (h.what, v)
+                assert number in blob or h.derived, (h.what, v)
 
 
 def test_prose_quotes_no_figure_that_is_not_in_a_generated_table():
