@@ -17,6 +17,7 @@ import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
@@ -55,7 +56,7 @@ class AgentSettings:
     tool_choice: ToolChoiceMode | None = None
 
     def sampling(self, default: SamplingParams) -> SamplingParams:
-        changes = {k: v for k, v in (("temperature", self.temperature), ("max_tokens", self.max_tokens),
+        changes: dict[str, Any] = {k: v for k, v in (("temperature", self.temperature), ("max_tokens", self.max_tokens),
                                      ("top_p", self.top_p), ("min_p", self.min_p)) if v is not None}
         return replace(default, **changes) if changes else default
 

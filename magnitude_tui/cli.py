@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -135,7 +135,7 @@ def main(
                               warm_dir=str(default_db_path().parent / "kv"), warm_budget_mb=kv_disk_mb,
                               spec=spec_mode)
     # --serve exposes the local engine; a remote one is already a server.
-    serving = {} if remote else {"serve_port": serve_port, "api_key": resolve_api_key(api_key)}
+    serving: dict[str, Any] = {} if remote else {"serve_port": serve_port, "api_key": resolve_api_key(api_key)}
     try:
         failure = run_app(engine, theme=theme, resume=resume, sampling=sampling, export_dir=export_dir,
                           roles=RoleBook(agents or agents_path(), roles), workdir=workdir.resolve(), **serving)
@@ -188,6 +188,7 @@ def devices(
                                               n_threads=threads or max(1, usable_cpus() - 1)))
         try:
             choice = backend.attention
+            assert choice is not None  # a llama.cpp backend has measured or been told its path
             console.print(f"attention on {backend.device_name}, {backend.n_threads} thread(s): "
                           f"{choice.summary()}{' (cached)' if choice.cached else ''}")
             for t in choice.timings:

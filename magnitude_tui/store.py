@@ -318,15 +318,17 @@ class Store:
 
     def add_message(self, pane_id: str, message: MessageRecord) -> int:
         """Insert a message and give it its id (later saves of the same message update it)."""
-        message.id = self._db.execute(
+        row_id = self._db.execute(
             "INSERT INTO messages (pane_id, role, content, complete, author, done_reason, inherited, "
             "created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (pane_id, message.role, message.content, int(message.complete), message.author,
              message.done_reason, int(message.inherited), time.time()),
         ).lastrowid
+        assert row_id is not None  # set by every INSERT
+        message.id = row_id
         if message.others:
             self._save_answers(message)
-        return message.id
+        return row_id
 
     def save_messages(self, messages: list[MessageRecord]) -> None:
         """Write the current content of already-inserted messages, all in one transaction."""

@@ -114,7 +114,7 @@ class _Connection(sqlite3.Connection):
     def _release(self) -> None:
         key, self._lock_key = self._lock_key, None
         held = _HELD.get(key) if key is not None else None
-        if held is not None:
+        if key is not None and held is not None:
             held[1] -= 1
             if held[1] <= 0:
                 del _HELD[key]

@@ -64,6 +64,7 @@ class CommandTool:
         except OSError as e:
             return ToolResult.failed(f"the command could not start: {e}")
         cap = self.ws.limits.output_chars
+        assert proc.stdout is not None  # stdout=PIPE
         reader = asyncio.ensure_future(_read_capped(proc.stdout, cap))
         try:
             await asyncio.wait_for(proc.wait(), timeout)

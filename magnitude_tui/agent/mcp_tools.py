@@ -7,12 +7,15 @@ import builtins
 import json
 import re
 import tempfile
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from magnitude_tui.agent.config import McpServerSpec
 from magnitude_tui.agent.policy import ToolKind
 from magnitude_tui.agent.toolbox import AgentTool, ToolResult
 from scheduler.types import Tool
+
+if TYPE_CHECKING:
+    from mcp import ClientSession
 
 _GROUP = getattr(builtins, "BaseExceptionGroup", ())  # Python 3.11+; the SDK backports it on 3.10
 
@@ -34,7 +37,7 @@ class McpServer:
         self.spec = spec
         self.problem: str | None = None
         self.tools: list = []  # mcp.types.Tool, as the server listed them
-        self._session = None
+        self._session: ClientSession | None = None
         self._task: asyncio.Task | None = None
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()

@@ -39,6 +39,7 @@ class RunRecorder:
             self._print(e)
 
     def _line(self, text: str) -> None:
+        assert self.out is not None  # printing is asked for only with a stream to print on
         if not self._at_line_start:
             self.out.write("\n")
         self.out.write(text + "\n")
@@ -47,6 +48,7 @@ class RunRecorder:
 
     def _print(self, e: AgentEvent) -> None:
         if isinstance(e, TextDelta):
+            assert self.out is not None
             if self._at_line_start:
                 self.out.write(f"[{e.agent}] ")
             self.out.write(e.text)

@@ -258,7 +258,7 @@ class ChatPane(Vertical):
 
     def _show_note(self) -> None:
         text = queue_note(self.queued, self.editing is not None)
-        for note in self.query(".queued-note"):
+        for note in self.query(".queued-note").results(Static):
             note.display = bool(text)
             if text:
                 note.update(text)

@@ -94,7 +94,7 @@ class Composer(TextArea):
 
     # Textual calls `_on_key` / `_on_paste` of every class in the MRO until one prevents the
     # default, so these handle what they take over and otherwise leave TextArea's to run next.
-    def _on_key(self, event: events.Key) -> None:
+    def _on_key(self, event: events.Key) -> None:  # type: ignore[override]  # Textual awaits either kind
         self.typed_at = time.monotonic()
         self.call_after_refresh(self._key_shown)
         if event.key == "enter":
@@ -108,7 +108,7 @@ class Composer(TextArea):
         event.stop()
         event.prevent_default()
 
-    def _on_paste(self, event: events.Paste) -> None:
+    def _on_paste(self, event: events.Paste) -> None:  # type: ignore[override]
         # Handled whole here (and not bubbled): terminals paste line breaks as CR or CRLF, and
         # the message keeps them as newlines.
         event.stop()

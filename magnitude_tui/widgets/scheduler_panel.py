@@ -136,7 +136,7 @@ class SchedulerPanel(Widget):
         if self.attention:
             line("attn", (self.attention, "sched--dim"))
         if self.endpoints is not None:
-            self._render_endpoints(line)
+            self._render_endpoints(line, self.endpoints)
             return text
         target = policy_target_ms(self.policy)
         line("policy", (self.policy, "sched--kv"))
@@ -191,9 +191,9 @@ class SchedulerPanel(Widget):
             line("seqs", (f"{last.running} running · {last.waiting} waiting", ""))
         return text
 
-    def _render_endpoints(self, line) -> None:
+    def _render_endpoints(self, line, report: EndpointsReport) -> None:
         """Per server, only what the client measures: no step, budget or KV figures exist here."""
-        for e in self.endpoints.endpoints:
+        for e in report.endpoints:
             line("server", (e.url.removeprefix("http://").removeprefix("https://"),
                             "sched--ok" if e.healthy else "sched--over"))
             if not e.healthy:

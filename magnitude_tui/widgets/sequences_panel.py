@@ -166,9 +166,10 @@ def spec_text(u: SeqUpdate) -> str:
     "—" for a sequence that did neither."""
     if u.grammar_ms > 0 and u.generated:
         return f"mask {u.grammar_ms / u.generated:.1f}"
-    if not u.spec.drafted or u.spec.tokens_per_step is None:
+    acceptance = u.spec.acceptance  # None until a draft token was verified
+    if acceptance is None or u.spec.tokens_per_step is None:
         return "—"
-    return f"{u.spec.tokens_per_step:.1f} {round(100 * u.spec.acceptance)}%"
+    return f"{u.spec.tokens_per_step:.1f} {round(100 * acceptance)}%"
 
 
 def _cell_key(cell: object) -> object:

@@ -88,7 +88,8 @@ class StatusLine(Horizontal):
         self.set_class(compact, "-compact")
         badge_class, badge_text = self._badge_class(update), self._badge_text(update, short=compact)
         prefilling = update is not None and update.phase in _PROMPT_PHASES
-        bar = (update.prompt_total, update.prompt_done) if prefilling and update.prompt_total else None
+        bar = ((update.prompt_total, update.prompt_done)
+               if update is not None and prefilling and update.prompt_total else None)
         if activity is not None:  # an agent waits on a tool or on approval: the `tool` phase
             badge_class, badge_text, prefilling, bar = "-tool", "TOOL", False, None
             parts = [activity.label()]
@@ -182,8 +183,9 @@ class StatusLine(Horizontal):
                 t = u.remote.server_timings
                 server = (f"server: prompt {fmt_rate(t.prompt_tok_s)} tok/s, "
                           f"gen {fmt_rate(t.predicted_tok_s)} tok/s, {t.cache_n} cached")
-            spec = (f"{u.spec.tokens_per_step:.1f} tok/step, {round(100 * u.spec.acceptance)}% of drafts accepted"
-                    if u.spec.drafted and u.spec.tokens_per_step is not None else None)
+            acceptance = u.spec.acceptance  # None until a draft token was verified
+            spec = (f"{u.spec.tokens_per_step:.1f} tok/step, {round(100 * acceptance)}% of drafts accepted"
+                    if acceptance is not None and u.spec.tokens_per_step is not None else None)
             parts = [u.error, *latency, spec, f"queue {fmt_ms(u.queue_ms)}", count, prompt, where, server]
         return [p for p in parts if p]
 

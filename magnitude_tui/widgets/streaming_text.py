@@ -287,7 +287,7 @@ class StreamingText(Widget):
             self._schedule_refine()
         elif time.monotonic() - self._appended_at < PUBLISH_WAIT_S:  # every line is counted
             rows.ready = True  # the next append puts them in (or this timer)
-            self.set_timer(PUBLISH_WAIT_S, lambda: rows.ready and self._finish_refine(rows))
+            self.set_timer(PUBLISH_WAIT_S, lambda: self._finish_refine(rows) if rows.ready else None)
         else:
             self._finish_refine(rows)
 

@@ -60,7 +60,7 @@ class ToolBlock(Static):
     ToolBlock.-failed { color: $warning; }
     ToolBlock:focus { background: $panel-lighten-1; }
     """
-    BINDINGS = [("enter", "toggle", "Unfold")]
+    BINDINGS = [("enter", "unfold", "Unfold")]
 
     def __init__(self, agent: str, name: str, arguments: str, duration_s: float, result: str, ok: bool,
                  *, panes: tuple[str, ...] = ()) -> None:
@@ -85,7 +85,7 @@ class ToolBlock(Static):
     def on_mount(self) -> None:
         self.update(self.summary())
 
-    def action_toggle(self) -> None:
+    def action_unfold(self) -> None:
         self.unfolded = not self.unfolded
         if not self.unfolded:
             self.update(self.summary())
@@ -101,4 +101,4 @@ class ToolBlock(Static):
 
     def on_click(self, event: events.Click) -> None:
         event.stop()
-        self.action_toggle()
+        self.action_unfold()
