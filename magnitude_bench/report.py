@@ -131,11 +131,25 @@ def combine(out: Path, name: str, title: str, runs: list[tuple[Path, str]]) -> P
     return Path(out)
 
 
+def record(file: str, command: str, folder: Path = RAW_DIR) -> None:
+    """Note in provenance.json the command that made a raw result, for benches that do not record it."""
+    prov = folder / PROVENANCE
+    doc = json.loads(prov.read_text()) if prov.exists() else {}
+    doc[file] = doc.get(file, {}) | {"command": command}
+    prov.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+
+
+USAGE = """usage: python -m magnitude_bench.report combine OUT NAME TITLE FILE COMMAND [FILE COMMAND ...]
+       python -m magnitude_bench.report record FILE COMMAND"""
+
 if __name__ == "__main__":
     import sys
 
-    # python -m magnitude_bench.report combine OUT NAME TITLE FILE COMMAND [FILE COMMAND ...]
-    if len(sys.argv) < 7 or sys.argv[1] != "combine" or len(sys.argv[5:]) % 2:
-        sys.exit("usage: python -m magnitude_bench.report combine OUT NAME TITLE FILE COMMAND [FILE COMMAND ...]")
-    args = sys.argv[5:]
-    print(combine(Path(sys.argv[2]), sys.argv[3], sys.argv[4], list(zip(args[::2], args[1::2]))))
+    args = sys.argv[1:]
+    if len(args) >= 6 and args[0] == "combine" and len(args[4:]) % 2 == 0:
+        rest = args[4:]
+        print(combine(Path(args[1]), args[2], args[3], list(zip(rest[::2], rest[1::2]))))
+    elif len(args) == 3 and args[0] == "record":
+        record(args[1], args[2])
+    else:
+        sys.exit(USAGE)

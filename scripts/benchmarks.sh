@@ -4,6 +4,7 @@
 # where the page's generated section KEY reads the newest, and regenerates the page.
 #
 #   bash scripts/benchmarks.sh [--quick] [OUT_DIR]   (default: results/full-<timestamp>, results/quick-<timestamp>)
+#   BENCH_ONLY=resume,fork bash scripts/benchmarks.sh ...   (only the lines with those keys)
 #
 # --quick runs the lines marked quick: under 20 minutes on 2 quiet cores. The whole list takes
 # several hours there (bench spec alone about two). Needs `bash scripts/setup.sh` (the venv) and,
@@ -23,6 +24,7 @@ last_json=""
 bench() {
     local set=$1 key=$2; shift 2
     if [[ $quick == 1 && $set != quick ]]; then return 0; fi
+    if [[ -n "${BENCH_ONLY:-}" && ",$BENCH_ONLY," != *",$key,"* ]]; then return 0; fi
     local marker="$out/.before-$key"
     touch "$marker"
     echo "+ magnitude-bench $*" | tee -a "$out/commands.txt"
@@ -34,6 +36,7 @@ bench() {
     local stem; stem=$(basename "$last_json" .json)
     local dest="docs/benchmarks/$key-${stem: -15}"
     cp "$last_json" "$dest.json"
+    .venv/bin/python -m magnitude_bench.report record "$(basename "$dest").json" "magnitude-bench $*"
     if [[ -f "${last_json%.json}.png" ]]; then cp "${last_json%.json}.png" "$dest.png"; fi
     echo "  -> $last_json, copied to $dest.json"
 }
@@ -61,13 +64,13 @@ bench full agents-4-bursts agents --bursts on --agents 4 --turns 2 --k-max 300 -
 bench full spec-reps3 spec --reps 3 --modes off,ngram,auto --no-peer
 bench full spec-width16 spec --seqs 16 --modes off,auto --control --reps 2 --no-peer
 bench full spec-draft-peer spec --seqs 1,2,4,8 --modes off,draft --reps 1
-if [[ $quick == 0 ]]; then
+if [[ $quick == 0 && ( -z "${BENCH_ONLY:-}" || ",$BENCH_ONLY," == *",spec-control,"* ) ]]; then
     control=()
     for args in "--tasks repetitive --seqs 16 --modes off,auto --control --reps 2 --no-peer" \
                 "--tasks quoting,chat --seqs 8,16 --modes off,auto --control --reps 2 --no-peer" \
                 "--tasks quoting,chat --seqs 8,16 --modes off,auto --control --reps 4 --no-peer"; do
         # shellcheck disable=SC2086
-        bench full - spec $args
+        BENCH_ONLY="" bench full - spec $args
         control+=("$last_json" "magnitude-bench spec $args")
     done
     .venv/bin/python -m magnitude_bench.report combine "docs/benchmarks/spec-control-$(date +%Y%m%d-%H%M%S).json" \
