@@ -77,3 +77,9 @@ def source(*raws: Raw) -> str:
         note = f"; {r.provenance['note']}" if r.provenance.get("note") else ""
         lines.append(f"- `docs/benchmarks/{r.file}`: {r.date}; {machine(r)}; {load(r)}{note}; `{r.command}`")
     return "Raw results:\n\n" + "\n".join(lines)
+
+
+def plot(folder, raw: Raw) -> list[str]:
+    """The Markdown image of a result's plot, when its PNG sits beside the JSON."""
+    png = folder / (raw.file[:-len(".json")] + ".png")
+    return [f"![{raw.key}](benchmarks/{png.name})", ""] if png.exists() else []

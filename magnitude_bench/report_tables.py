@@ -4,7 +4,7 @@ each turning committed JSON into Markdown with every figure as the JSON records 
 from __future__ import annotations
 
 from magnitude_bench.report import Raw, Results
-from magnitude_bench.report_format import Cell, md_table, source, table
+from magnitude_bench.report_format import Cell, md_table, plot, source, table
 from magnitude_bench.report_spec import spec, spec_control, spec_peer, spec_targets
 from magnitude_bench.report_summary import summary
 
@@ -22,9 +22,7 @@ def tables(results: Results, *raws: Raw) -> str:
             out += [f"*{title}*", "", md_table(cols, [[r.get(c) for c in cols] for r in rows]), ""]
         out += [f"- {n}" for n in raw.doc.get("notes", [])]
         out.append("")
-        png = results.folder / (raw.file[:-len(".json")] + ".png")
-        if png.exists():
-            out += [f"![{raw.key}](benchmarks/{png.name})", ""]
+        out += plot(results.folder, raw)
     return "\n".join(out + [source(*raws)])
 
 
@@ -71,7 +69,7 @@ def agents(results: Results, *raws: Raw) -> str:
     for raw in raws:
         a = raw.doc["config"]["agents"]
         out.append(f"*{a['agents']} agents × {a['turns']} turns, tool results cut to {a['k_max']} tokens, "
-                   f"{raw.doc['tables'][next(iter(raw.doc['tables']))][0]['trace']}* (`{raw.file}`):")
+                   f"{table(raw, 'per side')[0]['trace']}* (`{raw.file}`):")
         out.append(md_table(cols, [[r.get(c) for c in cols] for r in table(raw, "per side")]))
         ratio = table(raw, "serve ÷ llama-server")
         rcols = [c for c in ratio[0] if c != "trace"]
@@ -79,6 +77,7 @@ def agents(results: Results, *raws: Raw) -> str:
         out.append(md_table(rcols, [[r[c] for c in rcols] for r in ratio]))
         out.append(md_table(["target", "measured", "met"],
                             [[t["target"], t["measured"], t["met"]] for t in table(raw, "the issue's targets")]))
+        out += [ln for ln in plot(results.folder, raw) if ln]
     return "\n\n".join(out + [source(*raws)])
 
 
