@@ -8,7 +8,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable
+from typing import Callable, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -217,8 +217,10 @@ async def _stream(completion: Completion, options: ServeOptions, on_finish):
             on_finish(completion, outcome)
 
 
-async def answer_whole(request: Request, completion: Completion, on_finish,
-                       reply: Callable[[Completion], dict]) -> JSONResponse:
+_C = TypeVar("_C", bound=Completion)
+
+
+async def answer_whole(request: Request, completion: _C, on_finish, reply: Callable[[_C], dict]) -> JSONResponse:
     """Wait for every choice, then answer `reply(completion)`; a client that hangs up meanwhile
     cancels the call (chat and text completions alike)."""
     run = asyncio.ensure_future(completion.run_to_end())

@@ -74,7 +74,7 @@ def parse_chat(body: object, *, default_max_tokens: int) -> ChatCall:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise invalid("stream_options", "'stream_options' must be an object")
-    include_usage = bool(options) and _boolean(options, "include_usage", prefix="stream_options.")
+    include_usage = _boolean(options, "include_usage", prefix="stream_options.") if options else False
     if options and not stream:
         raise invalid("stream_options", "'stream_options' is only allowed when 'stream' is true")
     user = body.get("user")

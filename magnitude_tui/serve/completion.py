@@ -249,9 +249,9 @@ class Completion:
             "grammar_ms": _r(u.grammar_ms) if u else 0.0,
         }
 
-    def _phase_ms(self, c: Choice) -> dict[str, float]:
+    def _phase_ms(self, c: Choice) -> dict[str, float | None]:
         order = sorted(c.phase_at.items(), key=lambda kv: kv[1])
-        out = {}
+        out: dict[str, float | None] = {}
         start = self.t_submit
         for i, (phase, t) in enumerate(order):
             if phase == Phase.DONE.value:

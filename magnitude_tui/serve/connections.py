@@ -58,7 +58,7 @@ def guarded_protocol(limits: ConnectionLimits):
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport) -> None:
             super().connection_made(transport)
             if len(self.connections) > cap:
                 transport.write(BUSY % (len(BUSY_BODY), BUSY_BODY))

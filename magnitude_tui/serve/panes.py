@@ -22,7 +22,7 @@ class ApiPanes:
         self.hub = hub
         self.workspace = workspace  # needs: panes_by_session(), open_pane(pane), sequences_panel
         hub.on_request = self.on_request
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Future] = set()
         self._unpaned: dict[str, str] = {}  # session -> caller name, while its request runs
 
     def on_request(self, request: Request, client_name: str) -> None:
@@ -63,7 +63,7 @@ class ApiPanes:
             if isinstance(event, StepReport):
                 updates, t = event.updates, event.t
             elif isinstance(event, SeqUpdate):  # the worker died: each live request's last word
-                updates, t = (event,), None
+                updates, t = [event], None
             else:
                 continue
             for update in updates:

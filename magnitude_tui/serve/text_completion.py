@@ -80,7 +80,7 @@ def parse_text_call(body: object) -> TextCall:
         raise invalid("stream_options", "'stream_options' must be an object")
     if options and not stream:
         raise invalid("stream_options", "'stream_options' is only allowed when 'stream' is true")
-    include_usage = bool(options) and _boolean(options, "include_usage", prefix="stream_options.")
+    include_usage = _boolean(options, "include_usage", prefix="stream_options.") if options else False
     for name in ("user", "model"):
         if body.get(name) is not None and not isinstance(body[name], str):
             raise invalid(name, f"'{name}' must be a string")
@@ -110,6 +110,8 @@ class TextCompletion(Completion):
     """A Completion whose requests carry the raw prompt: the engine tokenizes it without the chat
     template (special-token parsing off); choices, forks of one evaluated prompt, usage and
     timings are the chat call's."""
+
+    call: TextCall  # type: ignore[assignment]  # in the ChatCall's place: the fields a Completion reads, and the prompt
 
     def __init__(self, hub: EngineHub, call: TextCall, *, client_name: str) -> None:
         super().__init__(hub, call, client_name=client_name)  # type: ignore[arg-type]

@@ -41,7 +41,7 @@ def check_reply(text: str, schema: str) -> str | None:
 
 def delta_json(deltas: tuple[ToolCallDelta, ...]) -> list[dict]:
     """`delta.tool_calls` entries: the first piece of a call names it, later ones extend its arguments."""
-    out = []
+    out: list[dict] = []
     for d in deltas:
         if d.id is not None:
             out.append({"index": d.index, "id": d.id, "type": "function",

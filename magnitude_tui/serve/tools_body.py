@@ -105,13 +105,14 @@ def _tool_choice(raw: object, tools: tuple[Tool, ...]) -> ToolChoice:
 def _response_format(raw: object) -> str | None:
     if raw is None:
         return None
-    kind = raw.get("type") if isinstance(raw, dict) else None
+    fields = raw if isinstance(raw, dict) else {}
+    kind = fields.get("type")
     if kind == "text":
         return None
     if kind == "json_object":
         return JSON_OBJECT
     if kind == "json_schema":
-        spec = raw.get("json_schema")
+        spec = fields.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("name", ""), str):
             raise invalid("response_format", "'response_format.json_schema' must be an object with a "
                           "'name' and a 'schema'")
