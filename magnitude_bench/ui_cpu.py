@@ -146,6 +146,9 @@ class PacedClient:
     def restore_session(self, session_id: str, messages: tuple) -> None:
         pass  # a paced stand-in holds no KV: nothing to restore, nothing to answer
 
+    def forget(self, session_id: str) -> None:
+        pass
+
     def set_policy(self, policy: str) -> None:
         from magnitude_tui.engine.events import PolicyChanged
 

@@ -11,13 +11,10 @@ from textual.app import SystemCommand
 from magnitude_tui.agents import unknown_role
 from magnitude_tui.screens.policy_dialog import PRESETS, policy_problem
 
-# The palette's speculation choices (`--spec`), each with what it does.
-SPEC_MODES = (
-    ("auto", "Draft tokens where the cost model says verifying them pays (the default)"),
-    ("ngram", "Always verify n-gram lookup guesses from each conversation's own text"),
-    ("draft", "Always verify the draft model's guesses (needs --draft-model)"),
-    ("off", "Never speculate: one token per sequence per step"),
-)
+from scheduler.speculation import SpecMode
+
+# The palette's speculation choices (`--spec`), the default first.
+SPEC_CHOICES = (SpecMode.AUTO, SpecMode.NGRAM, SpecMode.DRAFT, SpecMode.OFF)
 from magnitude_tui.widgets.pane_grid import MAX_SUBAGENTS
 
 if TYPE_CHECKING:
@@ -120,8 +117,8 @@ def palette_commands(screen: "WorkspaceScreen") -> Iterable[SystemCommand]:
     yield SystemCommand("Switch policy", "Choose the scheduling policy (ctrl+l)", screen.action_policy)
     for name, why in PRESETS:
         yield SystemCommand(f"Policy: {name}", why, lambda name=name: screen.switch_policy(name))
-    for mode, why in SPEC_MODES:
-        yield SystemCommand(f"Speculation: {mode}", why, lambda mode=mode: screen.switch_spec(mode))
+    for mode in SPEC_CHOICES:
+        yield SystemCommand(f"Speculation: {mode.value}", mode.help, lambda mode=mode: screen.switch_spec(mode))
     yield SystemCommand("Export conversation", "Write the focused pane to Markdown (f5)",
                         screen.action_export)
     yield SystemCommand("Copy last answer", "Copy the focused pane's last reply (ctrl+y)",

@@ -399,6 +399,16 @@ def parse_policy(text: str) -> Policy:
     )
 
 
+def as_policy(value: object) -> Policy:
+    """A Policy as it is, or parsed from its text ("target:50"); ValueError for anything else."""
+    if isinstance(value, Policy):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"the policy must be text such as 'target:50', 'fixed:64' or "
+                         f"'prefill-first', got {type(value).__name__} {value!r:.60}")
+    return parse_policy(value)
+
+
 def share_rows(order: list[T], pending: list[int], allowance: int, quantum: int) -> list[tuple[T, int]]:
     """Deal `allowance` rows to `order` in turns of at most `quantum` each, never more than an
     item's `pending`; returns (item, rows) for those that got any, in `order`."""

@@ -65,6 +65,16 @@ class SpecMode(str, Enum):
         """The one source a forced mode drafts with at full length (None: off or adaptive)."""
         return {SpecMode.NGRAM: DraftKind.NGRAM, SpecMode.DRAFT: DraftKind.DRAFT_MODEL}.get(self)
 
+    @property
+    def help(self) -> str:
+        """What the mode does, in the words the command palette shows."""
+        return {
+            SpecMode.AUTO: "Draft tokens where the cost model says verifying them pays (the default)",
+            SpecMode.NGRAM: "Always verify n-gram lookup guesses from each conversation's own text",
+            SpecMode.DRAFT: "Always verify the draft model's guesses (needs --draft-model)",
+            SpecMode.OFF: "Never speculate: one token per sequence per step",
+        }[self]
+
 
 def parse_spec_mode(text: object) -> SpecMode:
     """`off`, `ngram`, `draft` or `auto`; ValueError says what is accepted."""

@@ -54,14 +54,6 @@ def check_id(name: str, value: object) -> str:
     return value
 
 
-def check_policy_text(policy: object) -> str:
-    """A policy is given as text ("target:50"); anything else is rejected before parsing."""
-    if not isinstance(policy, str):
-        raise ValueError(f"the policy must be text such as 'target:50', 'fixed:64' or "
-                         f"'prefill-first', got {type(policy).__name__} {policy!r:.60}")
-    return policy
-
-
 def _check_prompt_text(prompt: object) -> None:
     if not isinstance(prompt, str):
         raise RequestError(f"prompt must be text, got {type(prompt).__name__}")

@@ -52,6 +52,7 @@ class ScriptedClient:
         self.cancelled: list[str] = []
         self.closed_sessions: list[str] = []
         self.restored: list[tuple[str, tuple]] = []  # restore_session calls: (session id, messages)
+        self.forgotten: list[str] = []  # forget calls: conversations deleted
         self.live: dict[str, _Live] = {}
         self.step_no = 0
         self.drop_next = 0  # the next request reports this many of its oldest messages dropped
@@ -97,6 +98,10 @@ class ScriptedClient:
         for l in self.live.values():
             if l.request.session_id == session_id:
                 l.cancelled = True
+
+    def forget(self, session_id: str) -> None:
+        self.forgotten.append(session_id)
+        self.close_session(session_id)
 
     def restore_session(self, session_id: str, messages: tuple) -> None:
         """Recorded, and answered as an engine with nothing saved answers."""

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from backend.template_fallback import TemplateSource, fallback_notice, template_info
-from magnitude_tui.engine.events import EngineReady, LoadProgress
+from backend.template_fallback import fallback_notice
+from magnitude_tui.engine.events import EngineInfo, EngineReady, LoadProgress
 from tests.app_support import SIZE, ScriptedClient, make_app, one_turn, settle, type_message, wait_for
 
 NOTICE = fallback_notice(("<|im_end|>", "<|im_start|>"))
@@ -16,7 +16,7 @@ class _BaseModelClient(ScriptedClient):
         self._ready = True
         self._emit([LoadProgress(1.0, "base.gguf", "CPU"),
                     EngineReady("base.gguf", "CPU", 8192, 16, 2048, self.policy,
-                                info=template_info(TemplateSource.CHATML_FALLBACK, NOTICE))])
+                                info=EngineInfo(template_notice=NOTICE))])
 
 
 async def test_the_missing_chat_template_is_told_at_load(tmp_path):

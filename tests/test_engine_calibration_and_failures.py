@@ -109,12 +109,21 @@ def test_kv_exhaustion_preempts_and_recomputes_without_losing_shown_text():
     assert_clean(engine, "s0", "s1", "s2")
 
 
+def fail_all(engine, message: str):
+    """End every live request with an error and report it (what a dying backend would need; the
+    engine itself never does this: its worker client fails what was live when the worker dies)."""
+    for seq in list(engine._intake.live.values()):
+        engine.scheduler.finish(seq, DoneReason.ERROR, message)
+    engine._intake._intake = []  # taken in, not tokenized yet
+    return engine._reporter.report(None, None, engine._clock(), 0.0)
+
+
 def test_fail_all_ends_every_live_request_with_the_reason():
     engine, _ = engine_for()
     engine.submit(chat("a", "sa", "hi"))
     engine.submit(chat("b", "sb", "hi"))
     engine.step()
-    report = engine.fail_all("the engine is shutting down")
+    report = fail_all(engine, "the engine is shutting down")
     assert {u.request_id: u.error for u in report.updates} == {
         "a": "the engine is shutting down", "b": "the engine is shutting down"}
     assert_clean(engine)

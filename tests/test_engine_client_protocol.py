@@ -183,3 +183,16 @@ def test_every_client_restarts_and_serves_again(harness):
     assert sum(u.phase is Phase.DONE for u in after) == 1
     assert after[-1].done_reason in (DoneReason.STOP, DoneReason.LENGTH) and after[-1].error is None
     assert "".join(u.text_delta for u in after).strip()
+
+
+def test_policy_and_speculation_mode_cross_the_worker_pipe_typed():
+    """The client parses a policy or mode once, where it was typed; the command carries the parsed
+    value, which pickles as the pipe to a worker process needs."""
+    import pickle
+
+    from magnitude_tui.engine.events import SetPolicy, SetSpec
+    from scheduler.budget import parse_policy
+    from scheduler.speculation import SpecMode
+
+    for command in (SetPolicy(parse_policy("fixed:16")), SetSpec(SpecMode.NGRAM)):
+        assert pickle.loads(pickle.dumps(command)) == command

@@ -26,7 +26,7 @@ def test_an_unusable_warm_resume_directory_leaves_the_engine_running_without_it(
     client.start()
     try:
         ready = wait_ready(client, 30)
-        assert ready.info["warm_resume"].startswith(f"off: cannot use {blocker / 'kv'}")
+        assert ready.info.warm_resume.startswith(f"off: cannot use {blocker / 'kv'}")
     finally:
         client.stop()
 

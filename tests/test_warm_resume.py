@@ -9,7 +9,7 @@ import pytest
 
 from backend.fake import FakeBackend
 from magnitude_tui.engine.core import Engine
-from magnitude_tui.engine.events import RestoreOutcome, SeqUpdate, SessionRestored
+from magnitude_tui.engine.events import ForgetSession, RestoreOutcome, SeqUpdate, SessionRestored
 from magnitude_tui.engine.warm import SAVE_AFTER_S
 from magnitude_tui.engine.warm_store import MAGIC, WarmStore
 from scheduler.types import Message, Phase, Request, SamplingParams
@@ -244,3 +244,53 @@ def test_quitting_saves_what_the_debounce_had_not_saved_yet(tmp_path):
 def test_an_engine_that_saves_nothing_says_so(tmp_path):
     engine, _ = _engine(tmp_path, warm=False)
     assert _restore(engine, "s1", [Message("user", HISTORY)]).outcome is RestoreOutcome.UNSUPPORTED
+
+
+def test_forgetting_a_conversation_ends_it_and_deletes_its_saved_kv(tmp_path):
+    # A deleted conversation: the engine, which wrote the files, deletes them (ForgetSession), and
+    # a conversation still idle and unsaved is never saved afterwards.
+    engine, clock = _engine(tmp_path)
+    _first_exchange(engine, "gone")
+    _idle_save(engine, clock)
+    _first_exchange(engine, "kept")
+    _idle_save(engine, clock)
+    _first_exchange(engine, "unsaved")
+    store = engine.warm.store
+    assert len(store.files()) == 2
+    engine.apply(ForgetSession("gone"))
+    engine.apply(ForgetSession("unsaved"))
+    _idle_save(engine, clock)
+    assert [p.name for p in store.files()] == [store.path_for("kept").name]
+    assert set(engine.scheduler.sessions) == {"kept"}
+    assert _restore(engine, "gone", [Message("user", HISTORY)]).outcome is RestoreOutcome.NOT_SAVED
+
+
+def test_a_worker_client_forgets_a_conversation_through_its_engine_or_itself_when_none_runs(tmp_path):
+    from backend.factory import BackendConfig
+    from magnitude_tui.engine.client import WorkerClient
+    from magnitude_tui.engine.events import EngineConfig
+    from magnitude_tui.engine.protocol import seq_updates
+    from magnitude_tui.engine.waiting import events_until, wait_ready
+
+    kv = tmp_path / "kv"
+    client = WorkerClient(EngineConfig(BackendConfig("fake"), warm_dir=str(kv), warm_budget_mb=64), in_process=True)
+    client.start()
+    wait_ready(client, timeout_s=30)
+    for sid in ("s1", "s2"):
+        client.submit(Request(f"{sid}:1", sid, (Message("user", HISTORY),), SamplingParams(max_tokens=8)))
+    events_until(client, lambda evs: sum(u.phase is Phase.DONE for u in seq_updates(evs)) == 2, timeout_s=30)
+    client.stop()  # saves what is idle and unsaved on the way out
+    assert len(list(kv.glob("*.kv*"))) == 2, list(kv.iterdir())
+
+    client = WorkerClient(client.config, in_process=True)  # the app started again
+    client.start()
+    wait_ready(client, timeout_s=30)
+    client.forget("s1")  # through the engine, which wrote the files
+    client.restore_session("s1", (Message("user", HISTORY),))
+    evs = events_until(client, lambda evs: any(isinstance(e, SessionRestored) for e in evs), timeout_s=30)
+    assert [e.outcome for e in evs if isinstance(e, SessionRestored)] == [RestoreOutcome.NOT_SAVED]
+    client.stop()
+    assert len(list(kv.glob("*.kv*"))) == 1
+
+    client.forget("s2")  # no engine running: the client deletes the files itself
+    assert list(kv.glob("*.kv*")) == []

@@ -12,20 +12,27 @@ from magnitude_tui.engine.events import (
     Cancel,
     CloseSession,
     Command,
+    CommandRejected,
     EngineConfig,
     EngineFailed,
     EngineReady,
+    ForgetSession,
     LoadProgress,
+    RejectReason,
+    Rejection,
     RestoreSession,
+    SeqUpdate,
     SetPolicy,
     SetSpec,
     Shutdown,
+    StepReport,
     Submit,
 )
 from magnitude_tui.engine.protocol import EngineEvent, EngineTarget, EventStream
-from magnitude_tui.engine.events import RejectReason, Rejection, SeqUpdate, StepReport
+from magnitude_tui.engine.warm_store import discard_saved
+from scheduler.budget import Policy, as_policy
+from scheduler.speculation import SpecMode, parse_spec_mode
 from scheduler.types import DoneReason, Message, Phase, Request
-
 
 
 # How long a worker told to shut down may take before it is killed: it first saves the
@@ -171,11 +178,30 @@ class WorkerClient:
     def close_session(self, session_id: str) -> None:
         self._send(CloseSession(session_id))
 
-    def set_policy(self, policy: str) -> None:
-        self._send(SetPolicy(policy))
+    def forget(self, session_id: str) -> None:
+        """The conversation was deleted: the engine ends it and deletes its saved KV. With no
+        engine running to ask, the files are deleted here (the tokens in them are its text)."""
+        if not self._send(ForgetSession(session_id)) and self.config.warm_dir:
+            discard_saved(self.config.warm_dir, session_id)
 
-    def set_spec(self, mode: str) -> None:
-        self._send(SetSpec(mode))
+    def set_policy(self, policy: str | Policy) -> None:
+        """Parsed here, once; a malformed one is answered by CommandRejected in the stream."""
+        try:
+            parsed = as_policy(policy)
+        except ValueError as exc:
+            self._events.put([CommandRejected(message=f"policy not changed: {exc}")])
+            return
+        self._send(SetPolicy(parsed))
+
+    def set_spec(self, mode: str | SpecMode) -> None:
+        """Parsed here, once; an unknown mode is answered by CommandRejected in the stream (one
+        whose draft source is not loaded, by the engine)."""
+        try:
+            parsed = parse_spec_mode(mode)
+        except ValueError as exc:
+            self._events.put([CommandRejected(message=f"speculation not changed: {exc}")])
+            return
+        self._send(SetSpec(parsed))
 
     def restore_session(self, session_id: str, messages: tuple[Message, ...]) -> None:
         self._send(RestoreSession(session_id, tuple(messages)))

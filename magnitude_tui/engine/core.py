@@ -7,38 +7,42 @@ from typing import Callable
 
 from backend.protocol import WALL_CLOCK, Backend, Clock, DecodeOutcome, DecodeResult, PlanError
 from magnitude_tui.engine.calibrate import calibration_steps
-from magnitude_tui.engine.events import (Cancel, CloseSession, Command, RestoreSession, SessionRestored, SetPolicy,
-                                         SetSpec, Submit)
+from magnitude_tui.engine.events import (COMMANDS, Cancel, CloseSession, Command, CommandRejected, ForgetSession,
+                                         PolicyChanged, RestoreSession, SessionRestored, SetPolicy, SetSpec,
+                                         Shutdown, SpecChanged, StepReport, Submit, ThreadState)
 from magnitude_tui.engine.intake import Intake
 from magnitude_tui.engine.report import StepReporter, thread_state
 from magnitude_tui.engine.sampling import StepSampler
 from magnitude_tui.engine.threads import CpuLoad, ThreadGovernor
 from magnitude_tui.engine.warm import WarmResume
 from magnitude_tui.engine.warm_store import WarmStore
-from scheduler.budget import CostModel, CostParams, parse_policy
+from scheduler.budget import CostModel, CostParams, Policy, as_policy
 from scheduler.drafts import DraftKind, DraftSource
 from scheduler.ngram import NgramSource
 from scheduler.speculation import SpecMode, available_sources, parse_spec_mode
 from scheduler.speculator import Speculator
 from scheduler.planner import Scheduler
-from magnitude_tui.engine.events import StepReport, ThreadState
-from scheduler.types import BatchPlan, DoneReason, Request, plan_kpos
-from scheduler.validation import check_id, check_policy_text
+from scheduler.types import BatchPlan, Request, plan_kpos
+from scheduler.validation import check_id
+
+# What Engine.apply answers at once: the new setting, or why the command was not carried out.
+Answer = PolicyChanged | SpecChanged | CommandRejected
 
 
 class Engine:
     """Owns one backend and runs its steps; everything else talks to it through commands.
 
-    `submit`, `cancel`, `close_session` and `set_policy` are safe from any thread: they queue a
-    command that the owner thread's next `step()` applies first (cancellations once more right
-    before sampling). Only the owner thread may call `step`, `run_until_idle` and `calibrate`.
+    `apply` (and its in-process shorthands `submit`, `cancel`, `set_policy`, ...) is safe from any
+    thread: it queues the command for the owner thread's next `step()`, which applies it first
+    (cancellations once more right before sampling). Only the owner thread may call `step`,
+    `run_until_idle` and `calibrate`.
     """
 
     def __init__(
         self,
         backend: Backend,
         *,
-        policy: str = "target:50",
+        policy: str | Policy = "target:50",
         clock: Clock | None = None,
         coalesce_ms: float = 5.0,
         gen_reserve: int = 256,
@@ -63,7 +67,7 @@ class Engine:
             n_seq_max=backend.n_seq_max,
             n_batch=backend.n_batch,
             n_ctx_seq=backend.n_ctx_seq,
-            policy=policy,
+            policy=as_policy(policy),
             gen_reserve=gen_reserve,
             cost=CostModel(backend.known_costs),
             attention=backend.attention_path,
@@ -98,60 +102,89 @@ class Engine:
 
     # ---- commands (any thread) -----------------------------------------------------------------
 
+    def apply(self, command: Command) -> Answer | None:
+        """Take one command, as the worker pipe carries it: queued for the next step, and answered
+        at once when it changes a setting (PolicyChanged, SpecChanged) or cannot be carried out
+        (CommandRejected: whatever a client sends, the engine goes on). A malformed request is
+        reported by the next step, under its own id (see `submit`)."""
+        try:
+            return self._take(command)
+        except ValueError as exc:
+            what = {SetPolicy: "policy not changed", SetSpec: "speculation not changed"}.get(
+                type(command), f"{type(command).__name__} ignored")
+            return CommandRejected(message=f"{what}: {exc}")
+
+    def _take(self, command: Command) -> Answer | None:
+        """Check what can be checked now and queue the command; ValueError says what is wrong."""
+        answer: Answer | None = None
+        if isinstance(command, Submit):
+            pass  # a request is checked when it is taken in, and fails alone
+        elif isinstance(command, Cancel):
+            check_id("request_id", command.request_id)
+        elif isinstance(command, (CloseSession, ForgetSession, RestoreSession)):
+            check_id("session_id", command.session_id)
+        elif isinstance(command, SetPolicy):
+            if not isinstance(command.policy, Policy):
+                raise ValueError(f"SetPolicy carries a Policy (see scheduler.budget.as_policy), "
+                                 f"got {command.policy!r:.60}")
+            with self._lock:
+                self._policy_text = str(command.policy)
+            answer = PolicyChanged(policy=str(command.policy))
+        elif isinstance(command, SetSpec):
+            available_sources(parse_spec_mode(command.mode), self.scheduler.speculator.sources)
+            with self._lock:
+                self._spec_text = command.mode.value
+            answer = SpecChanged(spec=command.mode.value)
+        elif isinstance(command, Shutdown):
+            if self.warm is not None:
+                self.warm.save_all()
+            return None
+        else:
+            raise ValueError(f"unknown command {type(command).__name__}: the engine takes "
+                             f"{', '.join(c.__name__ for c in COMMANDS)}")
+        self._intake.queue(command)
+        return answer
+
     def submit(self, req: Request) -> str:
         """Queue a request. Whatever is wrong with it is reported by the next step: an update
         ending it with `error` under its id, or a Rejection when its id cannot carry one (not
         text, or another live request's)."""
-        self._queue(Submit(req))
+        self._take(Submit(req))
         return getattr(req, "request_id", None)
 
     def cancel(self, request_id: str) -> None:
         """ValueError (here, now) unless the id is text."""
-        check_id("request_id", request_id)
-        self._queue(Cancel(request_id))
+        self._take(Cancel(request_id))
 
     def close_session(self, session_id: str) -> None:
         """ValueError (here, now) unless the id is text."""
-        check_id("session_id", session_id)
-        self._queue(CloseSession(session_id))
+        self._take(CloseSession(session_id))
 
-    def set_policy(self, policy: str) -> None:
+    def set_policy(self, policy: str | Policy) -> None:
         """Switch the budget policy from the next step; ValueError (here, now) if malformed."""
-        parsed = str(parse_policy(check_policy_text(policy)))
-        with self._lock:
-            self._policy_text = parsed
-        self._queue(SetPolicy(parsed))
+        self._take(SetPolicy(as_policy(policy)))
+
+    def set_spec(self, mode: SpecMode | str) -> None:
+        """Switch speculation from the next step; ValueError (here, now) for an unknown mode or
+        one whose draft source is not loaded."""
+        self._take(SetSpec(parse_spec_mode(mode)))
 
     def restore_session(self, session_id: str, messages) -> None:
         """Bring back the conversation's saved KV (warm resume); answered by a SessionRestored
         from take_notices() after the next step. ValueError (here, now) unless the id is text."""
-        check_id("session_id", session_id)
-        self._queue(RestoreSession(session_id, tuple(messages)))
+        self._take(RestoreSession(session_id, tuple(messages)))
+
+    def shutdown(self) -> None:
+        """The app is quitting: save the conversations whose latest reply is not saved yet."""
+        self._take(Shutdown())
 
     def take_notices(self) -> list[SessionRestored]:
         """What the engine has to say besides step reports (owner thread)."""
         return self._intake.take_notices()
 
-    def shutdown(self) -> None:
-        """The app is quitting: save the conversations whose latest reply is not saved yet."""
-        if self.warm is not None:
-            self.warm.save_all()
-
-    def set_spec(self, mode: SpecMode | str) -> None:
-        """Switch speculation from the next step; ValueError (here, now) for an unknown mode or
-        one whose draft source is not loaded."""
-        parsed = parse_spec_mode(mode)
-        available_sources(parsed, self.scheduler.speculator.sources)
-        with self._lock:
-            self._spec_text = parsed.value
-        self._queue(SetSpec(parsed.value))
-
     @property
     def spec(self) -> str:
         return self._spec_text
-
-    def _queue(self, command: Command) -> None:
-        self._intake.queue(command)
 
     @property
     def policy(self) -> str:
@@ -242,13 +275,6 @@ class Engine:
         # measured steps bear it out (scheduler/ramp.py).
         self.scheduler.ramp.arm()
         return fit.params
-
-    def fail_all(self, message: str) -> StepReport | None:
-        """End every live request with an error (shutdown, a dying backend); report it."""
-        for seq in list(self._intake.live.values()):
-            self.scheduler.finish(seq, DoneReason.ERROR, message)
-        self._intake.drop_unprepared()
-        return self._reporter.report(None, None, self._clock(), 0.0)
 
     # ---- inspection ----------------------------------------------------------------------------
 

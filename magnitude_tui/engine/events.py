@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Union
+from typing import Union, get_args
 
 from backend.factory import BackendConfig
+from scheduler.budget import Policy
 from scheduler.speculation import SpecMode
 from scheduler.types import DecodeOutcome, DoneReason, ErrorKind, Message, Phase, Priority, Request, ToolCallDelta
 
@@ -195,15 +196,26 @@ class LoadProgress:
 
 
 @dataclass(frozen=True)
+class EngineInfo:
+    """What a ready engine says about itself beyond its sizes: what the app shows or acts on."""
+
+    n_ctx_seq: int = 0  # tokens one sequence may hold, prompt plus reply (0: unknown, a remote engine)
+    attention: str | None = None  # the attention path its steps run, e.g. "flash (measured)"
+    template_notice: str | None = None  # the model has no chat template: ChatML stands in (say so)
+    draft_model: str | None = None  # the draft model it loaded for speculation
+    warm_resume: str | None = None  # "off: why", when saved-KV resume was asked for and cannot run
+
+
+@dataclass(frozen=True)
 class EngineReady:
     model: str
     device: str
     n_ctx: int
     n_seq_max: int
     n_batch: int
-    policy: str
-    info: dict = field(default_factory=dict)
-    spec: str = "off"  # the speculation mode it runs (--spec)
+    policy: str  # as shown, e.g. "target:50"
+    info: EngineInfo = EngineInfo()
+    spec: str = "off"  # the speculation mode it runs (--spec), as shown
 
 
 @dataclass(frozen=True)
@@ -223,12 +235,12 @@ class CommandRejected:
 
 @dataclass(frozen=True)
 class PolicyChanged:
-    policy: str
+    policy: str  # as shown, e.g. "fixed:16"
 
 
 @dataclass(frozen=True)
 class SpecChanged:
-    spec: str
+    spec: str  # as shown, e.g. "ngram"
 
 
 @dataclass(frozen=True)
@@ -281,7 +293,7 @@ class SessionRestored:
     detail: str = ""
 
 
-# ---- app -> engine (the worker pipe carries the same values) -------------------------------
+# ---- app -> engine (the worker pipe carries the same values; Engine.apply takes each) --------
 
 @dataclass(frozen=True)
 class Submit:
@@ -300,7 +312,9 @@ class CloseSession:
 
 @dataclass(frozen=True)
 class SetPolicy:
-    policy: str
+    """Switch the budget policy from the next step (parsed where it was typed: scheduler.budget)."""
+
+    policy: Policy
 
 
 @dataclass(frozen=True)
@@ -314,13 +328,22 @@ class RestoreSession:
 
 @dataclass(frozen=True)
 class SetSpec:
-    mode: str  # off | ngram | draft | auto (SpecMode's values)
+    mode: SpecMode
+
+
+@dataclass(frozen=True)
+class ForgetSession:
+    """The conversation was deleted: end it, as CloseSession does, and delete its saved KV (the
+    tokens in it are the conversation's text)."""
+
+    session_id: str
 
 
 @dataclass(frozen=True)
 class Shutdown:
-    pass
+    """The app is quitting: save the conversations whose latest reply is not saved yet."""
 
 
-# What the engine takes (Engine.submit & co. queue these; the worker pipe carries them as they are).
-Command = Union[Submit, Cancel, CloseSession, SetPolicy, SetSpec, RestoreSession, Shutdown]
+# What the engine takes: Engine.apply takes each as it is, and the worker pipe carries them.
+Command = Union[Submit, Cancel, CloseSession, ForgetSession, SetPolicy, SetSpec, RestoreSession, Shutdown]
+COMMANDS: tuple[type, ...] = get_args(Command)

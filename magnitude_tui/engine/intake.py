@@ -10,15 +10,16 @@ from typing import Protocol
 
 from backend.protocol import Backend, Clock
 from magnitude_tui.engine.context import fit_conversation
-from magnitude_tui.engine.events import (Cancel, CloseSession, Command, RestoreOutcome, RestoreSession,
-                                         SessionRestored, SetPolicy, SetSpec, Submit)
+from magnitude_tui.engine.events import (Cancel, CloseSession, Command, ForgetSession, RejectReason, Rejection,
+                                         RestoreOutcome, RestoreSession, SeqUpdate, SessionRestored, SetPolicy,
+                                         SetSpec, Submit)
 from magnitude_tui.engine.report import seq_update
 from magnitude_tui.engine.text import ReplyText
 from magnitude_tui.engine.warm import WarmResume
 from scheduler.planner import RequestError
 from scheduler.sequence import Sequence
-from scheduler.speculation import SpecMode, parse_spec_mode
-from magnitude_tui.engine.events import RejectReason, Rejection, SeqUpdate
+from scheduler.budget import Policy
+from scheduler.speculation import SpecMode
 from scheduler.types import DoneReason, ErrorKind, Phase, Request
 from scheduler.validation import check_request
 
@@ -41,7 +42,7 @@ class Admission(Protocol):
 
     def close_session(self, session_id: str) -> list[Sequence]: ...
 
-    def set_policy(self, policy: str) -> None: ...
+    def set_policy(self, policy: Policy) -> None: ...
 
     def set_spec(self, mode: SpecMode) -> None: ...
 
@@ -90,9 +91,6 @@ class Intake:
         """Requests taken in and not tokenized yet."""
         return bool(self._intake)
 
-    def drop_unprepared(self) -> None:
-        self._intake = []
-
     def take_extra(self) -> list[SeqUpdate]:
         extra, self._extra = self._extra, []
         return extra
@@ -120,12 +118,16 @@ class Intake:
                 self._cancel(cmd.request_id)
             elif isinstance(cmd, CloseSession):
                 self._close(cmd.session_id)
+            elif isinstance(cmd, ForgetSession):
+                self._close(cmd.session_id)
+                if self.warm is not None:
+                    self.warm.forget(cmd.session_id)
             elif isinstance(cmd, SetPolicy):
                 self.scheduler.set_policy(cmd.policy)
             elif isinstance(cmd, RestoreSession):
                 self._restore(cmd)
             elif isinstance(cmd, SetSpec):
-                self.scheduler.set_spec(parse_spec_mode(cmd.mode))
+                self.scheduler.set_spec(cmd.mode)
 
     def announce(self) -> bool:
         """Whether this step should only report slow requests as `preparing` (once in a row), so

@@ -15,6 +15,8 @@ from typing import Protocol, Union, runtime_checkable
 from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
                                          LoadProgress, PolicyChanged, SessionRestored, SpecChanged)
 from magnitude_tui.engine.events import SeqUpdate, StepReport
+from scheduler.budget import Policy
+from scheduler.speculation import SpecMode
 from scheduler.types import Message, Request
 
 # What an engine's event stream carries. A batch is one list of these: one per engine step for a
@@ -92,8 +94,13 @@ class EngineClient(Protocol):
     def submit(self, request: Request) -> None: ...
     def cancel(self, request_id: str) -> None: ...
     def close_session(self, session_id: str) -> None: ...
-    def set_policy(self, policy: str) -> None:
-        """Answered in the stream by PolicyChanged or CommandRejected."""
+    def forget(self, session_id: str) -> None:
+        """The conversation was deleted: end it (as close_session) and delete whatever the engine
+        saved of it (its KV on disk). Not answered."""
+        ...
+    def set_policy(self, policy: str | Policy) -> None:
+        """Text is parsed by the client ("target:50"); answered in the stream by PolicyChanged or
+        CommandRejected."""
         ...
     def restore_session(self, session_id: str, messages: tuple[Message, ...]) -> None:
         """Warm resume: bring back the conversation's saved KV, as far as `messages` (its
@@ -101,7 +108,7 @@ class EngineClient(Protocol):
         engine that keeps no saved KV answers UNSUPPORTED)."""
         ...
 
-    def set_spec(self, mode: str) -> None:
+    def set_spec(self, mode: str | SpecMode) -> None:
         """Speculation off | ngram | draft | auto; answered by SpecChanged or CommandRejected."""
         ...
 

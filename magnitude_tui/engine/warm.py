@@ -91,6 +91,11 @@ class WarmResume:
         self.store.save(session_id, session.tokens, state)
         return True
 
+    def forget(self, session_id: str) -> None:
+        """The conversation was deleted: nothing of it is saved from now on, and its files go."""
+        self._idle_since.pop(session_id, None)
+        self.store.discard(session_id)
+
     # ---- restoring ----------------------------------------------------------------------------
 
     def restore(self, cmd: RestoreSession) -> SessionRestored:

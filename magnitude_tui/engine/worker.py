@@ -11,23 +11,9 @@ import traceback
 from multiprocessing.connection import Connection
 
 from backend.factory import BackendConfig, build_backend, build_draft_source
+from backend.template_fallback import INFO_NOTICE
 from magnitude_tui.engine.core import Engine
-from magnitude_tui.engine.events import (
-    Cancel,
-    CloseSession,
-    CommandRejected,
-    EngineConfig,
-    EngineFailed,
-    EngineReady,
-    LoadProgress,
-    PolicyChanged,
-    RestoreSession,
-    SetPolicy,
-    SetSpec,
-    SpecChanged,
-    Shutdown,
-    Submit,
-)
+from magnitude_tui.engine.events import EngineConfig, EngineFailed, EngineInfo, EngineReady, LoadProgress, Shutdown
 from magnitude_tui.engine.warm_store import WarmStore
 
 # How long the loop blocks on the pipe when the engine has nothing to do. Short enough that the
@@ -67,15 +53,17 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
             conn.send([LoadProgress(fraction=fraction, model=model_name, device=device)])
 
     draft = None
+    warm_off: str | None = None
     try:
         backend = build_backend(config.backend, on_progress=on_progress)
         if config.backend.draft_model is not None:
             conn.send([LoadProgress(fraction=1.0, model=os.path.basename(config.backend.draft_model),
                                     device=backend.device_name, stage="loading the draft model")])
             draft = build_draft_source(config.backend, backend)
+        warm, warm_off = _warm_store(config, backend)
         engine = Engine(backend, policy=config.policy, coalesce_ms=config.coalesce_ms,
                         prepare_notice_chars=config.prepare_notice_chars, auto_threads=config.auto_threads,
-                        warm=_warm_store(config, backend), spec=config.spec,
+                        warm=warm, spec=config.spec,
                         drafts={draft.kind: draft} if draft is not None else None)
         conn.send([LoadProgress(fraction=1.0, model=backend.model_name, device=backend.device_name,
                                 stage="calibrating the step-cost model")])
@@ -91,7 +79,9 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
         n_seq_max=backend.n_seq_max,
         n_batch=backend.n_batch,
         policy=engine.policy,
-        info=dict(backend.info, **({"draft_model": draft.model_name} if draft is not None else {})),
+        info=EngineInfo(n_ctx_seq=backend.n_ctx_seq, attention=backend.info.get("attention"),
+                        template_notice=backend.info.get(INFO_NOTICE),
+                        draft_model=draft.model_name if draft is not None else None, warm_resume=warm_off),
         spec=engine.spec,
     )])
     try:
@@ -102,17 +92,18 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
         backend.close()
 
 
-def _warm_store(config: EngineConfig, backend) -> WarmStore | None:
-    """Where this engine saves idle conversations' KV (None when the config turns it off)."""
+def _warm_store(config: EngineConfig, backend) -> tuple[WarmStore | None, str | None]:
+    """Where this engine saves idle conversations' KV (None when the config turns it off), and
+    why it is off when the config asked for it."""
     if not config.warm_dir or config.warm_budget_mb <= 0:
-        return None
+        return None, None
     try:
-        return WarmStore(config.warm_dir, layout=backend.state_layout, budget_bytes=config.warm_budget_mb << 20)
+        return WarmStore(config.warm_dir, layout=backend.state_layout,
+                         budget_bytes=config.warm_budget_mb << 20), None
     except OSError as exc:
         # A read-only data directory: warm resume is an optimisation, never a reason not to start.
         print(f"warm resume is off: cannot use {config.warm_dir}: {exc}", file=sys.stderr, flush=True)
-        backend.info["warm_resume"] = f"off: cannot use {config.warm_dir} ({exc.strerror or exc})"
-        return None
+        return None, f"off: cannot use {config.warm_dir} ({exc.strerror or exc})"
 
 
 def _model_name(config: BackendConfig) -> str:
@@ -133,13 +124,12 @@ def _loop(conn: Connection, engine: Engine) -> None:
     while True:
         timeout = 0.0 if engine.has_work() else 0.25
         while conn.poll(timeout):
-            cmd = conn.recv()
-            if isinstance(cmd, Shutdown):
-                engine.shutdown()
+            command = conn.recv()
+            answer = engine.apply(command)  # a malformed command is answered, and the loop goes on
+            if answer is not None:
+                conn.send([answer])
+            if isinstance(command, Shutdown):
                 return
-            rejected = _apply(engine, cmd)
-            if rejected is not None:
-                conn.send([rejected])
             timeout = 0.0
         report = engine.step()
         notices = engine.take_notices()
@@ -149,32 +139,3 @@ def _loop(conn: Connection, engine: Engine) -> None:
             # Inside the idle coalescing window: wait for more arrivals without spinning.
             if conn.poll(IDLE_POLL_S):
                 continue
-
-
-def _apply(engine, cmd) -> CommandRejected | PolicyChanged | None:
-    """Hand one command to the engine. A malformed one is answered with CommandRejected and the
-    loop goes on: whatever a client sends, the other requests keep running."""
-    try:
-        if isinstance(cmd, Submit):
-            engine.submit(cmd.request)  # a malformed request is reported by the next step
-        elif isinstance(cmd, Cancel):
-            engine.cancel(cmd.request_id)
-        elif isinstance(cmd, CloseSession):
-            engine.close_session(cmd.session_id)
-        elif isinstance(cmd, SetPolicy):
-            engine.set_policy(cmd.policy)
-            return PolicyChanged(policy=engine.policy)
-        elif isinstance(cmd, SetSpec):
-            engine.set_spec(cmd.mode)
-            return SpecChanged(spec=engine.spec)
-        elif isinstance(cmd, RestoreSession):
-            engine.restore_session(cmd.session_id, cmd.messages)
-        else:
-            return CommandRejected(message=f"unknown command {type(cmd).__name__}: the engine takes "
-                                           "Submit, Cancel, CloseSession, SetPolicy, SetSpec, RestoreSession "
-                                           "and Shutdown")
-    except ValueError as exc:
-        what = {SetPolicy: "policy not changed", SetSpec: "speculation not changed"}.get(
-            type(cmd), f"{type(cmd).__name__} ignored")
-        return CommandRejected(message=f"{what}: {exc}")
-    return None

@@ -13,14 +13,15 @@ import threading
 
 import httpx
 
-from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
-                                         LoadProgress, RestoreOutcome, SessionRestored)
+from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineInfo, EngineReady,
+                                         LoadProgress, RestoreOutcome, SeqUpdate, SessionRestored)
 from magnitude_tui.engine.protocol import EngineEvent, EngineTarget, EventStream
 from magnitude_tui.remote.config import RemoteConfig, base_url
 from magnitude_tui.remote.metrics import RemoteSeq
 from magnitude_tui.remote.pool import EndpointPool
 from magnitude_tui.remote.request import RequestFailed, run_request
-from magnitude_tui.engine.events import SeqUpdate
+from scheduler.budget import Policy
+from scheduler.speculation import SpecMode
 from scheduler.types import DoneReason, Message, Phase, Request
 
 FLUSH_S = 0.02  # updates gathered this long go out as one batch
@@ -84,11 +85,14 @@ class RemoteClient:
     def close_session(self, session_id: str) -> None:
         self._call(self._close_session, session_id)
 
-    def set_policy(self, policy: str) -> None:
+    def forget(self, session_id: str) -> None:
+        self.close_session(session_id)  # nothing of it is saved here
+
+    def set_policy(self, policy: str | Policy) -> None:
         self._events.put([CommandRejected(f"policy not changed: a remote engine schedules on its servers "
                                           f"({', '.join(self.config.urls)}); policies apply to the local engine")])
 
-    def set_spec(self, mode: str) -> None:
+    def set_spec(self, mode: str | SpecMode) -> None:
         self._events.put([CommandRejected(f"speculation not changed: a remote engine decodes on its servers "
                                           f"({', '.join(self.config.urls)}); --spec applies to the local engine")])
 
@@ -178,7 +182,7 @@ class RemoteClient:
         self._emit(LoadProgress(1.0, self.model, ", ".join(e.url for e in healthy), stage="connected"))
         self._emit(EngineReady(model=self.model, device=f"remote: {len(healthy)} of {len(endpoints)} servers",
                                n_ctx=0, n_seq_max=sum(e.limit for e in healthy), n_batch=0, policy="server",
-                               info={"endpoints": [e.url for e in endpoints], "models": healthy[0].models}))
+                               info=EngineInfo()))
         self._status_dirty = True
         early, self._early = self._early, []
         for request in early:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from backend.template_fallback import INFO_NOTICE
 from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
                                          LoadProgress, PolicyChanged, RestoreOutcome, SessionRestored,
                                          SpecChanged)
@@ -148,12 +147,12 @@ class EngineLink:
         for pane in self._panes.values():
             pane.context_size = event.n_ctx
         panel = ws.scheduler_panel
-        panel.set_engine(event.model, event.device, event.info.get("attention"))
+        panel.set_engine(event.model, event.device, event.info.attention)
         panel.set_policy(event.policy)
         panel.set_spec(event.spec)
         ws.loading_view.display = False
-        if event.info.get(INFO_NOTICE):  # e.g. no chat template: ChatML stands in (template_fallback.py)
-            ws.notify(event.info[INFO_NOTICE], title="Chat template", severity="warning", timeout=20)
+        if event.info.template_notice:  # e.g. no chat template: ChatML stands in (template_fallback.py)
+            ws.notify(event.info.template_notice, title="Chat template", severity="warning", timeout=20)
         # Give focus back to the pane the user was in when ctrl+r was pressed.
         pane = ws.grid.pane(self._focus_after_restart or "") or ws.grid.focused_pane()
         self._focus_after_restart = None

@@ -171,4 +171,4 @@ class EngineHub:
         """Tokens one sequence may hold (prompt plus reply), once the engine is ready."""
         if self.ready is None:
             return 4096
-        return int(self.ready.info.get("n_ctx_seq") or self.ready.n_ctx)
+        return self.ready.info.n_ctx_seq or self.ready.n_ctx

@@ -146,8 +146,8 @@ async def _announce_ready(hub: EngineHub, out: TextIO, started: asyncio.Event | 
         r = hub.ready
         print(f"[serve] ready: {r.model} on {r.device}, n_ctx={r.n_ctx}, {r.n_seq_max} sequences, "
               f"policy {r.policy}", file=out, flush=True)
-        if r.info.get("template_notice"):  # no chat template: say so where the operator looks
-            print(f"[serve] {r.info['template_notice']}", file=out, flush=True)
+        if r.info.template_notice:  # no chat template: say so where the operator looks
+            print(f"[serve] {r.info.template_notice}", file=out, flush=True)
     else:
         print(f"[serve] the engine failed: {hub.failure}", file=out, flush=True)
     if started is not None:
