@@ -43,7 +43,7 @@ class StepSampler:
 
     def _sample_run(self, seq: Sequence, result: DecodeResult) -> int:
         """Sample the sequence's rows in order; return how many tokens it gained."""
-        slot, draft, kind = seq.seq_id, seq.draft, seq.draft_kind
+        slot, draft, kind = seq.slot, seq.draft, seq.draft_kind
         rows = (result.logit_rows[slot], *result.draft_rows.get(slot, ()))[:1 + len(draft)]
         gained = judged = accepted = 0
         for i, row in enumerate(rows):
@@ -67,6 +67,7 @@ class StepSampler:
             accepted += 1
             self.scheduler.accept_draft(seq)
         if draft:
+            assert kind is not None  # a draft always names its source
             self.scheduler.settle_draft(seq, kind, len(draft), judged, accepted)
             self.accepted += accepted
         return gained
@@ -109,7 +110,7 @@ class StepSampler:
             seq.grammar_on_open = None
 
     def _ensure_sampler(self, seq: Sequence) -> None:
-        slot = seq.seq_id
+        slot = seq.slot
         if seq.sampler_seq == slot:
             return
         owner = self.owner.get(slot)

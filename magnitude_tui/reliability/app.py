@@ -66,6 +66,7 @@ def one_kill(rng: random.Random, tmp: Path) -> tuple[float, list[str]]:
     db, log = tmp / "app.db", tmp / "received.log"
     child = subprocess.Popen([sys.executable, "-m", "magnitude_tui.reliability.app", str(db), str(log)],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert child.stderr is not None  # stderr=PIPE
     problems: list[str] = []
     t_end = time.monotonic() + 120
     while time.monotonic() < t_end and child.poll() is None:

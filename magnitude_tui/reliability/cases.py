@@ -1,4 +1,6 @@
 """Provides the catalogue of malformed requests every engine must refuse alone (tests and bench soak)."""
+# mypy: disable-error-code="arg-type"
+# (the requests are malformed on purpose: wrong types are what the engine must refuse)
 
 from __future__ import annotations
 

@@ -38,6 +38,7 @@ def kill_worker(client: WorkerClient, live: set[str], timeout_s: float = 10.0) -
     """SIGKILL the worker process of `client` while the `live` requests stream, and collect how each
     ended."""
     t_kill = time.monotonic()
+    assert client.pid is not None, "the worker is not running"
     os.kill(client.pid, signal.SIGKILL)
 
     def settled(events) -> bool:
@@ -102,9 +103,10 @@ def kill_loop(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
             progress(f"  kill round {round_no + 1}/{cfg.kill_rounds}")
     finally:
         client.stop()
+    p50 = percentile(latencies, 50)  # None when no round ran (kill_rounds 0)
     return soak_row("worker kill -9 and restart", f"{cfg.kill_rounds} kills, {time.monotonic() - t0:.0f} s",
                 len(failures), "-", f"{lost} requests without an error",
-                error_latency_p50_ms=rnd(1000 * percentile(latencies, 50), 0),
+                error_latency_p50_ms=rnd(1000 * p50, 0) if p50 is not None else None,
                 error_latency_max_ms=rnd(1000 * max(latencies), 0) if latencies else None), failures
 
 

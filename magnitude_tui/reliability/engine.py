@@ -70,6 +70,7 @@ def machine_fake(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
                               eog_after=rng.choice([None, 12]))
         engine = Engine(backend, policy="fixed:32", clock=VirtualClock(), coalesce_ms=0, gen_reserve=24,
                         warm=WarmStore(kv_dir, layout=backend.state_layout, budget_bytes=8 << 20))
+        assert engine.warm is not None
         engine.warm.save_after_s = 0.0  # saved as soon as idle: conversations swap to disk and back often
         return engine
 
@@ -93,6 +94,7 @@ def machine_real(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
             reset_kv(backend)
             engine = Engine(backend, policy="target:50", coalesce_ms=0, gen_reserve=16,
                             warm=WarmStore(kv_dir, layout=backend.state_layout, budget_bytes=256 << 20))
+            assert engine.warm is not None
             engine.warm.save_after_s = 0.0  # llama.cpp's sequence states go out and back in under load
             return engine
 

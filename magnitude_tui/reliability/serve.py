@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -35,8 +36,9 @@ class _Serve:
                                       *PACED, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
         self.lines: list[str] = []
-        self.reader = threading.Thread(target=lambda: self.lines.extend(l.rstrip("\n") for l in self.proc.stderr),
-                                       daemon=True)
+        stderr = self.proc.stderr
+        assert stderr is not None  # stderr=PIPE
+        self.reader = threading.Thread(target=lambda: self.lines.extend(l.rstrip("\n") for l in stderr), daemon=True)
         self.reader.start()
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -158,7 +160,7 @@ def _hostile(server: _Serve, fails: list[str]) -> None:
     chat = server.url + "/v1/chat/completions"
     hi = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     deep = ('{"messages": ' + "[" * 5000 + "]" * 5000 + "}").encode()
-    cases = [
+    cases: list[tuple[str, dict[str, Any], int]] = [
         ("foreign Host", dict(json=hi, headers={"Host": "attacker.example"}), 400),
         ("cross-origin page", dict(json=hi, headers={"Origin": "https://evil.example"}), 403),
         ("text/plain POST", dict(content=json.dumps(hi).encode(), headers={"Content-Type": "text/plain"}), 415),
