@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from dataclasses import asdict, dataclass
 
 from magnitude_bench.agents_replay import CallKind, CallRecord, Replay, replay
 from magnitude_bench.agents_report import summary, tables
 from magnitude_bench.agents_sides import SIDES, SideSetup, SideSpec, open_side
 from magnitude_bench.agents_trace import Trace, default_trace_path, load_trace
-from magnitude_bench.common import BenchResult, Contention, git_version, machine_info
+from magnitude_bench.common import BenchResult, Contention, machine_info
+from magnitude_bench.harness import in_turn, recorded
 
 
 @dataclass(frozen=True)
@@ -78,11 +78,10 @@ def run_one(spec: SideSpec, setup: SideSetup, trace: Trace, tag: str) -> dict:
                           "reply_chars": len(c.text)} for c in out.calls]}
 
 
-def run_agents(cfg: AgentsConfig, progress=lambda s: None, argv: list[str] | None = None) -> BenchResult:
+@recorded
+def run_agents(cfg: AgentsConfig, progress=lambda s: None) -> BenchResult:
     result = BenchResult("agents", "bench agents: an agent trace against serve, the engine and llama-server",
-                         config={"agents": asdict(cfg), "command": " ".join(argv if argv is not None else sys.argv),
-                                 "git": git_version(),
-                                 "trace_files": [cfg.trace] if cfg.trace else
+                         config={"agents": asdict(cfg), "trace_files": [cfg.trace] if cfg.trace else
                                  [str(default_trace_path(b)) for b in cfg.bursts]},
                          machine=machine_info())
     runs: list[dict] = []
@@ -90,9 +89,7 @@ def run_agents(cfg: AgentsConfig, progress=lambda s: None, argv: list[str] | Non
         setup = setup_for(cfg, trace)
         result.config.setdefault("setups", []).append({"bursts": bursts, **asdict(setup)})
         for rep in range(cfg.reps):
-            # Every other repetition in the opposite order: what runs first must not decide a ratio.
-            order = cfg.sides if rep % 2 == 0 else cfg.sides[::-1]
-            for name in order:
+            for name in in_turn(cfg.sides, rep):
                 progress(f"{'bursts' if bursts else 'no bursts'}, repetition {rep + 1} of {cfg.reps}: {name}")
                 try:
                     row = run_one(SIDES[name], setup, trace, tag=f"r{rep + 1}{'b' if bursts else 'n'}")

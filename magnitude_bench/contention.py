@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Iterator
 
 from magnitude_bench.common import BenchResult, Contention, machine_info, rnd
+from magnitude_bench.harness import recorded
 from magnitude_tui.engine.waiting import wait_ready
 
 # ~64 tokens of SmolLM2's chat template around it: the workload of `-npp 64`.
@@ -156,6 +157,7 @@ def peer_round(bindir, cfg: ContentionConfig, threads: int, model: str) -> dict:
             "made": cfg.seqs * cfg.gen, "threads": threads}
 
 
+@recorded
 def run_contention(cfg: ContentionConfig, progress: Callable[[str], None] = lambda s: None) -> BenchResult:
     from backend import usable_cpus
     from backend.llama_backend import default_model_path

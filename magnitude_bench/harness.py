@@ -232,12 +232,13 @@ def load_avg() -> list[float]:
 
 
 def recorded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A bench's entry point: its result records the command line, the code version, when it ran
-    and the machine's load before the run and after it (the machine itself: `machine_info`)."""
+    """A bench's entry point: its result records the command line (`argv=` overrides sys.argv),
+    the code version, when it ran and the machine's load before the run and after it (the machine
+    itself: `machine_info`)."""
 
     @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any):
-        before = {"command": " ".join(sys.argv), "git": git_version(),
+    def run(*args: Any, argv: Sequence[str] | None = None, **kwargs: Any):
+        before = {"command": " ".join(sys.argv if argv is None else argv), "git": git_version(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_avg_before": load_avg()}
         t0 = time.monotonic()
         result = fn(*args, **kwargs)

@@ -11,6 +11,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from magnitude_bench.common import BenchResult, machine_info, median, percentile, rnd
+from magnitude_bench.harness import recorded
 from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from magnitude_tui.engine.waiting import wait_ready
 from magnitude_tui.engine.events import SeqUpdate
@@ -61,6 +62,7 @@ def run_burst(client: EngineClient, requests: list[Request], timeout_s: float) -
             "estimated": any(f.remote.tokens_estimated for f in finals.values())}
 
 
+@recorded
 def bench_engines(engines: dict[str, EngineClient], cfg: RemoteBenchConfig, progress=lambda s: None) -> BenchResult:
     """Every engine, every width, `reps` times (engines alternate within a width); medians."""
     runs: list[dict] = []

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 import httpx
 
 from magnitude_bench.common import PASSAGE, BenchResult, machine_info, median, percentile, rnd
+from magnitude_bench.harness import recorded
 from magnitude_bench.remote import TOPICS
 
 
@@ -128,6 +129,7 @@ def _row(peer: str, n: int, calls: list[Call]) -> dict:
             "ttft_p95_ms": rnd(percentile(ttfts, 95), 0), "errors": sum(c.error is not None for c in calls)}
 
 
+@recorded
 def run_serve_bench(cfg: ServeBenchConfig, *, model: str | None, progress=print) -> BenchResult:
     from backend.factory import BackendConfig
     from magnitude_tui.engine.events import EngineConfig

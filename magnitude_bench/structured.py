@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 
 from jsonschema import Draft202012Validator
 
 from backend.factory import BackendConfig
-from magnitude_bench.common import BenchResult, git_version, machine_info, measured, median, rnd
+from magnitude_bench.common import BenchResult, machine_info, measured, median, rnd
+from magnitude_bench.harness import in_turn, recorded
 from magnitude_bench.remote import TOPICS
 from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from magnitude_tui.engine.waiting import events_until, wait_ready
@@ -104,11 +104,6 @@ def valid(reply: str) -> bool:
         return False
 
 
-def _modes(rep: int) -> tuple[str, str]:
-    # Every other repetition in the opposite order: what runs first must not decide a ratio.
-    return (FREE, CONSTRAINED) if rep % 2 == 0 else (CONSTRAINED, FREE)
-
-
 def run_side(name: str, client: EngineClient, widths: tuple[int, ...], cfg: StructuredConfig, progress,
              pids: tuple[int, ...] = ()) -> list[dict]:
     """Every width and repetition on one started client, both modes each time; one row per run."""
@@ -117,7 +112,7 @@ def run_side(name: str, client: EngineClient, widths: tuple[int, ...], cfg: Stru
     runs = []
     for n in widths:
         for rep in range(cfg.reps):
-            for mode in _modes(rep):
+            for mode in in_turn((FREE, CONSTRAINED), rep):
                 tag = f"{name}-{n}-{rep}-{mode}"
                 r, busy = measured(lambda: burst(client, requests(n, mode, cfg, tag), cfg.timeout_s),
                                    pids=pids, progress=progress)
@@ -129,8 +124,8 @@ def run_side(name: str, client: EngineClient, widths: tuple[int, ...], cfg: Stru
     return runs
 
 
-def run_structured(backend: BackendConfig, cfg: StructuredConfig, progress=lambda s: None,
-                   argv: list[str] | None = None) -> BenchResult:
+@recorded
+def run_structured(backend: BackendConfig, cfg: StructuredConfig, progress=lambda s: None) -> BenchResult:
     from magnitude_tui.engine.client import WorkerClient
     from magnitude_tui.engine.events import EngineConfig
 
@@ -138,9 +133,7 @@ def run_structured(backend: BackendConfig, cfg: StructuredConfig, progress=lambd
     backend = replace(backend, n_ctx=n_ctx, n_seq_max=max(backend.n_seq_max, max(cfg.seqs)),
                       n_threads=backend.n_threads or cfg.threads)
     result = BenchResult("structured", "bench structured: json_schema-constrained vs free replies",
-                         config={"structured": asdict(cfg), "backend": asdict(backend), "schema": SCHEMA,
-                                 "command": " ".join(argv if argv is not None else sys.argv),
-                                 "git": git_version()},
+                         config={"structured": asdict(cfg), "backend": asdict(backend), "schema": SCHEMA},
                          machine=machine_info())
     # Speculation off: a constrained sequence never drafts, so free text must not either.
     engine = WorkerClient(EngineConfig(backend, policy=cfg.policy, spec=SpecMode.OFF, auto_threads=False),

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from magnitude_bench.harness import recorded
 from magnitude_bench.ui_keys import FrameProbe, send_key, type_and_time_key
 
 # Nothing heavy at import time: the engine, the app and Textual are imported when the benchmark runs.
@@ -183,6 +184,7 @@ async def run_ui(config, cfg: UiConfig) -> dict:
         return out
 
 
+@recorded
 def run_ui_bench(config, cfg: UiConfig, progress: Callable[[str], None] = lambda s: None):
     """Alternate headless and UI runs of one workload per thread setting; a BenchResult."""
     from magnitude_bench.common import BenchResult, machine_info, measured, median, percentile, rnd

@@ -29,11 +29,12 @@ def test_both_modes_alternate_and_constrained_replies_validate(tmp_path, monkeyp
     assert [row["seqs"] for row in table] == [1, 3]
     assert all(row["json_schema ÷ free"] > 0 and row["valid json"] == f"{2 * row['seqs']}/{2 * row['seqs']}"
                for row in table)
-    assert result.config["command"] == "bench structured" and result.config["git"]
-    assert "load_avg_1_5_15" in result.machine
+    assert result.run["command"] == "bench structured" and result.run["git"]
+    assert result.run["load_avg_before"] == result.machine["load_avg_1_5_15"] and result.run["load_avg_after"]
     paths = save_result(result, tmp_path)
     saved = json.loads(paths["json"].read_text())
     assert len(saved["data"]["runs"]) == 8 and "load_avg_at_end" in saved["machine"]
+    assert saved["run"]["command"] == "bench structured"
 
 
 def test_the_command_prints_its_table_and_writes_json(tmp_path, monkeypatch):
