@@ -263,7 +263,7 @@ class ThreadGovernor:
     def _settle(self, now: float) -> None:
         medians = {n: statistics.median(s) for n, s in self._scores.items()}
         keep = self._incumbent
-        best = min(medians, key=medians.get)
+        best = min(medians, key=lambda n: medians[n])
         if best != keep and medians[best] < (1 - SWITCH_MARGIN) * medians[keep]:
             keep = best
         slower = ", ".join(f"{n} took {medians[n] / medians[keep]:.1f}x as long" for n in sorted(medians)

@@ -5,18 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from typing import AbstractSet
 
 from magnitude_tui.engine.events import EndpointStatus
+from scheduler.stats import percentile
 
 RATE_WINDOW_S = 5.0  # tok/s of a server: tokens received over this window
 TTFT_SAMPLES = 200
-
-
-def percentile(values, q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class Endpoint:
@@ -87,8 +82,8 @@ class Endpoint:
     def status(self) -> EndpointStatus:
         return EndpointStatus(url=self.url, healthy=self.healthy, in_flight=self.in_flight,
                               queued=self.queued, limit=self.limit, tok_s=self.tok_s(),
-                              ttft_p50_ms=percentile(self._ttfts, 0.5),
-                              ttft_p95_ms=percentile(self._ttfts, 0.95),
+                              ttft_p50_ms=percentile(self._ttfts, 50),
+                              ttft_p95_ms=percentile(self._ttfts, 95),
                               errors=self.errors, last_error=self.last_error)
 
 
@@ -102,7 +97,7 @@ class EndpointPool:
     def __init__(self, urls: tuple[str, ...], limit: int) -> None:
         self.endpoints = [Endpoint(u, limit) for u in urls]
 
-    def pick(self, avoid: set[str] = frozenset(), prefer: str | None = None) -> Endpoint:
+    def pick(self, avoid: AbstractSet[str] = frozenset(), prefer: str | None = None) -> Endpoint:
         """`prefer` while it is healthy (a conversation's next turn goes where its prefix is
         cached), else the healthy server with the lowest load (in flight + queued, per slot);
         ties go to the first listed. `avoid`: servers that already failed this request."""

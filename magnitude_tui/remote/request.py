@@ -146,7 +146,8 @@ async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: htt
                 async for item in stream:
                     if item is DONE:
                         break
-                    chunk: Chunk = item
+                    assert isinstance(item, Chunk)
+                    chunk = item
                     if chunk.text:
                         seq.delta(chunk.text)  # the first one stamps the first-token time
                     if chunk.tool_calls:
@@ -154,6 +155,7 @@ async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: htt
                     if chunk.text or chunk.tool_calls:
                         if not got_text:
                             got_text = True
+                            assert seq.ttft_ms is not None  # sent, and the first piece just stamped
                             endpoint.on_first_token(seq.ttft_ms)
                         endpoint.on_tokens(1)
                         changed(seq)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncGenerator, AsyncIterator
 
 from magnitude_tui.engine.events import ServerTimings
 from scheduler.types import ToolCallDelta
@@ -39,7 +39,7 @@ class Chunk:
 DONE = object()  # the `data: [DONE]` sentinel
 
 
-async def events(lines: AsyncIterator[str]) -> AsyncIterator[Chunk | object]:
+async def events(lines: AsyncIterator[str]) -> AsyncGenerator[Chunk | object, None]:
     """Chunks from the lines of an SSE body, then DONE if the server sent `[DONE]`. Comment
     lines (`: ping`) and other fields are skipped; one event's data may span several lines."""
     data: list[str] = []
@@ -81,7 +81,8 @@ def parse_chunk(payload: str) -> Chunk:
     choices = body.get("choices")
     if not isinstance(choices, list):
         raise MalformedStream(f"a stream event has no 'choices' list: {payload[:120]!r}")
-    text, finish, calls = "", None, ()
+    text, finish = "", None
+    calls: tuple[ToolCallDelta, ...] = ()
     for choice in choices[:1]:  # one completion per request (n=1)
         delta = choice.get("delta") or {}
         text = delta.get("content") or ""
