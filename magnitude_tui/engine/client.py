@@ -6,6 +6,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 import threading
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 
 from magnitude_tui.engine import worker
 from magnitude_tui.engine.events import (
@@ -67,10 +69,10 @@ class WorkerClient:
         # reported `loading` with the load's progress until the engine takes them.
         self._loading: set[str] = set()
         self._load_fraction = 0.0
-        self._conn = None
-        self._proc = None
-        self._thread = None
-        self._reader = None
+        self._conn: Connection | None = None
+        self._proc: BaseProcess | None = None
+        self._thread: threading.Thread | None = None
+        self._reader: threading.Thread | None = None
         self._stopping = False
         self._ready = False  # EngineReady came from the current worker
         # The current worker's own EngineFailed (a load failure): its exit that follows is no news.
@@ -207,6 +209,8 @@ class WorkerClient:
         self._send(RestoreSession(session_id, tuple(messages)))
 
     def _send(self, command: Command) -> bool:
+        if self._conn is None:  # not started
+            return False
         try:
             self._conn.send(command)
             return True
@@ -221,6 +225,7 @@ class WorkerClient:
 
     def _read(self) -> None:
         conn = self._conn
+        assert conn is not None  # start() sets it before this reader runs
         while True:
             try:
                 batch = conn.recv()

@@ -145,10 +145,10 @@ class Engine:
         self._intake.queue(command)
         return answer
 
-    def submit(self, req: Request) -> str:
-        """Queue a request. Whatever is wrong with it is reported by the next step: an update
-        ending it with `error` under its id, or a Rejection when its id cannot carry one (not
-        text, or another live request's)."""
+    def submit(self, req: Request) -> str | None:
+        """Queue a request and return its id (None if it has none). Whatever is wrong with it is
+        reported by the next step: an update ending it with `error` under its id, or a Rejection
+        when its id cannot carry one (not text, or another live request's)."""
         self._take(Submit(req))
         return getattr(req, "request_id", None)
 

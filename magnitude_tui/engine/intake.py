@@ -177,9 +177,9 @@ class Intake:
             seq.error_kind = e.kind
             self._extra.append(seq_update(seq, t_submit))
             return
-        self._sessions_seen.add(sid)
-        self.live[rid] = Sequence(req, [], t_submit=t_submit)
-        self._intake.append(self.live[rid])
+        self._sessions_seen.add(req.session_id)  # checked: the ids are text
+        self.live[req.request_id] = Sequence(req, [], t_submit=t_submit)
+        self._intake.append(self.live[req.request_id])
 
     def _restore(self, cmd: RestoreSession) -> None:
         if self.warm is None:

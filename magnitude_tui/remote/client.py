@@ -194,6 +194,7 @@ class RemoteClient:
             await self._probe_loop()
 
     async def _probe(self, endpoint) -> None:
+        assert self._http is not None  # _main opened it before connecting
         try:
             response = await self._http.get(base_url(endpoint.url) + "/models",
                                             timeout=self.config.connect_timeout_s)
@@ -248,9 +249,11 @@ class RemoteClient:
     async def _run_one(self, seq: RemoteSeq) -> None:
         rid = seq.request.request_id
         try:
+            assert self._http is not None and self.model is not None  # requests start once connected
             await run_request(seq, pool=self.pool, http=self._http, config=self.config, model=self.model,
                               changed=self._mark, prefer=self._home.get(seq.request.session_id))
-            self._home[seq.request.session_id] = seq.endpoint
+            if seq.endpoint is not None:
+                self._home[seq.request.session_id] = seq.endpoint
         except asyncio.CancelledError:
             seq.finish(DoneReason.CANCELLED)
         except RequestFailed as exc:
