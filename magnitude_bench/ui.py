@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from magnitude_bench.harness import recorded
-from magnitude_bench.ui_keys import FrameProbe, send_key, type_and_time_key
+from magnitude_bench.ui_keys import FrameProbe, open_panes, send_key, type_and_time_key
 
 # Nothing heavy at import time: the engine, the app and Textual are imported when the benchmark runs.
 
@@ -135,13 +135,8 @@ async def run_ui(config, cfg: UiConfig) -> dict:
         try:
             async with app.run_test(size=cfg.size) as pilot:
                 ws = app.workspace
-                deadline = time.monotonic() + cfg.timeout_s
-                while not ws.engine_ready:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the engine did not start under the app")
-                    await pilot.pause(0.05)
-                for _ in range(cfg.panes - len(ws.grid.panes)):
-                    await pilot.press("ctrl+n")
+                deadline = time.monotonic() + cfg.timeout_s  # the engine's start and the panes' replies
+                await open_panes(app, pilot, cfg.panes, timeout_s=cfg.timeout_s, poll_s=0.05)
                 contention, cpu0, t0 = Contention((client.pid,)), time.process_time(), time.perf_counter()
                 for pane, text in zip(ws.grid.panes, prompts(cfg.panes)):
                     composer = pane.query_one(Composer)

@@ -265,7 +265,7 @@ async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
     """One headless run of the real app on the paced stand-in engine (see the module doc)."""
     from magnitude_tui.app import MagnitudeApp
     from magnitude_bench.ui import prompts
-    from magnitude_bench.ui_keys import FrameProbe, KeyFigures, type_and_time_key
+    from magnitude_bench.ui_keys import FrameProbe, KeyFigures, open_panes, type_and_time_key
     from magnitude_tui.store import Store
     from magnitude_tui.widgets.chat_pane import ChatPane
     from magnitude_tui.widgets.composer import Composer
@@ -278,17 +278,9 @@ async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
         result: CpuResult | None = None
         try:
             async with app.run_test(size=cfg.size) as pilot:
-                ws = app.workspace
-                limit = time.monotonic() + 30
-                while not ws.engine_ready:
-                    if time.monotonic() > limit:
-                        raise RuntimeError("the stand-in engine did not report ready")
-                    await pilot.pause(0.02)
-                for _ in range(cfg.panes - len(ws.grid.panes)):
-                    await pilot.press("ctrl+n")
+                panes = await open_panes(app, pilot, cfg.panes)
                 if cfg.show_sequences:
                     await pilot.press("f2")
-                panes = ws.grid.panes
                 texts = prompts(len(panes))
 
                 def feed() -> None:  # every idle pane gets a turn (what pressing Enter in it does)

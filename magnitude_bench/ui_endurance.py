@@ -169,7 +169,7 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
 
     from magnitude_tui.app import MagnitudeApp
     from magnitude_bench.ui import prompts
-    from magnitude_bench.ui_keys import FrameProbe, KeyFigures, type_and_time_key
+    from magnitude_bench.ui_keys import FrameProbe, KeyFigures, open_panes, type_and_time_key
     from magnitude_tui.store import Store
     from magnitude_tui.widgets.chat_pane import ChatPane
     from magnitude_tui.widgets.composer import Composer
@@ -182,15 +182,7 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
         result: EnduranceResult | None = None
         try:
             async with app.run_test(size=cfg.sizes[0]) as pilot:
-                ws = app.workspace
-                limit = time.monotonic() + 30
-                while not ws.engine_ready:
-                    if time.monotonic() > limit:
-                        raise RuntimeError("the stand-in engine did not report ready")
-                    await pilot.pause(0.02)
-                for _ in range(cfg.panes - len(ws.grid.panes)):
-                    await pilot.press("ctrl+n")
-                panes = ws.grid.panes
+                panes = await open_panes(app, pilot, cfg.panes)
                 await _add_history(panes, cfg.history)
                 if cfg.stream:
                     for pane, text in zip(panes, prompts(len(panes))):

@@ -1,5 +1,5 @@
-"""Provides the key probe the UI benchmarks share (`bench ui`, `bench ui-cpu`, the UI endurance
-run): a key is handed to the app the way the terminal driver hands it over, and timed to the first
+"""Provides what the UI benchmarks share (`bench ui`, `bench ui-cpu`, the UI endurance run): the
+app opened with N panes once its engine is ready, and the key probe: a key is handed to the app the way the terminal driver hands it over, and timed to the first
 frame the app gives its driver whose composer row shows the typed text.
 
 Headless Textual writes nothing, so `FrameProbe` renders every frame to terminal bytes as a real
@@ -122,3 +122,17 @@ class KeyFigures:
         timed = [timeout_ms if k is None else k for k in keys]
         return cls(statistics.median(timed) if timed else None, percentile(timed, 95),
                    max(timed) if timed else None, sum(k is None for k in keys))
+
+
+async def open_panes(app, pilot, panes: int, *, timeout_s: float = 30.0, poll_s: float = 0.02) -> list:
+    """Wait for the app's engine to report ready, then open panes (ctrl+n) until there are
+    `panes`; returns them. An engine that is not ready within `timeout_s` fails the run."""
+    ws = app.workspace
+    deadline = time.monotonic() + timeout_s
+    while not ws.engine_ready:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the app's engine did not report ready within {timeout_s:g} s")
+        await pilot.pause(poll_s)
+    for _ in range(panes - len(ws.grid.panes)):
+        await pilot.press("ctrl+n")
+    return list(ws.grid.panes)
