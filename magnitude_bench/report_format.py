@@ -45,9 +45,11 @@ def machine(raw: Raw) -> str:
         cpu = m.get("cpu", "?")
         cores = m.get("cpu_count") or m.get("cores")
         where = f"{cpu}, {cores} cores" if cores else cpu
-    kind = ((raw.doc.get("config") or {}).get("backend") or {}).get("kind", "")
-    if kind.startswith("simulated:"):
-        where = f"{kind} (virtual clock) on {where}"
+    config = raw.doc.get("config") or {}
+    kinds = [b.get("kind", "") for b in [config.get("backend") or {}] + list(config.get("backends") or [])]
+    simulated = [k for k in kinds if k.startswith("simulated:")]
+    if simulated and len(simulated) == len([k for k in kinds if k]):
+        where = f"{', '.join(simulated)} (virtual clock) on {where}"
     return where
 
 

@@ -161,6 +161,23 @@ def fork(results: Results) -> list[Headline]:
                      f"the same prompts cold {fmt(cold['ttft_p50_s'])} s", forked["x_faster_p50"], "-", None, raw)]
 
 
+def admit(results: Results) -> list[Headline]:
+    raw = results.get("admit")
+    out = []
+    for title, rows in raw.doc["tables"].items():
+        targets = [r for r in rows if r["policy"].startswith("target:")]
+        if not targets:
+            continue
+        mid, pf = targets[len(targets) // 2], _row(rows, policy="prefill-first")
+        ok = mid["keep"] >= 0.5 and mid["ttft_x_pf"] <= 1.6
+        out.append(Headline(f"A long prompt arrives while 8 sequences generate, `{mid['policy']}` ({title.split(',')[0]}; "
+                            "ratio: newcomer TTFT ÷ prefill-first's)",
+                            f"keep {fmt(mid['keep'])} of the running rate, TTFT {fmt(mid['ttft_s'])} s",
+                            f"prefill-first: TTFT {fmt(pf['ttft_s'])} s", mid["ttft_x_pf"],
+                            "keep ≥ 0.5 and ≤ 1.6", ok, raw))
+    return out
+
+
 def callgrind(results: Results) -> list[Headline]:
     raw = results.get("issue28-callgrind")
     res = raw.doc["results"]
@@ -173,7 +190,7 @@ def callgrind(results: Results) -> list[Headline]:
                      ratio, "-", None, raw, derived="step_ir_median ÷ the peer's")]
 
 
-HEADLINES: tuple[Callable[[Results], list[Headline]], ...] = (throughput, serve, remote, fork, resume, spec, person, structured, agents,
+HEADLINES: tuple[Callable[[Results], list[Headline]], ...] = (throughput, serve, remote, fork, admit, resume, spec, person, structured, agents,
                                                                  callgrind)
 
 

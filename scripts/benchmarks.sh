@@ -3,27 +3,31 @@
 # on the page into one folder, copies each JSON (and plot) to docs/benchmarks/KEY-<timestamp>.json,
 # where the page's generated section KEY reads the newest, and regenerates the page.
 #
-#   bash scripts/benchmarks.sh [--quick] [OUT_DIR]   (default: results/full-<timestamp>, results/quick-<timestamp>)
+#   bash scripts/benchmarks.sh [--quick | --history] [OUT_DIR]   (default: results/full-<timestamp>, ...)
 #   BENCH_ONLY=resume,fork bash scripts/benchmarks.sh ...   (only the lines with those keys)
 #
-# --quick runs the lines marked quick: under 20 minutes on 2 quiet cores. The whole list takes
+# --quick runs the lines marked quick: under 20 minutes on 2 quiet cores; --history runs the
+# superseded passes docs/BENCHMARKS-HISTORY.md still shows from raw results. The whole list takes
 # several hours there (bench spec alone about two). Needs `bash scripts/setup.sh` (the venv) and,
 # for the peers, `bash scripts/build_llama_tools.sh`. Each measurement waits for the machine to be
 # quiet (MAGNITUDE_BENCH_QUIET_WAIT_S, 60 s) and is repeated if disturbed; on a shared machine
 # MAGNITUDE_BENCH_WAIT_QUIET=0 measures at once and records the load instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-quick=0
-if [[ "${1:-}" == "--quick" ]]; then quick=1; shift; fi
-out="${1:-results/$([[ $quick == 1 ]] && echo quick || echo full)-$(date +%Y%m%d-%H%M%S)}"
+quick=0 mode=full
+if [[ "${1:-}" == "--quick" ]]; then quick=1 mode=quick; shift; fi
+if [[ "${1:-}" == "--history" ]]; then quick=2 mode=history; shift; fi
+out="${1:-results/$mode-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$out"
 : > "$out/commands.txt"
 last_json=""
 
-# bench quick|full KEY ARGS...: one magnitude-bench command into $out; KEY "-" keeps its JSON there only.
+# bench quick|full|history KEY ARGS...: one magnitude-bench command into $out; KEY "-" keeps its
+# JSON there only. The default runs quick and full lines, --quick the quick ones, --history the rest.
 bench() {
     local set=$1 key=$2; shift 2
     if [[ $quick == 1 && $set != quick ]]; then return 0; fi
+    if [[ $quick == 2 && $set != history ]] || [[ $quick != 2 && $set == history ]]; then return 0; fi
     if [[ -n "${BENCH_ONLY:-}" && ",$BENCH_ONLY," != *",$key,"* ]]; then return 0; fi
     local marker="$out/.before-$key"
     touch "$marker"
@@ -50,6 +54,8 @@ bench quick serve serve --seqs 8 --gen 32 --reps 2 --parts clients --threads 1
 bench quick remote remote --llama-server 8 --local --seqs 8 --gen 32 --reps 2 --device cpu --threads 1
 # Subagents forked from a long parent against the same prompts cold.
 bench quick fork fork --threads 1
+# One long prompt arriving while 8 sequences generate, on the simulated RX 9070 XT (seconds).
+bench quick admit admit -b simulated:rx9070xt
 # A person's prompt beside generating agents (simulated: seconds).
 bench quick person-cpu2core person --backend simulated:cpu2core
 bench quick person-cpu2core-deep person --backend simulated:cpu2core-deep
@@ -64,6 +70,12 @@ bench full agents-4-bursts agents --bursts on --agents 4 --turns 2 --k-max 300 -
 bench full spec-reps3 spec --reps 3 --modes off,ngram,auto --no-peer
 bench full spec-width16 spec --seqs 16 --modes off,auto --control --reps 2 --no-peer
 bench full spec-draft-peer spec --seqs 1,2,4,8 --modes off,draft --reps 1
+# Superseded passes the history page shows (2026-12-01 and 2026-12-02 code; today's code differs).
+bench history spec-natural spec --tasks repetitive --seqs 1,2,4 --modes off,ngram,auto --reps 1 --no-peer
+bench history spec-natural-quoting-chat spec --tasks quoting,chat --seqs 4,16 --modes off,auto --reps 2 --no-peer
+bench history spec-flash spec --tasks repetitive --seqs 1,2,4 --modes off,ngram,auto --reps 3 --no-peer --max-tokens 64
+bench history spec-dense spec --tasks repetitive --seqs 1,2,4 --modes off,ngram,auto --reps 3 --no-peer --max-tokens 64 --flash-attn off
+bench history spec-matrix spec --tasks repetitive,quoting,chat --seqs 1,2,4,8,16 --modes off,ngram,auto --reps 2 --no-peer --max-tokens 48
 if [[ $quick == 0 && ( -z "${BENCH_ONLY:-}" || ",$BENCH_ONLY," == *",spec-control,"* ) ]]; then
     control=()
     for args in "--tasks repetitive --seqs 16 --modes off,auto --control --reps 2 --no-peer" \
