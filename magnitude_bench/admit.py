@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import (BenchResult, backend_info, machine_info, measured, median, percentile,
+from magnitude_bench.common import (BenchResult, OTHERS_NOTE, backend_info, machine_info, measured, median, percentile,
                                     prompt_tokens, rnd)
 from magnitude_bench.harness import Drive, recorded
 from scheduler.budget import MIN_PREFILL_QUANTUM
@@ -255,8 +255,7 @@ def admit_result(specs: list[BackendConfig], cfg: AdmitConfig, progress=lambda s
         result.notes.append(
             f"{label}: decode step {summary['undisturbed_step_ms']} ms with {cfg.n_running} sequences, prefill "
             f"{summary['prefill_rate_tok_s']} tok/s; model columns = that arithmetic, per window step")
-    result.notes.append("others_cores: cores other processes kept busy during a measurement (a shared machine); one over 0.25 "
-                        "was measured again, up to twice, after waiting for the machine to go quiet")
+    result.notes.append(OTHERS_NOTE)
     result.notes.append(f"keep = running tok/s / undisturbed; ttft_x_pf = TTFT / prefill-first TTFT; meets: "
                         f"keep >= {KEEP_RATIO} and/or TTFT <= {TTFT_RATIO}x prefill-first")
     result.notes.append("ttft_x_bound = TTFT / (prefill-first TTFT / (1 - keep)): where step time is decode time plus "

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import resource
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from backend.factory import BackendConfig, build_backend
 from magnitude_bench import peers
-from magnitude_bench.common import (CPU_CLOCK, BenchResult, backend_info, machine_info, measured, median,
-                                    not_quiet_note, percentile, prompt_tokens, rnd)
+from magnitude_bench.common import (BenchResult, CPU_CLOCK, backend_info, machine_info, measured, median,
+                                    not_quiet_note, percentile, prompt_tokens, rnd, sized)
 from magnitude_bench.harness import Drive, calibrated, recorded
 from scheduler.types import Request, SamplingParams
 
@@ -92,8 +92,7 @@ def run_bursts(spec: BackendConfig, cfg: BurstConfig, progress=lambda s: None) -
     rows, info = [], {}
     flashes = cfg.flash if not spec.simulated else ("profile",)
     for flash in flashes:
-        fspec = replace(spec, n_ctx=spec.n_ctx or max(8192, -(-need // 1024) * 1024),
-                        n_seq_max=max(spec.n_seq_max, cfg.n + 1), flash_attn=flash if flash != "profile" else "auto")
+        fspec = sized(spec, cells=need, seqs=cfg.n + 1, flash_attn=flash if flash != "profile" else "auto")
         backend = build_backend(fspec)
         try:
             params = calibrated(backend, _cpu_clock(backend, cfg))

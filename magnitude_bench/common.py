@@ -7,14 +7,14 @@ import os
 import platform
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console
 from rich.table import Table
 
-from backend.factory import reset_kv  # noqa: F401  (the benches' one import line)
+from backend.factory import BackendConfig, reset_kv  # noqa: F401  (the benches' one import line)
 from backend.protocol import Backend, Clock
 from scheduler.stats import median, percentile, rnd  # noqa: F401  (likewise)
 
@@ -112,6 +112,13 @@ def _passage_tokens(backend) -> list[int]:
     return _PASSAGE_CACHE[key]
 
 
+def sized(spec: BackendConfig, *, cells: int, seqs: int, floor: int = 8192, **changes: Any) -> BackendConfig:
+    """`spec` with room for `cells` KV cells (rounded up to 1,024, at least `floor`) unless it sets
+    its own n_ctx (--ctx), and for at least `seqs` sequences."""
+    return replace(spec, n_ctx=spec.n_ctx or max(floor, -(-cells // 1024) * 1024),
+                   n_seq_max=max(spec.n_seq_max, seqs), **changes)
+
+
 # ---- a shared machine ----------------------------------------------------------------------------
 
 def _busy_jiffies(pids: tuple[int, ...]) -> tuple[float, float]:
@@ -152,6 +159,10 @@ class Contention:
 # quiet, and a benchmark that waits forever measures nothing; the others_cores column says how
 # busy it was.
 QUIET_WAIT_S = 60.0
+
+# The note every result measured through `measured` carries about its others_cores column.
+OTHERS_NOTE = ("others_cores: cores other processes kept busy during a measurement (a shared machine); one over "
+               "0.25 was measured again, up to twice, after waiting for the machine to go quiet")
 
 # Waits that ran out before the machine went quiet, for the result's notes.
 NOT_QUIET: list[float] = []

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import BenchResult, backend_info, machine_info, median, prompt_tokens, rnd
+from magnitude_bench.common import (BenchResult, OTHERS_NOTE, backend_info, machine_info, median, prompt_tokens, rnd,
+                                    sized)
 from magnitude_bench.harness import Drive, recorded, sweep
 from scheduler.types import Request, SamplingParams
 
@@ -32,8 +33,7 @@ def _run(drive: Drive, reqs: list[Request]) -> dict:
 @recorded
 def run_fork(spec: BackendConfig, cfg: ForkConfig, progress=lambda s: None) -> BenchResult:
     need = (cfg.n + 1) * (cfg.parent_tokens + cfg.task_tokens + cfg.gen) + 512
-    spec = replace(spec, n_ctx=spec.n_ctx or max(8192, -(-need // 1024) * 1024),
-                   n_seq_max=max(spec.n_seq_max, cfg.n + 1))
+    spec = sized(spec, cells=need, seqs=cfg.n + 1)
     backend = build_backend(spec)
     parent = prompt_tokens(backend, cfg.parent_tokens, salt=5)
     # Cold: contexts of the same length that share nothing, or the engine would evaluate the first
@@ -104,8 +104,7 @@ def _result(spec: BackendConfig, cfg: ForkConfig, runs: list[dict], info: dict) 
         "and evaluates only its own task tokens; cold: prompts of the same length sharing no prefix, nothing reused",
         f"TTFT from the moment all {cfg.n} requests are submitted; the parent's own turn "
         f"(parent_ttft_s) is not part of the forked TTFT",
-        "others_cores: cores other processes kept busy during a measurement (a shared machine); one over 0.25 "
-        "was measured again, up to twice, after waiting for the machine to go quiet",
+        OTHERS_NOTE,
         f"speed-up at the median: {forked['x_faster_p50']}x" if forked.get("x_faster_p50") else "",
     ]
     res.notes = [n for n in res.notes if n]

@@ -62,10 +62,6 @@ class Trace:
         """The steps that ran rows (a report can also carry only state changes)."""
         return [s for s in self.steps if s.rows]
 
-    def first(self, rid: str) -> float | None:
-        ts = self.tokens.get(rid)
-        return ts[0] if ts else None
-
     def ttft(self, rid: str) -> float:
         """Seconds from the submission to the first token, on the bench clock."""
         return self.tokens[rid][0] - self.submitted[rid]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import BenchResult, backend_info, machine_info, prompt_tokens, rnd
+from magnitude_bench.common import BenchResult, backend_info, machine_info, prompt_tokens, rnd, sized
 from magnitude_bench.harness import Drive, recorded
 from scheduler.types import Priority, Request, SamplingParams
 from scheduler.yielding import AGENT_HOLD_MS
@@ -28,8 +28,7 @@ MODES = ("alone", "agents yield", "agents never yield")
 @recorded
 def run_person(spec: BackendConfig, cfg: PersonConfig, progress=lambda s: None) -> BenchResult:
     need = cfg.agents * (cfg.agent_prompt + 4096) + cfg.prompt + cfg.gen + 1024
-    spec = replace(spec, n_ctx=spec.n_ctx or max(16384, -(-need // 1024) * 1024),
-                   n_seq_max=max(spec.n_seq_max, cfg.agents + 1))
+    spec = sized(spec, cells=need, seqs=cfg.agents + 1, floor=16384)
     backend = build_backend(spec)
     try:
         runs = {}

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import (BenchResult, backend_info, machine_info,
-                                        measured, median, prompt_tokens, reset_kv, rnd)
+from magnitude_bench.common import (BenchResult, OTHERS_NOTE, backend_info, machine_info, measured, median,
+                                    prompt_tokens, reset_kv, rnd)
 from magnitude_bench.harness import calibrated, recorded
 from scheduler.types import BatchPlan, DecodeOutcome, SeqSlice
 
@@ -210,7 +210,6 @@ def curve_result(spec: BackendConfig, cfg: CurveConfig, progress=lambda s: None)
             {**r, "decode_x_empty": rnd(r["decode_step_ms"] / occ[0]["decode_step_ms"], 2),
              "chunk_x_empty": rnd(r["with_chunk16_ms"] / occ[0]["with_chunk16_ms"], 2)} for r in occ]
     res.notes.append("prefill tok/s beside decode rows = chunk / (step time - the decode-only step time)")
-    res.notes.append("others_cores: cores other processes kept busy during a measurement (a shared machine); one over 0.25 "
-                        "was measured again, up to twice, after waiting for the machine to go quiet")
+    res.notes.append(OTHERS_NOTE)
     res.notes.append(f"medians of {cfg.reps} repetitions; every timed step includes llama_synchronize")
     return res

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import (CPU_CLOCK, BenchResult, backend_info, machine_info, median, not_quiet_note,
-                                    percentile, prompt_tokens, rnd)
+from magnitude_bench.common import (BenchResult, CPU_CLOCK, backend_info, machine_info, median, not_quiet_note,
+                                    percentile, prompt_tokens, rnd, sized)
 from magnitude_bench.harness import Drive, calibrated, recorded
 from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel
 from scheduler.types import AttentionPath, Request, SamplingParams, attended_kpos, used_cells_kpos
@@ -112,8 +112,7 @@ def run_target_depth(spec: BackendConfig, cfg: TargetDepthConfig, progress=lambd
                       f"{', '.join(f'{d:,}' for d in cfg.depths)}",
                       config={"target_depth": asdict(cfg), "backend": asdict(spec)}, machine=machine_info())
     need_cells = max(cfg.depths) + cfg.newcomer * 2 + cfg.n_running * (2 * cfg.newcomer // MIN_PREFILL_QUANTUM + 64)
-    spec = replace(spec, n_ctx=spec.n_ctx or max(8192, -(-need_cells // 1024) * 1024),
-                   n_seq_max=max(spec.n_seq_max, cfg.n_running + 2))
+    spec = sized(spec, cells=need_cells, seqs=cfg.n_running + 2)
     backend = build_backend(spec)
     try:
         params = calibrated(backend, CPU_CLOCK if cfg.cpu_clock and backend.known_costs is None else None)

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 from backend.factory import BackendConfig, build_backend
 from magnitude_bench import peers
-from magnitude_bench.common import (CPU_CLOCK, BenchResult, backend_info, machine_info, measured, median,
+from magnitude_bench.common import (BenchResult, CPU_CLOCK, OTHERS_NOTE, backend_info, machine_info, measured, median,
                                     prompt_tokens, rnd)
 from magnitude_bench.harness import Drive, in_turn, recorded
 from scheduler.speculation import SpecMode
@@ -213,8 +213,7 @@ def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: Through
         "per sequence (EOS ignored), distinct prompts",
         "tok/s = sequences x generated tokens / wall time from the first prompt to the last token (prefill included); "
         "llama-batched-bench: its T = T_PP + T_TG",
-        "others_cores: cores other processes kept busy during a measurement (a shared machine); one over 0.25 "
-        "was measured again, up to twice, after waiting for the machine to go quiet",
+        OTHERS_NOTE,
         "Llama serial = llama-cpp-python's high-level Llama.generate, one request after another",
         f"the engine's --spec: {cfg.spec.value}" + (" (no drafts: the work every peer does)" if cfg.spec is SpecMode.OFF else
                                               " (drafts verified in the batch; no peer speculates)"),
