@@ -1,5 +1,6 @@
-"""Provides the benches' one harness: an engine driven over requests on a clock into a trace,
-configurations x repetitions swept in alternating order, and the record of how a run ran."""
+"""Provides the benches' one harness: an engine (or an engine client) driven over requests on a
+clock into a trace, configurations x repetitions swept in alternating order, and the record of how
+a run ran."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from typing import Any, Callable, Sequence, TypeVar
 from backend.factory import reset_kv
 from magnitude_bench.common import Contention, FixedLength, git_version, measured
 from magnitude_tui.engine.core import Engine
+from magnitude_tui.engine.protocol import seq_updates
 from scheduler.budget import parse_policy
-from scheduler.types import Request
+from scheduler.types import Phase, Request
 
 C = TypeVar("C")
 
@@ -54,6 +56,7 @@ class Trace:
     texts: dict[str, str] = field(default_factory=lambda: defaultdict(str))
     done: dict[str, float] = field(default_factory=dict)  # engine clock of the step that ended it
     prompt_total: dict[str, int] = field(default_factory=dict)
+    final: dict[str, Any] = field(default_factory=dict)  # each request's last update (its SeqUpdate)
     steps: list[Step] = field(default_factory=list)
     ended: float | None = None  # bench clock when `Drive.run` returned
 
@@ -134,6 +137,7 @@ class Drive:
                 tr.ttft_ms[rid] = u.ttft_ms
             if u.done_reason is not None:
                 tr.done[rid] = report.t
+                tr.final[rid] = u
                 self._live.pop(rid, None)
         native = self.view.decode_ms[-1] if len(getattr(self.view, "decode_ms", ())) > decoded else None
         tr.steps.append(Step(report.t, report.step_ms, host_ms, native, report.decode_rows, report.prefill_rows,
@@ -177,6 +181,36 @@ class Drive:
         if check and not self.engine.is_empty():
             raise RuntimeError(f"{self.what}: the engine kept state after the run: {self.engine.leaks()}")
         reset_kv(self.backend)
+
+
+def client_run(client, reqs: Sequence[Request], timeout_s: float, what: str = "") -> Trace:
+    """Every request at once on a started EngineClient (the app's worker, a remote server), timed
+    on the wall clock as the client sees it: per request its token times (when the client learnt
+    of them), text and final update. A failed request, or one not done in `timeout_s`, raises."""
+    tr = Trace()
+    t0 = time.perf_counter()
+    for r in reqs:
+        tr.submitted[r.request_id] = t0
+        client.submit(r)
+    deadline = time.monotonic() + timeout_s
+    while len(tr.final) < len(reqs):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}{len(reqs) - len(tr.final)} of {len(reqs)} requests did not finish "
+                               f"within {timeout_s:g} s")
+        events = client.poll_events(0.5) or ()
+        now = time.perf_counter()
+        for u in seq_updates(events):
+            rid = u.request_id
+            if rid not in tr.submitted:
+                continue
+            tr.texts[rid] += u.text_delta
+            tr.tokens[rid].extend([now] * (u.generated - len(tr.tokens[rid])))
+            if u.phase is Phase.DONE:
+                if u.error:
+                    raise RuntimeError(f"{what}request {rid} failed: {u.error}")
+                tr.final[rid], tr.done[rid] = u, now
+    tr.ended = time.perf_counter()
+    return tr
 
 
 def calibrated(backend, clock=None):

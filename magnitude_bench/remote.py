@@ -7,15 +7,13 @@ the same prompts and max_tokens), so the figures compare what a user of the app 
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 
 from magnitude_bench.common import BenchResult, machine_info, median, percentile, rnd
-from magnitude_bench.harness import recorded
-from magnitude_tui.engine.protocol import EngineClient, seq_updates
+from magnitude_bench.harness import client_run, recorded
+from magnitude_tui.engine.protocol import EngineClient
 from magnitude_tui.engine.waiting import wait_ready
-from magnitude_tui.engine.events import SeqUpdate
-from scheduler.types import Message, Phase, Request, SamplingParams
+from scheduler.types import Message, Request, SamplingParams
 
 TOPICS = ("the sea", "a mountain town", "a lighthouse keeper", "an old library", "a winter market",
           "a river boat", "a night train", "a bakery at dawn", "a garden in autumn", "a desert road",
@@ -40,26 +38,13 @@ def _requests(n: int, cfg: RemoteBenchConfig, tag: str) -> list[Request]:
 
 def run_burst(client: EngineClient, requests: list[Request], timeout_s: float) -> dict:
     """Submit every request at once; wall time to the last done, tokens made, TTFTs."""
-    finals: dict[str, SeqUpdate] = {}
-    t0 = time.perf_counter()
-    for r in requests:
-        client.submit(r)
-    deadline = time.monotonic() + timeout_s
-    while len(finals) < len(requests):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{len(requests) - len(finals)} of {len(requests)} requests did not finish")
-        for event in client.poll_events(0.5) or ():
-            for u in seq_updates([event]):
-                if u.phase is Phase.DONE:
-                    if u.error:
-                        raise RuntimeError(f"{u.request_id} failed: {u.error}")
-                    finals[u.request_id] = u
-    wall = time.perf_counter() - t0
-    made = sum(f.generated for f in finals.values())
-    ttfts = [f.ttft_ms for f in finals.values() if f.ttft_ms is not None]
+    tr = client_run(client, requests, timeout_s)
+    finals = tr.final.values()
+    wall, made = tr.ended - tr.submitted[requests[0].request_id], sum(f.generated for f in finals)
+    ttfts = [f.ttft_ms for f in finals if f.ttft_ms is not None]
     return {"wall_s": wall, "made": made, "tok_s": made / wall, "ttft_p50_ms": median(ttfts),
-            "ttft_p95_ms": percentile(ttfts, 95), "queue_p50_ms": median([f.queue_ms or 0.0 for f in finals.values()]),
-            "estimated": any(f.remote.tokens_estimated for f in finals.values())}
+            "ttft_p95_ms": percentile(ttfts, 95), "queue_p50_ms": median([f.queue_ms or 0.0 for f in finals]),
+            "estimated": any(f.remote.tokens_estimated for f in finals)}
 
 
 @recorded

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass, replace
 
 from jsonschema import Draft202012Validator
 
 from backend.factory import BackendConfig
 from magnitude_bench.common import BenchResult, machine_info, measured, median, rnd
-from magnitude_bench.harness import in_turn, recorded
+from magnitude_bench.harness import client_run, in_turn, recorded
 from magnitude_bench.remote import TOPICS
-from magnitude_tui.engine.protocol import EngineClient, seq_updates
-from magnitude_tui.engine.waiting import events_until, wait_ready
+from magnitude_tui.engine.protocol import EngineClient
+from magnitude_tui.engine.waiting import wait_ready
 from scheduler.speculation import SpecMode
-from magnitude_tui.engine.events import SeqUpdate
-from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
+from scheduler.types import DoneReason, Message, Request, SamplingParams
 
 # Bounded strings and a small integer, so a constrained reply closes well within max_tokens.
 # (No minimum/maximum: llama-cpp-python's converter does not bound integers, see docs/BENCHMARKS.md.)
@@ -56,45 +54,23 @@ def requests(n: int, mode: str, cfg: StructuredConfig, tag: str) -> list[Request
 def burst(client: EngineClient, reqs: list[Request], timeout_s: float) -> dict:
     """Every request at once on any EngineClient; wall time to the last done, tokens, grammar time,
     and how many replies parse and validate against SCHEMA."""
-    text: dict[str, str] = {r.request_id: "" for r in reqs}
-    finals: dict[str, SeqUpdate] = {}
-    made_so_far: dict[str, int] = {}
-    seen, t_all_first, made_at_first = 0, None, 0
-
-    def all_done(events: list) -> bool:
-        nonlocal seen, t_all_first, made_at_first
-        for u in seq_updates(events[seen:]):
-            if u.request_id in text:
-                text[u.request_id] += u.text_delta
-                if u.generated:
-                    made_so_far[u.request_id] = u.generated
-                if u.phase is Phase.DONE:
-                    finals[u.request_id] = u
-        seen = len(events)
-        if t_all_first is None and len(made_so_far) == len(reqs):
-            # Every sequence has its first token: from here on the batch only decodes.
-            t_all_first, made_at_first = time.perf_counter(), sum(made_so_far.values())
-        return len(finals) == len(reqs)
-
-    t0 = time.perf_counter()
-    for r in reqs:
-        client.submit(r)
-    events_until(client, all_done, timeout_s, what=f"{len(reqs)} replies")
-    t_end = time.perf_counter()
-    wall = t_end - t0
-    for r in reqs:
-        client.close_session(r.session_id)
-    failed = [u for u in finals.values() if u.error]
-    if failed:
-        raise RuntimeError(f"{len(failed)} of {len(reqs)} requests failed: {failed[0].error}")
-    made = sum(u.generated for u in finals.values())
-    grammar_ms = sum(u.grammar_ms for u in finals.values())
-    decode_s = t_end - t_all_first if t_all_first is not None else 0.0
+    try:
+        tr = client_run(client, reqs, timeout_s, what=f"{len(reqs)} replies: ")
+    finally:
+        for r in reqs:
+            client.close_session(r.session_id)
+    finals = tr.final.values()
+    wall, made = tr.ended - tr.submitted[reqs[0].request_id], sum(u.generated for u in finals)
+    grammar_ms = sum(u.grammar_ms for u in finals)
+    # From the moment every sequence has its first token, the batch only decodes.
+    t_all_first = max((ts[0] for ts in tr.tokens.values() if ts), default=None)
+    made_at_first = sum(1 for ts in tr.tokens.values() for t in ts if t <= t_all_first) if t_all_first else 0
+    decode_s = tr.ended - t_all_first if t_all_first is not None and len(tr.tokens) == len(reqs) else 0.0
     tg = (made - made_at_first) / decode_s if decode_s > 0 and made > made_at_first else None
     return {"wall_s": wall, "made": made, "tok_s": made / wall, "tg_tok_s": tg, "grammar_ms": grammar_ms,
-            "grammar_share": grammar_ms / (wall * 1000.0), "valid": sum(map(valid, text.values())),
-            "replies": len(reqs), "stopped": sum(u.done_reason is DoneReason.STOP for u in finals.values()),
-            "sample": text[reqs[0].request_id][:120]}
+            "grammar_share": grammar_ms / (wall * 1000.0), "valid": sum(valid(tr.texts[r.request_id]) for r in reqs),
+            "replies": len(reqs), "stopped": sum(u.done_reason is DoneReason.STOP for u in finals),
+            "sample": tr.texts[reqs[0].request_id][:120]}
 
 
 def valid(reply: str) -> bool:
