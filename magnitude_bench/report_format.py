@@ -46,7 +46,8 @@ def machine(raw: Raw) -> str:
         cores = m.get("cpu_count") or m.get("cores")
         where = f"{cpu}, {cores} cores" if cores else cpu
     config = raw.doc.get("config") or {}
-    kinds = [b.get("kind", "") for b in [config.get("backend") or {}] + list(config.get("backends") or [])]
+    specs = [config.get("backend"), *(config.get("backends") or [])]
+    kinds = [b.get("kind", "") if isinstance(b, dict) else str(b or "") for b in specs]
     simulated = [k for k in kinds if k.startswith("simulated:")]
     if simulated and len(simulated) == len([k for k in kinds if k]):
         where = f"{', '.join(simulated)} (virtual clock) on {where}"

@@ -45,6 +45,8 @@ bench() {
     echo "  -> $last_json, copied to $dest.json"
 }
 
+# Keypress to screen and the engine step with the app attached, 8 panes on the real model.
+bench quick ui ui --threads 1 --reps 1 --keys 20
 # Warm resume: one engine thread, the first reply after --resume, cold vs warm.
 bench quick resume resume --history 2000 --reps 3 --threads 1
 # Throughput against llama.cpp's tools (issue 28's peers), one thread, alternating repetitions.
