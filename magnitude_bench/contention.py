@@ -96,6 +96,7 @@ def step_stats(steps: list[StepSeen], wall_s: float) -> dict:
 def engine_round(client, cfg: ContentionConfig, tag: str) -> dict:
     """Submit cfg.seqs requests at once (fresh conversations), wait for all; tok/s and threads."""
     from magnitude_tui.engine.events import SeqUpdate, StepReport
+    from magnitude_tui.engine.protocol import seq_updates
     from scheduler.types import Message, Phase, Request, SamplingParams
 
     sampling = SamplingParams(temperature=0.0, max_tokens=cfg.gen)
@@ -114,7 +115,7 @@ def engine_round(client, cfg: ContentionConfig, tag: str) -> dict:
         if batch is None:
             raise RuntimeError("no progress from the engine for 300 s")
         for ev in batch:
-            updates = ev.updates if isinstance(ev, StepReport) else [ev] if isinstance(ev, SeqUpdate) else []
+            updates = seq_updates([ev])
             if isinstance(ev, StepReport) and ev.decode_rows + ev.prefill_rows:
                 steps.append(StepSeen(ev.prefill_rows, ev.step_ms, ran_on))
             if isinstance(ev, StepReport) and ev.threads is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from magnitude_tui.engine.warm_store import discard_saved
+from magnitude_tui.names import first_free
 from magnitude_tui.screens.agent_dialog import AgentDialog
 from magnitude_tui.screens.confirm_dialog import ConfirmDialog
 from magnitude_tui.screens.conversation_list import ConversationList, ListAction, ListChoice
@@ -19,11 +20,7 @@ if TYPE_CHECKING:
 
 def free_name(name: str, taken: set[str]) -> str:
     """`name` if no open pane has it, else the first free of `name (2)`, `name (3)`..."""
-    k, candidate = 1, name
-    while candidate in taken:
-        k += 1
-        candidate = f"{name} ({k})"
-    return candidate
+    return first_free(taken, lambda k: name if k == 1 else f"{name} ({k})")
 
 
 def untouched(pane: ChatPane) -> bool:

@@ -13,6 +13,7 @@ from typing import Iterable, Protocol
 
 from magnitude_tui.agents import RoleBook
 from magnitude_tui.commands import BURST_DEFAULT
+from magnitude_tui.names import first_free
 from magnitude_tui.screens.spawn_dialog import SpawnSpec
 from magnitude_tui.store import MessageRecord, PaneRecord, Store
 from magnitude_tui.widgets.chat_pane import ChatPane
@@ -36,10 +37,7 @@ class SubagentHost(Protocol):
 def next_name(prefix: str, used: set[str]) -> str:
     """The name prefix+N with the lowest N (from 1) that `used` (the open panes' names) lacks: a
     closed or renamed pane's name is taken again by the next new pane."""
-    n = 1
-    while f"{prefix}{n}" in used:
-        n += 1
-    return f"{prefix}{n}"
+    return first_free(used, lambda n: f"{prefix}{n}")
 
 
 def burst_tasks(count: int) -> list[str]:

@@ -109,10 +109,6 @@ class CostModel:
         self._xx = [[0.0] * _N for _ in range(_N)]  # running sums over the window: X^T X, X^T y
         self._xy = [0.0] * _N
 
-    @property
-    def num_samples(self) -> int:
-        return len(self._samples)
-
     def seed(self, params: CostParams) -> None:
         """Replace the prior (after calibration) and forget older measurements."""
         self.prior = params
@@ -147,20 +143,6 @@ class CostModel:
         ranked = sorted(self._overruns)
         at = ranked[min(len(ranked) - 1, int(len(ranked) * OVERRUN_PERCENTILE / 100))]
         return min(max(at, 1.0), MAX_OVERRUN)
-
-    def prefill_rows_within(self, target_ms: float, decode_rows: int, decode_kpos: float = 0.0,
-                            prefill_pos0: int = 0) -> int:
-        """How many prompt rows, starting at position `prefill_pos0`, fit beside `decode_rows`
-        decode rows (attending over `decode_kpos` thousand positions) in `target_ms` (>= 0)."""
-        p = self.params
-        room = target_ms - p.fixed_ms - p.decode_ms * decode_rows - p.attn_ms * decode_kpos
-        if room <= 0:
-            return 0
-        # n rows cost prefill_ms*n + attn_ms*(n*pos0 + n(n+1)/2)/1000: the positive root of
-        # a*n^2 + b*n - room, in the form that stays exact as a -> 0.
-        a = p.attn_ms / 2000.0
-        b = p.prefill_ms + p.attn_ms * (prefill_pos0 + 0.5) / 1000.0
-        return int(2.0 * room / (b + math.sqrt(b * b + 4.0 * a * room)))
 
     def rows_within(self, target_ms: float, shape: "StepShape") -> int:
         """The most prompt rows the step `shape` describes can take and still be predicted to

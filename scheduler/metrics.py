@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 LIVE_WINDOW_S = 2.0
 
 
-def percentile(sorted_values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of an already sorted list (q in 0..100)."""
+def observed_percentile(sorted_values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of an already sorted list (q in 0..100): a request's ITL p95 is a
+    gap it really had (tests pin it). Tables and panels use scheduler.stats.percentile."""
     if not sorted_values:
         return None
     k = max(0, min(len(sorted_values) - 1, round(q / 100.0 * (len(sorted_values) - 1))))
@@ -109,15 +110,6 @@ class RequestMetrics:
             return None
         return (self.t_first_token - self.t_submit) * 1000.0
 
-    def ttft_phases_ms(self, ndigits: int = 3) -> tuple[float, float, float] | None:
-        """(preparing, queued, prefill) rounded so that they add up exactly to TTFT rounded the same
-        way (None before the first token); see `partition_ms`."""
-        preparing, queued, prefill = self.preparing_ms, self.queue_ms, self.prefill_ms
-        if preparing is None or queued is None or prefill is None:
-            return None
-        preparing, queued, prefill = partition_ms([preparing, queued, prefill], ndigits)
-        return preparing, queued, prefill
-
     def live_tok_s(self, now: float) -> float | None:
         """Tokens per second over the last LIVE_WINDOW_S (or since the first token, if sooner)."""
         if self.t_first_token is None:
@@ -138,11 +130,11 @@ class RequestMetrics:
 
     @property
     def itl_p50_ms(self) -> float | None:
-        return percentile(self._itl_sorted, 50)
+        return observed_percentile(self._itl_sorted, 50)
 
     @property
     def itl_p95_ms(self) -> float | None:
-        return percentile(self._itl_sorted, 95)
+        return observed_percentile(self._itl_sorted, 95)
 
     @property
     def itl_max_ms(self) -> float | None:

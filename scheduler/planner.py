@@ -172,9 +172,7 @@ class Scheduler:
             reason is DoneReason.CANCELLED and seq.num_computed > 0)
         # Committed KV only: draft rows a step verified but sampling did not accept are trimmed.
         self.residency.retire(seq, keep)
-        self.speculator.forget(seq.seq_id)
-        seq.draft, seq.draft_kind = (), None
-        seq.seq_id = None
+        self._release(seq)
         self.admission.hold = False
 
     def append_token(self, seq: Sequence, token: int) -> None:
@@ -195,7 +193,7 @@ class Scheduler:
         compared with a sampled token and `accepted` taken. Rows past the committed ones leave the KV cache and the ledger (a finished request
         was trimmed when it ended)."""
         self.speculator.verified(seq, kind, drafted, judged, accepted)
-        seq.draft, seq.draft_kind = (), None
+        seq.drop_draft()
         if not seq.is_finished and seq.seq_id is not None and self.kv.positions(seq.seq_id) > seq.num_computed:
             self.kv.keep_prefix(seq.seq_id, seq.num_computed)
 
@@ -204,9 +202,7 @@ class Scheduler:
         prompt and every token generated so far (the text already shown stays shown)."""
         self.residency.unbind(seq)
         self.running.remove(seq)
-        self.speculator.forget(seq.seq_id)
-        seq.draft, seq.draft_kind = (), None
-        seq.seq_id = None
+        self._release(seq)
         seq.num_computed = 0
         seq.num_preemptions += 1
         seq.phase = Phase.QUEUED
@@ -214,6 +210,13 @@ class Scheduler:
                               f"{seq.num_tokens:,} tokens when there is room")
         self.waiting.appendleft(seq)
         self.admission.hold = True
+
+    def _release(self, seq: Sequence) -> None:
+        """The sequence gives up its slot (it finished, or was preempted): what the speculator
+        kept for the slot and any draft in flight go with it."""
+        self.speculator.forget(seq.seq_id)
+        seq.drop_draft()
+        seq.seq_id = None
 
     # ---- one step ------------------------------------------------------------------------------
 
@@ -306,7 +309,7 @@ class Scheduler:
         for sl, seq in planned:
             if seq is not None:
                 self.kv.keep_prefix(sl.seq_id, seq.num_computed)
-                seq.draft, seq.draft_kind = (), None
+                seq.drop_draft()
             else:
                 self.residency.trim_orphan(sl.seq_id)
         if outcome is DecodeOutcome.NO_KV_SLOT:

@@ -104,6 +104,10 @@ class Sequence:
     def max_tokens(self) -> int:
         return self.request.sampling.max_tokens
 
+    def drop_draft(self) -> None:
+        """No draft rows in flight any more: verified, failed with their step, or its slot went."""
+        self.draft, self.draft_kind = (), None
+
     # ---- derived counts ------------------------------------------------------------------------
 
     @property

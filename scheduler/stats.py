@@ -7,11 +7,12 @@ import math
 from typing import Iterable, Sequence
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (q in 0..100); None for no values."""
+def percentile(values: Sequence[float], q: float, *, ordered: bool = False) -> float | None:
+    """Linear-interpolated percentile (q in 0..100); None for no values. `ordered`: the values
+    are sorted already (a list kept sorted as it grows reads its percentiles in O(1))."""
     if not values:
         return None
-    xs = sorted(values)
+    xs = values if ordered else sorted(values)
     k = (len(xs) - 1) * q / 100.0
     lo, hi = math.floor(k), math.ceil(k)
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)

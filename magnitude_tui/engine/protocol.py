@@ -28,12 +28,17 @@ EngineEvent = Union[LoadProgress, EngineReady, EngineFailed, PolicyChanged, Spec
 def seq_updates(batch: list[EngineEvent]) -> list[SeqUpdate]:
     """Every sequence update in a batch: those inside step reports and those sent on their own
     (a request loading, failing before it ran, or ended by a dead engine)."""
-    out: list[SeqUpdate] = []
+    return [update for update, _ in timed_updates(batch)]
+
+
+def timed_updates(batch: list[EngineEvent]) -> list[tuple[SeqUpdate, float | None]]:
+    """seq_updates with the engine clock of each one's step (None for one sent on its own)."""
+    out: list[tuple[SeqUpdate, float | None]] = []
     for event in batch:
         if isinstance(event, StepReport):
-            out.extend(event.updates)
+            out.extend((update, event.t) for update in event.updates)
         elif isinstance(event, SeqUpdate):
-            out.append(event)
+            out.append((event, None))
     return out
 
 

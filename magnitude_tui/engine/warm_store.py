@@ -83,9 +83,6 @@ class WarmStore:
     def files(self) -> list[Path]:
         return sorted(self.directory.glob(f"*{SUFFIX}"))
 
-    def total_bytes(self) -> int:
-        return sum(_size(p) for p in self.files())
-
     # ---- saving -------------------------------------------------------------------------------
 
     def save(self, session_id: str, tokens: list[int], state: bytes) -> None:

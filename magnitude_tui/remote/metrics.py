@@ -14,6 +14,7 @@ import time
 from magnitude_tui.remote.stream import Usage
 from magnitude_tui.engine.events import RemoteFacts, SeqUpdate, ServerTimings
 from scheduler.types import DoneReason, Phase, Request, ToolCall, ToolCallDelta
+from scheduler.stats import percentile
 
 LIVE_WINDOW_S = 2.0  # live tok/s: deltas over the last two seconds (as the local engine reports)
 
@@ -34,13 +35,6 @@ def estimate_tokens(text: str) -> int:
 def estimate_prompt_tokens(request: Request) -> int:
     # About four tokens of chat scaffolding per message, as OpenAI's own counting guide does.
     return sum(estimate_tokens(m.content) + 4 for m in request.messages) + 3
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class RemoteSeq:
@@ -174,7 +168,7 @@ class RemoteSeq:
             generated=self.generated, queue_ms=self.queue_ms, ttft_ms=self.ttft_ms,
             tok_s_live=None if done else self.live_tok_s(self.clock()),
             tok_s=self.final_tok_s() if done else None,
-            itl_p50_ms=_pct(itls, 0.5), itl_p95_ms=_pct(itls, 0.95), itl_max_ms=max(itls, default=None),
+            itl_p50_ms=percentile(itls, 50), itl_p95_ms=percentile(itls, 95), itl_max_ms=max(itls, default=None),
             done_reason=self.done_reason, error=self.error, waiting_reason=self.waiting_reason,
             remote=RemoteFacts(self.endpoint, self.estimated, self.timings),
             tool_calls=calls,

@@ -11,6 +11,7 @@ from enum import Enum
 from typing import Any, Callable
 
 from magnitude_tui.engine.events import EngineFailed, EngineReady, LoadProgress, SeqUpdate, StepReport
+from magnitude_tui.names import first_free, numbered
 from scheduler.types import DoneReason, ErrorKind, Phase, Request
 
 # What HTTP callers (and the unauthenticated /health) are told when the worker dies: the full
@@ -116,12 +117,7 @@ class EngineHub:
             # "a_b", or any two non-ASCII names of one length) must not share a conversation, nor
             # under --serve a pane, so the full name's digest goes with it.
             slug += "-" + hashlib.blake2s(client_name.encode(), digest_size=4).hexdigest()
-        base, k = f"http-{self._run}-{slug}", 1
-        session = base
-        while session in self._live_sessions:
-            k += 1
-            session = f"{base}-{k}"
-        return session
+        return first_free(self._live_sessions, numbered(f"http-{self._run}-{slug}", "-"))
 
     def submit(self, request: Request, queue: asyncio.Queue, tag: int = 0, client_name: str | None = None) -> None:
         """Send a request; its updates arrive on `queue` as (tag, SeqUpdate, arrival time).

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+from magnitude_tui.names import first_free, numbered
 from magnitude_tui.serve.hub import EngineHub
 from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.pane_grid import MAX_PANES
-from magnitude_tui.engine.events import SeqUpdate, StepReport
+from magnitude_tui.engine.protocol import timed_updates
 from scheduler.types import Phase, Request
 
 
@@ -37,10 +38,8 @@ class ApiPanes:
                 self._unpaned[request.session_id] = client_name  # the grid is full: a row only
                 return
             taken = {p.record.name for p in panes.values()}
-            name, k = client_name, 1
-            while name in taken:  # the same caller with several conversations at once, or n > 1
-                k += 1
-                name = f"{client_name}#{k}"
+            # The same caller with several conversations at once, or n > 1: "name#2", ...
+            name = first_free(taken, numbered(client_name, "#"))
             record = PaneRecord(request.session_id, name, "api", None, client_name, len(panes), incoming)
             pane = ChatPane(record)
             self._track(ws.open_pane(pane))
@@ -59,20 +58,13 @@ class ApiPanes:
         sessions of its panes), until each ends."""
         if not self._unpaned:
             return
-        for event in batch:
-            if isinstance(event, StepReport):
-                updates, t = event.updates, event.t
-            elif isinstance(event, SeqUpdate):  # the worker died: each live request's last word
-                updates, t = [event], None
-            else:
+        for update, t in timed_updates(batch):
+            name = self._unpaned.get(update.session_id)
+            if name is None:
                 continue
-            for update in updates:
-                name = self._unpaned.get(update.session_id)
-                if name is None:
-                    continue
-                self.workspace.sequences_panel.apply(update, name, t)
-                if update.phase is Phase.DONE:
-                    del self._unpaned[update.session_id]
+            self.workspace.sequences_panel.apply(update, name, t)
+            if update.phase is Phase.DONE:
+                del self._unpaned[update.session_id]
 
     def _track(self, task: asyncio.Future) -> None:
         self._tasks.add(task)

@@ -128,9 +128,3 @@ class Composer(TextArea):
         if text.strip():
             self.post_message(self.Submitted(self, text.strip("\n")))
         self.clear()
-
-    def take(self) -> str:
-        """The composer's text; the composer is left empty."""
-        text = self.text
-        self.clear()
-        return text

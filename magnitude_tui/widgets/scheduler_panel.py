@@ -11,6 +11,7 @@ from textual.widget import Widget
 from magnitude_tui.engine.events import EndpointsReport, SeqUpdate, StepReport
 from magnitude_tui.widgets.format import fmt_ms, fmt_rate, spark
 from scheduler.budget import parse_policy
+from scheduler.stats import percentile
 from scheduler.types import Phase
 
 HISTORY = 120
@@ -25,13 +26,6 @@ def policy_target_ms(policy: str) -> float | None:
         return parse_policy(policy).target_ms
     except ValueError:
         return None
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class SchedulerPanel(Widget):
@@ -156,7 +150,7 @@ class SchedulerPanel(Widget):
         text.append("\n")
         line("", (f"last {fmt_ms(last.step_ms)}", ""),
              (f" vs target {fmt_ms(target)}" if target else "", "sched--dim"))
-        line("", (f"p50 {fmt_ms(_percentile(times, 0.5))} · p95 {fmt_ms(_percentile(times, 0.95))}", ""))
+        line("", (f"p50 {fmt_ms(percentile(times, 50))} · p95 {fmt_ms(percentile(times, 95))}", ""))
 
         rows_top = max([r.decode_rows + r.prefill_rows + r.draft_rows for r in recent] + [1])
         line("decode", (spark([r.decode_rows for r in recent], width, top=rows_top), "sched--decode"),

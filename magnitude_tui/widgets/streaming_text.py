@@ -168,11 +168,6 @@ class StreamingText(Widget):
     def text(self) -> str:
         return "".join(line + "\n" for line in self._complete) + self._tail
 
-    @property
-    def cached_lines(self) -> int:
-        """Source lines whose strips are held now (at most STRIP_CACHE_LINES)."""
-        return len(self._strips)
-
     def append(self, fragment: str) -> None:
         """Add text at the end; lays out again only when the number of rows changes."""
         if not fragment:
