@@ -3,7 +3,7 @@ where each section's figures come from (file, date, machine, load, command)."""
 
 from __future__ import annotations
 
-from magnitude_bench.report import Raw
+from magnitude_bench.report_raw import Raw
 
 
 def fmt(v) -> str:

@@ -3,7 +3,7 @@ each turning committed JSON into Markdown with every figure as the JSON records 
 
 from __future__ import annotations
 
-from magnitude_bench.report import Raw, Results
+from magnitude_bench.report_raw import Raw, Results
 from magnitude_bench.report_format import Cell, md_table, plot, source, table
 from magnitude_bench.report_spec import spec, spec_control, spec_peer, spec_targets
 from magnitude_bench.report_summary import summary

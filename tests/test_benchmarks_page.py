@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from magnitude_bench.report import PAGES, RAW_DIR, SECTION, Results, render, stale
+from magnitude_bench.report import PAGES, SECTION, render, stale
 from magnitude_bench.report_format import fmt
+from magnitude_bench.report_raw import RAW_DIR, Results
 from magnitude_bench.report_summary import HEADLINES
 
 
