@@ -57,6 +57,8 @@ def machine(raw: Raw) -> str:
 def load(raw: Raw) -> str:
     """The load the result records, said as what it is: most benches build their machine record
     after the run, so a single reading is the load at the end, not at the start."""
+    if raw.run.get("load_avg_before") and raw.run.get("load_avg_after"):
+        return f"load (1 min) {fmt(raw.run['load_avg_before'][0])} before, {fmt(raw.run['load_avg_after'][0])} after"
     runs = (raw.doc.get("data") or {}).get("runs")
     if isinstance(runs, list) and runs and "load_before" in runs[0]:
         before = [r["load_before"][0] for r in runs]
@@ -78,7 +80,8 @@ def source(*raws: Raw) -> str:
     lines = []
     for r in raws:
         note = f"; {r.provenance['note']}" if r.provenance.get("note") else ""
-        lines.append(f"- `docs/benchmarks/{r.file}`: {r.date}; {machine(r)}; {load(r)}{note}; `{r.command}`")
+        git = f"; code {r.run['git']}" if r.run.get("git") else ""
+        lines.append(f"- `docs/benchmarks/{r.file}`: {r.date}; {machine(r)}; {load(r)}{git}{note}; `{r.command}`")
     return "Raw results:\n\n" + "\n".join(lines)
 
 

@@ -27,7 +27,15 @@ class Raw:
     provenance: dict
 
     @property
+    def run(self) -> dict:
+        """How the run ran (command, git, start, load before and after), where the bench recorded it."""
+        return self.doc.get("run") or {}
+
+    @property
     def date(self) -> str:
+        started = self.run.get("started")
+        if started:
+            return started.replace("T", " ")[:16] + " UTC"
         m = STAMP.search(Path(self.file).stem)
         if m:
             d, t = m.groups()
@@ -36,7 +44,8 @@ class Raw:
 
     @property
     def command(self) -> str:
-        cmd = (self.doc.get("config") or {}).get("command") or self.doc.get("command") or self.provenance.get("command")
+        cmd = (self.run.get("command") or (self.doc.get("config") or {}).get("command") or self.doc.get("command")
+               or self.provenance.get("command"))
         return normalize_command(cmd) if cmd else "?"
 
 
