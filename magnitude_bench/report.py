@@ -64,6 +64,8 @@ def combine(out: Path, name: str, title: str, runs: list[tuple[Path, str]]) -> P
 
 def record(file: str, command: str, folder: Path = RAW_DIR) -> None:
     """Note in provenance.json the command that made a raw result, for benches that do not record it."""
+    if (json.loads((folder / file).read_text()).get("run") or {}).get("command"):
+        return
     prov = folder / PROVENANCE
     doc = json.loads(prov.read_text()) if prov.exists() else {}
     doc[file] = doc.get(file, {}) | {"command": command}
