@@ -83,3 +83,15 @@ def test_prose_quotes_no_figure_that_is_not_in_a_generated_table():
 @pytest.mark.parametrize("recorded, shown", [(0.988, "0.988"), (103252.4, "103,252.4"), (None, "-"), (True, "yes")])
 def test_figures_are_shown_as_recorded(recorded, shown):
     assert fmt(recorded) == shown
+
+
+def test_benchmarks_sh_reproduces_every_result_the_pages_show():
+    """Every raw result a page shows has its command in scripts/benchmarks.sh (the issue 28 files are
+    made by scripts/callgrind_compare.py and the probe's one-liner, which the script names instead)."""
+    script = (PAGES[0].parents[1] / "scripts" / "benchmarks.sh").read_text()
+    keys_run = set(re.findall(r"^bench (?:quick|full|history) ([\w-]+) ", script, re.M))
+    keys_run |= {"spec-control"} if "combine" in script and "spec-control" in script else set()
+    not_rerun = {k for k in ("issue28-attention-probe", "issue28-callgrind") if f"{k}.json" in script}
+    shown = {key for page in PAGES for m in SECTION.finditer(page.read_text()) for key in m["keys"].split()}
+    shown |= {h.raw.key for make in HEADLINES for h in make(Results())}
+    assert shown - keys_run - not_rerun == set()
