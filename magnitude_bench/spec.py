@@ -314,7 +314,8 @@ def run_spec(spec: BackendConfig, cfg: SpecBenchConfig, progress: Callable[[str]
              peer: Callable[..., list[dict]] | None = None) -> BenchResult:
     rows, traces, lengths, replies, info = _measure(spec, cfg, progress)
     real = merge_reps(rows)
-    sim = merge_reps(_replay(cfg, traces, lengths, replies, progress))
+    sim_rows = _replay(cfg, traces, lengths, replies, progress)
+    sim = merge_reps(sim_rows)
     res = BenchResult(name="spec", title="bench spec: speculative decoding in the shared batch",
                       config={"spec": asdict(cfg), "backend": asdict(spec)}, machine=machine_info())
     res.tables[f"engine on {info['backend']} ({info['clock']})"] = real
@@ -333,6 +334,7 @@ def run_spec(spec: BackendConfig, cfg: SpecBenchConfig, progress: Callable[[str]
     for r in rows:
         if r["mode"] == "off":
             reps[r["task"]][r["seqs"]] = max(reps[r["task"]].get(r["seqs"], 0), r["rep"] + 1)
+    res.repetitions = [{"side": "engine", **r} for r in rows] + [{"side": "simulated", **r} for r in sim_rows]
     res.data = {"backend": info, "prompt_tokens": lengths, "reply_tokens": replies, "repetitions": dict(reps),
                 "targets": targets(real, sim)}
     res.notes += run_notes(cfg, res.data["targets"]) + [identity_note(info)]
