@@ -122,11 +122,9 @@ def main(
         from magnitude_tui.engine.events import EngineConfig
         from magnitude_tui.store import default_db_path
 
-        # ggml's CPU threads meet at spinning barriers after every op: when the UI takes a core
-        # they spin while one of them waits for the CPU. Measured on 2 cores with 8 panes
-        # streaming (`magnitude-bench ui --threads 2,1`): 8-row decode steps took 86 ms p50 /
-        # 171 ms p95 with 2 threads and 68 / 79 ms with 1. So the app starts with one core left to
-        # the UI; unless --threads fixes the count, the engine then measures whether more pay.
+        # One core is left to the UI (ggml's threads spin at a barrier while one waits for the CPU;
+        # figures: docs/design/engine.md, "Measurements behind the thread constants"); unless
+        # --threads fixes the count, the engine then measures whether more pay.
         backend = BackendConfig(model=model, device=device, n_ctx=n_ctx, verbose=verbose,
                                 n_threads=threads or max(1, usable_cpus() - 1),
                                 flash_attn=flash_attn.strip().lower(), draft_model=draft_model)

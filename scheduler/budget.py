@@ -12,19 +12,18 @@ from scheduler.types import AttentionPath, attended_kpos, used_cells_kpos
 
 T = TypeVar("T")
 
+# The figures behind these constants: docs/design/scheduler.md, "Measurements behind the constants".
+
 # When the decode rows alone already exceed the target, prompts still get this many rows per step,
 # so a newcomer always has a path to its first token. Not smaller: prompt rows in tiny chunks cost
-# far more each (on 2 CPU cores 4-row chunks run prefill at ~150 tok/s against ~215 at 16), and
-# `bench admit` on the real model measured a 4-row floor at 5x prefill-first's TTFT while keeping
-# the running sequences at under a third of their rate (16 rows: ~2x, a fifth).
+# far more each, and a smaller floor bought the running sequences little for a much later TTFT.
 MIN_PREFILL_QUANTUM = 16
 
 # With nothing generating, target:MS runs every pending prompt row in one step when that step is
 # predicted to take at most this long (or MS, if longer): all the waiting prompts then finish
 # together and decoding starts at full width, with no chunked tail that costs a fixed step cost
-# per few rows (on the RX 9070 XT profile sixteen 64-token prompts, 1,024 rows, take 1.08 s; split
-# into micro-batches the default made 0.94x fixed:2048's tok/s, merged 1.0x). An arrival waits at
-# most this long for the step in flight. Longer work goes in micro-batches.
+# per few rows. An arrival waits at most this long for the step in flight. Longer work goes in
+# micro-batches.
 IDLE_MERGE_MS = 2000.0
 
 # The legacy target policy (`target-v1:MS`, kept so `bench burst` can measure what it did) sized
@@ -46,16 +45,14 @@ ATTENTION_DOMINATES = 0.5
 # target:MS aims below MS by how far recent steps ran over what the cost model predicted for them
 # (this percentile of measured / predicted over the model's window): a model that is right on
 # average still has half its steps over the target, and a shared machine or a context that deepens
-# faster than the fit follows makes the tail longer. On 1 thread at depth 2,000 with a loaded
-# machine, aiming at MS itself gave p50 1.05x and p99 1.23x the target.
+# faster than the fit follows makes the tail longer.
 OVERRUN_PERCENTILE = 90
 MAX_OVERRUN = 2.0  # never aim below half the target, whatever a burst of noise says
 
 # llama.cpp's CPU flash-attention kernel computes a step's attention in tiles of matrix products
 # only when the step holds at least GGML_FA_TILE_Q (64) rows; below that it goes one row at a time.
-# Deep in a context that makes a small step dearer than a full tile: on 1 thread at depth 2,200,
-# 4 decode + 53 prompt rows took 1,574 ms and 4 + 60 took 762 ms (SmolLM2-135M, 2026-12-01). The
-# backend says how many rows its tile holds (`StepShape.tile_rows`, 0 when it has none).
+# Deep in a context that makes a small step dearer than a full tile. The backend says how many rows
+# its tile holds (`StepShape.tile_rows`, 0 when it has none).
 
 _N = 4  # features of a step: 1, decode rows, prompt rows, attention (thousands of positions)
 
@@ -329,7 +326,7 @@ class Policy:
             if everything and cost.predict(0, everything, shape.kpos(everything)) <= quick:
                 return everything
             # One micro-batch, unless that is predicted to take longer than `quick` (deep in a
-            # context on a CPU 512 rows took 5.9 s): an arrival never waits longer for the step.
+            # context on a CPU it can take seconds): an arrival never waits longer for the step.
             micro = min(shape.n_ubatch, max(MIN_PREFILL_QUANTUM, cost.rows_within(quick, shape)))
             return min(max(micro, fits), room)
         quantum = cost.predict(d, MIN_PREFILL_QUANTUM, shape.kpos(MIN_PREFILL_QUANTUM))
@@ -341,13 +338,10 @@ class Policy:
             # filling the tile gives the newcomers several times the rows for much less than
             # several times the time. Only where the decode rows alone already miss the target
             # (deep decode rows: their gap is over the target whatever the prompt gets); where
-            # they fit and only the prompt's quantum does not, the gap bound stands (a 64-row tile
-            # beside 4 shallow rows on 2 threads doubled their p90 gap against a 200 ms target).
-            # And only where attention makes them slow, or the tile is cheap beside them: where
-            # the decode step is slow for another reason (a loaded machine: 1 shallow row at
-            # 360 ms, prompt rows at ~50 ms each), 63 prompt rows beside it took 3-7 s against a
-            # 50 ms target. (A live fit may book the one-row-at-a-time kernel's cost as fixed
-            # cost, hence the second test.)
+            # they fit and only the prompt's quantum does not, the gap bound stands. And only
+            # where attention makes them slow, or the tile is cheap beside them, not where the
+            # decode step is slow for another reason, a loaded machine. (A live fit may book the
+            # one-row-at-a-time kernel's cost as fixed cost, hence the second test.)
             tile = shape.tile_rows - d
             attention = cost.params.attn_ms * shape.kpos(0) >= ATTENTION_DOMINATES * decode_only
             cheap = cost.predict(d, tile, shape.kpos(tile)) <= TILE_STRETCH * decode_only

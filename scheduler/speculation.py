@@ -35,20 +35,15 @@ PRIORS = {DraftKind.NGRAM: 0.5, DraftKind.DRAFT_MODEL: 0.7}
 # A guess backed by at least this many tokens of verbatim agreement (the sequence's latest tokens
 # equal a run of earlier ones, `match_length`) is a copy under way, not a chance 2-gram: it has its
 # own estimates, starting at LONG_PRIOR (first row) and LONG_PRIOR_MORE (a row after an accepted one)
-# instead of the source's prior. Measured on `bench spec`'s greedy replies (SmolLM2-135M, forced
-# lookup, the repetitive, quoting and chat tasks at 1 and 4 sequences): a guess backed by 2-3 tokens
-# had its first token right 26 times in 72 and its later ones 111 in 123; one backed by 8 or more 23
-# in 28 and 153 in 156 (a second run, 256 tokens at 1 sequence: 30 in 33 and 207 in 208). So a
-# long match drafts from its first step instead of waiting for the estimates to learn what its
-# evidence already says; a chance 2-gram's miss no longer lowers the estimate a copy is priced at.
+# instead of the source's prior: a long match drafts from its first step instead of waiting for the
+# estimates to learn what its evidence already says (the counts: docs/design/speculation.md, "The
+# evidence behind a guess").
 LONG_MATCH = 8
 LONG_PRIOR = 0.8
 LONG_PRIOR_MORE = 0.95
 # A draft row must beat the step's tokens per ms by this much, not merely match it: the acceptance
-# estimate and the row's cost are both estimates, and a loaded CPU's steps are noisy. On the real
-# model (2 EPYC cores, 1 thread, 8 sequences rewriting code) rows admitted on a bare "raises the
-# ratio" were accepted 74 % of the time against a break-even near 90 %; with a 5 % margin auto
-# still drafted ~2 rows a step there and made 0.92-0.94x off's aggregate rate.
+# estimate and the row's cost are both estimates, and a loaded CPU's steps are noisy (measured:
+# docs/design/speculation.md, "The goodput rule").
 GAIN_MARGIN = 0.15
 
 

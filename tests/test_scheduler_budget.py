@@ -31,6 +31,20 @@ def test_scheduler_imports_neither_llama_cpp_nor_textual():
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
 
 
+def test_the_scheduler_imports_nothing_of_the_app_or_its_engine():
+    """The wire types (SeqUpdate, StepReport...) are the engine's (magnitude_tui/engine/events.py);
+    the pure scheduler below it imports none of magnitude_tui."""
+    import pkgutil
+
+    import scheduler
+
+    names = [f"scheduler.{m.name}" for m in pkgutil.iter_modules(scheduler.__path__)]
+    code = f"import sys, {', '.join(names)}\nbad = sorted(m for m in sys.modules if m.startswith('magnitude_tui'))\n" \
+           "assert not bad, bad\n"
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
+
+
 @pytest.mark.parametrize("text,expected", [
     ("prefill-first", "prefill-first"), ("fixed:32", "fixed:32"), (" FIXED:8 ", "fixed:8"),
     ("target:50", "target:50"), ("target:12.5", "target:12.5"),

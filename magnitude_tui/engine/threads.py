@@ -11,29 +11,20 @@ from typing import Callable, Protocol
 
 from magnitude_tui.engine.events import ThreadState
 
-# Why the numbers: ggml's CPU threads meet at a spinning barrier after every operation of a step,
-# so one thread that shares its core with another process holds up all of them. Measured on 2
-# cores with 8 sequences (docs/RELIABILITY.md, scenario 14): with one busy process beside it, llama-batched-bench
-# made 5.7 tok/s with 2 threads and 34.6 with 1; with one busy process per core, 28.2 with 2 and
-# 22.8 with 1. Neither count wins everywhere, and the load cannot say which will: only measuring
-# both can. So the governor measures, and uses the load only to decide when to measure again.
+# ggml's CPU threads meet at a spinning barrier after every operation, so one thread sharing its
+# core holds up all of them, and only measuring tells which count wins (the figures behind the
+# constants below: docs/design/engine.md, "Measurements behind the thread constants").
 
 PROBE_STEPS = 3  # steps measured at each candidate count
 # A candidate whose first step took this many times the incumbent's time per unit of predicted work
-# is dropped at once (and barred, see PROBE_BUDGET): on a busy machine one step on too many threads
-# cost 7x (one busy process) to 30x (a load average of 9 on 2 cores) a normal step, so each probe of
-# it must stay rare.
+# is dropped at once (and barred, see PROBE_BUDGET): a step on too many threads can cost tens of
+# normal steps on a busy machine, so each probe of it must stay rare.
 ABORT_RATIO = 2.0
 # What probing may cost: a candidate that lost is not probed again (by slower steps or the periodic
 # re-check) until the time it cost beyond the incumbent's is paid back at PROBE_BUDGET of the time
 # spent stepping since (at most BAR_MAX_S of it; idle time pays nothing back, or an engine that works
 # in bursts would probe in every burst); a change of the count the load suggests lifts that bar.
-# With one busy process per core and a load average of 8 on 2 cores, one probe step on 2 threads
-# took ~7.8 s against ~1.9 s on 1 (SmolLM2, 8 sequences), and the neighbours' bursts made the
-# 1-thread steps slower now and then, each time a new probe: two in a 75 s round were 21 % of it, the
-# whole gap to llama-batched-bench -t 1 under the same load. At 2 % such a probe waits ~5 minutes of
-# work; one that cost 0.25 s (a quiet machine beside one busy process) waits 12 s, so the governor
-# still follows a change quickly there.
+# A dear probe then waits minutes of work, a cheap one seconds (docs/design/engine.md, CPU threads).
 PROBE_BUDGET = 0.02
 BAR_MAX_S = 600.0
 SWITCH_MARGIN = 0.10  # a candidate must be 10 % faster per unit of work to replace the incumbent
@@ -45,8 +36,7 @@ REPROBE_S = 15.0  # with nothing pointing at a change, measure the alternatives 
 REPROBE_MAX_S = 120.0  # doubling each time the incumbent keeps its place, up to this
 LOAD_EVERY_S = 1.0  # how often the load of other processes is read
 # Other processes' load moved this many cores since the last probe: measure again, even where the
-# count it suggests is the same (on 2 cores: beside one busy process 1 thread was 6x faster
-# than 2, beside one per core 2 were 1.2x faster than 1, and both loads suggest 1).
+# count it suggests is the same (two loads that suggest the same count can favour opposite ones).
 LOAD_SHIFT = 0.75
 # ...measured on a moving average of the 1 s readings (this weight for the newest): a single reading
 # swings by a core or more on a shared machine, and a trigger on those probed every few seconds.
