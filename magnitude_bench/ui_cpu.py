@@ -25,6 +25,11 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scheduler.budget import Policy
+    from scheduler.speculation import SpecMode
 
 REPLY = """Here is how I would approach it, step by step.
 
@@ -149,16 +154,16 @@ class PacedClient:
     def forget(self, session_id: str) -> None:
         pass
 
-    def set_policy(self, policy: str) -> None:
+    def set_policy(self, policy: str | Policy) -> None:
         from magnitude_tui.engine.events import PolicyChanged
 
-        self.policy = policy
-        self._queue.put([PolicyChanged(policy)])
+        self.policy = str(policy)
+        self._queue.put([PolicyChanged(self.policy)])
 
-    def set_spec(self, mode: str) -> None:
+    def set_spec(self, mode: str | SpecMode) -> None:
         from magnitude_tui.engine.events import SpecChanged
 
-        self._queue.put([SpecChanged(mode)])
+        self._queue.put([SpecChanged(str(getattr(mode, "value", mode)))])
 
     def poll_events(self, timeout: float | None = 0.0) -> list | None:
         try:
