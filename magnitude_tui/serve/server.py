@@ -95,7 +95,7 @@ async def serve_async(client, *, host: str, port: int, options: ServeOptions, ou
     quiet_loop_errors(asyncio.get_running_loop(), log)
     server = _QuietServer.make(api, host, port, limits)
     stopper = Stopper()
-    tasks = [asyncio.create_task(hub.run())]
+    tasks: list[asyncio.Task] = [asyncio.create_task(hub.run())]
     remove_signals = None
     if lifecycle is not None:
         if lifecycle.signals:
@@ -144,6 +144,7 @@ async def _announce_ready(hub: EngineHub, out: TextIO, started: asyncio.Event | 
         await asyncio.sleep(0.05)
     if hub.state is EngineState.READY:
         r = hub.ready
+        assert r is not None  # READY comes with its EngineReady
         print(f"[serve] ready: {r.model} on {r.device}, n_ctx={r.n_ctx}, {r.n_seq_max} sequences, "
               f"policy {r.policy}", file=out, flush=True)
         if r.info.template_notice:  # no chat template: say so where the operator looks
@@ -182,7 +183,7 @@ class _QuietServer:
 
         # A bounded wait at shutdown: streams still open after it are cancelled, never waited for.
         return Server(uvicorn.Config(api, host=host, port=port, log_level="warning", lifespan="off",
-                                     http=guarded_protocol(limits), timeout_keep_alive=limits.keep_alive_s,
+                                     http=guarded_protocol(limits), timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # seconds, a float
                                      timeout_graceful_shutdown=SHUTDOWN_FLUSH_S))
 
 
