@@ -183,7 +183,8 @@ class _QuietServer:
 
         # A bounded wait at shutdown: streams still open after it are cancelled, never waited for.
         return Server(uvicorn.Config(api, host=host, port=port, log_level="warning", lifespan="off",
-                                     http=guarded_protocol(limits), timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # seconds, a float
+                                     http=guarded_protocol(limits),
+                                     timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # float seconds
                                      timeout_graceful_shutdown=SHUTDOWN_FLUSH_S))
 
 
