@@ -24,6 +24,8 @@ from magnitude_tui.engine.events import SeqUpdate
 from scheduler.types import Message, Request
 
 if TYPE_CHECKING:
+    from textual.worker import Worker
+
     from magnitude_tui.screens.workspace import WorkspaceScreen
 
 
@@ -73,7 +75,7 @@ class PaneAgents:
         self.workdir = workdir or Path.cwd()
         self.runner = PaneRunner(ws)
         self.approval = DialogApproval(ws.app)
-        self._running: dict[str, object] = {}  # session id -> the worker running its agent
+        self._running: dict[str, Worker] = {}  # session id -> the worker running its agent
         self._agent_panes: dict[str, ChatPane] = {}  # agent name -> the pane it runs in
         self._allowed: dict[str, set[str]] = {}  # session id -> tools allowed for that pane
         self._history: dict[str, tuple[list[Message], int]] = {}  # session -> (loop messages, records then)
@@ -186,8 +188,8 @@ class PaneAgents:
             return ()
         if not isinstance(entries, list):
             return ()
-        return tuple(self._children.get(e.get("agent", ""), e.get("agent", "?")) for e in entries
-                     if isinstance(e, dict))
+        names = [e.get("agent") for e in entries if isinstance(e, dict)]
+        return tuple(self._children.get(n, n) if isinstance(n, str) else "?" for n in names)
 
     def _open_child(self, parent: ChatPane, event: SubagentSpawned) -> None:
         """A spawn_agents subagent gets a pane of its own (as /spawn's do), named like them."""

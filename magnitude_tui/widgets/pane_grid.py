@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from textual.containers import Container
+from textual.dom import DOMNode
 from textual.reactive import reactive
 
 from magnitude_tui.widgets.chat_pane import ChatPane
@@ -47,7 +48,7 @@ class PaneGrid(Container):
         return None
 
     def focused_pane(self) -> ChatPane | None:
-        node = self.screen.focused if self.is_attached else None
+        node: DOMNode | None = self.screen.focused if self.is_attached else None
         while node is not None:
             if isinstance(node, ChatPane):
                 return node
