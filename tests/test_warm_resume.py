@@ -9,7 +9,7 @@ import pytest
 
 from backend.fake import FakeBackend
 from magnitude_tui.engine.core import Engine
-from magnitude_tui.engine.events import ForgetSession, RestoreOutcome, SeqUpdate, SessionRestored
+from magnitude_tui.engine.events import ForgetSession, RestoreOutcome, SeqUpdate, SessionRestored, Shutdown
 from magnitude_tui.engine.warm import SAVE_AFTER_S
 from magnitude_tui.engine.warm_store import MAGIC, WarmStore
 from scheduler.types import Message, Phase, Request, SamplingParams
@@ -267,6 +267,19 @@ def test_forgetting_a_conversation_ends_it_and_deletes_its_saved_kv(tmp_path):
     assert [p.name for p in store.files()] == [store.path_for("kept").name]
     assert set(engine.scheduler.sessions) == {"kept"}
     assert _restore(engine, "gone", [Message("user", HISTORY)]).outcome is RestoreOutcome.NOT_SAVED
+
+
+def test_a_conversation_forgotten_just_before_quitting_is_not_saved_on_the_way_out(tmp_path):
+    # Both idle and unsaved; the forget and the quit arrive together: the quit applies the forget
+    # first, then saves what is left.
+    engine, _ = _engine(tmp_path)
+    _first_exchange(engine, "gone")
+    _first_exchange(engine, "kept")
+    store = engine.warm.store
+    assert store.files() == []
+    engine.apply(ForgetSession("gone"))
+    engine.apply(Shutdown())
+    assert [p.name for p in store.files()] == [store.path_for("kept").name]
 
 
 def test_a_worker_client_forgets_a_conversation_through_its_engine_or_itself_when_none_runs(tmp_path):

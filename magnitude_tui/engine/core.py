@@ -136,6 +136,9 @@ class Engine:
                 self._spec_text = command.mode.value
             answer = SpecChanged(spec=command.mode.value)
         elif isinstance(command, Shutdown):
+            # What came before it first (owner thread): a conversation closed or forgotten just
+            # before quitting must not be saved on the way out.
+            self._intake.apply()
             if self.warm is not None:
                 self.warm.save_all()
             return None
@@ -175,7 +178,8 @@ class Engine:
         self._take(RestoreSession(session_id, tuple(messages)))
 
     def shutdown(self) -> None:
-        """The app is quitting: save the conversations whose latest reply is not saved yet."""
+        """The app is quitting (owner thread): apply what is queued, then save the conversations
+        whose latest reply is not saved yet."""
         self._take(Shutdown())
 
     def take_notices(self) -> list[SessionRestored]:
