@@ -38,17 +38,19 @@ class StructuredConfig:
     timeout_s: float = 600.0
 
 
-def prompt(i: int) -> str:
-    return (f"Invent a character who lives in {TOPICS[i % len(TOPICS)]} (story {i}). "
+def prompt(i: int, run: int = 0) -> str:
+    # The run's number first: no run finds its prompts cached by an earlier one (llama-server keeps
+    # each slot's last prompt; this engine closes the sessions), so every run pays its prefill.
+    return (f"Story {run:03d}-{i}: invent a character who lives in {TOPICS[i % len(TOPICS)]}. "
             "Give the character's name, age and city.")
 
 
-def requests(n: int, mode: str, cfg: StructuredConfig, tag: str) -> list[Request]:
-    """n distinct prompts (the same for both modes), greedy, one fresh session each."""
+def requests(n: int, mode: str, cfg: StructuredConfig, tag: str, run: int = 0) -> list[Request]:
+    """n distinct prompts (run `run`'s), greedy, one fresh session each."""
     sampling = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, seed=1)
     schema = json.dumps(SCHEMA) if mode == CONSTRAINED else None
-    return [Request(f"{tag}-{i}", f"{tag}-s{i}", (Message("user", prompt(i)),), sampling, response_schema=schema)
-            for i in range(n)]
+    return [Request(f"{tag}-{i}", f"{tag}-s{i}", (Message("user", prompt(i, run)),), sampling,
+                    response_schema=schema) for i in range(n)]
 
 
 def burst(client: EngineClient, reqs: list[Request], timeout_s: float) -> dict:
@@ -90,7 +92,8 @@ def run_side(name: str, client: EngineClient, widths: tuple[int, ...], cfg: Stru
         for rep in range(cfg.reps):
             for mode in in_turn((FREE, CONSTRAINED), rep):
                 tag = f"{name}-{n}-{rep}-{mode}"
-                r, busy = measured(lambda: burst(client, requests(n, mode, cfg, tag), cfg.timeout_s),
+                run = 10 * n + 2 * rep + (mode == CONSTRAINED)  # the same prompts on both sides
+                r, busy = measured(lambda: burst(client, requests(n, mode, cfg, tag, run), cfg.timeout_s),
                                    pids=pids, progress=progress)
                 runs.append({"engine": name, "seqs": n, "rep": rep + 1, "mode": mode, **r, "others_cores": busy})
                 progress(f"{name} {n} seqs rep {rep + 1} {mode}: {r['tok_s']:.1f} tok/s, "
