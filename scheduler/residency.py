@@ -93,16 +93,23 @@ class Residency:
             self.release(session)
 
     def evict_lru(self, protect: set) -> bool:
-        """Drop the least recently used idle conversation not in `protect`; False if none. One whose
-        last reply called tools goes last: its agent is running them and comes back to extend it,
-        while a finished subagent or a person's answered chat may never return."""
+        """Drop the least recently used idle conversation not in `protect`; False if none. Agents
+        that are coming back go last: one whose last reply called tools (it is running them), and a
+        parent whose subagents, forked from it, are still running (their answers extend it); a
+        finished subagent or a person's answered chat may never return."""
         idle = [s for s in self._slot_owner.values() if s.is_idle and s.session_id not in protect]
         if not idle:
             return False
-        victim = min(idle, key=lambda s: (s.awaits_tools, s.last_used))
+        waiting = self.waiting_parents()
+        victim = min(idle, key=lambda s: (s.awaits_tools or s.session_id in waiting, s.last_used))
         self.release(victim)
         del self.sessions[victim.session_id]
         return True
+
+    def waiting_parents(self) -> set[str]:
+        """Conversations that a live fork started from."""
+        return {parent for child, parent in self.fork_parent.items()
+                if (s := self.sessions.get(child)) is not None and s.live is not None}
 
     def idle_cells(self) -> int:
         """Cells held only by idle conversations (a prefix a live fork shares is not counted)."""

@@ -364,3 +364,27 @@ def test_commands_from_other_threads_while_the_loop_runs():
     t.join()
     assert done == {f"r{i}": DoneReason.STOP for i in range(20)}
     assert_clean(engine, *(f"s{i}" for i in range(20)))
+
+
+def test_a_parent_whose_subagents_still_run_is_evicted_after_an_idle_conversation_that_is_not():
+    # Three slots. The lead answers first, then O; a subagent forks from the lead and keeps
+    # running. A newcomer needs a slot: plain LRU would drop the lead (the older), whose subagent's
+    # answer is about to extend it; O goes instead.
+    engine, backend = engine_for(FakeBackend(n_seq_max=3, eog_after=3))
+    engine.submit(chat("lead1", "lead", ("system", "You are the lead agent. " * 20), "plan"))
+    engine.run_until_idle()
+    engine.submit(chat("o1", "O", "hi"))
+    engine.run_until_idle()
+    backend.eog_after = None  # the subagent runs until it is cancelled
+    engine.submit(chat("sub1", "sub", ("system", "You are the lead agent. " * 20), "plan",
+                       ("assistant", "ok"), "check a file", max_tokens=10_000, fork_from="lead"))
+    for _ in range(3):
+        engine.step()
+    assert engine.scheduler.sessions["sub"].live is not None
+    engine.submit(chat("n1", "N", "hello"))
+    for _ in range(3):
+        engine.step()
+    assert set(engine.scheduler.sessions) == {"lead", "sub", "N"}
+    engine.cancel("sub1")
+    engine.cancel("n1")
+    engine.run_until_idle()
