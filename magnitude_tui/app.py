@@ -5,18 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from textual import on
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
 from magnitude_tui.agents import AgentSettings, RoleBook
-from magnitude_tui.commands import palette_commands
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.engine.protocol import EngineClient
 from magnitude_tui.export import default_export_dir
 from magnitude_tui.gc_pacing import GcPacer
+from magnitude_tui.screens.palette import palette_commands
 from magnitude_tui.screens.workspace import WorkspaceScreen
 from magnitude_tui.store import Store
+from magnitude_tui.workspace.pump import EventPump
 from scheduler.types import SamplingParams
 from themes import DEFAULT_THEME, THEMES
 
@@ -31,8 +33,9 @@ def available_themes() -> list[str]:
 
 
 class MagnitudeApp(App):
-    """Owns the engine client (any EngineClient: local worker, remote, scripted) and the store;
-    the workspace screen does the rest."""
+    """Owns the engine client (any EngineClient: local worker, remote, scripted), its event pump
+    and the store; the pump feeds the serve hub (under --serve) and the workspace screen, which
+    does the rest."""
 
     CSS_PATH = "app.tcss"
     TITLE = "magnitude-tui"
@@ -43,18 +46,17 @@ class MagnitudeApp(App):
                  resume: bool = False, export_dir: Path | None = None,
                  sampling: SamplingParams | None = None, serve=None,
                  roles: RoleBook | dict[str, AgentSettings] | None = None,
-                 warm_dir: Path | None = None, workdir: Path | None = None) -> None:
-        """`warm_dir`: where the engine saves conversations' KV (deleting a conversation deletes
-        its files there too). `export_dir`: where f5 writes (default: `exports` in the data
-        directory, beside the database)."""
+                 workdir: Path | None = None) -> None:
+        """`export_dir`: where f5 writes (default: `exports` in the data directory, beside the
+        database). Deleting a conversation tells the engine to delete its saved KV (`forget`)."""
         super().__init__()
-        self.warm_dir = warm_dir
         self.workdir = workdir  # agents' workspace root (None: the current directory)
         self.serve = serve
         self.roles = roles if isinstance(roles, RoleBook) else RoleBook(None, roles or {})  # agents.toml
         self.failure: str | None = None  # why the engine is down (None while it runs or loads)
         self.sampling = sampling or SamplingParams()
         self.client = client
+        self.pump = EventPump(client)  # the one reader of the engine's events
         self.store = store
         self._resume = resume
         self._export_dir = export_dir or default_export_dir()
@@ -72,13 +74,27 @@ class MagnitudeApp(App):
         restored = self.store.open_workspace(resume=self._resume)
         if self.store.notice:
             self.notify(self.store.notice, title="Database", severity="warning", timeout=30)
+        if self.serve is not None:
+            self.pump.subscribe(self.serve.dispatch)  # first: HTTP replies wait on no screen
         self.install_screen(WorkspaceScreen(client=self.client, store=self.store,
                                             restored=restored, export_dir=self._export_dir,
-                                            sampling=self.sampling, serve=self.serve, roles=self.roles,
+                                            sampling=self.sampling, roles=self.roles,
                                             workdir=self.workdir),
                            "workspace")
-        self.push_screen("workspace")  # it starts the engine once its panes are mounted
+        self.push_screen("workspace")  # it says PanesReady once its panes are mounted
         self.call_after_refresh(self._pace_gc)  # the first frame is drawn: what is alive now stays
+
+    @on(WorkspaceScreen.PanesReady)
+    async def _start_engine(self, message: WorkspaceScreen.PanesReady) -> None:
+        """Start the engine, its pump and the HTTP endpoint once the panes can take updates."""
+        ws = message.workspace
+        self.pump.subscribe(ws.link.inbox)
+        self.client.start()
+        self.run_worker(self.pump.run(), name="engine-events", exclusive=True)
+        if self.serve is not None:
+            ws.api_panes = self.serve.attach(ws)
+            self.serve.start(self.notify)
+        await ws.engine_started()
 
     def _pace_gc(self) -> None:
         self.gc_pacer.start()
@@ -104,9 +120,11 @@ class MagnitudeApp(App):
         self.gc_pacer.stop()
         self.client.stop()
 
-    def engine_failed(self, reason: str | None) -> None:
-        """The workspace reports the engine down (with why) or up again (None)."""
-        self.failure = reason
+    @on(WorkspaceScreen.EngineStatus)
+    def _engine_status(self, message: WorkspaceScreen.EngineStatus) -> None:
+        # The first failure carries the reason (a load error); the worker's exit comes after it.
+        if message.reason is None or self.failure is None:
+            self.failure = message.reason
 
     async def action_quit(self) -> None:
         # Quitting while the engine is down is how a failed start ends: the exit code says so.
@@ -135,9 +153,8 @@ def run_app(engine: EngineConfig | EngineClient, *, theme: str | None, resume: b
 
         serve = EmbeddedServer(client, host=serve_host, port=serve_port,
                                options=ServeOptions(model_name=served_model_name(client), api_key=api_key))
-    warm_dir = Path(engine.warm_dir) if isinstance(engine, EngineConfig) and engine.warm_dir else None
     app = MagnitudeApp(client=client, store=store, theme=theme, resume=resume, sampling=sampling,
-                       serve=serve, roles=roles, warm_dir=warm_dir, export_dir=export_dir,
+                       serve=serve, roles=roles, export_dir=export_dir,
                        workdir=workdir)
     try:
         app.run()

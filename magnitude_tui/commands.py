@@ -1,26 +1,37 @@
-"""Provides the slash commands typed in a composer and the workspace's command-palette entries."""
+"""Provides the slash commands typed in a composer (the palette's entries are in screens/palette.py)."""
 
 from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
-
-from textual.app import SystemCommand
+from typing import Iterable
 
 from magnitude_tui.agents import unknown_role
-from magnitude_tui.screens.policy_dialog import PRESETS, policy_problem
-
-from scheduler.speculation import SpecMode
-
-# The palette's speculation choices (`--spec`), the default first.
-SPEC_CHOICES = (SpecMode.AUTO, SpecMode.NGRAM, SpecMode.DRAFT, SpecMode.OFF)
-from magnitude_tui.widgets.pane_grid import MAX_SUBAGENTS
-
-if TYPE_CHECKING:
-    from magnitude_tui.screens.workspace import WorkspaceScreen
+from magnitude_tui.workspace.limits import MAX_SUBAGENTS
+from scheduler.budget import parse_policy
 
 BURST_DEFAULT = 8
+
+PRESETS = (
+    ("target:25", "chunked prefill, 25 ms target step (snappy decode)"),
+    ("target:50", "chunked prefill, 50 ms target step (default)"),
+    ("target:100", "chunked prefill, 100 ms target step"),
+    ("fixed:16", "chunked prefill, 16 rows per step"),
+    ("fixed:64", "chunked prefill, 64 rows per step"),
+    ("fixed:512", "chunked prefill, 512 rows per step (llama.cpp -ub default)"),
+    ("prefill-first", "whole prompt in one step; running sequences freeze"),
+)
+
+
+def policy_problem(policy: str) -> str | None:
+    """Why the engine would reject this policy (None: it is valid). The engine's own parser
+    decides, so the dialog, the slash command and the engine agree on every string."""
+    try:
+        parse_policy(policy.strip())
+    except ValueError as exc:
+        return str(exc)
+    return None
+
 
 SLASH_HELP = (
     "/agent [ROLE] task — this pane runs the task as an agent with tools (read, search, edit, run; "
@@ -97,44 +108,3 @@ def parse_slash(text: str, roles: Iterable[str] = ()) -> Slash:
     if name in ("export", "copy", "retry", "help", "raw"):
         return Slash(name)
     raise ValueError(f"unknown command /{name}; {SLASH_HELP}")
-
-
-def palette_commands(screen: "WorkspaceScreen") -> Iterable[SystemCommand]:
-    """Every workspace action, so the palette (ctrl+p) reaches what the keys reach."""
-    yield SystemCommand("New pane", "Open a new main agent pane (ctrl+n)", screen.action_new_pane)
-    yield SystemCommand("Close pane", "Close the focused pane and free its sequence (ctrl+x)",
-                        screen.action_close_pane)
-    yield SystemCommand("Next pane", "Focus the next pane (tab)", screen.action_next_pane)
-    yield SystemCommand("Previous pane", "Focus the previous pane (shift+tab)", screen.action_prev_pane)
-    yield SystemCommand("Zoom pane", "Zoom the focused pane / show all panes (ctrl+o)", screen.action_zoom)
-    yield SystemCommand("Cancel generation", "Stop the focused pane's reply (esc)", screen.action_cancel)
-    yield SystemCommand("Agent task", "Type /agent [ROLE] task in a pane: it runs as an agent with tools",
-                        screen.action_agent_hint)
-    yield SystemCommand("Spawn subagents", "Fork subagents from the focused pane (ctrl+s)",
-                        screen.action_spawn)
-    yield SystemCommand(f"Burst spawn {BURST_DEFAULT}", "Spawn subagents all at once (ctrl+b)",
-                        screen.action_burst)
-    yield SystemCommand("Switch policy", "Choose the scheduling policy (ctrl+l)", screen.action_policy)
-    for name, why in PRESETS:
-        yield SystemCommand(f"Policy: {name}", why, lambda name=name: screen.switch_policy(name))
-    for mode in SPEC_CHOICES:
-        yield SystemCommand(f"Speculation: {mode.value}", mode.help, lambda mode=mode: screen.switch_spec(mode))
-    yield SystemCommand("Export conversation", "Write the focused pane to Markdown (f5)",
-                        screen.action_export)
-    yield SystemCommand("Copy last answer", "Copy the focused pane's last reply (ctrl+y)",
-                        screen.action_copy_answer)
-    yield SystemCommand("Retry reply", "Ask again; the earlier answer is kept to page back to (ctrl+g)",
-                        screen.action_retry)
-    yield SystemCommand("Earlier answer", "Show the reply's previous answer, kept by retry (alt+left)",
-                        lambda: screen.action_page_answer(-1))
-    yield SystemCommand("Later answer", "Show the reply's next answer, kept by retry (alt+right)",
-                        lambda: screen.action_page_answer(1))
-    yield SystemCommand("Agent settings", "Role, system prompt and sampling (temperature, max tokens, top_p, min_p) of the pane (f6)",
-                        screen.action_agent_settings)
-    yield SystemCommand("Conversations", "Open, reopen, rename, delete or search conversations (f4)",
-                        screen.action_conversations)
-    yield SystemCommand("Toggle sequences panel", "Per-sequence latency table (f2)",
-                        screen.action_toggle_sequences)
-    yield SystemCommand("Toggle scheduler panel", "Step time, rows, budget, KV (f3)",
-                        screen.action_toggle_scheduler)
-    yield SystemCommand("Restart engine", "Start a new engine worker (ctrl+r)", screen.action_restart_engine)

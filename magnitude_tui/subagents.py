@@ -1,25 +1,34 @@
 """Provides subagents: panes spawned from a parent pane that fork its conversation, run a task
 and post their answer back to the parent.
 
-The workspace owns one `Subagents` and hands it what it needs: the store and a `SubagentHost`,
-the few workspace operations a spawn uses (count, find, mount, submit, warn). Names are
+The workspace model owns one `Subagents` and hands it what it needs: the store and a
+`SubagentHost`, the few workspace operations a spawn uses (count, find, open, submit, warn). Names are
 `<parent>.<k>` (A1.1, A1.2…), the lowest number no open pane has.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Iterable, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Protocol
 
 from magnitude_tui.agents import RoleBook
 from magnitude_tui.commands import BURST_DEFAULT
-from magnitude_tui.names import first_free
-from magnitude_tui.screens.spawn_dialog import SpawnSpec
-from magnitude_tui.store import MessageRecord, PaneRecord, Store
-from magnitude_tui.widgets.chat_pane import ChatPane
-from magnitude_tui.widgets.pane_grid import MAX_PANES
 from magnitude_tui.engine.events import SeqUpdate
+from magnitude_tui.names import first_free
+from magnitude_tui.store import MessageRecord, PaneRecord, Store
+from magnitude_tui.workspace.limits import MAX_PANES
 from scheduler.types import DoneReason, Priority
+
+if TYPE_CHECKING:
+    from magnitude_tui.widgets.chat_pane import ChatPane
+
+
+@dataclass(frozen=True)
+class SpawnSpec:
+    count: int
+    task: str
+    role: str | None = None  # a role from agents.toml (None: the parent's settings)
 
 
 class SubagentHost(Protocol):
@@ -28,7 +37,8 @@ class SubagentHost(Protocol):
     def pane_count(self) -> int: ...
 
     def find_pane(self, session_id: str) -> ChatPane | None: ...
-    async def add_pane(self, pane: ChatPane, *, focus: bool = True) -> None: ...
+    async def open_record(self, record: PaneRecord, *, parent_name: str | None = None,
+                          focus: bool = False) -> ChatPane: ...
     def submit_turn(self, pane: ChatPane, *, fork_from: str | None = None,
                     priority: Priority = Priority.INTERACTIVE) -> None: ...
     def warn(self, message: str) -> None: ...
@@ -104,9 +114,7 @@ class Subagents:
             record = PaneRecord(uuid.uuid4().hex[:12], name, "subagent", parent.session_id, task,
                                 host.pane_count(), messages, settings)
             self.store.add_pane(record)
-            child = ChatPane(record, parent_name=parent.record.name)
-            await host.add_pane(child, focus=False)
-            children.append(child)
+            children.append(await host.open_record(record, parent_name=parent.record.name))
         # Submitted together so the engine's idle coalescing admits the burst in one batch.
         for child in children:
             host.submit_turn(child, fork_from=parent.session_id, priority=priority)

@@ -25,7 +25,7 @@ async def test_two_panes_stream_then_subagents_report_back_on_the_real_model(tmp
     async with app.run_test(size=SIZE) as pilot:
         ws = app.workspace
         seen: dict[str, list[Phase]] = {}
-        route = ws.link._route
+        route = ws.link.route
 
         def spy(update, t=None):
             phases = seen.setdefault(update.session_id, [])
@@ -33,7 +33,7 @@ async def test_two_panes_stream_then_subagents_report_back_on_the_real_model(tmp
                 phases.append(update.phase)
             route(update, t)
 
-        ws.link._route = spy
+        ws.link.route = spy
         await wait_for(pilot, lambda: ws.engine_ready, timeout=240, what="the model to load")
         await pilot.press(*"What is 2+2?", "enter")
         await pilot.press("ctrl+n")

@@ -18,8 +18,7 @@ def _app(tmp_path, *, resume: bool, warm: bool = True) -> MagnitudeApp:
     config = EngineConfig(BackendConfig("fake", n_ctx=8192, n_seq_max=4), policy="fixed:64",
                           warm_dir=str(tmp_path / "kv") if warm else None)
     return MagnitudeApp(client=WorkerClient(config, in_process=True), store=Store(tmp_path / "magnitude.db"),
-                        resume=resume, export_dir=tmp_path, sampling=SamplingParams(max_tokens=30),
-                        warm_dir=tmp_path / "kv")
+                        resume=resume, export_dir=tmp_path, sampling=SamplingParams(max_tokens=30))
 
 
 async def _first_session(tmp_path) -> None:
@@ -41,8 +40,8 @@ async def test_resume_restores_the_saved_kv_and_the_next_reply_starts_from_it(tm
     async with app.run_test(size=SIZE) as pilot:
         ws = app.workspace
         [pane] = ws.grid.panes
-        await wait_for(pilot, lambda: pane.session_id in ws.link.warm, what="the engine's answer")
-        answer = ws.link.warm[pane.session_id]
+        await wait_for(pilot, lambda: pane.session_id in ws.model.warm, what="the engine's answer")
+        answer = ws.model.warm[pane.session_id]
         assert answer.outcome is RestoreOutcome.RESTORED and answer.tokens > len(QUESTION)
         await pilot.press(*"and then?", "enter")
         await wait_for(pilot, lambda: not pane.busy and pane.last_update.generated, what="the next reply")
@@ -60,8 +59,8 @@ async def test_without_saved_kv_the_resumed_conversation_starts_cold(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         ws = app.workspace
         [pane] = ws.grid.panes
-        await wait_for(pilot, lambda: pane.session_id in ws.link.warm, what="the engine's answer")
-        assert ws.link.warm[pane.session_id].outcome is RestoreOutcome.NOT_SAVED
+        await wait_for(pilot, lambda: pane.session_id in ws.model.warm, what="the engine's answer")
+        assert ws.model.warm[pane.session_id].outcome is RestoreOutcome.NOT_SAVED
         await pilot.press(*"and then?", "enter")
         await wait_for(pilot, lambda: not pane.busy and pane.last_update.generated, what="the next reply")
         assert pane.last_update.cached_tokens == 0

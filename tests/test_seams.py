@@ -213,3 +213,196 @@ def test_the_bench_package_has_no_import_cycle_and_no_private_imports():
                 private += [f"{path}: {a.name} from {node.module}" for a in node.names
                             if a.name.startswith("_") and not a.name.startswith("__")]
     assert not private, private
+
+
+# ---- the app's seams: the workspace model, the event pump ------------------------------------
+
+
+def _app_imports() -> dict[str, set[str]]:
+    """Each app module -> the app modules it imports when it runs: at any depth of its code (a
+    lazy import only moves a cycle to run time), but not under `if TYPE_CHECKING:`."""
+    graph: dict[str, set[str]] = {}
+    for path, tree in _sources("magnitude_tui/**/*.py"):
+        parts = Path(path).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        edges = graph.setdefault(name, set())
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+                       for stmt in node.body for n in ast.walk(stmt)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("magnitude_tui"):
+                module = node.module or ""
+                edges.update(f"{module}.{a.name}" if f"{module}.{a.name}".replace(".", "/") + ".py"
+                             in _APP_FILES else module for a in node.names)
+            elif isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name.startswith("magnitude_tui"))
+        edges.discard(name)
+    return graph
+
+
+_APP_FILES = {str(p.relative_to(ROOT)) for p in ROOT.glob("magnitude_tui/**/*.py")}
+
+
+def test_the_app_has_no_import_cycle_with_its_workspace_helpers():
+    graph = _app_imports()
+    for helper in ("magnitude_tui.workspace.model", "magnitude_tui.workspace.turns",
+                   "magnitude_tui.workspace.conversations", "magnitude_tui.workspace.pump",
+                   "magnitude_tui.subagents", "magnitude_tui.screens.engine_link"):
+        assert helper in graph, helper
+    assert "magnitude_tui.workspace.model" in graph["magnitude_tui.screens.workspace"]
+    cycle = _cycle(graph)
+    assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
+
+
+def test_the_workspace_model_runs_without_textual():
+    """The model, its turns, conversations and subagents, and the pump import no Textual: they are
+    driven by their host protocols and can be tested (and reused) without a screen."""
+    code = ("import sys; import magnitude_tui.workspace.model, magnitude_tui.workspace.pump; "
+            "assert 'textual' not in sys.modules, [m for m in sys.modules if m.startswith('textual')][:5]")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_the_workspace_model_reaches_its_screen_only_through_its_host():
+    """No module of the model names the screen or a widget at run time (annotations only)."""
+    graph = _app_imports()
+    for module in ("magnitude_tui.workspace.model", "magnitude_tui.workspace.turns",
+                   "magnitude_tui.workspace.conversations", "magnitude_tui.subagents"):
+        ui = sorted(m for m in graph[module] if m.startswith(("magnitude_tui.screens", "magnitude_tui.widgets")))
+        assert not ui, (module, ui)
+
+
+def _project_frames(stack) -> list[str]:
+    """The repository's own files on a stack, outermost first (Textual's and asyncio's left out)."""
+    files = []
+    for frame in stack:
+        path = Path(frame.filename)
+        if path.is_absolute() and ROOT in path.parents and ".venv" not in path.parts and "tests" not in path.relative_to(ROOT).parts:
+            files.append(str(path.relative_to(ROOT)))
+    return files
+
+
+def _source_of(function) -> str:
+    import inspect
+
+    return str(Path(inspect.getsourcefile(function)).relative_to(ROOT))
+
+
+async def test_enter_reaches_the_decode_through_at_most_ten_files_and_never_back_into_the_screen(tmp_path):
+    """Enter in a composer, followed to the backend's decode: the files on the stack at each hop
+    (the composer's message, the pane's message, the client's submit, and on the engine thread
+    the decode) are at most ten in all, and once the screen handed the turn to the workspace
+    model nothing calls back into a screen or a widget."""
+    import traceback
+
+    from backend.fake import FakeBackend
+    from magnitude_tui.app import MagnitudeApp
+    from magnitude_tui.engine.client import WorkerClient
+    from magnitude_tui.engine.events import EngineConfig
+    from magnitude_tui.store import Store
+    from magnitude_tui.widgets.chat_pane import ChatPane
+    from magnitude_tui.widgets.composer import Composer
+    from scheduler.types import SamplingParams
+    from tests.app_support import SIZE, wait_for
+
+    hops: dict[str, list[str]] = {}
+
+    def record(hop: str) -> None:
+        hops.setdefault(hop, _project_frames(traceback.extract_stack()[:-2]))
+
+    def spy(cls, hop, wanted):
+        original = cls.post_message
+
+        def post_message(self, message):
+            if isinstance(message, wanted):
+                record(hop)
+            return original(self, message)
+        return post_message
+
+    client = WorkerClient(EngineConfig(BackendConfig("fake", n_ctx=4096)), in_process=True)
+    decode = FakeBackend.decode
+
+    def decode_spy(self, plan):
+        if "submit" in hops and "decode" not in hops:
+            record("decode")
+            hops["decode"].append(_source_of(decode))  # the decode itself, which this spy calls
+        return decode(self, plan)
+
+    submit = client.submit
+
+    def submit_spy(request):
+        record("submit")
+        hops["submit"].append(_source_of(WorkerClient.submit))  # the submit itself, which this spy calls
+        return submit(request)
+
+    client.submit = submit_spy
+    app = MagnitudeApp(client=client, store=Store(tmp_path / "m.db"), export_dir=tmp_path,
+                       sampling=SamplingParams(max_tokens=4))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FakeBackend, "decode", decode_spy)
+        mp.setattr(Composer, "post_message", spy(Composer, "composer", Composer.Submitted))
+        mp.setattr(ChatPane, "post_message", spy(ChatPane, "pane", ChatPane.Submitted))
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.workspace.engine_ready, what="the engine")
+            await pilot.press(*"hi", "enter")
+            await wait_for(pilot, lambda: "decode" in hops, what="the decode")
+    files = {f for stack in hops.values() for f in stack}
+    assert len(files) <= 10, sorted(files)
+    submit_stack = hops["submit"]
+    assert submit_stack[0] == "magnitude_tui/screens/workspace.py", submit_stack  # the screen's handler
+    after = submit_stack[submit_stack.index("magnitude_tui/workspace/turns.py"):]
+    assert not [f for f in after if f.startswith(("magnitude_tui/screens/", "magnitude_tui/widgets/"))], after
+    assert hops["decode"][-1] == "backend/fake.py" and "magnitude_tui/engine/worker.py" in hops["decode"]
+
+
+async def test_a_serve_reply_completes_while_the_workspace_screen_is_blocked(tmp_path):
+    """Under --serve the app's pump hands each batch to the serve hub itself: an HTTP reply is
+    answered while the workspace screen handles nothing (its message loop held in a handler), and
+    the screen catches up afterwards from its inbox."""
+    import asyncio
+
+    import httpx
+
+    from backend.fake import DEFAULT_REPLY
+    from magnitude_tui.app import MagnitudeApp
+    from magnitude_tui.engine.client import WorkerClient
+    from magnitude_tui.engine.events import EngineConfig
+    from magnitude_tui.serve.app import ServeOptions
+    from magnitude_tui.serve.server import EmbeddedServer
+    from magnitude_tui.store import Store
+    from scheduler.types import SamplingParams
+    from tests.app_support import SIZE, wait_for
+    from tests.serve_support import free_port
+
+    client = WorkerClient(EngineConfig(BackendConfig("fake", n_ctx=16384, n_seq_max=8)), in_process=True)
+    port = free_port()
+    serve = EmbeddedServer(client, host="127.0.0.1", port=port, options=ServeOptions(model_name="fake"))
+    app = MagnitudeApp(client=client, store=Store(tmp_path / "m.db"), export_dir=tmp_path,
+                       sampling=SamplingParams(max_tokens=30), serve=serve)
+    async with app.run_test(size=SIZE) as pilot:
+        ws = app.workspace
+        await wait_for(pilot, lambda: ws.engine_ready, what="the engine")
+        blocked, release = asyncio.Event(), asyncio.Event()
+
+        async def hold_the_screen() -> None:
+            blocked.set()
+            await release.wait()
+
+        ws.call_later(hold_the_screen)
+        await asyncio.wait_for(blocked.wait(), 10)
+        applied = ws.link.batches_applied
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}/v1", timeout=30) as http:
+                r = await http.post("/chat/completions", json={
+                    "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, "user": "coder"})
+            assert r.status_code == 200
+            assert r.json()["choices"][0]["message"]["content"] == DEFAULT_REPLY[:12]
+            assert ws.link.batches_applied == applied  # the screen took nothing meanwhile...
+            assert ws.link.inbox.num_waiting > 0  # ...its batches wait for it
+        finally:
+            release.set()
+        api = lambda: [p for p in ws.grid.panes if p.record.role == "api"]  # noqa: E731
+        await wait_for(pilot, lambda: api() and len(api()[0].record.messages) == 2
+                       and not api()[0].busy, what="the pane to catch up")
+        assert api()[0].record.messages[-1].content == DEFAULT_REPLY[:12]

@@ -43,7 +43,7 @@ async def _child(db: Path, log: Path) -> None:
         ws = app.workspace
         for pane in ws.grid.panes:
             await pane.add_message(MessageRecord("user", "go"))
-            ws.submit_turn(pane)
+            ws.model.submit_turn(pane)
         with open(log, "a", buffering=1) as out:
             while True:
                 await pilot.pause(0.05)

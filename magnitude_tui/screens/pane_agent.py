@@ -1,4 +1,4 @@
-"""Provides agents in panes: PaneRunner (the loop's turns through the workspace's engine event flow) and PaneAgents (run a pane as an agent: approval dialog, `tool` phase, tool blocks, subagent panes)."""
+"""Provides agents in panes: PaneRunner (the loop's turns through the workspace's engine link) and PaneAgents (run a pane as an agent: approval dialog, `tool` phase, tool blocks, subagent panes)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from magnitude_tui.agent.engine_link import TurnResult, collect_turn
-from magnitude_tui.agent.events import (AgentEvent, AgentFinished, ApprovalDecided, ApprovalWaiting, SubagentSpawned,
-                                        ToolFinished, ToolStarted, TurnStarted)
+from magnitude_tui.agent.events import (
+    AgentEvent,
+    AgentFinished,
+    ApprovalDecided,
+    ApprovalWaiting,
+    SubagentSpawned,
+    ToolFinished,
+    ToolStarted,
+    TurnStarted,
+)
 from magnitude_tui.agent.team import SPAWN, AgentTeam, RoleToolsError
 from magnitude_tui.agent.workspace import Workspace
 from magnitude_tui.agents import AgentSettings
+from magnitude_tui.engine.events import SeqUpdate
 from magnitude_tui.screens.approval_dialog import DialogApproval
 from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.subagents import next_name
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.tool_block import ToolActivity, ToolBlock
-from magnitude_tui.engine.events import SeqUpdate
 from scheduler.types import Message, Request
 
 if TYPE_CHECKING:
@@ -31,7 +39,7 @@ if TYPE_CHECKING:
 
 class PaneRunner:
     """The loop's TurnRunner on the workspace's engine client: requests go out with
-    `client.submit`, their updates come back through EngineLink (which also paints them in the
+    `client.submit`, their updates come back through the screen's EngineLink (which also paints them in the
     request's pane, so an agent's turns stream and report phases like a person's)."""
 
     def __init__(self, ws: WorkspaceScreen) -> None:
@@ -47,7 +55,7 @@ class PaneRunner:
     async def turn(self, request: Request, on_text: Callable[[str], None]) -> TurnResult:
         ws = self.ws
         # A subagent forks its parent's KV only when the current worker holds it.
-        request = replace(request, fork_from=ws.link.fork_source(request.fork_from))
+        request = replace(request, fork_from=ws.model.fork_source(request.fork_from))
         sink: asyncio.Queue = asyncio.Queue()
         self._sinks[request.request_id] = sink
         pane = ws.panes_by_session().get(request.session_id)
@@ -64,7 +72,7 @@ class PaneRunner:
 
     def close_session(self, session_id: str) -> None:
         self.ws.client.close_session(session_id)
-        self.ws.link.forget(session_id)
+        self.ws.model.forget(session_id)
 
 
 class PaneAgents:
@@ -83,10 +91,6 @@ class PaneAgents:
 
     def running(self, pane: ChatPane) -> bool:
         return pane.session_id in self._running
-
-    def wants_agent(self, pane: ChatPane) -> bool:
-        """A pane whose role names tools runs every message as an agent task."""
-        return pane.record.settings.tools is not None and not pane.raw
 
     def stop(self, pane: ChatPane) -> bool:
         worker = self._running.get(pane.session_id)
@@ -151,8 +155,8 @@ class PaneAgents:
             self._running.pop(pane.session_id, None)
             self._set_activity(pane, None)
         if pane.queued and not pane.busy:
-            await ws.turns.submitted(pane, pane.next_queued() or "")
-            ws.store.set_queued(pane.session_id, pane.queued)
+            await ws.model.turns.submitted(pane, pane.next_queued() or "")
+            ws.model.keep_queue(pane)
 
     # ---- what the agents report -----------------------------------------------------------------
 
@@ -194,15 +198,15 @@ class PaneAgents:
     def _open_child(self, parent: ChatPane, event: SubagentSpawned) -> None:
         """A spawn_agents subagent gets a pane of its own (as /spawn's do), named like them."""
         ws = self.ws
-        if ws.grid.is_full:  # it still runs; its answer still reaches the parent's tool result
+        if ws.model.is_full:  # it still runs; its answer still reaches the parent's tool result
             ws.warn(f"No room for a pane for subagent {event.child}; it runs unseen")
             return
         name = next_name(f"{parent.record.name}.", set(ws.store.pane_names()))
         settings = ws.roles.get(event.role, parent.record.settings) if event.role else parent.record.settings
         record = PaneRecord(event.session_id, name, "subagent", parent.session_id, event.task,
-                            ws.pane_count(), [MessageRecord("user", event.task)], settings)
+                            ws.model.pane_count(), [MessageRecord("user", event.task)], settings)
         # Its answer reaches the parent as the spawn_agents result, not as a posted message.
-        ws.subagents.reported.add(name)
+        ws.model.subagents.reported.add(name)
         child = ChatPane(record, parent_name=parent.record.name)
         self._agent_panes[event.child] = child
         self._children[event.child] = name

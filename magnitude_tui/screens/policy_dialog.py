@@ -10,27 +10,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
-from scheduler.budget import parse_policy
-
-PRESETS = (
-    ("target:25", "chunked prefill, 25 ms target step (snappy decode)"),
-    ("target:50", "chunked prefill, 50 ms target step (default)"),
-    ("target:100", "chunked prefill, 100 ms target step"),
-    ("fixed:16", "chunked prefill, 16 rows per step"),
-    ("fixed:64", "chunked prefill, 64 rows per step"),
-    ("fixed:512", "chunked prefill, 512 rows per step (llama.cpp -ub default)"),
-    ("prefill-first", "whole prompt in one step; running sequences freeze"),
-)
-
-
-def policy_problem(policy: str) -> str | None:
-    """Why the engine would reject this policy (None: it is valid). The engine's own parser
-    decides, so the dialog, the slash command and the engine agree on every string."""
-    try:
-        parse_policy(policy.strip())
-    except ValueError as exc:
-        return str(exc)
-    return None
+from magnitude_tui.commands import PRESETS, policy_problem
 
 
 class PolicyDialog(ModalScreen[str | None]):

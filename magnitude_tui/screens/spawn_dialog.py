@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -11,14 +9,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label
 
-from magnitude_tui.widgets.pane_grid import MAX_SUBAGENTS
-
-
-@dataclass(frozen=True)
-class SpawnSpec:
-    count: int
-    task: str
-    role: str | None = None  # a role from agents.toml (None: the parent's settings)
+from magnitude_tui.subagents import SpawnSpec
+from magnitude_tui.workspace.limits import MAX_SUBAGENTS
 
 
 class SpawnDialog(ModalScreen[SpawnSpec | None]):

@@ -1,41 +1,35 @@
-"""Provides the workspace: the pane grid, the panels, painting, saving and every pane action
-(engine events are applied by screens/engine_link.py, subagents spawned by magnitude_tui/subagents.py)."""
+"""Provides the workspace screen: the pane grid, the panels, painting and every pane action. What
+the actions change lives in the workspace model (magnitude_tui/workspace/), which talks back through
+WorkspaceHost; the engine's batches reach the screen through its inbox (screens/engine_link.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import uuid
 from pathlib import Path
 
-from textual import events, on, work
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.screen import Screen
+from textual.message import Message
 from textual.widgets import Footer
 
 from magnitude_tui.agents import AgentSettings, RoleBook
-from magnitude_tui.conversations import Conversations
 from magnitude_tui.engine.protocol import EngineClient
-from magnitude_tui.export import export_pane
 from magnitude_tui.screens.engine_link import EngineLink
 from magnitude_tui.screens.painter import PAINT_TICK_S, Painter
 from magnitude_tui.screens.pane_agent import PaneAgents
-from magnitude_tui.screens.policy_dialog import PolicyDialog
-from magnitude_tui.screens.spawn_dialog import SpawnDialog
+from magnitude_tui.screens.workspace_dialogs import DialogActions
 from magnitude_tui.store import PaneRecord, Store
-from magnitude_tui.subagents import Subagents, next_name
-from magnitude_tui.turns import Turns
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.composer import Composer
 from magnitude_tui.widgets.loading_view import LoadingView
-from magnitude_tui.widgets.pane_grid import MAX_PANES, PaneGrid
+from magnitude_tui.widgets.pane_grid import PaneGrid
 from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
 from magnitude_tui.widgets.sequences_panel import SequencesPanel
-from scheduler.types import Priority, Request, SamplingParams
+from magnitude_tui.workspace.model import WorkspaceModel
+from scheduler.speculation import SpecMode
+from scheduler.types import SamplingParams
 
-PUMP_WAIT_S = 0.2  # longest blocking wait for the next batch (bounds shutdown latency)
-PUMP_SLICE_S = 0.02  # longest the pump holds the event loop while draining a backlog
 SAVE_INTERVAL_S = 0.5  # streaming replies reach the database at most this far behind
 ROLES_CHECK_S = 2.0  # how often the agents file is checked for changes (one stat)
 SCHEDULER_PANEL_MIN_WIDTH = 110  # columns; narrower terminals start with the scheduler panel hidden
@@ -43,7 +37,7 @@ _PANES = Binding.Group("Pane")
 _PANELS = Binding.Group("Panels")
 
 
-class WorkspaceScreen(Screen):
+class WorkspaceScreen(DialogActions):
     """Chat panes side by side; every action here also appears in the palette (commands.py)."""
 
     # The footer holds what fits in 120 columns; the rest (zoom, save, theme, copy, retry, restart)
@@ -77,28 +71,46 @@ class WorkspaceScreen(Screen):
         Binding("ctrl+r", "restart_engine", "Restart", show=False),
     ]
 
+    class PanesReady(Message):
+        """The restored panes are mounted: the app may start the engine (their updates have
+        somewhere to go)."""
+
+        def __init__(self, workspace: WorkspaceScreen) -> None:
+            super().__init__()
+            self.workspace = workspace
+
+    class EngineStatus(Message):
+        """The engine is down (`reason`) or up again (None): the app keeps why, for its exit code."""
+
+        def __init__(self, reason: str | None) -> None:
+            super().__init__()
+            self.reason = reason
+
     def __init__(self, *, client: EngineClient, store: Store, restored: list[PaneRecord],
-                 export_dir: Path, sampling: SamplingParams | None = None, serve=None,
+                 export_dir: Path, sampling: SamplingParams | None = None,
                  roles: RoleBook | dict[str, AgentSettings] | None = None,
                  workdir: Path | None = None) -> None:
-        """`workdir`: the root agents' tools are confined to (default: the current directory). `serve`: an object with `start(workspace)` and `dispatch(batch)` (the HTTP endpoint
-        of `--serve PORT`), fed every engine batch. `roles`: named agent definitions for
-        /spawn ROLE and the spawn and agent dialogs (a RoleBook follows its file's changes)."""
+        """`workdir`: the root agents' tools are confined to (default: the current directory).
+        `roles`: named agent definitions for /spawn ROLE and the spawn and agent dialogs (a
+        RoleBook follows its file's changes)."""
         super().__init__()
-        self.serve = serve
         self.role_book = roles if isinstance(roles, RoleBook) else RoleBook(None, roles or {})
-        self.sampling = sampling or SamplingParams()
         self.client = client
         self.store = store
         self.export_dir = export_dir
         self._restored = restored
-        self.subagents = Subagents(self, store, self.role_book)
-        self.conversations = Conversations(self)
-        self.turns = Turns(self)
-        self._panes: dict[str, ChatPane] = {}  # open panes; outlives the DOM at shutdown, for save()
-        self.link = EngineLink(self, self._panes)  # what the engine said: readiness, KV held, warm resume
+        self.model = WorkspaceModel(self, client=client, store=store, roles=self.role_book,
+                                    sampling=sampling)
+        self.turns = self.model.turns
+        self.conversations = self.model.conversations
+        self.subagents = self.model.subagents
+        self.link = EngineLink(self)  # the engine's batches, from the app's pump
         self.painter = Painter(self)
         self.agents = PaneAgents(self, workdir)  # panes that run as agents (tools, approval)
+        self.api_panes = None  # under --serve: a pane per HTTP conversation (serve/panes.py)
+        self._engine_shown = False  # the loading view gave way to a ready engine
+        self._focus_after_restart: str | None = None  # the pane that had focus when ctrl+r was pressed
+        self._warm_unsupported_said = False
         self._scheduler_chosen = False  # f3 was pressed: the panel no longer follows the width
 
     def compose(self) -> ComposeResult:
@@ -120,43 +132,41 @@ class WorkspaceScreen(Screen):
     async def on_mount(self) -> None:
         self.sequences_panel.display = False
         names = {r.id: r.name for r in self._restored}
-        self.subagents.restore(self._restored)
+        self.model.subagents.restore(self._restored)
         for record in self._restored:
-            await self.add_pane(ChatPane(record, parent_name=names.get(record.parent_id)), focus=False)
+            await self.model.open_record(record, parent_name=names.get(record.parent_id or ""))
         if not self.grid.panes:
-            await self.action_new_pane()
+            await self.model.new_pane()
         self.grid.focus_pane(self.grid.panes[0])
         self.set_interval(SAVE_INTERVAL_S, self.save)
         self.set_interval(PAINT_TICK_S, self.paint)
         self.set_interval(ROLES_CHECK_S, self.check_roles)
-        self.client.start()
-        self.link.restore_sessions(self.grid.panes)
-        await self.turns.send_restored_queue(self.grid.panes)
-        self.run_worker(self._pump_events(), name="engine-events", exclusive=True)
-        if self.serve is not None:
-            self.serve.start(self)
+        self.post_message(self.PanesReady(self))
 
-    async def _pump_events(self) -> None:
-        """Apply engine batches (one per step) as they come, draining a backlog in one go.
+    def on_unmount(self) -> None:
+        self.save()
 
-        The blocking wait runs on a thread; everything already queued is then taken without a
-        thread hop each, so a fast engine (thousands of steps a second) cannot outrun the UI.
-        """
-        loop = asyncio.get_running_loop()
-        while self.grid.is_attached:
-            batch = await loop.run_in_executor(None, self.client.poll_events, PUMP_WAIT_S)
-            deadline = loop.time() + PUMP_SLICE_S
-            while batch is not None and self.grid.is_attached:
-                self.link.apply(batch)
-                if loop.time() > deadline:
-                    await asyncio.sleep(0)  # let the screen repaint between slices of a backlog
-                    deadline = loop.time() + PUMP_SLICE_S
-                batch = self.client.poll_events(0)
+    def save(self) -> None:
+        """Hand every new or changed message to the store (runs on a timer and at exit)."""
+        self.model.save()
+
+    async def engine_started(self) -> None:
+        """The app started the engine and its pump: bring back the panes' saved KV and send what
+        a quit left queued."""
+        self.model.restore_sessions(self.grid.panes)
+        await self.model.turns.send_restored_queue(self.grid.panes)
+
+    async def add_pane(self, pane: ChatPane, *, focus: bool = True) -> None:
+        """Mount a pane in the grid and route its session's engine updates to it."""
+        await self.model.add_pane(pane, focus=focus)
+
+    def open_pane(self, pane: ChatPane):
+        """A pane opened outside a handler (an HTTP conversation, an agent's subagent)."""
+        return self.model.open_pane(pane)
 
     @property
-    def roles(self) -> dict[str, AgentSettings]:
-        """The agent definitions as the file says now (it is read again when it changed)."""
-        return self.role_book.roles
+    def sampling(self) -> SamplingParams:
+        return self.model.sampling
 
     def check_roles(self) -> None:
         """Say when the agents file changed: its new roles, or why it cannot be used."""
@@ -170,58 +180,123 @@ class WorkspaceScreen(Screen):
                         severity="error", timeout=10, markup=False)
 
     def panes_by_session(self) -> dict[str, ChatPane]:
-        return dict(self._panes)
-
-    def open_pane(self, pane: ChatPane) -> asyncio.Future:
-        """Route the pane's updates from now on and mount it soon (for callers outside a handler,
-        whose request may produce updates before the mount is done)."""
-        self._panes[pane.session_id] = pane
-        pane.context_size = self.link.n_ctx_seq
-        self.store.add_pane(pane.record)
-        return asyncio.ensure_future(self.grid.add_pane(pane, focus=False))
-
-    async def add_pane(self, pane: ChatPane, *, focus: bool = True) -> None:
-        """Mount a pane in the grid and route its session's engine updates to it."""
-        self._panes[pane.session_id] = pane
-        pane.context_size = self.link.n_ctx_seq
-        await self.grid.add_pane(pane, focus=focus)
-
-    def on_unmount(self) -> None:
-        self.save()
-
-    # ---- what subagents use (SubagentHost) ------------------------------------------------------
-
-    def pane_count(self) -> int:
-        return len(self.grid.panes)
-
-    def find_pane(self, session_id: str) -> ChatPane | None:
-        return self.grid.pane(session_id)
-
-    def warn(self, message: str) -> None:
-        self.notify(message, severity="warning")
+        return dict(self.model.panes)
 
     async def paint(self) -> None:
         """The paint tick (screens/painter.py decides which panes flush their buffered text)."""
         await self.painter.paint()
 
+    # ---- what the model asks (WorkspaceHost) ----------------------------------------------------
+
+    def grid_panes(self) -> list[ChatPane]:
+        return self.grid.panes
+
+    def focused_pane(self) -> ChatPane | None:
+        return self.grid.focused_pane()
+
+    def focus_pane(self, pane: ChatPane) -> None:
+        self.grid.focus_pane(pane)
+
+    def make_pane(self, record: PaneRecord, parent_name: str | None) -> ChatPane:
+        return ChatPane(record, parent_name=parent_name)
+
+    async def mount_pane(self, pane: ChatPane, *, focus: bool) -> None:
+        await self.grid.add_pane(pane, focus=focus)
+
+    async def unmount_pane(self, pane: ChatPane) -> None:
+        self.sequences_panel.forget(pane.session_id)
+        await self.grid.remove_pane(pane)
+
+    def perform(self, action: str) -> None:
+        getattr(self, f"action_{action}")()
+
+    def agent_running(self, pane: ChatPane) -> bool:
+        return self.agents.running(pane)
+
+    async def start_agent(self, pane: ChatPane, task: str, role: str | None = None) -> None:
+        await self.agents.start(pane, task, role)
+
+    def warn(self, message: str) -> None:
+        self.notify(message, severity="warning")
+
     # ---- engine events ------------------------------------------------------------------------
 
     @property
     def engine_ready(self) -> bool:
-        return self.link.ready
+        """The engine is ready and the screen shows it so."""
+        return self._engine_shown and self.model.ready
 
-    @property
-    def policy(self) -> str:
-        return self.link.policy
+    @on(EngineLink.Batches)
+    def _batches(self) -> None:
+        self.link.take_batches()
+
+    @on(EngineLink.Ready)
+    def _ready(self, message: EngineLink.Ready) -> None:
+        event = message.event
+        self._engine_shown = True
+        self.post_message(self.EngineStatus(None))
+        panel = self.scheduler_panel
+        panel.set_engine(event.model, event.device, event.info.attention)
+        panel.set_policy(event.policy)
+        panel.set_spec(event.spec)
+        self.loading_view.display = False
+        if event.info.template_notice:  # no chat template: ChatML stands in (template_fallback.py)
+            self.notify(event.info.template_notice, title="Chat template", severity="warning", timeout=20)
+        # Give focus back to the pane the user was in when ctrl+r was pressed.
+        pane = self.grid.pane(self._focus_after_restart or "") or self.grid.focused_pane()
+        self._focus_after_restart = None
+        if pane is not None:
+            self.grid.focus_pane(pane)
+
+    @on(EngineLink.Failed)
+    def _failed(self, message: EngineLink.Failed) -> None:
+        event = message.event
+        self._engine_shown = False
+        self.scheduler_panel.engine_stopped()
+        self.post_message(self.EngineStatus(event.message))
+        if not message.was_ready:
+            self.loading_view.failed(event)
+            return
+        hint = " Press ctrl+r to restart it." if event.restartable else ""
+        self.notify(f"{event.message}{hint}", title="Engine stopped", severity="error", timeout=15)
+
+    @on(EngineLink.PolicySet)
+    def _policy_set(self, message: EngineLink.PolicySet) -> None:
+        self.scheduler_panel.set_policy(message.policy)
+        self.notify(f"Policy is now {message.policy}")
+
+    @on(EngineLink.SpecSet)
+    def _spec_set(self, message: EngineLink.SpecSet) -> None:
+        self.scheduler_panel.set_spec(message.spec)
+        self.notify(f"Speculation is now {message.spec}")
+
+    @on(EngineLink.Restored)
+    def _restored_kv(self, message: EngineLink.Restored) -> None:
+        if message.names:
+            self.notify(f"Restored from disk: {', '.join(message.names)}; their next replies start from it",
+                        title="Warm resume", timeout=5)
+        if message.unsupported is not None and not self._warm_unsupported_said:
+            self._warm_unsupported_said = True
+            self.notify(f"No saved KV to resume from: {message.unsupported}", title="Warm resume", timeout=5)
 
     def action_restart_engine(self) -> None:
-        self.link.restart()
+        if self.model.ready and self.client.alive:
+            self.notify("The engine is running")
+            return
+        focused = self.grid.focused_pane()
+        self._focus_after_restart = focused.session_id if focused is not None else None
+        self.post_message(self.EngineStatus(None))
+        self.loading_view.restarting()
+        self.loading_view.display = True
+        self.model.ready = self._engine_shown = False
+        self.client.restart()
+        self.model.restore_sessions(self.grid.panes)
 
     # ---- turns --------------------------------------------------------------------------------
 
     @on(ChatPane.Submitted)
     async def _submitted(self, event: ChatPane.Submitted) -> None:
-        if self._panes.get(event.pane.session_id) is not event.pane:
+        if self.model.panes.get(event.pane.session_id) is not event.pane:
             # Closed between Enter and now: its conversation is off screen, so nothing goes to it.
             focused = self.grid.focused_pane()
             if focused is not None:
@@ -229,11 +304,11 @@ class WorkspaceScreen(Screen):
             self.notify(f"{event.pane.record.name} was closed before its message was sent; the text is "
                         "back in the composer, unsent", severity="warning", markup=False)
             return
-        await self.turns.submitted(event.pane, event.text, event.editing)
+        await self.model.turns.submitted(event.pane, event.text, event.editing)
 
     @on(ChatPane.ReplyFinished)
     async def _reply_finished(self, event: ChatPane.ReplyFinished) -> None:
-        await self.turns.reply_finished(event)
+        await self.model.turns.reply_finished(event)
 
     @on(Composer.KeyShown)
     async def _key_shown(self, event: Composer.KeyShown) -> None:
@@ -243,58 +318,15 @@ class WorkspaceScreen(Screen):
     def _recall(self, event: Composer.RecallRequested) -> None:
         pane = self.grid.focused_pane()
         if pane is not None and pane.composer is event.composer:
-            self.turns.edit_last(pane)
+            self.model.turns.edit_last(pane)
 
-    def submit_turn(self, pane: ChatPane, *, fork_from: str | None = None,
-                    priority: Priority = Priority.INTERACTIVE) -> None:
-        """Send the pane's conversation as a new request; it forks `fork_from`'s KV when the
-        current worker holds it (else the engine prefills it cold). A person's turn is
-        interactive; spawned subagents pass their own class."""
-        request_id = f"{pane.session_id}:{uuid.uuid4().hex[:8]}"
-        pane.begin_request(request_id)
-        fork = self.link.fork_source(fork_from)
-        sampling = pane.record.settings.sampling(self.sampling)
-        self.client.submit(Request(request_id, pane.session_id, pane.conversation(), sampling,
-                                   fork_from=fork, priority=priority, prompt=pane.raw_prompt()))
-
-    def release_session(self, pane: ChatPane) -> None:
-        """Give the pane's KV back to the pool (its next turn prefills again)."""
-        self.client.close_session(pane.session_id)
-        self.link.forget(pane.session_id)
-
-    # ---- actions ------------------------------------------------------------------------------
+    # ---- actions (the dialogs ask here; the model acts on the answers) ------------------------
 
     async def action_new_pane(self) -> None:
-        if self.grid.is_full:
-            self.notify(f"At most {MAX_PANES} panes", severity="warning")
-            return
-        record = PaneRecord(uuid.uuid4().hex[:12], next_name("A", set(self.store.pane_names())),
-                            position=len(self.grid.panes))
-        self.store.add_pane(record)
-        await self.add_pane(ChatPane(record))
-
-    async def action_close_pane(self) -> None:
-        await self.conversations.close_focused()
+        await self.model.new_pane()
 
     async def close_pane(self, pane: ChatPane, *, replace: bool = True) -> None:
-        """Close a pane now: cancel its reply, free its sequence and KV, keep it in the store
-        (`replace`: the last pane closed gives way to a new empty one)."""
-        if pane.request_id is not None:
-            self.client.cancel(pane.request_id)
-        self.client.close_session(pane.session_id)
-        self.link.forget(pane.session_id)
-        self._save_pane(pane)
-        self.store.close_pane(pane.session_id)
-        self.sequences_panel.forget(pane.session_id)
-        self._panes.pop(pane.session_id, None)
-        await self.grid.remove_pane(pane)
-        self.store.set_positions([p.session_id for p in self.grid.panes])
-        if replace and not self.grid.panes:
-            await self.action_new_pane()
-
-    @work(exclusive=True, group="conversations")
-    async def action_conversations(self) -> None:
-        await self.conversations.choose()
+        await self.model.close_pane(pane, replace=replace)
 
     def action_next_pane(self) -> None:
         self.grid.cycle(1)
@@ -312,19 +344,10 @@ class WorkspaceScreen(Screen):
         if pane is not None and pane.request_id is not None:
             self.client.cancel(pane.request_id)
 
-    @work
-    async def action_spawn(self) -> None:
-        parent = self.grid.focused_pane()
-        if parent is None:
-            return
-        spec = await self.app.push_screen_wait(SpawnDialog(parent.record.name, roles=tuple(self.roles)))
-        if spec is not None:
-            await self.subagents.spawn(parent, spec)
-
     async def action_burst(self) -> None:
         parent = self.grid.focused_pane()
         if parent is not None:
-            await self.subagents.burst(parent)
+            await self.model.subagents.burst(parent)
 
     def action_agent_hint(self) -> None:
         pane = self.grid.focused_pane()
@@ -332,52 +355,18 @@ class WorkspaceScreen(Screen):
             pane.return_to_composer(["/agent "])
             pane.focus_composer()
 
-    @work
-    async def action_policy(self) -> None:
-        policy = await self.app.push_screen_wait(PolicyDialog(self.policy))
-        if policy:
-            self.switch_policy(policy)
-
-    def switch_spec(self, mode: str) -> None:
+    def switch_spec(self, mode: SpecMode) -> None:
         self.client.set_spec(mode)  # the panel changes when SpecChanged comes back
-
-    def switch_policy(self, policy: str) -> None:
-        self.client.set_policy(policy)  # the panel changes when PolicyChanged comes back
-
-    @work(exclusive=True, group="agent")
-    async def action_agent_settings(self) -> None:
-        await self.conversations.edit_settings()
 
     async def action_retry(self) -> None:
         pane = self.grid.focused_pane()
         if pane is not None:
-            await self.turns.retry(pane)
+            await self.model.turns.retry(pane)
 
     async def action_page_answer(self, step: int) -> None:
         pane = self.grid.focused_pane()
         if pane is not None:
-            await self.turns.page_answer(pane, step)
-
-    def action_export(self) -> None:
-        pane = self.grid.focused_pane()
-        if pane is None:
-            return
-        try:
-            path = export_pane(pane, self.export_dir)
-        except OSError as exc:
-            self.notify(f"Could not export {pane.record.name} to {self.export_dir}: {exc}", severity="error",
-                        markup=False)
-            return
-        self.notify(f"Exported {pane.record.name} to {path}", timeout=10, markup=False)
-
-    def action_copy_answer(self) -> None:
-        pane = self.grid.focused_pane()
-        answer = pane.last_answer() if pane is not None else None
-        if not answer:
-            self.notify("No answer to copy yet", severity="warning")
-            return
-        self.app.copy_to_clipboard(answer)
-        self.notify(f"Copied {len(answer)} characters from {pane.record.name}")
+            await self.model.turns.page_answer(pane, step)
 
     def action_toggle_sequences(self) -> None:
         panel = self.sequences_panel
@@ -393,19 +382,3 @@ class WorkspaceScreen(Screen):
         # than the chat. Until the user toggles it (f3), it shows only where the panes keep most.
         if not self._scheduler_chosen:
             self.scheduler_panel.display = event.size.width >= SCHEDULER_PANEL_MIN_WIDTH
-
-    # ---- persistence --------------------------------------------------------------------------
-
-    def save(self) -> None:
-        """Hand every new or changed message to the store (runs on a timer and at exit)."""
-        for pane in self._panes.values():
-            self._save_pane(pane)
-
-    def _save_pane(self, pane: ChatPane) -> None:
-        changed = pane.take_unsaved()
-        existing = [m for m in changed if m.id is not None]
-        for message in changed:
-            if message.id is None:
-                self.store.add_message(pane.session_id, message)
-        self.store.save_messages(existing)
-

@@ -7,7 +7,7 @@ import ipaddress
 import os
 import sys
 from dataclasses import replace
-from typing import TextIO
+from typing import Callable, TextIO
 
 from magnitude_tui.serve.app import Outcome, ServeOptions, create_app
 from magnitude_tui.serve.completion import Completion
@@ -189,8 +189,9 @@ class _QuietServer:
 
 
 class EmbeddedServer:
-    """The endpoint of `magnitude-tui --serve PORT`: shares the TUI's engine client; the workspace
-    hands it every engine batch and it opens a pane for every HTTP conversation."""
+    """The endpoint of `magnitude-tui --serve PORT`: shares the TUI's engine client. The app's
+    event pump hands every batch to `dispatch` before any screen sees it, so a reply never waits
+    on the workspace; the workspace, once attached, opens a pane for every HTTP conversation."""
 
     def __init__(self, client, *, host: str, port: int, options: ServeOptions) -> None:
         self.hub = EngineHub(client)
@@ -199,26 +200,26 @@ class EmbeddedServer:
         self.api = create_app(self.hub, options)
         self.host, self.port = host, port
         self.task: asyncio.Task | None = None
-        self.panes = None
 
-    def start(self, workspace) -> None:
-        from magnitude_tui.serve.panes import ApiPanes
-
-        self.panes = ApiPanes(self.hub, workspace)
+    def start(self, notify: Callable[..., None]) -> None:
+        """Listen; `notify` says (in the app) when the endpoint stopped by itself."""
         server = _QuietServer.make(self.api, self.host, self.port)
         self.task = asyncio.ensure_future(server.serve())
-        self.task.add_done_callback(lambda t: self._stopped(t, workspace))
+        self.task.add_done_callback(lambda t: self._stopped(t, notify))
 
-    def _stopped(self, task: asyncio.Task, workspace) -> None:
+    def attach(self, workspace):
+        """A pane per HTTP conversation from now on (serve/panes.py); returns the ApiPanes."""
+        from magnitude_tui.serve.panes import ApiPanes
+
+        return ApiPanes(self.hub, workspace)
+
+    def _stopped(self, task: asyncio.Task, notify: Callable[..., None]) -> None:
         if task.cancelled():
             return
         error = task.exception()
         if error is not None or not task.result():
             why = f": {error}" if error else " (is the port in use?)"
-            workspace.notify(f"the HTTP endpoint on {self.host}:{self.port} stopped{why}",
-                             severity="error", timeout=15)
+            notify(f"the HTTP endpoint on {self.host}:{self.port} stopped{why}", severity="error", timeout=15)
 
     def dispatch(self, batch: list) -> None:
         self.hub.dispatch(batch)
-        if self.panes is not None:
-            self.panes.show_unpaned(batch)

@@ -7,21 +7,19 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from fastapi import FastAPI, Request as HttpRequest
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
 from sse_starlette.sse import EventSourceResponse
 
-from magnitude_tui.serve.tools_body import ToolUse
-from magnitude_tui.serve.body import (DEFAULT_TEMPERATURE, MAX_N, _boolean, _default, _integer, _number,
-                                      _stops)
+from magnitude_tui.serve.body import DEFAULT_TEMPERATURE, MAX_N, _boolean, _default, _integer, _number, _stops
+from magnitude_tui.serve.calls import Outcome, ServeOptions, address, answer_whole, authorize, not_ready, read_json
 from magnitude_tui.serve.completion import Completion
 from magnitude_tui.serve.errors import ErrorType, OpenAIError, invalid
 from magnitude_tui.serve.hub import EngineHub, EngineState
+from magnitude_tui.serve.tools_body import ToolUse
 from scheduler.types import Priority, Request, SamplingParams
-
-if TYPE_CHECKING:
-    from magnitude_tui.serve.app import Outcome, ServeOptions
 
 # OpenAI's default for /v1/completions (vLLM's too): a base model given no limit rarely stops.
 DEFAULT_MAX_TOKENS = 16
@@ -131,22 +129,21 @@ class TextCompletion(Completion):
             raise
 
 
-def register(api: FastAPI, hub: EngineHub, options: "ServeOptions",
-             on_finish: Callable[[Completion, "Outcome"], None] | None) -> None:
+def register(api: FastAPI, hub: EngineHub, options: ServeOptions,
+             on_finish: Callable[[Completion, Outcome], None] | None) -> None:
     """Add POST /v1/completions to the app (serve/app.py's create_app calls this)."""
-    from magnitude_tui.serve.app import _address, _authorize, _not_ready, _read_json
 
     @api.post("/v1/completions")
     async def completions(request: HttpRequest):
-        _authorize(request, options)
-        body = await _read_json(request, options.max_body_bytes)
+        authorize(request, options)
+        body = await read_json(request, options.max_body_bytes)
         if hub.state is not EngineState.READY or hub.draining:  # as the chat route (serve/app.py)
-            raise _not_ready(hub)
+            raise not_ready(hub)
         call = parse_text_call(body)
         if hub.num_live + call.n > options.max_live:
             raise OpenAIError(429, f"too many requests in flight ({hub.num_live} of {options.max_live}); "
                               "retry shortly", ErrorType.RATE_LIMIT, "queue_full", retry_after_s=1)
-        completion = TextCompletion(hub, call, client_name=call.user or _address(request))
+        completion = TextCompletion(hub, call, client_name=call.user or address(request))
         try:
             await completion.start()
         except asyncio.CancelledError:
@@ -155,12 +152,10 @@ def register(api: FastAPI, hub: EngineHub, options: "ServeOptions",
         if call.stream:
             return EventSourceResponse(_stream(completion, options, on_finish), ping=15,
                                        headers={"Cache-Control": "no-cache"})
-        from magnitude_tui.serve.app import answer_whole  # app.py registers this route: imported late
-
         return await answer_whole(request, completion, on_finish, lambda c: _reply(c, options))
 
 
-def _body(completion: TextCompletion, options: "ServeOptions", choices: list[dict], **extra) -> dict:
+def _body(completion: TextCompletion, options: ServeOptions, choices: list[dict], **extra) -> dict:
     return {"id": completion.id, "object": "text_completion", "created": int(time.time()),
             "model": options.model_name, "choices": choices, **extra}
 
@@ -169,9 +164,7 @@ def _choice(index: int, text: str, finish_reason: str | None) -> dict:
     return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
 
-async def _stream(completion: TextCompletion, options: "ServeOptions", on_finish):
-    from magnitude_tui.serve.app import Outcome
-
+async def _stream(completion: TextCompletion, options: ServeOptions, on_finish):
     outcome = Outcome.CANCELLED
     try:
         async for d in completion.deltas():
@@ -195,6 +188,6 @@ async def _stream(completion: TextCompletion, options: "ServeOptions", on_finish
             on_finish(completion, outcome)
 
 
-def _reply(completion: TextCompletion, options: "ServeOptions") -> dict:
+def _reply(completion: TextCompletion, options: ServeOptions) -> dict:
     choices = [_choice(c.index, c.text, c.finish_reason or "error") for c in completion.choices]
     return _body(completion, options, choices, usage=completion.usage(), timings=completion.timings())

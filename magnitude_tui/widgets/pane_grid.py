@@ -9,10 +9,7 @@ from textual.dom import DOMNode
 from textual.reactive import reactive
 
 from magnitude_tui.widgets.chat_pane import ChatPane
-
-MAX_PANES = 16
-# A spawn keeps its parent pane open, so at most this many subagents fit beside it.
-MAX_SUBAGENTS = MAX_PANES - 1
+from magnitude_tui.workspace.limits import MAX_PANES, MAX_SUBAGENTS  # noqa: F401  (re-exported)
 
 
 def tiling(n: int) -> tuple[int, int]:

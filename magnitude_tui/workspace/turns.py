@@ -6,20 +6,29 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from magnitude_tui.commands import SLASH_HELP, UnknownRole, parse_slash
-from magnitude_tui.screens.spawn_dialog import SpawnSpec
 from magnitude_tui.store import MessageRecord
-from magnitude_tui.widgets.chat_pane import ChatPane
+from magnitude_tui.subagents import SpawnSpec
 from scheduler.types import DoneReason
 
 if TYPE_CHECKING:
-    from magnitude_tui.screens.workspace import WorkspaceScreen
+    from magnitude_tui.widgets.chat_pane import ChatPane
+    from magnitude_tui.workspace.model import WorkspaceModel
+
+# Slash commands that are the screen's own actions (the same as their keys).
+SCREEN_ACTIONS = {"export": "export", "copy": "copy_answer"}
+
+
+def wants_agent(pane: ChatPane) -> bool:
+    """A pane whose role names tools runs every message as an agent task."""
+    return pane.record.settings.tools is not None and not pane.raw
 
 
 class Turns:
-    """The workspace owns one; it decides what each message typed into a pane becomes."""
+    """The workspace model owns one; it decides what each message typed into a pane becomes."""
 
-    def __init__(self, workspace: "WorkspaceScreen") -> None:
-        self.workspace = workspace
+    def __init__(self, model: WorkspaceModel) -> None:
+        self.model = model
+        self.host = model.host
 
     async def submitted(self, pane: ChatPane, text: str, editing: MessageRecord | None = None) -> None:
         if text.startswith("/"):
@@ -27,22 +36,22 @@ class Turns:
         elif editing is not None and not pane.busy and any(m is editing for m in pane.record.messages):
             await self._forget(pane, await pane.truncate(editing, keep=False))
             await self.send(pane, text)
-        elif pane.busy or pane.queued or self.workspace.agents.running(pane):
+        elif pane.busy or pane.queued or self.host.agent_running(pane):
             pane.queue(text)  # the next turn, once the reply (and anything queued before) is done
-            self._keep_queue(pane)
-        elif self.workspace.agents.wants_agent(pane):  # its role names tools: the message is a task
-            await self.workspace.agents.start(pane, text)
+            self.model.keep_queue(pane)
+        elif wants_agent(pane):  # its role names tools: the message is a task
+            await self.host.start_agent(pane, text)
         else:
             await self.send(pane, text)
 
     async def send(self, pane: ChatPane, text: str) -> None:
         await pane.add_message(MessageRecord("user", text))
-        self.workspace.submit_turn(pane)
+        self.model.submit_turn(pane)
 
     def edit_last(self, pane: ChatPane) -> None:
         """Up in an empty composer: the last message comes back to be edited and sent again."""
         if pane.busy:
-            self.workspace.notify(f"{pane.record.name} is replying; esc stops it before an edit",
+            self.host.notify(f"{pane.record.name} is replying; esc stops it before an edit",
                                   severity="warning")
             return
         message = pane.last_prompt()
@@ -53,27 +62,27 @@ class Turns:
         """ctrl+g: ask again with the same conversation; the latest reply's answers are kept, and
         the new one joins them (alt+left/right page between them)."""
         if pane.busy:
-            self.workspace.notify(f"{pane.record.name} is replying; esc stops it first", severity="warning")
+            self.host.notify(f"{pane.record.name} is replying; esc stops it first", severity="warning")
             return
         last = next((m for m in reversed(pane.record.messages) if m.role != "assistant"), None)
         if last is None:
-            self.workspace.notify("Nothing to retry yet", severity="warning")
+            self.host.notify("Nothing to retry yet", severity="warning")
             return
         removed = await pane.truncate(last, keep=True)
         replies = [m for m in removed if m.role == "assistant" and m.content]
         pane.carried = replies[-1].answers if replies else []
         await self._forget(pane, removed)
-        self.workspace.submit_turn(pane)
+        self.model.submit_turn(pane)
 
     async def page_answer(self, pane: ChatPane, step: int) -> None:
         """alt+left / alt+right: show the reply's earlier or later answer (kept by retry); the
         shown one is what the next turn sends."""
         reply = pane.last_reply()
         if reply is None or not reply.others:
-            self.workspace.notify("One answer only: ctrl+g asks again and keeps this one", severity="warning")
+            self.host.notify("One answer only: ctrl+g asks again and keeps this one", severity="warning")
             return
         if pane.busy:
-            self.workspace.notify(f"{pane.record.name} is replying; esc stops it first", severity="warning")
+            self.host.notify(f"{pane.record.name} is replying; esc stops it first", severity="warning")
             return
         index = reply.shown + step
         if 0 <= index <= len(reply.others):
@@ -82,58 +91,56 @@ class Turns:
     async def _forget(self, pane: ChatPane, removed: list[MessageRecord]) -> None:
         for message in removed:
             if message.id is not None:
-                self.workspace.store.delete_message(message.id)
+                self.model.store.delete_message(message.id)
 
     async def slash(self, pane: ChatPane, text: str) -> None:
-        ws = self.workspace
+        model, host = self.model, self.host
         try:
-            command = parse_slash(text, ws.roles)
+            command = parse_slash(text, model.roles)
         except UnknownRole as exc:
-            ws.notify(f"{ws.role_book.unknown(exc.name)} · usage: /spawn [ROLE] N task", severity="warning",
+            host.notify(f"{model.role_book.unknown(exc.name)} · usage: /spawn [ROLE] N task", severity="warning",
                       timeout=10, markup=False)
             pane.return_to_composer([text])  # fix the name and send again
             return
         except ValueError as exc:
-            ws.notify(str(exc), severity="warning", markup=False)
+            host.notify(str(exc), severity="warning", markup=False)
             return
         if command.name == "agent":
-            await ws.agents.start(pane, command.arg, command.role)
+            await host.start_agent(pane, command.arg, command.role)
         elif command.name == "spawn":
-            await ws.subagents.spawn(pane, SpawnSpec(command.count, command.arg, command.role))
+            await model.subagents.spawn(pane, SpawnSpec(command.count, command.arg, command.role))
         elif command.name == "burst":
-            await ws.subagents.burst(pane, command.count)
+            await model.subagents.burst(pane, command.count)
         elif command.name == "policy":
-            ws.switch_policy(command.arg)
-        elif command.name == "export":
-            ws.action_export()
-        elif command.name == "copy":
-            ws.action_copy_answer()
+            model.client.set_policy(command.arg)  # the panel changes when PolicyChanged comes back
+        elif command.name in SCREEN_ACTIONS:
+            host.perform(SCREEN_ACTIONS[command.name])
         elif command.name == "retry":
             await self.retry(pane)
         elif command.name == "raw":
             pane.set_raw(not pane.raw)
-            ws.notify(f"{pane.record.name}: " + ("raw completion: the transcript is continued as text, "
+            host.notify(f"{pane.record.name}: " + ("raw completion: the transcript is continued as text, "
                       "without the chat template (/raw again to chat)" if pane.raw else "chat mode"))
         else:
-            ws.notify(SLASH_HELP, timeout=10, markup=False)
+            host.notify(SLASH_HELP, timeout=10, markup=False)
 
     async def reply_finished(self, event: ChatPane.ReplyFinished) -> None:
-        ws, pane = self.workspace, event.pane
-        reported = await ws.subagents.reply_finished(event)
+        model, pane = self.model, event.pane
+        reported = await model.subagents.reply_finished(event)
         if reported and not pane.busy:
-            ws.release_session(pane)  # its answer is in the parent now: the KV goes back to the pool
+            model.release_session(pane)  # its answer is in the parent now: the KV goes back to the pool
         reason = event.update.done_reason
         if pane.carried and event.message is None:
             await self._restore_answers(pane)  # a retry that gave no text: the answers come back
         elif reason is DoneReason.CANCELLED and event.message is None:
             await self._withdraw_prompt(pane)
-        if pane.busy or not pane.queued or ws.agents.running(pane):
+        if pane.busy or not pane.queued or self.host.agent_running(pane):
             return  # (a running agent sends what was queued when it ends)
         if reason in (DoneReason.STOP, DoneReason.LENGTH):
             await self.send(pane, pane.next_queued() or "")
         else:  # stopped (esc) or failed: what was queued goes back to the composer, unsent
             pane.return_to_composer([t for t in iter(pane.next_queued, None)])
-        self._keep_queue(pane)
+        self.model.keep_queue(pane)
 
     async def send_restored_queue(self, panes: list[ChatPane]) -> None:
         """On resume: a pane whose reply the quit (or a crash) cut off sends what was queued behind
@@ -141,11 +148,7 @@ class Turns:
         for pane in panes:
             if pane.queued and not pane.busy:
                 await self.send(pane, pane.next_queued() or "")
-                self._keep_queue(pane)
-
-    def _keep_queue(self, pane: ChatPane) -> None:
-        """Queued messages are in the store at once: a crash or quit must not lose them."""
-        self.workspace.store.set_queued(pane.session_id, pane.queued)
+                self.model.keep_queue(pane)
 
     async def _restore_answers(self, pane: ChatPane) -> None:
         carried, pane.carried = pane.carried, []
@@ -160,5 +163,5 @@ class Turns:
             return
         await self._forget(pane, [message])
         pane.return_to_composer([message.content])
-        self.workspace.notify(f"{pane.record.name}: stopped before the reply began; your message is "
+        self.host.notify(f"{pane.record.name}: stopped before the reply began; your message is "
                               "back in the composer and out of the context", timeout=6)

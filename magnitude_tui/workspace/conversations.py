@@ -1,0 +1,107 @@
+"""Provides what happens to whole conversations: closing, opening and reopening (one pane or a
+whole workspace), renaming, deleting, and a pane's agent settings. The screen runs the dialogs
+that ask for these (screens/workspace_dialogs.py) and hands the answers here."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from magnitude_tui.agents import AgentSettings
+from magnitude_tui.names import first_free
+from magnitude_tui.workspace.limits import MAX_PANES
+
+if TYPE_CHECKING:
+    from magnitude_tui.widgets.chat_pane import ChatPane
+    from magnitude_tui.workspace.model import WorkspaceModel
+
+
+def free_name(name: str, taken: set[str]) -> str:
+    """`name` if no open pane has it, else the first free of `name (2)`, `name (3)`..."""
+    return first_free(taken, lambda k: name if k == 1 else f"{name} ({k})")
+
+
+def untouched(pane: ChatPane) -> bool:
+    """Nothing in it: no message, nothing queued or typed, no reply running (closing loses nothing)."""
+    return not (pane.record.messages or pane.queued or pane.busy or pane.composer.text.strip())
+
+
+class Conversations:
+    """The workspace model owns one."""
+
+    def __init__(self, model: WorkspaceModel) -> None:
+        self.model = model
+        self.host = model.host
+
+    async def close(self, pane: ChatPane) -> None:
+        name = pane.record.name
+        await self.model.close_pane(pane)
+        self.host.notify(f"Closed {name} · f4 lists conversations to reopen it", timeout=4)
+
+    async def open(self, pane_id: str) -> ChatPane | None:
+        """Focus the conversation's pane, reopening it (from any workspace) when it is closed."""
+        model, host, store = self.model, self.host, self.model.store
+        pane = model.find_pane(pane_id)
+        if pane is None:
+            if model.is_full:
+                host.notify(f"At most {MAX_PANES} panes; close one first", severity="warning")
+                return None
+            taken = set(store.pane_names())
+            record = store.reopen_pane(pane_id, model.pane_count())
+            if record.name in taken:  # a new pane took the name while this one was closed
+                old, record.name = record.name, free_name(record.name, taken)
+                store.rename_pane(record.id, record.name)
+                host.notify(f"{old} is open already; the reopened conversation is {record.name}", timeout=5)
+            parent = model.find_pane(record.parent_id or "")
+            model.subagents.restore([record])
+            pane = await model.open_record(record, parent_name=parent.record.name if parent else None)
+            model.keep_positions()
+            model.restore_sessions([pane])
+            await model.turns.send_restored_queue([pane])
+        host.focus_pane(pane)
+        return pane
+
+    async def open_workspace(self, workspace_id: int) -> list[ChatPane]:
+        """Reopen every pane that was open when workspace `workspace_id` was last used, in its
+        order; the untouched empty panes here give way to them (a fresh launch opens one)."""
+        model, host = self.model, self.host
+        wanted = [i for i in model.store.workspace_panes(workspace_id) if model.find_pane(i) is None]
+        if not wanted:
+            host.notify("Every conversation of that workspace is open already", timeout=4)
+            return []
+        for pane in [p for p in host.grid_panes() if untouched(p)]:
+            await model.close_pane(pane, replace=False)
+            model.store.delete_pane(pane.session_id)  # nothing in it worth listing in f4
+        opened: list[ChatPane] = []
+        for pane_id in wanted:
+            reopened = await self.open(pane_id)
+            if reopened is None:  # the grid is full (open() said so)
+                break
+            opened.append(reopened)
+        if not host.grid_panes():
+            await model.new_pane()
+        elif opened:
+            host.focus_pane(opened[0])
+        return opened
+
+    def set_settings(self, pane: ChatPane, settings: AgentSettings) -> None:
+        """The pane's role, system prompt and sampling, from its next turn on."""
+        pane.apply_settings(settings)
+        self.model.store.set_pane_settings(pane.session_id, settings)
+
+    def rename(self, pane_id: str, name: str) -> None:
+        model = self.model
+        pane = model.find_pane(pane_id)
+        if pane is not None and name != pane.record.name and name in model.store.pane_names():
+            self.host.notify(f"{name} is already taken in this workspace", severity="warning")
+            return
+        model.store.rename_pane(pane_id, name)
+        if pane is not None:
+            pane.rename(name)
+
+    async def delete(self, pane_id: str) -> None:
+        model = self.model
+        pane = model.find_pane(pane_id)
+        if pane is not None:
+            await model.close_pane(pane)
+        model.store.delete_pane(pane_id)
+        model.forget_saved(pane_id)
