@@ -257,7 +257,8 @@ def git_version() -> str:
 
 def machine_info() -> dict:
     """What the figures were measured on (the load before and after a run: `harness.recorded`)."""
-    info = {"os": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count()}
+    info: dict[str, Any] = {"os": platform.platform(), "python": platform.python_version(),
+                            "cpu_count": os.cpu_count()}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -24,6 +24,7 @@ class ForkConfig:
 def _run(drive: Drive, reqs: list[Request]) -> dict:
     """Submit all at once and run to the end: per-request TTFT, cached tokens, prompt rows evaluated."""
     tr = drive.run(reqs)
+    assert tr.ended is not None  # Drive.run returns a finished trace
     ids = [r.request_id for r in reqs]
     return {"ttft": [tr.ttft(rid) for rid in ids], "cached": [tr.cached[rid] for rid in ids],
             "prefill_rows": sum(s.prefill_rows for s in tr.steps), "steps": len(tr.steps),
@@ -86,7 +87,7 @@ def _result(spec: BackendConfig, cfg: ForkConfig, runs: list[dict], info: dict) 
             "ttft_p50_s": rnd(median(ttfts), 3),
             "ttft_max_s": rnd(max(ttfts), 3),
             "all_first_s": rnd(median(max(r["ttft"]) for r in runs), 3),
-            "prompt_rows": int(median(r["prefill_rows"] for r in runs)),
+            "prompt_rows": int(median(r["prefill_rows"] for r in runs) or 0),
             "cached_min": min(c for r in runs for c in r["cached"]),
             "total_s": rnd(median(r["total_s"] for r in runs), 3),
             "parent_ttft_s": rnd(median(r["parent_ttft_s"] for r in runs), 3) if mode == "forked" else None,

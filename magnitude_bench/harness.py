@@ -197,7 +197,7 @@ def client_run(client, reqs: Sequence[Request], timeout_s: float, what: str = ""
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what}{len(reqs) - len(tr.final)} of {len(reqs)} requests did not finish "
                                f"within {timeout_s:g} s")
-        events = client.poll_events(0.5) or ()
+        events = client.poll_events(0.5) or []
         now = time.perf_counter()
         for u in seq_updates(events):
             rid = u.request_id

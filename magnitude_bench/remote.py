@@ -39,6 +39,7 @@ def _requests(n: int, cfg: RemoteBenchConfig, tag: str) -> list[Request]:
 def run_burst(client: EngineClient, requests: list[Request], timeout_s: float) -> dict:
     """Submit every request at once; wall time to the last done, tokens made, TTFTs."""
     tr = client_run(client, requests, timeout_s)
+    assert tr.ended is not None  # client_run returns a finished trace
     finals = tr.final.values()
     wall, made = tr.ended - tr.submitted[requests[0].request_id], sum(f.generated for f in finals)
     ttfts = [f.ttft_ms for f in finals if f.ttft_ms is not None]

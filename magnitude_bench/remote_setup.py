@@ -55,9 +55,11 @@ def _vendored_llama_server(slots: int, model: Optional[str], device: str, thread
 
 def _engines(url: list[str], widths: tuple[int, ...], gen: int, remote_model: Optional[str], local: bool,
              model: Optional[str], device: str, threads: Optional[int]) -> dict:
+    from magnitude_tui.engine.protocol import EngineClient
     from magnitude_tui.remote.client import RemoteClient
     from magnitude_tui.remote.config import RemoteConfig
 
+    engines: dict[str, EngineClient]
     try:
         engines = {"remote": RemoteClient(RemoteConfig(tuple(url), model=remote_model, max_in_flight=max(widths)))}
     except ValueError as exc:

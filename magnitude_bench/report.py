@@ -81,7 +81,7 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     if len(args) >= 6 and args[0] == "combine" and len(args[4:]) % 2 == 0:
         rest = args[4:]
-        print(combine(Path(args[1]), args[2], args[3], list(zip(rest[::2], rest[1::2]))))
+        print(combine(Path(args[1]), args[2], args[3], [(Path(f), cmd) for f, cmd in zip(rest[::2], rest[1::2])]))
     elif len(args) == 3 and args[0] == "record":
         record(args[1], args[2])
     else:

@@ -3,6 +3,8 @@ each turning committed JSON into Markdown with every figure as the JSON records 
 
 from __future__ import annotations
 
+from typing import Callable
+
 from magnitude_bench.report_raw import Raw, Results
 from magnitude_bench.report_format import Cell, md_table, plot, source, table
 from magnitude_bench.report_spec import spec, spec_control, spec_peer, spec_targets
@@ -99,6 +101,7 @@ def callgrind(results: Results, raw: Raw) -> str:
                         "\n".join(f"- {n}" for n in raw.doc.get("notes", [])), source(raw)])
 
 
-RENDERERS = {"tables": tables, "resume": resume, "person": person, "structured": structured, "agents": agents,
-             "probe": probe, "callgrind": callgrind, "spec": spec, "spec-control": spec_control,
-             "spec-peer": spec_peer, "spec-targets": spec_targets, "summary": summary}
+RENDERERS: dict[str, Callable[..., str]] = {
+    "tables": tables, "resume": resume, "person": person, "structured": structured, "agents": agents,
+    "probe": probe, "callgrind": callgrind, "spec": spec, "spec-control": spec_control,
+    "spec-peer": spec_peer, "spec-targets": spec_targets, "summary": summary}

@@ -65,8 +65,10 @@ def run_resume(spec: BackendConfig, cfg: ResumeConfig, progress=lambda s: None) 
             history = asked + [Message("assistant", before["text"])]
             t0 = time.perf_counter()
             first.engine.shutdown()
-            save = {"copy_ms": first.engine.warm.last_save_ms, "write_ms": store.last_write_ms,
-                    "quit_ms": (time.perf_counter() - t0) * 1000.0, "bytes": first.engine.warm.last_state_bytes,
+            warm = first.engine.warm
+            assert warm is not None  # the engine was given the store
+            save = {"copy_ms": warm.last_save_ms, "write_ms": store.last_write_ms,
+                    "quit_ms": (time.perf_counter() - t0) * 1000.0, "bytes": warm.last_state_bytes,
                     "history_tokens": before["prompt"]}
             follow_up = history + [Message("user", "Now sum it all up in one sentence.")]
 
@@ -117,7 +119,7 @@ def _result(spec: BackendConfig, cfg: ResumeConfig, runs: dict, save: dict, info
         rows.append({"mode": mode, "runs": len(rs), "ttft_p50_ms": rnd(ttft, 1),
                      "ttft_incl_restore_ms": rnd(incl, 1), "restore_ms": rnd(median(r["restore_ms"] for r in rs), 1),
                      "cached_tokens": min(r["cached"] for r in rs), "prompt_tokens": rs[0]["prompt"],
-                     "x_of_cold": rnd(incl / cold_ttft, 3) if cold_ttft else None})
+                     "x_of_cold": rnd(incl / cold_ttft, 3) if cold_ttft and incl is not None else None})
     res.tables["time to first token after the resume (alternating, median)"] = rows
     res.tables["the saved state"] = [{
         "history_tokens": save["history_tokens"], "state_mb": rnd(save["bytes"] / 2**20, 1),

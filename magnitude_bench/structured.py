@@ -61,6 +61,7 @@ def burst(client: EngineClient, reqs: list[Request], timeout_s: float) -> dict:
     finally:
         for r in reqs:
             client.close_session(r.session_id)
+    assert tr.ended is not None  # client_run returns a finished trace
     finals = tr.final.values()
     wall, made = tr.ended - tr.submitted[reqs[0].request_id], sum(u.generated for u in finals)
     grammar_ms = sum(u.grammar_ms for u in finals)
@@ -152,7 +153,7 @@ def _peer_runs(backend: BackendConfig, cfg: StructuredConfig, result: BenchResul
             client = RemoteClient(RemoteConfig((f"http://127.0.0.1:{srv.port}",), max_in_flight=n))
             client.start()
             try:
-                return run_side("llama-server", client, (n,), cfg, progress, pids=(srv.pid,))
+                return run_side("llama-server", client, (n,), cfg, progress, pids=(srv.pid,) if srv.pid else ())
             finally:
                 client.stop()
     except PeerError as e:

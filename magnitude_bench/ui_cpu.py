@@ -317,7 +317,7 @@ async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
                 wall = time.perf_counter() - t0
                 cpu = time.process_time() - cpu0
                 eng = client.thread_cpu_s - eng0
-                if profiler is not None:
+                if profiler is not None and cfg.profile:
                     profiler.disable()
                     profiler.dump_stats(cfg.profile)
                 figures = KeyFigures.of(keys)

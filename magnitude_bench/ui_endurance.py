@@ -193,6 +193,7 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
 
                 def resize(size: tuple[int, int]) -> None:  # what the terminal driver does on SIGWINCH
                     resized_at.append(time.perf_counter())
+                    assert app._driver is not None  # the app runs
                     app._driver._size = Size(*size)
                     app.post_message(events.Resize(Size(*size), Size(*size)))
 

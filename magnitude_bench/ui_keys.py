@@ -12,6 +12,7 @@ import asyncio
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Any, Callable
 
 DIGITS = "1234567"  # typed keys: never in the composer's placeholder, so a match is the typed text
 
@@ -36,12 +37,13 @@ class FrameProbe:
     resize laid out after the key was sent moves the composer)."""
 
     def __init__(self, app) -> None:
-        self.app, self.frames, self.pending, self.seen = app, 0, {}, asyncio.Event()
+        self.app, self.frames, self.seen = app, 0, asyncio.Event()
+        self.pending: dict[str, Any] = {}
         self.layout_frames: list[float] = []  # when each frame that laid the screen out was drawn
         self._display = app._display
         app._display = self._painted
 
-    def expect(self, want: str, row: tuple[int, int, int], **extra) -> None:
+    def expect(self, want: str, row: tuple[int, int, int] | Callable[[], tuple[int, int, int]], **extra) -> None:
         """About to send a key: wait for `want` in `row` (y, x0, x1) from now on."""
         self.seen.clear()
         self.pending.clear()
