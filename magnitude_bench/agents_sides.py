@@ -8,7 +8,7 @@ import time
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from enum import Enum
-from typing import AsyncIterator, Callable, Iterator
+from typing import AsyncIterator, Awaitable, Callable, Iterator
 
 import httpx
 
@@ -57,7 +57,7 @@ class HttpSide:
     `user` names the agent (serve keeps one conversation per user; llama-server ignores it and
     matches slots by prompt), `cache_prompt` as llama-server's users send it (serve ignores it)."""
 
-    def __init__(self, name: str, url: str, kv: Callable[[httpx.AsyncClient], "asyncio.Future"] | None,
+    def __init__(self, name: str, url: str, kv: Callable[[httpx.AsyncClient], Awaitable[tuple[int, int] | None]] | None,
                  pids: tuple[int, ...] = ()) -> None:
         self.name, self.url, self._kv, self.pids = name, url, kv, pids
         self.http: httpx.AsyncClient | None = None
@@ -73,6 +73,7 @@ class HttpSide:
         body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                 "stream_options": {"include_usage": True}, "user": record.conv, "cache_prompt": True}
         cached, timings = 0, None
+        assert self.http is not None  # calls run inside session()
         async with self.http.stream("POST", "/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
                 record.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
@@ -100,7 +101,10 @@ class HttpSide:
                             else record.prompt_tokens - cached)
 
     async def kv(self) -> tuple[int, int] | None:
-        return None if self._kv is None else await self._kv(self.http)
+        if self._kv is None:
+            return None
+        assert self.http is not None  # inside session()
+        return await self._kv(self.http)
 
 
 class EngineSide:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from magnitude_bench.common import PASSAGE, median, rnd
-from magnitude_tui.engine.events import StepReport
+from magnitude_tui.engine.events import SeqUpdate, StepReport
 from scheduler.types import Message, Phase, Priority, Request, SamplingParams
 
 
@@ -19,7 +19,7 @@ class _Run:
 
     def __init__(self, client) -> None:
         self.client = client
-        self.finals: dict[str, object] = {}
+        self.finals: dict[str, SeqUpdate] = {}
         self.steps: list[StepReport] = []
 
     def submit(self, rid: str, text: str, gen: int, priority: Priority) -> None:
@@ -78,10 +78,12 @@ def run_priority(cfg, *, model: str | None, progress=print) -> list[dict]:
             steps = [s.step_ms for s in run.steps if s.decode_rows >= 8 and s.prefill_rows == 0]
             step = median(steps) or median([s.step_ms for s in run.steps if s.decode_rows])
             ttft = run.finals[person].ttft_ms
+            agents_p50 = median(t for a in agents if (t := run.finals[a].ttft_ms) is not None)
             rows.append({"mode": label, "person_ttft_ms": rnd(ttft, 0), "idle_ttft_ms": rnd(idle, 0),
                          "batch_step_ms": rnd(step, 0),
-                         "ttft_minus_idle_in_steps": rnd((ttft - idle) / step if step else None, 1),
-                         "agents_ttft_p50_s": rnd(median(run.finals[a].ttft_ms for a in agents) / 1000.0),
+                         "ttft_minus_idle_in_steps": rnd((ttft - idle) / step if step and ttft is not None
+                                                         and idle is not None else None, 1),
+                         "agents_ttft_p50_s": rnd(agents_p50 / 1000.0 if agents_p50 is not None else None),
                          "all_done_s": rnd(wall, 1)})
     finally:
         client.stop()

@@ -11,10 +11,13 @@ mix no other hardware would see in that proportion or order."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from scheduler.drafts import DraftKind, DraftSource, DraftWant, match_length, propose_all
 from scheduler.speculation import K_MAX
+
+if TYPE_CHECKING:
+    from backend.fake import FakeBackend
 
 __all__ = ["Guess", "RecordingSource", "Reply", "Trace", "TraceDrafts", "judge_reply"]
 
@@ -168,7 +171,7 @@ class TraceDrafts:
     length (the simulated prompts have the real ones' lengths), then the other replies in turn.
     Without, it takes the next recorded guess (cycling, each sequence from its own offset)."""
 
-    backend: object
+    backend: FakeBackend
     kind: DraftKind
     guesses: Sequence[Guess]
     step_ms: float = 0.0  # a draft model's cost per draft step on the simulated hardware (0: lookup)
