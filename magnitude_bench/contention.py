@@ -20,6 +20,7 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Callable, Iterator
 
 from magnitude_bench.common import BenchResult, Contention, machine_info, rnd
@@ -188,9 +189,9 @@ def run_contention(cfg: ContentionConfig, progress: Callable[[str], None] = lamb
                 time.sleep(cfg.settle_s)
                 for rep in range(cfg.reps):
                     variants: list[tuple[str, Callable[[], dict]]] = [
-                        (name, lambda c=c, name=name: engine_round(c, cfg, f"l{load}r{rep}{name[:6]}"))
+                        (name, partial(engine_round, c, cfg, f"l{load}r{rep}{name[:6]}"))
                         for name, c in clients.items()]
-                    variants += [(f"llama-batched-bench -t {t}", lambda t=t: peer_round(bindir, cfg, t, model))
+                    variants += [(f"llama-batched-bench -t {t}", partial(peer_round, bindir, cfg, t, model))
                                  for t in peer_threads]
                     if rep % 2:  # alternate the order too: neither side always goes first
                         variants.reverse()
@@ -230,7 +231,9 @@ def summarize(runs: list[dict], loads, engines: list[str], cores: int) -> list[d
     for load in loads:
         peers = {r["variant"]: med(load, r["variant"]) for r in runs
                  if r["load"] == load and r["variant"].startswith("llama")}
-        best_peer = max(peers.items(), key=lambda kv: kv[1]) if peers else (None, None)
+        # A peer that never finished a run has no figure: it cannot be the best one.
+        best_peer = max(((v, tok) for v, tok in peers.items() if tok is not None), key=lambda kv: kv[1],
+                        default=(None, None))
         row = {"load": "quiet" if load == 0 else f"{load} busy" + (" (one per core)" if load == cores else ""),
                "loadavg 1m": rnd(statistics.median(r["loadavg_1m"] for r in runs if r["load"] == load), 2),
                "others cores": rnd(statistics.median(r["others_cores"] for r in runs if r["load"] == load), 2)}
@@ -240,7 +243,8 @@ def summarize(runs: list[dict], loads, engines: list[str], cores: int) -> list[d
             row[f"{e} threads"] = rnd(med(load, e, "threads_mean"), 2)
             row[f"{e} steps"] = rnd(med(load, e, "steps"), 0)
             row[f"{e} time probing"] = rnd(med(load, e, "probing"), 2)
-            row[f"{e} vs quiet"] = rnd(tok / quiet[e], 2) if tok and quiet.get(e) else None
+            base = quiet.get(e)
+            row[f"{e} vs quiet"] = rnd(tok / base, 2) if tok and base else None
             row[f"{e} vs best peer"] = rnd(tok / best_peer[1], 2) if tok and best_peer[1] else None
         for name, tok in sorted(peers.items()):
             capped = any(r.get("timed_out") for r in runs if r["load"] == load and r["variant"] == name)

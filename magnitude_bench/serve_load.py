@@ -49,6 +49,12 @@ class Call:
     def ttft_ms(self) -> float | None:
         return None if self.t_first is None else (self.t_first - self.t_send) * 1000.0
 
+    @property
+    def ended(self) -> float:
+        """When the call ended (stream_call returns only ended calls)."""
+        assert self.t_end is not None, "the call has not ended"
+        return self.t_end
+
 
 async def stream_call(http: httpx.AsyncClient, messages: list[dict], max_tokens: int, *,
                       call: Call | None = None) -> Call:
@@ -62,6 +68,7 @@ async def stream_call(http: httpx.AsyncClient, messages: list[dict], max_tokens:
         async with http.stream("POST", "/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
                 call.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                call.t_end = time.perf_counter()  # a refused call ended too (the run's wall time reads it)
                 return call
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -114,15 +121,15 @@ async def _admission(url: str, running: int, gen: int, words: int) -> dict:
             await asyncio.sleep(0.05)
         newcomer = await stream_call(http, story(99, words), 8)
         calls = await asyncio.gather(*runners)
-    window = (newcomer.t_send, newcomer.t_first or newcomer.t_end)
+    window = (newcomer.t_send, newcomer.t_first or newcomer.ended)
     gaps = [b - a for c in calls for a, b in zip(c.delta_times, c.delta_times[1:]) if b > window[0] and a < window[1]]
     return {"newcomer_ttft_s": rnd(newcomer.ttft_ms / 1000.0 if newcomer.ttft_ms else None),
             "running_max_gap_s": rnd(max(gaps) if gaps else None),
-            "running_gen_tok_s": rnd(sum(c.tokens for c in calls) / max(1e-9, max(c.t_end for c in calls) - min(c.t_send for c in calls)))}
+            "running_gen_tok_s": rnd(sum(c.tokens for c in calls) / max(1e-9, max(c.ended for c in calls) - min(c.t_send for c in calls)))}
 
 
 def _row(peer: str, n: int, calls: list[Call]) -> dict:
-    wall = max(c.t_end for c in calls) - min(c.t_send for c in calls)
+    wall = max(c.ended for c in calls) - min(c.t_send for c in calls)
     ttfts = [c.ttft_ms for c in calls if c.ttft_ms is not None]
     return {"peer": peer, "clients": n, "tokens": sum(c.tokens for c in calls),
             "agg_tok_s": rnd(sum(c.tokens for c in calls) / wall), "ttft_p50_ms": rnd(percentile(ttfts, 50), 0),
@@ -200,6 +207,7 @@ class _LlamaServerPeer:
     def _server(self, parallel: int):
         from magnitude_bench.peers import Server
 
+        assert self.binary is not None, "llama-server is not built (scripts/build_llama_tools.sh --cpu)"
         return Server.on_cpu(self.binary, model=self.model, parallel=parallel, threads=self.cfg.threads,
                              n_ctx=self.cfg.n_ctx)
 
