@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ class _Bench:
         self.prefill_seq = backend.n_seq_max - 1  # the decoders take the slots below it
         self.decoders = list(range(min(backend.n_seq_max - 1, max(max(cfg.seqs), cfg.n_decode))))
         self.text = prompt_tokens(backend, max(*cfg.chunks, *cfg.kv_fill) + cfg.context + 8, salt=3)
-        self.busy: dict[tuple[int, int], float] = {}  # cores other processes used per measured point
+        self.busy: dict[tuple[int, int, int], float] = {}  # cores other processes used per measured point
         self.repetitions: list[dict] = []  # every timed step, not only each point's median
         reset_kv(backend)
         for s in self.decoders:  # each decoder holds `context` tokens of its own prompt
@@ -74,7 +75,9 @@ class _Bench:
                 self.b.kv_keep_prefix(self.prefill_seq, at)
         self.repetitions.append({"decode_rows": n_decode, "prompt_rows": chunk, "at": at,
                                  "step_ms": [rnd(t, 3) for t in times]})
-        return median(times)
+        ms = median(times)
+        assert ms is not None, "reps must be 1 or more"
+        return ms
 
 
 def run_curve(spec: BackendConfig, cfg: CurveConfig, *, backend=None, progress=lambda s: None) -> dict:
@@ -84,7 +87,7 @@ def run_curve(spec: BackendConfig, cfg: CurveConfig, *, backend=None, progress=l
         bench = _Bench(backend, cfg)
         bench.timed(min(4, len(bench.decoders)), 64)  # warm-up, not recorded
         points: list[tuple[int, int, float]] = []  # (decode rows, prompt rows, ms)
-        decode = []
+        decode: list[dict[str, Any]] = []
         for n in cfg.seqs:
             n = min(n, len(bench.decoders))
             ms = bench.timed(n, 0)
@@ -95,7 +98,7 @@ def run_curve(spec: BackendConfig, cfg: CurveConfig, *, backend=None, progress=l
         n_dec = min(cfg.n_decode, len(bench.decoders))
         base = next(p[2] for p in points if p[0] == n_dec) if any(p[0] == n_dec for p in points) \
             else bench.timed(n_dec, 0)
-        prefill = []
+        prefill: list[dict[str, Any]] = []
         for chunk in cfg.chunks:
             for mode, d in (("alone", 0), ("with_decode", n_dec)):
                 c = min(chunk, backend.n_batch - d, backend.n_ctx // 2)

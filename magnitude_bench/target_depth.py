@@ -81,6 +81,10 @@ def run_depth(backend, depth: int, cfg: TargetDepthConfig, params=None) -> Depth
     drive.until(lambda: "probe" in drive.trace.done)
     quanta = [s.step_ms for s in drive.trace.steps[n0:] if s.decode_rows == cfg.n_running and s.prefill_rows == q]
     need = median(quanta[-3:])  # the deepest quanta: the newcomer's last steps will cost as much
+    decode_ms = median(decode)
+    if need is None or decode_ms is None:
+        raise RuntimeError(f"depth {depth}: no step ran the {cfg.n_running} decode rows "
+                           f"{'alone' if decode_ms is None else f'with a {q}-row quantum'}")
     drive.engine.close_session("probe")
     target = cfg.target_ms if need <= cfg.target_ms else 10.0 * math.ceil(need * cfg.headroom / 10.0)
     drive.engine.set_policy(f"target:{target:g}")
@@ -91,12 +95,13 @@ def run_depth(backend, depth: int, cfg: TargetDepthConfig, params=None) -> Depth
     window = [s for s in drive.trace.steps[n0:] if s.rows]
     ttft = drive.trace.tokens["newcomer"][0] - t0
     drive.close()
-    return DepthRun(depth, target, need, model_need, median(decode), [s.step_ms for s in window],
+    return DepthRun(depth, target, need, model_need, decode_ms, [s.step_ms for s in window],
                     [s.prefill_rows for s in window], ttft)
 
 
 def _row(r: DepthRun) -> dict:
     p99 = percentile(r.steps_ms, 99)
+    assert p99 is not None  # the newcomer's first token took at least one step
     return {"depth": r.depth, "target_ms": r.target_ms, "decode_ms": rnd(r.decode_ms, 1), "need_ms": rnd(r.need_ms, 1),
             "model_need_ms": rnd(r.model_need_ms, 1), "steps": len(r.steps_ms),
             "step_p50_ms": rnd(percentile(r.steps_ms, 50), 1), "step_p99_ms": rnd(p99, 1),
