@@ -7,6 +7,7 @@ import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from backend.factory import BackendConfig, build_backend
 from magnitude_bench.common import median, rnd
@@ -47,6 +48,7 @@ def _burst(server: Server, prompts: list[list[int]], n_predict: int) -> tuple[li
         with urllib.request.urlopen(req, timeout=1800) as r:
             return json.loads(r.read())
 
+    assert server.pid is not None  # a started server
     cpu0 = _cpu_s(server.pid)
     with ThreadPoolExecutor(len(prompts)) as pool:
         replies = list(pool.map(one, prompts))
@@ -71,7 +73,7 @@ def run_peer(spec: BackendConfig, cfg, lengths: dict, progress) -> list[dict]:
     finally:
         vocab.close()
     width = max(cfg.widths)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for kind in SPEC_TYPES:
         if kind not in have:
             rows.append({"task": "-", "seqs": None, "spec_type": kind,
