@@ -6,6 +6,7 @@ import cProfile
 import io
 import pstats
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from backend.factory import BackendConfig, build_backend
 from magnitude_bench import peers
@@ -48,6 +49,7 @@ def engine_run(backend, prompts: list[tuple[int, ...]], gen: int, policy: str, c
     tr = drive.run([Request(request_id=f"r{i}", session_id=f"r{i}", messages=(), sampling=sampling, prompt_tokens=p)
                     for i, p in enumerate(prompts)])
     drive.close()
+    assert tr.ended is not None  # Drive.run returns a finished trace
     t0, made = tr.submitted["r0"], tr.made()
     wall = tr.ended - t0
     # From the step where every sequence has its first token on, the batch only decodes.
@@ -98,6 +100,7 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
     dev = peers.device_args(backend.device_name)
     serial = None
     if "serial" in wanted:
+        assert model is not None, "the peers run the llama.cpp model"
         serial = peers.SerialLlama(model=model, threads=threads, n_ctx=cfg.prompt + cfg.gen + 16,
                                    n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch,
                                    cpu=dev[1] == "none")
@@ -122,6 +125,7 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
             progress(f"rep {rep + 1}/{cfg.reps}: engine " + ", ".join(
                 f"{x['seqs']}:{x['tok_s']:.1f}" for x in runs if x["rep"] == rep and x["peer"] == f"engine {cfg.policies[0]}"))
             if "batched-bench" in wanted:
+                assert bindir is not None and model is not None
                 bb, busy = measured(lambda: peers.batched_bench(
                     bindir, model=model, seqs=list(cfg.seqs), prompt=cfg.prompt, gen=cfg.gen, threads=threads,
                     n_ctx=n_ctx, n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch, dev=dev), progress=progress)
@@ -130,12 +134,13 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
                                  "tok_s": n * cfg.gen / row["t"], "tg_tok_s": row["speed_tg"],
                                  "made": n * cfg.gen, "wall_s": row["t"], "others": busy})
             if "server" in wanted:
+                assert bindir is not None and model is not None
                 for n in cfg.seqs:
                     with peers.Server(bindir, model=model, parallel=n, threads=threads, n_ctx=n_ctx,
                                       n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch, dev=dev) as srv:
                         srv.burst([list(p) for p in prompts[n][:1]], 4)  # warm-up
                         (wall, made), busy = measured(lambda: srv.burst([list(p) for p in prompts[n]], cfg.gen),
-                                                      pids=(srv.pid,), progress=progress)
+                                                      pids=(srv.pid,) if srv.pid else (), progress=progress)
                     runs.append({"peer": "llama-server -np N", "seqs": n, "rep": rep, "tok_s": made / wall,
                                  "tg_tok_s": None, "made": made, "wall_s": wall, "others": busy})
             if serial is not None:
@@ -184,15 +189,15 @@ def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: Through
             m[f"over_{e.split()[1]}"] = rnd(m["tok_s"] / base[m["seqs"]], 3) if base.get(m["seqs"]) else None
     wide = []
     for n in cfg.seqs:
-        row = {"seqs": n}
+        row: dict[str, Any] = {"seqs": n}
         at_n = [m for m in medians if m["seqs"] == n]
         for m in at_n:
             row[m["peer"]] = m["tok_s"]
-        base = next((m["tok_s"] for m in at_n if m["peer"] == base_peer), None)
+        base_tok_s = next((m["tok_s"] for m in at_n if m["peer"] == base_peer), None)
         for m in at_n:
             if m["peer"] != base_peer:
                 name = SHORT.get(m["peer"], m["peer"].removeprefix("engine "))
-                row[f"engine ÷ {name}"] = rnd(base / m["tok_s"], 3) if base and m["tok_s"] else None
+                row[f"engine ÷ {name}"] = rnd(base_tok_s / m["tok_s"], 3) if base_tok_s and m["tok_s"] else None
         wide.append(row)
     res.tables[f"generated tok/s, end to end (median of {cfg.reps}), and {base_peer} ÷ each peer"] = wide
     res.tables["per peer and batch width (tg_tok_s: decode phase only, where the peer reports it)"] = medians
