@@ -15,8 +15,8 @@ import jinja2.sandbox
 import llama_cpp
 
 from backend.template_fallback import TemplateSource, fallback_notice, template_info, text_markers
-from scheduler.admission import RequestError
 from backend.tools import detect_syntax, generic_messages, tool_json
+from scheduler.admission import RequestError
 from scheduler.types import Message, Tool
 
 # Used when a GGUF carries no chat template.

@@ -9,9 +9,9 @@ from typing import Callable, Sequence
 
 from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, KvStateError, check_plan
 from backend.template_fallback import CHATML_MARKERS, TemplateSource, fallback_notice, template_info
+from backend.tools import ToolSyntax, generic_messages
 from scheduler.budget import CostParams
 from scheduler.drafts import DraftKind
-from backend.tools import ToolSyntax, generic_messages
 from scheduler.types import AttentionPath, BatchPlan, Grammar, Message, SamplingParams, Tool
 
 # Token ids: a few specials below 32, then one token per Unicode character (code point < n_vocab).

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ctypes
 from typing import Sequence
 
-import numpy as np
 import llama_cpp
+import numpy as np
 
 from backend.grammar import GrammarError
 from scheduler.types import Grammar

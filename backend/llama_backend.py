@@ -10,15 +10,14 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
 import llama_cpp
+import numpy as np
 
 from backend import attention, model_file, model_path_problem, native, usable_cpus
 from backend.chat import Detokenizer, Vocab
 from backend.grammar_sampler import GrammarSampler, sample_masked
 from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, KvStateError, check_plan
 from scheduler.types import BatchPlan, Grammar, Message, SamplingParams, Tool
-
 
 _PROBE_TEXT = ("The keeper climbed the stairs of the lighthouse every evening, counted the steps "
                "aloud, and lit the lamp that guided the ships past the reef. ")

@@ -7,8 +7,19 @@ from dataclasses import asdict, dataclass
 
 from backend.factory import BackendConfig, build_backend
 from magnitude_bench import peers
-from magnitude_bench.common import (BenchResult, CPU_CLOCK, backend_info, machine_info, measured, median,
-                                    not_quiet_note, percentile, prompt_tokens, rnd, sized)
+from magnitude_bench.common import (
+    CPU_CLOCK,
+    BenchResult,
+    backend_info,
+    machine_info,
+    measured,
+    median,
+    not_quiet_note,
+    percentile,
+    prompt_tokens,
+    rnd,
+    sized,
+)
 from magnitude_bench.harness import Drive, calibrated, recorded
 from scheduler.types import Request, SamplingParams
 

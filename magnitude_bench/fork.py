@@ -5,8 +5,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import (BenchResult, OTHERS_NOTE, backend_info, machine_info, median, prompt_tokens, rnd,
-                                    sized)
+from magnitude_bench.common import (
+    OTHERS_NOTE,
+    BenchResult,
+    backend_info,
+    machine_info,
+    median,
+    prompt_tokens,
+    rnd,
+    sized,
+)
 from magnitude_bench.harness import Drive, recorded, sweep
 from scheduler.types import Request, SamplingParams
 

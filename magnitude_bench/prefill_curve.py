@@ -8,8 +8,17 @@ from typing import Any
 import numpy as np
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import (BenchResult, OTHERS_NOTE, backend_info, machine_info, measured, median,
-                                    prompt_tokens, reset_kv, rnd)
+from magnitude_bench.common import (
+    OTHERS_NOTE,
+    BenchResult,
+    backend_info,
+    machine_info,
+    measured,
+    median,
+    prompt_tokens,
+    reset_kv,
+    rnd,
+)
 from magnitude_bench.harness import calibrated, recorded
 from scheduler.types import BatchPlan, DecodeOutcome, SeqSlice
 

@@ -3,8 +3,8 @@ against `off`), its targets, the `--control` runs and llama-server's own specula
 
 from __future__ import annotations
 
-from magnitude_bench.report_raw import Raw, Results
 from magnitude_bench.report_format import Cell, md_table, source, table
+from magnitude_bench.report_raw import Raw, Results
 
 CPU = "engine on llama.cpp CPU"
 SIM = "simulated "

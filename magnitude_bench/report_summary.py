@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Callable
 
-from magnitude_bench.report_raw import Raw, Results
 from magnitude_bench.report_format import Cell, fmt, machine, md_table, table
+from magnitude_bench.report_raw import Raw, Results
 from magnitude_bench.report_spec import CPU, SIM, met
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from magnitude_bench.report_raw import Raw, Results
 from magnitude_bench.report_format import Cell, md_table, plot, source, table
+from magnitude_bench.report_raw import Raw, Results
 from magnitude_bench.report_spec import spec, spec_control, spec_peer, spec_targets
 from magnitude_bench.report_summary import summary
-
 
 # ---- per kind ------------------------------------------------------------------------------------
 

@@ -26,12 +26,12 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from magnitude_bench.common import BenchResult, machine_info
+from magnitude_bench.harness import recorded
+from magnitude_bench.soak_perf import contention, ui_endurance, ui_long_session
 from magnitude_tui.reliability.app import app_kill
 from magnitude_tui.reliability.config import Scenario, SoakConfig
 from magnitude_tui.reliability.crash import databases, kill_loop, model_files
 from magnitude_tui.reliability.engine import bad_inputs, flood, machine_fake, machine_real
-from magnitude_bench.harness import recorded
-from magnitude_bench.soak_perf import contention, ui_endurance, ui_long_session
 from magnitude_tui.reliability.serve import serve_faults
 
 SCENARIOS: dict[str, Scenario] = {

@@ -11,13 +11,21 @@ from itertools import permutations
 from typing import Callable
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import (CPU_CLOCK, BenchResult, FixedLength, backend_info, machine_info, median,
-                                        prompt_tokens, rnd)
+from magnitude_bench.common import (
+    CPU_CLOCK,
+    BenchResult,
+    FixedLength,
+    backend_info,
+    machine_info,
+    median,
+    prompt_tokens,
+    rnd,
+)
 from magnitude_bench.harness import Drive, recorded
-from magnitude_tui.engine.core import Engine
 from magnitude_bench.spec_report import CONTROL, identity_note, merge_reps, run_notes, targets
 from magnitude_bench.spec_tasks import Task, task_messages
 from magnitude_bench.spec_trace import RecordingSource, Trace, TraceDrafts, summary
+from magnitude_tui.engine.core import Engine
 from scheduler.drafts import DraftKind, DraftSource
 from scheduler.ngram import NgramSource
 from scheduler.speculation import SpecMode

@@ -5,6 +5,7 @@ repetition, the issue's three targets read off them, and the notes printed under
 from __future__ import annotations
 
 from collections import defaultdict
+
 from magnitude_bench.common import median, rnd
 from magnitude_bench.spec_tasks import Task
 

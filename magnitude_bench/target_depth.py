@@ -6,8 +6,18 @@ import math
 from dataclasses import asdict, dataclass
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import (BenchResult, CPU_CLOCK, backend_info, machine_info, median, not_quiet_note,
-                                    percentile, prompt_tokens, rnd, sized)
+from magnitude_bench.common import (
+    CPU_CLOCK,
+    BenchResult,
+    backend_info,
+    machine_info,
+    median,
+    not_quiet_note,
+    percentile,
+    prompt_tokens,
+    rnd,
+    sized,
+)
 from magnitude_bench.harness import Drive, calibrated, recorded
 from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel
 from scheduler.types import AttentionPath, Request, SamplingParams, attended_kpos, used_cells_kpos

@@ -10,8 +10,17 @@ from typing import Any
 
 from backend.factory import BackendConfig, build_backend
 from magnitude_bench import peers
-from magnitude_bench.common import (BenchResult, CPU_CLOCK, OTHERS_NOTE, backend_info, machine_info, measured, median,
-                                    prompt_tokens, rnd)
+from magnitude_bench.common import (
+    CPU_CLOCK,
+    OTHERS_NOTE,
+    BenchResult,
+    backend_info,
+    machine_info,
+    measured,
+    median,
+    prompt_tokens,
+    rnd,
+)
 from magnitude_bench.harness import Drive, in_turn, recorded
 from scheduler.speculation import SpecMode
 from scheduler.types import Request, SamplingParams

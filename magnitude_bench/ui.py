@@ -119,8 +119,8 @@ def run_headless(config, cfg: UiConfig) -> dict:
 
 
 async def run_ui(config, cfg: UiConfig) -> dict:
-    from magnitude_tui.app import MagnitudeApp
     from magnitude_bench.common import Contention
+    from magnitude_tui.app import MagnitudeApp
     from magnitude_tui.store import Store
     from magnitude_tui.widgets.composer import Composer
     from scheduler.types import Phase, SamplingParams

@@ -268,9 +268,9 @@ class CpuResult:
 
 async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
     """One headless run of the real app on the paced stand-in engine (see the module doc)."""
-    from magnitude_tui.app import MagnitudeApp
     from magnitude_bench.ui import prompts
     from magnitude_bench.ui_keys import FrameProbe, KeyFigures, open_panes, type_and_time_key
+    from magnitude_tui.app import MagnitudeApp
     from magnitude_tui.store import Store
     from magnitude_tui.widgets.chat_pane import ChatPane
     from magnitude_tui.widgets.composer import Composer

@@ -167,9 +167,9 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
     from textual import events
     from textual.geometry import Size
 
-    from magnitude_tui.app import MagnitudeApp
     from magnitude_bench.ui import prompts
     from magnitude_bench.ui_keys import FrameProbe, KeyFigures, open_panes, type_and_time_key
+    from magnitude_tui.app import MagnitudeApp
     from magnitude_tui.store import Store
     from magnitude_tui.widgets.chat_pane import ChatPane
     from magnitude_tui.widgets.composer import Composer

@@ -300,8 +300,7 @@ def serve(
     from magnitude_tui.serve.connections import raise_fd_limit
     from magnitude_tui.serve.guard import GuardPolicy, bound_hosts
     from magnitude_tui.serve.lifecycle import Lifecycle, RestartPolicy
-    from magnitude_tui.serve.server import (ServeConfigError, check_bind, resolve_api_key, serve_async,
-                                            served_model_name)
+    from magnitude_tui.serve.server import ServeConfigError, check_bind, resolve_api_key, serve_async, served_model_name
 
     if backend_kind == "llama":
         _check_model(model, draft_model)

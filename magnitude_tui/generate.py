@@ -15,8 +15,16 @@ from rich.table import Table
 
 from backend.factory import BackendConfig
 from magnitude_tui.engine.client import WorkerClient
-from magnitude_tui.engine.events import (CommandRejected, EngineConfig, EngineFailed, EngineReady, LoadProgress, SeqUpdate,
-                                         StepReport, ThreadState)
+from magnitude_tui.engine.events import (
+    CommandRejected,
+    EngineConfig,
+    EngineFailed,
+    EngineReady,
+    LoadProgress,
+    SeqUpdate,
+    StepReport,
+    ThreadState,
+)
 from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from scheduler.speculation import SpecMode
 from scheduler.types import Message, Phase, Request, SamplingParams

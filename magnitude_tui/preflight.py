@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import re
-
 from pathlib import Path
 
 from backend.model_file import ModelFileError, check_gguf, default_model_path

@@ -11,17 +11,27 @@ from collections import deque
 
 from scheduler.admission import WAITING_FOR_PREVIOUS_TURN, Admission, RequestError
 from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, Policy, StepShape, parse_policy, share_rows
+from scheduler.drafts import DraftKind
 from scheduler.ledger import KvCache
 from scheduler.ramp import PromptRamp
 from scheduler.relief import DRAFT_PAUSE_STEPS, KvRelief, Remedy
 from scheduler.residency import Residency
-from scheduler.drafts import DraftKind
 from scheduler.sequence import Sequence
 from scheduler.speculation import SpecMode
 from scheduler.speculator import Speculator
+from scheduler.types import (
+    AttentionPath,
+    BatchPlan,
+    DecodeOutcome,
+    DoneReason,
+    ErrorKind,
+    Phase,
+    SeqSlice,
+    attended_kpos,
+    plan_kpos,
+    used_cells_kpos,
+)
 from scheduler.yielding import AGENT_HOLD_MS, held_for_person
-from scheduler.types import (AttentionPath, BatchPlan, DecodeOutcome, DoneReason, ErrorKind, Phase, SeqSlice,
-                             attended_kpos, plan_kpos, used_cells_kpos)
 
 __all__ = ["RequestError", "Scheduler"]
 

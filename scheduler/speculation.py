@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, Sequence as Seq
+from typing import Callable
+from typing import Sequence as Seq
 
 from scheduler.drafts import DraftKind, DraftSource
 

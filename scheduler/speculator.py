@@ -10,9 +10,22 @@ from scheduler.budget import CostModel, StepShape
 from scheduler.drafts import DraftKind, DraftSource, DraftWant, match_length, propose_all
 from scheduler.row_price import RowPrice
 from scheduler.sequence import Sequence
-from scheduler.speculation import (K_MAX, LONG_MATCH, LONG_PRIOR, LONG_PRIOR_MORE, PRIORS, AcceptanceEstimate,
-                                   DraftOffer, Shadow, SpecMode, available_sources, draft_lengths, observe_run,
-                                   pick_source, row_can_pay)
+from scheduler.speculation import (
+    K_MAX,
+    LONG_MATCH,
+    LONG_PRIOR,
+    LONG_PRIOR_MORE,
+    PRIORS,
+    AcceptanceEstimate,
+    DraftOffer,
+    Shadow,
+    SpecMode,
+    available_sources,
+    draft_lengths,
+    observe_run,
+    pick_source,
+    row_can_pay,
+)
 from scheduler.types import KV_PAD, AttentionPath
 
 __all__ = ["Speculator"]

@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from magnitude_tui.app import MagnitudeApp  # noqa: E402
 from backend.factory import BackendConfig  # noqa: E402
+from magnitude_tui.app import MagnitudeApp  # noqa: E402
 from magnitude_tui.engine.client import WorkerClient  # noqa: E402
 from magnitude_tui.engine.events import EngineConfig  # noqa: E402
 from magnitude_tui.store import Store  # noqa: E402

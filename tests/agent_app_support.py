@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Callable
 
 from magnitude_tui.app import MagnitudeApp
+from magnitude_tui.engine.events import StepReport
 from magnitude_tui.screens.approval_dialog import ApprovalDialog
 from magnitude_tui.store import Store
-from magnitude_tui.engine.events import StepReport
 from scheduler.types import DoneReason, Phase, Request, ToolCallDelta
 from tests.app_support import SIZE, ScriptedClient, wait_for
 

@@ -10,11 +10,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from magnitude_tui.app import MagnitudeApp
-from magnitude_tui.engine.events import (CommandRejected, EngineFailed, EngineReady, LoadProgress,
-                                         PolicyChanged, RestoreOutcome, SessionRestored)
+from magnitude_tui.engine.events import (
+    CommandRejected,
+    EngineFailed,
+    EngineReady,
+    LoadProgress,
+    PolicyChanged,
+    RestoreOutcome,
+    SeqUpdate,
+    SessionRestored,
+    StepReport,
+)
 from magnitude_tui.engine.protocol import EngineTarget
 from magnitude_tui.store import Store
-from magnitude_tui.engine.events import SeqUpdate, StepReport
 from scheduler.types import DoneReason, Phase, Request, SamplingParams
 
 SIZE = (120, 40)

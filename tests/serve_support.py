@@ -10,8 +10,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from magnitude_tui.serve.thread import RunningServer, free_port, serve_in_thread as running_server
 from magnitude_tui.engine.events import StepReport
+from magnitude_tui.serve.thread import RunningServer, free_port
+from magnitude_tui.serve.thread import serve_in_thread as running_server
 
 __all__ = ["CancelWatch", "RunningServer", "ServeProcess", "free_port", "recording", "running_server",
            "serve_process", "wait_until", "watching_cancels"]

@@ -6,8 +6,14 @@ import json
 
 import pytest
 
-from magnitude_tui.agent.events import (ApprovalDecided, ApprovalWaiting, EndReason, ToolFinished, ToolStarted,
-                                        TurnFinished)
+from magnitude_tui.agent.events import (
+    ApprovalDecided,
+    ApprovalWaiting,
+    EndReason,
+    ToolFinished,
+    ToolStarted,
+    TurnFinished,
+)
 from magnitude_tui.agent.policy import ALLOW_ONCE, ALLOW_PANE, ApprovePolicy, FixedApproval, deny
 from magnitude_tui.agent.team import AgentTeam
 from magnitude_tui.agent.workspace import Workspace

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from backend.fake import DEFAULT_REPLY
 from backend.factory import BackendConfig
+from backend.fake import DEFAULT_REPLY
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.widgets.scheduler_panel import SchedulerPanel

@@ -7,14 +7,23 @@ import sqlite3
 
 from textual import events
 
+from magnitude_tui.engine.events import SeqUpdate
 from magnitude_tui.screens.confirm_dialog import ConfirmDialog
 from magnitude_tui.screens.conversation_list import ConversationList
 from magnitude_tui.widgets.loading_view import LoadingView
 from magnitude_tui.widgets.status_line import StatusLine
-from magnitude_tui.engine.events import SeqUpdate
 from scheduler.types import Phase
-from tests.app_support import (SIZE, ScriptedClient, make_app, one_turn, queued_behind_a_reply, scripted_app,
-                               settle, type_message, wait_for)
+from tests.app_support import (
+    SIZE,
+    ScriptedClient,
+    make_app,
+    one_turn,
+    queued_behind_a_reply,
+    scripted_app,
+    settle,
+    type_message,
+    wait_for,
+)
 
 
 def _burst(app, keys: list[str]) -> None:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from tests.app_support import (SIZE, ScriptedClient, make_app, one_turn, scripted_app, settle, type_message,
-                               wait_for)
+from textual.command import CommandList
 
 from magnitude_tui.screens.confirm_dialog import ConfirmDialog
 from magnitude_tui.widgets.chat_pane import ChatPane
@@ -13,8 +12,8 @@ from magnitude_tui.widgets.loading_view import LoadingView
 from magnitude_tui.widgets.pane_grid import PaneGrid, tiling
 from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
 from magnitude_tui.widgets.sequences_panel import SequencesPanel
-from textual.command import CommandList
 from scheduler.types import Phase
+from tests.app_support import SIZE, ScriptedClient, make_app, one_turn, scripted_app, settle, type_message, wait_for
 
 
 def _grid(app) -> PaneGrid:

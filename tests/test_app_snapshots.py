@@ -5,7 +5,6 @@ from __future__ import annotations
 from textual.widgets import Input, TextArea
 
 from magnitude_tui.agents import AgentSettings
-
 from tests.app_support import SIZE, ScriptedClient, make_app, quiet, type_message, wait_for
 
 

@@ -9,11 +9,11 @@ import pytest
 from textual.widgets import Markdown
 from textual.widgets._markdown import MarkdownFence, MarkdownParagraph
 
-from tests.app_support import SIZE, ScriptedClient, make_app, settle, type_message, wait_for
 from magnitude_bench.ui_cpu import CpuConfig, PacedClient, reply_tokens, run_cpu
 from magnitude_tui.screens.painter import BACKGROUND_PAINT_S, BUSY_PANES, TYPING_MAX_HOLD_S, Painter
 from magnitude_tui.widgets.message_view import MessageView, settled_prefix
 from magnitude_tui.widgets.streaming_text import StreamingText
+from tests.app_support import SIZE, ScriptedClient, make_app, settle, type_message, wait_for
 
 
 def _code_reply(request) -> str:

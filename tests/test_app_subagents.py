@@ -3,9 +3,9 @@ spawn flow end to end is in test_app_pilot.py, test_spawn_*)."""
 
 from __future__ import annotations
 
+from magnitude_tui.engine.events import SeqUpdate
 from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.subagents import answer_message, burst_tasks, next_name
-from magnitude_tui.engine.events import SeqUpdate
 from scheduler.types import DoneReason, Phase
 
 

@@ -7,9 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from backend.factory import BackendConfig
 from magnitude_bench.admit import AdmitConfig, admit_result, run_admit
 from magnitude_bench.cli import bench_app
-from backend.factory import BackendConfig
 from magnitude_bench.common import save_result
 from magnitude_bench.plots import plot_admit
 

@@ -7,8 +7,14 @@ import pytest
 from magnitude_bench.agents import AgentsConfig, run_agents
 from magnitude_bench.agents_replay import CallKind, CallRecord
 from magnitude_bench.agents_report import account, minimum_new
-from magnitude_bench.agents_trace import (CHARS_PER_TOKEN, HISTORY_BUDGET, Trace, default_trace_path, generate,
-                                              load_trace)
+from magnitude_bench.agents_trace import (
+    CHARS_PER_TOKEN,
+    HISTORY_BUDGET,
+    Trace,
+    default_trace_path,
+    generate,
+    load_trace,
+)
 
 FILES = {f"src/f{i}.py": "".join(f"def f{i}_{j}(x):\n    return x + {j}\n" for j in range(400)) for i in range(3)}
 

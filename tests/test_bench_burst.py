@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from magnitude_bench.burst import BurstConfig, run_bursts
 from backend.factory import BackendConfig
+from magnitude_bench.burst import BurstConfig, run_bursts
 from magnitude_bench.common import save_result
 
 

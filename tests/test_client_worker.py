@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from backend.factory import BackendConfig
-from magnitude_tui.reliability.crash import kill_worker
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import EngineConfig, LoadProgress, StepReport
 from magnitude_tui.engine.protocol import seq_updates
 from magnitude_tui.engine.waiting import wait_ready as ready_event
+from magnitude_tui.reliability.crash import kill_worker
 from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ import openai
 import pytest
 
 import backend.fake
-from backend.fake import DEFAULT_REPLY, FakeBackend
 from backend.factory import BackendConfig
+from backend.fake import DEFAULT_REPLY, FakeBackend
 from backend.template_fallback import INFO_NOTICE
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions

@@ -14,12 +14,20 @@ from backend.factory import BackendConfig
 from magnitude_bench.ui_cpu import PacedClient
 from magnitude_tui.engine import worker
 from magnitude_tui.engine.client import WorkerClient
-from magnitude_tui.engine.events import (CommandRejected, EngineConfig, EngineReady, LoadProgress, PolicyChanged,
-                                         RestoreOutcome, SessionRestored, SpecChanged)
+from magnitude_tui.engine.events import (
+    CommandRejected,
+    EngineConfig,
+    EngineReady,
+    LoadProgress,
+    PolicyChanged,
+    RestoreOutcome,
+    SeqUpdate,
+    SessionRestored,
+    SpecChanged,
+)
 from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from magnitude_tui.remote.client import RemoteClient
 from magnitude_tui.remote.config import RemoteConfig
-from magnitude_tui.engine.events import SeqUpdate
 from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
 from tests.app_support import ScriptedClient
 from tests.openai_stub import Script, StubServer

@@ -8,7 +8,17 @@ from backend.fake import FakeBackend
 from backend.tools import ToolSyntax, call_text
 from magnitude_tui.engine.core import Engine
 from scheduler.budget import CostModel, CostParams, StepShape, parse_policy
-from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams, Tool, ToolCall, ToolChoice, ToolChoiceMode
+from scheduler.types import (
+    DoneReason,
+    Message,
+    Phase,
+    Request,
+    SamplingParams,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    ToolChoiceMode,
+)
 
 CPU = CostParams(fixed_ms=5.0, decode_ms=6.0, prefill_ms=4.0)
 TOOL = Tool("lookup", "", json.dumps({"type": "object", "properties": {"q": {"type": "string"}}}))
@@ -73,8 +83,8 @@ def test_tool_choice_required_starts_under_the_grammar_from_the_first_token():
 
 
 def test_the_sequences_panel_shows_the_mask_time_per_token_of_a_constrained_reply():
-    from magnitude_tui.widgets.sequences_panel import spec_text
     from magnitude_tui.engine.events import SeqUpdate
+    from magnitude_tui.widgets.sequences_panel import spec_text
 
     masked = SeqUpdate("r", "s", 0, Phase.GENERATING, generated=10, grammar_ms=14.0)
     assert spec_text(masked) == "mask 1.4"

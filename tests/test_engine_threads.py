@@ -8,8 +8,18 @@ import pytest
 
 from backend.simulated import SimulatedBackend
 from magnitude_tui.engine.core import Engine
-from magnitude_tui.engine.threads import (ABORT_RATIO, BAR_MAX_S, MIN_STEPS, PROBE_BUDGET, PROBE_STEPS,
-                                          REPROBE_MAX_S, REPROBE_S, CpuLoad, ThreadGovernor, ThreadMode)
+from magnitude_tui.engine.threads import (
+    ABORT_RATIO,
+    BAR_MAX_S,
+    MIN_STEPS,
+    PROBE_BUDGET,
+    PROBE_STEPS,
+    REPROBE_MAX_S,
+    REPROBE_S,
+    CpuLoad,
+    ThreadGovernor,
+    ThreadMode,
+)
 from scheduler.types import Message, Request, SamplingParams
 
 PREDICTED_MS = 50.0

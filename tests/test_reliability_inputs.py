@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from backend.fake import DEFAULT_REPLY, FakeBackend
-from magnitude_tui.reliability.cases import BAD_REQUESTS
 from magnitude_tui.engine.events import RejectReason
+from magnitude_tui.reliability.cases import BAD_REQUESTS
 from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
 from tests.engine_driver import assert_clean, by_request, chat, engine_for, text
 

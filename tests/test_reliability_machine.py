@@ -3,18 +3,25 @@ fake backend, and the engine's accounting is checked after every step (bench soa
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
-
 import shutil
 import tempfile
 
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
 from backend.fake import FakeBackend
 from backend.simulated import VirtualClock
-from magnitude_tui.reliability.machine import POLICIES, EngineHarness
 from magnitude_tui.engine.core import Engine
 from magnitude_tui.engine.warm_store import WarmStore
+from magnitude_tui.reliability.machine import POLICIES, EngineHarness
 
 STEPS = {"n": 0}
 RESTORED = {"n": 0}

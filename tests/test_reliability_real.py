@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from backend.native import LOG_CONT, LOG_ERROR, LOG_INFO, LOG_WARN, log_shown
-from magnitude_tui.reliability.machine import EngineHarness
 from magnitude_tui.engine.core import Engine
+from magnitude_tui.reliability.machine import EngineHarness
 from scheduler.admission import RequestError
 from scheduler.types import DoneReason, Message, Request, SamplingParams
 from tests.engine_driver import by_request, text

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from backend.factory import BackendConfig
-from magnitude_tui.reliability.crash import ENDLESS, kill_worker
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import CommandRejected, EngineConfig, PolicyChanged, RejectReason, StepReport
 from magnitude_tui.engine.protocol import seq_updates
 from magnitude_tui.engine.waiting import events_until, wait_ready
+from magnitude_tui.reliability.crash import ENDLESS, kill_worker
 from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
 
 

@@ -18,8 +18,18 @@ from magnitude_tui.remote.request import request_body
 from magnitude_tui.remote.stream import MalformedStream, parse_chunk
 from magnitude_tui.serve.app import ServeOptions
 from magnitude_tui.serve.thread import serve_in_thread
-from scheduler.types import (DoneReason, Message, Phase, Request, SamplingParams, Tool, ToolCall, ToolCallDelta, ToolChoice,
-                             ToolChoiceMode)
+from scheduler.types import (
+    DoneReason,
+    Message,
+    Phase,
+    Request,
+    SamplingParams,
+    Tool,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+    ToolChoiceMode,
+)
 
 WEATHER = Tool("get_weather", "The weather in a city", json.dumps(
     {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}))

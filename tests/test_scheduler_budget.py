@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import replace
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from scheduler.budget import (GAP_SLACK, TILE_STRETCH, IDLE_MERGE_MS, IDLE_STEP_MS, MIN_PREFILL_QUANTUM, CostModel, CostParams, StepShape,
-                              parse_policy)
+from scheduler.budget import (
+    GAP_SLACK,
+    IDLE_MERGE_MS,
+    IDLE_STEP_MS,
+    MIN_PREFILL_QUANTUM,
+    TILE_STRETCH,
+    CostModel,
+    CostParams,
+    StepShape,
+    parse_policy,
+)
 from scheduler.metrics import RequestMetrics
 from scheduler.types import AttentionPath, attended_kpos
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from textual.app import App, ComposeResult
 
-from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
 from magnitude_tui.engine.events import StepReport
+from magnitude_tui.widgets.scheduler_panel import SchedulerPanel
 
 
 class _PanelApp(App):

@@ -13,6 +13,7 @@ from scheduler.planner import RequestError, Scheduler
 from scheduler.types import DoneReason, Phase
 from tests.planner_driver import TOKEN, add, close_all, generating, make, rows, step
 
+
 def test_decode_rows_first_in_seq_id_order_then_prompt_rows():
     sched, kv = make("fixed:32")
     gens = generating(sched, kv, 3)

@@ -7,8 +7,16 @@ import pytest
 
 from scheduler.drafts import DraftKind
 from scheduler.ngram import NgramIndex, NgramSource
-from scheduler.speculation import (K_MAX, AcceptanceEstimate, DraftOffer, SpecMode, available_sources, draft_lengths,
-                                   parse_spec_mode, pick_source)
+from scheduler.speculation import (
+    K_MAX,
+    AcceptanceEstimate,
+    DraftOffer,
+    SpecMode,
+    available_sources,
+    draft_lengths,
+    parse_spec_mode,
+    pick_source,
+)
 
 # The simulated profiles' per-row costs (backend/simulated.py), as the cost model holds them.
 CPU = dict(fixed=4.3, row=6.7)  # 2 EPYC cores, SmolLM2-135M: 11 ms for 1 sequence, 58 ms for 8

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from backend.fake import DEFAULT_REPLY
 from backend.factory import BackendConfig
+from backend.fake import DEFAULT_REPLY
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions, create_app
 from magnitude_tui.serve.hub import EngineState

@@ -9,8 +9,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from backend.fake import DEFAULT_REPLY
 from backend.factory import BackendConfig
+from backend.fake import DEFAULT_REPLY
 from magnitude_tui.cli import app as cli_app
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions, create_app

@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 from textual.widgets import DataTable
 
+from backend.factory import BackendConfig
 from backend.fake import DEFAULT_REPLY
 from magnitude_tui.app import MagnitudeApp
-from backend.factory import BackendConfig
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions
@@ -165,8 +165,8 @@ def test_a_conversation_without_a_pane_leaves_the_panel_when_the_worker_dies():
     # bare SeqUpdate, not in a StepReport, and was skipped: the row stayed live for good.
     from types import SimpleNamespace
 
-    from magnitude_tui.serve.panes import ApiPanes
     from magnitude_tui.engine.events import SeqUpdate, StepReport
+    from magnitude_tui.serve.panes import ApiPanes
     from scheduler.types import DoneReason, Message, Request
 
     shown: list[tuple[str, str, Phase]] = []

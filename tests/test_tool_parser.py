@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backend.grammar import GrammarError, reply_constraint
 from backend.tools import ToolCallParser, ToolSyntax, call_text, detect_syntax, generic_messages

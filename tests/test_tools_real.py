@@ -126,8 +126,15 @@ def test_json_object_reply_parses(client):
 
 
 def test_the_openai_agents_sdk_runs_an_agent_with_a_function_tool(server):
-    from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool,
-                        set_tracing_disabled)
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        RunConfig,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
 
     set_tracing_disabled(True)  # traces would go to OpenAI's servers: nothing leaves this machine
     seen: list[str] = []

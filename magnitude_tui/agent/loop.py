@@ -9,12 +9,23 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from magnitude_tui.agent.engine_link import TurnRunner
-from magnitude_tui.agent.events import (AgentFinished, AgentObserver, ApprovalDecided, ApprovalWaiting, EndReason,
-                                        TextDelta, ToolFinished, ToolStarted, TurnFinished, TurnStarted, ignore)
+from magnitude_tui.agent.events import (
+    AgentFinished,
+    AgentObserver,
+    ApprovalDecided,
+    ApprovalWaiting,
+    EndReason,
+    TextDelta,
+    ToolFinished,
+    ToolStarted,
+    TurnFinished,
+    TurnStarted,
+    ignore,
+)
 from magnitude_tui.agent.policy import ApprovalGate, ApprovalRequest
 from magnitude_tui.agent.toolbox import AgentTool, ToolResult
 from magnitude_tui.serve.tool_calls import check_calls
-from scheduler.types import (Message, Priority, Request, SamplingParams, ToolCall, ToolChoice, ToolChoiceMode)
+from scheduler.types import Message, Priority, Request, SamplingParams, ToolCall, ToolChoice, ToolChoiceMode
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,16 @@ from __future__ import annotations
 import json
 from typing import TextIO
 
-from magnitude_tui.agent.events import (AgentEvent, AgentFinished, ApprovalDecided, SubagentSpawned, TextDelta,
-                                        ToolFinished, ToolStarted, TurnFinished)
+from magnitude_tui.agent.events import (
+    AgentEvent,
+    AgentFinished,
+    ApprovalDecided,
+    SubagentSpawned,
+    TextDelta,
+    ToolFinished,
+    ToolStarted,
+    TurnFinished,
+)
 from magnitude_tui.agent.loop import AgentOutcome
 
 # Tool results longer than this are folded in the printed transcript (the model got all of it).

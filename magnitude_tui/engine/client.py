@@ -20,8 +20,8 @@ from magnitude_tui.engine.events import (
     EngineReady,
     ForgetSession,
     LoadProgress,
-    RejectReason,
     Rejection,
+    RejectReason,
     RestoreSession,
     SeqUpdate,
     SetPolicy,
@@ -35,7 +35,6 @@ from magnitude_tui.engine.warm_store import discard_saved
 from scheduler.budget import Policy, as_policy
 from scheduler.speculation import SpecMode, parse_spec_mode
 from scheduler.types import DoneReason, Message, Phase, Request
-
 
 # How long a worker told to shut down may take before it is killed: it first saves the
 # conversations whose latest reply is not on disk yet (warm resume; a few seconds at most).

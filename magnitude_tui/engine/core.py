@@ -7,9 +7,24 @@ from typing import Callable
 
 from backend.protocol import WALL_CLOCK, Backend, Clock, DecodeOutcome, DecodeResult, PlanError
 from magnitude_tui.engine.calibrate import calibration_steps
-from magnitude_tui.engine.events import (COMMANDS, Cancel, CloseSession, Command, CommandRejected, ForgetSession,
-                                         PolicyChanged, RestoreSession, SessionRestored, SetPolicy, SetSpec,
-                                         Shutdown, SpecChanged, StepReport, Submit, ThreadState)
+from magnitude_tui.engine.events import (
+    COMMANDS,
+    Cancel,
+    CloseSession,
+    Command,
+    CommandRejected,
+    ForgetSession,
+    PolicyChanged,
+    RestoreSession,
+    SessionRestored,
+    SetPolicy,
+    SetSpec,
+    Shutdown,
+    SpecChanged,
+    StepReport,
+    Submit,
+    ThreadState,
+)
 from magnitude_tui.engine.intake import Intake
 from magnitude_tui.engine.report import StepReporter, thread_state
 from magnitude_tui.engine.sampling import StepSampler
@@ -19,9 +34,9 @@ from magnitude_tui.engine.warm_store import WarmStore
 from scheduler.budget import CostModel, CostParams, Policy, as_policy
 from scheduler.drafts import DraftKind, DraftSource
 from scheduler.ngram import NgramSource
+from scheduler.planner import Scheduler
 from scheduler.speculation import SpecMode, available_sources, parse_spec_mode
 from scheduler.speculator import Speculator
-from scheduler.planner import Scheduler
 from scheduler.types import BatchPlan, Request, plan_kpos
 from scheduler.validation import check_id
 

@@ -10,15 +10,27 @@ from typing import Protocol
 
 from backend.protocol import Backend, Clock
 from magnitude_tui.engine.context import fit_conversation
-from magnitude_tui.engine.events import (Cancel, CloseSession, Command, ForgetSession, RejectReason, Rejection,
-                                         RestoreOutcome, RestoreSession, SeqUpdate, SessionRestored, SetPolicy,
-                                         SetSpec, Submit)
+from magnitude_tui.engine.events import (
+    Cancel,
+    CloseSession,
+    Command,
+    ForgetSession,
+    Rejection,
+    RejectReason,
+    RestoreOutcome,
+    RestoreSession,
+    SeqUpdate,
+    SessionRestored,
+    SetPolicy,
+    SetSpec,
+    Submit,
+)
 from magnitude_tui.engine.report import seq_update
 from magnitude_tui.engine.text import ReplyText
 from magnitude_tui.engine.warm import WarmResume
+from scheduler.budget import Policy
 from scheduler.planner import RequestError
 from scheduler.sequence import Sequence
-from scheduler.budget import Policy
 from scheduler.speculation import SpecMode
 from scheduler.types import DoneReason, ErrorKind, Phase, Request
 from scheduler.validation import check_request

@@ -12,9 +12,18 @@ import queue
 from dataclasses import dataclass
 from typing import Protocol, Union, runtime_checkable
 
-from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineReady,
-                                         LoadProgress, PolicyChanged, SessionRestored, SpecChanged)
-from magnitude_tui.engine.events import SeqUpdate, StepReport
+from magnitude_tui.engine.events import (
+    CommandRejected,
+    EndpointsReport,
+    EngineFailed,
+    EngineReady,
+    LoadProgress,
+    PolicyChanged,
+    SeqUpdate,
+    SessionRestored,
+    SpecChanged,
+    StepReport,
+)
 from scheduler.budget import Policy
 from scheduler.speculation import SpecMode
 from scheduler.types import Message, Request

@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Callable, Protocol
 
 from backend.protocol import DecodeOutcome, DecodeResult
+from magnitude_tui.engine.events import Rejection, SeqUpdate, SpecFacts, StepReport, ThreadState
 from magnitude_tui.engine.sampling import StepSampler
 from magnitude_tui.engine.threads import ThreadGovernor
 from magnitude_tui.engine.warm import WarmResume
 from scheduler.planner import Scheduler
 from scheduler.sequence import Sequence
-from magnitude_tui.engine.events import Rejection, SeqUpdate, SpecFacts, StepReport, ThreadState
 from scheduler.types import BatchPlan, DoneReason, Phase
 
 

@@ -22,8 +22,8 @@ PANES = 8
 
 
 async def _child(db: Path, log: Path) -> None:
-    from magnitude_tui.app import MagnitudeApp
     from backend.factory import BackendConfig
+    from magnitude_tui.app import MagnitudeApp
     from magnitude_tui.engine.client import WorkerClient
     from magnitude_tui.engine.events import EngineConfig
     from magnitude_tui.store import MessageRecord, Store
@@ -110,8 +110,8 @@ def one_kill(rng: random.Random, tmp: Path) -> tuple[float, list[str]]:
 
 
 def app_kill(cfg, progress) -> tuple[dict, list[str]]:
-    from scheduler.stats import percentile, rnd
     from magnitude_tui.reliability.config import soak_row
+    from scheduler.stats import percentile, rnd
 
     rng = random.Random(cfg.seed)
     failures: list[str] = []

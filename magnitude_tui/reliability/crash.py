@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduler.stats import percentile, rnd
-from magnitude_tui.reliability.config import SoakConfig, soak_row
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import EngineFailed, SeqUpdate
 from magnitude_tui.engine.protocol import EngineClient, seq_updates
 from magnitude_tui.engine.waiting import EngineStartFailed, NoEventInTime, events_until, wait_ready
+from magnitude_tui.reliability.config import SoakConfig, soak_row
+from scheduler.stats import percentile, rnd
 from scheduler.types import Phase, SamplingParams
 
 ENDLESS = SamplingParams(max_tokens=1_000_000)  # a reply that is still streaming when the kill comes
@@ -183,8 +183,8 @@ def model_files(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
     """Each damaged GGUF goes to a real engine worker, as the app would send it: the worker must
     end with EngineFailed and a reason (a native abort there is reported too), never hang, and
     the caller must stay up to start the next one."""
-    from backend.llama_backend import default_model_path
     from backend.factory import BackendConfig
+    from backend.llama_backend import default_model_path
     from magnitude_tui.engine.events import EngineConfig
 
     good = Path(cfg.model or default_model_path()).read_bytes()

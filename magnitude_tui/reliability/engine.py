@@ -10,10 +10,9 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from scheduler.stats import percentile, rnd
-from magnitude_tui.reliability.config import SoakConfig, soak_row
 from magnitude_tui.engine.warm_store import WarmStore
-
+from magnitude_tui.reliability.config import SoakConfig, soak_row
+from scheduler.stats import percentile, rnd
 
 # ---- state machines --------------------------------------------------------------------------
 
@@ -82,8 +81,7 @@ def machine_fake(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
 
 
 def machine_real(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
-    from backend.factory import BackendConfig, build_backend
-    from backend.factory import reset_kv
+    from backend.factory import BackendConfig, build_backend, reset_kv
     from magnitude_tui.engine.core import Engine
 
     backend = build_backend(BackendConfig("llama", model=cfg.model, device=cfg.device, n_ctx=2048, n_seq_max=6,
@@ -110,8 +108,8 @@ def bad_inputs(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
     """Every malformed request beside good ones; the good ones must finish untouched."""
     from backend.fake import DEFAULT_REPLY, FakeBackend
     from backend.simulated import VirtualClock
-    from magnitude_tui.reliability.cases import BAD_REQUESTS
     from magnitude_tui.engine.core import Engine
+    from magnitude_tui.reliability.cases import BAD_REQUESTS
     from scheduler.types import DoneReason, Message, Request, SamplingParams
 
     failures: list[str] = []

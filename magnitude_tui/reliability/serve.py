@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from magnitude_tui.reliability.config import SoakConfig, soak_row
 from magnitude_tui.local_server import free_port
+from magnitude_tui.reliability.config import SoakConfig, soak_row
 from magnitude_tui.serve.connections import raise_fd_limit
 
 # The fake engine at a 2-core CPU's pace, really sleeping its steps: replies stay in flight.

@@ -13,8 +13,17 @@ import threading
 
 import httpx
 
-from magnitude_tui.engine.events import (CommandRejected, EndpointsReport, EngineFailed, EngineInfo, EngineReady,
-                                         LoadProgress, RestoreOutcome, SeqUpdate, SessionRestored)
+from magnitude_tui.engine.events import (
+    CommandRejected,
+    EndpointsReport,
+    EngineFailed,
+    EngineInfo,
+    EngineReady,
+    LoadProgress,
+    RestoreOutcome,
+    SeqUpdate,
+    SessionRestored,
+)
 from magnitude_tui.engine.protocol import EngineEvent, EngineTarget, EventStream
 from magnitude_tui.remote.config import RemoteConfig, base_url
 from magnitude_tui.remote.metrics import RemoteSeq

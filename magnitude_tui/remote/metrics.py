@@ -11,10 +11,10 @@ from __future__ import annotations
 import functools
 import time
 
-from magnitude_tui.remote.stream import Usage
 from magnitude_tui.engine.events import RemoteFacts, SeqUpdate, ServerTimings
-from scheduler.types import DoneReason, Phase, Request, ToolCall, ToolCallDelta
+from magnitude_tui.remote.stream import Usage
 from scheduler.stats import percentile
+from scheduler.types import DoneReason, Phase, Request, ToolCall, ToolCallDelta
 
 LIVE_WINDOW_S = 2.0  # live tok/s: deltas over the last two seconds (as the local engine reports)
 

@@ -6,12 +6,12 @@ import asyncio
 import uuid
 from dataclasses import dataclass, field, replace
 
+from magnitude_tui.engine.events import SeqUpdate
 from magnitude_tui.serve.body import ChatCall
 from magnitude_tui.serve.errors import ErrorType, OpenAIError
 from magnitude_tui.serve.hub import EngineHub
 from magnitude_tui.serve.tool_calls import check_calls, check_reply
 from scheduler.metrics import partition_ms
-from magnitude_tui.engine.events import SeqUpdate
 from scheduler.types import DoneReason, ErrorKind, Phase, Request, SamplingParams, ToolCallDelta
 
 

@@ -13,6 +13,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from magnitude_tui.agents import AgentSettings
+from magnitude_tui.engine.events import SeqUpdate
 from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.widgets.composer import Composer, typing_in
 from magnitude_tui.widgets.message_view import MessageView
@@ -20,7 +21,6 @@ from magnitude_tui.widgets.pane_labels import gauge, pane_title, queue_note, spe
 from magnitude_tui.widgets.status_line import StatusLine
 from magnitude_tui.widgets.tool_block import ToolActivity
 from magnitude_tui.widgets.transcript import Transcript
-from magnitude_tui.engine.events import SeqUpdate
 from scheduler.types import DoneReason, Message, Phase
 
 

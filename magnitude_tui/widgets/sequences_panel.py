@@ -11,9 +11,9 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable
 
+from magnitude_tui.engine.events import SeqUpdate
 from magnitude_tui.widgets.format import fmt_count, fmt_ms, fmt_rate, spark
 from magnitude_tui.widgets.tool_block import ToolActivity
-from magnitude_tui.engine.events import SeqUpdate
 from scheduler.types import Phase, Priority
 
 REFRESH_S = 0.25

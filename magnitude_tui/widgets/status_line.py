@@ -8,9 +8,9 @@ from textual.containers import Horizontal
 from textual.content import Content
 from textual.widgets import ProgressBar, Static
 
+from magnitude_tui.engine.events import SeqUpdate
 from magnitude_tui.widgets.format import fmt_count, fmt_ms, fmt_rate
 from magnitude_tui.widgets.tool_block import ToolActivity
-from magnitude_tui.engine.events import SeqUpdate
 from scheduler.types import DoneReason, Phase
 
 _BADGE = {
