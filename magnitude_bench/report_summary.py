@@ -91,14 +91,15 @@ def structured(results: Results) -> list[Headline]:
 
 def agents(results: Results) -> list[Headline]:
     out = []
-    for key in ("agents-4-bursts", "agents-2-no-bursts"):
+    for key in ("agents-4-bursts-np20", "agents-4-bursts", "agents-2-no-bursts"):
         raw = results.get(key)
         a = raw.doc["config"]["agents"]
         sides = table(raw, "per side")
         serve = _row(sides, side="serve")
         best = table(raw, "serve ÷ llama-server")[0]["best llama-server (by makespan)"]
         for t in table(raw, "the issue's targets"):
-            what = f"Agent trace, {a['agents']} agents × {a['turns']} turns: {t['target']}"
+            slots = raw.doc["config"]["setups"][0]["parallel"]
+            what = f"Agent trace, {a['agents']} agents × {a['turns']} turns, {slots} slots: {t['target']}"
             mine = (f"evaluated {fmt(serve['evaluated'])}" if "evaluated" in t["target"]
                     else f"makespan {fmt(serve['makespan_s'])} s" if "makespan" in t["target"]
                     else f"TTFT p95 {fmt(serve['ttft_p95_s'])} s")
