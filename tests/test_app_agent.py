@@ -241,3 +241,40 @@ def test_workdir_option_reaches_the_app(monkeypatch, tmp_path):
     result = CliRunner().invoke(cli, ["--model", model, "--workdir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert seen[0]["workdir"] == tmp_path.resolve()
+
+
+async def test_an_agents_file_brings_its_mcp_servers_and_spawn_limits_to_the_panes(tmp_path):
+    # agents.toml names a stdio MCP server and caps spawn_agents at one subagent per call: the
+    # pane's agent calls the server's tool and is refused a burst of two, as a headless run is.
+    import sys
+
+    from magnitude_tui.agents import RoleBook
+    from tests.test_agent_mcp import SERVER
+
+    (tmp_path / "work").mkdir()
+    path = tmp_path / "agents.toml"
+    path.write_text(f'[shouter]\nsystem = "You shout."\ntools = ["mcp.test", "spawn_agents"]\n\n'
+                    f'[mcp.test]\ncommand = {json.dumps(sys.executable)}\nargs = [{json.dumps(SERVER)}]\n\n'
+                    '[spawn]\nmax_per_call = 1\n')
+
+    def script(request):
+        results = tool_results(request)
+        if not results:
+            return [("test__shout", {"text": "hello"}),
+                    ("spawn_agents", {"agents": [{"task": "a"}, {"task": "b"}]})]
+        return "heard " + " | ".join(results)
+
+    client = ToolClient(script)
+    async with agent_app(tmp_path, client, roles=RoleBook(path)) as (app, pilot):
+        await type_message(pilot, "/agent shouter say hello")
+        pane = app.workspace.grid.panes[0]
+        await drive(pilot, client, lambda: "heard" in (pane.last_answer() or "")
+                    and not app.workspace.agents.running(pane), "the answer", on_dialog=lambda: None)
+        answer = pane.last_answer()
+        assert "HELLO!" in answer
+        assert "max_per_call" in answer  # the burst of two was refused by the file's limit
+        blocks = list(pane.query(ToolBlock))
+        assert [b.tool for b in blocks][:1] == ["test__shout"] and blocks[0].ok
+        agents = app.workspace.agents
+        assert agents._mcp is not None and agents._mcp.problems == {}
+    assert agents._mcp is None  # the server was stopped with the app

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from magnitude_tui.agent.config import AgentFileConfig, load_agent_config
 from magnitude_tui.agent.engine_link import TurnResult, collect_turn
 from magnitude_tui.agent.events import (
     AgentEvent,
@@ -20,9 +21,10 @@ from magnitude_tui.agent.events import (
     ToolStarted,
     TurnStarted,
 )
+from magnitude_tui.agent.mcp_tools import McpServers
 from magnitude_tui.agent.team import SPAWN, AgentTeam, RoleToolsError
 from magnitude_tui.agent.workspace import Workspace
-from magnitude_tui.agents import AgentSettings
+from magnitude_tui.agents import AgentFileError, AgentSettings
 from magnitude_tui.engine.events import SeqUpdate
 from magnitude_tui.screens.approval_dialog import DialogApproval
 from magnitude_tui.store import MessageRecord, PaneRecord
@@ -88,6 +90,11 @@ class PaneAgents:
         self._allowed: dict[str, set[str]] = {}  # session id -> tools allowed for that pane
         self._history: dict[str, tuple[list[Message], int]] = {}  # session -> (loop messages, records then)
         self._children: dict[str, str] = {}  # subagent name -> its pane's name
+        # The agents file's [mcp.*] servers, started when the first agent needs them and kept for
+        # the session (restarted when the file names other servers), and its [spawn] limits.
+        self._mcp: McpServers | None = None
+        self._mcp_specs: tuple = ()
+        self._mcp_lock = asyncio.Lock()
 
     def running(self, pane: ChatPane) -> bool:
         return pane.session_id in self._running
@@ -115,8 +122,15 @@ class PaneAgents:
             ws.store.set_pane_settings(pane.session_id, settings)
         settings = pane.record.settings
         try:
+            file_config = load_agent_config(ws.role_book.path)
+        except AgentFileError as e:
+            ws.notify(f"{pane.record.name}: cannot start the agent: {e}", severity="error", markup=False)
+            return
+        servers = await self._servers(file_config)
+        try:
             team = AgentTeam(self.runner, Workspace(self.workdir), roles=ws.roles, approval=self.approval,
-                             observer=self._observe, sampling=ws.sampling)
+                             observer=self._observe, sampling=ws.sampling, mcp_tools=servers.tools(),
+                             limits=file_config.spawn)
             loop = team.agent(settings, name=pane.record.name, session_id=pane.session_id)
         except (OSError, RoleToolsError) as e:
             ws.notify(f"{pane.record.name}: cannot start the agent: {e}", severity="error", markup=False)
@@ -127,6 +141,27 @@ class PaneAgents:
         await pane.add_message(MessageRecord("user", task))
         self._running[pane.session_id] = ws.run_worker(self._run(pane, loop, task, history),
                                                        group=f"agent-{pane.session_id}", exit_on_error=False)
+
+    async def _servers(self, config: AgentFileConfig) -> McpServers:
+        """The agents file's MCP servers, running; a server that fails only makes its tools
+        unavailable (said once, in a notice)."""
+        async with self._mcp_lock:
+            if self._mcp is None or config.mcp != self._mcp_specs:
+                if self._mcp is not None:
+                    await self._mcp.close()
+                self._mcp, self._mcp_specs = McpServers(config.mcp), config.mcp
+                if config.mcp:
+                    self.ws.notify(f"starting MCP server(s): {', '.join(s.name for s in config.mcp)}", timeout=4)
+                await self._mcp.start()
+                for why in self._mcp.problems.values():
+                    self.ws.notify(f"{why}; its tools are unavailable", severity="warning", timeout=10, markup=False)
+            return self._mcp
+
+    async def close(self) -> None:
+        """Stop the MCP servers (the app is closing)."""
+        if self._mcp is not None:
+            await self._mcp.close()
+            self._mcp = None
 
     def _history_for(self, pane: ChatPane, settings: AgentSettings) -> list[Message]:
         """The last agent run's messages (tool turns included, so its KV is reused) when nothing

@@ -143,8 +143,9 @@ class WorkspaceScreen(DialogActions):
         self.set_interval(ROLES_CHECK_S, self.check_roles)
         self.post_message(self.PanesReady(self))
 
-    def on_unmount(self) -> None:
+    async def on_unmount(self) -> None:
         self.save()
+        await self.agents.close()
 
     def save(self) -> None:
         """Hand every new or changed message to the store (runs on a timer and at exit)."""
