@@ -66,3 +66,49 @@ async def test_two_panes_stream_then_subagents_report_back_on_the_real_model(tmp
     async with resumed.run_test(size=SIZE) as pilot:
         restored = lambda: [(p.record.name, len(p.record.messages)) for p in resumed.workspace.grid.panes]  # noqa: E731
         await wait_for(pilot, lambda: restored() == names, what=f"{names} restored")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_an_agent_in_a_pane_calls_a_tool_on_the_real_model(tmp_path):
+    # A role whose first turn must call its one tool (the grammar makes it a list_dir call), run
+    # by /agent in a pane on the real engine: the tool block shows the call, and the next turn
+    # starts from the KV of the first (its prompt's head comes from the cache).
+    from magnitude_tui.agents import RoleBook
+    from magnitude_tui.app import MagnitudeApp
+    from magnitude_tui.store import Store
+    from magnitude_tui.widgets.tool_block import ToolBlock
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "README.md").write_text("# demo\n")
+    agents = tmp_path / "agents.toml"
+    agents.write_text('[lister]\nsystem = "You list files."\ntools = ["list_dir"]\ntool_choice = "required"\n'
+                      'approve = "read-only"\nmax_tokens = 48\n')
+    config = EngineConfig(BackendConfig("llama", device="cpu", n_ctx=4096))
+    app = MagnitudeApp(client=WorkerClient(config), store=Store(tmp_path / "magnitude.db"),
+                       export_dir=tmp_path / "exports", roles=RoleBook(agents), workdir=work)
+    async with app.run_test(size=SIZE) as pilot:
+        ws = app.workspace
+        turns: dict[str, tuple[int, int, int]] = {}  # request id -> (prompt, cached, generated), in order
+        route = ws.link.route
+
+        def spy(update, t=None):
+            if update.prompt_total:
+                turns[update.request_id] = (update.prompt_total, update.cached_tokens, update.generated)
+            route(update, t)
+
+        ws.link.route = spy
+        await wait_for(pilot, lambda: ws.engine_ready, timeout=240, what="the model to load")
+        await pilot.press(*"/agent lister Which files are here?", "enter")
+        pane = ws.grid.panes[0]
+        await wait_for(pilot, lambda: len(pane.query(ToolBlock)) > 0, timeout=240,
+                       what="the first tool call to finish")
+        block = pane.query(ToolBlock).first()
+        assert block.tool == "list_dir"
+        await wait_for(pilot, lambda: len(turns) >= 2 and list(turns.values())[1][2] > 0, timeout=240,
+                       what="the turn after the tool")
+        (first, _, _), (second, cached, _) = list(turns.values())[:2]
+        assert second > first and cached >= first, turns
+        ws.agents.stop(pane)
+        await wait_for(pilot, lambda: not ws.agents.running(pane), timeout=60, what="the agent to stop")
