@@ -66,6 +66,7 @@ class WarmStore:
         self._lock = threading.Condition()
         self._pending: dict[str, tuple[list[int], bytes]] = {}  # session -> newest unsaved state
         self._writing = False
+        self._writing_id: str | None = None  # the conversation whose state is being written now
         self._closed = False
         self._thread: threading.Thread | None = None
         self.num_written = 0
@@ -122,14 +123,14 @@ class WarmStore:
                     return
                 session_id = next(iter(self._pending))
                 tokens, state = self._pending.pop(session_id)
-                self._writing = True
+                self._writing, self._writing_id = True, session_id
             try:
                 self.write(session_id, tokens, state)
             except OSError as exc:
                 log.warning("warm resume: could not save %s's KV in %s: %s", session_id, self.directory, exc)
             finally:
                 with self._lock:
-                    self._writing = False
+                    self._writing, self._writing_id = False, None
                     self._lock.notify_all()
 
     def write(self, session_id: str, tokens: list[int], state: bytes) -> int:
@@ -230,6 +231,9 @@ class WarmStore:
         """Forget a conversation's saved KV under every layout (it was deleted)."""
         with self._lock:
             self._pending.pop(session_id, None)
+            # A write of it under way would put the file back after the deletion: let it land.
+            while self._writing_id == session_id:
+                self._lock.wait()
         discard_saved(self.directory, session_id)
 
 
