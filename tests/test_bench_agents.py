@@ -80,7 +80,12 @@ def _replay_config(tmp_path, **kw) -> AgentsConfig:
 
 
 def test_short_replay_evaluates_no_more_than_the_minimum_while_the_context_has_room(tmp_path):
-    cfg = _replay_config(tmp_path, n_ctx=16384)
+    # Room in the context and in the slots: a slot for every conversation the trace can hold at
+    # once (its agents and every subagent), so no idle one is evicted for a slot. With fewer slots
+    # two bursts that overlap (the think times decide) evict an agent waiting on its subagents.
+    trace = load_trace(_replay_config(tmp_path).trace)
+    slots = len(trace.agents) + sum(len(t.subtasks) for a in trace.agents for t in a.turns)
+    cfg = _replay_config(tmp_path, n_ctx=16384, parallel=slots)
     result = run_agents(cfg, argv=["test"])
     runs = result.data["runs"]
     assert [r["side"] for r in runs] == ["serve", "engine"]
