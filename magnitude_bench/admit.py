@@ -7,19 +7,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import (
-    OTHERS_NOTE,
-    BenchResult,
-    backend_info,
-    machine_info,
-    measured,
-    median,
-    percentile,
-    prompt_tokens,
-    rnd,
-)
+from magnitude_bench.common import OTHERS_NOTE, BenchResult, backend_info, machine_info, measured, prompt_tokens
 from magnitude_bench.harness import Drive, recorded
 from scheduler.budget import MIN_PREFILL_QUANTUM
+from scheduler.stats import median, percentile, rnd
 from scheduler.types import Request, SamplingParams
 
 DEFAULT_FIXED = (16, 32, 64, 128, 256, 512, 2048)

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from magnitude_bench.agents_replay import CallKind, CallRecord, Replay
-from magnitude_bench.common import BenchResult, median, percentile, rnd
+from magnitude_bench.common import BenchResult
+from scheduler.stats import median, percentile, rnd
 
 # The targets: serve ÷ llama-server's best configuration.
 MAKESPAN_BURSTS, TTFT_P95_BURSTS, MAKESPAN_NO_BURSTS, EVAL_X_MIN = 0.6, 0.5, 1.0, 1.1

@@ -13,14 +13,12 @@ from magnitude_bench.common import (
     backend_info,
     machine_info,
     measured,
-    median,
     not_quiet_note,
-    percentile,
     prompt_tokens,
-    rnd,
     sized,
 )
 from magnitude_bench.harness import Drive, calibrated, recorded
+from scheduler.stats import median, percentile, rnd
 from scheduler.types import Request, SamplingParams
 
 # `target-v1:50` is target:50 as it was before it knew depth and occupancy: with llama.cpp's

@@ -14,9 +14,8 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.table import Table
 
-from backend.factory import BackendConfig, reset_kv  # noqa: F401  (the benches' one import line)
+from backend.factory import BackendConfig
 from backend.protocol import Backend, Clock
-from scheduler.stats import median, percentile, rnd  # noqa: F401  (likewise)
 
 # A plain passage the real tokenizer turns into ordinary text tokens; prompts are cut from it at
 # different offsets so that no two sequences share a prefix (nothing is reusable by accident).

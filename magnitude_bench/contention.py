@@ -23,9 +23,10 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Callable, Iterator
 
-from magnitude_bench.common import BenchResult, Contention, machine_info, rnd
+from magnitude_bench.common import BenchResult, Contention, machine_info
 from magnitude_bench.harness import recorded
 from magnitude_tui.engine.waiting import wait_ready
+from scheduler.stats import rnd
 
 # ~64 tokens of SmolLM2's chat template around it: the workload of `-npp 64`.
 _PROMPT = ("The keeper climbed the stairs of the lighthouse every evening, counted the steps aloud, "

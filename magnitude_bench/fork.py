@@ -5,17 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import (
-    OTHERS_NOTE,
-    BenchResult,
-    backend_info,
-    machine_info,
-    median,
-    prompt_tokens,
-    rnd,
-    sized,
-)
+from magnitude_bench.common import OTHERS_NOTE, BenchResult, backend_info, machine_info, prompt_tokens, sized
 from magnitude_bench.harness import Drive, recorded, sweep
+from scheduler.stats import median, rnd
 from scheduler.types import Request, SamplingParams
 
 

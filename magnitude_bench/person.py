@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import BenchResult, backend_info, machine_info, prompt_tokens, rnd, sized
+from magnitude_bench.common import BenchResult, backend_info, machine_info, prompt_tokens, sized
 from magnitude_bench.harness import Drive, recorded
+from scheduler.stats import rnd
 from scheduler.types import Priority, Request, SamplingParams
 from scheduler.yielding import AGENT_HOLD_MS
 

@@ -7,19 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import (
-    OTHERS_NOTE,
-    BenchResult,
-    backend_info,
-    machine_info,
-    measured,
-    median,
-    prompt_tokens,
-    reset_kv,
-    rnd,
-)
+from backend.factory import BackendConfig, build_backend, reset_kv
+from magnitude_bench.common import OTHERS_NOTE, BenchResult, backend_info, machine_info, measured, prompt_tokens
 from magnitude_bench.harness import calibrated, recorded
+from scheduler.stats import median, rnd
 from scheduler.types import BatchPlan, DecodeOutcome, SeqSlice
 
 DEFAULT_CHUNKS = tuple(2 ** i for i in range(12))  # 1 .. 2048

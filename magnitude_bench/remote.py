@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from magnitude_bench.common import BenchResult, machine_info, median, percentile, rnd
+from magnitude_bench.common import BenchResult, machine_info
 from magnitude_bench.harness import client_run, recorded
 from magnitude_tui.engine.protocol import EngineClient
 from magnitude_tui.engine.waiting import wait_ready
+from scheduler.stats import median, percentile, rnd
 from scheduler.types import Message, Request, SamplingParams
 
 TOPICS = ("the sea", "a mountain town", "a lighthouse keeper", "an old library", "a winter market",

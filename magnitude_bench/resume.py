@@ -7,11 +7,12 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 
-from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import PASSAGE, BenchResult, backend_info, machine_info, median, reset_kv, rnd
+from backend.factory import BackendConfig, build_backend, reset_kv
+from magnitude_bench.common import PASSAGE, BenchResult, backend_info, machine_info
 from magnitude_bench.harness import Drive, recorded, sweep
 from magnitude_tui.engine.events import RestoreOutcome
 from magnitude_tui.engine.warm_store import WarmStore
+from scheduler.stats import median, rnd
 from scheduler.types import Message, Request, SamplingParams
 
 

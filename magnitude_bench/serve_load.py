@@ -11,9 +11,10 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from magnitude_bench.common import PASSAGE, BenchResult, machine_info, median, percentile, rnd
+from magnitude_bench.common import PASSAGE, BenchResult, machine_info
 from magnitude_bench.harness import recorded
 from magnitude_bench.remote import TOPICS
+from scheduler.stats import median, percentile, rnd
 
 
 @dataclass(frozen=True)

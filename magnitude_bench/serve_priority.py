@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 
-from magnitude_bench.common import PASSAGE, median, rnd
+from magnitude_bench.common import PASSAGE
 from magnitude_tui.engine.events import SeqUpdate, StepReport
+from scheduler.stats import median, rnd
 from scheduler.types import Message, Phase, Priority, Request, SamplingParams
 
 

@@ -11,16 +11,7 @@ from itertools import permutations
 from typing import Callable
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import (
-    CPU_CLOCK,
-    BenchResult,
-    FixedLength,
-    backend_info,
-    machine_info,
-    median,
-    prompt_tokens,
-    rnd,
-)
+from magnitude_bench.common import CPU_CLOCK, BenchResult, FixedLength, backend_info, machine_info, prompt_tokens
 from magnitude_bench.harness import Drive, recorded
 from magnitude_bench.spec_report import CONTROL, identity_note, merge_reps, run_notes, targets
 from magnitude_bench.spec_tasks import Task, task_messages
@@ -29,6 +20,7 @@ from magnitude_tui.engine.core import Engine
 from scheduler.drafts import DraftKind, DraftSource
 from scheduler.ngram import NgramSource
 from scheduler.speculation import SpecMode
+from scheduler.stats import median, rnd
 from scheduler.types import Request, SamplingParams
 
 MODES = tuple(m.value for m in SpecMode)  # off, ngram, draft, auto

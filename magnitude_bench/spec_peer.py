@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import median, rnd
 from magnitude_bench.peers import PeerError, Server, tools_dir
 from magnitude_bench.spec_tasks import Task, task_messages
+from scheduler.stats import median, rnd
 
 # llama-server's speculation types compared: none, and its n-gram lookup over the slot's own tokens.
 SPEC_TYPES = ("none", "ngram-simple")

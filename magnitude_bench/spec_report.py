@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from magnitude_bench.common import median, rnd
 from magnitude_bench.spec_tasks import Task
+from scheduler.stats import median, rnd
 
 CONTROL = "off again"  # `off` a second time in each repetition: identical work, the measurement's own spread
 

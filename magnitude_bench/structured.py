@@ -8,12 +8,13 @@ from dataclasses import asdict, dataclass, replace
 from jsonschema import Draft202012Validator
 
 from backend.factory import BackendConfig
-from magnitude_bench.common import BenchResult, machine_info, measured, median, rnd
+from magnitude_bench.common import BenchResult, machine_info, measured
 from magnitude_bench.harness import client_run, in_turn, recorded
 from magnitude_bench.remote import TOPICS
 from magnitude_tui.engine.protocol import EngineClient
 from magnitude_tui.engine.waiting import wait_ready
 from scheduler.speculation import SpecMode
+from scheduler.stats import median, rnd
 from scheduler.types import DoneReason, Message, Request, SamplingParams
 
 # Bounded strings and a small integer, so a constrained reply closes well within max_tokens.

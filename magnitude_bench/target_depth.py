@@ -11,15 +11,13 @@ from magnitude_bench.common import (
     BenchResult,
     backend_info,
     machine_info,
-    median,
     not_quiet_note,
-    percentile,
     prompt_tokens,
-    rnd,
     sized,
 )
 from magnitude_bench.harness import Drive, calibrated, recorded
 from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel
+from scheduler.stats import median, percentile, rnd
 from scheduler.types import AttentionPath, Request, SamplingParams, attended_kpos, used_cells_kpos
 
 HOLD_RATIO = 1.1  # "p99 step <= 1.1x the target"

@@ -17,12 +17,11 @@ from magnitude_bench.common import (
     backend_info,
     machine_info,
     measured,
-    median,
     prompt_tokens,
-    rnd,
 )
 from magnitude_bench.harness import Drive, in_turn, recorded
 from scheduler.speculation import SpecMode
+from scheduler.stats import median, rnd
 from scheduler.types import Request, SamplingParams
 
 PEERS = ("batched-bench", "server", "serial")

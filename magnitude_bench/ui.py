@@ -182,7 +182,8 @@ async def run_ui(config, cfg: UiConfig) -> dict:
 @recorded
 def run_ui_bench(config, cfg: UiConfig, progress: Callable[[str], None] = lambda s: None):
     """Alternate headless and UI runs of one workload per thread setting; a BenchResult."""
-    from magnitude_bench.common import BenchResult, machine_info, measured, median, percentile, rnd
+    from magnitude_bench.common import BenchResult, machine_info, measured
+    from scheduler.stats import median, percentile, rnd
 
     machine = machine_info()  # the load average before the runs (save_result adds the one after)
     runs: list[dict] = []

@@ -119,7 +119,7 @@ class KeyFigures:
 
     @classmethod
     def of(cls, keys: list[float | None], timeout_ms: float = 2000.0) -> "KeyFigures":
-        from magnitude_bench.common import percentile
+        from scheduler.stats import percentile
 
         timed = [timeout_ms if k is None else k for k in keys]
         return cls(statistics.median(timed) if timed else None, percentile(timed, 95),

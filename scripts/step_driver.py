@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend.factory import BackendConfig, build_backend  # noqa: E402
-from magnitude_bench.common import prompt_tokens, reset_kv  # noqa: E402
+from backend.factory import BackendConfig, build_backend, reset_kv  # noqa: E402
+from magnitude_bench.common import prompt_tokens
 from scheduler.types import BatchPlan, SeqSlice  # noqa: E402
 
 

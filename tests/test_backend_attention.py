@@ -9,7 +9,7 @@ import pytest
 
 from backend import attention
 from backend.attention import PathTiming
-from magnitude_bench.common import median
+from scheduler.stats import median
 from scheduler.types import AttentionPath
 from tests.needs import need_real_model
 

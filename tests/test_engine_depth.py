@@ -9,9 +9,10 @@ import pytest
 
 from backend.simulated import HardwareProfile, SimulatedBackend, get_profile
 from magnitude_bench.burst import BurstConfig, run_burst
-from magnitude_bench.common import percentile, prompt_tokens
+from magnitude_bench.common import prompt_tokens
 from magnitude_tui.engine.core import Engine
 from scheduler.budget import MIN_PREFILL_QUANTUM
+from scheduler.stats import percentile
 from scheduler.types import AttentionPath, Request, SamplingParams, attended_kpos, used_cells_kpos
 from tests.engine_driver import close_and_assert_empty
 
