@@ -38,6 +38,11 @@ def table(raw: Raw, prefix: str) -> list[dict]:
     raise KeyError(f"{raw.file}: no table titled {prefix!r}...")
 
 
+def slots(raw: Raw) -> int:
+    """An agents run's sequence slots: llama-server's -np and the engine's sequences (its setups agree)."""
+    return raw.doc["config"]["setups"][0]["parallel"]
+
+
 def machine(raw: Raw) -> str:
     m = raw.doc.get("machine") or {}
     where = raw.provenance.get("machine")

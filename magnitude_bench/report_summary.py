@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Callable
 
-from magnitude_bench.report_format import Cell, fmt, machine, md_table, table
+from magnitude_bench.report_format import Cell, fmt, machine, md_table, slots, table
 from magnitude_bench.report_raw import Raw, Results
 from magnitude_bench.report_spec import CPU, SIM, met
 
@@ -98,8 +98,7 @@ def agents(results: Results) -> list[Headline]:
         serve = _row(sides, side="serve")
         best = table(raw, "serve ÷ llama-server")[0]["best llama-server (by makespan)"]
         for t in table(raw, "the issue's targets"):
-            slots = raw.doc["config"]["setups"][0]["parallel"]
-            what = f"Agent trace, {a['agents']} agents × {a['turns']} turns, {slots} slots: {t['target']}"
+            what = f"Agent trace, {a['agents']} agents × {a['turns']} turns, {slots(raw)} slots: {t['target']}"
             mine = (f"evaluated {fmt(serve['evaluated'])}" if "evaluated" in t["target"]
                     else f"makespan {fmt(serve['makespan_s'])} s" if "makespan" in t["target"]
                     else f"TTFT p95 {fmt(serve['ttft_p95_s'])} s")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from magnitude_bench.report_format import Cell, md_table, plot, source, table
+from magnitude_bench.report_format import Cell, md_table, plot, slots, source, table
 from magnitude_bench.report_raw import Raw, Results
 from magnitude_bench.report_spec import spec, spec_control, spec_peer, spec_targets
 from magnitude_bench.report_summary import summary
@@ -63,11 +63,6 @@ def structured(results: Results, raw: Raw) -> str:
                         md_table(vcols, [[r.get(c) for c in vcols] for r in vs]), source(raw)])
 
 
-def _slots(raw: Raw) -> int:
-    """llama-server's -np and the engine's sequences in an agents run (its setups agree)."""
-    return raw.doc["config"]["setups"][0]["parallel"]
-
-
 def agents(results: Results, *raws: Raw) -> str:
     cols = ["side", "reps", "makespan_s", "ttft_p50_s", "ttft_p95_s", "subagent_ttft_p95_s", "evaluated", "minimum",
             "reevaluated", "generated", "errors", "others_cores_max"]
@@ -75,7 +70,7 @@ def agents(results: Results, *raws: Raw) -> str:
     for raw in raws:
         a = raw.doc["config"]["agents"]
         out.append(f"*{a['agents']} agents × {a['turns']} turns, tool results cut to {a['k_max']} tokens, "
-                   f"{table(raw, 'per side')[0]['trace']}, {_slots(raw)} sequence slots each side* (`{raw.file}`):")
+                   f"{table(raw, 'per side')[0]['trace']}, {slots(raw)} sequence slots each side* (`{raw.file}`):")
         out.append(md_table(cols, [[r.get(c) for c in cols] for r in table(raw, "per side")]))
         ratio = table(raw, "serve ÷ llama-server")
         rcols = [c for c in ratio[0] if c != "trace"]
