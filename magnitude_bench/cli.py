@@ -104,6 +104,8 @@ def throughput(
                                    "(one thread only): the work done, whatever else a shared machine runs."),
     spec: str = typer.Option("off", "--spec", help="The engine's speculative decoding: off (the peers' work: none "
                              "of them speculates), ngram or auto."),
+    who: str = typer.Option("agent", "--class", help="Whose requests: agent (what serve makes of API calls; "
+                            "throughput-paced) or interactive (a person's turns, paced by the step target)."),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
@@ -114,7 +116,7 @@ def throughput(
 
     cfg = options.throughput_config(seqs=seqs, prompt=prompt, gen=gen, reps=reps, policy=policy, peers=peers,
                                     require_tools=require_tools, profile=profile, cpu_clock=cpu_clock, spec=spec,
-                                    threads=threads)
+                                    threads=threads, who=who)
     try:
         result = run_throughput(options.backend_spec("llama", model, device, threads, ctx), cfg, progress=_progress)
     except PeerError as e:

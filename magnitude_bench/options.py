@@ -54,7 +54,8 @@ def admit_config(*, n_running: int, running_depth: int, newcomer: int, fixed: st
 
 
 def throughput_config(*, seqs: str, prompt: int, gen: int, reps: int, policy: Sequence[str], peers: str,
-                      require_tools: bool, profile: bool, cpu_clock: bool, spec: str, threads: Optional[int]):
+                      require_tools: bool, profile: bool, cpu_clock: bool, spec: str, threads: Optional[int],
+                      who: str = "agent"):
     check_cpu_clock(cpu_clock, threads)
     from magnitude_bench.throughput import PEERS, ThroughputConfig
     from scheduler.speculation import SpecMode, parse_spec_mode
@@ -70,9 +71,13 @@ def throughput_config(*, seqs: str, prompt: int, gen: int, reps: int, policy: Se
     if spec_mode is SpecMode.DRAFT:
         raise typer.BadParameter("draft needs a draft model, which bench throughput does not load: use off, ngram "
                                  "or auto (bench spec measures draft)", param_hint="--spec")
+    from scheduler.types import Priority
+
+    if who not in ("agent", "interactive"):
+        raise typer.BadParameter(f"expected agent or interactive, got {who!r}", param_hint="--class")
     return ThroughputConfig(seqs=ints(seqs), prompt=prompt, gen=gen, reps=reps, policies=tuple(policy),
                             peers=chosen, require_tools=require_tools, profile=profile, cpu_clock=cpu_clock,
-                            spec=spec_mode)
+                            spec=spec_mode, priority=Priority[who.upper()])
 
 
 def spec_config(*, seqs: str, tasks: str, modes: str, max_tokens: Optional[int], reps: int, policy: str,

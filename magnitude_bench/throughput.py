@@ -22,7 +22,7 @@ from magnitude_bench.common import (
 from magnitude_bench.harness import Drive, in_turn, recorded
 from scheduler.speculation import SpecMode
 from scheduler.stats import median, rnd
-from scheduler.types import Request, SamplingParams
+from scheduler.types import Priority, Request, SamplingParams
 
 PEERS = ("batched-bench", "server", "serial")
 SHORT = {"llama-batched-bench": "batched-bench", "llama-server -np N": "server", "Llama serial": "serial"}
@@ -45,17 +45,24 @@ class ThroughputConfig:
     # The engine's --spec: off by default, so its rows are the work llama.cpp's tools do (none of
     # them speculates); auto shows what drafting adds or costs on the same runs.
     spec: SpecMode = SpecMode.OFF
+    # Whose requests these are: agents by default (what `serve` makes of API calls, as the peers
+    # receive them); `interactive` runs them as a person's turns, paced by the step target.
+    priority: Priority = Priority.AGENT
 
 
 def engine_run(backend, prompts: list[tuple[int, ...]], gen: int, policy: str, cpu_clock: bool = False,
-               spec: SpecMode = SpecMode.OFF) -> dict:
+               spec: SpecMode = SpecMode.OFF, priority: Priority = Priority.AGENT, params=None) -> dict:
     """All prompts submitted at once, run to the end; wall time (or CPU time, `cpu_clock`) plus
-    per-step Python vs native time."""
-    drive = Drive(backend, policy=policy, gen_reserve=gen, clock=CPU_CLOCK if cpu_clock else None, spec=spec)
+    per-step Python vs native time. `params`: the cost model of an engine that has been up a while
+    (calibrated at the warm-up): a fresh one's first steps would also pay the ramp that guards a
+    fit not yet borne out (scheduler.md), once per launch, not once per burst."""
+    drive = Drive(backend, policy=policy, gen_reserve=gen, clock=CPU_CLOCK if cpu_clock else None, spec=spec,
+                  params=params)
+    params = drive.params
     drive.view.decode_ms.clear()
     sampling = SamplingParams(temperature=0.0, max_tokens=gen)
-    tr = drive.run([Request(request_id=f"r{i}", session_id=f"r{i}", messages=(), sampling=sampling, prompt_tokens=p)
-                    for i, p in enumerate(prompts)])
+    tr = drive.run([Request(request_id=f"r{i}", session_id=f"r{i}", messages=(), sampling=sampling, prompt_tokens=p,
+                            priority=priority) for i, p in enumerate(prompts)])
     drive.close()
     assert tr.ended is not None  # Drive.run returns a finished trace
     t0, made = tr.submitted["r0"], tr.made()
@@ -65,7 +72,7 @@ def engine_run(backend, prompts: list[tuple[int, ...]], gen: int, policy: str, c
     made_at_first = sum(1 for ts in tr.tokens.values() for t in ts if t <= t_all_first)
     tg = (made - made_at_first) / (tr.ended - t_all_first) if made > made_at_first else None
     decoded = [s for s in tr.steps if s.native_ms is not None]
-    return {"wall_s": wall, "made": made, "tok_s": made / wall, "tg_tok_s": tg, "steps": len(decoded),
+    return {"wall_s": wall, "made": made, "tok_s": made / wall, "tg_tok_s": tg, "steps": len(decoded), "params": params,
             "step_ms": [s.host_ms for s in decoded], "native_ms": [s.native_ms for s in decoded]}
 
 
@@ -117,12 +124,14 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
     runs: list[dict] = []  # one per (peer, seqs, rep)
     engine_steps: dict[int, dict] = {}
     try:
-        engine_run(backend, prompts[cfg.seqs[0]], 8, cfg.policies[0])  # warm-up
+        # Warm-up; its calibration serves every run (an engine that has been up a while).
+        params = engine_run(backend, prompts[cfg.seqs[0]], 8, cfg.policies[0], cfg.cpu_clock)["params"]
         # Repetitions outermost and every peer inside each one: a noisy neighbour hits all of them alike.
         for rep in range(cfg.reps):
             for policy in in_turn(cfg.policies, rep):
                 for n in cfg.seqs:
-                    r, busy = measured(lambda: engine_run(backend, prompts[n], cfg.gen, policy, cfg.cpu_clock, cfg.spec),
+                    r, busy = measured(lambda: engine_run(backend, prompts[n], cfg.gen, policy, cfg.cpu_clock, cfg.spec,
+                                                                     cfg.priority, params),
                                        progress=progress)
                     runs.append({"peer": f"engine {policy}", "seqs": n, "rep": rep, "tok_s": r["tok_s"],
                                  "tg_tok_s": r["tg_tok_s"], "made": r["made"], "wall_s": r["wall_s"], "others": busy})
@@ -230,4 +239,7 @@ def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: Through
         "Llama serial = llama-cpp-python's high-level Llama.generate, one request after another",
         f"the engine's --spec: {cfg.spec.value}" + (" (no drafts: the work every peer does)" if cfg.spec is SpecMode.OFF else
                                               " (drafts verified in the batch; no peer speculates)"),
+        f"the engine's requests: {cfg.priority.label}" + (
+            " (the class serve gives API calls: no person paces the steps, prompts go in large batches)"
+            if cfg.priority is not Priority.INTERACTIVE else " (a person's turns: steps paced by the policy's target)"),
     ]

@@ -241,6 +241,9 @@ class StepShape:
     # Time sampling will take after the step for rows constrained by a grammar (the mask is
     # checked, and sometimes applied to the whole vocabulary): part of the step a reader waits for.
     sampling_ms: float = 0.0
+    # Whether a person paces this step: one of theirs decodes, waits for its first token or for
+    # a slot. When none does, only agents wait on the step, and they want throughput (see Policy).
+    paced: bool = True
 
     def kpos(self, prefill_rows: int) -> float:
         """The step's attention work (thousands) with `prefill_rows` prompt rows added."""
@@ -273,6 +276,12 @@ class Policy:
       holds every pending prompt row if that takes at most IDLE_MERGE_MS, else one micro-batch
       (n_ubatch rows, or what fits in MS if more): llama.cpp evaluates a step in micro-batches,
       one runs prefill near its peak rate, and a bigger step only makes an arrival wait longer.
+      When no person paces the step (every sequence running or waiting is an agent's or a
+      background job's: `StepShape.paced` is false), nobody reads the tokens as they come and
+      every one of them waits for whole replies: the step takes as many prompt rows as fit in
+      IDLE_MERGE_MS beside the decode rows, as llama-server takes a batch, so prompts finish in
+      few steps and decoding runs at full width instead of a staggered tail. A person arriving
+      waits for that step as for an idle one.
     - `target-v1:MS`: target:MS as it was before it knew depth and occupancy (16-row floor
       whatever the decode step; up to IDLE_STEP_MS with nothing generating); for comparisons.
     """
@@ -315,6 +324,9 @@ class Policy:
             legacy = StepShape(d, shape.decode_kpos, shape.prefill_pos0, n_batch=shape.n_batch)
             target = self.value if d else max(self.value, IDLE_STEP_MS)
             return min(max(MIN_PREFILL_QUANTUM, cost.rows_within(target, legacy)), room)
+        if not shape.paced:
+            quick = max(self.value, IDLE_MERGE_MS)
+            return min(max(MIN_PREFILL_QUANTUM, cost.rows_within(quick, shape)), room)
         # Aim below the target by what recent steps ran over their prediction, so that the tail,
         # not only the average, stays within it.
         fits = cost.rows_within(max(0.0, self.value - shape.sampling_ms) / cost.overrun(), shape)

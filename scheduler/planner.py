@@ -26,6 +26,7 @@ from scheduler.types import (
     DoneReason,
     ErrorKind,
     Phase,
+    Priority,
     SeqSlice,
     attended_kpos,
     plan_kpos,
@@ -251,7 +252,8 @@ class Scheduler:
             allowance = self.n_batch
             budget = self.n_batch
         else:
-            allowance = self.policy.prefill_allowance(self._shape(decoding, prefilling), self.cost)
+            shape = self._shape(decoding, prefilling)
+            allowance = self.policy.prefill_allowance(shape, self.cost)
             if self.policy.target_ms is not None:
                 allowance = self.ramp.cap(allowance)
             budget = min(self.n_batch, len(decoding) + allowance)
@@ -341,7 +343,8 @@ class Scheduler:
             cells_used=self.kv.cells_used(), path=self.attention,
             n_batch=self.n_batch, n_ubatch=self.n_ubatch,
             pending_rows=sum(s.num_pending for s in prefilling), tile_rows=self.attention_tile,
-            sampling_ms=sum(s.mask_ms_per_token for s in decoding if s.grammar is not None))
+            sampling_ms=sum(s.mask_ms_per_token for s in decoding if s.grammar is not None),
+            paced=any(s.priority is Priority.INTERACTIVE for s in (*self.running, *self.waiting)))
 
     def _drafts(self, decoding: list[Sequence], prefilling: list[Sequence],
                 grants: list[tuple[Sequence, int]]):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from scheduler.budget import IDLE_MERGE_MS, MIN_PREFILL_QUANTUM, CostParams
 from scheduler.types import DoneReason, Phase, Priority
 from tests.planner_driver import add, close_all, make, rows, step
 
@@ -104,3 +105,29 @@ def test_an_agent_waits_its_turn_behind_agents_and_preempts_nobody():
     assert late.seq_id is None and late.phase is Phase.QUEUED and "KV room" in late.waiting_reason
     assert all(a.num_preemptions == 0 for a in agents)
     close_all(sched)
+
+
+def test_with_no_person_waiting_an_agents_prompt_takes_an_idle_steps_worth_beside_decode_rows():
+    # A slow CPU: two decode rows take 40 ms and a prompt row 5 ms, so target:50 is out of reach.
+    # A person's decode row keeps its cadence: the newcomer gets the 16-row floor. With only
+    # agents decoding nobody reads tokens as they come: the newcomer gets what fits in
+    # IDLE_MERGE_MS, as a llama-server batch would take it, and the decode rows keep their row.
+    cost = CostParams(fixed_ms=30.0, decode_ms=5.0, prefill_ms=5.0)
+    granted = {}
+    for classes in ((Priority.INTERACTIVE, Priority.INTERACTIVE), (Priority.AGENT, Priority.INTERACTIVE),
+                    (Priority.AGENT, Priority.AGENT), (Priority.BACKGROUND, Priority.AGENT)):
+        sched, kv = make("target:50", n_batch=2048)
+        sched.cost.seed(cost)
+        decoders = [_with_priority(add(sched, f"d{i}", 8), who) for i, who in enumerate(classes)]
+        while not all(d.is_decoding for d in decoders):
+            step(sched, kv)
+        newcomer = _with_priority(add(sched, "tool-result", 1500), Priority.AGENT)
+        plan = step(sched, kv)
+        assert all(rows(plan)[d.seq_id] == 1 for d in decoders)
+        granted[classes] = rows(plan)[newcomer.seq_id]
+        close_all(sched)
+    idle_worth = int((IDLE_MERGE_MS - cost.predict(2, 0)) / cost.prefill_ms)  # 392 rows
+    assert granted == {(Priority.INTERACTIVE, Priority.INTERACTIVE): MIN_PREFILL_QUANTUM,
+                       (Priority.AGENT, Priority.INTERACTIVE): MIN_PREFILL_QUANTUM,
+                       (Priority.AGENT, Priority.AGENT): idle_worth,
+                       (Priority.BACKGROUND, Priority.AGENT): idle_worth}
