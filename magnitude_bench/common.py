@@ -15,7 +15,6 @@ from rich.console import Console
 from rich.table import Table
 
 from backend.factory import BackendConfig
-from backend.protocol import Backend, Clock
 
 # A plain passage the real tokenizer turns into ordinary text tokens; prompts are cut from it at
 # different offsets so that no two sequences share a prefix (nothing is reusable by accident).
@@ -31,11 +30,6 @@ PASSAGE = (
 
 
 # ---- backends ------------------------------------------------------------------------------------
-
-def backend_clock(backend: Backend) -> Clock:
-    """The clock that measures a backend: a simulated backend's virtual clock, else wall time."""
-    return backend.clock
-
 
 class CpuClock:
     """CPU seconds of this process. With one llama.cpp thread every step computes on the calling
@@ -222,8 +216,6 @@ def measured(fn: Callable[[], Any], *, retries: int = 2, limit: float = 0.25, pi
         progress(f"other processes used {busy:.2f} cores during the run; measuring again")
     raise AssertionError("unreachable")
 
-
-# ---- statistics ----------------------------------------------------------------------------------
 
 # ---- results -------------------------------------------------------------------------------------
 

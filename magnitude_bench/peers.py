@@ -9,6 +9,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from magnitude_tui.local_server import ServerProcess, ServerStartError, free_port
 
@@ -133,9 +134,10 @@ class Server:
     def __exit__(self, *exc) -> None:
         self.process.__exit__(*exc)
 
-    def complete(self, tokens: list[int], n_predict: int) -> dict:
+    def complete(self, tokens: list[int], n_predict: int, **fields: Any) -> dict:
+        """One greedy /completion; `fields` override the body's (ignore_eos, cache_prompt ...)."""
         body = json.dumps({"prompt": tokens, "n_predict": n_predict, "temperature": 0.0, "ignore_eos": True,
-                           "cache_prompt": False, "stream": False}).encode()
+                           "cache_prompt": False, "stream": False, **fields}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=1800) as r:

@@ -36,22 +36,13 @@ def _cpu_s(pid: int) -> float:
 
 
 def _burst(server: Server, prompts: list[list[int]], n_predict: int) -> tuple[list[dict], float]:
-    """All prompts at once (the slots keep them cached); the replies and the server's CPU seconds."""
-    def one(p: list[int]) -> dict:
-        import json
-        import urllib.request
-
-        body = json.dumps({"prompt": p, "n_predict": n_predict, "temperature": 0.0, "cache_prompt": True,
-                           "stream": False}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{server.port}/completion", data=body,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=1800) as r:
-            return json.loads(r.read())
-
+    """All prompts at once (the slots keep them cached; EOS ends a reply); the replies and the
+    server's CPU seconds."""
     assert server.pid is not None  # a started server
     cpu0 = _cpu_s(server.pid)
     with ThreadPoolExecutor(len(prompts)) as pool:
-        replies = list(pool.map(one, prompts))
+        replies = list(pool.map(lambda p: server.complete(p, n_predict, ignore_eos=False, cache_prompt=True),
+                                prompts))
     return replies, _cpu_s(server.pid) - cpu0
 
 
