@@ -24,7 +24,7 @@ from functools import partial
 from typing import Callable, Iterator
 
 from magnitude_bench.common import BenchResult, Contention, machine_info
-from magnitude_bench.harness import recorded
+from magnitude_bench.harness import client_run, recorded
 from magnitude_tui.engine.waiting import wait_ready
 from scheduler.stats import rnd
 
@@ -47,6 +47,9 @@ class ContentionConfig:
     settle_s: float = 2.0  # the busy processes run this long before the first measurement
     peer_limit_s: float = 150.0  # a llama-batched-bench run longer than this is stopped (rate: "<")
     model: str | None = None
+
+
+ROUND_LIMIT_S = 1800.0  # an engine round not done in this long fails the run
 
 
 @contextmanager
@@ -97,47 +100,35 @@ def step_stats(steps: list[StepSeen], wall_s: float) -> dict:
 
 def engine_round(client, cfg: ContentionConfig, tag: str) -> dict:
     """Submit cfg.seqs requests at once (fresh conversations), wait for all; tok/s and threads."""
-    from magnitude_tui.engine.events import SeqUpdate, StepReport
-    from magnitude_tui.engine.protocol import seq_updates
-    from scheduler.types import Message, Phase, Request, SamplingParams
+    from magnitude_tui.engine.events import StepReport
+    from scheduler.types import Message, Request, SamplingParams
 
     sampling = SamplingParams(temperature=0.0, max_tokens=cfg.gen)
     sessions = [f"{tag}-{i}" for i in range(cfg.seqs)]
-    t0 = time.perf_counter()
-    for i, sid in enumerate(sessions):
-        client.submit(Request(request_id=sid, session_id=sid, messages=(Message("user", _PROMPT),),
-                              sampling=sampling))
-    done: dict[str, SeqUpdate] = {}
+    events: list = []
+    tr = client_run(client, [Request(request_id=sid, session_id=sid, messages=(Message("user", _PROMPT),),
+                                     sampling=sampling) for sid in sessions],
+                    ROUND_LIMIT_S, what="an engine round: ", seen=events)
+    for sid in sessions:
+        client.close_session(sid)
     threads, counts = None, []
     steps: list[StepSeen] = []
     ran_on = None  # a report's ThreadState is the count for the step after it
     probes: list[str] = []  # why each probe of another thread count started
-    while len(done) < cfg.seqs:
-        batch = client.poll_events(timeout=300)
-        if batch is None:
-            raise RuntimeError("no progress from the engine for 300 s")
-        for ev in batch:
-            updates = seq_updates([ev])
-            if isinstance(ev, StepReport) and ev.decode_rows + ev.prefill_rows:
-                steps.append(StepSeen(ev.prefill_rows, ev.step_ms, ran_on))
-            if isinstance(ev, StepReport) and ev.threads is not None:
-                threads = ev.threads
-                counts.append(ev.threads.n_threads)
-                ran_on = ev.threads.n_threads
-                if ev.threads.why.startswith("probing") and ev.threads.why not in probes[-1:]:
-                    probes.append(ev.threads.why)
-            for u in updates:
-                if u.phase is Phase.DONE:
-                    done[u.request_id] = u
-    wall = time.perf_counter() - t0
-    for sid in sessions:
-        client.close_session(sid)
-    errors = [u.error for u in done.values() if u.error]
-    if errors:
-        raise RuntimeError(f"an engine request failed: {errors[0]}")
-    made = sum(u.generated for u in done.values())
+    for ev in events:
+        if isinstance(ev, StepReport) and ev.decode_rows + ev.prefill_rows:
+            steps.append(StepSeen(ev.prefill_rows, ev.step_ms, ran_on))
+        if isinstance(ev, StepReport) and ev.threads is not None:
+            threads = ev.threads
+            counts.append(ev.threads.n_threads)
+            ran_on = ev.threads.n_threads
+            if ev.threads.why.startswith("probing") and ev.threads.why not in probes[-1:]:
+                probes.append(ev.threads.why)
+    assert tr.ended is not None  # client_run returns a finished trace
+    wall = tr.ended - tr.submitted[sessions[0]]
+    made = sum(u.generated for u in tr.final.values())
     return {"tok_s": made / wall, "made": made, "wall_s": wall,
-            "prompt": statistics.median(u.prompt_total for u in done.values()),
+            "prompt": statistics.median(u.prompt_total for u in tr.final.values()),
             "threads": threads.n_threads if threads else None,
             "threads_mean": statistics.fmean(counts) if counts else None,
             "why": threads.why if threads else "", "probes": probes, **step_stats(steps, wall)}

@@ -183,10 +183,11 @@ class Drive:
         reset_kv(self.backend)
 
 
-def client_run(client, reqs: Sequence[Request], timeout_s: float, what: str = "") -> Trace:
+def client_run(client, reqs: Sequence[Request], timeout_s: float, what: str = "", seen: list | None = None) -> Trace:
     """Every request at once on a started EngineClient (the app's worker, a remote server), timed
     on the wall clock as the client sees it: per request its token times (when the client learnt
-    of them), text and final update. A failed request, or one not done in `timeout_s`, raises."""
+    of them), text and final update. A failed request, or one not done in `timeout_s`, raises.
+    `seen`: every event read meanwhile is appended to it (step reports, thread counts)."""
     tr = Trace()
     t0 = time.perf_counter()
     for r in reqs:
@@ -199,6 +200,8 @@ def client_run(client, reqs: Sequence[Request], timeout_s: float, what: str = ""
                                f"within {timeout_s:g} s")
         events = client.poll_events(0.5) or []
         now = time.perf_counter()
+        if seen is not None:
+            seen += events
         for u in seq_updates(events):
             rid = u.request_id
             if rid not in tr.submitted:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from magnitude_bench.harness import recorded
+from magnitude_bench.harness import client_run, recorded
 from magnitude_bench.ui_keys import FrameProbe, open_panes, send_key, type_and_time_key
 
 # Nothing heavy at import time: the engine, the app and Textual are imported when the benchmark runs.
@@ -90,28 +90,19 @@ def _shape(steps: list, rows: int) -> dict:
 
 def run_headless(config, cfg: UiConfig) -> dict:
     from magnitude_bench.common import Contention
-    from magnitude_tui.engine.events import EngineFailed, EngineReady, StepReport
-    from scheduler.types import Message, Phase, Request, SamplingParams
+    from magnitude_tui.engine.waiting import wait_ready
+    from scheduler.types import Message, Request, SamplingParams
 
     client = recording_client(config)
     client.start()
     try:
-        deadline = time.monotonic() + cfg.timeout_s
-        while not any(isinstance(e, EngineReady) for e in client.poll_events(0.5) or ()):
-            if time.monotonic() > deadline or not client.alive:
-                raise RuntimeError("the engine did not start")
-        contention, cpu0, t0 = Contention((client.pid,)), time.process_time(), time.perf_counter()
+        wait_ready(client, cfg.timeout_s)
+        contention, cpu0 = Contention((client.pid,)), time.process_time()
         sampling = SamplingParams(max_tokens=cfg.max_tokens)
-        for i, text in enumerate(prompts(cfg.panes)):
-            client.submit(Request(f"h{i}:0", f"h{i}", (Message("user", text),), sampling))
-        done: set[str] = set()
-        while len(done) < cfg.panes:
-            for e in client.poll_events(0.5) or ():
-                if isinstance(e, EngineFailed) or time.monotonic() > deadline:
-                    raise RuntimeError(f"headless run failed: {getattr(e, 'message', 'timeout')}")
-                if isinstance(e, StepReport):
-                    done.update(u.request_id for u in e.updates if u.phase is Phase.DONE)
-        wall = time.perf_counter() - t0
+        tr = client_run(client, [Request(f"h{i}:0", f"h{i}", (Message("user", text),), sampling)
+                                 for i, text in enumerate(prompts(cfg.panes))], cfg.timeout_s, what="headless run: ")
+        assert tr.ended is not None  # client_run returns a finished trace
+        wall = tr.ended - tr.submitted["h0:0"]
         return {"steps": client.steps, "wall_s": wall, "host_cpu_s": time.process_time() - cpu0,
                 "others_cores": contention.others_cores(), "keys": []}
     finally:
