@@ -1,0 +1,34 @@
+"""Provides what the `magnitude-bench` commands share: the options every family declares alike, and
+how a command ends (its tables printed, its result files written) and reports progress."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+ModelOpt = typer.Option(None, "--model", "-m", help="GGUF model path (default: SmolLM2-135M-Instruct Q4_1).")
+DeviceOpt = typer.Option("cpu", "--device", "-d", help="auto | cpu | vulkan | vulkan:N")
+ThreadsOpt = typer.Option(None, "--threads", "-t", help="CPU threads (default: all cores).")
+OutOpt = typer.Option(Path("results"), "--out", help="Directory for the JSON, Markdown and PNG files.")
+CtxOpt = typer.Option(None, "--ctx", help="Context size (default: 8192 real, 65536 simulated; fork/throughput: enough for the work).")
+BackendOpt = typer.Option("llama", "--backend", "-b", help="llama or simulated:<profile>.")
+# The commands that time single sequences deep in a context run one thread by default: the app's
+# engine on a 2-core machine, and the only count --cpu-clock can time.
+OneThreadOpt = typer.Option(1, "--threads", "-t", help="CPU threads (default 1: the app's engine on 2 cores).")
+CpuClockOpt = typer.Option(False, "--cpu-clock", help="Time in CPU seconds of the engine's process (one "
+                           "thread only): the work done, whatever else a shared machine runs.")
+
+
+def finish(result, out: Path, plot) -> None:
+    from magnitude_bench.common import print_result, save_result
+
+    console = Console()
+    print_result(result)
+    paths = save_result(result, out, plot)
+    console.print("wrote " + ", ".join(str(p) for p in paths.values()))
+
+
+def progress(msg: str) -> None:
+    Console(stderr=True).print(f"[dim]{msg}[/]")
