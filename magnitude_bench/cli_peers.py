@@ -96,7 +96,7 @@ def agents_bench(
     if generate:
         from magnitude_bench.agents_trace import write_default_traces
 
-        for path in write_default_traces(Path(__file__).resolve().parents[2]):
+        for path in write_default_traces(Path(__file__).resolve().parents[1]):
             Console().print(f"wrote {path}")
         return
     which = {"on": (True,), "off": (False,), "on,off": (True, False), "off,on": (False, True)}.get(bursts.replace(" ", ""))
