@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass
 from backend.factory import BackendConfig, build_backend
 from magnitude_bench import peers
 from magnitude_bench.common import (
-    CPU_CLOCK,
     BenchResult,
     backend_info,
+    cpu_clock_for,
     machine_info,
     measured,
     not_quiet_note,
@@ -56,8 +56,8 @@ class BurstRun:
 def run_burst(backend, policy: str, cfg: BurstConfig, params=None) -> BurstRun:
     """The parent's turn leaves `context` tokens resident; then N subagents fork from it at once,
     each with its own `own` tokens, and generate `gen` tokens each."""
-    drive = Drive(backend, policy=policy, gen_reserve=cfg.gen, clock=_cpu_clock(backend, cfg), params=params,
-                  calibrate=False)
+    drive = Drive(backend, policy=policy, gen_reserve=cfg.gen, clock=cpu_clock_for(backend, cfg.cpu_clock),
+                  params=params, calibrate=False)
     parent = prompt_tokens(backend, cfg.context, salt=5)
     drive.run([Request("parent", "parent", (), SamplingParams(max_tokens=1), prompt_tokens=parent)])
     sampling = SamplingParams(temperature=0.0, max_tokens=cfg.gen)
@@ -74,10 +74,6 @@ def run_burst(backend, policy: str, cfg: BurstConfig, params=None) -> BurstRun:
                     total_s=max(tr.tokens[rid][-1] for rid in ids) - t0, steps=len(busy),
                     prompt_rows=sum(s.prefill_rows for s in busy),
                     kv_idle_after=tr.steps[-1].kv_idle if tr.steps else 0, evicted_for_speed=evicted)
-
-
-def _cpu_clock(backend, cfg: BurstConfig):
-    return CPU_CLOCK if cfg.cpu_clock and backend.known_costs is None else None
 
 
 def _row(flash: str, policy: str, r: BurstRun, busy: float) -> dict:
@@ -104,7 +100,7 @@ def run_bursts(spec: BackendConfig, cfg: BurstConfig, progress=lambda s: None) -
         fspec = sized(spec, cells=need, seqs=cfg.n + 1, flash_attn=flash if flash != "profile" else "auto")
         backend = build_backend(fspec)
         try:
-            params = calibrated(backend, _cpu_clock(backend, cfg))
+            params = calibrated(backend, cpu_clock_for(backend, cfg.cpu_clock))
             info[flash] = backend_info(backend) | {"cost": asdict(params),
                                                    "attention": backend.info.get("attention")}
             for policy in cfg.policies:

@@ -45,6 +45,12 @@ class CpuClock:
 CPU_CLOCK = CpuClock()
 
 
+def cpu_clock_for(backend, asked: bool) -> CpuClock | None:
+    """CPU_CLOCK where --cpu-clock asked for it on a backend timed for real; None (the backend's own
+    clock) otherwise: a simulated profile's virtual clock already times the work alone."""
+    return CPU_CLOCK if asked and backend.known_costs is None else None
+
+
 class FixedLength:
     """A backend view for benchmarks: it never reports end-of-generation (so every request makes
     exactly max_tokens: benchmarks compare equal work, and a greedy model may say <|im_end|> early),

@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass
 
 from backend.factory import BackendConfig, build_backend
 from magnitude_bench.common import (
-    CPU_CLOCK,
     BenchResult,
     backend_info,
+    cpu_clock_for,
     machine_info,
     not_quiet_note,
     prompt_tokens,
@@ -65,7 +65,7 @@ def run_depth(backend, depth: int, cfg: TargetDepthConfig, params=None) -> Depth
     target:MS."""
     q = MIN_PREFILL_QUANTUM
     drive = Drive(backend, policy=f"target:{cfg.target_ms:g}", gen_reserve=4 * cfg.newcomer, params=params,
-                  calibrate=False, clock=CPU_CLOCK if cfg.cpu_clock and backend.known_costs is None else None,
+                  calibrate=False, clock=cpu_clock_for(backend, cfg.cpu_clock),
                   what=f"depth {depth}")
     parent = prompt_tokens(backend, max(depth, 1), salt=3)
     drive.run([Request("parent", "parent", (), SamplingParams(max_tokens=1), prompt_tokens=parent)])
@@ -128,7 +128,7 @@ def run_target_depth(spec: BackendConfig, cfg: TargetDepthConfig, progress=lambd
     spec = sized(spec, cells=need_cells, seqs=cfg.n_running + 2)
     backend = build_backend(spec)
     try:
-        params = calibrated(backend, CPU_CLOCK if cfg.cpu_clock and backend.known_costs is None else None)
+        params = calibrated(backend, cpu_clock_for(backend, cfg.cpu_clock))
         rows, traces = [], {}
         for depth in cfg.depths:
             run = run_depth(backend, depth, cfg, params)
