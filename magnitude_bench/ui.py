@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from magnitude_bench.harness import client_run, recorded
-from magnitude_bench.ui_keys import FrameProbe, open_panes, send_key, type_and_time_key
+from magnitude_bench.ui_keys import FrameProbe, open_panes, send_key, type_and_time_key, wait_until
 
 # Nothing heavy at import time: the engine, the app and Textual are imported when the benchmark runs.
 
@@ -135,11 +135,8 @@ async def run_ui(config, cfg: UiConfig) -> dict:
                     await asyncio.sleep(0.02)  # not pilot.pause(): it waits for an idle app
                     composer.insert(text)
                     send_key(app, "enter", "\r")
-                    limit = time.monotonic() + 10
-                    while not (pane.busy or len(pane.record.messages) > 1):  # the Submitted chain is asynchronous
-                        if time.monotonic() > limit:
-                            raise RuntimeError(f"{pane.record.name} did not take its prompt")
-                        await asyncio.sleep(0.005)
+                    await wait_until(lambda: pane.busy or len(pane.record.messages) > 1,  # Submitted is asynchronous
+                                     10, f"{pane.record.name} did not take its prompt", poll_s=0.005)
                 composer = ws.grid.panes[0].query_one(Composer)
                 composer.focus()
                 await pilot.pause()
@@ -154,10 +151,8 @@ async def run_ui(config, cfg: UiConfig) -> dict:
                                  "busy": busy()})
                     await asyncio.sleep(cfg.key_interval_s)
                 composer.value = ""
-                while busy():
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the panes did not finish")
-                    await pilot.pause(0.05)
+                await wait_until(lambda: not busy(), deadline - time.monotonic(), "the panes did not finish",
+                                 pilot.pause)
                 wall = time.perf_counter() - t0
                 out = {"steps": client.steps, "wall_s": wall, "host_cpu_s": time.process_time() - cpu0,
                        "others_cores": contention.others_cores(), "keys": keys, "frames": probe.frames}

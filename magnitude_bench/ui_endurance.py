@@ -168,7 +168,7 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
     from textual.geometry import Size
 
     from magnitude_bench.ui import prompts
-    from magnitude_bench.ui_keys import FrameProbe, KeyFigures, open_panes, type_and_time_key
+    from magnitude_bench.ui_keys import FrameProbe, KeyFigures, open_panes, type_and_time_key, wait_until
     from magnitude_tui.app import MagnitudeApp
     from magnitude_tui.store import Store
     from magnitude_tui.widgets.chat_pane import ChatPane
@@ -223,11 +223,8 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
                 widgets = sum(1 for _ in app.screen.walk_children())
                 t_end = time.perf_counter()
                 flooded = panes[0]
-                deadline = time.monotonic() + cfg.settle_timeout_s
-                while flooded.busy or flooded.has_ended:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the flooded pane's reply did not settle")
-                    await asyncio.sleep(0.05)
+                await wait_until(lambda: not (flooded.busy or flooded.has_ended), cfg.settle_timeout_s,
+                                 "the flooded pane's reply did not settle")
                 settle_s = time.perf_counter() - t_end
                 rss_end = rss_mb()
                 figures = KeyFigures.of(keys)

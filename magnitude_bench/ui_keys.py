@@ -126,15 +126,23 @@ class KeyFigures:
                    max(timed) if timed else None, sum(k is None for k in keys))
 
 
+async def wait_until(done: Callable[[], bool], timeout_s: float, failure: str,
+                     pause: Callable[[float], Any] = asyncio.sleep, poll_s: float = 0.05) -> None:
+    """Check `done` every `poll_s` seconds (`pause`: asyncio.sleep, or a pilot's pause) until it
+    holds; RuntimeError(failure) once `timeout_s` ran out first."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise RuntimeError(failure)
+        await pause(poll_s)
+
+
 async def open_panes(app, pilot, panes: int, *, timeout_s: float = 30.0, poll_s: float = 0.02) -> list:
     """Wait for the app's engine to report ready, then open panes (ctrl+n) until there are
     `panes`; returns them. An engine that is not ready within `timeout_s` fails the run."""
     ws = app.workspace
-    deadline = time.monotonic() + timeout_s
-    while not ws.engine_ready:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the app's engine did not report ready within {timeout_s:g} s")
-        await pilot.pause(poll_s)
+    await wait_until(lambda: ws.engine_ready, timeout_s,
+                     f"the app's engine did not report ready within {timeout_s:g} s", pilot.pause, poll_s)
     for _ in range(panes - len(ws.grid.panes)):
         await pilot.press("ctrl+n")
     return list(ws.grid.panes)
