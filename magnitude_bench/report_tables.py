@@ -54,7 +54,8 @@ def person(results: Results, *raws: Raw) -> str:
 
 def structured(results: Results, raw: Raw) -> str:
     cols = ["engine", "seqs", "free tok/s", "json_schema tok/s", "json_schema ÷ free", "decode free", "decode json",
-            "decode json ÷ free", "grammar share", "valid json", "others_cores_max"]
+            "decode json ÷ free", "grammar share", "tokens/reply free", "tokens/reply json", "valid json",
+            "others_cores_max"]
     per = table(raw, "aggregate tok/s")
     vs = table(raw, "this engine ÷ llama-server")
     vcols = list(vs[0].keys())
