@@ -77,7 +77,8 @@ def throughput(
     gen: int = typer.Option(128, "--gen", help="Generated tokens per sequence (EOS ignored)."),
     reps: int = typer.Option(3, "--reps", help="Repetitions (medians are reported)."),
     policy: List[str] = typer.Option(["target:50", "fixed:2048"], "--policy", "-p",
-                                     help="Engine policies; the first is 'this engine' in the ratios. Repeatable."),
+                                     help="Engine policies; the first is 'this engine' in the ratios. Repeatable. "
+                                     "POLICY+defaults runs it as the app launches (--spec auto, thread governor on)."),
     peers: str = typer.Option("batched-bench,server,serial", "--peers", help="Which peers to run."),
     require_tools: bool = typer.Option(False, "--require-tools", help="Fail if llama.cpp's tools are not built."),
     profile: bool = typer.Option(False, "--profile", help="Also cProfile one engine run at 8 sequences."),

@@ -71,8 +71,19 @@ def throughput_config(*, seqs: str, prompt: int, gen: int, reps: int, policy: Se
     if spec_mode is SpecMode.DRAFT:
         raise typer.BadParameter("draft needs a draft model, which bench throughput does not load: use off, ngram "
                                  "or auto (bench spec measures draft)", param_hint="--spec")
+    from magnitude_bench.throughput import APP_DEFAULTS
+    from scheduler.budget import parse_policy
     from scheduler.types import Priority
 
+    for p in policy:
+        text, _, variant = p.partition("+")
+        try:
+            parse_policy(text)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--policy") from None
+        if variant not in ("", APP_DEFAULTS):
+            raise typer.BadParameter(f"{p!r}: a policy may end in +{APP_DEFAULTS} (the app's defaults: --spec "
+                                     "auto, the thread governor on), nothing else", param_hint="--policy")
     if who not in ("agent", "interactive"):
         raise typer.BadParameter(f"expected agent or interactive, got {who!r}", param_hint="--class")
     return ThroughputConfig(seqs=ints(seqs), prompt=prompt, gen=gen, reps=reps, policies=tuple(policy),

@@ -50,14 +50,24 @@ class ThroughputConfig:
     priority: Priority = Priority.AGENT
 
 
+# A policy written "target:50+defaults" runs the engine as the app launches it (--spec auto, the
+# thread governor on) instead of with both off.
+APP_DEFAULTS = "defaults"
+
+
 def engine_run(backend, prompts: list[tuple[int, ...]], gen: int, policy: str, cpu_clock: bool = False,
                spec: SpecMode = SpecMode.OFF, priority: Priority = Priority.AGENT, params=None) -> dict:
     """All prompts submitted at once, run to the end; wall time (or CPU time, `cpu_clock`) plus
     per-step Python vs native time. `params`: the cost model of an engine that has been up a while
     (calibrated at the warm-up): a fresh one's first steps would also pay the ramp that guards a
     fit not yet borne out (scheduler.md), once per launch, not once per burst."""
+    policy, _, variant = policy.partition("+")
+    if variant == APP_DEFAULTS:  # the app's launch defaults: speculation auto, the thread governor on
+        spec, governed = SpecMode.AUTO, True
+    else:
+        governed = False
     drive = Drive(backend, policy=policy, gen_reserve=gen, clock=CPU_CLOCK if cpu_clock else None, spec=spec,
-                  params=params)
+                  params=params, auto_threads=governed)
     params = drive.params
     drive.view.decode_ms.clear()
     sampling = SamplingParams(temperature=0.0, max_tokens=gen)
