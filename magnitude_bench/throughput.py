@@ -62,10 +62,12 @@ def engine_run(backend, prompts: list[tuple[int, ...]], gen: int, policy: str, c
     (calibrated at the warm-up): a fresh one's first steps would also pay the ramp that guards a
     fit not yet borne out (scheduler.md), once per launch, not once per burst."""
     policy, _, variant = policy.partition("+")
-    if variant == APP_DEFAULTS:  # the app's launch defaults: speculation auto, the thread governor on
-        spec, governed = SpecMode.AUTO, True
-    else:
-        governed = False
+    # The app's launch defaults: speculation auto and, when it is not given a thread count, the
+    # thread governor (it never goes past the count the peers run with: at one thread it has nothing
+    # to choose, as `--threads 1` turns it off in the app).
+    governed = variant == APP_DEFAULTS and backend.n_threads > 1
+    if variant == APP_DEFAULTS:
+        spec = SpecMode.AUTO
     drive = Drive(backend, policy=policy, gen_reserve=gen, clock=CPU_CLOCK if cpu_clock else None, spec=spec,
                   params=params, auto_threads=governed)
     params = drive.params
@@ -136,12 +138,13 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
     try:
         # Warm-up; its calibration serves every run (an engine that has been up a while).
         params = engine_run(backend, prompts[cfg.seqs[0]], 8, cfg.policies[0], cfg.cpu_clock)["params"]
-        # Repetitions outermost and every peer inside each one: a noisy neighbour hits all of them alike.
-        for rep in range(cfg.reps):
+        # Repetitions outermost and every peer inside each one, in turn (every other repetition
+        # reversed): a noisy neighbour, or a machine whose speed drifts, hits all of them alike.
+        def engine_block(rep: int) -> None:
             for policy in in_turn(cfg.policies, rep):
                 for n in cfg.seqs:
                     r, busy = measured(lambda: engine_run(backend, prompts[n], cfg.gen, policy, cfg.cpu_clock, cfg.spec,
-                                                                     cfg.priority, params),
+                                                          cfg.priority, params),
                                        progress=progress)
                     runs.append({"peer": f"engine {policy}", "seqs": n, "rep": rep, "tok_s": r["tok_s"],
                                  "tg_tok_s": r["tg_tok_s"], "made": r["made"], "wall_s": r["wall_s"], "others": busy})
@@ -149,33 +152,41 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
                         engine_steps.setdefault(n, {"step_ms": [], "native_ms": []})
                         engine_steps[n]["step_ms"] += r["step_ms"]
                         engine_steps[n]["native_ms"] += r["native_ms"]
-            progress(f"rep {rep + 1}/{cfg.reps}: engine " + ", ".join(
-                f"{x['seqs']}:{x['tok_s']:.1f}" for x in runs if x["rep"] == rep and x["peer"] == f"engine {cfg.policies[0]}"))
-            if "batched-bench" in wanted:
-                assert bindir is not None and model is not None
-                bb, busy = measured(lambda: peers.batched_bench(
-                    bindir, model=model, seqs=list(cfg.seqs), prompt=cfg.prompt, gen=cfg.gen, threads=threads,
-                    n_ctx=n_ctx, n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch, dev=dev), progress=progress)
-                for n, row in bb.items():
-                    runs.append({"peer": "llama-batched-bench", "seqs": n, "rep": rep,
-                                 "tok_s": n * cfg.gen / row["t"], "tg_tok_s": row["speed_tg"],
-                                 "made": n * cfg.gen, "wall_s": row["t"], "others": busy})
-            if "server" in wanted:
-                assert bindir is not None and model is not None
-                for n in cfg.seqs:
-                    with peers.Server(bindir, model=model, parallel=n, threads=threads, n_ctx=n_ctx,
-                                      n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch, dev=dev) as srv:
-                        srv.burst([list(p) for p in prompts[n][:1]], 4)  # warm-up
-                        (wall, made), busy = measured(lambda: srv.burst([list(p) for p in prompts[n]], cfg.gen),
-                                                      pids=(srv.pid,) if srv.pid else (), progress=progress)
-                    runs.append({"peer": "llama-server -np N", "seqs": n, "rep": rep, "tok_s": made / wall,
-                                 "tg_tok_s": None, "made": made, "wall_s": wall, "others": busy})
-            if serial is not None:
-                for n in cfg.seqs:
-                    (wall, made), busy = measured(lambda: serial.serial([list(p) for p in prompts[n]], cfg.gen),
-                                                  progress=progress)
-                    runs.append({"peer": "Llama serial", "seqs": n, "rep": rep, "tok_s": made / wall,
-                                 "tg_tok_s": None, "made": made, "wall_s": wall, "others": busy})
+
+        def batched_block(rep: int) -> None:
+            assert bindir is not None and model is not None
+            bb, busy = measured(lambda: peers.batched_bench(
+                bindir, model=model, seqs=list(cfg.seqs), prompt=cfg.prompt, gen=cfg.gen, threads=threads,
+                n_ctx=n_ctx, n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch, dev=dev), progress=progress)
+            for n, row in bb.items():
+                runs.append({"peer": "llama-batched-bench", "seqs": n, "rep": rep,
+                             "tok_s": n * cfg.gen / row["t"], "tg_tok_s": row["speed_tg"],
+                             "made": n * cfg.gen, "wall_s": row["t"], "others": busy})
+
+        def server_block(rep: int) -> None:
+            assert bindir is not None and model is not None
+            for n in cfg.seqs:
+                with peers.Server(bindir, model=model, parallel=n, threads=threads, n_ctx=n_ctx,
+                                  n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch, dev=dev) as srv:
+                    srv.burst([list(p) for p in prompts[n][:1]], 4)  # warm-up
+                    (wall, made), busy = measured(lambda: srv.burst([list(p) for p in prompts[n]], cfg.gen),
+                                                  pids=(srv.pid,) if srv.pid else (), progress=progress)
+                runs.append({"peer": "llama-server -np N", "seqs": n, "rep": rep, "tok_s": made / wall,
+                             "tg_tok_s": None, "made": made, "wall_s": wall, "others": busy})
+
+        def serial_block(rep: int) -> None:
+            assert serial is not None
+            for n in cfg.seqs:
+                (wall, made), busy = measured(lambda: serial.serial([list(p) for p in prompts[n]], cfg.gen),
+                                              progress=progress)
+                runs.append({"peer": "Llama serial", "seqs": n, "rep": rep, "tok_s": made / wall,
+                             "tg_tok_s": None, "made": made, "wall_s": wall, "others": busy})
+
+        blocks = [engine_block, *([batched_block] if "batched-bench" in wanted else []),
+                  *([server_block] if "server" in wanted else []), *([serial_block] if serial is not None else [])]
+        for rep in range(cfg.reps):
+            for block in in_turn(blocks, rep):
+                block(rep)
             progress(f"rep {rep + 1}/{cfg.reps} done: " + ", ".join(
                 f"{x['peer']}@{x['seqs']}={x['tok_s']:.1f}" for x in runs if x["rep"] == rep and x["seqs"] == 8))
         if cfg.profile:
@@ -249,6 +260,9 @@ def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: Through
         "Llama serial = llama-cpp-python's high-level Llama.generate, one request after another",
         f"the engine's --spec: {cfg.spec.value}" + (" (no drafts: the work every peer does)" if cfg.spec is SpecMode.OFF else
                                               " (drafts verified in the batch; no peer speculates)"),
+        *([f"+{APP_DEFAULTS}: the engine as the app launches it, --spec auto and (above one thread) the thread "
+           "governor choosing 1..threads between steps; without it both are off"]
+          if any(p.endswith("+" + APP_DEFAULTS) for p in cfg.policies) else []),
         f"the engine's requests: {cfg.priority.label}" + (
             " (the class serve gives API calls: no person paces the steps, prompts go in large batches)"
             if cfg.priority is not Priority.INTERACTIVE else " (a person's turns: steps paced by the policy's target)"),
