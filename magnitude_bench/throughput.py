@@ -5,7 +5,9 @@ from __future__ import annotations
 import cProfile
 import io
 import pstats
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
+from multiprocessing import get_context
 from typing import Any
 
 from backend.factory import BackendConfig, build_backend
@@ -102,6 +104,32 @@ def profile_engine(backend, prompts, gen: int, policy: str) -> list[dict]:
     return sorted(rows, key=lambda r: -r["own_s"])[:15]
 
 
+def engine_rep(backend, prompts: dict, cfg: ThroughputConfig, params, rep: int, progress=lambda s: None):
+    """One repetition of the engine side: every policy (in turn) at every width. Returns the run
+    rows and, per width, the first policy's step and native decode times."""
+    out: list[dict] = []
+    steps: dict[int, tuple[list, list]] = {}
+    for policy in in_turn(cfg.policies, rep):
+        for n in cfg.seqs:
+            r, busy = measured(lambda: engine_run(backend, prompts[n], cfg.gen, policy, cfg.cpu_clock, cfg.spec,
+                                                  cfg.priority, params), progress=progress)
+            out.append({"peer": f"engine {policy}", "seqs": n, "rep": rep, "tok_s": r["tok_s"],
+                        "tg_tok_s": r["tg_tok_s"], "made": r["made"], "wall_s": r["wall_s"], "others": busy})
+            if policy == cfg.policies[0]:
+                steps[n] = (r["step_ms"], r["native_ms"])
+    return out, steps
+
+
+def engine_rep_fresh(spec: BackendConfig, prompts: dict, cfg: ThroughputConfig, params, rep: int):
+    """`engine_rep` in this (fresh) process, on its own load of the model."""
+    backend = build_backend(spec)
+    try:
+        engine_run(backend, prompts[cfg.seqs[0]], 4, cfg.policies[0], cfg.cpu_clock, params=params)  # warm-up
+        return engine_rep(backend, prompts, cfg, params, rep)
+    finally:
+        backend.close()
+
+
 @recorded
 def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s: None) -> BenchResult:
     n_ctx = spec.n_ctx or max(8192, max(cfg.seqs) * (cfg.prompt + cfg.gen) + 256)
@@ -141,17 +169,19 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
         # Repetitions outermost and every peer inside each one, in turn (every other repetition
         # reversed): a noisy neighbour, or a machine whose speed drifts, hits all of them alike.
         def engine_block(rep: int) -> None:
-            for policy in in_turn(cfg.policies, rep):
-                for n in cfg.seqs:
-                    r, busy = measured(lambda: engine_run(backend, prompts[n], cfg.gen, policy, cfg.cpu_clock, cfg.spec,
-                                                          cfg.priority, params),
-                                       progress=progress)
-                    runs.append({"peer": f"engine {policy}", "seqs": n, "rep": rep, "tok_s": r["tok_s"],
-                                 "tg_tok_s": r["tg_tok_s"], "made": r["made"], "wall_s": r["wall_s"], "others": busy})
-                    if policy == cfg.policies[0]:
-                        engine_steps.setdefault(n, {"step_ms": [], "native_ms": []})
-                        engine_steps[n]["step_ms"] += r["step_ms"]
-                        engine_steps[n]["native_ms"] += r["native_ms"]
+            if spec.simulated:  # a profile's virtual clock: no process to be slow in
+                out, steps = engine_rep(backend, prompts, cfg, params, rep, progress)
+            else:
+                # A fresh process per repetition, as each peer run gets: this machine runs one
+                # process's native steps at one of two speeds (docs/BENCHMARKS.md, issue 28), and
+                # the loaded model of one long-lived process would draw once for every repetition.
+                with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+                    out, steps = pool.submit(engine_rep_fresh, spec, prompts, cfg, params, rep).result()
+            runs.extend(out)
+            for n, (step_ms, native_ms) in steps.items():
+                engine_steps.setdefault(n, {"step_ms": [], "native_ms": []})
+                engine_steps[n]["step_ms"] += step_ms
+                engine_steps[n]["native_ms"] += native_ms
 
         def batched_block(rep: int) -> None:
             assert bindir is not None and model is not None
@@ -257,6 +287,9 @@ def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: Through
         "tok/s = sequences x generated tokens / wall time from the first prompt to the last token (prefill included); "
         "llama-batched-bench: its T = T_PP + T_TG",
         OTHERS_NOTE,
+        "the engine side runs each repetition in a fresh process on its own load of the model, as every peer "
+        "run does (this machine runs one process's native steps at one of two speeds: docs/BENCHMARKS.md, "
+        "issue 28); its cost model is calibrated once, at the warm-up",
         "Llama serial = llama-cpp-python's high-level Llama.generate, one request after another",
         f"the engine's --spec: {cfg.spec.value}" + (" (no drafts: the work every peer does)" if cfg.spec is SpecMode.OFF else
                                               " (drafts verified in the batch; no peer speculates)"),
