@@ -6,7 +6,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -249,11 +249,45 @@ def store(choice: AttentionChoice) -> None:
         pass
 
 
-def choose(*, key: dict, measure: Callable[[bool], PathTiming]) -> AttentionChoice:
-    """The cached verdict for `key`, else measure both paths (`measure(flash)`) and cache it."""
+# A probe during which other processes kept more cores than this busy decides this start only: its
+# verdict is not cached (on 2 threads, a probe on a loaded machine timed 8-row steps at 316-683 ms
+# where quiet ones take about 40, and picked the path the quiet machine would not have).
+BUSY_CORES = 0.25
+
+
+def others_meter() -> Callable[[], float]:
+    """Start counting the CPU other processes use; the returned function says how many cores they
+    kept busy on average since (0.0 where /proc cannot be read)."""
+    def read() -> tuple[float, float, float]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # less idle, iowait
+        st = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        return float(busy), float(sum(int(x) for x in st[11:15])), time.monotonic()
+
+    try:
+        busy0, own0, t0 = read()
+    except (OSError, ValueError, IndexError):
+        return lambda: 0.0
+
+    def since() -> float:
+        try:
+            busy, own, t = read()
+        except (OSError, ValueError, IndexError):
+            return 0.0
+        return max(0.0, (busy - busy0) - (own - own0)) / os.sysconf("SC_CLK_TCK") / max(t - t0, 1e-3)
+
+    return since
+
+
+def choose(*, key: dict, measure: Callable[[bool], PathTiming],
+           meter: Callable[[], Callable[[], float]] = others_meter) -> AttentionChoice:
+    """The cached verdict for `key`, else measure both paths (`measure(flash)`) and cache it, unless
+    other processes kept more than BUSY_CORES busy meanwhile: then the verdict serves this start
+    only and the next start measures again."""
     cached = load_cached(key)
     if cached is not None:
         return cached
+    others = meter()
     timings: dict[bool, PathTiming] = {}
     for flash in (True, False):
         try:
@@ -263,5 +297,9 @@ def choose(*, key: dict, measure: Callable[[bool], PathTiming]) -> AttentionChoi
             return AttentionChoice(other, f"flash attention {'on' if flash else 'off'} failed in the "
                                    f"probe ({e})", key=key)
     choice = decide((timings[True], timings[False]), key)
+    busy = others()
+    if busy > BUSY_CORES:
+        return replace(choice, reason=f"{choice.reason}; not kept: other processes kept {busy:.1f} cores "
+                                      "busy during the probe, so the next start measures again")
     store(choice)
     return choice

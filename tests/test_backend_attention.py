@@ -41,6 +41,9 @@ def test_forced_choices_are_respected():
         attention.check_flash_attn("sometimes")
 
 
+QUIET = lambda: (lambda: 0.0)  # noqa: E731  (a probe on an idle machine)
+
+
 def test_the_verdict_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MAGNITUDE_ATTENTION_CACHE", str(tmp_path))
     calls = []
@@ -49,13 +52,38 @@ def test_the_verdict_is_measured_once_then_read_from_the_cache(tmp_path, monkeyp
         calls.append(flash)
         return _timing(flash, 800.0 if flash else 410.0)
 
-    first = attention.choose(key=KEY, measure=measure)
+    first = attention.choose(key=KEY, measure=measure, meter=QUIET)
     assert calls == [True, False] and not first.cached
-    again = attention.choose(key=KEY, measure=measure)
+    again = attention.choose(key=KEY, measure=measure, meter=QUIET)
     assert calls == [True, False] and again.cached and again.flash == first.flash
     assert again.timings == first.timings
-    other = attention.choose(key=KEY | {"n_threads": 2}, measure=measure)  # another key measures again
+    other = attention.choose(key=KEY | {"n_threads": 2}, measure=measure, meter=QUIET)  # another key measures again
     assert calls == [True, False, True, False] and not other.cached
+
+
+def test_a_verdict_measured_while_other_processes_kept_the_machine_busy_is_not_kept(tmp_path, monkeypatch):
+    # On 2 threads a probe on a loaded machine timed 8-row steps at 316-683 ms (about 40 quiet)
+    # and picked the path a quiet machine would not have; cached, it decided every later start.
+    monkeypatch.setenv("MAGNITUDE_ATTENTION_CACHE", str(tmp_path))
+    calls = []
+
+    def measure(flash: bool) -> PathTiming:
+        calls.append(flash)
+        return _timing(flash, 800.0 if flash else 410.0)
+
+    busy = attention.choose(key=KEY, measure=measure, meter=lambda: (lambda: 1.2))
+    assert not busy.flash and not busy.cached and "1.2 cores busy" in busy.reason
+    quiet = attention.choose(key=KEY, measure=measure, meter=QUIET)  # the next start measures again
+    assert calls == [True, False, True, False] and not quiet.cached and "not kept" not in quiet.reason
+    assert attention.choose(key=KEY, measure=measure, meter=QUIET).cached  # and now keeps it
+
+
+def test_the_meter_counts_other_processes_not_this_one():
+    since = attention.others_meter()
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.3:  # this process busy: not "others"
+        pass
+    assert 0.0 <= since() < 0.9
 
 
 def test_a_path_the_device_cannot_run_is_skipped_not_fatal(tmp_path, monkeypatch):
