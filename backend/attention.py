@@ -257,12 +257,21 @@ BUSY_CORES = 0.25
 
 def others_meter() -> Callable[[], float]:
     """Start counting the CPU other processes use; the returned function says how many cores they
-    kept busy on average since (0.0 where /proc cannot be read)."""
+    kept busy on average since (0.0 where /proc cannot be read). This process and its parent (the
+    app that started an engine worker, drawing its loading screen) are not "others"."""
+    def ticks(pid: str) -> tuple[int, int]:  # (CPU ticks used, parent pid)
+        st = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in st[11:15]), int(st[1])
+
     def read() -> tuple[float, float, float]:
         fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
         busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # less idle, iowait
-        st = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        return float(busy), float(sum(int(x) for x in st[11:15])), time.monotonic()
+        own, parent = ticks("self")
+        try:
+            own += ticks(str(parent))[0] if parent > 1 else 0
+        except (OSError, ValueError, IndexError):
+            pass
+        return float(busy), float(own), time.monotonic()
 
     try:
         busy0, own0, t0 = read()
