@@ -246,6 +246,7 @@ class Scheduler:
         if held:
             decoding = [s for s in decoding if not s.yielding]
         self.num_yielded = len(held)
+        shape = None  # priced once per step: the allowance and the drafts read the same shape
         if self.policy.is_prefill_first and prefilling:
             # The common default: prompts jump the queue and every generating sequence waits.
             decoding = []
@@ -259,7 +260,7 @@ class Scheduler:
             budget = min(self.n_batch, len(decoding) + allowance)
         allowance = self.relief.cap(allowance)
         grants = self._share_prefill(prefilling, allowance)
-        drafts = self._drafts(decoding, prefilling, grants)
+        drafts = self._drafts(decoding, shape, grants)
         budget = min(self.n_batch, budget + sum(len(t) for _, t in drafts.values()))
         slices = []
         for s in decoding:
@@ -346,18 +347,17 @@ class Scheduler:
             sampling_ms=sum(s.mask_ms_per_token for s in decoding if s.grammar is not None),
             paced=any(s.priority is Priority.INTERACTIVE for s in (*self.running, *self.waiting)))
 
-    def _drafts(self, decoding: list[Sequence], prefilling: list[Sequence],
+    def _drafts(self, decoding: list[Sequence], shape: StepShape | None,
                 grants: list[tuple[Sequence, int]]):
         """Draft tokens for the rows the step has left once every decode row and the prompts'
         grants are placed: drafts never take a decode row's or a newcomer's place. While prompt
         rows still wait beyond this step, drafts may only use the time a target policy leaves."""
-        if not decoding or self.speculator.mode is SpecMode.OFF:
+        if not decoding or shape is None or self.speculator.mode is SpecMode.OFF:
             return {}
         granted = sum(n for _, n in grants)
         room_rows = max(0, min(self.n_batch, max(self.n_ubatch, len(decoding))) - len(decoding) - granted)
-        shape = self._shape(decoding, prefilling)
         room_ms = None
-        if sum(s.num_pending for s in prefilling) > granted:
+        if shape.pending_rows > granted:
             base = self.cost.predict(len(decoding), granted, shape.kpos(granted))
             target = self.policy.target_ms or 0.0
             room_ms = max(0.0, target - base)
