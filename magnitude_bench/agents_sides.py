@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import AsyncIterator, Awaitable, Callable, Iterator
 import httpx
 
 from magnitude_bench.agents_replay import CallRecord
+from magnitude_bench.serve_load import chat_body, sse_events
 from scheduler.types import DoneReason, Message, Phase, Priority, Request, SamplingParams, ToolCall
 
 
@@ -70,18 +70,14 @@ class HttpSide:
             yield self
 
     async def call(self, record: CallRecord, messages: list[dict], max_tokens: int) -> None:
-        body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}, "user": record.conv, "cache_prompt": True}
+        body = chat_body(messages, max_tokens, user=record.conv, cache_prompt=True)
         cached, timings = 0, None
         assert self.http is not None  # calls run inside session()
         async with self.http.stream("POST", "/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
                 record.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
                 return
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
+            async for event in sse_events(r):
                 if "error" in event:
                     record.error = str(event["error"])[:300]
                 for choice in event.get("choices") or []:

@@ -8,6 +8,7 @@ import json
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from typing import AsyncIterator
 
 import httpx
 
@@ -57,24 +58,32 @@ class Call:
         return self.t_end
 
 
+def chat_body(messages: list[dict], max_tokens: int, **extra) -> dict:
+    """A streamed, greedy chat completion request that asks for the usage at the end."""
+    return {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, **extra}
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[dict]:
+    """The JSON events of an OpenAI-style event stream (its `data: ` lines, less `data: [DONE]`)."""
+    async for line in response.aiter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
+
+
 async def stream_call(http: httpx.AsyncClient, messages: list[dict], max_tokens: int, *,
                       call: Call | None = None) -> Call:
     """Stream one call; `call` (if given) fills in as deltas arrive, for callers watching it."""
-    body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
     call = call or Call(t_send=time.perf_counter())
     call.t_send = time.perf_counter()
     counted = 0
     try:
-        async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        async with http.stream("POST", "/v1/chat/completions", json=chat_body(messages, max_tokens)) as r:
             if r.status_code != 200:
                 call.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 call.t_end = time.perf_counter()  # a refused call ended too (the run's wall time reads it)
                 return call
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
+            async for event in sse_events(r):
                 now = time.perf_counter()
                 for choice in event.get("choices") or []:
                     if (choice.get("delta") or {}).get("content"):
