@@ -29,7 +29,10 @@ FREE, CONSTRAINED = "free", "json_schema"
 @dataclass(frozen=True)
 class StructuredConfig:
     seqs: tuple[int, ...] = (1, 8, 16)
-    max_tokens: int = 48  # the same for both modes (a free reply may stop earlier, or run to it)
+    max_tokens: int = 48  # a JSON reply's bound (it closes well within it)
+    # A free reply's bound; None: as long as the JSON replies run (their median at the warm-up), so
+    # both modes generate the same tokens after the same prompt and the ratio prices the grammar alone.
+    free_tokens: int | None = None
     reps: int = 2  # modes alternate which goes first in each repetition
     peer: bool = True  # llama-server -np `peer_clients`, the same schema, as many HTTP clients
     peer_clients: int = 8
@@ -49,7 +52,8 @@ def prompt(i: int, run: int = 0) -> str:
 def requests(n: int, mode: str, cfg: StructuredConfig, tag: str, run: int = 0) -> list[Request]:
     """n distinct prompts (run `run`'s), greedy, one fresh session each, classed as `serve` classes
     an API call (an agent's): the peer gets the same requests over HTTP."""
-    sampling = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, seed=1)
+    bound = cfg.max_tokens if mode == CONSTRAINED or cfg.free_tokens is None else cfg.free_tokens
+    sampling = SamplingParams(temperature=0.0, max_tokens=bound, seed=1)
     schema = json.dumps(SCHEMA) if mode == CONSTRAINED else None
     return [Request(f"{tag}-{i}", f"{tag}-s{i}", (Message("user", prompt(i, run)),), sampling,
                     response_schema=schema, priority=Priority.AGENT) for i in range(n)]
@@ -85,8 +89,9 @@ def valid(reply: str) -> bool:
 
 
 def run_side(name: str, client: EngineClient, widths: tuple[int, ...], cfg: StructuredConfig, progress,
-             pids: tuple[int, ...] = ()) -> list[dict]:
-    """Every width and repetition on one started client, both modes each time; one row per run."""
+             pids: tuple[int, ...] = ()) -> tuple[list[dict], StructuredConfig]:
+    """Every width and repetition on one started client, both modes each time; one row per run,
+    and the config they ran under (its free replies' bound settled at the warm-up)."""
     ready = wait_ready(client, cfg.timeout_s)
     sessions: list[str] = []
     try:
@@ -97,12 +102,16 @@ def run_side(name: str, client: EngineClient, widths: tuple[int, ...], cfg: Stru
 
 
 def _runs(name: str, client: EngineClient, widths: tuple[int, ...], cfg: StructuredConfig, progress,
-          pids: tuple[int, ...], model: str, sessions: list[str]) -> list[dict]:
+          pids: tuple[int, ...], model: str, sessions: list[str]) -> tuple[list[dict], StructuredConfig]:
     # As wide as the widest run: an engine just started trusts its cost model a few prompt rows at
-    # a time until steps bear it out (its ramp); one that has served a while does not.
-    warm = requests(max(widths), CONSTRAINED, replace(cfg, max_tokens=4), f"{name}-warm")
+    # a time until steps bear it out (its ramp); one that has served a while does not. Whole JSON
+    # replies, so their length can bound the free ones.
+    warm = requests(max(widths), CONSTRAINED, cfg, f"{name}-warm")
     sessions += [r.session_id for r in warm]
-    burst(client, warm, cfg.timeout_s)
+    w = burst(client, warm, cfg.timeout_s)
+    if cfg.free_tokens is None:
+        cfg = replace(cfg, free_tokens=max(1, round(w["made"] / w["replies"])))
+        progress(f"{name}: free replies bounded at {cfg.free_tokens} tokens, the JSON replies' length")
     runs = []
     for n in widths:
         for rep in range(cfg.reps):
@@ -122,7 +131,7 @@ def _runs(name: str, client: EngineClient, widths: tuple[int, ...], cfg: Structu
                          f"{r['valid']}/{n} valid, grammar {r['grammar_share']:.1%}")
     for row in runs:
         row["model"] = model
-    return runs
+    return runs, cfg
 
 
 @recorded
@@ -140,11 +149,14 @@ def run_structured(backend: BackendConfig, cfg: StructuredConfig, progress=lambd
     engine = WorkerClient(EngineConfig(backend, policy=cfg.policy, spec=SpecMode.OFF, auto_threads=False),
                           in_process=cfg.in_process, log_path=None if cfg.in_process else "auto")
     engine.start()
+    result.data["free_tokens_matched"] = cfg.free_tokens is None
     try:
         # The worker process is ours, not a neighbour: its CPU is not "others".
-        runs = run_side("engine", engine, cfg.seqs, cfg, progress, pids=(engine.pid,) if engine.pid else ())
+        runs, cfg = run_side("engine", engine, cfg.seqs, cfg, progress, pids=(engine.pid,) if engine.pid else ())
     finally:
         engine.stop()
+    # Both sides' free replies share one bound (the engine's), so their free runs are the same work.
+    result.data["free_tokens"] = cfg.free_tokens
     if cfg.peer:
         runs += _peer_runs(backend, cfg, result, progress)
     _tables(result, runs, cfg)
@@ -174,7 +186,7 @@ def _peer_runs(backend: BackendConfig, cfg: StructuredConfig, result: BenchResul
             client = RemoteClient(RemoteConfig((f"http://127.0.0.1:{srv.port}",), max_in_flight=n))
             client.start()
             try:
-                return run_side("llama-server", client, (n,), cfg, progress, pids=(srv.pid,) if srv.pid else ())
+                return run_side("llama-server", client, (n,), cfg, progress, pids=(srv.pid,) if srv.pid else ())[0]
             finally:
                 client.stop()
     except PeerError as e:
@@ -222,10 +234,12 @@ def _tables(result: BenchResult, runs: list[dict], cfg: StructuredConfig) -> Non
             for m, short in ((FREE, "free"), (CONSTRAINED, "json"))]
     result.notes += [
         "tok/s = tokens generated by all sequences / wall time from the first submit to the last reply "
-        "(prefill included), measured on the client; greedy, the same prompts and max_tokens in both modes",
-        "decode = tok/s from the moment every sequence has its first token to the last reply (prefill "
-        "excluded): free replies may stop sooner than the JSON closes, so end-to-end rates mix in "
-        "different prefill shares",
+        "(prefill included), measured on the client; greedy, the same prompts in both modes",
+        f"free replies are bounded at {cfg.free_tokens} tokens" + (
+            ", the median length of this engine's JSON replies at the warm-up: both modes generate about "
+            "the same tokens per reply after prompts of the same length, so json_schema ÷ free prices the "
+            "grammar, not a different prefill share" if result.data.get("free_tokens_matched") else ""),
+        "decode = tok/s from the moment every sequence has its first token to the last reply (prefill excluded)",
         "replies/s = replies / wall time, the same work on both sides: each side's grammar lays out the "
         "JSON its own way (this engine's without optional whitespace, so in fewer tokens per reply), "
         "which tok/s counts as less work",

@@ -23,6 +23,8 @@ def test_both_modes_alternate_and_constrained_replies_validate(tmp_path, monkeyp
         (1, 1, FREE), (1, 1, CONSTRAINED), (1, 2, CONSTRAINED), (1, 2, FREE),
         (3, 1, FREE), (3, 1, CONSTRAINED), (3, 2, CONSTRAINED), (3, 2, FREE)]
     assert all(r["made"] == r["replies"] * len(REPLY) and r["valid"] == r["replies"] for r in runs)
+    # Free replies were bounded at the JSON replies' length, so both modes made the same tokens.
+    assert result.data["free_tokens"] == len(REPLY) and result.data["free_tokens_matched"]
     assert all(r["grammar_ms"] > 0 for r in runs if r["mode"] == CONSTRAINED)
     assert all(r["grammar_ms"] == 0 for r in runs if r["mode"] == FREE)
     (table,) = result.tables.values()
@@ -47,3 +49,13 @@ def test_the_command_prints_its_table_and_writes_json(tmp_path, monkeypatch):
     saved = json.loads(path.read_text())
     assert {r["mode"] for r in saved["data"]["runs"]} == {FREE, CONSTRAINED}
     assert saved["config"]["structured"]["seqs"] == [2]
+
+
+def test_a_given_free_bound_caps_the_free_replies_only(monkeypatch):
+    monkeypatch.setenv("MAGNITUDE_BENCH_WAIT_QUIET", "0")
+    cfg = StructuredConfig(seqs=(2,), max_tokens=64, free_tokens=10, reps=1, peer=False, in_process=True,
+                           timeout_s=60)
+    result = run_structured(BackendConfig("fake", reply=REPLY, n_ctx=4096), cfg, argv=["bench", "structured"])
+    made = {r["mode"]: r["made"] for r in result.data["runs"]}
+    assert made == {FREE: 2 * 10, CONSTRAINED: 2 * len(REPLY)}
+    assert result.data["free_tokens"] == 10 and not result.data["free_tokens_matched"]
