@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from magnitude_bench.ui_keys import KeyLatency, ms_text
+
 if TYPE_CHECKING:
     from scheduler.budget import Policy
     from scheduler.speculation import SpecMode
@@ -242,7 +244,7 @@ class CpuConfig:
 
 
 @dataclass
-class CpuResult:
+class CpuResult(KeyLatency):
     config: dict
     wall_s: float
     process_cpu_s: float
@@ -257,8 +259,7 @@ class CpuResult:
     key_max_ms: float | None = None
 
     def summary(self) -> str:
-        f = lambda v: "—" if v is None else f"{v:.0f}"  # noqa: E731
-        c = self.config
+        f, c = ms_text, self.config
         return (f"{c['panes']} panes at {c['step_hz']:g} steps/s for {self.wall_s:.1f} s: "
                 f"app {self.app_cores:.3f} cores (process {self.process_cpu_s:.2f} s CPU, "
                 f"stand-in engine {self.engine_thread_cpu_s:.2f} s) · {self.tokens} tokens · "
@@ -269,7 +270,7 @@ class CpuResult:
 async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
     """One headless run of the real app on the paced stand-in engine (see the module doc)."""
     from magnitude_bench.ui import prompts
-    from magnitude_bench.ui_keys import FrameProbe, KeyFigures, open_panes, type_and_time_key
+    from magnitude_bench.ui_keys import FrameProbe, open_panes, type_and_time_key
     from magnitude_tui.app import MagnitudeApp
     from magnitude_tui.store import Store
     from magnitude_tui.widgets.chat_pane import ChatPane
@@ -320,12 +321,10 @@ async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
                 if profiler is not None and cfg.profile:
                     profiler.disable()
                     profiler.dump_stats(cfg.profile)
-                figures = KeyFigures.of(keys)
                 result = CpuResult(config=asdict(cfg), wall_s=wall, process_cpu_s=cpu, engine_thread_cpu_s=eng,
                                    app_cores=max(0.0, cpu - eng) / wall, steps=client.steps - steps0,
-                                   tokens=client.emitted - tokens0, frames=probe.frames - frames0, keys=keys,
-                                   key_p50_ms=figures.p50_ms, key_p95_ms=figures.p95_ms,
-                                   key_max_ms=figures.max_ms)
+                                   tokens=client.emitted - tokens0, frames=probe.frames - frames0,
+                                   **CpuResult.key_fields(keys))
                 client.stop()
         except asyncio.CancelledError:
             if result is None:

@@ -126,6 +126,31 @@ class KeyFigures:
                    max(timed) if timed else None, sum(k is None for k in keys))
 
 
+
+def ms_text(v: float | None) -> str:
+    """Milliseconds for a summary line, whole ("—": none)."""
+    return "—" if v is None else f"{v:.0f}"
+
+
+class KeyLatency:
+    """What a UI run's result has of its keys (`bench ui-cpu`, the UI endurance run): the dataclass
+    declares `keys` (ms per key; None: not painted within 2 s) and the p50/p95/max fields beside them,
+    which `key_fields` fills in."""
+
+    keys: list
+    key_p50_ms: float | None
+    key_p95_ms: float | None
+    key_max_ms: float | None
+
+    @staticmethod
+    def key_fields(keys: list[float | None]) -> dict:
+        figures = KeyFigures.of(keys)
+        return {"keys": keys, "key_p50_ms": figures.p50_ms, "key_p95_ms": figures.p95_ms, "key_max_ms": figures.max_ms}
+
+    @property
+    def keys_missed(self) -> int:
+        return sum(1 for k in self.keys if k is None)
+
 async def wait_until(done: Callable[[], bool], timeout_s: float, failure: str,
                      pause: Callable[[float], Any] = asyncio.sleep, poll_s: float = 0.05) -> None:
     """Check `done` every `poll_s` seconds (`pause`: asyncio.sleep, or a pilot's pause) until it
