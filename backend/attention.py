@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from backend.cpu_load import CpuLoad
 from scheduler.types import AttentionPath, BatchPlan, DecodeOutcome, SeqSlice
 
 # The probe: PROBE_WIDTH sequences decode near position 0 and again over a shared PROBE_DEPTH-token
@@ -259,33 +260,8 @@ def others_meter() -> Callable[[], float]:
     """Start counting the CPU other processes use; the returned function says how many cores they
     kept busy on average since (0.0 where /proc cannot be read). This process and its parent (the
     app that started an engine worker, drawing its loading screen) are not "others"."""
-    def ticks(pid: str) -> tuple[int, int]:  # (CPU ticks used, parent pid)
-        st = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return sum(int(x) for x in st[11:15]), int(st[1])
-
-    def read() -> tuple[float, float, float]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # less idle, iowait
-        own, parent = ticks("self")
-        try:
-            own += ticks(str(parent))[0] if parent > 1 else 0
-        except (OSError, ValueError, IndexError):
-            pass
-        return float(busy), float(own), time.monotonic()
-
-    try:
-        busy0, own0, t0 = read()
-    except (OSError, ValueError, IndexError):
-        return lambda: 0.0
-
-    def since() -> float:
-        try:
-            busy, own, t = read()
-        except (OSError, ValueError, IndexError):
-            return 0.0
-        return max(0.0, (busy - busy0) - (own - own0)) / os.sysconf("SC_CLK_TCK") / max(t - t0, 1e-3)
-
-    return since
+    load = CpuLoad(exclude_parent=True, own_children=True)
+    return lambda: load.others(since_start=True) or 0.0
 
 
 def choose(*, key: dict, measure: Callable[[bool], PathTiming],

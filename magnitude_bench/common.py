@@ -14,6 +14,7 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.table import Table
 
+from backend.cpu_load import CpuLoad
 from backend.factory import BackendConfig
 
 # A plain passage the real tokenizer turns into ordinary text tokens; prompts are cut from it at
@@ -120,23 +121,11 @@ def sized(spec: BackendConfig, *, cells: int, seqs: int, floor: int = 8192, **ch
 
 # ---- a shared machine ----------------------------------------------------------------------------
 
-def _busy_jiffies(pids: tuple[int, ...]) -> tuple[float, float]:
-    """(CPU jiffies all processes used, jiffies this process, its reaped children and `pids` used)."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    vals = [int(x) for x in fields]
-    total = sum(vals) - vals[3] - (vals[4] if len(vals) > 4 else 0)  # minus idle and iowait
-    own = 0
-    for pid in ("self", *pids):
-        try:
-            st = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            own += sum(int(x) for x in st[11:15])  # utime stime cutime cstime
-        except (OSError, IndexError, ValueError):
-            pass
-    return float(total), float(own)
-
-
 class Contention:
-    """How many cores other processes kept busy while a measurement ran.
+    """How many cores other processes kept busy while a measurement ran: backend.cpu_load.CpuLoad
+    since this was made, leaving out this process, its reaped children and `pids` (our own helpers,
+    a server say). It fails at once where /proc/stat cannot be read, rather than record a quiet machine
+    it cannot see.
 
     On a 2-core machine shared with other work, llama.cpp's spinning thread barriers turn one busy
     neighbour into a many-fold slowdown, so every measurement records this and is retried if needed.
@@ -144,13 +133,12 @@ class Contention:
 
     def __init__(self, pids: tuple[int, ...] = ()) -> None:
         self.pids = pids
-        self.t0 = time.monotonic()
-        self.total0, self.own0 = _busy_jiffies(pids)
+        self._load = CpuLoad(exclude_pids=pids, own_children=True)
+        if not self._load.readable:
+            raise OSError("cannot read /proc/stat: other processes' CPU use is unknown")
 
     def others_cores(self) -> float:
-        total, own = _busy_jiffies(self.pids)
-        secs = max(time.monotonic() - self.t0, 1e-3)
-        return max(0.0, ((total - self.total0) - (own - self.own0)) / os.sysconf("SC_CLK_TCK") / secs)
+        return self._load.others(since_start=True) or 0.0
 
 
 # How long a benchmark waits for other processes to leave the CPU before measuring anyway

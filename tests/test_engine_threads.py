@@ -320,14 +320,14 @@ def test_cpu_load_subtracts_this_process_from_the_machines_busy_time(tmp_path) -
                         "cpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")
 
     write(0, 0)
-    load = CpuLoad(2, stat_path=str(stat), own_cpu_s=lambda: clock["own"], wall=lambda: clock["wall"])
+    load = CpuLoad(2, proc=str(tmp_path), own_cpu_s=lambda: clock["own"], wall=lambda: clock["wall"])
     # 10 s: the machine was busy for 15 core-seconds, this process for 5 of them.
     clock.update(wall=10.0, own=5.0)
     write(15 * hz, 5 * hz)
     assert abs(load.others() - 1.0) < 1e-6
     # A /proc/stat with more CPUs than this process may use (a CPU-limited container): unknown.
-    assert CpuLoad(1, stat_path=str(stat)).others() is None
-    assert CpuLoad(2, stat_path=str(tmp_path / "missing")).others() is None
+    assert CpuLoad(1, proc=str(tmp_path)).others() is None
+    assert CpuLoad(2, proc=str(tmp_path / "missing")).others() is None
 
 
 def test_the_engine_on_a_busy_simulated_machine_drops_a_thread_and_reports_why() -> None:

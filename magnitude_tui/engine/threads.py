@@ -3,12 +3,12 @@ times and the load of other processes."""
 
 from __future__ import annotations
 
-import os
 import statistics
 from collections import deque
 from enum import Enum
-from typing import Callable, Protocol
+from typing import Protocol
 
+from backend.cpu_load import CpuLoad as CpuLoad  # the reader LoadReader describes; the engine makes one
 from magnitude_tui.engine.events import ThreadState
 
 # ggml's CPU threads meet at a spinning barrier after every operation, so one thread sharing its
@@ -49,47 +49,10 @@ class ThreadMode(Enum):
 
 
 class LoadReader(Protocol):
+    """Cores other processes used since the previous call (None: unknown): backend.cpu_load.CpuLoad,
+    made with the cores this process may use, so a CPU-limited container reads None."""
+
     def others(self) -> float | None: ...
-
-
-class CpuLoad:
-    """How many cores other processes used since the last reading: the machine's busy time from
-    /proc/stat minus this process's own CPU time. None where that cannot be known (no /proc, or
-    /proc/stat counts more CPUs than this process may use, as in a CPU-limited container)."""
-
-    def __init__(self, usable: int, *, stat_path: str = "/proc/stat",
-                 own_cpu_s: Callable[[], float] | None = None, wall: Callable[[], float] | None = None) -> None:
-        import time
-
-        self.usable = usable
-        self.stat_path = stat_path
-        self._own = own_cpu_s or (lambda: sum(os.times()[:2]))
-        self._wall = wall or time.monotonic
-        self._hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        self._last = self._read()
-
-    def _read(self) -> tuple[float, float, float] | None:
-        try:
-            with open(self.stat_path) as f:
-                lines = f.read().splitlines()
-        except OSError:
-            return None
-        n_cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
-        if n_cpus != self.usable:
-            return None
-        fields = [int(x) for x in lines[0].split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        busy_s = (sum(fields[:8]) - idle) / self._hz  # guest time is already inside user
-        return self._wall(), busy_s, self._own()
-
-    def others(self) -> float | None:
-        """Cores used by other processes since the previous call (None: unknown)."""
-        now = self._read()
-        last, self._last = self._last, now
-        if now is None or last is None or now[0] - last[0] <= 0:
-            return None
-        wall = now[0] - last[0]
-        return max(0.0, ((now[1] - last[1]) - (now[2] - last[2])) / wall)
 
 
 class ThreadGovernor:
