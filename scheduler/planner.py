@@ -30,7 +30,6 @@ from scheduler.types import (
     SeqSlice,
     attended_kpos,
     plan_kpos,
-    used_cells_kpos,
 )
 from scheduler.yielding import AGENT_HOLD_MS, held_for_person
 
@@ -260,7 +259,8 @@ class Scheduler:
             budget = min(self.n_batch, len(decoding) + allowance)
         allowance = self.relief.cap(allowance)
         grants = self._share_prefill(prefilling, allowance)
-        drafts = self._drafts(decoding, shape, grants)
+        drafts = self.speculator.step_drafts(decoding, shape, grants, cost=self.cost,
+                                             target_ms=self.policy.target_ms, n_ctx_seq=self.n_ctx_seq)
         budget = min(self.n_batch, budget + sum(len(t) for _, t in drafts.values()))
         slices = []
         for s in decoding:
@@ -317,7 +317,8 @@ class Scheduler:
                                   kpos * n_decode / max(1, n_decode + plan.n_draft),
                                   lambda k: self.cost.predict(n_decode, 0, k))
             self.relief.on_success()
-            self._charge_idle_rent(plan)
+            self.num_evicted_for_speed += len(
+                self.residency.charge_idle_rent(plan.n_rows, self.attention, self.cost))
             return ready
         for sl, seq in planned:
             if seq is not None:
@@ -346,23 +347,6 @@ class Scheduler:
             pending_rows=sum(s.num_pending for s in prefilling), tile_rows=self.attention_tile,
             sampling_ms=sum(s.mask_ms_per_token for s in decoding if s.grammar is not None),
             paced=any(s.priority is Priority.INTERACTIVE for s in (*self.running, *self.waiting)))
-
-    def _drafts(self, decoding: list[Sequence], shape: StepShape | None,
-                grants: list[tuple[Sequence, int]]):
-        """Draft tokens for the rows the step has left once every decode row and the prompts'
-        grants are placed: drafts never take a decode row's or a newcomer's place. While prompt
-        rows still wait beyond this step, drafts may only use the time a target policy leaves."""
-        if not decoding or shape is None or self.speculator.mode is SpecMode.OFF:
-            return {}
-        granted = sum(n for _, n in grants)
-        room_rows = max(0, min(self.n_batch, max(self.n_ubatch, len(decoding))) - len(decoding) - granted)
-        room_ms = None
-        if shape.pending_rows > granted:
-            base = self.cost.predict(len(decoding), granted, shape.kpos(granted))
-            target = self.policy.target_ms or 0.0
-            room_ms = max(0.0, target - base)
-        return self.speculator.plan(decoding, cost=self.cost, shape=shape, prefill_rows=granted,
-                                    room_rows=room_rows, room_ms=room_ms, n_ctx_seq=self.n_ctx_seq)
 
     def _share_prefill(self, prefilling: list[Sequence], allowance: int) -> list[tuple[Sequence, int]]:
         """A higher priority class first, always. Within a class: first come first served under
@@ -413,18 +397,6 @@ class Scheduler:
             self.admission.hold = False  # the room was freed on purpose, for `first`
             for seq, error in self.admission.admit(now):
                 self.finish(seq, DoneReason.ERROR, str(error), error.kind)
-
-    def _charge_idle_rent(self, plan: BatchPlan) -> None:
-        """Without flash attention every row of a step reads every resident cell, so an idle
-        conversation's KV slows each running row; once what it has cost the running rows since it
-        went idle exceeds what recomputing it would cost, it is evicted (the rule that is never
-        worse than twice the better of keeping or dropping it, whatever happens next)."""
-        if self.attention is not AttentionPath.DENSE or self.cost.params.attn_ms <= 0:
-            return
-        used = self.kv.cells_used()
-        recompute = lambda n: self.cost.predict(0, n, used_cells_kpos(used, n))  # noqa: E731
-        self.num_evicted_for_speed += len(
-            self.residency.evict_for_speed(plan.n_rows, self.cost.params.attn_ms, recompute))
 
     def _running_at(self, seq_id: int) -> Sequence | None:
         for s in self.running:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+from scheduler.budget import CostModel
 from scheduler.ledger import KvCache, KvLedger
 from scheduler.sequence import Sequence, Session
+from scheduler.types import AttentionPath, used_cells_kpos
 
 
 class Residency:
@@ -114,6 +116,18 @@ class Residency:
     def idle_cells(self) -> int:
         """Cells held only by idle conversations (a prefix a live fork shares is not counted)."""
         return sum(self.kv.exclusive_cells(s.slot) for s in self._slot_owner.values() if s.is_idle)
+
+    def charge_idle_rent(self, step_rows: int, attention: AttentionPath, cost: CostModel) -> list[str]:
+        """After a successful step of `step_rows` rows. Without flash attention every row of a step
+        reads every resident cell, so an idle conversation's KV slows each running row; once what
+        it has cost the running rows since it went idle exceeds what recomputing it would cost, it
+        is evicted (the rule that is never worse than twice the better of keeping or dropping it,
+        whatever happens next). Returns the evicted conversations' ids."""
+        if attention is not AttentionPath.DENSE or cost.params.attn_ms <= 0:
+            return []
+        used = self.kv.cells_used()
+        recompute = lambda n: cost.predict(0, n, used_cells_kpos(used, n))  # noqa: E731
+        return self.evict_for_speed(step_rows, cost.params.attn_ms, recompute)
 
     def evict_for_speed(self, step_rows: int, attn_ms: float,
                         recompute_ms: Callable[[int], float]) -> list[str]:

@@ -1,7 +1,7 @@
 """Provides Speculator: the drafts of one step, per generating sequence, and what they taught.
 
-The planner asks it, after decode rows and prompt rows are placed, which sequences verify which
-draft tokens in the rows left; the engine tells it, through the planner, how many were accepted.
+The planner asks it (`step_drafts`), after decode rows and prompt rows are placed, which sequences
+verify which draft tokens in the rows left; the engine tells it, through the planner, how many were accepted.
 """
 
 from __future__ import annotations
@@ -95,6 +95,25 @@ class Speculator:
             seq.spec.copying[kind] = not decided
 
     # ---- planning ------------------------------------------------------------------------------
+
+    def step_drafts(self, decoding: list[Sequence], shape: StepShape | None, grants: list[tuple[Sequence, int]],
+                    *, cost: CostModel, target_ms: float | None,
+                    n_ctx_seq: int) -> dict[int, tuple[DraftKind, tuple[int, ...]]]:
+        """Draft tokens per seq id for the rows a step has left once every decode row (`decoding`)
+        and the prompts' `grants` are placed: drafts never take a decode row's or a newcomer's
+        place. While prompt rows still wait beyond this step, drafts may only use the time a target
+        policy (`target_ms`) leaves. `shape` is the step's, built once by the planner (None: a
+        prefill-first step that runs prompts only)."""
+        if not decoding or shape is None or self.mode is SpecMode.OFF:
+            return {}
+        granted = sum(n for _, n in grants)
+        room_rows = max(0, min(shape.n_batch, max(shape.n_ubatch, len(decoding))) - len(decoding) - granted)
+        room_ms = None
+        if shape.pending_rows > granted:
+            base = cost.predict(len(decoding), granted, shape.kpos(granted))
+            room_ms = max(0.0, (target_ms or 0.0) - base)
+        return self.plan(decoding, cost=cost, shape=shape, prefill_rows=granted, room_rows=room_rows,
+                         room_ms=room_ms, n_ctx_seq=n_ctx_seq)
 
     def plan(self, decoding: list[Sequence], *, cost: CostModel, shape: StepShape, prefill_rows: int,
              room_rows: int, room_ms: float | None, n_ctx_seq: int) -> dict[int, tuple[DraftKind, tuple[int, ...]]]:
