@@ -4,6 +4,7 @@ how a command ends (its tables printed, its result files written) and reports pr
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -19,6 +20,14 @@ BackendOpt = typer.Option("llama", "--backend", "-b", help="llama or simulated:<
 OneThreadOpt = typer.Option(1, "--threads", "-t", help="CPU threads (default 1: the app's engine on 2 cores).")
 CpuClockOpt = typer.Option(False, "--cpu-clock", help="Time in CPU seconds of the engine's process (one "
                            "thread only): the work done, whatever else a shared machine runs.")
+PanesOpt = typer.Option(8, "--panes", help="Panes streaming at once.")
+# Options whose flags and help several commands share but not their default, which each gives
+# where it declares the option (`policy: PolicyArg = "target:50"`).
+PolicyArg = Annotated[str, typer.Option("--policy", "-p")]
+SeqsArg = Annotated[str, typer.Option("--seqs", help="Concurrent sequences.")]
+RepsArg = Annotated[int, typer.Option("--reps", help="Repetitions (medians are reported).")]
+SubagentGenArg = Annotated[int, typer.Option("--gen", help="Tokens each subagent generates.")]
+NRunningArg = Annotated[int, typer.Option("--n-running", help="Sequences generating when the newcomer arrives.")]
 
 
 def finish(result, out: Path, plot) -> None:

@@ -16,8 +16,13 @@ from magnitude_bench.cli_common import (
     CtxOpt,
     DeviceOpt,
     ModelOpt,
+    NRunningArg,
     OneThreadOpt,
     OutOpt,
+    PolicyArg,
+    RepsArg,
+    SeqsArg,
+    SubagentGenArg,
     ThreadsOpt,
     finish,
     progress,
@@ -30,7 +35,7 @@ commands = typer.Typer()
 def admit(
     backend: List[str] = typer.Option(["llama", "simulated:rx9070xt"], "--backend", "-b",
                                       help="llama and/or simulated:<profile> (rx9070xt, cpu2core); repeatable."),
-    n_running: int = typer.Option(8, "--n-running", help="Sequences generating when the newcomer arrives."),
+    n_running: NRunningArg = 8,
     running_depth: int = typer.Option(0, "--running-depth", help="The running sequences fork from a conversation "
                                       "this many tokens long, so they decode deep in a context (0: none)."),
     newcomer: int = typer.Option(0, "--newcomer", help="Newcomer prompt tokens (0: 8,000 simulated, else as many as the context allows)."),
@@ -72,10 +77,8 @@ def prefill_curve(
 
 @commands.command()
 def throughput(
-    seqs: str = typer.Option("1,2,4,8,16", "--seqs", help="Concurrent sequences."),
-    prompt: int = typer.Option(64, "--prompt", help="Prompt tokens per sequence."),
-    gen: int = typer.Option(128, "--gen", help="Generated tokens per sequence (EOS ignored)."),
-    reps: int = typer.Option(3, "--reps", help="Repetitions (medians are reported)."),
+    seqs: SeqsArg = "1,2,4,8,16", prompt: int = typer.Option(64, "--prompt", help="Prompt tokens per sequence."),
+    gen: int = typer.Option(128, "--gen", help="Generated tokens per sequence (EOS ignored)."), reps: RepsArg = 3,
     policy: List[str] = typer.Option(["target:50", "fixed:2048"], "--policy", "-p",
                                      help="Engine policies; the first is 'this engine' in the ratios. Repeatable. "
                                      "POLICY+defaults runs it as the app launches (--spec auto, thread governor on)."),
@@ -117,7 +120,7 @@ def spec_bench(
     reps: int = typer.Option(1, "--reps", help="Repetitions (modes alternate inside each; medians reported)."),
     min_tokens: int = typer.Option(1000, "--min-tokens", help="A width repeats beyond --reps (up to 3x) until "
                                    "its off runs made this many tokens: short batches are noisy."),
-    policy: str = typer.Option("target:50", "--policy", "-p"),
+    policy: PolicyArg = "target:50",
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft GGUF for the draft mode "
                                               "(default: the model itself, an upper bound on acceptance)."),
     backend: str = typer.Option("llama", "--backend", "-b", help="llama, or simulated:<profile> (a smoke run)."),
@@ -155,9 +158,7 @@ def fork(
     n: int = typer.Option(8, "--n", help="Subagents."),
     parent: int = typer.Option(1500, "--parent", help="Tokens of shared parent context."),
     task: int = typer.Option(32, "--task", help="Each subagent's own tokens after the shared context."),
-    gen: int = typer.Option(8, "--gen", help="Tokens each subagent generates."),
-    policy: str = typer.Option("target:50", "--policy", "-p"),
-    reps: int = typer.Option(1, "--reps"),
+    gen: SubagentGenArg = 8, policy: PolicyArg = "target:50", reps: int = typer.Option(1, "--reps"),
     backend: str = BackendOpt,
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
@@ -175,8 +176,7 @@ def fork(
 def person(
     agents: int = typer.Option(8, "--agents", help="Agents generating when the prompt arrives."),
     prompt: int = typer.Option(1409, "--prompt", help="Tokens of the person's prompt."),
-    policy: str = typer.Option("target:50", "--policy", "-p"),
-    backend: str = BackendOpt,
+    policy: PolicyArg = "target:50", backend: str = BackendOpt,
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
@@ -193,7 +193,7 @@ def resume(
     history: int = typer.Option(2000, "--history", help="Tokens of the conversation before the resume."),
     gen: int = typer.Option(8, "--gen", help="Tokens of the reply after the resume."),
     reps: int = typer.Option(3, "--reps", help="Cold and warm runs each (they alternate)."),
-    policy: str = typer.Option("fixed:512", "--policy", "-p"),
+    policy: PolicyArg = "fixed:512",
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
@@ -209,7 +209,7 @@ def burst(
     n: int = typer.Option(11, "--n", help="Subagents forked at once."),
     context: int = typer.Option(2000, "--context", "-L", help="Tokens of the conversation they fork from."),
     own: int = typer.Option(200, "--own", "-P", help="Each subagent's own prompt tokens."),
-    gen: int = typer.Option(48, "--gen", help="Tokens each subagent generates."),
+    gen: SubagentGenArg = 48,
     policy: List[str] = typer.Option(list(("target:50", "prefill-first", "fixed:2048", "target-v1:50")),
                                      "--policy", "-p", help="Policies to compare; repeatable."),
     flash: str = typer.Option("off,on", "--flash", help="Flash-attention settings to run (off,on)."),
@@ -229,7 +229,7 @@ def burst(
 @commands.command("target-depth")
 def target_depth(
     depths: str = typer.Option("0,2000,6000", "--depths", help="Depths of the conversation the running sequences fork from."),
-    n_running: int = typer.Option(4, "--n-running", help="Sequences generating when the newcomer arrives."),
+    n_running: NRunningArg = 4,
     newcomer: int = typer.Option(1000, "--newcomer", help="Tokens of the prompt that arrives behind them."),
     target: float = typer.Option(50.0, "--target", help="target:MS wherever the decode rows plus a quantum fit in it."),
     backend: str = BackendOpt,

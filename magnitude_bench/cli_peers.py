@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from magnitude_bench import options
-from magnitude_bench.cli_common import CtxOpt, DeviceOpt, ModelOpt, OutOpt, finish, progress
+from magnitude_bench.cli_common import CtxOpt, DeviceOpt, ModelOpt, OutOpt, SeqsArg, finish, progress
 
 commands = typer.Typer()
 
@@ -35,7 +35,7 @@ def contention(
 
 @commands.command()
 def structured(
-    seqs: str = typer.Option("1,8,16", "--seqs", help="Concurrent sequences."),
+    seqs: SeqsArg = "1,8,16",
     max_tokens: int = typer.Option(48, "--max-tokens", help="Longest reply, the same in both modes (greedy)."),
     reps: int = typer.Option(2, "--reps", help="Repetitions (the modes alternate which goes first)."),
     peer: bool = typer.Option(True, "--peer/--no-peer", help="Also run llama-server with the same schema."),

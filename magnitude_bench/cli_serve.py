@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from magnitude_bench import options
-from magnitude_bench.cli_common import DeviceOpt, ModelOpt, OutOpt, ThreadsOpt, finish, progress
+from magnitude_bench.cli_common import DeviceOpt, ModelOpt, OutOpt, RepsArg, SeqsArg, ThreadsOpt, finish, progress
 
 commands = typer.Typer()
 
@@ -40,9 +40,8 @@ def remote(
     url: List[str] = typer.Option([], "--url", help="An OpenAI-compatible server (repeat for several)."),
     llama_server: int = typer.Option(0, "--llama-server", help="Instead of --url: start the vendored "
                                      "llama-server with this many slots on the same model and threads."),
-    seqs: str = typer.Option("1,4,8", "--seqs", help="Concurrent sequences."),
-    gen: int = typer.Option(64, "--gen", help="max_tokens per sequence (greedy)."),
-    reps: int = typer.Option(1, "--reps", help="Repetitions (medians are reported)."),
+    seqs: SeqsArg = "1,4,8", gen: int = typer.Option(64, "--gen", help="max_tokens per sequence (greedy)."),
+    reps: RepsArg = 1,
     remote_model: Optional[str] = typer.Option(None, "--remote-model", help="The served model (default: the first listed)."),
     local: bool = typer.Option(False, "--local", help="Also run the same work on the local engine (same model file)."),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,

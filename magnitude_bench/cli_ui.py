@@ -9,14 +9,14 @@ from typing import Optional
 import typer
 
 from magnitude_bench import options
-from magnitude_bench.cli_common import DeviceOpt, ModelOpt, OutOpt, finish, progress
+from magnitude_bench.cli_common import DeviceOpt, ModelOpt, OutOpt, PanesOpt, finish, progress
 
 commands = typer.Typer()
 
 
 @commands.command()
 def ui(
-    panes: int = typer.Option(8, "--panes", help="Panes streaming at once."),
+    panes: int = PanesOpt,
     max_tokens: int = typer.Option(96, "--max-tokens", help="Tokens per reply (greedy; the model may stop early)."),
     keys: int = typer.Option(30, "--keys", help="Keypresses measured per UI run (while panes stream)."),
     interval: float = typer.Option(0.12, "--interval", help="Seconds between keypresses."),
@@ -39,7 +39,7 @@ def ui(
 
 @commands.command("ui-cpu")
 def ui_cpu(
-    panes: int = typer.Option(8, "--panes", help="Panes streaming at once."),
+    panes: int = PanesOpt,
     rate: float = typer.Option(25.0, "--rate", help="Engine steps per second (one token per pane per step)."),
     seconds: float = typer.Option(10.0, "--seconds", help="Length of the measured window."),
     reps: int = typer.Option(1, "--reps", help="Runs, one after another (each a fresh app)."),
