@@ -26,8 +26,11 @@ PROBE_REPEATS = 3
 # prefix (forks), and as many with one sequence at depth beside short ones (distinct conversations).
 REFERENCE_STEPS = 32
 # The probe's version, part of the cache key: a verdict measured without the mixed step is measured
-# again (it favoured the dense path on workloads where most of its work is masked, issue 28).
-PROBE_VERSION = 2
+# again (it favoured the dense path on workloads where most of its work is masked, issue 28); one
+# cached before a busy probe stopped being kept (BUSY_CORES) may have been measured under load (a
+# 2-thread verdict here, flash off, was: 316-683 ms steps where quiet ones take about 40), so
+# version 3 measures every verdict again and records the load it was measured under.
+PROBE_VERSION = 3
 
 # llama.cpp's CPU flash-attention kernel (ggml-cpu ops.cpp, GGML_FA_TILE_Q in this build) runs a
 # step's attention as tiled matrix products only when the step has at least this many rows, one
@@ -94,6 +97,7 @@ class AttentionChoice:
     timings: tuple[PathTiming, ...] = ()
     cached: bool = False
     key: dict = field(default_factory=dict)
+    others_cores: float | None = None  # what other processes kept busy while it was measured
 
     @property
     def path(self) -> AttentionPath:
@@ -234,7 +238,8 @@ def load_cached(key: dict) -> AttentionChoice | None:
         if data.get("key") != key:
             return None
         timings = tuple(PathTiming(**t) for t in data["timings"])
-        return AttentionChoice(data["flash"], data["reason"], timings, cached=True, key=key)
+        return AttentionChoice(data["flash"], data["reason"], timings, cached=True, key=key,
+                               others_cores=data.get("others_cores"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -245,6 +250,7 @@ def store(choice: AttentionChoice) -> None:
         path = _cache_file(choice.key)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"key": choice.key, "flash": choice.flash, "reason": choice.reason,
+                                    "others_cores": choice.others_cores,
                                     "timings": [asdict(t) for t in choice.timings]}, indent=1))
     except OSError:
         pass
@@ -281,8 +287,8 @@ def choose(*, key: dict, measure: Callable[[bool], PathTiming],
             other = not flash
             return AttentionChoice(other, f"flash attention {'on' if flash else 'off'} failed in the "
                                    f"probe ({e})", key=key)
-    choice = decide((timings[True], timings[False]), key)
     busy = others()
+    choice = replace(decide((timings[True], timings[False]), key), others_cores=round(busy, 3))
     if busy > BUSY_CORES:
         return replace(choice, reason=f"{choice.reason}; not kept: other processes kept {busy:.1f} cores "
                                       "busy during the probe, so the next start measures again")
