@@ -4,10 +4,12 @@ how a command ends (its tables printed, its result files written) and reports pr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+
+from magnitude_bench import options
 
 ModelOpt = typer.Option(None, "--model", "-m", help="GGUF model path (default: SmolLM2-135M-Instruct Q4_1).")
 DeviceOpt = typer.Option("cpu", "--device", "-d", help="auto | cpu | vulkan | vulkan:N")
@@ -37,6 +39,12 @@ def finish(result, out: Path, plot) -> None:
     print_result(result)
     paths = save_result(result, out, plot)
     console.print("wrote " + ", ".join(str(p) for p in paths.values()))
+
+
+def finish_on_backend(run, cfg, backend: str, model: Optional[str], device: str, threads: Optional[int],
+                      ctx: Optional[int], out: Path, plot=None) -> None:
+    """How an engine bench ends: `run(spec, cfg, progress=...)` on the backend its options name, then `finish`."""
+    finish(run(options.backend_spec(backend, model, device, threads, ctx), cfg, progress=progress), out, plot)
 
 
 def progress(msg: str) -> None:

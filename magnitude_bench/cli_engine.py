@@ -25,6 +25,7 @@ from magnitude_bench.cli_common import (
     SubagentGenArg,
     ThreadsOpt,
     finish,
+    finish_on_backend,
     progress,
 )
 
@@ -71,8 +72,7 @@ def prefill_curve(
     from magnitude_bench.prefill_curve import CurveConfig, curve_result
 
     cfg = CurveConfig(chunks=options.ints(chunks), n_decode=decode_rows, seqs=options.ints(seqs), reps=reps)
-    spec = options.backend_spec(backend, model, device, threads, ctx)
-    finish(curve_result(spec, cfg, progress=progress), out, plot_prefill_curve)
+    finish_on_backend(curve_result, cfg, backend, model, device, threads, ctx, out, plot_prefill_curve)
 
 
 @commands.command()
@@ -168,8 +168,7 @@ def fork(
     from magnitude_bench.plots import plot_fork
 
     cfg = ForkConfig(n=n, parent_tokens=parent, task_tokens=task, gen=gen, policy=policy, reps=reps)
-    spec = options.backend_spec(backend, model, device, threads, ctx)
-    finish(run_fork(spec, cfg, progress=progress), out, plot_fork)
+    finish_on_backend(run_fork, cfg, backend, model, device, threads, ctx, out, plot_fork)
 
 
 @commands.command()
@@ -184,8 +183,7 @@ def person(
     from magnitude_bench.person import PersonConfig, run_person
 
     cfg = PersonConfig(agents=agents, prompt=prompt, policy=policy)
-    spec = options.backend_spec(backend, model, device, threads, ctx)
-    finish(run_person(spec, cfg, progress=progress), out, None)
+    finish_on_backend(run_person, cfg, backend, model, device, threads, ctx, out)
 
 
 @commands.command()
@@ -201,7 +199,7 @@ def resume(
     from magnitude_bench.resume import ResumeConfig, run_resume
 
     cfg = ResumeConfig(history_tokens=history, gen=gen, reps=reps, policy=policy)
-    finish(run_resume(options.backend_spec("llama", model, device, threads, ctx), cfg, progress=progress), out, None)
+    finish_on_backend(run_resume, cfg, "llama", model, device, threads, ctx, out)
 
 
 @commands.command()
@@ -223,7 +221,7 @@ def burst(
 
     cfg = options.burst_config(n=n, context=context, own=own, gen=gen, policy=policy, flash=flash,
                                cpu_clock=cpu_clock, threads=threads)
-    finish(run_bursts(options.backend_spec(backend, model, device, threads, ctx), cfg, progress=progress), out, None)
+    finish_on_backend(run_bursts, cfg, backend, model, device, threads, ctx, out)
 
 
 @commands.command("target-depth")
@@ -242,5 +240,4 @@ def target_depth(
 
     cfg = options.target_depth_config(depths=depths, n_running=n_running, newcomer=newcomer, target=target,
                                       cpu_clock=cpu_clock, threads=threads)
-    spec = options.backend_spec(backend, model, device, threads, ctx)
-    finish(run_target_depth(spec, cfg, progress=progress), out, None)
+    finish_on_backend(run_target_depth, cfg, backend, model, device, threads, ctx, out)
