@@ -20,14 +20,12 @@ from __future__ import annotations
 import asyncio
 import queue
 import re
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from magnitude_bench.ui_keys import KeyLatency, ms_text
+from magnitude_bench.ui_keys import FrameProbe, KeyLatency, ms_text, open_panes, run_on_stand_in, type_and_time_key
 
 if TYPE_CHECKING:
     from scheduler.budget import Policy
@@ -270,68 +268,55 @@ class CpuResult(KeyLatency):
 async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
     """One headless run of the real app on the paced stand-in engine (see the module doc)."""
     from magnitude_bench.ui import prompts
-    from magnitude_bench.ui_keys import FrameProbe, open_panes, type_and_time_key
-    from magnitude_tui.app import MagnitudeApp
-    from magnitude_tui.store import Store
     from magnitude_tui.widgets.chat_pane import ChatPane
     from magnitude_tui.widgets.composer import Composer
 
     client = PacedClient(step_hz=cfg.step_hz, tokens=cfg.tokens)
-    with tempfile.TemporaryDirectory() as tmp:
-        app = MagnitudeApp(client=client, store=Store(Path(tmp) / "cpu.db"),
-                           theme="magnitude", export_dir=Path(tmp))
-        probe = FrameProbe(app)
-        result: CpuResult | None = None
-        try:
-            async with app.run_test(size=cfg.size) as pilot:
-                panes = await open_panes(app, pilot, cfg.panes)
-                if cfg.show_sequences:
-                    await pilot.press("f2")
-                texts = prompts(len(panes))
 
-                def feed() -> None:  # every idle pane gets a turn (what pressing Enter in it does)
-                    for pane, text in zip(panes, texts):
-                        if not pane.busy and not pane._ended:
-                            pane.post_message(ChatPane.Submitted(pane, text))
+    async def measure(app, pilot, probe: FrameProbe) -> CpuResult:
+        panes = await open_panes(app, pilot, cfg.panes)
+        if cfg.show_sequences:
+            await pilot.press("f2")
+        texts = prompts(len(panes))
 
-                feed()
-                composer = panes[0].query_one(Composer)
-                composer.focus()
-                await asyncio.sleep(0.5)  # every pane past prefill and streaming
+        def feed() -> None:  # every idle pane gets a turn (what pressing Enter in it does)
+            for pane, text in zip(panes, texts):
+                if not pane.busy and not pane._ended:
+                    pane.post_message(ChatPane.Submitted(pane, text))
 
-                keys: list[float | None] = []
-                steps0, tokens0, frames0, eng0 = client.steps, client.emitted, probe.frames, client.thread_cpu_s
-                profiler = None
-                if cfg.profile:
-                    import cProfile
+        feed()
+        composer = panes[0].query_one(Composer)
+        composer.focus()
+        await asyncio.sleep(0.5)  # every pane past prefill and streaming
 
-                    profiler = cProfile.Profile()
-                    profiler.enable()
-                cpu0, t0 = time.process_time(), time.perf_counter()
-                end = t0 + cfg.duration_s
-                i = 0
-                while time.perf_counter() < end:
-                    feed()
-                    keys.append(await type_and_time_key(probe, composer, i))
-                    i += 1
-                    await asyncio.sleep(cfg.key_interval_s)
-                wall = time.perf_counter() - t0
-                cpu = time.process_time() - cpu0
-                eng = client.thread_cpu_s - eng0
-                if profiler is not None and cfg.profile:
-                    profiler.disable()
-                    profiler.dump_stats(cfg.profile)
-                result = CpuResult(config=asdict(cfg), wall_s=wall, process_cpu_s=cpu, engine_thread_cpu_s=eng,
-                                   app_cores=max(0.0, cpu - eng) / wall, steps=client.steps - steps0,
-                                   tokens=client.emitted - tokens0, frames=probe.frames - frames0,
-                                   **CpuResult.key_fields(keys))
-                client.stop()
-        except asyncio.CancelledError:
-            if result is None:
-                raise
-        finally:
-            client.stop()
-        return result
+        keys: list[float | None] = []
+        steps0, tokens0, frames0, eng0 = client.steps, client.emitted, probe.frames, client.thread_cpu_s
+        profiler = None
+        if cfg.profile:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        end = t0 + cfg.duration_s
+        i = 0
+        while time.perf_counter() < end:
+            feed()
+            keys.append(await type_and_time_key(probe, composer, i))
+            i += 1
+            await asyncio.sleep(cfg.key_interval_s)
+        wall = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
+        eng = client.thread_cpu_s - eng0
+        if profiler is not None and cfg.profile:
+            profiler.disable()
+            profiler.dump_stats(cfg.profile)
+        return CpuResult(config=asdict(cfg), wall_s=wall, process_cpu_s=cpu, engine_thread_cpu_s=eng,
+                         app_cores=max(0.0, cpu - eng) / wall, steps=client.steps - steps0,
+                         tokens=client.emitted - tokens0, frames=probe.frames - frames0,
+                         **CpuResult.key_fields(keys))
+
+    return await run_on_stand_in(client, "cpu.db", cfg.size, measure)
 
 
 def run_cpu_bench(cfg: CpuConfig = CpuConfig(), reps: int = 1) -> list[CpuResult]:

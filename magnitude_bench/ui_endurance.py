@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -165,78 +164,64 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
     from textual.geometry import Size
 
     from magnitude_bench.ui import prompts
-    from magnitude_bench.ui_keys import FrameProbe, open_panes, type_and_time_key, wait_until
-    from magnitude_tui.app import MagnitudeApp
-    from magnitude_tui.store import Store
+    from magnitude_bench.ui_keys import FrameProbe, open_panes, run_on_stand_in, type_and_time_key, wait_until
     from magnitude_tui.widgets.chat_pane import ChatPane
     from magnitude_tui.widgets.composer import Composer
 
     client = FloodClient(flood=cfg.flood, burst=cfg.burst, step_hz=cfg.step_hz, tokens=10**9)
-    with tempfile.TemporaryDirectory() as tmp:
-        app = MagnitudeApp(client=client, store=Store(Path(tmp) / "endurance.db"), theme="magnitude",
-                           export_dir=Path(tmp))
-        probe = FrameProbe(app)
-        result: EnduranceResult | None = None
-        try:
-            async with app.run_test(size=cfg.sizes[0]) as pilot:
-                panes = await open_panes(app, pilot, cfg.panes)
-                await _add_history(panes, cfg.history)
-                if cfg.stream:
-                    for pane, text in zip(panes, prompts(len(panes))):
-                        pane.post_message(ChatPane.Submitted(pane, text))
-                composer = panes[1].query_one(Composer)  # typed into a pane beside the flood
-                composer.focus()
-                resized_at: list[float] = []
 
-                def resize(size: tuple[int, int]) -> None:  # what the terminal driver does on SIGWINCH
-                    resized_at.append(time.perf_counter())
-                    assert app._driver is not None  # the app runs
-                    app._driver._size = Size(*size)
-                    app.post_message(events.Resize(Size(*size), Size(*size)))
+    async def measure(app, pilot, probe: FrameProbe) -> EnduranceResult:
+        panes = await open_panes(app, pilot, cfg.panes)
+        await _add_history(panes, cfg.history)
+        if cfg.stream:
+            for pane, text in zip(panes, prompts(len(panes))):
+                pane.post_message(ChatPane.Submitted(pane, text))
+        composer = panes[1].query_one(Composer)  # typed into a pane beside the flood
+        composer.focus()
+        resized_at: list[float] = []
 
-                rss_start, rss_mid = rss_mb(), None
-                keys: list[float | None] = []
-                after: list[bool] = []
-                t0, i = time.perf_counter(), 0
-                resize_every = max(1.0, cfg.flood / cfg.burst / cfg.step_hz / cfg.resizes)
-                next_resize = t0 + resize_every
-                while client.flood_sent < cfg.flood if cfg.stream else len(resized_at) < cfg.resizes:
-                    now = time.perf_counter()
-                    just_resized = len(resized_at) < cfg.resizes and (now >= next_resize or not cfg.stream)
-                    if just_resized:
-                        resize(cfg.sizes[(len(resized_at) + 1) % len(cfg.sizes)])
-                        next_resize = now + resize_every
-                        await asyncio.sleep(0.05)
-                    if rss_mid is None and client.flood_sent >= cfg.flood // 2:
-                        rss_mid = rss_mb()
-                    keys.append(await type_and_time_key(probe, composer, i))
-                    after.append(just_resized)
-                    i += 1
-                    await asyncio.sleep(cfg.key_interval_s if cfg.stream else 0.3)
-                while len(resized_at) < cfg.resizes:  # the rest, if the flood outran them
-                    resize(cfg.sizes[(len(resized_at) + 1) % len(cfg.sizes)])
-                    await asyncio.sleep(0.05)
-                wall = time.perf_counter() - t0
-                widgets = sum(1 for _ in app.screen.walk_children())
-                t_end = time.perf_counter()
-                flooded = panes[0]
-                await wait_until(lambda: not (flooded.busy or flooded.has_ended), cfg.settle_timeout_s,
-                                 "the flooded pane's reply did not settle")
-                settle_s = time.perf_counter() - t_end
-                rss_end = rss_mb()
-                messages = flooded.record.messages
-                result = EnduranceResult(
-                    config=asdict(cfg), wall_s=wall, tokens=client.flood_sent, resizes=len(resized_at),
-                    rss_start_mb=rss_start, rss_mid_mb=rss_mid or rss_end, rss_end_mb=rss_end,
-                    reply_chars=len(messages[-1].content) if messages else 0, **EnduranceResult.key_fields(keys),
-                    settle_s=settle_s, after_resize=after, widgets=widgets,
-                    resize_frames_ms=[_frame_after(probe.layout_frames, t) for t in resized_at])
-                client.stop()  # the seven replies stop streaming before the app is torn down
-        except asyncio.CancelledError:
-            # Textual's teardown can be cancelled while replies still stream into panes being
-            # removed (seen 2 in ~10 runs). The figures were taken before: keep them.
-            if result is None:
-                raise
-        finally:
-            client.stop()
-        return result
+        def resize(size: tuple[int, int]) -> None:  # what the terminal driver does on SIGWINCH
+            resized_at.append(time.perf_counter())
+            assert app._driver is not None  # the app runs
+            app._driver._size = Size(*size)
+            app.post_message(events.Resize(Size(*size), Size(*size)))
+
+        rss_start, rss_mid = rss_mb(), None
+        keys: list[float | None] = []
+        after: list[bool] = []
+        t0, i = time.perf_counter(), 0
+        resize_every = max(1.0, cfg.flood / cfg.burst / cfg.step_hz / cfg.resizes)
+        next_resize = t0 + resize_every
+        while client.flood_sent < cfg.flood if cfg.stream else len(resized_at) < cfg.resizes:
+            now = time.perf_counter()
+            just_resized = len(resized_at) < cfg.resizes and (now >= next_resize or not cfg.stream)
+            if just_resized:
+                resize(cfg.sizes[(len(resized_at) + 1) % len(cfg.sizes)])
+                next_resize = now + resize_every
+                await asyncio.sleep(0.05)
+            if rss_mid is None and client.flood_sent >= cfg.flood // 2:
+                rss_mid = rss_mb()
+            keys.append(await type_and_time_key(probe, composer, i))
+            after.append(just_resized)
+            i += 1
+            await asyncio.sleep(cfg.key_interval_s if cfg.stream else 0.3)
+        while len(resized_at) < cfg.resizes:  # the rest, if the flood outran them
+            resize(cfg.sizes[(len(resized_at) + 1) % len(cfg.sizes)])
+            await asyncio.sleep(0.05)
+        wall = time.perf_counter() - t0
+        widgets = sum(1 for _ in app.screen.walk_children())
+        t_end = time.perf_counter()
+        flooded = panes[0]
+        await wait_until(lambda: not (flooded.busy or flooded.has_ended), cfg.settle_timeout_s,
+                         "the flooded pane's reply did not settle")
+        settle_s = time.perf_counter() - t_end
+        rss_end = rss_mb()
+        messages = flooded.record.messages
+        return EnduranceResult(
+            config=asdict(cfg), wall_s=wall, tokens=client.flood_sent, resizes=len(resized_at),
+            rss_start_mb=rss_start, rss_mid_mb=rss_mid or rss_end, rss_end_mb=rss_end,
+            reply_chars=len(messages[-1].content) if messages else 0, **EnduranceResult.key_fields(keys),
+            settle_s=settle_s, after_resize=after, widgets=widgets,
+            resize_frames_ms=[_frame_after(probe.layout_frames, t) for t in resized_at])
+
+    return await run_on_stand_in(client, "endurance.db", cfg.sizes[0], measure)

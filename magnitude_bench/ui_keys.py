@@ -1,6 +1,7 @@
 """Provides what the UI benchmarks share (`bench ui`, `bench ui-cpu`, the UI endurance run): the
 app opened with N panes once its engine is ready, and the key probe: a key is handed to the app the way the terminal driver hands it over, and timed to the first
-frame the app gives its driver whose composer row shows the typed text.
+frame the app gives its driver whose composer row shows the typed text; for the two runs on a stand-in
+engine, the app's headless run around their measurement and their keys' figures.
 
 Headless Textual writes nothing, so `FrameProbe` renders every frame to terminal bytes as a real
 driver would, and reads the composer row from the frame.
@@ -10,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Awaitable, Callable, TypeVar
 
+R = TypeVar("R")
 DIGITS = "1234567"  # typed keys: never in the composer's placeholder, so a match is the typed text
 
 
@@ -171,3 +175,29 @@ async def open_panes(app, pilot, panes: int, *, timeout_s: float = 30.0, poll_s:
     for _ in range(panes - len(ws.grid.panes)):
         await pilot.press("ctrl+n")
     return list(ws.grid.panes)
+
+
+async def run_on_stand_in(client, db: str, size: tuple[int, int],
+                          measure: Callable[[Any, Any, FrameProbe], Awaitable[R]]) -> R:
+    """The real app run headless on `client` (a paced stand-in engine: `bench ui-cpu`, the UI
+    endurance run) with a fresh store and export folder: what `measure(app, pilot, probe)` returns.
+    The client stops once it has (its replies stop streaming before the app is torn down) and
+    again whatever happens. Textual's teardown can be cancelled while replies still stream into
+    panes being removed (seen 2 in ~10 runs); the figures were taken before: they are kept."""
+    from magnitude_tui.app import MagnitudeApp
+    from magnitude_tui.store import Store
+
+    with tempfile.TemporaryDirectory() as tmp:
+        app = MagnitudeApp(client=client, store=Store(Path(tmp) / db), theme="magnitude", export_dir=Path(tmp))
+        probe = FrameProbe(app)
+        result: R | None = None
+        try:
+            async with app.run_test(size=size) as pilot:
+                result = await measure(app, pilot, probe)
+                client.stop()
+        except asyncio.CancelledError:
+            if result is None:
+                raise
+        finally:
+            client.stop()
+        return result
