@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from magnitude_bench.ui_keys import FrameProbe, KeyLatency, ms_text, open_panes, run_on_stand_in, type_and_time_key
+from magnitude_bench.ui_keys import FrameProbe, KeyFigures, open_panes, run_on_stand_in, type_and_time_key
 
 if TYPE_CHECKING:
     from scheduler.budget import Policy
@@ -242,7 +242,7 @@ class CpuConfig:
 
 
 @dataclass
-class CpuResult(KeyLatency):
+class CpuResult:
     config: dict
     wall_s: float
     process_cpu_s: float
@@ -257,7 +257,8 @@ class CpuResult(KeyLatency):
     key_max_ms: float | None = None
 
     def summary(self) -> str:
-        f, c = ms_text, self.config
+        f = lambda v: "—" if v is None else f"{v:.0f}"  # noqa: E731
+        c = self.config
         return (f"{c['panes']} panes at {c['step_hz']:g} steps/s for {self.wall_s:.1f} s: "
                 f"app {self.app_cores:.3f} cores (process {self.process_cpu_s:.2f} s CPU, "
                 f"stand-in engine {self.engine_thread_cpu_s:.2f} s) · {self.tokens} tokens · "
@@ -314,7 +315,7 @@ async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
         return CpuResult(config=asdict(cfg), wall_s=wall, process_cpu_s=cpu, engine_thread_cpu_s=eng,
                          app_cores=max(0.0, cpu - eng) / wall, steps=client.steps - steps0,
                          tokens=client.emitted - tokens0, frames=probe.frames - frames0,
-                         **CpuResult.key_fields(keys))
+                         **KeyFigures.fields_of(keys))
 
     return await run_on_stand_in(client, "cpu.db", cfg.size, measure)
 

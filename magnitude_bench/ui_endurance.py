@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from magnitude_bench.ui_cpu import PacedClient
-from magnitude_bench.ui_keys import KeyLatency, ms_text
+from magnitude_bench.ui_keys import FrameProbe, KeyFigures, open_panes, run_on_stand_in, type_and_time_key, wait_until
 
 
 def rss_mb() -> float:
@@ -91,7 +91,7 @@ class EnduranceConfig:
 
 
 @dataclass
-class EnduranceResult(KeyLatency):
+class EnduranceResult:
     config: dict
     wall_s: float
     tokens: int
@@ -111,6 +111,10 @@ class EnduranceResult(KeyLatency):
     after_resize: list = field(default_factory=list)  # per key: typed right after a resize
     widgets: int = 0  # on the screen when the flood ended
 
+    @property
+    def keys_missed(self) -> int:
+        return sum(1 for k in self.keys if k is None)
+
     def keys_where(self, after_resize: bool):
         """The figures of the keys typed right after a resize, or of all the others."""
         from magnitude_bench.ui_keys import KeyFigures
@@ -123,7 +127,7 @@ class EnduranceResult(KeyLatency):
         return (statistics.median(frames), max(frames)) if frames else (None, None)
 
     def summary(self) -> str:
-        f = ms_text
+        f = lambda v: "—" if v is None else f"{v:.0f}"  # noqa: E731
         away, after = self.keys_where(False), self.keys_where(True)
         frame_p50, frame_max = self.resize_frames()
         what = (f"{self.tokens:,} tokens into one pane ({self.reply_chars:,} chars) beside "
@@ -164,7 +168,6 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
     from textual.geometry import Size
 
     from magnitude_bench.ui import prompts
-    from magnitude_bench.ui_keys import FrameProbe, open_panes, run_on_stand_in, type_and_time_key, wait_until
     from magnitude_tui.widgets.chat_pane import ChatPane
     from magnitude_tui.widgets.composer import Composer
 
@@ -220,7 +223,7 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
         return EnduranceResult(
             config=asdict(cfg), wall_s=wall, tokens=client.flood_sent, resizes=len(resized_at),
             rss_start_mb=rss_start, rss_mid_mb=rss_mid or rss_end, rss_end_mb=rss_end,
-            reply_chars=len(messages[-1].content) if messages else 0, **EnduranceResult.key_fields(keys),
+            reply_chars=len(messages[-1].content) if messages else 0, **KeyFigures.fields_of(keys),
             settle_s=settle_s, after_resize=after, widgets=widgets,
             resize_frames_ms=[_frame_after(probe.layout_frames, t) for t in resized_at])
 

@@ -1,7 +1,7 @@
 """Provides what the UI benchmarks share (`bench ui`, `bench ui-cpu`, the UI endurance run): the
 app opened with N panes once its engine is ready, and the key probe: a key is handed to the app the way the terminal driver hands it over, and timed to the first
 frame the app gives its driver whose composer row shows the typed text; for the two runs on a stand-in
-engine, the app's headless run around their measurement and their keys' figures.
+engine, the app's headless run around their measurement.
 
 Headless Textual writes nothing, so `FrameProbe` renders every frame to terminal bytes as a real
 driver would, and reads the composer row from the frame.
@@ -129,31 +129,12 @@ class KeyFigures:
         return cls(statistics.median(timed) if timed else None, percentile(timed, 95),
                    max(timed) if timed else None, sum(k is None for k in keys))
 
+    @classmethod
+    def fields_of(cls, keys: list[float | None]) -> dict:
+        """A UI run result's `keys` with their `key_p50_ms`, `key_p95_ms` and `key_max_ms`."""
+        f = cls.of(keys)
+        return {"keys": keys, "key_p50_ms": f.p50_ms, "key_p95_ms": f.p95_ms, "key_max_ms": f.max_ms}
 
-
-def ms_text(v: float | None) -> str:
-    """Milliseconds for a summary line, whole ("—": none)."""
-    return "—" if v is None else f"{v:.0f}"
-
-
-class KeyLatency:
-    """What a UI run's result has of its keys (`bench ui-cpu`, the UI endurance run): the dataclass
-    declares `keys` (ms per key; None: not painted within 2 s) and the p50/p95/max fields beside them,
-    which `key_fields` fills in."""
-
-    keys: list
-    key_p50_ms: float | None
-    key_p95_ms: float | None
-    key_max_ms: float | None
-
-    @staticmethod
-    def key_fields(keys: list[float | None]) -> dict:
-        figures = KeyFigures.of(keys)
-        return {"keys": keys, "key_p50_ms": figures.p50_ms, "key_p95_ms": figures.p95_ms, "key_max_ms": figures.max_ms}
-
-    @property
-    def keys_missed(self) -> int:
-        return sum(1 for k in self.keys if k is None)
 
 async def wait_until(done: Callable[[], bool], timeout_s: float, failure: str,
                      pause: Callable[[float], Any] = asyncio.sleep, poll_s: float = 0.05) -> None:
@@ -179,11 +160,9 @@ async def open_panes(app, pilot, panes: int, *, timeout_s: float = 30.0, poll_s:
 
 async def run_on_stand_in(client, db: str, size: tuple[int, int],
                           measure: Callable[[Any, Any, FrameProbe], Awaitable[R]]) -> R:
-    """The real app run headless on `client` (a paced stand-in engine: `bench ui-cpu`, the UI
-    endurance run) with a fresh store and export folder: what `measure(app, pilot, probe)` returns.
-    The client stops once it has (its replies stop streaming before the app is torn down) and
-    again whatever happens. Textual's teardown can be cancelled while replies still stream into
-    panes being removed (seen 2 in ~10 runs); the figures were taken before: they are kept."""
+    """`measure(app, pilot, probe)` on the real app run headless on `client`, a stand-in engine, which
+    stops before the app is torn down. That teardown can be cancelled while replies still stream into
+    panes being removed (seen 2 in ~10 runs): the figures were taken before, so they are kept."""
     from magnitude_tui.app import MagnitudeApp
     from magnitude_tui.store import Store
 
