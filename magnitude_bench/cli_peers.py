@@ -36,7 +36,9 @@ def contention(
 @commands.command()
 def structured(
     seqs: SeqsArg = "1,8,16",
-    max_tokens: int = typer.Option(48, "--max-tokens", help="Longest reply, the same in both modes (greedy)."),
+    max_tokens: int = typer.Option(48, "--max-tokens", help="Longest JSON reply (greedy)."),
+    free_tokens: int = typer.Option(0, "--free-tokens", help="Longest free reply (0: as long as the JSON "
+                                    "replies run at the warm-up, so both modes make the same tokens)."),
     reps: int = typer.Option(2, "--reps", help="Repetitions (the modes alternate which goes first)."),
     peer: bool = typer.Option(True, "--peer/--no-peer", help="Also run llama-server with the same schema."),
     clients: int = typer.Option(8, "--clients", help="llama-server slots and concurrent HTTP clients."),
@@ -52,14 +54,14 @@ def structured(
     from backend.factory import BackendConfig
     from magnitude_bench.structured import StructuredConfig, run_structured
 
-    if max_tokens < 1 or reps < 1 or clients < 1:
-        raise typer.BadParameter("--max-tokens, --reps and --clients must be at least 1")
+    if max_tokens < 1 or reps < 1 or clients < 1 or free_tokens < 0:
+        raise typer.BadParameter("--max-tokens, --reps and --clients must be at least 1, --free-tokens at least 0")
     try:
         spec = BackendConfig(kind=backend, model=model, device=device, n_threads=threads, n_ctx=ctx)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--backend") from None
-    cfg = StructuredConfig(seqs=options.ints(seqs), max_tokens=max_tokens, reps=reps, peer=peer,
-                           peer_clients=clients, threads=threads)
+    cfg = StructuredConfig(seqs=options.ints(seqs), max_tokens=max_tokens, free_tokens=free_tokens or None,
+                           reps=reps, peer=peer, peer_clients=clients, threads=threads)
     finish(run_structured(spec, cfg, progress=progress), out, None)
 
 

@@ -42,13 +42,14 @@ def test_both_modes_alternate_and_constrained_replies_validate(tmp_path, monkeyp
 def test_the_command_prints_its_table_and_writes_json(tmp_path, monkeypatch):
     monkeypatch.setenv("MAGNITUDE_BENCH_WAIT_QUIET", "0")
     out = CliRunner().invoke(bench_app, ["structured", "--backend", "fake", "--seqs", "2", "--reps", "1",
-                                         "--max-tokens", "8", "--no-peer", "--out", str(tmp_path)])
+                                         "--max-tokens", "8", "--free-tokens", "5", "--no-peer", "--out", str(tmp_path)])
     assert out.exit_code == 0, out.output
     assert "json_schema ÷ free" in out.output
     (path,) = tmp_path.glob("structured-*.json")
     saved = json.loads(path.read_text())
     assert {r["mode"] for r in saved["data"]["runs"]} == {FREE, CONSTRAINED}
-    assert saved["config"]["structured"]["seqs"] == [2]
+    assert saved["config"]["structured"]["seqs"] == [2] and saved["data"]["free_tokens"] == 5
+    assert {r["made"] for r in saved["data"]["runs"] if r["mode"] == FREE} == {2 * 5}
 
 
 def test_a_given_free_bound_caps_the_free_replies_only(monkeypatch):
