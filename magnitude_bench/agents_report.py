@@ -138,7 +138,7 @@ def _targets(bursts: bool, got: dict) -> list[dict]:
 
 def plot_agents(result: BenchResult, path: Path) -> None:
     """KV cells in use over each side's first repetition, one panel per trace."""
-    import matplotlib.pyplot as plt
+    from magnitude_bench.plots import plt, save_figure
 
     runs = [r for r in result.data.get("runs", []) if r["rep"] == 1]
     traces = list(dict.fromkeys(r["bursts"] for r in runs)) or [True]
@@ -154,6 +154,4 @@ def plot_agents(result: BenchResult, path: Path) -> None:
         ax.grid(True, alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

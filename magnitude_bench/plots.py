@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from magnitude_bench.common import BenchResult  # noqa: E402
 
 
-def _save(fig, path: Path) -> None:
+def save_figure(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -59,7 +59,7 @@ def plot_admit(result: BenchResult, path: Path) -> None:
         ax_ttft.set_title(f"{label}: newcomer ({s['newcomer_tokens']:,} tokens) time to first token", fontsize=10)
         ax_rate.legend(fontsize=7)
         ax_ttft.legend(fontsize=7)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _trade_off(ax, label: str, s: dict) -> None:
@@ -152,7 +152,7 @@ def plot_prefill_curve(result: BenchResult, path: Path) -> None:
         ax_o.set_ylim(bottom=0)
         ax_o.grid(True, alpha=0.3)
     fig.suptitle(d.get("label", ""), fontsize=10)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_throughput(result: BenchResult, path: Path) -> None:
@@ -169,7 +169,7 @@ def plot_throughput(result: BenchResult, path: Path) -> None:
     ax.set_title(result.data.get("label", "throughput"), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_fork(result: BenchResult, path: Path) -> None:
@@ -183,7 +183,7 @@ def plot_fork(result: BenchResult, path: Path) -> None:
     ax.set_title(result.data.get("label", "fork"), fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_serve(result: BenchResult, path: Path) -> None:
@@ -209,7 +209,7 @@ def plot_serve(result: BenchResult, path: Path) -> None:
         ax2.set_xticks(range(len(values)), [label.split(" (")[0] for label in labels], fontsize=8)
         ax2.set_ylabel("the person's TTFT (s)")
         ax2.set_title("a person's 50-token turn behind agents", fontsize=10)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_spec(result: BenchResult, path: Path) -> None:
@@ -250,4 +250,4 @@ def plot_spec(result: BenchResult, path: Path) -> None:
             ax.grid(True, alpha=0.3)
             if col == 0:
                 ax.legend(fontsize=7)
-    _save(fig, path)
+    save_figure(fig, path)
