@@ -206,8 +206,7 @@ def resume(
 def burst(
     n: int = typer.Option(11, "--n", help="Subagents forked at once."),
     context: int = typer.Option(2000, "--context", "-L", help="Tokens of the conversation they fork from."),
-    own: int = typer.Option(200, "--own", "-P", help="Each subagent's own prompt tokens."),
-    gen: SubagentGenArg = 48,
+    own: int = typer.Option(200, "--own", "-P", help="Each subagent's own prompt tokens."), gen: SubagentGenArg = 48,
     policy: List[str] = typer.Option(list(("target:50", "prefill-first", "fixed:2048", "target-v1:50")),
                                      "--policy", "-p", help="Policies to compare; repeatable."),
     flash: str = typer.Option("off,on", "--flash", help="Flash-attention settings to run (off,on)."),
