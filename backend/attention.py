@@ -32,6 +32,13 @@ REFERENCE_STEPS = 32
 # version 3 measures every verdict again and records the load it was measured under.
 PROBE_VERSION = 3
 
+# Dense attention is chosen only when it finishes the reference workload faster by more than this
+# factor. Its step multiplies every row by every resident cell, other conversations' included, and
+# the probe holds 8 short sequences: with more distinct conversations resident, dense pays for all
+# of them and flash does not. On one thread here a probe found dense 1.02x faster, and at 16
+# sequences the engine then ran 0.81x llama-server (issue 28, docs/BENCHMARKS.md).
+DENSE_MARGIN = 1.05
+
 # llama.cpp's CPU flash-attention kernel (ggml-cpu ops.cpp, GGML_FA_TILE_Q in this build) runs a
 # step's attention as tiled matrix products only when the step has at least this many rows, one
 # row at a time below it; deep in a context a smaller step then costs more than a full tile.
@@ -139,15 +146,20 @@ def forced_choice(flash_attn: str, cache_type_v: str) -> AttentionChoice | None:
 
 
 def decide(timings: tuple[PathTiming, ...], key: dict) -> AttentionChoice:
-    """Pick the path that finishes the reference workload sooner; say by how much."""
+    """Pick the path that finishes the reference workload sooner; say by how much. Dense must win
+    by more than DENSE_MARGIN: within it, flash (see DENSE_MARGIN)."""
     on = next(t for t in timings if t.flash)
     off = next(t for t in timings if not t.flash)
-    best, other = (on, off) if on.reference_ms < off.reference_ms else (off, on)
+    dense = on.reference_ms > off.reference_ms * DENSE_MARGIN
+    best, other = (off, on) if dense else (on, off)
     reason = (f"measured {best.decode_deep_ms:.0f} vs {other.decode_deep_ms:.0f} ms for a "
               f"{PROBE_WIDTH}-sequence decode step {PROBE_DEPTH} deep, {best.decode_mixed_ms:.0f} vs "
               f"{other.decode_mixed_ms:.0f} ms with one of them that deep, {best.fill_ms / 1000:.1f} vs "
               f"{other.fill_ms / 1000:.1f} s to fill it ({other.reference_ms / best.reference_ms:.2f}x "
               f"on the reference workload)")
+    if not dense and on.reference_ms > off.reference_ms:
+        reason += (f"; dense was faster by less than {DENSE_MARGIN - 1:.0%}, and its cost grows with "
+                   "every other conversation's cells")
     return AttentionChoice(best.flash, reason, timings, key=key)
 
 
@@ -238,8 +250,10 @@ def load_cached(key: dict) -> AttentionChoice | None:
         if data.get("key") != key:
             return None
         timings = tuple(PathTiming(**t) for t in data["timings"])
-        return AttentionChoice(data["flash"], data["reason"], timings, cached=True, key=key,
-                               others_cores=data.get("others_cores"))
+        # Decided again from the cached timings, so a change of the rule needs no new measurement.
+        choice = (decide(timings, key) if len(timings) == 2
+                  else AttentionChoice(data["flash"], data["reason"], timings, key=key))
+        return replace(choice, cached=True, others_cores=data.get("others_cores"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

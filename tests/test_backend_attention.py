@@ -45,6 +45,23 @@ def test_forced_choices_are_respected():
 QUIET = lambda: (lambda: 0.0)  # noqa: E731  (a probe on an idle machine)
 
 
+def test_dense_must_win_by_a_margin_since_its_cost_grows_with_other_conversations():
+    # On one thread here a probe found dense 1.02x faster on the reference workload; at 16
+    # distinct conversations the engine then ran 0.81x llama-server, which runs flash.
+    near = attention.decide((_timing(True, 420.0), _timing(False, 410.0)), KEY)
+    assert near.flash and "less than 5%" in near.reason
+    clear = attention.decide((_timing(True, 520.0), _timing(False, 410.0)), KEY)
+    assert not clear.flash and "less than" not in clear.reason
+
+
+def test_a_cached_verdict_is_decided_again_from_its_timings(tmp_path, monkeypatch):
+    monkeypatch.setenv("MAGNITUDE_ATTENTION_CACHE", str(tmp_path))
+    timings = (_timing(True, 420.0), _timing(False, 410.0))
+    attention.store(attention.AttentionChoice(False, "an older rule's verdict", timings, key=KEY))
+    cached = attention.load_cached(KEY)
+    assert cached is not None and cached.cached and cached.flash  # the rule now, not the old verdict
+
+
 def test_the_verdict_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MAGNITUDE_ATTENTION_CACHE", str(tmp_path))
     calls = []
