@@ -53,8 +53,8 @@ bench quick resume resume --history 2000 --reps 3 --threads 1
 bench quick throughput throughput --seqs 8 --gen 32 --reps 2 -p target:50 --peers batched-bench,server --require-tools --threads 1
 # Issue 28's acceptance: 1, 8 and 16 sequences at 1 and 2 threads, the engine with the app's
 # defaults (--spec auto, thread governor) and with them off.
-bench full throughput-sweep-1t throughput --seqs 1,8,16 --gen 32 --reps 3 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 1
-bench full throughput-sweep-2t throughput --seqs 1,8,16 --gen 32 --reps 3 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 2
+bench full throughput-sweep-1t throughput --seqs 1,8,16 --gen 32 --reps 5 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 1
+bench full throughput-sweep-2t throughput --seqs 1,8,16 --gen 32 --reps 5 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 2
 # HTTP clients against serve and llama-server; this app on llama-server against the local engine.
 bench quick serve serve --seqs 8 --gen 32 --reps 2 --parts clients --threads 1
 bench quick remote remote --llama-server 8 --local --seqs 8 --gen 32 --reps 2 --device cpu --threads 1
