@@ -250,10 +250,10 @@ def load_cached(key: dict) -> AttentionChoice | None:
         if data.get("key") != key:
             return None
         timings = tuple(PathTiming(**t) for t in data["timings"])
+        if sorted(t.flash for t in timings) != [False, True]:
+            return None  # not a verdict this probe wrote: measure again
         # Decided again from the cached timings, so a change of the rule needs no new measurement.
-        choice = (decide(timings, key) if len(timings) == 2
-                  else AttentionChoice(data["flash"], data["reason"], timings, key=key))
-        return replace(choice, cached=True, others_cores=data.get("others_cores"))
+        return replace(decide(timings, key), cached=True, others_cores=data.get("others_cores"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

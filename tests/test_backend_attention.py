@@ -263,3 +263,9 @@ def test_devices_reports_the_attention_choice_and_why(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "flash attention off: measured 410 vs 800 ms" in result.output and "(cached)" in result.output
     assert "flash on : fill 5000 ms" in result.output and "flash off: fill 5000 ms" in result.output
+
+
+def test_a_cached_file_without_both_paths_timed_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("MAGNITUDE_ATTENTION_CACHE", str(tmp_path))
+    attention.store(attention.AttentionChoice(True, "one path only", (_timing(True, 420.0),), key=KEY))
+    assert attention.load_cached(KEY) is None

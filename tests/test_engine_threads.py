@@ -6,6 +6,7 @@ from typing import Callable
 
 import pytest
 
+from backend.cpu_load import CpuLoad
 from backend.simulated import SimulatedBackend
 from magnitude_tui.engine.core import Engine
 from magnitude_tui.engine.threads import (
@@ -16,7 +17,6 @@ from magnitude_tui.engine.threads import (
     PROBE_STEPS,
     REPROBE_MAX_S,
     REPROBE_S,
-    CpuLoad,
     ThreadGovernor,
     ThreadMode,
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
+from backend.cpu_load import CpuLoad
 from backend.protocol import WALL_CLOCK, Backend, Clock, DecodeOutcome, DecodeResult, PlanError
 from magnitude_tui.engine.calibrate import calibration_steps
 from magnitude_tui.engine.events import (
@@ -28,7 +29,7 @@ from magnitude_tui.engine.events import (
 from magnitude_tui.engine.intake import Intake
 from magnitude_tui.engine.report import StepReporter, thread_state
 from magnitude_tui.engine.sampling import StepSampler
-from magnitude_tui.engine.threads import CpuLoad, ThreadGovernor
+from magnitude_tui.engine.threads import ThreadGovernor
 from magnitude_tui.engine.warm import WarmResume
 from magnitude_tui.engine.warm_store import WarmStore
 from scheduler.budget import CostModel, CostParams, Policy, as_policy

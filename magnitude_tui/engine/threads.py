@@ -8,7 +8,6 @@ from collections import deque
 from enum import Enum
 from typing import Protocol
 
-from backend.cpu_load import CpuLoad as CpuLoad  # the reader LoadReader describes; the engine makes one
 from magnitude_tui.engine.events import ThreadState
 
 # ggml's CPU threads meet at a spinning barrier after every operation, so one thread sharing its
