@@ -13,6 +13,9 @@ from scheduler.types import Grammar
 
 # llama_token_data as numpy lays it out, so a candidate array is written once and handed over.
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+# The shortlists of largest logits a greedy row checks against the grammar, each only past the
+# one before it, before it masks the whole vocabulary.
+SHORTLISTS = (64, 1024, 16384)
 
 
 class GrammarSampler:
@@ -35,6 +38,32 @@ class GrammarSampler:
         self._one["id"], self._one["logit"] = token, 0.0
         self._apply(self._one)
         return bool(np.isfinite(self._one["logit"][0]))
+
+    def best(self, logits: np.ndarray) -> int:
+        """The largest logit the grammar allows, ties to the lowest id: what argmax over `mask`
+        picks, looked for among the largest logits first, a widening shortlist at a time (a
+        whole-vocabulary mask costs about 4 ms a row on SmolLM2's 49,152 tokens; the grammar's
+        choice is most often within the first hundreds, and the one that opens a reply within the
+        first tens of thousands)."""
+        n = len(logits)
+        tiers = [k for k in SHORTLISTS if k < n]
+        order = np.argpartition(-logits, tiers) if tiers else np.arange(n)
+        lo = 0
+        for hi in tiers:
+            ids = order[lo:hi]
+            cand = np.empty(len(ids), dtype=_TOKEN_DATA)
+            cand["id"], cand["logit"], cand["p"] = ids, logits[ids], 0.0
+            self._apply(cand)
+            kept = cand["logit"]
+            top = kept.max()
+            if np.isfinite(top):
+                # Every token outside the shortlist is at or below its smallest logit; one equal
+                # to it may have a lower id, so a choice at that edge is settled by the whole mask.
+                if top > logits[ids].min():
+                    return int(ids[kept == top].min())  # ties to the lowest id, as argmax
+                break
+            lo = hi
+        return int(np.argmax(self.mask(logits)["logit"]))
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """The candidates of every token, those the grammar refuses at -inf."""

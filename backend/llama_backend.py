@@ -348,8 +348,7 @@ class LlamaBackend:
         logits = self.logits(logit_row)
         token = int(np.argmax(logits)) if smpl is None else int(llama_cpp.llama_sampler_sample(smpl, self._ctx, logit_row))
         if not grammar.allows(token):
-            cand = grammar.mask(logits)
-            token = int(np.argmax(cand["logit"])) if smpl is None else sample_masked(smpl, cand)
+            token = grammar.best(logits) if smpl is None else sample_masked(smpl, grammar.mask(logits))
         grammar.accept(token)
         return token
 
