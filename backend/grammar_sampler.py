@@ -67,10 +67,7 @@ class GrammarSampler:
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """The candidates of every token, those the grammar refuses at -inf."""
-        cand = np.empty(len(logits), dtype=_TOKEN_DATA)
-        cand["id"] = np.arange(len(logits), dtype=np.int32)
-        cand["logit"] = logits
-        cand["p"] = 0.0
+        cand = candidates(logits)
         self._apply(cand)
         return cand
 
@@ -89,6 +86,15 @@ class GrammarSampler:
 
     def __del__(self) -> None:
         self.close()
+
+
+def candidates(logits: np.ndarray) -> np.ndarray:
+    """Every token with its logit, as llama.cpp's samplers take them."""
+    cand = np.empty(len(logits), dtype=_TOKEN_DATA)
+    cand["id"] = np.arange(len(logits), dtype=np.int32)
+    cand["logit"] = logits
+    cand["p"] = 0.0
+    return cand
 
 
 def sample_masked(chain, cand: np.ndarray) -> int:

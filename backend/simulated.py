@@ -37,7 +37,9 @@ class HardwareProfile:
     `tile_rows` models llama.cpp's CPU flash-attention kernel, which runs a step's attention as
     tiles of matrix products only when the step holds at least that many rows (GGML_FA_TILE_Q, 64)
     and one row at a time below it: a step of fewer rows pays `vec_attn_ms` per thousand
-    positions instead of `attn_ms`. 0: one price whatever the step's size."""
+    positions instead of `attn_ms`. 0: one price whatever the step's size. A step is priced as
+    one call: the llama.cpp backend runs a tiled step of prompt and decode rows as two, which saves
+    what a tile pays for the union of its rows' contexts, a cost a linear profile has no term for."""
 
     name: str
     fixed_ms: float

@@ -52,7 +52,9 @@ MAX_OVERRUN = 2.0  # never aim below half the target, whatever a burst of noise 
 # llama.cpp's CPU flash-attention kernel computes a step's attention in tiles of matrix products
 # only when the step holds at least GGML_FA_TILE_Q (64) rows; below that it goes one row at a time.
 # Deep in a context that makes a small step dearer than a full tile. The backend says how many rows
-# its tile holds (`StepShape.tile_rows`, 0 when it has none).
+# its tile holds (`StepShape.tile_rows`, 0 when it has none). A step of both kinds of rows that
+# reaches the tile runs its prompt rows and its decode rows as two native calls (a tile reads every
+# cell any of its rows sees), so a prompt fills the tile with its own rows.
 
 _N = 4  # features of a step: 1, decode rows, prompt rows, attention (thousands of positions)
 
@@ -354,7 +356,7 @@ class Policy:
             # where attention makes them slow, or the tile is cheap beside them, not where the
             # decode step is slow for another reason, a loaded machine. (A live fit may book the
             # one-row-at-a-time kernel's cost as fixed cost, hence the second test.)
-            tile = shape.tile_rows - d
+            tile = shape.tile_rows  # the prompt's own: a tiled step runs its decode rows apart
             attention = cost.params.attn_ms * shape.kpos(0) >= ATTENTION_DOMINATES * decode_only
             cheap = cost.predict(d, tile, shape.kpos(tile)) <= TILE_STRETCH * decode_only
             if tile > fits and decode_only > self.value and (attention or cheap):

@@ -102,15 +102,16 @@ def test_an_unreachable_target_bounds_the_gap_by_the_decode_only_step():
 
 def test_an_unreachable_target_fills_the_attention_tile_rather_than_running_rows_one_at_a_time():
     # 1 CPU thread, flash attention at depth 2,200: a 16-row floor beside 4 decode rows would run
-    # the whole step one row at a time; the backend's 64-row tile costs less and holds 60 prompt rows.
+    # the whole step one row at a time; the backend's 64-row tile costs less. A tiled step runs its
+    # decode rows in a call of their own, so the prompt fills the tile alone: 64 prompt rows.
     cost = CostModel(CostParams(fixed_ms=5.0, decode_ms=8.0, prefill_ms=6.0, attn_ms=10.0))
     deep = dict(decode_kpos=4 * 2.2, prefill_pos0=2100, n_batch=2048)
     assert parse_policy("target:50").prefill_allowance(StepShape(4, **deep), cost) == MIN_PREFILL_QUANTUM
-    assert parse_policy("target:50").prefill_allowance(StepShape(4, **deep, tile_rows=64), cost) == 60
-    # More decode rows than the tile: nothing to fill; the gap bound decides as before.
+    assert parse_policy("target:50").prefill_allowance(StepShape(4, **deep, tile_rows=64), cost) == 64
+    # More decode rows than the tile: their gap bound already gives the prompt more than a tile.
     wide = StepShape(70, decode_kpos=70 * 2.2, prefill_pos0=2100, tile_rows=64)
     assert (parse_policy("target:50").prefill_allowance(wide, cost)
-            == parse_policy("target:50").prefill_allowance(replace(wide, tile_rows=0), cost))
+            == parse_policy("target:50").prefill_allowance(replace(wide, tile_rows=0), cost) > 64)
     # Shallow decode rows that fit the target, beside a newcomer whose quantum does not: the gap
     # bound stands (the tile would double the running sequences' gap, as seen on 2 threads).
     shallow = StepShape(4, decode_kpos=4 * 0.1, prefill_pos0=2100, n_batch=2048, tile_rows=64)
