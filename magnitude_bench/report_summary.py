@@ -85,9 +85,12 @@ def structured(results: Results) -> list[Headline]:
                  f"sequence{'' if low['seqs'] == 1 else 's'})",
                  f"{fmt(low['json_schema tok/s'])} tok/s", f"free {fmt(low['free tok/s'])} tok/s",
                  low["json_schema ÷ free"], "≥ 0.9", met(low["json_schema ÷ free"], 0.9, ">="), raw),
-        Headline("json_schema replies, 8 sequences, end to end", f"{fmt(vs['engine tok/s'])} tok/s",
-                 f"llama-server {fmt(vs['llama-server tok/s'])} tok/s", vs["engine ÷ llama-server"], "≥ 1.0",
-                 met(vs["engine ÷ llama-server"], 1.0, ">="), raw),
+        # Tokens are not the same work here: llama-server's grammar lets the model write JSON's
+        # optional whitespace, so the same reply takes it more tokens; replies/s carries the target.
+        Headline("json_schema replies, 8 sequences, end to end, in tokens (llama-server's replies "
+                 "carry its grammar's optional whitespace: more tokens for the same reply)",
+                 f"{fmt(vs['engine tok/s'])} tok/s", f"llama-server {fmt(vs['llama-server tok/s'])} tok/s",
+                 vs["engine ÷ llama-server"], "-", None, raw),
     ] + ([Headline("json_schema replies, 8 sequences, the same work (replies/s)", f"{fmt(vs['engine replies/s'])} /s",
                    f"llama-server {fmt(vs['llama-server replies/s'])} /s", vs["replies/s engine ÷ llama-server"],
                    "≥ 1.0", met(vs["replies/s engine ÷ llama-server"], 1.0, ">="), raw)]
