@@ -144,7 +144,7 @@ def _throughput(raw: Raw, label: str, batched_from: int) -> list[Headline]:
                 value = row.get(ratio) if mine == engines[0] else rnd(row[mine] / row[peer], 3)
                 if value is None:
                     continue
-                out.append(Headline(f"Generated tok/s, {row['seqs']} sequences{label}, same work (issue 28)",
+                out.append(Headline(f"Generated tok/s, {row['seqs']} sequence{'' if row['seqs'] == 1 else 's'}{label}, same work (issue 28)",
                                     f"{mine[len('engine '):]} {fmt(row[mine])} tok/s",
                                     f"{peer} {fmt(row[peer])} tok/s", value, f"≥ {bar}",
                                     met(value, bar, ">="), raw,
