@@ -51,8 +51,7 @@ class GrammarSampler:
         lo = 0
         for hi in tiers:
             ids = order[lo:hi]
-            cand = np.empty(len(ids), dtype=_TOKEN_DATA)
-            cand["id"], cand["logit"], cand["p"] = ids, logits[ids], 0.0
+            cand = candidates(logits, ids)
             self._apply(cand)
             kept = cand["logit"]
             top = kept.max()
@@ -88,11 +87,11 @@ class GrammarSampler:
         self.close()
 
 
-def candidates(logits: np.ndarray) -> np.ndarray:
-    """Every token with its logit, as llama.cpp's samplers take them."""
-    cand = np.empty(len(logits), dtype=_TOKEN_DATA)
-    cand["id"] = np.arange(len(logits), dtype=np.int32)
-    cand["logit"] = logits
+def candidates(logits: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
+    """Tokens with their logits, as llama.cpp's samplers take them: every token, or those in `ids`."""
+    cand = np.empty(len(logits) if ids is None else len(ids), dtype=_TOKEN_DATA)
+    cand["id"] = np.arange(len(logits), dtype=np.int32) if ids is None else ids
+    cand["logit"] = logits if ids is None else logits[ids]
     cand["p"] = 0.0
     return cand
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from backend import attention, model_file, model_path_problem, native, usable_cpus
 from backend.chat import Detokenizer, Vocab
-from backend.grammar_sampler import GrammarSampler, candidates, sample_masked
+from backend.llama_sampling import LogitRows, Samplers
 from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, KvStateError, check_plan
 from scheduler.types import BatchPlan, Grammar, Message, SamplingParams, Tool
 
@@ -86,10 +86,8 @@ class LlamaBackend:
         # if more: a user who asked for it knows their machine).
         self.max_threads = max(n_threads, usable_cpus())
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        self._samplers: dict[int, ctypes.c_void_p] = {}
-        self._grammars: dict[int, GrammarSampler] = {}
-        # Logit rows of a step's first native call when it ran as two (see decode), by row number.
-        self._held: dict[int, np.ndarray] = {}
+        self._rows = LogitRows(ctx, vocab.n_vocab, self.n_batch)
+        self._samplers = Samplers(ctx, vocab.native, self._rows)
         self._closed = False
         buf = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(model, buf, len(buf))
@@ -224,12 +222,7 @@ class LlamaBackend:
         if self._closed:
             return
         self._closed = True
-        for grammar in self._grammars.values():
-            grammar.close()
-        self._grammars.clear()
-        for smpl in self._samplers.values():
-            llama_cpp.llama_sampler_free(smpl)
-        self._samplers.clear()
+        self._samplers.close()
         llama_cpp.llama_batch_free(self._batch)
         llama_cpp.llama_free(self._ctx)
         if self._owns_model:
@@ -272,25 +265,21 @@ class LlamaBackend:
         decode rows 1,400 deep, 1,607 ms in one call, 1,125 in two; 64 prompt rows beside 16 decode
         rows 400 deep, 1,236 and 600. The step commits both or neither."""
         self.check_plan(plan)
-        self._held.clear()
-        prompt = [s for s in plan.slices if not s.is_decode]
-        rows = [s for s in plan.slices if s.is_decode]
-        if not (self.attention_tile_rows and prompt and rows and plan.n_rows >= self.attention_tile_rows):
+        self._rows.clear()
+        tiled = self.attention_tile_rows and plan.n_rows >= self.attention_tile_rows
+        prompt = [s for s in plan.slices if not s.is_decode] if tiled else []
+        if not prompt or len(prompt) == len(plan.slices):
             code, step_ms, logit_rows, draft_rows = self._run(plan.slices)
             return self._result(code, step_ms, logit_rows, draft_rows)
         code, first_ms, prompt_rows, _ = self._run(prompt)
         if code != 0:
             return self._result(code, first_ms, {}, {})
-        # The prompt's logit rows are read after the second call: copied now, numbered past n_batch.
-        held = {}
-        for i, (seq, row) in enumerate(prompt_rows.items()):
-            held[seq] = self.n_batch + i
-            self._held[self.n_batch + i] = self.logits(row).copy()
-        code, second_ms, logit_rows, draft_rows = self._run(rows)
+        held = {seq: self._rows.hold(row) for seq, row in prompt_rows.items()}  # read after the second call
+        code, second_ms, logit_rows, draft_rows = self._run([s for s in plan.slices if s.is_decode])
         if code != 0:
             for s in prompt:  # the prompt rows' cells go again: the step failed as a whole
                 self.kv_keep_prefix(s.seq_id, s.pos0)
-            self._held.clear()
+            self._rows.clear()
             return self._result(code, first_ms + second_ms, {}, {})
         return self._result(code, first_ms + second_ms, {**held, **logit_rows}, draft_rows)
 
@@ -344,71 +333,20 @@ class LlamaBackend:
         self.info["n_threads"] = n
 
     def logits(self, logit_row: int) -> np.ndarray:
-        """The logits of one batch row as a numpy view (valid until the next decode)."""
-        held = self._held.get(logit_row)
-        if held is not None:
-            return held
-        ptr = llama_cpp.llama_get_logits_ith(self._ctx, logit_row)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        """The logits of one batch row as a numpy array (valid until the next decode)."""
+        return self._rows(logit_row)
 
-    # ---- sampling --------------------------------------------------------------------------
+    # ---- sampling (backend/llama_sampling.py) -----------------------------------------------
 
     def set_sampler(self, seq_id: int, params: SamplingParams, grammar: Grammar | None = None,
                     replay: Sequence[int] = ()) -> None:
-        self.free_sampler(seq_id)
-        if grammar is not None:
-            self._grammars[seq_id] = GrammarSampler(self.vocab.native, grammar, replay)
-        if params.temperature <= 0:
-            return  # greedy: `sample` takes the largest logit, no sampler needed
-        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        if params.top_k > 0:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
-        if 0 < params.top_p < 1:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
-        if params.min_p > 0:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(params.temperature))
-        seed = params.seed if params.seed is not None else 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: random
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-        self._samplers[seq_id] = chain
+        self._samplers.set(seq_id, params, grammar, replay)
 
     def sample(self, seq_id: int, logit_row: int) -> int:
-        smpl = self._samplers.get(seq_id)
-        grammar = self._grammars.get(seq_id)
-        if grammar is not None:
-            return self._sample_constrained(smpl, grammar, logit_row)
-        if smpl is None:
-            # Greedy: the first largest logit, as llama.cpp's greedy sampler picks it, read in place;
-            # the sampler would first copy the whole vocabulary into a candidate array (0.11 vs
-            # 0.013 ms a row here, and a verification samples up to 9 rows per sequence).
-            return int(np.argmax(self.logits(logit_row)))
-        return self._sample_chain(smpl, logit_row)
-
-    def _sample_chain(self, smpl, logit_row: int) -> int:
-        """A sampler chain's choice from one row, as llama_sampler_sample makes it (apply, then
-        accept), from the context's logits or from a row held past a second native call."""
-        held = self._held.get(logit_row)
-        if held is None:
-            return int(llama_cpp.llama_sampler_sample(smpl, self._ctx, logit_row))
-        token = sample_masked(smpl, candidates(held))
-        llama_cpp.llama_sampler_accept(smpl, token)
-        return token
-
-    def _sample_constrained(self, smpl, grammar: GrammarSampler, logit_row: int) -> int:
-        logits = self.logits(logit_row)
-        token = int(np.argmax(logits)) if smpl is None else self._sample_chain(smpl, logit_row)
-        if not grammar.allows(token):
-            token = grammar.best(logits) if smpl is None else sample_masked(smpl, grammar.mask(logits))
-        grammar.accept(token)
-        return token
+        return self._samplers.sample(seq_id, logit_row)
 
     def free_sampler(self, seq_id: int) -> None:
-        grammar = self._grammars.pop(seq_id, None)
-        if grammar is not None:
-            grammar.close()
-        smpl = self._samplers.pop(seq_id, None)
-        if smpl is not None:
-            llama_cpp.llama_sampler_free(smpl)
+        self._samplers.free(seq_id)
 
     # ---- KV cache --------------------------------------------------------------------------
 

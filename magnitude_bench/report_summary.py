@@ -75,14 +75,17 @@ def person(results: Results) -> list[Headline]:
     return out
 
 
+def _sequences(n: int) -> str:
+    return f"{n} sequence{'' if n == 1 else 's'}"
+
+
 def structured(results: Results) -> list[Headline]:
     raw = results.get("structured")
     per = [r for r in table(raw, "aggregate tok/s") if r["engine"] == "engine"]
     low = min(per, key=lambda r: r["json_schema ÷ free"])
     vs = _row(table(raw, "this engine ÷ llama-server"), mode="json_schema")
     return [
-        Headline(f"json_schema replies ÷ free replies, this engine, the lowest over widths (at {low['seqs']} "
-                 f"sequence{'' if low['seqs'] == 1 else 's'})",
+        Headline(f"json_schema replies ÷ free replies, this engine, the lowest over widths (at {_sequences(low['seqs'])})",
                  f"{fmt(low['json_schema tok/s'])} tok/s", f"free {fmt(low['free tok/s'])} tok/s",
                  low["json_schema ÷ free"], "≥ 0.9", met(low["json_schema ÷ free"], 0.9, ">="), raw),
         # Tokens are not the same work here: llama-server's grammar lets the model write JSON's
@@ -144,7 +147,7 @@ def _throughput(raw: Raw, label: str, batched_from: int) -> list[Headline]:
                 value = row.get(ratio) if mine == engines[0] else rnd(row[mine] / row[peer], 3)
                 if value is None:
                     continue
-                out.append(Headline(f"Generated tok/s, {row['seqs']} sequence{'' if row['seqs'] == 1 else 's'}{label}, same work (issue 28)",
+                out.append(Headline(f"Generated tok/s, {_sequences(row['seqs'])}{label}, same work (issue 28)",
                                     f"{mine[len('engine '):]} {fmt(row[mine])} tok/s",
                                     f"{peer} {fmt(row[peer])} tok/s", value, f"≥ {bar}",
                                     met(value, bar, ">="), raw,
