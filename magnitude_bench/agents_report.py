@@ -138,7 +138,7 @@ def _targets(bursts: bool, got: dict) -> list[dict]:
 
 def plot_agents(result: BenchResult, path: Path) -> None:
     """KV cells in use over each side's first repetition, one panel per trace."""
-    from magnitude_bench.plots import plt, save_figure
+    from magnitude_bench.plots import decorate, plt, save_figure
 
     runs = [r for r in result.data.get("runs", []) if r["rep"] == 1]
     traces = list(dict.fromkeys(r["bursts"] for r in runs)) or [True]
@@ -148,10 +148,6 @@ def plot_agents(result: BenchResult, path: Path) -> None:
             if r["kv"]:
                 ax.plot([p[0] for p in r["kv"]], [p[1] for p in r["kv"]], label=r["side"], lw=1.2)
                 ax.axvline(r["makespan_s"], ls=":", lw=0.6, color=ax.lines[-1].get_color())
-        ax.set_title(f"KV cells in use, {_trace(bursts)} (dotted: makespan)", fontsize=10)
-        ax.set_xlabel("seconds since the first call")
-        ax.set_ylabel("cells (llama-server: its slots' cached prompts)")
-        ax.grid(True, alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7)
+        decorate(ax, "seconds since the first call", "cells (llama-server: its slots' cached prompts)",
+              f"KV cells in use, {_trace(bursts)} (dotted: makespan)", legend={"fontsize": 7} if ax.lines else None)
     save_figure(fig, path)

@@ -13,6 +13,20 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from magnitude_bench.common import BenchResult  # noqa: E402
 
 
+def decorate(ax, xlabel: str, ylabel: str, title: str | None = None, *, log2: bool = False, which: str = "major",
+          legend: dict | None = None) -> None:
+    """An axis's labels, title, light grid, optional log2 x scale and legend (its keyword arguments)."""
+    if log2:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title is not None:
+        ax.set_title(title, fontsize=10)
+    ax.grid(True, which=which, alpha=0.3)
+    if legend is not None:
+        ax.legend(**legend)
+
+
 def save_figure(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -46,10 +60,7 @@ def plot_admit(result: BenchResult, path: Path) -> None:
                 ax.annotate(r["policy"], (r["chunk"], r[key]), textcoords="offset points",
                             xytext=(8, -12 - 10 * i), fontsize=8, color="tab:red")
             _model_curve(ax, s, key)
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("prompt rows per step (chunk), log scale")
-            ax.set_ylabel(unit)
-            ax.grid(True, which="both", alpha=0.3)
+            decorate(ax, "prompt rows per step (chunk), log scale", unit, log2=True, which="both")
         ax_rate.axhline(base, color="tab:green", lw=1, ls=":", label=f"undisturbed {base:.1f}")
         ax_rate.axhline(base / 2, color="tab:green", lw=1, ls="--", label="half of undisturbed")
         if pf:
@@ -81,14 +92,10 @@ def _trade_off(ax, label: str, s: dict) -> None:
         for r in pts:
             ax.annotate(r["policy"].split(":")[1], (r["ttft_x_pf"], r["keep"]), textcoords="offset points",
                         xytext=(5, 3), fontsize=7, color=color)
-    ax.set_xscale("log", base=2)
+    decorate(ax, "newcomer TTFT / prefill-first TTFT, log scale", "keep: running tok/s / undisturbed",
+          f"{label}: the trade-off", log2=True, which="both", legend={"fontsize": 7})
     ax.set_xlim(0.8, max(4.0, max(r["ttft_x_pf"] for r in rows) * 1.1))
     ax.set_ylim(0, 1.05)
-    ax.set_xlabel("newcomer TTFT / prefill-first TTFT, log scale")
-    ax.set_ylabel("keep: running tok/s / undisturbed")
-    ax.set_title(f"{label}: the trade-off", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
 
 
 def _model_curve(ax, s: dict, key: str) -> None:
@@ -119,12 +126,8 @@ def plot_prefill_curve(result: BenchResult, path: Path) -> None:
         ax_p.plot([r["chunk"] for r in pts], [r["prefill_tok_s"] for r in pts], style, label=f"{label} (measured)")
         ax_p.plot([r["chunk"] for r in pts], [r["model_prefill_tok_s"] for r in pts], "--", lw=0.8,
                   color=ax_p.lines[-1].get_color(), label=f"{label} (fitted model)")
-    ax_p.set_xscale("log", base=2)
-    ax_p.set_xlabel("prompt rows in the step (chunk), log scale")
-    ax_p.set_ylabel("prefill tok/s")
-    ax_p.set_title("prefill rate against chunk size", fontsize=10)
-    ax_p.grid(True, which="both", alpha=0.3)
-    ax_p.legend(fontsize=7)
+    decorate(ax_p, "prompt rows in the step (chunk), log scale", "prefill tok/s", "prefill rate against chunk size",
+          log2=True, which="both", legend={"fontsize": 7})
     dec = d["decode"]
     ax_d.plot([r["seqs"] for r in dec], [r["step_ms"] for r in dec], "o-", label="decode step (measured)")
     ax_d.plot([r["seqs"] for r in dec], [r["model_step_ms"] for r in dec], "--", color="black", lw=0.8,
@@ -132,11 +135,8 @@ def plot_prefill_curve(result: BenchResult, path: Path) -> None:
     ax2 = ax_d.twinx()
     ax2.plot([r["seqs"] for r in dec], [r["agg_tok_s"] for r in dec], "^:", color="tab:green", label="aggregate tok/s")
     ax2.set_ylabel("aggregate decode tok/s", color="tab:green")
-    ax_d.set_xlabel("generating sequences (decode rows per step)")
-    ax_d.set_ylabel("step time (ms)")
-    ax_d.set_title("decode step time against batch width", fontsize=10)
-    ax_d.grid(True, alpha=0.3)
-    ax_d.legend(fontsize=7, loc="upper left")
+    decorate(ax_d, "generating sequences (decode rows per step)", "step time (ms)",
+          "decode step time against batch width", legend={"fontsize": 7, "loc": "upper left"})
     ax2.legend(fontsize=7, loc="lower right")
     if occ:
         ax_o = axes[2]
@@ -145,12 +145,9 @@ def plot_prefill_curve(result: BenchResult, path: Path) -> None:
                   label=f"{occ[0]['decode_rows']} decode rows")
         ax_o.plot(xs, [r["with_chunk16_ms"] for r in occ], "s-", color="tab:orange",
                   label="+ 16 prompt rows continuing the prompt")
-        ax_o.set_xlabel("cells a long prompt already holds in the (unified) KV cache")
-        ax_o.set_ylabel("step time (ms)")
-        ax_o.set_title("a long prompt in the cache makes every step dearer", fontsize=10)
-        ax_o.legend(fontsize=7)
+        decorate(ax_o, "cells a long prompt already holds in the (unified) KV cache", "step time (ms)",
+              "a long prompt in the cache makes every step dearer", legend={"fontsize": 7})
         ax_o.set_ylim(bottom=0)
-        ax_o.grid(True, alpha=0.3)
     fig.suptitle(d.get("label", ""), fontsize=10)
     save_figure(fig, path)
 
@@ -162,13 +159,9 @@ def plot_throughput(result: BenchResult, path: Path) -> None:
     for peer in dict.fromkeys(r["peer"] for r in rows):
         pts = sorted((r for r in rows if r["peer"] == peer and r["tok_s"]), key=lambda r: r["seqs"])
         ax.plot([r["seqs"] for r in pts], [r["tok_s"] for r in pts], "o-", label=peer)
-    ax.set_xscale("log", base=2)
+    decorate(ax, "concurrent sequences", "generated tok/s (all sequences, end to end, median)",
+          result.data.get("label", "throughput"), log2=True, which="both", legend={"fontsize": 8})
     ax.set_xticks([1, 2, 4, 8, 16], ["1", "2", "4", "8", "16"])
-    ax.set_xlabel("concurrent sequences")
-    ax.set_ylabel("generated tok/s (all sequences, end to end, median)")
-    ax.set_title(result.data.get("label", "throughput"), fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
     save_figure(fig, path)
 
 
@@ -178,11 +171,7 @@ def plot_fork(result: BenchResult, path: Path) -> None:
     for mode, color in (("forked", "tab:green"), ("cold", "tab:red")):
         ttfts = sorted(result.data["ttft_s"].get(mode, []))
         ax.plot(range(1, len(ttfts) + 1), ttfts, "o-", color=color, label=mode)
-    ax.set_xlabel("subagent (sorted by TTFT)")
-    ax.set_ylabel("TTFT (s)")
-    ax.set_title(result.data.get("label", "fork"), fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
+    decorate(ax, "subagent (sorted by TTFT)", "TTFT (s)", result.data.get("label", "fork"), legend={})
     save_figure(fig, path)
 
 
@@ -196,9 +185,7 @@ def plot_serve(result: BenchResult, path: Path) -> None:
         pts = sorted((r["clients"], r["agg_tok_s"]) for r in rows if r["peer"].startswith(prefix))
         if pts:
             ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=label)
-    ax1.set_xlabel("concurrent HTTP clients")
-    ax1.set_ylabel("aggregate generated tok/s")
-    ax1.grid(True, alpha=0.3)
+    decorate(ax1, "concurrent HTTP clients", "aggregate generated tok/s")
     if rows:  # --parts without clients: an empty panel, no legend to draw
         ax1.legend()
     prio = result.tables.get("a person's turn behind agents", [])
@@ -243,11 +230,6 @@ def plot_spec(result: BenchResult, path: Path) -> None:
                             label="llama-server ngram")
             ax.axhline(1.0, color="black", lw=0.8)
             ax.axhline(0.97, color="tab:red", lw=0.6, ls=":")
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"{label}: {task}", fontsize=10)
-            ax.set_xlabel("sequences")
-            ax.set_ylabel("tok/s while all generate ÷ off")
-            ax.grid(True, alpha=0.3)
-            if col == 0:
-                ax.legend(fontsize=7)
+            decorate(ax, "sequences", "tok/s while all generate ÷ off", f"{label}: {task}", log2=True,
+                  legend={"fontsize": 7} if col == 0 else None)
     save_figure(fig, path)
