@@ -17,6 +17,12 @@ def fmt(v) -> str:
     return str(v).replace("|", "\\|")
 
 
+def rows_table(rows: list[dict], cols: list[str] | None = None) -> str:
+    """`md_table` of dict rows: the columns `cols` (default: the first row's keys), a missing cell "-"."""
+    cols = cols or list(rows[0].keys())
+    return md_table(cols, [[r.get(c) for c in cols] for r in rows])
+
+
 def md_table(headers: list[str], rows: list[list]) -> str:
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     out += ["| " + " | ".join(fmt(c) if not isinstance(c, Cell) else c.text for c in r) + " |" for r in rows]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from magnitude_bench.report_format import Cell, md_table, plot, slots, source, table
+from magnitude_bench.report_format import Cell, md_table, plot, rows_table, slots, source, table
 from magnitude_bench.report_raw import Raw, Results
 from magnitude_bench.report_spec import spec, spec_control, spec_peer, spec_targets
 from magnitude_bench.report_summary import summary
@@ -17,10 +17,8 @@ def tables(results: Results, *raws: Raw) -> str:
     out = []
     for raw in raws:
         for title, rows in raw.doc.get("tables", {}).items():
-            if not rows:
-                continue
-            cols = list(rows[0].keys())
-            out += [f"*{title}*", "", md_table(cols, [[r.get(c) for c in cols] for r in rows]), ""]
+            if rows:
+                out += [f"*{title}*", "", rows_table(rows), ""]
         out += [f"- {n}" for n in raw.doc.get("notes", [])]
         out.append("")
         out += plot(results.folder, raw)
@@ -56,12 +54,8 @@ def structured(results: Results, raw: Raw) -> str:
     cols = ["engine", "seqs", "free tok/s", "json_schema tok/s", "json_schema ÷ free", "decode free", "decode json",
             "decode json ÷ free", "grammar share", "tokens/reply free", "tokens/reply json", "valid json",
             "others_cores_max"]
-    per = table(raw, "aggregate tok/s")
-    vs = table(raw, "this engine ÷ llama-server")
-    vcols = list(vs[0].keys())
-    return "\n\n".join([md_table(cols, [[r.get(c) for c in cols] for r in per]),
-                        "This engine ÷ llama-server at 8 sequences:",
-                        md_table(vcols, [[r.get(c) for c in vcols] for r in vs]), source(raw)])
+    return "\n\n".join([rows_table(table(raw, "aggregate tok/s"), cols), "This engine ÷ llama-server at 8 sequences:",
+                        rows_table(table(raw, "this engine ÷ llama-server")), source(raw)])
 
 
 def agents(results: Results, *raws: Raw) -> str:
@@ -72,7 +66,7 @@ def agents(results: Results, *raws: Raw) -> str:
         a = raw.doc["config"]["agents"]
         out.append(f"*{a['agents']} agents × {a['turns']} turns, tool results cut to {a['k_max']} tokens, "
                    f"{table(raw, 'per side')[0]['trace']}, {slots(raw)} sequence slots each side* (`{raw.file}`):")
-        out.append(md_table(cols, [[r.get(c) for c in cols] for r in table(raw, "per side")]))
+        out.append(rows_table(table(raw, "per side"), cols))
         ratio = table(raw, "serve ÷ llama-server")
         rcols = [c for c in ratio[0] if c != "trace"]
         out.append("serve ÷ llama-server's best configuration (median of per-repetition ratios):")
