@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import OTHERS_NOTE, BenchResult, backend_info, machine_info, measured, prompt_tokens
+from magnitude_bench.common import OTHERS_NOTE, BenchResult, backend_info, measured, prompt_tokens
 from magnitude_bench.harness import Drive, recorded
 from scheduler.budget import MIN_PREFILL_QUANTUM
 from scheduler.stats import median, percentile, rnd
@@ -238,8 +238,7 @@ def run_admit(spec: BackendConfig, cfg: AdmitConfig, *, backend=None,
 def admit_result(specs: list[BackendConfig], cfg: AdmitConfig, progress=lambda s: None,
                  keep_series: bool = False) -> BenchResult:
     result = BenchResult(name="admit", title="bench admit: one long prompt arrives while N sequences generate",
-                         config={"admit": asdict(cfg), "backends": [asdict(s) for s in specs]},
-                         machine=machine_info())
+                         config={"admit": asdict(cfg), "backends": [asdict(s) for s in specs]})
     # Simulated profiles first: seconds, and their table survives a failure of the long real run.
     for spec in sorted(specs, key=lambda s: not s.simulated):
         try:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from dataclasses import asdict, dataclass
 
 from magnitude_bench.agents_replay import CallKind, CallRecord, Replay, replay
 from magnitude_bench.agents_report import summary, tables
 from magnitude_bench.agents_sides import SIDES, SideSetup, SideSpec, open_side
 from magnitude_bench.agents_trace import Trace, default_trace_path, load_trace
-from magnitude_bench.common import BenchResult, Contention, machine_info
+from magnitude_bench.common import BenchResult, Contention, load_avg
 from magnitude_bench.harness import in_turn, recorded
 
 
@@ -66,14 +65,14 @@ async def _drive(side, trace: Trace, tag: str) -> Replay:
 
 def run_one(spec: SideSpec, setup: SideSetup, trace: Trace, tag: str) -> dict:
     """A fresh side (nothing cached from another run), the trace replayed on it once."""
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = load_avg()
     with open_side(spec, setup) as side:
         busy = Contention(side.pids)  # the server is ours, not a neighbour
         out = asyncio.run(_drive(side, trace, tag))
         others = busy.others_cores()
         cmd = getattr(side, "cmd", None)
     return {"side": spec.label, **summary(out), "others_cores": round(others, 2), "load_before": load_before,
-            "load_after": [round(x, 2) for x in os.getloadavg()], "server_cmd": cmd, "kv": out.kv,
+            "load_after": load_avg(), "server_cmd": cmd, "kv": out.kv,
             "call_log": [{**{k: v for k, v in asdict(c).items() if k != "text"}, "kind": c.kind.value,
                           "reply_chars": len(c.text)} for c in out.calls]}
 
@@ -82,8 +81,7 @@ def run_one(spec: SideSpec, setup: SideSetup, trace: Trace, tag: str) -> dict:
 def run_agents(cfg: AgentsConfig, progress=lambda s: None) -> BenchResult:
     result = BenchResult("agents", "bench agents: an agent trace against serve, the engine and llama-server",
                          config={"agents": asdict(cfg), "trace_files": [cfg.trace] if cfg.trace else
-                                 [str(default_trace_path(b)) for b in cfg.bursts]},
-                         machine=machine_info())
+                                 [str(default_trace_path(b)) for b in cfg.bursts]})
     runs: list[dict] = []
     for bursts, trace in traces(cfg):
         setup = setup_for(cfg, trace)

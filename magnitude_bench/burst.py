@@ -11,7 +11,6 @@ from magnitude_bench.common import (
     BenchResult,
     backend_info,
     cpu_clock_for,
-    machine_info,
     measured,
     not_quiet_note,
     prompt_tokens,
@@ -91,8 +90,7 @@ def _row(flash: str, policy: str, r: BurstRun, busy: float) -> dict:
 @recorded
 def run_bursts(spec: BackendConfig, cfg: BurstConfig, progress=lambda s: None) -> BenchResult:
     res = BenchResult(name="burst", title=f"bench burst: {cfg.n} subagents x {cfg.own} own tokens forked from "
-                      f"a {cfg.context:,}-token conversation", config={"burst": asdict(cfg), "backend": asdict(spec)},
-                      machine=machine_info())
+                      f"a {cfg.context:,}-token conversation", config={"burst": asdict(cfg), "backend": asdict(spec)})
     need = cfg.context + cfg.n * (cfg.own + cfg.gen) + 1024
     rows, info = [], {}
     flashes = cfg.flash if not spec.simulated else ("profile",)
@@ -101,8 +99,7 @@ def run_bursts(spec: BackendConfig, cfg: BurstConfig, progress=lambda s: None) -
         backend = build_backend(fspec)
         try:
             params = calibrated(backend, cpu_clock_for(backend, cfg.cpu_clock))
-            info[flash] = backend_info(backend) | {"cost": asdict(params),
-                                                   "attention": backend.info.get("attention")}
+            info[flash] = backend_info(backend, params)
             for policy in cfg.policies:
                 if policy.startswith("target-v1") and flash == "off":
                     continue  # the old code path ran llama.cpp's default attention (on, here)
@@ -120,7 +117,9 @@ def run_bursts(spec: BackendConfig, cfg: BurstConfig, progress=lambda s: None) -
         peer = _peer_rows(fspec, cfg, progress)
         if peer:
             res.tables["llama-batched-bench at the same depth and width (-pps -kvu)"] = peer
-            _versus_peer(rows, peer)
+            best = min((p["decode_step_ms"] for p in peer if p["decode_step_ms"]), default=None)
+            for x in rows:
+                x["decode_x_peer_best"] = rnd(x["decode_step_ms"] / best, 2) if best and x["decode_step_ms"] else None
     res.data = {"backends": info}
     res.notes += [
         f"TTFT from the moment the {cfg.n} subagents are submitted (together); the parent's {cfg.context:,}-token "
@@ -185,9 +184,3 @@ def _peer_rows(spec: BackendConfig, cfg: BurstConfig, progress) -> list[dict]:
                      "decode_step_ms": rnd(decode_ms, 1), "others_cores": rnd(busy, 2)})
         progress(f"llama-batched-bench -fa {flash}: decode step {rows[-1]['decode_step_ms']} ms")
     return rows
-
-
-def _versus_peer(rows: list[dict], peer: list[dict]) -> None:
-    best = min((p["decode_step_ms"] for p in peer if p["decode_step_ms"]), default=None)
-    for r in rows:
-        r["decode_x_peer_best"] = rnd(r["decode_step_ms"] / best, 2) if best and r["decode_step_ms"] else None

@@ -213,22 +213,8 @@ def measured(fn: Callable[[], Any], *, retries: int = 2, limit: float = 0.25, pi
 
 # ---- results -------------------------------------------------------------------------------------
 
-@dataclass
-class BenchResult:
-    """One benchmark run: its configuration, the machine, one or more tables and free-form notes."""
-
-    name: str
-    title: str
-    config: dict
-    machine: dict
-    tables: dict[str, list[dict]] = field(default_factory=dict)  # table title -> rows
-    notes: list[str] = field(default_factory=list)
-    data: dict = field(default_factory=dict)  # raw series for plots and re-analysis
-    # Every measured run, not only the medians the tables show (harness.sweep's records).
-    repetitions: list[dict] = field(default_factory=list)
-    # How this run ran: command line, code version, start, wall time, load before and after
-    # (harness.recorded).
-    run: dict = field(default_factory=dict)
+def load_avg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def git_version() -> str:
@@ -264,10 +250,32 @@ def machine_info() -> dict:
     return info
 
 
-def backend_info(backend) -> dict:
-    return {"backend": backend.name, "n_ctx": backend.n_ctx, "n_batch": backend.n_batch,
+@dataclass
+class BenchResult:
+    """One benchmark run: its configuration, the machine, one or more tables and free-form notes."""
+
+    name: str
+    title: str
+    config: dict
+    machine: dict = field(default_factory=machine_info)  # at construction (the load: `harness.recorded`)
+    tables: dict[str, list[dict]] = field(default_factory=dict)  # table title -> rows
+    notes: list[str] = field(default_factory=list)
+    data: dict = field(default_factory=dict)  # raw series for plots and re-analysis
+    # Every measured run, not only the medians the tables show (harness.sweep's records).
+    repetitions: list[dict] = field(default_factory=list)
+    # How this run ran: command line, code version, start, wall time, load before and after
+    # (harness.recorded).
+    run: dict = field(default_factory=dict)
+
+
+def backend_info(backend, params=None) -> dict:
+    """What a result records of its backend; with `params`, also the cost model and attention path."""
+    info = {"backend": backend.name, "n_ctx": backend.n_ctx, "n_batch": backend.n_batch,
             "n_seq_max": backend.n_seq_max, "model_name": backend.model_name, "device_name": backend.device_name,
             "n_threads": backend.n_threads, "n_ubatch": backend.n_ubatch}
+    if params is not None:
+        info |= {"cost": asdict(params), "attention": backend.info.get("attention")}
+    return info
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -310,7 +318,7 @@ def save_result(result: BenchResult, out_dir: str | os.PathLike = "results",
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     # A result that did not come through harness.recorded still says how busy the machine was.
-    result.machine.setdefault("load_avg_at_end", [round(x, 2) for x in os.getloadavg()])
+    result.machine.setdefault("load_avg_at_end", load_avg())
     base = out / f"{result.name}-{stamp}"
     paths = {"json": base.with_suffix(".json"), "md": base.with_suffix(".md")}
     paths["json"].write_text(json.dumps(asdict(result), indent=1, default=str))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import OTHERS_NOTE, BenchResult, backend_info, machine_info, prompt_tokens, sized
+from magnitude_bench.common import OTHERS_NOTE, BenchResult, backend_info, prompt_tokens, sized
 from magnitude_bench.harness import Drive, recorded, sweep
 from scheduler.stats import median, rnd
 from scheduler.types import Request, SamplingParams
@@ -75,8 +75,7 @@ def _one(backend, cfg: ForkConfig, mode: str, parent: tuple[int, ...], tasks: li
 
 def _result(spec: BackendConfig, cfg: ForkConfig, runs: list[dict], info: dict) -> BenchResult:
     res = BenchResult(name="fork", title=f"bench fork: {cfg.n} subagents over a {cfg.parent_tokens:,}-token context",
-                      config={"fork": asdict(cfg), "backend": asdict(spec)}, machine=machine_info(),
-                      repetitions=runs)
+                      config={"fork": asdict(cfg), "backend": asdict(spec)}, repetitions=runs)
     out = {mode: [r for r in runs if r["config"] == mode] for mode in ("forked", "cold")}
     rows = []
     for mode, runs in out.items():

@@ -5,7 +5,6 @@ a run ran."""
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import time
 from collections import defaultdict
@@ -13,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TypeVar
 
 from backend.factory import reset_kv
-from magnitude_bench.common import Contention, FixedLength, git_version, measured
+from magnitude_bench.common import Contention, FixedLength, git_version, load_avg, measured
 from magnitude_tui.engine.core import Engine
 from magnitude_tui.engine.protocol import seq_updates
 from scheduler.budget import parse_policy
@@ -75,6 +74,16 @@ class Trace:
 
     def made(self) -> int:
         return sum(len(ts) for ts in self.tokens.values())
+
+    def decode_tok_s(self, made: int, requests: int) -> float | None:
+        """Tokens a second from the step where all `requests` have their first token (the batch only
+        decodes from there) to the end; None where no token came after it."""
+        t_all_first = max((ts[0] for ts in self.tokens.values() if ts), default=None)
+        if t_all_first is None or self.ended is None or len(self.tokens) != requests:
+            return None
+        made_at_first = sum(1 for ts in self.tokens.values() for t in ts if t <= t_all_first)
+        decode_s = self.ended - t_all_first
+        return (made - made_at_first) / decode_s if decode_s > 0 and made > made_at_first else None
 
 
 class Drive:
@@ -259,10 +268,6 @@ def sweep(configs: Sequence[C], reps: int, run: Callable[[C, int], dict], *, lab
 
 
 # ---- what a run records about itself -------------------------------------------------------------
-
-def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
 
 def recorded(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A bench's entry point: its result records the command line (`argv=` overrides sys.argv),

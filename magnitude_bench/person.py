@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import BenchResult, backend_info, machine_info, prompt_tokens, sized
+from magnitude_bench.common import BenchResult, backend_info, prompt_tokens, sized
 from magnitude_bench.harness import Drive, recorded
 from scheduler.stats import rnd
 from scheduler.types import Priority, Request, SamplingParams
@@ -72,7 +72,7 @@ def _one(backend, cfg: PersonConfig, mode: str) -> dict:
 def _result(spec: BackendConfig, cfg: PersonConfig, runs: dict, info: dict) -> BenchResult:
     res = BenchResult(name="person",
                       title=f"bench person: a {cfg.prompt:,}-token prompt beside {cfg.agents} generating agents",
-                      config={"person": asdict(cfg), "backend": asdict(spec)}, machine=machine_info())
+                      config={"person": asdict(cfg), "backend": asdict(spec)})
     alone = runs["alone"]["ttft_s"]
     rows = []
     for mode, r in runs.items():

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from backend.factory import BackendConfig, build_backend, reset_kv
-from magnitude_bench.common import OTHERS_NOTE, BenchResult, backend_info, machine_info, measured, prompt_tokens
+from magnitude_bench.common import OTHERS_NOTE, BenchResult, backend_info, measured, prompt_tokens
 from magnitude_bench.harness import calibrated, recorded
 from scheduler.stats import median, rnd
 from scheduler.types import BatchPlan, DecodeOutcome, SeqSlice
@@ -192,8 +192,7 @@ def curve_result(spec: BackendConfig, cfg: CurveConfig, progress=lambda s: None)
     data = run_curve(spec, cfg, progress=progress)
     repetitions = data.pop("repetitions")
     res = BenchResult(name="prefill-curve", title="bench prefill-curve: what a prompt row and a decode row cost",
-                      config={"curve": asdict(cfg), "backend": asdict(spec)}, machine=machine_info(), data=data,
-                      repetitions=repetitions)
+                      config={"curve": asdict(cfg), "backend": asdict(spec)}, data=data, repetitions=repetitions)
     res.tables["decode step against generating sequences"] = data["decode"]
     res.tables[f"prefill against chunk size (alone / beside {data['n_decode']} decode rows)"] = [
         {"chunk": a["chunk"], "alone_ms": a["step_ms"], "alone_tok_s": a["prefill_tok_s"],

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from magnitude_bench.common import BenchResult, machine_info
+from magnitude_bench.common import BenchResult
 from magnitude_bench.harness import client_run, recorded
 from magnitude_tui.engine.protocol import EngineClient
 from magnitude_tui.engine.waiting import wait_ready
@@ -88,4 +88,4 @@ def bench_engines(engines: dict[str, EngineClient], cfg: RemoteBenchConfig, prog
     return BenchResult(name="remote", title="bench remote: client-side throughput and TTFT",
                        config={"bench": asdict(cfg), "engines": {n: {"model": r.model, "device": r.device}
                                                                for n, r in ready.items()}},
-                       machine=machine_info(), tables={"aggregate tok/s and TTFT": rows}, data={"runs": runs})
+                       tables={"aggregate tok/s and TTFT": rows}, data={"runs": runs})

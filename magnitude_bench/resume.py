@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 from backend.factory import BackendConfig, build_backend, reset_kv
-from magnitude_bench.common import PASSAGE, BenchResult, backend_info, machine_info
+from magnitude_bench.common import PASSAGE, BenchResult, backend_info
 from magnitude_bench.harness import Drive, recorded, sweep
 from magnitude_tui.engine.events import RestoreOutcome
 from magnitude_tui.engine.warm_store import WarmStore
@@ -110,8 +110,7 @@ def _resumed(backend, store: WarmStore | None, history: list[Message], follow_up
 
 def _result(spec: BackendConfig, cfg: ResumeConfig, runs: dict, save: dict, info: dict) -> BenchResult:
     res = BenchResult(name="resume", title=f"bench resume: first reply after a resume, {save['history_tokens']:,}-"
-                      "token conversation, cold vs warm", config={"resume": asdict(cfg), "backend": asdict(spec)},
-                      machine=machine_info())
+                      "token conversation, cold vs warm", config={"resume": asdict(cfg), "backend": asdict(spec)})
     cold_ttft = median(r["ttft_ms"] for r in runs["cold"])
     rows = []
     for mode, rs in runs.items():

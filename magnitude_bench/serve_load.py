@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import AsyncIterator
 
 import httpx
 
-from magnitude_bench.common import PASSAGE, BenchResult, machine_info
+from magnitude_bench.common import PASSAGE, BenchResult
 from magnitude_bench.harness import recorded
 from magnitude_bench.remote import TOPICS
 from scheduler.stats import median, percentile, rnd
@@ -153,8 +153,7 @@ def run_serve_bench(cfg: ServeBenchConfig, *, model: str | None, progress=print)
     from magnitude_tui.serve.app import ServeOptions
     from magnitude_tui.serve.thread import serve_in_thread
 
-    result = BenchResult("serve", "serve: HTTP clients against this engine and llama-server",
-                         asdict(cfg), machine_info())
+    result = BenchResult("serve", "serve: HTTP clients against this engine and llama-server", asdict(cfg))
     rows: list[dict] = []
     admission: list[dict] = []
     peer = _LlamaServerPeer(cfg, model) if "llama-server" in cfg.peers else None
@@ -165,7 +164,7 @@ def run_serve_bench(cfg: ServeBenchConfig, *, model: str | None, progress=print)
                                         n_threads=cfg.threads), auto_threads=False)  # as the peer's
     http_parts = {"clients", "admission"} & set(cfg.parts)  # the priority part runs its own engine
     with (serve_in_thread(config, ServeOptions(), in_process=False) if "serve" in cfg.peers and http_parts
-          else _no_server()) as s:
+          else nullcontext()) as s:
         if "clients" in cfg.parts:
             for rep in range(cfg.reps):
                 for n in cfg.seqs:
@@ -196,11 +195,6 @@ def run_serve_bench(cfg: ServeBenchConfig, *, model: str | None, progress=print)
 
         result.tables["a person's turn behind agents"] = run_priority(cfg, model=model, progress=progress)
     return result
-
-
-@contextmanager
-def _no_server():
-    yield None
 
 
 class _LlamaServerPeer:

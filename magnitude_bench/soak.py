@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from magnitude_bench.common import BenchResult, machine_info
+from magnitude_bench.common import BenchResult
 from magnitude_bench.harness import recorded
 from magnitude_bench.soak_perf import contention, ui_endurance, ui_long_session
 from magnitude_tui.reliability.app import app_kill
@@ -68,5 +68,5 @@ def run_soak(cfg: SoakConfig, scenarios: tuple[str, ...], progress=lambda s: Non
     # One table: every row gets every column (a scenario's own columns are blank elsewhere).
     columns = list(dict.fromkeys(k for r in rows for k in r))
     simple = [{k: (str(r[k]) if isinstance(r.get(k), dict) else r.get(k)) for k in columns} for r in rows]
-    return BenchResult(name="soak", title="Reliability soak", config=asdict(cfg), machine=machine_info(),
+    return BenchResult(name="soak", title="Reliability soak", config=asdict(cfg),
                        tables={"scenarios": simple}, notes=notes, data={"failures": failures})

@@ -11,7 +11,7 @@ from itertools import permutations
 from typing import Callable
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import CPU_CLOCK, BenchResult, FixedLength, backend_info, machine_info, prompt_tokens
+from magnitude_bench.common import CPU_CLOCK, BenchResult, FixedLength, backend_info, prompt_tokens
 from magnitude_bench.harness import Drive, recorded
 from magnitude_bench.spec_report import CONTROL, identity_note, merge_reps, run_notes, targets
 from magnitude_bench.spec_tasks import Task, task_messages
@@ -317,7 +317,7 @@ def run_spec(spec: BackendConfig, cfg: SpecBenchConfig, progress: Callable[[str]
     sim_rows = _replay(cfg, traces, lengths, replies, progress)
     sim = merge_reps(sim_rows)
     res = BenchResult(name="spec", title="bench spec: speculative decoding in the shared batch",
-                      config={"spec": asdict(cfg), "backend": asdict(spec)}, machine=machine_info())
+                      config={"spec": asdict(cfg), "backend": asdict(spec)})
     res.tables[f"engine on {info['backend']} ({info['clock']})"] = real
     if peer is not None:
         try:

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from jsonschema import Draft202012Validator
 
 from backend.factory import BackendConfig
-from magnitude_bench.common import BenchResult, machine_info, measured
+from magnitude_bench.common import BenchResult, measured
 from magnitude_bench.harness import client_run, in_turn, recorded
 from magnitude_bench.remote import TOPICS
 from magnitude_tui.engine.protocol import EngineClient
@@ -70,12 +70,8 @@ def burst(client: EngineClient, reqs: list[Request], timeout_s: float) -> dict:
     finals = tr.final.values()
     wall, made = tr.ended - tr.submitted[reqs[0].request_id], sum(u.generated for u in finals)
     grammar_ms = sum(u.grammar_ms for u in finals)
-    # From the moment every sequence has its first token, the batch only decodes.
-    t_all_first = max((ts[0] for ts in tr.tokens.values() if ts), default=None)
-    made_at_first = sum(1 for ts in tr.tokens.values() for t in ts if t <= t_all_first) if t_all_first else 0
-    decode_s = tr.ended - t_all_first if t_all_first is not None and len(tr.tokens) == len(reqs) else 0.0
-    tg = (made - made_at_first) / decode_s if decode_s > 0 and made > made_at_first else None
-    return {"wall_s": wall, "made": made, "tok_s": made / wall, "tg_tok_s": tg, "grammar_ms": grammar_ms,
+    return {"wall_s": wall, "made": made, "tok_s": made / wall, "tg_tok_s": tr.decode_tok_s(made, len(reqs)),
+            "grammar_ms": grammar_ms,
             "grammar_share": grammar_ms / (wall * 1000.0), "valid": sum(valid(tr.texts[r.request_id]) for r in reqs),
             "replies": len(reqs), "stopped": sum(u.done_reason is DoneReason.STOP for u in finals),
             "sample": tr.texts[reqs[0].request_id][:120]}
@@ -143,8 +139,7 @@ def run_structured(backend: BackendConfig, cfg: StructuredConfig, progress=lambd
     backend = replace(backend, n_ctx=n_ctx, n_seq_max=max(backend.n_seq_max, max(cfg.seqs)),
                       n_threads=backend.n_threads or cfg.threads)
     result = BenchResult("structured", "bench structured: json_schema-constrained vs free replies",
-                         config={"structured": asdict(cfg), "backend": asdict(backend), "schema": SCHEMA},
-                         machine=machine_info())
+                         config={"structured": asdict(cfg), "backend": asdict(backend), "schema": SCHEMA})
     # Speculation off: a constrained sequence never drafts, so free text must not either.
     engine = WorkerClient(EngineConfig(backend, policy=cfg.policy, spec=SpecMode.OFF, auto_threads=False),
                           in_process=cfg.in_process, log_path=None if cfg.in_process else "auto")

@@ -10,7 +10,6 @@ from magnitude_bench.common import (
     BenchResult,
     backend_info,
     cpu_clock_for,
-    machine_info,
     not_quiet_note,
     prompt_tokens,
     sized,
@@ -123,7 +122,7 @@ def run_target_depth(spec: BackendConfig, cfg: TargetDepthConfig, progress=lambd
     res = BenchResult(name="target-depth", title=f"bench target-depth: target:MS with {cfg.n_running} sequences "
                       f"generating and a {cfg.newcomer:,}-token prompt arriving, at depths "
                       f"{', '.join(f'{d:,}' for d in cfg.depths)}",
-                      config={"target_depth": asdict(cfg), "backend": asdict(spec)}, machine=machine_info())
+                      config={"target_depth": asdict(cfg), "backend": asdict(spec)})
     need_cells = max(cfg.depths) + cfg.newcomer * 2 + cfg.n_running * (2 * cfg.newcomer // MIN_PREFILL_QUANTUM + 64)
     spec = sized(spec, cells=need_cells, seqs=cfg.n_running + 2)
     backend = build_backend(spec)
@@ -137,9 +136,7 @@ def run_target_depth(spec: BackendConfig, cfg: TargetDepthConfig, progress=lambd
             progress(f"depth {depth:>5}: target {rows[-1]['target_ms']:g} ms, step p50 {rows[-1]['step_p50_ms']} "
                      f"p99 {rows[-1]['step_p99_ms']} ms ({rows[-1]['p99_x_target']}x)")
         res.tables["step time against the target, per depth"] = rows
-        res.data = {"backend": backend_info(backend) | {"cost": asdict(params),
-                                                        "attention": backend.info.get("attention")},
-                    "steps": traces}
+        res.data = {"backend": backend_info(backend, params), "steps": traces}
     finally:
         backend.close()
     res.notes += [

@@ -17,7 +17,6 @@ from magnitude_bench.common import (
     OTHERS_NOTE,
     BenchResult,
     backend_info,
-    machine_info,
     measured,
     prompt_tokens,
 )
@@ -81,10 +80,7 @@ def engine_run(backend, prompts: list[tuple[int, ...]], gen: int, policy: str, c
     assert tr.ended is not None  # Drive.run returns a finished trace
     t0, made = tr.submitted["r0"], tr.made()
     wall = tr.ended - t0
-    # From the step where every sequence has its first token on, the batch only decodes.
-    t_all_first = max(ts[0] for ts in tr.tokens.values())
-    made_at_first = sum(1 for ts in tr.tokens.values() for t in ts if t <= t_all_first)
-    tg = (made - made_at_first) / (tr.ended - t_all_first) if made > made_at_first else None
+    tg = tr.decode_tok_s(made, len(prompts))
     decoded = [s for s in tr.steps if s.native_ms is not None]
     return {"wall_s": wall, "made": made, "tok_s": made / wall, "tg_tok_s": tg, "steps": len(decoded), "params": params,
             "step_ms": [s.host_ms for s in decoded], "native_ms": [s.native_ms for s in decoded]}
@@ -142,7 +138,7 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
 
         model = default_model_path()
     res = BenchResult(name="throughput", title="bench throughput: aggregate generated tok/s, same work for every peer",
-                      config={"throughput": asdict(cfg), "backend": asdict(spec)}, machine=machine_info())
+                      config={"throughput": asdict(cfg), "backend": asdict(spec)})
     found = peers.tools_dir() if not spec.simulated else None
     wanted = [p for p in cfg.peers if not spec.simulated]
     if not found and any(p in wanted for p in ("batched-bench", "server")):
@@ -183,15 +179,17 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
                 engine_steps[n]["step_ms"] += step_ms
                 engine_steps[n]["native_ms"] += native_ms
 
+        def add(peer: str, n: int, rep: int, made: int, wall: float, busy: float, tg: float | None = None) -> None:
+            runs.append({"peer": peer, "seqs": n, "rep": rep, "tok_s": made / wall, "tg_tok_s": tg, "made": made,
+                         "wall_s": wall, "others": busy})
+
         def batched_block(rep: int) -> None:
             assert bindir is not None and model is not None
             bb, busy = measured(lambda: peers.batched_bench(
                 bindir, model=model, seqs=list(cfg.seqs), prompt=cfg.prompt, gen=cfg.gen, threads=threads,
                 n_ctx=n_ctx, n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch, dev=dev), progress=progress)
             for n, row in bb.items():
-                runs.append({"peer": "llama-batched-bench", "seqs": n, "rep": rep,
-                             "tok_s": n * cfg.gen / row["t"], "tg_tok_s": row["speed_tg"],
-                             "made": n * cfg.gen, "wall_s": row["t"], "others": busy})
+                add("llama-batched-bench", n, rep, n * cfg.gen, row["t"], busy, row["speed_tg"])
 
         def server_block(rep: int) -> None:
             assert bindir is not None and model is not None
@@ -201,16 +199,14 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
                     srv.burst([list(p) for p in prompts[n][:1]], 4)  # warm-up
                     (wall, made), busy = measured(lambda: srv.burst([list(p) for p in prompts[n]], cfg.gen),
                                                   pids=(srv.pid,) if srv.pid else (), progress=progress)
-                runs.append({"peer": "llama-server -np N", "seqs": n, "rep": rep, "tok_s": made / wall,
-                             "tg_tok_s": None, "made": made, "wall_s": wall, "others": busy})
+                add("llama-server -np N", n, rep, made, wall, busy)
 
         def serial_block(rep: int) -> None:
             assert serial is not None
             for n in cfg.seqs:
                 (wall, made), busy = measured(lambda: serial.serial([list(p) for p in prompts[n]], cfg.gen),
                                               progress=progress)
-                runs.append({"peer": "Llama serial", "seqs": n, "rep": rep, "tok_s": made / wall,
-                             "tg_tok_s": None, "made": made, "wall_s": wall, "others": busy})
+                add("Llama serial", n, rep, made, wall, busy)
 
         blocks = [engine_block, *([batched_block] if "batched-bench" in wanted else []),
                   *([server_block] if "server" in wanted else []), *([serial_block] if serial is not None else [])]

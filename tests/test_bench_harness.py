@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench import harness
+from magnitude_bench import common
 from magnitude_bench.cli import bench_app
 from magnitude_bench.common import BenchResult, machine_info, prompt_tokens
 from magnitude_bench.harness import Drive, alternating, recorded, sweep
@@ -79,7 +79,7 @@ def test_repetitions_alternate_abab_with_every_other_one_reversed():
 
 def test_a_recorded_run_takes_the_load_before_it_runs_and_after(monkeypatch):
     loads = iter([(1.0, 1.0, 1.0), (3.0, 2.0, 1.0)])
-    monkeypatch.setattr(harness.os, "getloadavg", lambda: next(loads))
+    monkeypatch.setattr(common.os, "getloadavg", lambda: next(loads))
     ran = []
 
     @recorded
