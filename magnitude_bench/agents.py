@@ -49,12 +49,6 @@ def traces(cfg: AgentsConfig) -> list[tuple[bool, Trace]]:
     return [(any(turn.is_burst for a in t.agents for turn in a.turns), t) for t in viewed]
 
 
-def setup_for(cfg: AgentsConfig, trace: Trace) -> SideSetup:
-    widest = max((len(t.subtasks) for a in trace.agents for t in a.turns), default=0)
-    parallel = cfg.parallel or len(trace.agents) + widest
-    return SideSetup(cfg.backend, cfg.model, cfg.threads, cfg.n_ctx, parallel, cfg.in_process)
-
-
 async def _drive(side, trace: Trace, tag: str) -> Replay:
     async with side.session():
         # First-call costs (a server's lazy setup), on a prompt no agent shares a prefix with.
@@ -84,7 +78,9 @@ def run_agents(cfg: AgentsConfig, progress=lambda s: None) -> BenchResult:
                                  [str(default_trace_path(b)) for b in cfg.bursts]})
     runs: list[dict] = []
     for bursts, trace in traces(cfg):
-        setup = setup_for(cfg, trace)
+        widest = max((len(t.subtasks) for a in trace.agents for t in a.turns), default=0)
+        setup = SideSetup(cfg.backend, cfg.model, cfg.threads, cfg.n_ctx, cfg.parallel or len(trace.agents) + widest,
+                          cfg.in_process)
         result.config.setdefault("setups", []).append({"bursts": bursts, **asdict(setup)})
         for rep in range(cfg.reps):
             for name in in_turn(cfg.sides, rep):

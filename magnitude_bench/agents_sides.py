@@ -172,10 +172,14 @@ def open_side(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide | EngineSid
     if spec.kind is SideKind.LLAMA_SERVER:
         yield from _llama_server(spec, setup)
         return
+    from backend.factory import BackendConfig
     from magnitude_tui.engine.client import WorkerClient
+    from magnitude_tui.engine.events import EngineConfig
     from magnitude_tui.engine.waiting import wait_ready
 
-    config = _engine_config(setup)
+    # Threads as llama-server's (no automatic choice), so both sides compute on the same cores.
+    config = EngineConfig(BackendConfig(kind=setup.backend_kind, model=setup.model, device="cpu", n_ctx=setup.n_ctx,
+                                        n_seq_max=setup.parallel, n_threads=setup.threads), auto_threads=False)
     if spec.kind is SideKind.SERVE:
         from magnitude_tui.serve.app import ServeOptions
         from magnitude_tui.serve.thread import serve_in_thread
@@ -197,15 +201,6 @@ def open_side(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide | EngineSid
         yield EngineSide(spec.label, client)
     finally:
         client.stop()
-
-
-def _engine_config(setup: SideSetup):
-    from backend.factory import BackendConfig
-    from magnitude_tui.engine.events import EngineConfig
-
-    # Threads as llama-server's (no automatic choice), so both sides compute on the same cores.
-    return EngineConfig(BackendConfig(kind=setup.backend_kind, model=setup.model, device="cpu", n_ctx=setup.n_ctx,
-                                      n_seq_max=setup.parallel, n_threads=setup.threads), auto_threads=False)
 
 
 def _llama_server(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide]:

@@ -117,11 +117,14 @@ def run_curve(spec: BackendConfig, cfg: CurveConfig, *, backend=None, progress=l
         for r in prefill:
             ms = predict(fit, r["decode_rows"], r["chunk"]) - (predict(fit, r["decode_rows"], 0) if r["decode_rows"] else 0)
             r["model_prefill_tok_s"] = rnd(1000 * r["chunk"] / ms, 1) if ms > 0 else None
-        calibrated = _engine_calibration(backend)
+        try:  # the cost model target:MS starts from on this backend; the table still stands without it
+            engine_cal: dict = {k: rnd(v, 4) for k, v in asdict(calibrated(backend)).items()}
+        except Exception as e:
+            engine_cal = {"error": str(e)}
         reset_kv(backend)
         return {"backend": backend_info(backend), "n_decode": n_dec, "decode": decode, "prefill": prefill,
                 "occupancy": occupancy,
-                "fit": {k: rnd(v, 4) for k, v in fit.items()}, "engine_calibration": calibrated,
+                "fit": {k: rnd(v, 4) for k, v in fit.items()}, "engine_calibration": engine_cal,
                 "others_cores_max": rnd(max(bench.busy.values(), default=0.0), 2),
                 "repetitions": bench.repetitions,
                 "label": f"{backend.name}: prefill and decode cost"}
@@ -174,15 +177,6 @@ def fit_cost(points: list[tuple[int, int, float]]) -> dict:
 
 def predict(fit: dict, d: int, p: int) -> float:
     return fit["fixed_ms"] + fit["decode_ms"] * d + fit["prefill_ms"] * p
-
-
-def _engine_calibration(backend) -> dict | None:
-    """The cost model the engine's target:MS policy starts from on this backend (its own calibration)."""
-    try:
-        params = calibrated(backend)
-    except Exception as e:  # the table still stands without it
-        return {"error": str(e)}
-    return {k: rnd(v, 4) for k, v in asdict(params).items()}
 
 
 @recorded

@@ -54,6 +54,14 @@ class Trace:
     replies: list[Reply] = field(default_factory=list)
 
 
+def _matched(seen: Sequence[int], draft: Sequence[int]) -> int:
+    """How many of the draft's tokens, from the first, the committed tokens `seen` repeat."""
+    m = 0
+    while m < len(seen) and seen[m] == draft[m]:
+        m += 1
+    return m
+
+
 def judge_reply(source: DraftSource, prompt_len: int, tokens: Sequence[int]) -> Reply:
     """A fresh `source` asked once at every position of the reply that follows `prompt_len` tokens
     (in order, as an engine asks it, so a copy it follows is followed here too)."""
@@ -62,9 +70,7 @@ def judge_reply(source: DraftSource, prompt_len: int, tokens: Sequence[int]) -> 
     for pos in range(prompt_len, len(tokens)):
         draft = source.propose(0, tokens[:pos], K_MAX)
         seen = tokens[pos:pos + len(draft)]
-        m = 0
-        while m < len(seen) and seen[m] == draft[m]:
-            m += 1
+        m = _matched(seen, draft)
         out.append(Guess(K_MAX, len(draft) if m < len(seen) else len(seen), m, match_length(source, 0)))
     source.forget(0)
     return Reply(prompt_len, tuple(out))
@@ -112,11 +118,7 @@ class RecordingSource:
 
     def propose(self, key: int, tokens: Sequence[int], k: int) -> list[int]:
         draft = self.inner.propose(key, tokens, k)
-        self._seen(key, tokens)
-        self._judge(key, tokens)
-        if k > 0:
-            self._pending.setdefault(key, []).append(_Pending(len(tokens), k, tuple(draft),
-                                                              match_length(self.inner, key)))
+        self._record(key, tokens, k, draft, match_length(self.inner, key))
         return draft
 
     def match_length(self, key: int) -> int:
@@ -125,10 +127,7 @@ class RecordingSource:
     def propose_many(self, wants: Sequence[DraftWant]) -> dict[int, list[int]]:
         out = propose_all(self.inner, wants)
         for w in wants:
-            self._seen(w.key, w.tokens)
-            self._judge(w.key, w.tokens)
-            if w.k > 0:
-                self._pending.setdefault(w.key, []).append(_Pending(len(w.tokens), w.k, tuple(out.get(w.key, []))))
+            self._record(w.key, w.tokens, w.k, out.get(w.key, []))
         return out
 
     def draft_ms(self, k: int, n_sequences: int) -> float:
@@ -142,17 +141,20 @@ class RecordingSource:
             self._ended.append((start, tuple(view[0:len(view)])))
         self.inner.forget(key)
 
-    def _seen(self, key: int, tokens: Sequence[int]) -> None:
+    def _record(self, key: int, tokens: Sequence[int], k: int, draft: Sequence[int], evidence: int = 0) -> None:
+        """Keep the sequence's view (a free source's replies), judge its earlier proposals against
+        `tokens`, and hold this one until its tokens are seen."""
         if self._fresh is not None:
             self._views[key] = tokens
+        self._judge(key, tokens)
+        if k > 0:
+            self._pending.setdefault(key, []).append(_Pending(len(tokens), k, tuple(draft), evidence))
 
     def _judge(self, key: int, tokens: Sequence[int]) -> None:
         left = []
         for p in self._pending.get(key, []):
             seen = tokens[p.at:p.at + len(p.draft)]
-            m = 0
-            while m < len(seen) and seen[m] == p.draft[m]:
-                m += 1
+            m = _matched(seen, p.draft)
             if m < len(seen) or len(seen) == len(p.draft):  # a miss seen, or every token seen
                 self.guesses.append(Guess(p.asked, len(p.draft), m, p.match_length))
             else:
