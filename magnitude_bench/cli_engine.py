@@ -235,8 +235,9 @@ def target_depth(
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
     """Does target:MS hold its target deep in a context? p50/p99 step against the target per depth."""
-    from magnitude_bench.target_depth import run_target_depth
+    from magnitude_bench.target_depth import TargetDepthConfig, run_target_depth
 
-    cfg = options.target_depth_config(depths=depths, n_running=n_running, newcomer=newcomer, target=target,
-                                      cpu_clock=cpu_clock, threads=threads)
+    options.check_cpu_clock(cpu_clock, threads)
+    cfg = TargetDepthConfig(depths=options.ints(depths), n_running=n_running, newcomer=newcomer, target_ms=target,
+                            cpu_clock=cpu_clock)
     finish_on_backend(run_target_depth, cfg, backend, model, device, threads, ctx, out)

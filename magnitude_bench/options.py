@@ -135,15 +135,6 @@ def burst_config(*, n: int, context: int, own: int, gen: int, policy: Sequence[s
                        cpu_clock=cpu_clock)
 
 
-def target_depth_config(*, depths: str, n_running: int, newcomer: int, target: float, cpu_clock: bool,
-                        threads: Optional[int]):
-    check_cpu_clock(cpu_clock, threads)
-    from magnitude_bench.target_depth import TargetDepthConfig
-
-    return TargetDepthConfig(depths=ints(depths), n_running=n_running, newcomer=newcomer, target_ms=target,
-                             cpu_clock=cpu_clock)
-
-
 SERVE_PARTS = ("clients", "admission", "priority")
 
 
