@@ -88,28 +88,23 @@ class FixedLength:
         return getattr(self._backend, name)
 
 
+_PASSAGE_CACHE: dict[int, list[int]] = {}  # PASSAGE's tokens per backend (by id)
+
+
 def prompt_tokens(backend, n: int, salt: int = 0) -> tuple[int, ...]:
     """Exactly n ordinary text tokens; a different salt gives a different first token."""
-    base = _passage_tokens(backend)
-    start = (salt * 7) % len(base)
-    reps = (start + n) // len(base) + 1
-    return tuple((base * reps)[start:start + n])
-
-
-_PASSAGE_CACHE: dict[int, list[int]] = {}
-
-
-def _passage_tokens(backend) -> list[int]:
-    key = id(backend)
-    if key not in _PASSAGE_CACHE:
+    if id(backend) not in _PASSAGE_CACHE:
         try:
             toks = [t for t in backend.tokenize(PASSAGE) if 0 <= t < backend.n_vocab]
         except Exception:
             toks = []
         if len(set(toks)) < 32:  # a backend without a real vocabulary: any in-range ids will do
             toks = [(997 * i + 13) % max(backend.n_vocab - 1, 2) + 1 for i in range(512)]
-        _PASSAGE_CACHE[key] = toks
-    return _PASSAGE_CACHE[key]
+        _PASSAGE_CACHE[id(backend)] = toks
+    base = _PASSAGE_CACHE[id(backend)]
+    start = (salt * 7) % len(base)
+    reps = (start + n) // len(base) + 1
+    return tuple((base * reps)[start:start + n])
 
 
 def sized(spec: BackendConfig, *, cells: int, seqs: int, floor: int = 8192, **changes: Any) -> BackendConfig:

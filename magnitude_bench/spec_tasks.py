@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from enum import Enum
 
+from magnitude_bench.common import PASSAGE as COMMON_PASSAGE
 from scheduler.types import Message
 
 # About 400 tokens of ordinary Python; the repetitive task renames one identifier in it, so a
@@ -62,15 +63,7 @@ def restock(inventory: Inventory, orders: list[tuple[str, str, int]]) -> int:
 RENAMES = [("shelves", "racks"), ("items", "goods"), ("count", "amount"), ("inventory", "stock"),
            ("restock", "replenish"), ("added", "total_added"), ("have", "on_hand"), ("shelf", "bay")]
 
-PASSAGE = (
-    "The harbour town woke slowly. Fishermen checked their nets while the baker stacked warm loaves by the "
-    "window, and a group of children raced along the sea wall toward the lighthouse. Old maps in the "
-    "library showed the coastline as it had been two hundred years before, when the river still met the "
-    "sea north of the cliffs. Travellers came for the markets in spring, for the storms in autumn, and for "
-    "the quiet in winter, when the streets belonged to cats and the gulls argued over the last of the "
-    "catch. Every evening the keeper climbed the stairs, counted the steps aloud, and lit the lamp that had "
-    "guided ships past the reef for as long as anyone could remember."
-)
+PASSAGE = COMMON_PASSAGE.rstrip()  # the passage the quoting task quotes from
 
 QUESTIONS = ["What did the children do?", "What did the old maps show?", "When did travellers come?",
              "What did the keeper do every evening?", "What did the baker do?",
