@@ -1,24 +1,11 @@
-"""Provides `bench soak`: the reliability scenarios run long, with a table of what broke and what leaked.
+"""Provides `bench soak`: the reliability scenarios run long, with a table of what broke and what leaked
+(each row: operations or duration, failures, leaked KV cells/slots, data lost).
 
-Scenarios (each row: operations or duration, failures, leaked KV cells/slots, data lost):
-In this process (magnitude_tui/reliability/engine.py):
-- state machine, fake backend: a seeded random walk of submit / follow-up / fork / cancel / close /
-  policy / "no KV slot" / step, the engine's accounting checked after every step (EngineHarness);
-- state machine, real model: the same walk on SmolLM2 (no injected KV faults: the real cache fills);
-- bad inputs: every malformed request of the catalogue beside a good one, repeatedly;
-- flood: 64 requests at once, admitted first come first served, queue time reported.
-Outside the engine (reliability/crash.py):
-- worker kill -9: three streaming requests (every other round plus a reused id), SIGKILL, every one
-  must end with an error within 1 s, then a restart must serve a new request;
-- corrupt databases: random bytes, a damaged half, a truncation, another program's file, a newer
-  schema: the store must move the file aside intact (or refuse a newer one) and start;
-- corrupt model files: each handed to a real engine worker, which must fail with a reason.
-And:
-- app kill -9 while 8 panes stream (reliability/app.py): at most 1 s of received text lost on resume;
-- CPU contention and UI endurance (soak_perf.py): figures against their targets.
-- serve under faults (reliability/serve.py): a real `serve` under an idle-connection flood, hostile
-  headers, a worker kill -9 and SIGTERM; every stream must end with a finish reason or an error,
-  then [DONE].
+docs/RELIABILITY.md describes each scenario; they live beside what they test: the engine's state machine
+(fake backend and real model), bad inputs and a flood (magnitude_tui/reliability/engine.py); worker kill -9,
+damaged databases and model files (reliability/crash.py); the app killed while 8 panes stream
+(reliability/app.py); `serve` under faults (reliability/serve.py); CPU contention and UI endurance, timed
+against their targets (soak_perf.py).
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """bench ui: the app's responsiveness while N panes stream, and what the UI costs the step loop.
 
-Two measurements on the same workload (N panes, one long-answer prompt each, greedy):
-
-- keypress-to-screen: a key event is handed to the app the way the terminal driver hands it over
-  (t0), and the latency ends at the first frame the app gives its driver (App._display) whose
-  composer line contains the typed text (t1). Headless Textual writes nothing, so every frame is
-  rendered to terminal bytes here as a real driver would, and the composer row is read from the frame.
-- the engine's step time (StepReport.step_ms, measured in the worker) for steps of one shape
-  (N decode rows, 0 prefill rows), with the app attached vs the same requests sent by a bare
-  EngineClient. Modes alternate (headless, ui, headless, ui, ...) in one invocation.
-
-`bench ui-cpu` (ui_cpu.py) measures the app's own CPU and keypress latency on a stand-in engine
-instead, with no model running: cheap enough to repeat before and after a change.
+Two measurements on one workload (N panes, one long-answer prompt each, greedy), headless and ui runs
+alternating in one invocation: keypress-to-screen latency (ui_keys.py: from handing the app a key as its
+terminal driver does to the first frame whose composer row shows it), and the engine's step time
+(StepReport.step_ms, measured in the worker) for steps of N decode rows and no prefill, with the app
+attached vs the same requests from a bare EngineClient. `bench ui-cpu` (ui_cpu.py) measures the app's
+own CPU on a stand-in engine instead, with no model: cheap enough to repeat before and after a change.
 """
 
 from __future__ import annotations

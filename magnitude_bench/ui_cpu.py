@@ -1,18 +1,11 @@
 """bench ui-cpu: what the app itself costs while N panes stream, without running a model.
 
-The real MagnitudeApp runs headless (``App.run_test``) against `PacedClient`, a stand-in for
-EngineClient whose thread emits one StepReport per engine step at a fixed rate (25 Hz by default,
-like the real engine on this kind of machine), each giving every live request one token of a
-Markdown reply (paragraphs, a list, a fenced code block). Nothing else competes for the CPU, so
-the figures are repeatable on a small shared machine and cheap to take before and after a change.
-
-Figures (one run):
-
-- ``app_cores``: CPU seconds of the app process per wall second during the streaming window,
-  less what the stand-in engine thread used (it measures its own thread time);
-- keypress-to-screen latency while the panes stream, measured as `bench ui` does: from handing a
-  key event to the app (as the terminal driver would) to the first frame whose composer row shows
-  the typed text; every frame is rendered to terminal bytes as a real driver would.
+The real MagnitudeApp runs headless (``App.run_test``) against `PacedClient`, a stand-in EngineClient
+whose thread emits one StepReport per engine step at a fixed rate (25 Hz by default, like the real
+engine here), giving every live request one token of a Markdown reply a step. Nothing else competes
+for the CPU, so the figures repeat on a small shared machine: ``app_cores``, the app process's CPU
+seconds per wall second while the panes stream, less the stand-in thread's own; and keypress-to-screen
+latency, timed as `bench ui` times it (every frame rendered to terminal bytes as a real driver would).
 """
 
 from __future__ import annotations

@@ -2,15 +2,12 @@
 others stream and the terminal is resized again and again; the app's memory and its key-to-screen
 latency are measured throughout.
 
-The real MagnitudeApp runs headless on `FloodClient`, the paced stand-in engine of `bench ui-cpu`
-with one request (the first pane's) given many tokens per step. The flood follows the clock, not
-the step count: the stand-in's thread shares the app's process (and its interpreter lock), and on
-a busy machine it falls behind its 25 steps a second, so each step hands over what the flood owes
-by then and the run takes the same time however slow the steps. Keys are timed as `bench ui` times
-them (`ui_keys.type_and_time_key`: from handing the key to the app to the first frame showing it);
-the terminal is resized between keys. Memory is the process's resident set, read at the start of the flood, halfway
-through and at the end: a reply that grows by 100,000 tokens holds its text, but what the app
-keeps beside it must not grow with it.
+The app runs headless on `FloodClient`, `bench ui-cpu`'s paced stand-in engine with the first pane's
+request given many tokens a step. The flood follows the clock, not the step count (the stand-in's
+thread shares the app's interpreter lock and falls behind on a busy machine), so the run takes the
+same time however slow the steps. Keys are timed as `bench ui` times them, with resizes between keys.
+Memory (resident set) is read at the flood's start, halfway and end: a reply 100,000 tokens longer
+holds its text, but what the app keeps beside it must not grow with it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""Provides what the UI benchmarks share (`bench ui`, `bench ui-cpu`, the UI endurance run): the
-app opened with N panes once its engine is ready, and the key probe: a key is handed to the app the way the terminal driver hands it over, and timed to the first
-frame the app gives its driver whose composer row shows the typed text; for the two runs on a stand-in
-engine, the app's headless run around their measurement.
-
-Headless Textual writes nothing, so `FrameProbe` renders every frame to terminal bytes as a real
-driver would, and reads the composer row from the frame.
+"""Provides what the UI benchmarks share (`bench ui`, `bench ui-cpu`, the UI endurance run): the app
+opened with N panes once its engine is ready; the key probe, which hands a key to the app as its terminal
+driver does and times it to the first frame whose composer row shows it (headless Textual writes
+nothing, so `FrameProbe` renders every frame to terminal bytes as a real driver would and reads the row
+from it); and, for the runs on a stand-in engine, the app's headless run around their measurement.
 """
 
 from __future__ import annotations
