@@ -35,10 +35,9 @@ NRunningArg = Annotated[int, typer.Option("--n-running", help="Sequences generat
 def finish(result, out: Path, plot) -> None:
     from magnitude_bench.common import print_result, save_result
 
-    console = Console()
     print_result(result)
     paths = save_result(result, out, plot)
-    console.print("wrote " + ", ".join(str(p) for p in paths.values()))
+    Console().print("wrote " + ", ".join(str(p) for p in paths.values()))
 
 
 def finish_on_backend(run, cfg, backend: str, model: Optional[str], device: str, threads: Optional[int],

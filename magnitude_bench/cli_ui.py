@@ -51,6 +51,7 @@ def ui_cpu(
     engine (no model: nothing else competes for the CPU, so it is cheap to repeat)."""
     import json
     import statistics
+    from dataclasses import asdict
 
     from magnitude_bench.ui_cpu import CpuConfig, run_cpu_bench
 
@@ -62,8 +63,6 @@ def ui_cpu(
     if reps > 1:
         print(f"median app_cores {statistics.median(r.app_cores for r in results):.3f}")
     if json_out is not None:
-        from dataclasses import asdict
-
         json_out.write_text(json.dumps([asdict(r) for r in results], indent=1))
 
 

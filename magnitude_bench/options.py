@@ -57,8 +57,10 @@ def throughput_config(*, seqs: str, prompt: int, gen: int, reps: int, policy: Se
                       require_tools: bool, profile: bool, cpu_clock: bool, spec: str, threads: Optional[int],
                       who: str = "agent"):
     check_cpu_clock(cpu_clock, threads)
-    from magnitude_bench.throughput import PEERS, ThroughputConfig
+    from magnitude_bench.throughput import APP_DEFAULTS, PEERS, ThroughputConfig
+    from scheduler.budget import parse_policy
     from scheduler.speculation import SpecMode, parse_spec_mode
+    from scheduler.types import Priority
 
     chosen = names(peers)
     bad = [p for p in chosen if p not in PEERS]
@@ -71,10 +73,6 @@ def throughput_config(*, seqs: str, prompt: int, gen: int, reps: int, policy: Se
     if spec_mode is SpecMode.DRAFT:
         raise typer.BadParameter("draft needs a draft model, which bench throughput does not load: use off, ngram "
                                  "or auto (bench spec measures draft)", param_hint="--spec")
-    from magnitude_bench.throughput import APP_DEFAULTS
-    from scheduler.budget import parse_policy
-    from scheduler.types import Priority
-
     for p in policy:
         text, _, variant = p.partition("+")
         try:

@@ -1,8 +1,6 @@
 """Provides `bench remote`: client-side aggregate tok/s and TTFT of N concurrent sequences on an
-OpenAI-compatible server, optionally beside the local engine on the same work.
-
-Both engines are driven through the same EngineClient interface with the same requests (greedy,
-the same prompts and max_tokens), so the figures compare what a user of the app would get.
+OpenAI-compatible server, optionally beside the local engine on the same work; both are driven through
+the EngineClient interface with the same greedy requests, so the figures are what a user of the app gets.
 """
 
 from __future__ import annotations
