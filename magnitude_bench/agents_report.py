@@ -149,5 +149,5 @@ def plot_agents(result: BenchResult, path: Path) -> None:
                 ax.plot([p[0] for p in r["kv"]], [p[1] for p in r["kv"]], label=r["side"], lw=1.2)
                 ax.axvline(r["makespan_s"], ls=":", lw=0.6, color=ax.lines[-1].get_color())
         decorate(ax, "seconds since the first call", "cells (llama-server: its slots' cached prompts)",
-              f"KV cells in use, {_trace(bursts)} (dotted: makespan)", legend={"fontsize": 7} if ax.lines else None)
+                 f"KV cells in use, {_trace(bursts)} (dotted: makespan)", legend={"fontsize": 7} if ax.lines else None)
     save_figure(fig, path)

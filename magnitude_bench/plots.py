@@ -14,7 +14,7 @@ from magnitude_bench.common import BenchResult  # noqa: E402
 
 
 def decorate(ax, xlabel: str, ylabel: str, title: str | None = None, *, log2: bool = False, which: str = "major",
-          legend: dict | None = None) -> None:
+             legend: dict | None = None) -> None:
     """An axis's labels, title, light grid, optional log2 x scale and legend (its keyword arguments)."""
     if log2:
         ax.set_xscale("log", base=2)
@@ -93,7 +93,7 @@ def _trade_off(ax, label: str, s: dict) -> None:
             ax.annotate(r["policy"].split(":")[1], (r["ttft_x_pf"], r["keep"]), textcoords="offset points",
                         xytext=(5, 3), fontsize=7, color=color)
     decorate(ax, "newcomer TTFT / prefill-first TTFT, log scale", "keep: running tok/s / undisturbed",
-          f"{label}: the trade-off", log2=True, which="both", legend={"fontsize": 7})
+             f"{label}: the trade-off", log2=True, which="both", legend={"fontsize": 7})
     ax.set_xlim(0.8, max(4.0, max(r["ttft_x_pf"] for r in rows) * 1.1))
     ax.set_ylim(0, 1.05)
 
@@ -127,7 +127,7 @@ def plot_prefill_curve(result: BenchResult, path: Path) -> None:
         ax_p.plot([r["chunk"] for r in pts], [r["model_prefill_tok_s"] for r in pts], "--", lw=0.8,
                   color=ax_p.lines[-1].get_color(), label=f"{label} (fitted model)")
     decorate(ax_p, "prompt rows in the step (chunk), log scale", "prefill tok/s", "prefill rate against chunk size",
-          log2=True, which="both", legend={"fontsize": 7})
+             log2=True, which="both", legend={"fontsize": 7})
     dec = d["decode"]
     ax_d.plot([r["seqs"] for r in dec], [r["step_ms"] for r in dec], "o-", label="decode step (measured)")
     ax_d.plot([r["seqs"] for r in dec], [r["model_step_ms"] for r in dec], "--", color="black", lw=0.8,
@@ -136,7 +136,7 @@ def plot_prefill_curve(result: BenchResult, path: Path) -> None:
     ax2.plot([r["seqs"] for r in dec], [r["agg_tok_s"] for r in dec], "^:", color="tab:green", label="aggregate tok/s")
     ax2.set_ylabel("aggregate decode tok/s", color="tab:green")
     decorate(ax_d, "generating sequences (decode rows per step)", "step time (ms)",
-          "decode step time against batch width", legend={"fontsize": 7, "loc": "upper left"})
+             "decode step time against batch width", legend={"fontsize": 7, "loc": "upper left"})
     ax2.legend(fontsize=7, loc="lower right")
     if occ:
         ax_o = axes[2]
@@ -146,7 +146,7 @@ def plot_prefill_curve(result: BenchResult, path: Path) -> None:
         ax_o.plot(xs, [r["with_chunk16_ms"] for r in occ], "s-", color="tab:orange",
                   label="+ 16 prompt rows continuing the prompt")
         decorate(ax_o, "cells a long prompt already holds in the (unified) KV cache", "step time (ms)",
-              "a long prompt in the cache makes every step dearer", legend={"fontsize": 7})
+                 "a long prompt in the cache makes every step dearer", legend={"fontsize": 7})
         ax_o.set_ylim(bottom=0)
     fig.suptitle(d.get("label", ""), fontsize=10)
     save_figure(fig, path)
@@ -160,7 +160,7 @@ def plot_throughput(result: BenchResult, path: Path) -> None:
         pts = sorted((r for r in rows if r["peer"] == peer and r["tok_s"]), key=lambda r: r["seqs"])
         ax.plot([r["seqs"] for r in pts], [r["tok_s"] for r in pts], "o-", label=peer)
     decorate(ax, "concurrent sequences", "generated tok/s (all sequences, end to end, median)",
-          result.data.get("label", "throughput"), log2=True, which="both", legend={"fontsize": 8})
+             result.data.get("label", "throughput"), log2=True, which="both", legend={"fontsize": 8})
     ax.set_xticks([1, 2, 4, 8, 16], ["1", "2", "4", "8", "16"])
     save_figure(fig, path)
 
@@ -231,5 +231,5 @@ def plot_spec(result: BenchResult, path: Path) -> None:
             ax.axhline(1.0, color="black", lw=0.8)
             ax.axhline(0.97, color="tab:red", lw=0.6, ls=":")
             decorate(ax, "sequences", "tok/s while all generate ÷ off", f"{label}: {task}", log2=True,
-                  legend={"fontsize": 7} if col == 0 else None)
+                     legend={"fontsize": 7} if col == 0 else None)
     save_figure(fig, path)
