@@ -327,11 +327,13 @@ class Engine:
 
     def _predicted_ms(self, plan: BatchPlan) -> float:
         """The step's time by the calibrated cost (the prior, not the live fit: the live fit
-        follows the thread count's own times, so it could not tell one count from another)."""
+        follows the thread count's own times, so it could not tell one count from another).
+        Draft rows cost what decode rows do, as the planner prices them: left out, every step that
+        verifies drafts looked slow and set off a probe at fewer threads."""
         if self.threads is None:
             return 0.0
         s = self.scheduler
-        return s.cost.prior.predict(plan.n_decode, plan.n_prefill,
+        return s.cost.prior.predict(plan.n_decode + plan.n_draft, plan.n_prefill,
                                     plan_kpos(plan, s.attention, s.kv.cells_used()))
 
     def _decode(self, plan: BatchPlan) -> tuple[DecodeResult, str | None]:
