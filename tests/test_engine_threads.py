@@ -308,6 +308,18 @@ def test_slower_steps_at_the_same_count_trigger_a_probe() -> None:
     assert gov2.n_threads in (2, 3) and gov2.n_threads < 4
 
 
+def test_steps_the_calibration_under_predicts_from_the_start_are_the_baseline_not_a_slowdown() -> None:
+    """Calibration times narrow, shallow steps; wider ones ran 1.4x its figure on two quiet threads.
+    Measured against 1.0 that looked like a slowdown and cost a probe at one thread at every start
+    (3 of 35 steps, about twice as long, in a 16-sequence burst); the first steps set the baseline."""
+    gov = ThreadGovernor(start=2, max_threads=2)
+    used = drive(gov, lambda n, t: 1.5 if n == 2 else 2.7, seconds=REPROBE_S - 1)
+    assert all(n == 2 for _, n in used)
+    # ... and slower steps than those first ones still set off a probe.
+    used = drive(gov, lambda n, t: 1.5 * 1.6 if n == 2 else 2.7, seconds=5, t0=REPROBE_S - 1)
+    assert any(n == 1 for _, n in used)
+
+
 def test_cpu_load_subtracts_this_process_from_the_machines_busy_time(tmp_path) -> None:
     import os
 

@@ -82,8 +82,10 @@ class ThreadGovernor:
         self._others: float | None = None
         self._load_at = now
         self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
-        # The incumbent's time per unit of work when it was chosen; at first the calibration's (1.0).
-        self._baseline = 1.0
+        # The incumbent's time per unit of work when it was chosen; at first, its first steps' (None
+        # until MIN_STEPS are in). Not the calibration's 1.0: that fit saw narrow, shallow steps,
+        # and wider ones ran 1.4x its figure on two threads, which set off a probe at every start.
+        self._baseline: float | None = None
         self._last_probe_end = now
         self._interval = REPROBE_S
         self._next_probe = now + REPROBE_S
@@ -123,6 +125,8 @@ class ThreadGovernor:
             return
         # The last three steps: two slow ones in a row are enough, one outlier is not.
         current = statistics.median(list(self._recent)[-3:])
+        if self._baseline is None:
+            self._baseline = current
         hint = self.hint()
         if hint is not None and hint != self.n_threads and hint != self._hint_at_probe:
             self._probe_new_load(f"other processes use {self._others:.1f} cores", hint)
