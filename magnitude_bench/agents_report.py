@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from magnitude_bench.agents_replay import CallKind, CallRecord, Replay
+from magnitude_bench.agents_sides import SERVE_PROMPTS
 from magnitude_bench.common import BenchResult
 from scheduler.stats import median, percentile, rnd
 
@@ -100,12 +101,16 @@ def _trace(bursts: bool) -> str:
 def _ratios(runs: list[dict], bursts: bool) -> dict | None:
     """Per repetition: serve's figure ÷ the best (lowest) any llama-server configuration had in that
     repetition; then the median over repetitions."""
-    per: dict[str, list[float]] = {"makespan": [], "ttft_p95": [], "ttft_p50": []}
+    per: dict[str, list[float]] = {"makespan": [], "ttft_p95": [], "ttft_p50": [], "alike": []}
     best_side: list[str] = []
     for rep in sorted({r["rep"] for r in runs}):
         at = [r for r in runs if r["bursts"] == bursts and r["rep"] == rep and not r["errors"]]
         ours = next((r for r in at if r["side"] == "serve"), None)
-        theirs = [r for r in at if r["side"].startswith("llama-server")]
+        # A configuration its users run: not the one sent serve's prompts (a like-for-like check).
+        theirs = [r for r in at if r["side"].startswith("llama-server") and SERVE_PROMPTS not in r["side"]]
+        alike = next((r for r in at if SERVE_PROMPTS in r["side"]), None)
+        if ours is not None and alike is not None:
+            per["alike"].append(ours["makespan_s"] / alike["makespan_s"])
         if ours is None or not theirs:
             continue
         best = min(theirs, key=lambda r: r["makespan_s"])
@@ -121,7 +126,8 @@ def _ratios(runs: list[dict], bursts: bool) -> dict | None:
             "ttft p95 ÷ best": rnd(median(per["ttft_p95"]), 3) if per["ttft_p95"] else None,
             "ttft p50 ÷ best": rnd(median(per["ttft_p50"]), 3) if per["ttft_p50"] else None,
             "each repetition (makespan)": ", ".join(f"{x:.2f}" for x in per["makespan"]),
-            "best llama-server (by makespan)": ", ".join(dict.fromkeys(best_side))}
+            "best llama-server (by makespan)": ", ".join(dict.fromkeys(best_side)),
+            **({f"makespan ÷ llama-server {SERVE_PROMPTS}": rnd(median(per["alike"]), 3)} if per["alike"] else {})}
 
 
 def _targets(bursts: bool, got: dict) -> list[dict]:

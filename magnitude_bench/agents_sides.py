@@ -22,11 +22,19 @@ class SideKind(Enum):
     LLAMA_SERVER = "llama-server"  # the vendored llama-server -np N -kvu, over HTTP
 
 
+# A llama-server side sent serve's own rendering of every history: the same prompts on both sides.
+SERVE_PROMPTS = "on serve's prompts"
+
+
 @dataclass(frozen=True)
 class SideSpec:
     kind: SideKind
     cache_reuse: int = 0  # llama-server --cache-reuse N (0: off)
     cache_ram_mib: int = 0  # llama-server --cache-ram MiB (0: off; its own default is 8192)
+    # llama-server is sent each history as serve renders it for a template without tool support
+    # (calls in the assistant's text, results in <tool_response> user turns), where its own
+    # rendering drops the calls: the same prompt tokens on both sides, for a like-for-like figure.
+    serve_prompts: bool = False
 
     @property
     def label(self) -> str:
@@ -35,6 +43,8 @@ class SideSpec:
             parts.append(f"--cache-reuse {self.cache_reuse}")
         if self.cache_ram_mib:
             parts.append(f"--cache-ram {self.cache_ram_mib}")
+        if self.serve_prompts:
+            parts.append(SERVE_PROMPTS)
         return " ".join(parts)
 
     def server_args(self) -> list[str]:
@@ -49,7 +59,8 @@ SIDES = {"serve": SideSpec(SideKind.SERVE), "engine": SideSpec(SideKind.ENGINE),
          "llama-server": SideSpec(SideKind.LLAMA_SERVER),
          "llama-server+reuse": SideSpec(SideKind.LLAMA_SERVER, cache_reuse=256),
          "llama-server+ram": SideSpec(SideKind.LLAMA_SERVER, cache_ram_mib=8192),
-         "llama-server+reuse+ram": SideSpec(SideKind.LLAMA_SERVER, cache_reuse=256, cache_ram_mib=8192)}
+         "llama-server+reuse+ram": SideSpec(SideKind.LLAMA_SERVER, cache_reuse=256, cache_ram_mib=8192),
+         "llama-server+serve-prompts": SideSpec(SideKind.LLAMA_SERVER, serve_prompts=True)}
 
 
 class HttpSide:
@@ -58,8 +69,8 @@ class HttpSide:
     matches slots by prompt), `cache_prompt` as llama-server's users send it (serve ignores it)."""
 
     def __init__(self, name: str, url: str, kv: Callable[[httpx.AsyncClient], Awaitable[tuple[int, int] | None]] | None,
-                 pids: tuple[int, ...] = ()) -> None:
-        self.name, self.url, self._kv, self.pids = name, url, kv, pids
+                 pids: tuple[int, ...] = (), rewrite: Callable[[list[dict]], list[dict]] | None = None) -> None:
+        self.name, self.url, self._kv, self.pids, self.rewrite = name, url, kv, pids, rewrite
         self.http: httpx.AsyncClient | None = None
         self.cmd: list[str] | None = None  # a server this side started: its command line
 
@@ -70,7 +81,8 @@ class HttpSide:
             yield self
 
     async def call(self, record: CallRecord, messages: list[dict], max_tokens: int) -> None:
-        body = chat_body(messages, max_tokens, user=record.conv, cache_prompt=True)
+        body = chat_body(self.rewrite(messages) if self.rewrite else messages, max_tokens, user=record.conv,
+                         cache_prompt=True)
         cached, timings = 0, None
         assert self.http is not None  # calls run inside session()
         async with self.http.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -142,6 +154,13 @@ class EngineSide:
     async def kv(self) -> tuple[int, int] | None:
         report = self.hub.last_report
         return None if report is None else (report.kv_used, report.kv_total)
+
+
+def as_serve_renders(messages: list[dict]) -> list[dict]:
+    """A history as serve hands it to a chat template without tool support: plain turns."""
+    from backend.tools import generic_messages
+
+    return [{"role": m.role, "content": m.content} for m in generic_messages(to_messages(messages), ())]
 
 
 def to_messages(messages: list[dict]) -> tuple[Message, ...]:
@@ -220,6 +239,7 @@ def _llama_server(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide]:
                 return None
             return sum(int(s.get("n_prompt_tokens") or 0) for s in r.json()), setup.n_ctx
 
-        side = HttpSide(spec.label, f"http://127.0.0.1:{srv.port}", kv, (srv.pid,) if srv.pid else ())
+        side = HttpSide(spec.label, f"http://127.0.0.1:{srv.port}", kv, (srv.pid,) if srv.pid else (),
+                        rewrite=as_serve_renders if spec.serve_prompts else None)
         side.cmd = list(srv.cmd)
         yield side

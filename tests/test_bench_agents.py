@@ -113,3 +113,40 @@ def test_short_replay_counts_what_an_eviction_makes_it_evaluate_again(tmp_path):
     for r in result.data["runs"]:
         assert r["errors"] == 0
         assert r["reevaluated"] > 0 and r["evaluated"] > r["minimum"], r["side"]
+
+
+HISTORY = [{"role": "system", "content": "You are agent 0."}, {"role": "user", "content": "Explain the planner."},
+           {"role": "assistant", "content": "I will delegate.", "tool_calls": [
+               {"id": f"call_{i}", "type": "function",
+                "function": {"name": "spawn_subagent", "arguments": '{"task": "Check file %d."}' % i}} for i in range(2)]},
+           {"role": "tool", "tool_call_id": "call_0", "content": "Yes, it is tested."},
+           {"role": "tool", "tool_call_id": "call_1", "content": "No test."}]
+
+
+@pytest.mark.slow
+def test_the_side_on_serves_prompts_gets_the_very_tokens_serve_evaluates(llama):
+    """llama-server's own rendering drops the calls; this side is sent serve's rendering instead,
+    as plain turns any template renders, so both sides evaluate the same prompt."""
+    from magnitude_bench.agents_sides import as_serve_renders, to_messages
+
+    plain = as_serve_renders(HISTORY)
+    assert {m["role"] for m in plain} <= {"system", "user", "assistant"} and all(set(m) == {"role", "content"}
+                                                                                 for m in plain)
+    assert "Check file 1." in plain[2]["content"] and "No test." in plain[-1]["content"]
+    assert llama.tokenize_chat(to_messages(plain)) == llama.tokenize_chat(to_messages(HISTORY))
+
+
+def test_the_side_on_serves_prompts_is_reported_apart_and_never_taken_for_llama_servers_best():
+    from magnitude_bench.agents_report import _ratios
+    from magnitude_bench.agents_sides import SIDES
+
+    alike = SIDES["llama-server+serve-prompts"].label
+
+    def run(side, makespan):
+        return {"bursts": True, "rep": 0, "errors": 0, "side": side, "makespan_s": makespan,
+                "ttft_p95_s": 1.0, "ttft_p50_s": 1.0}
+
+    got = _ratios([run("serve", 80.0), run("llama-server", 130.0), run(alike, 100.0)], bursts=True)
+    assert got is not None
+    assert got["makespan ÷ best"] == round(80 / 130, 3) and got["best llama-server (by makespan)"] == "llama-server"
+    assert got[f"makespan ÷ {alike}"] == round(80 / 100, 3)
