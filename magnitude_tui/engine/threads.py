@@ -83,7 +83,7 @@ class ThreadGovernor:
         self._load_at = now
         self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
         # The incumbent's time per unit of work when it was chosen; at first, its first steps' (None
-        # until MIN_STEPS are in). Not the calibration's 1.0: that fit saw narrow, shallow steps,
+        # until the first decision). Not the calibration's 1.0: that fit saw narrow, shallow steps,
         # and wider ones ran 1.4x its figure on two threads, which set off a probe at every start.
         self._baseline: float | None = None
         self._last_probe_end = now
