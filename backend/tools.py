@@ -137,6 +137,7 @@ class ToolCallParser:
         self._text_out: list[str] = []
         self._again = ""  # text after a call's end, still to read in this feed
         self._gap = ""  # whitespace after a call, held until text follows
+        self._just_called = False  # a call ended and no text has followed it yet
 
     @property
     def in_call(self) -> bool:
@@ -169,15 +170,18 @@ class ToolCallParser:
 
     def finish(self) -> str:
         """The reply ended: text held back is text after all; an unfinished call is returned as
-        its raw text (it never closed, so it is not a call)."""
+        its raw text (it never closed, so it is not a call). After whole calls, though, the start
+        of one more call (its marker, or a head cut before the name) is dropped: the reply is the
+        calls (a small model may go on opening calls until the token limit), not their scaffolding."""
         held, self._held = self._held, ""
         if self.phase is _Phase.TEXT:
-            return held if held.strip() else ""
+            return held if held.strip() and not self._just_called else ""
         call = self.calls[-1]
         self.phase = _Phase.TEXT
         if call.name is None:
             self.calls.pop()
-            return (self.syntax.open or "") + call.body + held
+            self.opened -= 1
+            return "" if self.calls else (self.syntax.open or "") + call.body + held
         return held
 
     # ---- states ----------------------------------------------------------------------------
@@ -224,6 +228,7 @@ class ToolCallParser:
         if piece:
             text.append(self._gap + piece)
             self._gap = ""
+            self._just_called = False
 
     def _head(self, data: str, i: int, deltas: list[ToolCallDelta]) -> int:
         call = self.calls[-1]
@@ -272,6 +277,7 @@ class ToolCallParser:
                                     arguments=args if isinstance(args, str) else json.dumps(args)))
         call.body = ""
         self.phase = _Phase.TEXT
+        self._just_called = True
         self._again = after
         return end
 
@@ -331,6 +337,7 @@ class ToolCallParser:
             after = call.body[j + len(close):]
         call.body = ""
         self.phase = _Phase.TEXT
+        self._just_called = True
         self._again = after
         return len(data)
 

@@ -109,6 +109,9 @@ BAD = [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 12}}}},
      "response_format.json_schema.schema"),
     ({"parallel_tool_calls": "yes", "tools": TOOLS}, "parallel_tool_calls"),
+    # A call's arguments are an object: parameters of another type could never validate.
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
+     "tools[0].function.parameters"),
     # Valid JSON schemas that the grammar converter cannot express: refused by the engine, alone.
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/definitions/gone"}}}},
      "response_format"),
@@ -145,3 +148,18 @@ def test_a_reply_outside_bounds_the_grammar_cannot_express_is_an_error_not_a_sto
         ok = httpx.post(s.base + "/chat/completions", json={"messages": USER, "max_tokens": 50, "response_format": {
             "type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object"}}}}, timeout=30)
         assert ok.status_code == 200 and json.loads(ok.json()["choices"][0]["message"]["content"]) == {"age": 999}
+
+
+@pytest.mark.parametrize("cut_after", ['\n<tool_call>\n{"name": "get_wea', "\n<tool_c"])
+def test_a_call_the_token_limit_cuts_after_whole_calls_leaves_no_scaffolding_in_content(cut_after):
+    whole = call_text(ToolSyntax.GENERIC, "get_weather", '{"city": "Paris"}')
+    reply = whole + cut_after + 'ther", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    body = {"messages": USER, "tools": TOOLS, "tool_choice": "required", "max_tokens": len(whole + cut_after)}
+    with running_server(_config(reply), ServeOptions(model_name="fake")) as s:
+        r = httpx.post(s.base + "/chat/completions", json=body, timeout=30)
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None, choice
+        assert [json.loads(c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == [{"city": "Paris"}]
+        chunks = list(_client(s).chat.completions.create(model="fake", stream=True, **body))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]

@@ -78,6 +78,17 @@ def test_an_unfinished_marker_is_text_at_the_end():
     assert out == "see <tool_ca" and calls == {}
 
 
+def test_a_call_cut_short_after_whole_calls_is_dropped_but_alone_it_is_text():
+    whole = call_text(ToolSyntax.HERMES, "f", '{"x": 1}')
+    for tail in ["\n<tool_call>\n{\"na", "\n<tool_ca", "\n<tool_call>"]:
+        out, calls = _run(ToolCallParser(ToolSyntax.HERMES), whole + tail, [len(whole) + 2])
+        assert out == "" and list(calls) == [0], tail
+    out, calls = _run(ToolCallParser(ToolSyntax.HERMES), whole + " see <tool_ca", [])
+    assert out == " see <tool_ca" and list(calls) == [0]  # text followed the call: it stays text
+    out, calls = _run(ToolCallParser(ToolSyntax.HERMES), '<tool_call>\n{"na', [4])
+    assert out == '<tool_call>\n{"na' and calls == {}
+
+
 def test_syntax_is_read_off_the_template():
     assert detect_syntax("{{ messages }}") is ToolSyntax.GENERIC
     assert detect_syntax("{% for t in tools %}<tool_call>{% endfor %}") is ToolSyntax.HERMES

@@ -62,12 +62,18 @@ def _tools(raw: object) -> tuple[Tool, ...]:
         if not isinstance(description, str):
             raise invalid(f"{where}.function.description", f"'{where}.function.description' must be a string")
         params = f.get("parameters", {"type": "object", "properties": {}})
-        out.append(Tool(name, description, check_schema(params, f"{where}.function.parameters")))
+        schema = check_schema(params, f"{where}.function.parameters")
+        kind = params.get("type", "object")
+        if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+            # A call's arguments are a JSON object; a schema for anything else admits no call.
+            raise invalid(f"{where}.function.parameters", f"'{where}.function.parameters' must be a JSON "
+                          f"schema of type \"object\" (got {json.dumps(kind)[:40]})")
+        out.append(Tool(name, description, schema))
     return tuple(out)
 
 
 def check_schema(schema: object, where: str) -> str:
-    """The schema as JSON text, or a 400 when it is not a JSON schema (or not for an object)."""
+    """The schema as JSON text, or a 400 when it is not a JSON schema."""
     if not isinstance(schema, dict):
         raise invalid(where, f"'{where}' must be a JSON schema object")
     try:
