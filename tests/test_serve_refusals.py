@@ -105,6 +105,17 @@ def test_nothing_on_disk_is_served(server, path):
     assert "[project]" not in r.text and "root:" not in r.text
 
 
+async def test_an_unknown_path_or_method_is_answered_in_the_openai_shape():
+    api = create_app(_LoadingHub(), ServeOptions())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://t") as c:
+        missing = await c.post("/v1/chat/completion", json={})
+        wrong = await c.get("/v1/chat/completions")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    assert "/v1/chat/completion" in missing.json()["error"]["message"]
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
+    assert "POST" in wrong.headers["allow"]
+
+
 @pytest.mark.parametrize("host, key, ok", [
     ("127.0.0.1", None, True), ("localhost", None, True), ("::1", None, True), ("127.0.0.2", None, True),
     ("0.0.0.0", None, False), ("192.168.1.5", None, False), ("::", None, False), ("example.org", None, False),

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException
 
 from magnitude_tui.serve.body import parse_chat
 from magnitude_tui.serve.calls import Outcome, ServeOptions, address, answer_whole, authorize, not_ready, read_json
@@ -40,6 +41,14 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
         if on_refused is not None and request.url.path != "/health":
             on_refused(address(request), exc)
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+
+    @api.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # Routing's own answers (no such path, wrong method) in the same shape as every other error.
+        kind = ErrorType.NOT_FOUND if exc.status_code == 404 else ErrorType.INVALID_REQUEST
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        error = OpenAIError(exc.status_code, f"{exc.detail} ({request.method} {request.url.path[:200]})", kind, code)
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
 
     @api.get("/health")
     async def health() -> JSONResponse:
