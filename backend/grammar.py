@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
+from itertools import accumulate
 
 from backend.tools import ToolSyntax
 from scheduler.types import Grammar, Request, Tool, ToolChoiceMode
@@ -11,6 +13,38 @@ from scheduler.types import Grammar, Request, Tool, ToolChoiceMode
 
 class GrammarError(ValueError):
     """A schema or tool list that cannot be turned into a grammar; the message names the part."""
+
+
+# The converter spells a bound out: `maxLength: N` or `maxItems: N` becomes N nested optional
+# groups, `minLength: N` N symbols. llama.cpp's grammar parser recurses once per nested group, so
+# `maxLength: 20000` overflowed the engine's stack (SIGSEGV: the worker and every reply in flight
+# with it). From about 1,000 levels llama.cpp refuses the grammar itself ("exceeds sane defaults"),
+# but only when the sampler is built, after the prompt was evaluated, as a 500; refused here it is a
+# 400 naming the parameter. A huge bound is refused before the converter writes it out.
+MAX_BOUND = 100_000  # a schema's minLength, maxItems, ... or a pattern's {n,m}
+MAX_DEPTH = 1_024  # nested groups in one rule (llama.cpp took maxLength 1000, refused 1030)
+MAX_GRAMMAR_CHARS = 8 * 2**20
+_BOUND_KEYS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+_QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+_LITERALS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')  # GBNF strings and character classes
+
+
+def _check_bounds(schema: object, where: str) -> None:
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key in _BOUND_KEYS and isinstance(value, int) and value > MAX_BOUND:
+                    raise GrammarError(f"{where}: '{key}' {value} is over {MAX_BOUND:,}, more than a grammar "
+                                       "can spell out")
+                if key == "pattern" and isinstance(value, str) and any(
+                        int(n or 0) > MAX_BOUND for m in _QUANTIFIER.finditer(value) for n in m.groups()):
+                    raise GrammarError(f"{where}: a repetition in 'pattern' is over {MAX_BOUND:,}, more than a "
+                                       "grammar can spell out")
+                stack.append(value)
 
 
 @dataclass(frozen=True)
@@ -50,12 +84,13 @@ def reply_constraint(req: Request, syntax: ToolSyntax) -> ReplyConstraint:
 
 def schema_grammar(schema_text: str, where: str) -> Grammar:
     conv = _converter()
+    _check_bounds(json.loads(schema_text), where)
     try:
         schema = conv.resolve_refs(json.loads(schema_text), "input")
         conv.visit(schema, "")
     except Exception as e:  # the converter raises what it likes on schemas it cannot express
         raise GrammarError(f"{where}: the JSON schema cannot be turned into a grammar ({e})") from None
-    return _grammar(conv)
+    return _grammar(conv, where)
 
 
 def _calls_grammar(syntax: ToolSyntax, tools: tuple[Tool, ...], parallel: bool, *, after_open: bool) -> Grammar:
@@ -67,6 +102,7 @@ def _calls_grammar(syntax: ToolSyntax, tools: tuple[Tool, ...], parallel: bool, 
     lit = conv._format_literal
     alts = []
     for i, tool in enumerate(tools):
+        _check_bounds(json.loads(tool.parameters), f"tools[{i}].function.parameters")
         try:
             params = conv.resolve_refs(json.loads(tool.parameters), f"tool-{i}")
             args = conv.visit(params, f"tool-{i}-args")
@@ -84,13 +120,21 @@ def _calls_grammar(syntax: ToolSyntax, tools: tuple[Tool, ...], parallel: bool, 
         more = f' ({lit(chr(10))} block)*' if parallel else ""
         root = f'{lit(chr(10))}? call {close}{more}' if after_open else f"block{more}"
     conv._rules["root"] = root
-    return _grammar(conv)
+    return _grammar(conv, "tools")
 
 
-def _grammar(conv) -> Grammar:
+def _grammar(conv, where: str) -> Grammar:
     # JSON forbids raw control characters inside strings; this converter's `char` lets them through
     # (a newline in a string made replies that json.loads refuses), so they are excluded here.
-    return Grammar(conv.format_grammar().replace('char ::= [^"\\\\]', 'char ::= [^"\\\\\\x7F\\x00-\\x1F]', 1))
+    gbnf = conv.format_grammar().replace('char ::= [^"\\\\]', 'char ::= [^"\\\\\\x7F\\x00-\\x1F]', 1)
+    if len(gbnf) > MAX_GRAMMAR_CHARS:
+        raise GrammarError(f"{where}: the JSON schema makes a grammar of {len(gbnf):,} characters "
+                           f"(at most {MAX_GRAMMAR_CHARS:,})")
+    depth = max(accumulate(1 if p == "(" else -1 for p in re.findall(r"[()]", _LITERALS.sub("", gbnf))), default=0)
+    if depth > MAX_DEPTH:
+        raise GrammarError(f"{where}: the JSON schema makes a grammar nested {depth:,} levels deep (at most "
+                           f"{MAX_DEPTH:,}; a 'maxLength' or 'maxItems' that large cannot be constrained)")
+    return Grammar(gbnf)
 
 
 def _converter():

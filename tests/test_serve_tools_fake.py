@@ -117,6 +117,12 @@ BAD = [
      "response_format"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/definitions/gone"}}}],
       "tool_choice": "required"}, "tools"),
+    # Bounds the grammar would spell out past what llama.cpp's parser takes (20,000 levels crashed it).
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "string", "maxLength": 20000}}}}, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "array", "items": {"type": "integer"}, "maxItems": 30000}}}}}], "tool_choice": "required"},
+     "tools"),
 ]
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.grammar import GrammarError, reply_constraint
+from backend.grammar import GrammarError, reply_constraint, schema_grammar
 from backend.tools import ToolCallParser, ToolSyntax, call_text, detect_syntax, generic_messages
 from scheduler.types import Message, Request, Tool, ToolCall, ToolChoice, ToolChoiceMode
 
@@ -122,3 +122,26 @@ def test_grammars_follow_tool_choice():
     schema = reply_constraint(Request(request_id="r", session_id="s", messages=(Message("user", "hi"),),
                                       response_schema='{"type": "object"}'), ToolSyntax.GENERIC)
     assert schema.grammar is not None and schema.syntax is None
+
+
+@pytest.mark.parametrize("schema, why", [
+    ({"type": "string", "maxLength": 20000}, "nested 20,000 levels"),  # overflowed llama.cpp's parser: SIGSEGV
+    ({"type": "array", "items": {"type": "integer"}, "maxItems": 30000}, "nested"),
+    ({"type": "object", "properties": {"s": {"type": "string", "minLength": 10**9}}}, "'minLength' 1000000000"),
+    ({"type": "string", "pattern": "^a{0,99999999999}$"}, "repetition in 'pattern'"),
+])
+def test_a_schema_whose_grammar_llama_cpp_cannot_take_is_refused_naming_the_parameter(schema, why):
+    with pytest.raises(GrammarError, match=why) as e:
+        schema_grammar(json.dumps(schema), "response_format")
+    assert str(e.value).startswith("response_format:")
+    tool = Tool("f", "", json.dumps({"type": "object", "properties": {"a": schema}}))
+    request = Request(request_id="r", session_id="s", messages=(Message("user", "hi"),), tools=(tool,),
+                      tool_choice=ToolChoice(ToolChoiceMode.REQUIRED))
+    with pytest.raises(GrammarError, match="^tools"):
+        reply_constraint(request, ToolSyntax.HERMES)
+
+
+def test_bounds_llama_cpp_takes_still_make_grammars():
+    for schema in ({"type": "string", "maxLength": 1000}, {"type": "array", "items": {"type": "integer"}, "maxItems": 1000},
+                   {"type": "string", "minLength": 5000}, {"type": "string", "pattern": "^a{0,1000}$"}):
+        assert schema_grammar(json.dumps(schema), "response_format").gbnf
