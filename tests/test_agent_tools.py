@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import sys
 import time
 
 import pytest
@@ -81,6 +83,28 @@ def test_edit_preview_shows_the_diff_without_writing(ws):
     assert (ws.root / "notes.txt").read_text().startswith("one\ntwo")
 
 
+def test_edit_file_refuses_a_file_that_is_not_utf8_and_leaves_its_bytes(ws):
+    latin1 = "caf\xe9\nversion = 1\n".encode("latin-1")
+    (ws.root / "legacy.txt").write_bytes(latin1)
+    edit = tools(ws)["edit_file"]
+    args = {"path": "legacy.txt", "old_text": "version = 1", "new_text": "version = 2"}
+    preview = edit.preview(args)
+    assert not isinstance(preview, str) and "not UTF-8" in preview.text  # refused before anyone is asked
+    r = run(ws, "edit_file", **args)
+    assert not r.ok and "not UTF-8" in r.text and "write_file" in r.text
+    assert (ws.root / "legacy.txt").read_bytes() == latin1  # the \xe9 was not turned into U+FFFD
+
+
+@pytest.mark.timeout(20)
+def test_a_named_pipe_is_skipped_by_search_and_refused_by_write_file(ws):
+    os.mkfifo(ws.root / "events.fifo")  # opening it to read would wait for a writer forever
+    r = run(ws, "search", pattern=r"return \d+")
+    assert r.ok and "src/app.py:2:" in r.text
+    r = run(ws, "write_file", path="events.fifo", content="x")
+    assert not r.ok and "not a regular file" in r.text
+    assert not run(ws, "read_file", path="events.fifo").ok
+
+
 def test_write_file_creates_and_diffs(ws):
     r = run(ws, "write_file", path="docs/new.md", content="# hi\n")
     assert r.ok and "--- /dev/null" in r.diff and "+# hi" in r.diff
@@ -104,6 +128,31 @@ def test_run_command_timeout_kills_the_whole_group(ws):
     assert not r.ok and "timeout" in r.text and time.monotonic() - t0 < 4
     time.sleep(3.2)
     assert not marker.exists()  # the background child died with the group
+
+
+def test_a_background_job_does_not_hold_the_command_past_its_end(ws):
+    # The job holds the output pipe open; the command still ends when its shell does, and the
+    # job dies with its group.
+    marker = ws.root / "job-alive"
+    t0 = time.monotonic()
+    r = run(ws, "run_command", command=f"(sleep 2; touch {marker}) & echo started")
+    assert r.ok and r.text == "exit status 0\nstarted\n" and time.monotonic() - t0 < 1.5, r.text
+    time.sleep(2.5)
+    assert not marker.exists()
+
+
+@pytest.mark.timeout(30)
+def test_a_process_that_leaves_the_group_cannot_hold_the_command_open(ws):
+    # A new session escapes the group kill and keeps the output pipe: reading stops, and says why.
+    script = "import os, time; os.setsid(); open('pid', 'w').write(str(os.getpid())); time.sleep(30)"
+    t0 = time.monotonic()
+    r = run(ws, "run_command", command=f"{sys.executable} -c \"{script}\" & sleep 0.5; echo started",
+            timeout_s=3)
+    try:
+        assert r.ok and r.text.startswith("exit status 0\nstarted\n") and "still holds it open" in r.text, r.text
+        assert time.monotonic() - t0 < 3
+    finally:
+        os.kill(int((ws.root / "pid").read_text()), signal.SIGKILL)
 
 
 async def test_cancelling_run_command_kills_its_process_group(ws):

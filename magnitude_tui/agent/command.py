@@ -12,6 +12,11 @@ from magnitude_tui.agent.workspace import Workspace
 
 # After SIGTERM to the group, how long its processes get before SIGKILL.
 TERM_GRACE_S = 1.0
+# How often the shell's end is looked for (Process.wait would also wait for the output pipe to close).
+EXIT_POLL_S = 0.02
+# After the command's group is gone, how long its output may take to end: longer means a process
+# that left the group (setsid, a daemon) holds the pipe, and reading stops.
+DRAIN_S = 1.0
 
 
 def _kill_group(proc: asyncio.subprocess.Process, sig: int) -> None:
@@ -21,26 +26,39 @@ def _kill_group(proc: asyncio.subprocess.Process, sig: int) -> None:
         pass
 
 
+async def _exited(proc: asyncio.subprocess.Process) -> int:
+    """The shell's exit status once it ends. Not Process.wait: that also waits until every copy of
+    the output pipe is closed, which a background job (`server &`) holds open past the shell's end."""
+    while proc.returncode is None:
+        await asyncio.sleep(EXIT_POLL_S)
+    return proc.returncode
+
+
 async def _stop(proc: asyncio.subprocess.Process) -> None:
     """End the command and everything it started (a cancelled pane, a timeout)."""
     _kill_group(proc, signal.SIGTERM)
     try:
-        await asyncio.wait_for(proc.wait(), TERM_GRACE_S)
+        await asyncio.wait_for(_exited(proc), TERM_GRACE_S)
     except asyncio.TimeoutError:
         pass
     _kill_group(proc, signal.SIGKILL)  # also whatever the shell left behind in the group
-    if proc.returncode is None:
-        await proc.wait()
+    await _exited(proc)
 
 
-async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, int]:
-    """The first `cap` bytes, and how many more came (read to the end so the command never blocks)."""
-    kept, extra = bytearray(), 0
-    while chunk := await stream.read(65536):
-        room = cap - len(kept)
-        kept += chunk[:max(room, 0)]
-        extra += max(len(chunk) - max(room, 0), 0)
-    return bytes(kept), extra
+class _Output:
+    """The first `cap` bytes of the output, and how many more came (read to the end so the command
+    never blocks); what was read stays here if reading is stopped."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.kept = bytearray()
+        self.extra = 0
+
+    async def read(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(65536):
+            room = max(self.cap - len(self.kept), 0)
+            self.kept += chunk[:room]
+            self.extra += max(len(chunk) - room, 0)
 
 
 class CommandTool:
@@ -63,23 +81,40 @@ class CommandTool:
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         except OSError as e:
             return ToolResult.failed(f"the command could not start: {e}")
-        cap = self.ws.limits.output_chars
+        output = _Output(self.ws.limits.output_chars)
         assert proc.stdout is not None  # stdout=PIPE
-        reader = asyncio.ensure_future(_read_capped(proc.stdout, cap))
+        reader = asyncio.ensure_future(output.read(proc.stdout))
         try:
-            await asyncio.wait_for(proc.wait(), timeout)
+            await asyncio.wait_for(_exited(proc), timeout)
         except asyncio.TimeoutError:
             await _stop(proc)
-            out, extra = await reader
-            return ToolResult(_render(out, extra, f"killed after {timeout:g} s (timeout)"), ok=False)
+            status, ok = f"killed after {timeout:g} s (timeout)", False
         except BaseException:  # cancelled (esc, the pane closed): the whole group goes
             await asyncio.shield(_stop(proc))
             reader.cancel()
+            _close(proc)
             raise
-        # What the command left running in its group would hold the output pipe open forever.
-        _kill_group(proc, signal.SIGKILL)
-        out, extra = await reader
-        return ToolResult(_render(out, extra, f"exit status {proc.returncode}"), ok=proc.returncode == 0)
+        else:
+            # What the command left running in its group would hold the output pipe open forever.
+            _kill_group(proc, signal.SIGKILL)
+            status, ok = f"exit status {proc.returncode}", proc.returncode == 0
+        held = ""
+        try:
+            await asyncio.wait_for(asyncio.shield(reader), DRAIN_S)
+        except asyncio.TimeoutError:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            held = ("\n[output stopped: a process the command started outside its process group "
+                    "(setsid, a daemon) still holds it open, and is still running]")
+        _close(proc)
+        return ToolResult(_render(bytes(output.kept), output.extra, status) + held, ok=ok)
+
+
+def _close(proc: asyncio.subprocess.Process) -> None:
+    """Let go of the output pipe (a process outside the group may still hold its other end)."""
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:
+        transport.close()
 
 
 def _render(out: bytes, extra: int, status: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import re
+import stat
 from pathlib import Path, PurePosixPath
 
 from magnitude_tui.agent.policy import ToolKind
@@ -23,10 +24,20 @@ def unified_diff(rel: str, old: str | None, new: str) -> str:
     return out or f"(no change to {rel})\n"
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: Path, *, exact: bool = False) -> str:
+    """A regular file's text. `exact`: it must be UTF-8, since the text is written back (an edit),
+    and undecodable bytes read as U+FFFD would be written back changed."""
+    if not path.is_file():  # a named pipe or a device would block, or never end
+        raise ValueError(f"{path.name} is not a regular file")
     data = path.read_bytes()
     if b"\0" in data[:4096]:
         raise ValueError("it is a binary file")
+    if exact:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path.name} is not UTF-8 text (byte {e.start}); edit_file would change its other "
+                             "non-UTF-8 bytes too. Use run_command, or write_file to replace it whole") from None
     return data.decode("utf-8", errors="replace")
 
 
@@ -111,8 +122,9 @@ class FileTools:
             if glob is not None and not _glob_match(rel, glob):
                 continue
             try:
-                if path.stat().st_size > self.ws.limits.search_file_bytes:
-                    continue
+                st = path.stat()
+                if not stat.S_ISREG(st.st_mode) or st.st_size > self.ws.limits.search_file_bytes:
+                    continue  # a named pipe would block the search
                 text = _read_text(path)
             except (OSError, ValueError):
                 continue
@@ -135,10 +147,12 @@ class FileTools:
         if "content" in args:
             if path.is_dir():
                 raise ValueError(f"{rel} is a directory")
+            if path.exists() and not path.is_file():
+                raise ValueError(f"{rel} is not a regular file")
             return path, rel, _read_text(path) if path.exists() else None, args["content"]
         if not path.is_file():
             raise ValueError(f"{rel} is not a file")
-        old, find, repl = _read_text(path), args["old_text"], args["new_text"]
+        old, find, repl = _read_text(path, exact=True), args["old_text"], args["new_text"]
         if not find:
             raise ValueError("old_text is empty; quote the exact text to replace")
         count = old.count(find)
