@@ -184,3 +184,19 @@ async def test_turn_events_carry_token_counts(root):
     await run_agent(root, two_turns(call("list_dir")), events=events)
     turns = [e for e in events if isinstance(e, TurnFinished)]
     assert [t.turn for t in turns] == [1, 2] and all(t.prompt_tokens > 0 for t in turns)
+
+
+async def test_a_conversation_that_outgrows_the_context_fails_instead_of_losing_the_task(root):
+    # Each read adds about 4,000 tokens (the fake tokenizer: one a character); the fourth turn no
+    # longer fits. Dropping the oldest turns would drop the task: the model must never be asked
+    # to go on without it.
+    (root / "big.txt").write_text("a line of the big file\n" * 170)
+
+    def script(prompt: str) -> str:
+        return call("read_file", path="big.txt") if "the task" in prompt else "an answer to no task"
+
+    async with scripted_engine(script, n_ctx=16384, n_seq_max=1) as (runner, backend, _):
+        team = AgentTeam(runner, Workspace(root))
+        out = await team.agent(AgentSettings(), name="main", session_id="main").run("the task")
+    assert out.reason is EndReason.FAILED and "outgrew the context" in out.error, out.error
+    assert len(out.turns) >= 3 and all("the task" in p for p in backend.prompts)

@@ -25,7 +25,7 @@ from magnitude_tui.agent.events import (
 from magnitude_tui.agent.policy import ApprovalGate, ApprovalRequest
 from magnitude_tui.agent.toolbox import AgentTool, ToolResult
 from magnitude_tui.serve.tool_calls import check_calls
-from scheduler.types import Message, Priority, Request, SamplingParams, ToolCall, ToolChoice, ToolChoiceMode
+from scheduler.types import ErrorKind, Message, Priority, Request, SamplingParams, ToolCall, ToolChoice, ToolChoiceMode
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,11 @@ class AgentLoop:
             turns.append(done)
             self.observer(done)
             if f.error is not None:
-                return self._end(EndReason.FAILED, result.text, turns, f.error)
+                error = f.error
+                if f.error_kind is ErrorKind.CONTEXT_LENGTH:
+                    error = (f"the conversation outgrew the context (an agent never drops its oldest turns: they hold "
+                             f"its task): {error}")
+                return self._end(EndReason.FAILED, result.text, turns, error)
             self.messages.append(Message("assistant", result.text, tool_calls=result.calls))
             if not result.calls:
                 return self._end(EndReason.ANSWERED, result.text, turns)
@@ -101,7 +105,10 @@ class AgentLoop:
         return Request(request_id=f"{cfg.session_id}-t{turn}-{uuid.uuid4().hex[:6]}", session_id=cfg.session_id,
                        messages=tuple(self.messages), sampling=cfg.sampling,
                        fork_from=cfg.fork_from if turn == 1 else None, priority=cfg.priority,
-                       tools=self._schemas, tool_choice=ToolChoice(mode))
+                       tools=self._schemas, tool_choice=ToolChoice(mode),
+                       # An agent's oldest turn is its task: a history too long fails the turn
+                       # (the engine says so) rather than going on without the task.
+                       drop_oldest_turns=False)
 
     def _end(self, reason: EndReason, answer: str, turns: list[TurnFinished], error: str | None = None) -> AgentOutcome:
         self.observer(AgentFinished(self.config.name, reason, answer, error))
