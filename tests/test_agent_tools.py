@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+import tracemalloc
 
 import pytest
 
@@ -48,6 +49,20 @@ def test_read_file_is_capped(ws):
     (ws.root / "big.txt").write_text("x" * 100 + "\n" + "y" * 100_000)
     r = run(ws, "read_file", path="big.txt")
     assert r.ok and len(r.text) < ws.limits.read_chars + 200 and "cut at" in r.text
+
+
+def test_read_file_streams_a_huge_file_holding_only_the_lines_shown(ws):
+    line = "x" * 99 + "\n"
+    with open(ws.root / "huge.log", "w") as f:
+        f.writelines(line for _ in range(300_000))  # 30 MB
+    tracemalloc.start()
+    try:
+        r = FileTools(ws).read_file({"path": "huge.log", "start_line": 299_999})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert r.ok and r.text == f"huge.log (lines 299999-300000 of 300000):\n{line}{line}", r.text[:200]
+    assert peak < 2_000_000, peak  # the whole file read and split held over 60 MB
 
 
 def test_list_dir_marks_directories(ws):

@@ -82,21 +82,35 @@ class FileTools:
         rel = self.ws.relative(path)
         if not path.is_file():
             return ToolResult.failed(f"{rel} is not a file")
-        text = _read_text(path)
-        lines = text.splitlines(keepends=True)
         start = max(1, int(args.get("start_line") or 1))
-        end = min(len(lines), int(args.get("end_line") or len(lines)))
-        if start > max(1, len(lines)) or end < start and lines:
-            return ToolResult.failed(f"{rel} has {len(lines)} lines; lines {start}-{end} do not exist")
-        asked_end, end = end, min(end, start + self.ws.limits.read_lines - 1)
-        body = "".join(lines[start - 1:end])
+        want_end = int(args.get("end_line") or 0)  # 0: to the last line
+        limits = self.ws.limits
+        # Streamed line by line: only the lines shown are kept (a multi-gigabyte log is counted,
+        # never held), and lines are what grep and editors count (ended by \n).
+        shown: list[str] = []
+        chars, total = 0, 0
+        with path.open("rb") as f:
+            if b"\0" in f.read(4096):
+                raise ValueError("it is a binary file")
+            f.seek(0)
+            for total, raw in enumerate(f, 1):
+                if start <= total < start + limits.read_lines and (not want_end or total <= want_end) \
+                        and chars <= limits.read_chars:
+                    line = raw.decode("utf-8", errors="replace")
+                    shown.append(line)
+                    chars += len(line)
+        end = min(total, want_end or total)
+        if start > max(1, total) or end < start and total:
+            return ToolResult.failed(f"{rel} has {total} lines; lines {start}-{end} do not exist")
+        asked_end, end = end, min(end, start + limits.read_lines - 1)
+        body = "".join(shown)
         cut = ""
-        if len(body) > self.ws.limits.read_chars:
-            body = body[:self.ws.limits.read_chars]
-            cut = f"\n[cut at {self.ws.limits.read_chars} characters; read a smaller range]"
+        if len(body) > limits.read_chars:
+            body = body[:limits.read_chars]
+            cut = f"\n[cut at {limits.read_chars} characters; read a smaller range]"
         elif end < asked_end:
             cut = f"\n[lines {end + 1}-{asked_end} not shown; ask for them with start_line]"
-        return ToolResult(f"{rel} (lines {start}-{end} of {len(lines)}):\n{body}{cut}")
+        return ToolResult(f"{rel} (lines {start}-{end} of {total}):\n{body}{cut}")
 
     def list_dir(self, args: dict) -> ToolResult:
         path = self.ws.resolve(args.get("path") or ".")
