@@ -78,6 +78,14 @@ def test_search_honours_gitignore_and_globs(ws):
     assert "src/app.py" in run(ws, "search", pattern="return", glob="src/**/*.py").text
 
 
+def test_search_and_read_file_number_lines_as_grep_does(ws):
+    # A form feed (Python and C sources have them) is not a line break for grep or an editor.
+    (ws.root / "paged.py").write_bytes(b"a = 1\r\n\x0c\nb = 2  # target\n")
+    r = run(ws, "search", pattern="target")
+    assert r.ok and r.text == "paged.py:3: b = 2  # target", r.text
+    assert run(ws, "read_file", path="paged.py", start_line=3).text.endswith("\nb = 2  # target\n")
+
+
 def test_search_reports_a_bad_pattern_as_its_result(ws):
     r = run(ws, "search", pattern="(")
     assert not r.ok and "not a regular expression" in r.text

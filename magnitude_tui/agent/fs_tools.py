@@ -143,7 +143,7 @@ class FileTools:
             except (OSError, ValueError):
                 continue
             files += 1
-            for no, line in enumerate(text.splitlines(), 1):
+            for no, line in enumerate(_lines(text), 1):
                 if regex.search(line):
                     hits.append(f"{rel}:{no}: {line[:300]}")
                     if len(hits) >= cap:
@@ -195,6 +195,15 @@ class FileTools:
         diff = unified_diff(rel, old, new)
         return ToolResult(f"{'wrote' if old is None else 'replaced'} {rel} ({len(new)} characters):\n{diff}",
                           diff=diff)
+
+
+def _lines(text: str) -> list[str]:
+    """Lines as read_file, grep and editors number them: ended by \n only (str.splitlines would also
+    break at a form feed, \r, \x1c-\x1e, \x85, \u2028 and \u2029, and number later lines wrong)."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def _glob_match(rel: str, glob: str) -> bool:
