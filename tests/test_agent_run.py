@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import os
 import textwrap
+import threading
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -133,6 +137,34 @@ async def test_terminal_approval_reads_the_answer_and_a_reason():
     decision = await TerminalApproval(prompts, io.StringIO("n\nnot now\n")).ask(request)
     assert decision.verdict is Verdict.DENY and decision.reason == "not now"
     assert "main/1 (subagent of main) wants to call run_command" in prompts.getvalue()
+
+
+def test_terminal_approval_reads_a_terminal_line_typed_ahead_and_ends_at_once_when_cancelled():
+    request = ApprovalRequest("main", None, "write_file", '{"path": "x"}', ToolKind.WRITE)
+    r, w = os.pipe()  # a descriptor, as a terminal is
+    stdin = os.fdopen(r, "r")
+    try:
+        os.write(w, b"n\nnot today\n")  # the answer and the reason in one read
+        decision = asyncio.run(TerminalApproval(io.StringIO(), stdin).ask(request))
+        assert decision.verdict is Verdict.DENY and decision.reason == "not today"
+
+        async def ctrl_c_at_the_prompt():
+            task = asyncio.create_task(TerminalApproval(io.StringIO(), stdin).ask(request))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        # Nobody answers for 3 s. asyncio.run waits for its executor's threads at its end, so a
+        # readline in one held Ctrl-C until enter was pressed.
+        threading.Timer(3.0, os.write, (w, b"\n")).start()
+        t0 = time.monotonic()
+        asyncio.run(ctrl_c_at_the_prompt())
+        assert time.monotonic() - t0 < 2
+    finally:
+        time.sleep(3.2)  # the timer's write lands before the pipe closes
+        stdin.close()
+        os.close(w)
 
 
 def test_run_command_on_the_fake_engine_answers_and_a_failing_engine_exits_1(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import uuid
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ class TerminalApproval:
         self.out = prompt_out or sys.stderr
         self.stdin = stdin or sys.stdin
         self._lock = asyncio.Lock()
+        self._pending = b""  # read past the line asked for (typed ahead)
 
     async def ask(self, request: ApprovalRequest) -> Decision:
         async with self._lock:
@@ -50,7 +52,7 @@ class TerminalApproval:
             while True:
                 self.out.write("allow? [y] once, [a] always for this agent, [n] no: ")
                 self.out.flush()
-                answer = (await asyncio.to_thread(self.stdin.readline)).strip().lower()
+                answer = (await self._readline()).strip().lower()
                 if answer in ("y", "yes"):
                     return Decision(Verdict.ALLOW_ONCE)
                 if answer in ("a", "always"):
@@ -58,8 +60,36 @@ class TerminalApproval:
                 if answer in ("n", "no", ""):
                     self.out.write("reason for the model (optional): ")
                     self.out.flush()
-                    reason = (await asyncio.to_thread(self.stdin.readline)).strip()
+                    reason = (await self._readline()).strip()
                     return deny(reason or "the user said no")
+
+    async def _readline(self) -> str:
+        """A line of the answer ("" at end of input). A terminal is read when the event loop sees it
+        readable, not by a readline in a thread: Ctrl-C then ends the run at once, where asyncio.run
+        would wait for that thread's readline until someone pressed enter."""
+        try:
+            fd = self.stdin.fileno()
+        except (AttributeError, OSError, ValueError):  # a StringIO (tests): no descriptor
+            return await asyncio.to_thread(self.stdin.readline)
+        loop = asyncio.get_running_loop()
+        while b"\n" not in self._pending:
+            readable: asyncio.Future[None] = loop.create_future()
+
+            def woke(f: asyncio.Future[None] = readable) -> None:
+                if not f.done():
+                    f.set_result(None)
+
+            loop.add_reader(fd, woke)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(fd)
+            chunk = os.read(fd, 4096)
+            if not chunk:  # end of input: what is left, then "" (no)
+                break
+            self._pending += chunk
+        line, sep, self._pending = self._pending.partition(b"\n")
+        return (line + sep).decode("utf-8", errors="replace")
 
 
 def terminal_approval(stdin: TextIO | None = None) -> Approval:
