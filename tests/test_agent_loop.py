@@ -18,7 +18,7 @@ from magnitude_tui.agent.policy import ALLOW_ONCE, ALLOW_PANE, ApprovePolicy, Fi
 from magnitude_tui.agent.team import AgentTeam
 from magnitude_tui.agent.workspace import Workspace
 from magnitude_tui.agents import AgentSettings
-from scheduler.types import ToolChoiceMode
+from scheduler.types import SamplingParams, ToolChoiceMode
 from tests.test_agent_support import call, last_user, scripted_engine
 
 
@@ -200,3 +200,12 @@ async def test_a_conversation_that_outgrows_the_context_fails_instead_of_losing_
         out = await team.agent(AgentSettings(), name="main", session_id="main").run("the task")
     assert out.reason is EndReason.FAILED and "outgrew the context" in out.error, out.error
     assert len(out.turns) >= 3 and all("the task" in p for p in backend.prompts)
+
+
+async def test_a_call_cut_at_max_tokens_is_answered_with_the_limit(root):
+    # The reply ends inside write_file's arguments: the model is told why, not only "not JSON".
+    reply = call("write_file", path="long.txt", content="x" * 200)
+    out, _, _ = await run_agent(root, two_turns(reply), sampling=SamplingParams(max_tokens=60))
+    result = out.messages[-2]
+    assert result.role == "tool" and result.content.startswith("error: the reply reached its limit of 60 tokens")
+    assert "smaller calls" in result.content and not (root / "long.txt").exists()

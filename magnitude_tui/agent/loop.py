@@ -25,7 +25,17 @@ from magnitude_tui.agent.events import (
 from magnitude_tui.agent.policy import ApprovalGate, ApprovalRequest
 from magnitude_tui.agent.toolbox import AgentTool, ToolResult
 from magnitude_tui.serve.tool_calls import check_calls
-from scheduler.types import ErrorKind, Message, Priority, Request, SamplingParams, ToolCall, ToolChoice, ToolChoiceMode
+from scheduler.types import (
+    DoneReason,
+    ErrorKind,
+    Message,
+    Priority,
+    Request,
+    SamplingParams,
+    ToolCall,
+    ToolChoice,
+    ToolChoiceMode,
+)
 
 
 @dataclass(frozen=True)
@@ -93,8 +103,10 @@ class AgentLoop:
             self.messages.append(Message("assistant", result.text, tool_calls=result.calls))
             if not result.calls:
                 return self._end(EndReason.ANSWERED, result.text, turns)
+            # A reply cut at max_tokens may end inside its last call's arguments.
+            cut = result.calls[-1] if f.done_reason is DoneReason.LENGTH else None
             for call in result.calls:
-                out = await self.call_tool(call)
+                out = await self.call_tool(call, cut=call is cut)
                 self.messages.append(Message("tool", out.text, tool_call_id=call.id, name=call.name))
         return self._end(EndReason.MAX_TURNS, "", turns,
                          f"no answer after {cfg.max_turns} turns (every turn called tools)")
@@ -114,16 +126,21 @@ class AgentLoop:
         self.observer(AgentFinished(self.config.name, reason, answer, error))
         return AgentOutcome(reason, answer, self.messages, turns, error)
 
-    async def call_tool(self, call: ToolCall) -> ToolResult:
-        """Check, approve and run one call; whatever happens, the model gets a result."""
+    async def call_tool(self, call: ToolCall, *, cut: bool = False) -> ToolResult:
+        """Check, approve and run one call; whatever happens, the model gets a result. `cut`: the
+        reply ended at max_tokens with this call, which may be unfinished."""
         t0 = time.monotonic()
-        result = await self._checked_call(call)
+        result = await self._checked_call(call, cut)
         self.observer(ToolFinished(self.config.name, call, time.monotonic() - t0, len(result.text), result.ok,
                                    result.text))
         return result
 
-    async def _checked_call(self, call: ToolCall) -> ToolResult:
+    async def _checked_call(self, call: ToolCall, cut: bool = False) -> ToolResult:
         problem = check_calls([{"name": call.name, "arguments": call.arguments}], self._schemas)
+        if problem is not None and cut:
+            return ToolResult.failed(f"the reply reached its limit of {self.config.sampling.max_tokens} tokens "
+                                     f"before this call's arguments ended ({problem}); make the change in "
+                                     "smaller calls")
         if problem is not None:
             return ToolResult.failed(problem)
         tool = self.tools[call.name]
