@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from dataclasses import dataclass
@@ -29,6 +30,95 @@ _QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 _LITERALS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')  # GBNF strings and character classes
 
 
+# llama.cpp keeps every way a grammar could have matched so far; a pattern whose repeated group can
+# match nothing (`(a?){0,300}`) or that nests repetitions (`((a{0,20}){0,20}){0,20}`) has so many
+# that masking one token took minutes: the engine's step, every sequence with it, stood still.
+MAX_NESTED_REPEATS = 1_000  # the product of the bounds of repetitions nested in one another
+_re_parser = importlib.import_module("re._parser")  # the standard library's own regex parser
+
+
+def _pattern_problem(pattern: str) -> str | None:
+    """Why a `pattern` would make a grammar llama.cpp cannot sample in time (None: it can)."""
+    try:
+        tree = _re_parser.parse(pattern)
+    except Exception:
+        return None  # not Python's dialect: the converter decides
+    repeats = {"MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"}
+
+    def nullable(items) -> bool:
+        return all(_nullable_item(str(op), av) for op, av in items)
+
+    def _nullable_item(op: str, av) -> bool:
+        if op in repeats:
+            return av[0] == 0 or nullable(av[2])
+        if op in ("SUBPATTERN", "ATOMIC_GROUP"):
+            return nullable(av[-1])
+        if op == "BRANCH":
+            return any(nullable(b) for b in av[1])
+        return op in ("AT", "ASSERT", "ASSERT_NOT")
+
+    stack = [(tree, 1)]
+    while stack:
+        items, outer = stack.pop()
+        for op, av in items:
+            op = str(op)
+            if op in repeats:
+                lo, hi, sub = av
+                bounded = hi != _re_parser.MAXREPEAT and hi >= 2
+                if bounded and nullable(sub):
+                    return f"a group repeated up to {hi} times that can match nothing"
+                if bounded and outer > 1 and outer * hi > MAX_NESTED_REPEATS:
+                    return f"repetitions nested {outer * hi:,} times over (at most {MAX_NESTED_REPEATS:,})"
+                stack.append((sub, outer * hi if bounded else outer))
+            elif op in ("SUBPATTERN", "ATOMIC_GROUP", "ASSERT", "ASSERT_NOT"):
+                stack.append((av[-1], outer))
+            elif op == "BRANCH":
+                stack.extend((b, outer) for b in av[1])
+    return None
+
+
+# The converter copies a pattern's escapes into the grammar as they are; llama.cpp knows only these
+# (`\d`, `\.` made "failed to parse grammar", a 503 after the prompt was evaluated, for an IPv4 or a
+# date pattern). So `\d`, `\w`, `\s` (and outside brackets `\D`, `\W`, `\S`) become classes and
+# an escaped punctuation mark its \xHH code first.
+_GBNF_ESCAPES = set('xuUtrn\\"[]')
+_CLASSES = {"d": "0-9", "w": "A-Za-z0-9_", "s": " \\t\\n\\r\\x0B\\x0C"}
+
+
+def _translate_pattern(pattern: str) -> str:
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            n = pattern[i + 1]
+            i += 2
+            if n in _CLASSES:
+                out.append(_CLASSES[n] if in_class else f"[{_CLASSES[n]}]")
+            elif n.lower() in _CLASSES and not in_class:
+                out.append(f"[^{_CLASSES[n.lower()]}]")
+            elif not n.isalnum() and n not in "[]()|{}*+?" and ord(n) < 128:
+                out.append(f"\\x{ord(n):02X}" if in_class else f"[\\x{ord(n):02X}]")
+            else:
+                out.append(c + n)  # the converter's own (\( \[ ...) or llama.cpp's (\n \t \u ...)
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+        elif c == "]" and in_class:
+            in_class = False
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _translate_patterns(schema: object) -> object:
+    if isinstance(schema, list):
+        return [_translate_patterns(v) for v in schema]
+    if isinstance(schema, dict):
+        return {k: _translate_pattern(v) if k == "pattern" and isinstance(v, str) else _translate_patterns(v)
+                for k, v in schema.items()}
+    return schema
+
+
 def _check_bounds(schema: object, where: str) -> None:
     stack = [schema]
     while stack:
@@ -44,6 +134,10 @@ def _check_bounds(schema: object, where: str) -> None:
                         int(n or 0) > MAX_BOUND for m in _QUANTIFIER.finditer(value) for n in m.groups()):
                     raise GrammarError(f"{where}: a repetition in 'pattern' is over {MAX_BOUND:,}, more than a "
                                        "grammar can spell out")
+                problem = _pattern_problem(value) if key == "pattern" and isinstance(value, str) else None
+                if problem is not None:
+                    raise GrammarError(f"{where}: 'pattern' {value[:80]!r} has {problem}, which a grammar "
+                                       "cannot sample in time")
                 stack.append(value)
 
 
@@ -86,7 +180,7 @@ def schema_grammar(schema_text: str, where: str) -> Grammar:
     conv = _converter()
     _check_bounds(json.loads(schema_text), where)
     try:
-        schema = conv.resolve_refs(json.loads(schema_text), "input")
+        schema = conv.resolve_refs(_translate_patterns(json.loads(schema_text)), "input")
         conv.visit(schema, "")
     except Exception as e:  # the converter raises what it likes on schemas it cannot express
         raise GrammarError(f"{where}: the JSON schema cannot be turned into a grammar ({e})") from None
@@ -104,7 +198,7 @@ def _calls_grammar(syntax: ToolSyntax, tools: tuple[Tool, ...], parallel: bool, 
     for i, tool in enumerate(tools):
         _check_bounds(json.loads(tool.parameters), f"tools[{i}].function.parameters")
         try:
-            params = conv.resolve_refs(json.loads(tool.parameters), f"tool-{i}")
+            params = conv.resolve_refs(_translate_patterns(json.loads(tool.parameters)), f"tool-{i}")
             args = conv.visit(params, f"tool-{i}-args")
         except Exception as e:
             raise GrammarError(f"tools[{i}].function.parameters: the JSON schema cannot be turned into "
@@ -127,6 +221,9 @@ def _grammar(conv, where: str) -> Grammar:
     # JSON forbids raw control characters inside strings; this converter's `char` lets them through
     # (a newline in a string made replies that json.loads refuses), so they are excluded here.
     gbnf = conv.format_grammar().replace('char ::= [^"\\\\]', 'char ::= [^"\\\\\\x7F\\x00-\\x1F]', 1)
+    unknown = next((m.group(0) for m in re.finditer(r"\\(.)", gbnf) if m.group(1) not in _GBNF_ESCAPES), None)
+    if unknown is not None:
+        raise GrammarError(f"{where}: a 'pattern' uses the escape {unknown!r}, which the grammar cannot express")
     if len(gbnf) > MAX_GRAMMAR_CHARS:
         raise GrammarError(f"{where}: the JSON schema makes a grammar of {len(gbnf):,} characters "
                            f"(at most {MAX_GRAMMAR_CHARS:,})")

@@ -70,3 +70,20 @@ def test_the_shortlists_choose_what_argmax_over_the_whole_mask_chooses(backend):
         sampler.close()
     # The spread-out and buried rows are settled by the shortlists, not by the whole mask.
     assert shortcut_taken >= 2 * len(tokens)
+
+
+@pytest.mark.parametrize("pattern, value", [
+    (r"^(\d{1,3}\.){3}\d{1,3}$", "10.0.0.255"),  # `\d` and `\.` reached llama.cpp as is: it refused the grammar
+    (r"^\d{4}-\d{2}-\d{2}$", "2026-12-04"),
+    (r"^[\w.+-]+@[\w-]+\.[a-z]{2,}$", "ada.l+x@math-dept.uk"),
+    (r"^\$\d+(\.\d{2})?\s\S+$", "$12.50 total"),
+])
+def test_a_pattern_with_regex_escapes_compiles_and_takes_a_matching_reply(backend, pattern, value):
+    grammar = schema_grammar(json.dumps({"type": "string", "pattern": pattern}), "response_format")
+    sampler = grammar_sampler.GrammarSampler(backend.vocab.native, grammar)
+    try:
+        for token in backend.tokenize(json.dumps(value)):
+            assert sampler.allows(token), (pattern, value)
+            sampler.accept(token)
+    finally:
+        sampler.close()

@@ -120,6 +120,8 @@ BAD = [
     # Bounds the grammar would spell out past what llama.cpp's parser takes (20,000 levels crashed it).
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "string", "maxLength": 20000}}}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {  # froze the engine
+        "type": "string", "pattern": "^((a{0,20}){0,20}){0,20}$"}}}}, "response_format"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
         "a": {"type": "array", "items": {"type": "integer"}, "maxItems": 30000}}}}}], "tool_choice": "required"},
      "tools"),

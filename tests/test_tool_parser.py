@@ -129,6 +129,10 @@ def test_grammars_follow_tool_choice():
     ({"type": "array", "items": {"type": "integer"}, "maxItems": 30000}, "nested"),
     ({"type": "object", "properties": {"s": {"type": "string", "minLength": 10**9}}}, "'minLength' 1000000000"),
     ({"type": "string", "pattern": "^a{0,99999999999}$"}, "repetition in 'pattern'"),
+    # Grammars llama.cpp takes but cannot sample in time: one token's mask ran for minutes.
+    ({"type": "string", "pattern": "^((a{0,20}){0,20}){0,20}$"}, "can match nothing"),
+    ({"type": "string", "pattern": "^(a?b?){0,100}$"}, "can match nothing"),
+    ({"type": "string", "pattern": "^((a{1,20}){1,20}){1,20}$"}, "nested 8,000 times"),
 ])
 def test_a_schema_whose_grammar_llama_cpp_cannot_take_is_refused_naming_the_parameter(schema, why):
     with pytest.raises(GrammarError, match=why) as e:
@@ -143,5 +147,15 @@ def test_a_schema_whose_grammar_llama_cpp_cannot_take_is_refused_naming_the_para
 
 def test_bounds_llama_cpp_takes_still_make_grammars():
     for schema in ({"type": "string", "maxLength": 1000}, {"type": "array", "items": {"type": "integer"}, "maxItems": 1000},
-                   {"type": "string", "minLength": 5000}, {"type": "string", "pattern": "^a{0,1000}$"}):
+                   {"type": "string", "minLength": 5000}, {"type": "string", "pattern": "^a{0,1000}$"},
+                   {"type": "string", "pattern": r"^(\d{1,3}\.){3}\d{1,3}$"},
+                   {"type": "string", "pattern": r"^[A-Z]{2}-\d{4}(-[A-Z]{1,3}){0,2}$"},
+                   {"type": "string", "pattern": r"^[a-z]+(-[a-z]+)*$"}):
         assert schema_grammar(json.dumps(schema), "response_format").gbnf
+
+
+def test_regex_escapes_in_a_pattern_become_what_the_grammar_knows():
+    gbnf = schema_grammar(json.dumps({"type": "string", "pattern": r"^(\d{1,3}\.){3}\w+\s\S$"}), "response_format").gbnf
+    assert "\\d" not in gbnf and "\\." not in gbnf and "[0-9]" in gbnf
+    with pytest.raises(GrammarError, match=r"response_format: .*escape '\\\\b'"):  # a word boundary has no grammar
+        schema_grammar(json.dumps({"type": "string", "pattern": r"^a\bb$"}), "response_format")
