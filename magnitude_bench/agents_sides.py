@@ -76,7 +76,11 @@ class HttpSide:
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator["HttpSide"]:
-        async with httpx.AsyncClient(base_url=self.url, timeout=1800) as http:
+        # Idle connections are dropped before a server's keep-alive ends (5 s for llama-server's
+        # cpp-httplib and uvicorn alike; httpx keeps them 5 s too): a call sent on one the server
+        # was closing failed with "Server disconnected without sending a response".
+        async with httpx.AsyncClient(base_url=self.url, timeout=1800,
+                                     limits=httpx.Limits(keepalive_expiry=2.0)) as http:
             self.http = http
             yield self
 
