@@ -106,6 +106,34 @@ def test_edit_preview_shows_the_diff_without_writing(ws):
     assert (ws.root / "notes.txt").read_text().startswith("one\ntwo")
 
 
+def test_an_edit_that_fails_mid_write_leaves_the_old_file_whole(ws, monkeypatch):
+    """Written in place, a full disk or a kill mid-write left the file emptied or cut; now the new
+    text goes to a file beside it that is renamed over the old one only once it is on disk."""
+    target = ws.root / "src" / "app.py"
+    before = target.read_text()
+
+    def disk_full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    r = run(ws, "edit_file", path="src/app.py", old_text="return 41", new_text="return 42")
+    assert not r.ok and "No space left" in r.text
+    assert target.read_text() == before
+    assert sorted(p.name for p in target.parent.iterdir()) == ["app.py"]  # no temporary file left
+
+
+def test_an_edit_keeps_the_files_mode_and_its_hard_links(ws):
+    script = ws.root / "run.sh"
+    script.write_text("echo one\n")
+    script.chmod(0o750)
+    assert run(ws, "edit_file", path="run.sh", old_text="one", new_text="two").ok
+    assert script.read_text() == "echo two\n" and (script.stat().st_mode & 0o777) == 0o750
+    twin = ws.root / "twin.sh"
+    os.link(script, twin)
+    assert run(ws, "write_file", path="run.sh", content="echo three\n").ok
+    assert twin.read_text() == "echo three\n" and script.stat().st_ino == twin.stat().st_ino
+
+
 def test_edit_file_refuses_a_file_that_is_not_utf8_and_leaves_its_bytes(ws):
     latin1 = "caf\xe9\nversion = 1\n".encode("latin-1")
     (ws.root / "legacy.txt").write_bytes(latin1)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
+import os
 import re
+import secrets
 import stat
 from pathlib import Path, PurePosixPath
 
@@ -183,7 +186,7 @@ class FileTools:
 
     def edit_file(self, args: dict) -> ToolResult:
         path, rel, old, new = self._edited(args)
-        path.write_text(new, encoding="utf-8")
+        write_whole(path, new)
         diff = unified_diff(rel, old, new)
         return ToolResult(f"edited {rel}:\n{diff}", diff=diff)
 
@@ -191,10 +194,40 @@ class FileTools:
         path, rel, old, new = self._edited(args)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.ws.resolve(self.ws.relative(path.parent))  # mkdir followed no link out (checked again)
-        path.write_text(new, encoding="utf-8")
+        write_whole(path, new)
         diff = unified_diff(rel, old, new)
         return ToolResult(f"{'wrote' if old is None else 'replaced'} {rel} ({len(new)} characters):\n{diff}",
                           diff=diff)
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Make `text` the file's whole content, all or nothing: it goes into a new file beside it,
+    flushed to disk, which is then renamed over it, so a full disk, a crash or a kill mid-write
+    leaves the old file as it was (written in place, it was emptied first). The old file's mode
+    is kept (a new file gets the umask's); a file with other hard links is written in place, as a
+    rename would part it from them."""
+    data = text.encode("utf-8")
+    try:
+        old = path.stat()
+    except FileNotFoundError:
+        old = None
+    if old is not None and old.st_nlink > 1:
+        path.write_bytes(data)
+        return
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any new file
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if old is not None:
+            os.chmod(tmp, stat.S_IMODE(old.st_mode))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def _lines(text: str) -> list[str]:
