@@ -34,7 +34,10 @@ _LITERALS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')  # GBNF string
 # match nothing (`(a?){0,300}`) or that nests repetitions (`((a{0,20}){0,20}){0,20}`) has so many
 # that masking one token took minutes: the engine's step, every sequence with it, stood still.
 MAX_NESTED_REPEATS = 1_000  # the product of the bounds of repetitions nested in one another
-_re_parser = importlib.import_module("re._parser")  # the standard library's own regex parser
+try:  # the standard library's own regex parser
+    _re_parser = importlib.import_module("re._parser")
+except ImportError:  # Python 3.10 names it sre_parse
+    _re_parser = importlib.import_module("sre_parse")
 
 
 def _pattern_problem(pattern: str) -> str | None:
@@ -51,7 +54,9 @@ def _pattern_problem(pattern: str) -> str | None:
     def _nullable_item(op: str, av) -> bool:
         if op in repeats:
             return av[0] == 0 or nullable(av[2])
-        if op in ("SUBPATTERN", "ATOMIC_GROUP"):
+        if op == "ATOMIC_GROUP":  # its argument is the group's items themselves
+            return nullable(av)
+        if op == "SUBPATTERN":
             return nullable(av[-1])
         if op == "BRANCH":
             return any(nullable(b) for b in av[1])
@@ -70,7 +75,9 @@ def _pattern_problem(pattern: str) -> str | None:
                 if bounded and outer > 1 and outer * hi > MAX_NESTED_REPEATS:
                     return f"repetitions nested {outer * hi:,} times over (at most {MAX_NESTED_REPEATS:,})"
                 stack.append((sub, outer * hi if bounded else outer))
-            elif op in ("SUBPATTERN", "ATOMIC_GROUP", "ASSERT", "ASSERT_NOT"):
+            elif op == "ATOMIC_GROUP":
+                stack.append((av, outer))
+            elif op in ("SUBPATTERN", "ASSERT", "ASSERT_NOT"):
                 stack.append((av[-1], outer))
             elif op == "BRANCH":
                 stack.extend((b, outer) for b in av[1])
@@ -96,7 +103,9 @@ def _translate_pattern(pattern: str) -> str:
                 out.append(_CLASSES[n] if in_class else f"[{_CLASSES[n]}]")
             elif n.lower() in _CLASSES and not in_class:
                 out.append(f"[^{_CLASSES[n.lower()]}]")
-            elif not n.isalnum() and n not in "[]()|{}*+?" and ord(n) < 128:
+            # Inside brackets llama.cpp knows only \[ \] \\ of these: `[\d\s\(\)\-]` (a phone number)
+            # kept its \( and was refused; outside them the converter reads its own.
+            elif not n.isalnum() and ord(n) < 128 and n not in ("[]\\" if in_class else "[]()|{}*+?"):
                 out.append(f"\\x{ord(n):02X}" if in_class else f"[\\x{ord(n):02X}]")
             else:
                 out.append(c + n)  # the converter's own (\( \[ ...) or llama.cpp's (\n \t \u ...)

@@ -122,6 +122,13 @@ def test_an_edit_that_fails_mid_write_leaves_the_old_file_whole(ws, monkeypatch)
     assert sorted(p.name for p in target.parent.iterdir()) == ["app.py"]  # no temporary file left
 
 
+def test_a_file_whose_name_leaves_no_room_for_a_temporary_one_is_still_edited(ws):
+    name = "n" * 250  # the temporary name beside it would pass the 255-byte limit
+    (ws.root / name).write_text("alpha\n")
+    r = run(ws, "edit_file", path=name, old_text="alpha", new_text="beta")
+    assert r.ok and (ws.root / name).read_text() == "beta\n"
+
+
 def test_an_edit_keeps_the_files_mode_and_its_hard_links(ws):
     script = ws.root / "run.sh"
     script.write_text("echo one\n")

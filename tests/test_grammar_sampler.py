@@ -77,6 +77,8 @@ def test_the_shortlists_choose_what_argmax_over_the_whole_mask_chooses(backend):
     (r"^\d{4}-\d{2}-\d{2}$", "2026-12-04"),
     (r"^[\w.+-]+@[\w-]+\.[a-z]{2,}$", "ada.l+x@math-dept.uk"),
     (r"^\$\d+(\.\d{2})?\s\S+$", "$12.50 total"),
+    # Escapes inside brackets: `\(` `\)` `\-` there are not llama.cpp's, and were refused.
+    (r"^\+?[\d\s\(\)\-]{7,20}$", "+44 (20) 7946-0958"),
 ])
 def test_a_pattern_with_regex_escapes_compiles_and_takes_a_matching_reply(backend, pattern, value):
     grammar = schema_grammar(json.dumps({"type": "string", "pattern": pattern}), "response_format")

@@ -159,3 +159,14 @@ def test_regex_escapes_in_a_pattern_become_what_the_grammar_knows():
     assert "\\d" not in gbnf and "\\." not in gbnf and "[0-9]" in gbnf
     with pytest.raises(GrammarError, match=r"response_format: .*escape '\\\\b'"):  # a word boundary has no grammar
         schema_grammar(json.dumps({"type": "string", "pattern": r"^a\bb$"}), "response_format")
+
+
+def test_an_atomic_group_in_a_pattern_is_read_as_a_group():
+    # `(?>...)` carries its items directly: the pattern check read it as a group of one pair and
+    # raised TypeError, which reached the caller as a failure to prepare the prompt.
+    try:
+        schema_grammar(json.dumps({"type": "string", "pattern": "^(?>ab|a)c$"}), "response_format")
+    except GrammarError as e:
+        assert "response_format" in str(e)
+    with pytest.raises(GrammarError, match="can match nothing"):
+        schema_grammar(json.dumps({"type": "string", "pattern": "^((?>a?)){0,50}$"}), "response_format")

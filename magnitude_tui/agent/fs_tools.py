@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import errno
 import os
 import re
 import secrets
@@ -204,18 +205,28 @@ def write_whole(path: Path, text: str) -> None:
     """Make `text` the file's whole content, all or nothing: it goes into a new file beside it,
     flushed to disk, which is then renamed over it, so a full disk, a crash or a kill mid-write
     leaves the old file as it was (written in place, it was emptied first). The old file's mode
-    is kept (a new file gets the umask's); a file with other hard links is written in place, as a
-    rename would part it from them."""
+    is kept (a new file gets the umask's). Written in place instead, where a rename would change
+    what the file is: another user's file (the new one would be ours), one with other hard links
+    (they would keep the old text), or where no file can be made beside it (a read-only directory,
+    a name at the length limit). A file we may not write is refused, as writing it in place was."""
     data = text.encode("utf-8")
     try:
         old = path.stat()
     except FileNotFoundError:
         old = None
-    if old is not None and old.st_nlink > 1:
+    if old is not None and not os.access(path, os.W_OK):
+        raise PermissionError(f"{path.name} is not writable")
+    if old is not None and (old.st_nlink > 1 or old.st_uid != os.geteuid()):
         path.write_bytes(data)
         return
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any new file
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any new file
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENAMETOOLONG):
+            raise
+        path.write_bytes(data)  # nowhere to write it beside: in place, or the error that gives
+        return
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

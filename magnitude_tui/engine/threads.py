@@ -126,6 +126,8 @@ class ThreadGovernor:
         # The last three steps: two slow ones in a row are enough, one outlier is not.
         current = statistics.median(list(self._recent)[-3:])
         if self._baseline is None:
+            if len(self._recent) < PROBE_STEPS:  # not one slow early step and its neighbour
+                return
             self._baseline = current
         hint = self.hint()
         if hint is not None and hint != self.n_threads and hint != self._hint_at_probe:
