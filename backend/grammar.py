@@ -139,15 +139,18 @@ def _check_bounds(schema: object, where: str) -> None:
                 if key in _BOUND_KEYS and isinstance(value, int) and value > MAX_BOUND:
                     raise GrammarError(f"{where}: '{key}' {value} is over {MAX_BOUND:,}, more than a grammar "
                                        "can spell out")
-                if key == "pattern" and isinstance(value, str) and any(
-                        int(n or 0) > MAX_BOUND for m in _QUANTIFIER.finditer(value) for n in m.groups()):
-                    raise GrammarError(f"{where}: a repetition in 'pattern' is over {MAX_BOUND:,}, more than a "
-                                       "grammar can spell out")
-                problem = _pattern_problem(value) if key == "pattern" and isinstance(value, str) else None
-                if problem is not None:
-                    raise GrammarError(f"{where}: 'pattern' {value[:80]!r} has {problem}, which a grammar "
-                                       "cannot sample in time")
+                if key == "pattern" and isinstance(value, str):
+                    _check_pattern(value, where)
                 stack.append(value)
+
+
+def _check_pattern(pattern: str, where: str) -> None:
+    if any(int(n or 0) > MAX_BOUND for m in _QUANTIFIER.finditer(pattern) for n in m.groups()):
+        raise GrammarError(f"{where}: a repetition in 'pattern' is over {MAX_BOUND:,}, more than a grammar can "
+                           "spell out")
+    problem = _pattern_problem(pattern)
+    if problem is not None:
+        raise GrammarError(f"{where}: 'pattern' {pattern[:80]!r} has {problem}, which a grammar cannot sample in time")
 
 
 @dataclass(frozen=True)
@@ -187,9 +190,10 @@ def reply_constraint(req: Request, syntax: ToolSyntax) -> ReplyConstraint:
 
 def schema_grammar(schema_text: str, where: str) -> Grammar:
     conv = _converter()
-    _check_bounds(json.loads(schema_text), where)
+    raw = json.loads(schema_text)
+    _check_bounds(raw, where)
     try:
-        schema = conv.resolve_refs(_translate_patterns(json.loads(schema_text)), "input")
+        schema = conv.resolve_refs(_translate_patterns(raw), "input")
         conv.visit(schema, "")
     except Exception as e:  # the converter raises what it likes on schemas it cannot express
         raise GrammarError(f"{where}: the JSON schema cannot be turned into a grammar ({e})") from None
@@ -205,9 +209,10 @@ def _calls_grammar(syntax: ToolSyntax, tools: tuple[Tool, ...], parallel: bool, 
     lit = conv._format_literal
     alts = []
     for i, tool in enumerate(tools):
-        _check_bounds(json.loads(tool.parameters), f"tools[{i}].function.parameters")
+        raw = json.loads(tool.parameters)
+        _check_bounds(raw, f"tools[{i}].function.parameters")
         try:
-            params = conv.resolve_refs(_translate_patterns(json.loads(tool.parameters)), f"tool-{i}")
+            params = conv.resolve_refs(_translate_patterns(raw), f"tool-{i}")
             args = conv.visit(params, f"tool-{i}-args")
         except Exception as e:
             raise GrammarError(f"tools[{i}].function.parameters: the JSON schema cannot be turned into "

@@ -34,8 +34,7 @@ def _read_text(path: Path, *, exact: bool = False) -> str:
     if not path.is_file():  # a named pipe or a device would block, or never end
         raise ValueError(f"{path.name} is not a regular file")
     data = path.read_bytes()
-    if b"\0" in data[:4096]:
-        raise ValueError("it is a binary file")
+    _refuse_binary(data[:4096])
     if exact:
         try:
             return data.decode("utf-8")
@@ -94,8 +93,7 @@ class FileTools:
         shown: list[str] = []
         chars, total = 0, 0
         with path.open("rb") as f:
-            if b"\0" in f.read(4096):
-                raise ValueError("it is a binary file")
+            _refuse_binary(f.read(4096))
             f.seek(0)
             for total, raw in enumerate(f, 1):
                 if start <= total < start + limits.read_lines and (not want_end or total <= want_end) \
@@ -239,6 +237,11 @@ def write_whole(path: Path, text: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _refuse_binary(head: bytes) -> None:
+    if b"\0" in head:
+        raise ValueError("it is a binary file")
 
 
 def _lines(text: str) -> list[str]:

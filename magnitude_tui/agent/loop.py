@@ -103,8 +103,9 @@ class AgentLoop:
             self.messages.append(Message("assistant", result.text, tool_calls=result.calls))
             if not result.calls:
                 return self._end(EndReason.ANSWERED, result.text, turns)
-            # A reply cut at max_tokens may end inside its last call's arguments.
-            cut = result.calls[-1] if f.done_reason is DoneReason.LENGTH else None
+            # A reply cut at max_tokens may end inside its last call's arguments (then they do not parse).
+            last = result.calls[-1]
+            cut = last if f.done_reason is DoneReason.LENGTH and not _parses(last.arguments) else None
             for call in result.calls:
                 out = await self.call_tool(call, cut=call is cut)
                 self.messages.append(Message("tool", out.text, tool_call_id=call.id, name=call.name))
@@ -165,3 +166,11 @@ class AgentLoop:
             return await tool.run(args)
         except Exception as e:  # a tool's bug must not end the agent: the model reads what failed
             return ToolResult.failed(f"{call.name} failed: {type(e).__name__}: {e}")
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text or "{}")
+    except ValueError:
+        return False
+    return True
