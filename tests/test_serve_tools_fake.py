@@ -171,3 +171,28 @@ def test_a_call_the_token_limit_cuts_after_whole_calls_leaves_no_scaffolding_in_
         chunks = list(_client(s).chat.completions.create(model="fake", stream=True, **body))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+
+
+def test_a_stop_string_inside_constrained_text_does_not_cut_it_but_still_cuts_free_text():
+    # The stop strings occur inside the JSON of a schema reply and inside a call's arguments;
+    # matched there, they would cut each into text that does not parse (it was a 500 "not JSON").
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object"}}}
+    with running_server(_config('{"a": "x}y", "b": [1]}'), ServeOptions(model_name="fake")) as s:
+        r = httpx.post(s.base + "/chat/completions", json={"messages": USER, "response_format": fmt,
+                                                          "stop": ["}", "]"], "max_tokens": 60}, timeout=30)
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "stop", r.json()
+        assert json.loads(choice["message"]["content"]) == {"a": "x}y", "b": [1]}
+        # Free text (no grammar) is still cut at the first stop string.
+        plain = httpx.post(s.base + "/chat/completions", json={"messages": USER, "stop": ["}"],
+                                                              "max_tokens": 60}, timeout=30)
+        assert plain.json()["choices"][0]["message"]["content"] == '{"a": "x'
+    with running_server(_config(REPLY), ServeOptions(model_name="fake")) as s:
+        body = {"messages": USER, "tools": TOOLS, "stop": ["Paris", "check"], "max_tokens": 200}
+        choice = httpx.post(s.base + "/chat/completions", json=body, timeout=30).json()["choices"][0]
+        # "check" comes before the call opens: free text, cut there, and no call follows.
+        assert choice["message"]["content"] == "Let me " and choice["finish_reason"] == "stop", choice
+        body["stop"] = ["Paris"]  # only inside the call's arguments: the call comes whole
+        choice = httpx.post(s.base + "/chat/completions", json=body, timeout=30).json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris"}

@@ -79,7 +79,7 @@ class StepSampler:
             self.scheduler.finish(seq, DoneReason.STOP)
             return False
         self.scheduler.append_token(seq, token)
-        piece = seq.detok.feed(token)
+        piece = seq.detok.feed(token, match_stops=seq.grammar is None)
         if seq.tool_parser is None:
             seq.text_pending += piece
         else:

@@ -13,6 +13,9 @@ class ReplyText:
     (the reply ends; the stop string and whatever came after it in that token are dropped) or it
     cannot anymore (the held text is released). The user therefore never sees a stop string, and
     text lags by at most the longest stop string minus one character.
+
+    Text written under a grammar (a response schema, a tool call's arguments) is not matched:
+    the grammar decides where that text ends, and cutting it would leave JSON that does not parse.
     """
 
     def __init__(self, detok: Detokenizer, stop: tuple[str, ...] = ()) -> None:
@@ -21,14 +24,18 @@ class ReplyText:
         self._held = ""
         self.stopped = False  # a stop string matched: the reply is over
 
-    def feed(self, token: int) -> str:
-        """The text this token makes visible (possibly empty)."""
+    def feed(self, token: int, match_stops: bool = True) -> str:
+        """The text this token makes visible (possibly empty); `match_stops` False: the token was
+        written under a grammar, so it (and any text held back before it) is released as is."""
         if self.stopped:
             return ""
         text = self._detok.feed(token)
         if not self._stop:
             return text
         buf = self._held + text
+        if not match_stops:
+            self._held = ""
+            return buf
         hits = [i for i in (buf.find(s) for s in self._stop) if i >= 0]
         if hits:
             self.stopped, self._held = True, ""
