@@ -14,7 +14,17 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException
 
 from magnitude_tui.serve.body import parse_chat
-from magnitude_tui.serve.calls import Outcome, ServeOptions, address, answer_whole, authorize, not_ready, read_json
+from magnitude_tui.serve.calls import (
+    Outcome,
+    ServeOptions,
+    address,
+    answer_whole,
+    authorize,
+    choice_error,
+    not_ready,
+    read_json,
+    stream_failure,
+)
 from magnitude_tui.serve.completion import Choice, Completion
 from magnitude_tui.serve.errors import ErrorType, OpenAIError
 from magnitude_tui.serve.guard import RequestGuard
@@ -107,18 +117,21 @@ async def _stream(completion: Completion, options: ServeOptions, on_finish):
             yield _chunk(completion, options, [{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                                 "finish_reason": None}])
         async for d in completion.deltas():
+            failed: dict | None = None
             if d.error is not None:
-                yield json.dumps({"error": {"message": d.error, "type": ErrorType.SERVER.value,
-                                            "code": "generation_failed", "param": None}})
-                continue
+                event, failed = stream_failure(completion, d.index, d.error)
+                if event is not None:
+                    yield json.dumps(event)
+                    continue
             delta = {"content": d.text} if d.text else {}
             if d.tool_calls:
                 delta["tool_calls"] = delta_json(d.tool_calls)
             extra = {}
-            if d.finish_reason is not None and all(c.done for c in completion.choices):
+            if d.done and all(c.done for c in completion.choices):
                 extra["timings"] = completion.timings()
             yield _chunk(completion, options, [{"index": d.index, "delta": delta,
-                                                "finish_reason": d.finish_reason}], **extra)
+                                                "finish_reason": "error" if failed else d.finish_reason,
+                                                **(failed or {})}], **extra)
         if completion.call.include_usage:
             yield _chunk(completion, options, [], usage=completion.usage())
         yield "[DONE]"
@@ -134,8 +147,8 @@ def _chat_reply(completion: Completion, options: ServeOptions) -> dict:
     return {
         "id": completion.id, "object": "chat.completion", "created": int(time.time()),
         "model": options.model_name,
-        "choices": [{"index": c.index, "message": _message(c), "finish_reason": c.finish_reason or "error"}
-                    for c in completion.choices],
+        "choices": [{"index": c.index, "message": _message(c), "finish_reason": c.finish_reason or "error",
+                     **choice_error(c)} for c in completion.choices],
         "usage": completion.usage(),
         "timings": completion.timings(),
     }

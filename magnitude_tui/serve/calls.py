@@ -13,7 +13,7 @@ from typing import Callable, TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from magnitude_tui.serve.completion import Completion
+from magnitude_tui.serve.completion import Choice, Completion
 from magnitude_tui.serve.errors import ErrorType, OpenAIError, invalid
 from magnitude_tui.serve.guard import GuardPolicy
 from magnitude_tui.serve.hub import EngineHub, EngineState
@@ -111,6 +111,22 @@ def nesting_within(value: object, limit: int) -> bool:
                 return False
             stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
     return True
+
+
+def stream_failure(completion: Completion, index: int, message: str) -> tuple[dict | None, dict | None]:
+    """How a stream tells that choice `index` failed: (an error event, None) when every choice
+    of the call has now failed, else (None, what its last chunk's choice carries beside
+    `finish_reason: "error"`). The official client stops reading at an error event, so one sent
+    while other choices still run, or ended well, would lose them."""
+    if all(c.error for c in completion.choices if c.index != index):
+        return {"error": {"message": message, "type": ErrorType.SERVER.value, "code": "generation_failed",
+                          "param": None}}, None
+    return None, {"error": {"message": message, "code": "generation_failed"}}
+
+
+def choice_error(c: Choice) -> dict:
+    """What a whole reply's failed choice carries beside `finish_reason: "error"`: why."""
+    return {"error": {"message": c.error, "code": "generation_failed"}} if c.error else {}
 
 
 _C = TypeVar("_C", bound=Completion)

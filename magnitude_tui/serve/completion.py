@@ -49,6 +49,11 @@ class Delta:
     error: str | None = None
     tool_calls: tuple[ToolCallDelta, ...] = ()
 
+    @property
+    def done(self) -> bool:
+        """The choice ends with this delta (finished or failed)."""
+        return self.finish_reason is not None or self.error is not None
+
 
 class Completion:
     """Runs a ChatCall: `n` choices share one evaluated prompt (forks of a one-token request that

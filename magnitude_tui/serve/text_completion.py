@@ -14,7 +14,17 @@ from fastapi import Request as HttpRequest
 from sse_starlette.sse import EventSourceResponse
 
 from magnitude_tui.serve.body import DEFAULT_TEMPERATURE, MAX_N, _boolean, _default, _integer, _number, _stops
-from magnitude_tui.serve.calls import Outcome, ServeOptions, address, answer_whole, authorize, not_ready, read_json
+from magnitude_tui.serve.calls import (
+    Outcome,
+    ServeOptions,
+    address,
+    answer_whole,
+    authorize,
+    choice_error,
+    not_ready,
+    read_json,
+    stream_failure,
+)
 from magnitude_tui.serve.completion import Completion
 from magnitude_tui.serve.errors import ErrorType, OpenAIError, invalid
 from magnitude_tui.serve.hub import EngineHub, EngineState
@@ -168,14 +178,17 @@ async def _stream(completion: TextCompletion, options: ServeOptions, on_finish):
     outcome = Outcome.CANCELLED
     try:
         async for d in completion.deltas():
+            failed: dict | None = None
             if d.error is not None:
-                yield json.dumps({"error": {"message": d.error, "type": ErrorType.SERVER.value,
-                                            "code": "generation_failed", "param": None}})
-                continue
+                event, failed = stream_failure(completion, d.index, d.error)
+                if event is not None:
+                    yield json.dumps(event)
+                    continue
             extra = {}
-            if d.finish_reason is not None and all(c.done for c in completion.choices):
+            if d.done and all(c.done for c in completion.choices):
                 extra["timings"] = completion.timings()
-            body = _body(completion, options, [_choice(d.index, d.text, d.finish_reason)], **extra)
+            choice = _choice(d.index, d.text, "error" if failed else d.finish_reason) | (failed or {})
+            body = _body(completion, options, [choice], **extra)
             yield json.dumps(body, ensure_ascii=False)
         if completion.call.include_usage:
             yield json.dumps(_body(completion, options, [], usage=completion.usage()), ensure_ascii=False)
@@ -189,5 +202,5 @@ async def _stream(completion: TextCompletion, options: ServeOptions, on_finish):
 
 
 def _reply(completion: TextCompletion, options: ServeOptions) -> dict:
-    choices = [_choice(c.index, c.text, c.finish_reason or "error") for c in completion.choices]
+    choices = [_choice(c.index, c.text, c.finish_reason or "error") | choice_error(c) for c in completion.choices]
     return _body(completion, options, choices, usage=completion.usage(), timings=completion.timings())
