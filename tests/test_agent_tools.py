@@ -91,6 +91,37 @@ def test_search_reports_a_bad_pattern_as_its_result(ws):
     assert not r.ok and "not a regular expression" in r.text
 
 
+def test_a_search_that_backtracks_without_end_fails_alone_and_leaves_the_loop_free(tmp_path):
+    # (a|aa)+$ on 40 a's and a b takes longer than anyone waits; with `re` it also held the GIL,
+    # so the app froze until it ended.
+    root = tmp_path / "r"
+    root.mkdir()
+    (root / "aaa.txt").write_text("fine line\n" + "a" * 40 + "b\n")
+    ws = Workspace(root, Limits(search_seconds=0.5))
+
+    async def main():
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.02)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        t0 = time.monotonic()
+        result = await tools(ws)["search"].run({"pattern": "(a|aa)+$"})
+        took = time.monotonic() - t0
+        ticker.cancel()
+        return result, took, ticks
+
+    r, took, ticks = asyncio.run(main())
+    assert not r.ok and "ran past 0.5 s" in r.text and "aaa.txt:2" in r.text, r.text
+    assert took < 5.0, took
+    assert ticks >= took / 0.02 / 3, (ticks, took)  # the event loop kept running meanwhile
+    assert run(ws, "search", pattern="fine").text == "aaa.txt:1: fine line"
+
+
 def test_edit_file_replaces_one_exact_occurrence_and_returns_the_diff(ws):
     r = run(ws, "edit_file", path="src/app.py", old_text="return 41", new_text="return 42")
     assert r.ok and "-    return 41" in r.diff and "+    return 42" in r.diff

@@ -10,7 +10,10 @@ import os
 import re
 import secrets
 import stat
+import time
 from pathlib import Path, PurePosixPath
+
+import regex
 
 from magnitude_tui.agent.policy import ToolKind
 from magnitude_tui.agent.toolbox import AgentTool, ToolResult, function_tool
@@ -126,27 +129,38 @@ class FileTools:
         return ToolResult(f"{rel}/ ({len(entries)} entries):\n" + "\n".join(names) + more)
 
     def search(self, args: dict) -> ToolResult:
+        # `regex`, not `re`: its matching can be given a deadline and lets go of the GIL, so a
+        # pattern that backtracks without end, `(a+)+$`, fails this call instead of freezing the app.
         try:
-            regex = re.compile(args["pattern"])
-        except re.error as e:
+            pattern = regex.compile(args["pattern"])
+        except regex.error as e:
             return ToolResult.failed(f"pattern {args['pattern']!r} is not a regular expression: {e}")
         glob = self.ws.check_glob(args["glob"]) if args.get("glob") else None
         hits: list[str] = []
-        cap, files = self.ws.limits.search_matches, 0
+        limits = self.ws.limits
+        cap, files = limits.search_matches, 0
+        deadline = time.monotonic() + limits.search_seconds
         for path in self.ws.walk_files(self.ws.root):
             rel = self.ws.relative(path)
             if glob is not None and not _glob_match(rel, glob):
                 continue
             try:
                 st = path.stat()
-                if not stat.S_ISREG(st.st_mode) or st.st_size > self.ws.limits.search_file_bytes:
+                if not stat.S_ISREG(st.st_mode) or st.st_size > limits.search_file_bytes:
                     continue  # a named pipe would block the search
                 text = _read_text(path)
             except (OSError, ValueError):
                 continue
             files += 1
             for no, line in enumerate(_lines(text), 1):
-                if regex.search(line):
+                try:
+                    found = pattern.search(line, timeout=max(0.0, deadline - time.monotonic()))
+                except TimeoutError:
+                    return ToolResult.failed(
+                        f"the search for {args['pattern']!r} ran past {limits.search_seconds:g} s (at {rel}:{no}); "
+                        "a pattern with nested repeats such as (a+)+ can take that long on one line: "
+                        "simplify it or narrow the glob" + (f"\n[{len(hits)} matches before that]" if hits else ""))
+                if found:
                     hits.append(f"{rel}:{no}: {line[:300]}")
                     if len(hits) >= cap:
                         return ToolResult("\n".join(hits) + f"\n[stopped at {cap} matches; narrow the pattern or glob]")

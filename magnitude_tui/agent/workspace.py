@@ -22,6 +22,7 @@ class Limits:
     list_entries: int = 500
     search_matches: int = 200
     search_file_bytes: int = 2_000_000  # larger files are skipped by search
+    search_seconds: float = 10.0  # one search's matching, all files together
     output_chars: int = 32_000  # run_command: stdout and stderr together
     command_timeout_s: float = 60.0
 
