@@ -74,7 +74,9 @@ def _pattern_problem(pattern: str) -> str | None:
                     return f"a group repeated up to {hi} times that can match nothing"
                 if bounded and outer > 1 and outer * hi > MAX_NESTED_REPEATS:
                     return f"repetitions nested {outer * hi:,} times over (at most {MAX_NESTED_REPEATS:,})"
-                stack.append((sub, outer * hi if bounded else outer))
+                # A group that ends in a character found nowhere else in it (a hostname's label
+                # and its dot) can be split into its repeats one way only: its repeats add no ways.
+                stack.append((sub, outer * hi if bounded and not _delimited(sub) else outer))
             elif op == "ATOMIC_GROUP":
                 stack.append((av, outer))
             elif op in ("SUBPATTERN", "ASSERT", "ASSERT_NOT"):
@@ -82,6 +84,62 @@ def _pattern_problem(pattern: str) -> str | None:
             elif op == "BRANCH":
                 stack.extend((b, outer) for b in av[1])
     return None
+
+
+_ALL = ((0, 0x10FFFF),)
+
+
+def _delimited(items) -> bool:
+    """Whether `items` end in one character from a set that nothing before it can match."""
+    items = list(items)
+    while len(items) == 1 and str(items[0][0]) == "SUBPATTERN":  # a group: what it holds
+        items = list(items[0][1][-1])
+    if not items or str(items[-1][0]) not in ("LITERAL", "IN"):
+        return False
+    last = _chars(items[-1])
+    return all(not _overlap(last, _chars(item)) for item in _flatten(items[:-1]))
+
+
+def _flatten(items):
+    """The character-matching items inside `items`, groups and repeats opened."""
+    for op, av in items:
+        op = str(op)
+        if op in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            yield from _flatten(av[2])
+        elif op == "ATOMIC_GROUP":
+            yield from _flatten(av)
+        elif op in ("SUBPATTERN", "ASSERT", "ASSERT_NOT"):
+            yield from _flatten(av[-1])
+        elif op == "BRANCH":
+            for branch in av[1]:
+                yield from _flatten(branch)
+        elif op not in ("AT",):
+            yield op, av
+
+
+def _chars(item) -> tuple[tuple[int, int], ...]:
+    """The code points one item can match, as ranges (all of them where it is not simply read)."""
+    op, av = str(item[0]), item[1]
+    if op == "LITERAL":
+        return ((av, av),)
+    if op != "IN":
+        return _ALL
+    out = []
+    for sop, sav in av:
+        sop = str(sop)
+        if sop == "LITERAL":
+            out.append((sav, sav))
+        elif sop == "RANGE":
+            out.append(tuple(sav))
+        elif sop == "CATEGORY" and str(sav) == "CATEGORY_DIGIT":
+            out.append((ord("0"), ord("9")))
+        else:  # a negated set, another category: anything
+            return _ALL
+    return tuple(out)
+
+
+def _overlap(a, b) -> bool:
+    return any(lo1 <= hi2 and lo2 <= hi1 for lo1, hi1 in a for lo2, hi2 in b)
 
 
 # The converter copies a pattern's escapes into the grammar as they are; llama.cpp knows only these

@@ -79,6 +79,10 @@ def test_the_shortlists_choose_what_argmax_over_the_whole_mask_chooses(backend):
     (r"^\$\d+(\.\d{2})?\s\S+$", "$12.50 total"),
     # Escapes inside brackets: `\(` `\)` `\-` there are not llama.cpp's, and were refused.
     (r"^\+?[\d\s\(\)\-]{7,20}$", "+44 (20) 7946-0958"),
+    # Repeats nested past the limit, but each group ends in a character found nowhere else in it
+    # (a label's dot): one way to read any text, and a mask takes milliseconds, not seconds.
+    (r"^([a-z0-9-]{1,63}\.){1,127}[a-z]{2,6}$", "mail.server-01.example.com"),
+    (r"^((ab){1,20}c){1,100}$", "ababcabcababababc"),
 ])
 def test_a_pattern_with_regex_escapes_compiles_and_takes_a_matching_reply(backend, pattern, value):
     grammar = schema_grammar(json.dumps({"type": "string", "pattern": pattern}), "response_format")
