@@ -42,6 +42,8 @@ except ImportError:  # Python 3.10 names it sre_parse
 
 def _pattern_problem(pattern: str) -> str | None:
     """Why a `pattern` would make a grammar llama.cpp cannot sample in time (None: it can)."""
+    # Python reads `{1, 20}` as text; the converter drops the spaces and repeats.
+    pattern = _QUANTIFIER.sub(lambda m: "{" + m[1] + ("" if m[2] is None else "," + m[2]) + "}", pattern)
     try:
         tree = _re_parser.parse(pattern)
     except Exception:
@@ -53,14 +55,15 @@ def _pattern_problem(pattern: str) -> str | None:
 
     def _nullable_item(op: str, av) -> bool:
         if op in repeats:
-            return av[0] == 0 or nullable(av[2])
+            # A lazy or possessive repeat's extra mark (`a+?`) is read by the grammar as "optional".
+            return op != "MAX_REPEAT" or av[0] == 0 or nullable(av[2])
         if op == "ATOMIC_GROUP":  # its argument is the group's items themselves
             return nullable(av)
         if op == "SUBPATTERN":
             return nullable(av[-1])
         if op == "BRANCH":
             return any(nullable(b) for b in av[1])
-        return op in ("AT", "ASSERT", "ASSERT_NOT")
+        return op in ("ASSERT", "ASSERT_NOT")  # an anchor inside a pattern becomes its literal character
 
     stack = [(tree, 1)]
     while stack:
@@ -113,7 +116,7 @@ def _flatten(items):
         elif op == "BRANCH":
             for branch in av[1]:
                 yield from _flatten(branch)
-        elif op not in ("AT",):
+        else:  # an anchor (`$` inside a pattern) too: the converter writes it as that character
             yield op, av
 
 

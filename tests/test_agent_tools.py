@@ -96,7 +96,7 @@ def test_a_search_that_backtracks_without_end_fails_alone_and_leaves_the_loop_fr
     # so the app froze until it ended.
     root = tmp_path / "r"
     root.mkdir()
-    (root / "aaa.txt").write_text("fine line\n" + "a" * 40 + "b\n")
+    (root / "aaa.txt").write_text("fine aa\n" + "a" * 40 + "b\n")
     ws = Workspace(root, Limits(search_seconds=0.5))
 
     async def main():
@@ -116,10 +116,34 @@ def test_a_search_that_backtracks_without_end_fails_alone_and_leaves_the_loop_fr
         return result, took, ticks
 
     r, took, ticks = asyncio.run(main())
-    assert not r.ok and "ran past 0.5 s" in r.text and "aaa.txt:2" in r.text, r.text
+    assert r.ok and r.text.startswith("aaa.txt:1: fine aa\n[matching") and "ran past 0.5 s" in r.text, r.text
+    assert "(at aaa.txt:2)" in r.text  # the match found before stands; the stuck line is named
     assert took < 5.0, took
     assert ticks >= took / 0.02 / 3, (ticks, took)  # the event loop kept running meanwhile
-    assert run(ws, "search", pattern="fine").text == "aaa.txt:1: fine line"
+    assert run(ws, "search", pattern="fine").text == "aaa.txt:1: fine aa"
+    alone = Workspace(root, Limits(search_seconds=0.5))
+    (root / "aaa.txt").write_text("a" * 40 + "b\n")
+    r = run(alone, "search", pattern="(a|aa)+$")
+    assert not r.ok and r.text.startswith("error: matching '(a|aa)+$' ran past 0.5 s (at aaa.txt:1)"), r.text
+
+
+def test_the_search_deadline_counts_matching_not_walking_a_big_tree(tmp_path, monkeypatch):
+    # A slow file system (1 ms a file, 0.6 s in all) against a 0.3 s deadline for matching.
+    import magnitude_tui.agent.fs_tools as fs_tools
+
+    root = tmp_path / "r"
+    root.mkdir()
+    for i in range(600):
+        (root / f"f{i:04}.txt").write_text("x\ny\n" + ("needle\n" if i % 10 == 0 else ""))
+    real = fs_tools._read_text
+
+    def slow(path, **kw):
+        time.sleep(0.001)
+        return real(path, **kw)
+
+    monkeypatch.setattr(fs_tools, "_read_text", slow)
+    r = run(Workspace(root, Limits(search_seconds=0.3)), "search", pattern="needle")
+    assert r.ok and len(r.text.splitlines()) == 60 and "ran past" not in r.text, r.text[-300:]
 
 
 def test_edit_file_replaces_one_exact_occurrence_and_returns_the_diff(ws):

@@ -112,3 +112,17 @@ def test_a_conversation_waiting_on_its_tools_is_evicted_after_one_that_is_not():
     assert a2.cached_tokens > 0 and not engine.scheduler.sessions["A"].awaits_tools
     _run(engine, Request("d1", "D", (Message("user", "hey"),), SamplingParams(max_tokens=400)))
     assert set(engine.scheduler.sessions) == {"A", "D"}
+
+
+def test_a_stop_string_does_not_cut_a_call_parsed_without_a_grammar():
+    # A Llama 3 call has no marker to constrain from: it is parsed, not masked. A stop string
+    # inside its arguments ("}") cut it into a call whose JSON did not parse.
+    reply = call_text(ToolSyntax.LLAMA3, "lookup", '{"q": "a}b"}')
+    engine, backend = _engine(reply)
+    backend.tool_syntax = ToolSyntax.LLAMA3
+    req = Request("r1", "s1", (Message("user", "find x"),), SamplingParams(max_tokens=400, stop=("}",)),
+                  tools=(TOOL,))
+    text, calls, last = _run(engine, req)
+    assert last.done_reason is DoneReason.STOP and text == ""
+    assert calls[0].name == "lookup" and json.loads("".join(c.arguments for c in calls)) == {"q": "a}b"}
+    assert all(g is None for g in backend.grammars.values())  # parsed only, as the test means

@@ -133,6 +133,12 @@ def test_grammars_follow_tool_choice():
     ({"type": "string", "pattern": "^((a{0,20}){0,20}){0,20}$"}, "can match nothing"),
     ({"type": "string", "pattern": "^(a?b?){0,100}$"}, "can match nothing"),
     ({"type": "string", "pattern": "^((a{1,20}){1,20}){1,20}$"}, "nested 8,000 times"),
+    # Read otherwise by Python than by the converter, which builds the slow grammar all the same:
+    # spaces in a bound (Python: text), a lazy repeat (the grammar: optional), an anchor inside
+    # the pattern (the grammar: the character `$`, so the group's end is not its own).
+    ({"type": "string", "pattern": "^((a{1, 20}){1, 20}){1, 20}$"}, "nested 8,000 times"),
+    ({"type": "string", "pattern": "^(a+?){0,300}$"}, "can match nothing"),
+    ({"type": "string", "pattern": "^((a|a$){1,500}\\$){1,500}$"}, "nested 250,000 times"),
 ])
 def test_a_schema_whose_grammar_llama_cpp_cannot_take_is_refused_naming_the_parameter(schema, why):
     with pytest.raises(GrammarError, match=why) as e:

@@ -139,7 +139,7 @@ class FileTools:
         hits: list[str] = []
         limits = self.ws.limits
         cap, files = limits.search_matches, 0
-        deadline = time.monotonic() + limits.search_seconds
+        left = limits.search_seconds  # matching time only: walking and reading a big tree is not the pattern's
         for path in self.ws.walk_files(self.ws.root):
             rel = self.ws.relative(path)
             if glob is not None and not _glob_match(rel, glob):
@@ -153,13 +153,17 @@ class FileTools:
                 continue
             files += 1
             for no, line in enumerate(_lines(text), 1):
+                t0 = time.monotonic()
                 try:
-                    found = pattern.search(line, timeout=max(0.0, deadline - time.monotonic()))
+                    found = pattern.search(line, timeout=max(0.0, left))
                 except TimeoutError:
-                    return ToolResult.failed(
-                        f"the search for {args['pattern']!r} ran past {limits.search_seconds:g} s (at {rel}:{no}); "
-                        "a pattern with nested repeats such as (a+)+ can take that long on one line: "
-                        "simplify it or narrow the glob" + (f"\n[{len(hits)} matches before that]" if hits else ""))
+                    why = (f"[matching {args['pattern']!r} ran past {limits.search_seconds:g} s (at {rel}:{no}); "
+                           "a pattern with nested repeats such as (a|aa)+ can take that long on one line: "
+                           "simplify it or narrow the glob]")
+                    if hits:  # what was found stands, with why the search stopped
+                        return ToolResult("\n".join(hits) + "\n" + why)
+                    return ToolResult.failed(why[1:-1])
+                left -= time.monotonic() - t0
                 if found:
                     hits.append(f"{rel}:{no}: {line[:300]}")
                     if len(hits) >= cap:

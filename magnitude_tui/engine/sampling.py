@@ -79,7 +79,9 @@ class StepSampler:
             self.scheduler.finish(seq, DoneReason.STOP)
             return False
         self.scheduler.append_token(seq, token)
-        piece = seq.detok.feed(token, match_stops=seq.grammar is None)
+        # Stop strings cut free text only: not what a grammar writes, nor a call being parsed.
+        in_call = seq.tool_parser is not None and seq.tool_parser.in_call
+        piece = seq.detok.feed(token, match_stops=seq.grammar is None and not in_call)
         if seq.tool_parser is None:
             seq.text_pending += piece
         else:
