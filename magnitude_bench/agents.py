@@ -102,8 +102,11 @@ def run_agents(cfg: AgentsConfig, progress=lambda s: None) -> BenchResult:
         "previous call; a subagent's parent call): new tokens only; evaluated: what the side reported "
         "(serve: prompt - cached_tokens; llama-server: timings.prompt_n); reevaluated: evaluated beyond "
         "the minimum, summed per call (what its cache no longer held or never shared)",
-        "serve and llama-server render the tool calls in the history with their own templates, so "
-        "their prompt tokens may differ slightly; each side's minimum is its own",
+        "serve and llama-server render the tool calls in the history with their own templates (llama-server's "
+        "rendering of a template without tool support drops them), so their prompt tokens differ; each "
+        "side's minimum is its own; 'llama-server on serve's prompts' is sent serve's rendering",
+        "a call the server closed before answering is sent again, up to twice, as the openai client does "
+        "(resent, per call in the JSON); the time lost counts in its TTFT",
         "replies stop on end-of-generation or max_tokens (greedy, the same model): generated shows "
         "how many tokens each side made",
         "others_cores: cores other processes kept busy during the run (a shared machine); "

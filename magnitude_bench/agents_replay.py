@@ -40,6 +40,9 @@ class CallRecord:
     by_length: bool = False
     text: str = ""
     error: str | None = None
+    # Times the call was sent again because the server closed its connection before answering
+    # (the official openai client retries those too); the time lost counts in its TTFT.
+    resent: int = 0
 
     @property
     def ttft_s(self) -> float | None:

@@ -63,6 +63,9 @@ SIDES = {"serve": SideSpec(SideKind.SERVE), "engine": SideSpec(SideKind.ENGINE),
          "llama-server+serve-prompts": SideSpec(SideKind.LLAMA_SERVER, serve_prompts=True)}
 
 
+RESENDS = 2  # as the official openai client: a call the server closed unanswered is sent again
+
+
 class HttpSide:
     """One OpenAI-style client for every server: the whole history each call, streamed, greedy;
     `user` names the agent (serve keeps one conversation per user; llama-server ignores it and
@@ -87,27 +90,40 @@ class HttpSide:
     async def call(self, record: CallRecord, messages: list[dict], max_tokens: int) -> None:
         body = chat_body(self.rewrite(messages) if self.rewrite else messages, max_tokens, user=record.conv,
                          cache_prompt=True)
-        cached, timings = 0, None
         assert self.http is not None  # calls run inside session()
-        async with self.http.stream("POST", "/v1/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                record.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
+        for attempt in range(RESENDS + 1):
+            answered = False
+            try:
+                async with self.http.stream("POST", "/v1/chat/completions", json=body) as r:
+                    answered = True
+                    await self._read(record, r)
                 return
-            async for event in sse_events(r):
-                if "error" in event:
-                    record.error = str(event["error"])[:300]
-                for choice in event.get("choices") or []:
-                    record.by_length = record.by_length or choice.get("finish_reason") == "length"
-                    piece = (choice.get("delta") or {}).get("content")
-                    if piece:
-                        record.t_first = record.t_first or time.perf_counter()
-                        record.text += piece
-                usage = event.get("usage")
-                if usage:
-                    record.prompt_tokens = usage.get("prompt_tokens", 0)
-                    record.completion_tokens = usage.get("completion_tokens", 0)
-                    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-                timings = event.get("timings") or timings
+            except (httpx.RemoteProtocolError, httpx.ConnectError):
+                if answered or attempt == RESENDS:
+                    raise
+                record.resent += 1
+
+    @staticmethod
+    async def _read(record: CallRecord, r: httpx.Response) -> None:
+        cached, timings = 0, None
+        if r.status_code != 200:
+            record.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
+            return
+        async for event in sse_events(r):
+            if "error" in event:
+                record.error = str(event["error"])[:300]
+            for choice in event.get("choices") or []:
+                record.by_length = record.by_length or choice.get("finish_reason") == "length"
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    record.t_first = record.t_first or time.perf_counter()
+                    record.text += piece
+            usage = event.get("usage")
+            if usage:
+                record.prompt_tokens = usage.get("prompt_tokens", 0)
+                record.completion_tokens = usage.get("completion_tokens", 0)
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            timings = event.get("timings") or timings
         # llama-server says what it evaluated (prompt_n); serve says what it found cached.
         record.evaluated = (int(timings["prompt_n"]) if timings and "prompt_n" in timings
                             else record.prompt_tokens - cached)

@@ -68,10 +68,10 @@ bench quick person-cpu2core-deep person --backend simulated:cpu2core-deep
 # Structured output against free text and llama-server.
 bench quick structured structured --seqs 1,8,16 --max-tokens 48 --reps 6
 # The agent trace against llama-server (small: the full trace needs hours per side here).
-bench quick agents-2-no-bursts agents --bursts off --agents 2 --turns 2 --k-max 300 --think-scale 0.5 --reps 2 --sides serve,llama-server,llama-server+reuse+ram,llama-server+serve-prompts
+bench quick agents-2-no-bursts agents --bursts off --agents 2 --turns 2 --k-max 300 --think-scale 0.5 --reps 4 --sides serve,llama-server,llama-server+reuse+ram,llama-server+serve-prompts
 bench full agents-2-bursts agents --bursts on --agents 2 --turns 2 --k-max 300 --think-scale 0.5 --reps 2
 bench full agents-4-bursts agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 2 --sides serve,llama-server,llama-server+reuse
-bench full agents-4-bursts-np20 agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 2 --parallel 20 --sides serve,llama-server,llama-server+serve-prompts
+bench full agents-4-bursts-np20 agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 4 --parallel 20 --sides serve,llama-server,llama-server+serve-prompts
 # Speculative decoding: the matrix (about 75 minutes), the width 16 with a control, the model as
 # its own draft with llama-server's n-gram speculation beside it (about 20), then the control runs.
 bench full spec-reps3 spec --reps 3 --modes off,ngram,auto --no-peer

@@ -150,3 +150,41 @@ def test_the_side_on_serves_prompts_is_reported_apart_and_never_taken_for_llama_
     assert got is not None
     assert got["makespan ÷ best"] == round(80 / 130, 3) and got["best llama-server (by makespan)"] == "llama-server"
     assert got[f"makespan ÷ {alike}"] == round(80 / 100, 3)
+
+
+@pytest.mark.parametrize("fails, resent, error", [(1, 1, None), (3, 2, "RemoteProtocolError")])
+def test_a_call_the_server_closed_unanswered_is_sent_again_as_the_openai_client_does(fails, resent, error):
+    # llama-server closed a kept-alive connection as a call went out on it ("Server disconnected
+    # without sending a response"): the repetition was lost to the medians.
+    import asyncio
+
+    import httpx
+
+    from magnitude_bench.agents_sides import HttpSide
+
+    sent = 0
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        nonlocal sent
+        sent += 1
+        if sent <= fails:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        body = ('data: {"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}], '
+                '"usage": {"prompt_tokens": 5, "completion_tokens": 1}}\n\ndata: [DONE]\n\n')
+        return httpx.Response(200, content=body.encode(), headers={"content-type": "text/event-stream"})
+
+    async def main() -> CallRecord:
+        side = HttpSide("s", "http://side.test", None)
+        record = CallRecord(0, 0, "c", CallKind.TURN, 0, None)
+        async with httpx.AsyncClient(base_url="http://side.test", transport=httpx.MockTransport(answer)) as http:
+            side.http = http
+            try:
+                await side.call(record, [{"role": "user", "content": "hi"}], 8)
+            except httpx.RemoteProtocolError as e:
+                record.error = type(e).__name__
+        return record
+
+    record = asyncio.run(main())
+    assert record.resent == resent and record.error == error and sent == min(fails, 2) + 1
+    if error is None:
+        assert record.text == "ok" and record.evaluated == 5
