@@ -157,12 +157,12 @@ class FileTools:
                 try:
                     found = pattern.search(line, timeout=max(0.0, left))
                 except TimeoutError:
-                    why = (f"[matching {args['pattern']!r} ran past {limits.search_seconds:g} s (at {rel}:{no}); "
+                    why = (f"matching {args['pattern']!r} ran past {limits.search_seconds:g} s (at {rel}:{no}); "
                            "a pattern with nested repeats such as (a|aa)+ can take that long on one line: "
-                           "simplify it or narrow the glob]")
+                           "simplify it or narrow the glob")
                     if hits:  # what was found stands, with why the search stopped
-                        return ToolResult("\n".join(hits) + "\n" + why)
-                    return ToolResult.failed(why[1:-1])
+                        return ToolResult("\n".join(hits) + f"\n[{why}]")
+                    return ToolResult.failed(why)
                 left -= time.monotonic() - t0
                 if found:
                     hits.append(f"{rel}:{no}: {line[:300]}")

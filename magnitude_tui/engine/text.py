@@ -14,8 +14,8 @@ class ReplyText:
     cannot anymore (the held text is released). The user therefore never sees a stop string, and
     text lags by at most the longest stop string minus one character.
 
-    Text written under a grammar (a response schema, a tool call's arguments) is not matched:
-    the grammar decides where that text ends, and cutting it would leave JSON that does not parse.
+    Text written under a grammar (a response schema) or inside a tool call is not matched: the
+    grammar or the call decides where that text ends, and a cut would leave JSON that does not parse.
     """
 
     def __init__(self, detok: Detokenizer, stop: tuple[str, ...] = ()) -> None:
@@ -26,7 +26,7 @@ class ReplyText:
 
     def feed(self, token: int, match_stops: bool = True) -> str:
         """The text this token makes visible (possibly empty); `match_stops` False: the token was
-        written under a grammar, so it (and any text held back before it) is released as is."""
+        written under a grammar or inside a call, so it (and text held back before it) is released as is."""
         if self.stopped:
             return ""
         text = self._detok.feed(token)

@@ -21,9 +21,9 @@ from magnitude_tui.serve.calls import (
     answer_whole,
     authorize,
     choice_error,
+    generation_failed,
     not_ready,
     read_json,
-    stream_failure,
 )
 from magnitude_tui.serve.completion import Choice, Completion
 from magnitude_tui.serve.errors import ErrorType, OpenAIError
@@ -117,12 +117,9 @@ async def _stream(completion: Completion, options: ServeOptions, on_finish):
             yield _chunk(completion, options, [{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                                 "finish_reason": None}])
         async for d in completion.deltas():
-            failed: dict | None = None
-            if d.error is not None:
-                event, failed = stream_failure(completion, d.index, d.error)
-                if event is not None:
-                    yield json.dumps(event)
-                    continue
+            if d.error is not None and all(c.error for c in completion.choices):
+                yield json.dumps(generation_failed(d.error).body())  # see choice_error
+                continue
             delta = {"content": d.text} if d.text else {}
             if d.tool_calls:
                 delta["tool_calls"] = delta_json(d.tool_calls)
@@ -130,8 +127,8 @@ async def _stream(completion: Completion, options: ServeOptions, on_finish):
             if d.done and all(c.done for c in completion.choices):
                 extra["timings"] = completion.timings()
             yield _chunk(completion, options, [{"index": d.index, "delta": delta,
-                                                "finish_reason": "error" if failed else d.finish_reason,
-                                                **(failed or {})}], **extra)
+                                                "finish_reason": "error" if d.error else d.finish_reason,
+                                                **choice_error(d.error)}], **extra)
         if completion.call.include_usage:
             yield _chunk(completion, options, [], usage=completion.usage())
         yield "[DONE]"
@@ -148,7 +145,7 @@ def _chat_reply(completion: Completion, options: ServeOptions) -> dict:
         "id": completion.id, "object": "chat.completion", "created": int(time.time()),
         "model": options.model_name,
         "choices": [{"index": c.index, "message": _message(c), "finish_reason": c.finish_reason or "error",
-                     **choice_error(c)} for c in completion.choices],
+                     **choice_error(c.error)} for c in completion.choices],
         "usage": completion.usage(),
         "timings": completion.timings(),
     }

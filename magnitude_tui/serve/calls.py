@@ -13,7 +13,7 @@ from typing import Callable, TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from magnitude_tui.serve.completion import Choice, Completion
+from magnitude_tui.serve.completion import Completion
 from magnitude_tui.serve.errors import ErrorType, OpenAIError, invalid
 from magnitude_tui.serve.guard import GuardPolicy
 from magnitude_tui.serve.hub import EngineHub, EngineState
@@ -113,20 +113,16 @@ def nesting_within(value: object, limit: int) -> bool:
     return True
 
 
-def stream_failure(completion: Completion, index: int, message: str) -> tuple[dict | None, dict | None]:
-    """How a stream tells that choice `index` failed: (an error event, None) when every choice
-    of the call has now failed, else (None, what its last chunk's choice carries beside
-    `finish_reason: "error"`). The official client stops reading at an error event, so one sent
-    while other choices still run, or ended well, would lose them."""
-    if all(c.error for c in completion.choices if c.index != index):
-        return {"error": {"message": message, "type": ErrorType.SERVER.value, "code": "generation_failed",
-                          "param": None}}, None
-    return None, {"error": {"message": message, "code": "generation_failed"}}
+def generation_failed(message: str | None) -> OpenAIError:
+    """A choice that failed after its call was taken (the prompt was accepted)."""
+    return OpenAIError(500, message or "generation failed", ErrorType.SERVER, "generation_failed")
 
 
-def choice_error(c: Choice) -> dict:
-    """What a whole reply's failed choice carries beside `finish_reason: "error"`: why."""
-    return {"error": {"message": c.error, "code": "generation_failed"}} if c.error else {}
+def choice_error(message: str | None) -> dict:
+    """What a failed choice carries beside `finish_reason: "error"`, whole or streamed (nothing
+    for one that did not fail). A stream sends the error event only once every choice has failed:
+    the official client stops reading there, and would lose choices still running or ended well."""
+    return generation_failed(message).body() if message else {}
 
 
 _C = TypeVar("_C", bound=Completion)
@@ -154,6 +150,6 @@ async def answer_whole(request: Request, completion: _C, on_finish, reply: Calla
         on_finish(completion, Outcome.ERROR if failed else Outcome.OK)
     if failed and len(failed) == len(completion.choices):
         # Answered here, not raised: the call ran (its log line is written), it was not refused.
-        error = OpenAIError(500, failed[0].error or "generation failed", ErrorType.SERVER, "generation_failed")
+        error = generation_failed(failed[0].error)
         return JSONResponse(error.body(), status_code=error.status)
     return JSONResponse(reply(completion))

@@ -21,9 +21,9 @@ from magnitude_tui.serve.calls import (
     answer_whole,
     authorize,
     choice_error,
+    generation_failed,
     not_ready,
     read_json,
-    stream_failure,
 )
 from magnitude_tui.serve.completion import Completion
 from magnitude_tui.serve.errors import ErrorType, OpenAIError, invalid
@@ -178,16 +178,13 @@ async def _stream(completion: TextCompletion, options: ServeOptions, on_finish):
     outcome = Outcome.CANCELLED
     try:
         async for d in completion.deltas():
-            failed: dict | None = None
-            if d.error is not None:
-                event, failed = stream_failure(completion, d.index, d.error)
-                if event is not None:
-                    yield json.dumps(event)
-                    continue
+            if d.error is not None and all(c.error for c in completion.choices):
+                yield json.dumps(generation_failed(d.error).body())  # see choice_error
+                continue
             extra = {}
             if d.done and all(c.done for c in completion.choices):
                 extra["timings"] = completion.timings()
-            choice = _choice(d.index, d.text, "error" if failed else d.finish_reason) | (failed or {})
+            choice = _choice(d.index, d.text, "error" if d.error else d.finish_reason) | choice_error(d.error)
             body = _body(completion, options, [choice], **extra)
             yield json.dumps(body, ensure_ascii=False)
         if completion.call.include_usage:
@@ -202,5 +199,5 @@ async def _stream(completion: TextCompletion, options: ServeOptions, on_finish):
 
 
 def _reply(completion: TextCompletion, options: ServeOptions) -> dict:
-    choices = [_choice(c.index, c.text, c.finish_reason or "error") | choice_error(c) for c in completion.choices]
+    choices = [_choice(c.index, c.text, c.finish_reason or "error") | choice_error(c.error) for c in completion.choices]
     return _body(completion, options, choices, usage=completion.usage(), timings=completion.timings())
