@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import Callable
@@ -10,7 +9,6 @@ from typing import Callable
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
-from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException
 
 from magnitude_tui.serve.body import parse_chat
@@ -18,14 +16,15 @@ from magnitude_tui.serve.calls import (
     Outcome,
     ServeOptions,
     address,
-    answer_whole,
+    answer,
     authorize,
+    check_room,
     choice_error,
-    generation_failed,
     not_ready,
-    read_json,
+    stream_events,
+    take_body,
 )
-from magnitude_tui.serve.completion import Choice, Completion
+from magnitude_tui.serve.completion import Choice, Completion, Delta
 from magnitude_tui.serve.errors import ErrorType, OpenAIError
 from magnitude_tui.serve.guard import RequestGuard
 from magnitude_tui.serve.hub import EngineHub, EngineState
@@ -74,25 +73,12 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
 
     @api.post("/v1/chat/completions")
     async def chat(request: Request):
-        authorize(request, options)
-        body = await read_json(request, options.max_body_bytes)
-        if hub.state is not EngineState.READY or hub.draining:
-            raise not_ready(hub)
-        limit = options.default_max_tokens or hub.context_per_sequence
-        call = parse_chat(body, default_max_tokens=limit)
-        if hub.num_live + call.n > options.max_live:
-            raise OpenAIError(429, f"too many requests in flight ({hub.num_live} of {options.max_live}); "
-                              "retry shortly", ErrorType.RATE_LIMIT, "queue_full", retry_after_s=1)
+        body = await take_body(request, hub, options)
+        call = parse_chat(body, default_max_tokens=options.default_max_tokens or hub.context_per_sequence)
+        check_room(hub, options, call.n)
         completion = Completion(hub, call, client_name=call.user or address(request))
-        try:
-            await completion.start()
-        except asyncio.CancelledError:
-            completion.cancel()
-            raise
-        if call.stream:
-            return EventSourceResponse(_stream(completion, options, on_finish), ping=15,
-                                       headers={"Cache-Control": "no-cache"})
-        return await answer_whole(request, completion, on_finish, lambda c: _chat_reply(c, options))
+        return await answer(request, completion, on_finish, lambda c: _chat_reply(c, options),
+                            lambda: _stream(completion, options, on_finish))
 
     register(api, hub, options, on_finish)  # POST /v1/completions: a raw prompt, no chat template
     return api
@@ -110,34 +96,18 @@ def _chunk(completion: Completion, options: ServeOptions, choices: list[dict], *
     return json.dumps(body, ensure_ascii=False)
 
 
-async def _stream(completion: Completion, options: ServeOptions, on_finish):
-    outcome = Outcome.CANCELLED
-    try:
-        for c in completion.choices:
-            yield _chunk(completion, options, [{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                                "finish_reason": None}])
-        async for d in completion.deltas():
-            if d.error is not None and all(c.error for c in completion.choices):
-                yield json.dumps(generation_failed(d.error).body())  # see choice_error
-                continue
-            delta = {"content": d.text} if d.text else {}
-            if d.tool_calls:
-                delta["tool_calls"] = delta_json(d.tool_calls)
-            extra = {}
-            if d.done and all(c.done for c in completion.choices):
-                extra["timings"] = completion.timings()
-            yield _chunk(completion, options, [{"index": d.index, "delta": delta,
-                                                "finish_reason": "error" if d.error else d.finish_reason,
-                                                **choice_error(d.error)}], **extra)
-        if completion.call.include_usage:
-            yield _chunk(completion, options, [], usage=completion.usage())
-        yield "[DONE]"
-        outcome = Outcome.ERROR if any(c.error for c in completion.choices) else Outcome.OK
-    finally:
-        if outcome is Outcome.CANCELLED:
-            completion.cancel()
-        if on_finish is not None:
-            on_finish(completion, outcome)
+def _piece(d: Delta) -> dict:
+    delta: dict = {"content": d.text} if d.text else {}
+    if d.tool_calls:
+        delta["tool_calls"] = delta_json(d.tool_calls)
+    return {"delta": delta}
+
+
+def _stream(completion: Completion, options: ServeOptions, on_finish):
+    opening = [{"index": c.index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+               for c in completion.choices]
+    return stream_events(completion, on_finish, lambda choices, **extra: _chunk(completion, options, choices, **extra),
+                         _piece, opening)
 
 
 def _chat_reply(completion: Completion, options: ServeOptions) -> dict:

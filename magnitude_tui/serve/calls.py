@@ -1,5 +1,6 @@
 """Provides what every HTTP route shares: the server's options, how a call ended, who called,
-the key check, a bounded JSON body, and waiting for a whole reply (chat and text completions)."""
+the key check, a bounded JSON body, the queue's room, and the answer: a whole reply or its SSE
+chunks (chat and text completions differ only in their shapes)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import json
 import secrets
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, TypeVar
+from typing import AsyncIterator, Callable, Iterable, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse
 
-from magnitude_tui.serve.completion import Completion
+from magnitude_tui.serve.completion import Completion, Delta
 from magnitude_tui.serve.errors import ErrorType, OpenAIError, invalid
 from magnitude_tui.serve.guard import GuardPolicy
 from magnitude_tui.serve.hub import EngineHub, EngineState
@@ -66,6 +68,22 @@ def authorize(request: Request, options: ServeOptions) -> None:
     if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), options.api_key):
         raise OpenAIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
                           ErrorType.AUTHENTICATION, "invalid_api_key")
+
+
+async def take_body(request: Request, hub: EngineHub, options: ServeOptions) -> object:
+    """A completion call's JSON body, once the caller's key is good and the engine takes calls."""
+    authorize(request, options)
+    body = await read_json(request, options.max_body_bytes)
+    if hub.state is not EngineState.READY or hub.draining:
+        raise not_ready(hub)
+    return body
+
+
+def check_room(hub: EngineHub, options: ServeOptions, n: int) -> None:
+    """429 when `n` more choices would put more requests in the engine than the server allows."""
+    if hub.num_live + n > options.max_live:
+        raise OpenAIError(429, f"too many requests in flight ({hub.num_live} of {options.max_live}); "
+                          "retry shortly", ErrorType.RATE_LIMIT, "queue_full", retry_after_s=1)
 
 
 async def read_json(request: Request, limit: int) -> object:
@@ -126,6 +144,51 @@ def choice_error(message: str | None) -> dict:
 
 
 _C = TypeVar("_C", bound=Completion)
+Chunk = Callable[..., str]  # (choices, **fields) -> one SSE event's JSON, in the route's shape
+
+
+async def answer(request: Request, completion: _C, on_finish, reply: Callable[[_C], dict],
+                 events: Callable[[], AsyncIterator[str]]):
+    """Start the call's choices, then answer: its SSE events when it asked to stream, else its
+    whole reply. A client that hangs up before the choices are queued cancels them."""
+    try:
+        await completion.start()
+    except asyncio.CancelledError:
+        completion.cancel()
+        raise
+    if completion.call.stream:
+        return EventSourceResponse(events(), ping=15, headers={"Cache-Control": "no-cache"})
+    return await answer_whole(request, completion, on_finish, reply)
+
+
+async def stream_events(completion: Completion, on_finish, chunk: Chunk, piece: Callable[[Delta], dict],
+                        opening: Iterable[dict] = ()) -> AsyncIterator[str]:
+    """A streamed call's SSE events: `opening` choices first, then each delta as one choice,
+    `piece(delta)` giving its content in the route's shape; the timings ride on the chunk that
+    ends the last choice, usage on its own chunk when asked, then [DONE]. Leaving early (the
+    client hung up) cancels the call; `on_finish` hears once how it ended."""
+    outcome = Outcome.CANCELLED
+    try:
+        for choice in opening:
+            yield chunk([choice])
+        async for d in completion.deltas():
+            if d.error is not None and all(c.error for c in completion.choices):
+                yield json.dumps(generation_failed(d.error).body())  # see choice_error
+                continue
+            extra = {}
+            if d.done and all(c.done for c in completion.choices):
+                extra["timings"] = completion.timings()
+            yield chunk([{"index": d.index, **piece(d), "finish_reason": "error" if d.error else d.finish_reason,
+                          **choice_error(d.error)}], **extra)
+        if completion.call.include_usage:
+            yield chunk([], usage=completion.usage())
+        yield "[DONE]"
+        outcome = Outcome.ERROR if any(c.error for c in completion.choices) else Outcome.OK
+    finally:
+        if outcome is Outcome.CANCELLED:
+            completion.cancel()
+        if on_finish is not None:
+            on_finish(completion, outcome)
 
 
 async def answer_whole(request: Request, completion: _C, on_finish, reply: Callable[[_C], dict]) -> JSONResponse:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -11,23 +10,21 @@ from typing import Callable
 
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
-from sse_starlette.sse import EventSourceResponse
 
 from magnitude_tui.serve.body import DEFAULT_TEMPERATURE, MAX_N, _boolean, _default, _integer, _number, _stops
 from magnitude_tui.serve.calls import (
     Outcome,
     ServeOptions,
     address,
-    answer_whole,
-    authorize,
+    answer,
+    check_room,
     choice_error,
-    generation_failed,
-    not_ready,
-    read_json,
+    stream_events,
+    take_body,
 )
 from magnitude_tui.serve.completion import Completion
-from magnitude_tui.serve.errors import ErrorType, OpenAIError, invalid
-from magnitude_tui.serve.hub import EngineHub, EngineState
+from magnitude_tui.serve.errors import OpenAIError, invalid
+from magnitude_tui.serve.hub import EngineHub
 from magnitude_tui.serve.tools_body import ToolUse
 from scheduler.types import Priority, Request, SamplingParams
 
@@ -145,24 +142,11 @@ def register(api: FastAPI, hub: EngineHub, options: ServeOptions,
 
     @api.post("/v1/completions")
     async def completions(request: HttpRequest):
-        authorize(request, options)
-        body = await read_json(request, options.max_body_bytes)
-        if hub.state is not EngineState.READY or hub.draining:  # as the chat route (serve/app.py)
-            raise not_ready(hub)
-        call = parse_text_call(body)
-        if hub.num_live + call.n > options.max_live:
-            raise OpenAIError(429, f"too many requests in flight ({hub.num_live} of {options.max_live}); "
-                              "retry shortly", ErrorType.RATE_LIMIT, "queue_full", retry_after_s=1)
+        call = parse_text_call(await take_body(request, hub, options))
+        check_room(hub, options, call.n)
         completion = TextCompletion(hub, call, client_name=call.user or address(request))
-        try:
-            await completion.start()
-        except asyncio.CancelledError:
-            completion.cancel()
-            raise
-        if call.stream:
-            return EventSourceResponse(_stream(completion, options, on_finish), ping=15,
-                                       headers={"Cache-Control": "no-cache"})
-        return await answer_whole(request, completion, on_finish, lambda c: _reply(c, options))
+        return await answer(request, completion, on_finish, lambda c: _reply(c, options),
+                            lambda: _stream(completion, options, on_finish))
 
 
 def _body(completion: TextCompletion, options: ServeOptions, choices: list[dict], **extra) -> dict:
@@ -174,30 +158,12 @@ def _choice(index: int, text: str, finish_reason: str | None) -> dict:
     return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
 
-async def _stream(completion: TextCompletion, options: ServeOptions, on_finish):
-    outcome = Outcome.CANCELLED
-    try:
-        async for d in completion.deltas():
-            if d.error is not None and all(c.error for c in completion.choices):
-                yield json.dumps(generation_failed(d.error).body())  # see choice_error
-                continue
-            extra = {}
-            if d.done and all(c.done for c in completion.choices):
-                extra["timings"] = completion.timings()
-            choice = _choice(d.index, d.text, "error" if d.error else d.finish_reason) | choice_error(d.error)
-            body = _body(completion, options, [choice], **extra)
-            yield json.dumps(body, ensure_ascii=False)
-        if completion.call.include_usage:
-            yield json.dumps(_body(completion, options, [], usage=completion.usage()), ensure_ascii=False)
-        yield "[DONE]"
-        outcome = Outcome.ERROR if any(c.error for c in completion.choices) else Outcome.OK
-    finally:
-        if outcome is Outcome.CANCELLED:
-            completion.cancel()
-        if on_finish is not None:
-            on_finish(completion, outcome)
-
-
 def _reply(completion: TextCompletion, options: ServeOptions) -> dict:
     choices = [_choice(c.index, c.text, c.finish_reason or "error") | choice_error(c.error) for c in completion.choices]
     return _body(completion, options, choices, usage=completion.usage(), timings=completion.timings())
+
+
+def _stream(completion: TextCompletion, options: ServeOptions, on_finish):
+    def chunk(choices: list[dict], **extra) -> str:
+        return json.dumps(_body(completion, options, choices, **extra), ensure_ascii=False)
+    return stream_events(completion, on_finish, chunk, lambda d: {"text": d.text, "logprobs": None})
