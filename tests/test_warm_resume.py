@@ -311,3 +311,32 @@ def test_a_worker_client_forgets_a_conversation_through_its_engine_or_itself_whe
 
     client.forget("s2")  # no engine running: the client deletes the files itself
     assert list(kv.glob("*.kv*")) == []
+
+
+def test_a_write_that_fails_midway_leaves_no_partial_file_and_the_old_state(tmp_path, monkeypatch):
+    store = WarmStore(tmp_path / "kv", layout="test", budget_bytes=1 << 20)
+    store.write("s1", [1, 2, 3], b"old state")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "kv").iterdir()}
+    real_open = open
+
+    class FullDisk:
+        def __init__(self, f) -> None:
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.f.close()
+
+        def write(self, data: bytes) -> int:
+            if len(data) > 100:  # the header goes in; the KV state does not fit
+                raise OSError(28, "No space left on device")
+            return self.f.write(data)
+
+    monkeypatch.setattr("builtins.open", lambda p, mode="r", *a, **k: FullDisk(real_open(p, mode, *a, **k))
+                        if str(p).endswith(".tmp") else real_open(p, mode, *a, **k))
+    with pytest.raises(OSError, match="No space"):
+        store.write("s1", [1, 2, 3, 4], b"new state " * 50)
+    after = {p.name: p.read_bytes() for p in (tmp_path / "kv").iterdir()}
+    assert after == before  # no .tmp left behind, the saved state as it was

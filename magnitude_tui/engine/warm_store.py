@@ -148,11 +148,15 @@ class WarmStore:
             path.unlink(missing_ok=True)  # an older, shorter state would no longer be the latest
             return 0
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + struct.pack("<I", len(header)) + header)
-            f.write(packed)
-            f.write(state)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(MAGIC + struct.pack("<I", len(header)) + header)
+                f.write(packed)
+                f.write(state)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk keeps no half-written state taking room
+            raise
         self.num_written += 1
         self._enforce_budget(keep=path)
         self.last_write_ms = (time.perf_counter() - t0) * 1000.0
