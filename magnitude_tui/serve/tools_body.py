@@ -80,9 +80,28 @@ def check_schema(schema: object, where: str) -> str:
         Draft202012Validator.check_schema(schema)
     except SchemaError as e:
         raise invalid(where, f"'{where}' is not a valid JSON schema: {e.message[:200]}") from None
-    if "$ref" in json.dumps(schema) and "http" in json.dumps(schema):
-        raise invalid(where, f"'{where}' refers to a remote schema; only local '$ref's are followed")
+    ref = _outside_ref(schema)
+    if ref is not None:
+        raise invalid(where, f"'{where}' refers to {ref[:80]!r}, outside the schema; only local '$ref's "
+                      "('#/...') are followed")
     return json.dumps(schema)
+
+
+def _outside_ref(schema: dict) -> str | None:
+    """The first `$ref` that points outside the schema (a URL, another file), if any. Only the
+    references themselves count: a `$schema` URL or a description quoting a link is no reference
+    (the openai client's Pydantic schemas and zod's carry both beside local refs)."""
+    stack: list[object] = [schema]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            ref = v.get("$ref")
+            if isinstance(ref, str) and not ref.startswith("#"):
+                return ref
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return None
 
 
 def _tool_choice(raw: object, tools: tuple[Tool, ...]) -> ToolChoice:
