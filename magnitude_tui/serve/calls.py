@@ -113,22 +113,36 @@ async def read_json(request: Request, limit: int) -> object:
         raise invalid(None, f"the request body is not valid JSON: {e}", "invalid_json") from None
     except RecursionError:  # past the parser's own limit (about 1,000 levels)
         raise too_deep from None
-    if not nesting_within(body, MAX_JSON_DEPTH):
+    problem = body_problem(body, MAX_JSON_DEPTH)
+    if problem == "depth":
         raise too_deep
+    if problem is not None:
+        # JSON's \ud800 escapes decode to lone surrogates, which no UTF-8 text holds: a tokenizer,
+        # a log line or a digest of the `user` field would fail on them later (a 500).
+        raise invalid(None, f"the request body holds a lone UTF-16 surrogate ({problem}), which is not "
+                      "Unicode text", "invalid_json")
     return body
 
 
-def nesting_within(value: object, limit: int) -> bool:
-    """Whether no object or array in `value` lies more than `limit` levels deep (walked without
-    recursion, so a hostile body cannot exhaust the stack of whatever reads it next)."""
+def body_problem(value: object, limit: int) -> str | None:
+    """None when `value` is fit to be read further, else what is wrong: "depth" when an object or
+    array lies more than `limit` levels deep, or the escape of a lone surrogate in a string or key.
+    Walked without recursion, so a hostile body cannot exhaust the stack of whatever reads it next."""
     stack = [(value, 1)]
     while stack:
         v, depth = stack.pop()
-        if isinstance(v, (dict, list)):
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return f"\\u{ord(v[e.start]):04x}"
+        elif isinstance(v, (dict, list)):
             if depth > limit:
-                return False
+                return "depth"
             stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
-    return True
+            if isinstance(v, dict):
+                stack.extend((k, depth) for k in v)
+    return None
 
 
 def generation_failed(message: str | None) -> OpenAIError:
