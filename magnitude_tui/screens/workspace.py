@@ -214,6 +214,9 @@ class WorkspaceScreen(DialogActions):
     def agent_running(self, pane: ChatPane) -> bool:
         return self.agents.running(pane)
 
+    def stop_agent(self, pane: ChatPane) -> bool:
+        return self.agents.stop(pane)
+
     async def start_agent(self, pane: ChatPane, task: str, role: str | None = None) -> None:
         await self.agents.start(pane, task, role)
 

@@ -20,6 +20,7 @@ from magnitude_tui.screens.spawn_dialog import SpawnDialog
 
 if TYPE_CHECKING:
     from magnitude_tui.engine.protocol import EngineClient
+    from magnitude_tui.screens.pane_agent import PaneAgents
     from magnitude_tui.widgets.pane_grid import PaneGrid
     from magnitude_tui.workspace.model import WorkspaceModel
 
@@ -28,6 +29,7 @@ class DialogActions(Screen):
     """The workspace screen's actions that ask in a dialog first; WorkspaceScreen is one and sets
     what is declared here."""
 
+    agents: PaneAgents
     client: EngineClient
     export_dir: Path
     grid: PaneGrid
@@ -52,10 +54,12 @@ class DialogActions(Screen):
         pane = self.grid.focused_pane()
         if pane is None:
             return
-        if not pane.busy:
+        agent = self.agents.running(pane)  # between turns (a tool runs) the pane is not busy
+        if not pane.busy and not agent:
             await self.model.conversations.close(pane)
             return
         name = pane.record.name
+        doing = "is running an agent. Closing stops the agent" if agent else "is still replying. Closing stops the reply"
 
         async def answered(ok: bool | None) -> None:
             if ok and pane.is_attached:
@@ -63,8 +67,8 @@ class DialogActions(Screen):
 
         await self.app.push_screen(ConfirmDialog(
             f"Close {name}?",
-            f"{name} is still replying. Closing stops the reply and frees its sequence; the "
-            "conversation stays saved and f4 reopens it.", confirm="Close"), answered)
+            f"{name} {doing} and frees its sequence; the conversation stays saved and f4 "
+            "reopens it.", confirm="Close"), answered)
 
     @work(exclusive=True, group="conversations")
     async def action_conversations(self) -> None:

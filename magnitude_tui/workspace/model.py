@@ -43,6 +43,7 @@ class WorkspaceHost(Protocol):
     async def unmount_pane(self, pane: ChatPane) -> None: ...
     def perform(self, action: str) -> None: ...
     def agent_running(self, pane: ChatPane) -> bool: ...
+    def stop_agent(self, pane: ChatPane) -> bool: ...
     async def start_agent(self, pane: ChatPane, task: str, role: str | None = None) -> None: ...
 
 
@@ -119,7 +120,10 @@ class WorkspaceModel:
 
     async def close_pane(self, pane: ChatPane, *, replace: bool = True) -> None:
         """Close a pane now: cancel its reply, free its sequence and KV, keep it in the store
-        (`replace`: the last pane closed gives way to a new empty one)."""
+        (`replace`: the last pane closed gives way to a new empty one). An agent running in it
+        stops (its turn, tool or approval question): it would go on asking and acting for a pane
+        no longer there."""
+        self.host.stop_agent(pane)
         if pane.request_id is not None:
             self.client.cancel(pane.request_id)
         self.release_session(pane)
