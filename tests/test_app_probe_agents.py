@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import asyncio
 
+from magnitude_tui.agent.policy import ApprovePolicy
+from magnitude_tui.agents import AgentSettings
+from magnitude_tui.app import MagnitudeApp
+from magnitude_tui.screens.agent_dialog import AgentDialog
 from magnitude_tui.screens.approval_dialog import ApprovalDialog
 from magnitude_tui.screens.confirm_dialog import ConfirmDialog
+from magnitude_tui.store import Store
+from scheduler.types import ToolChoiceMode
 from tests.agent_app_support import ToolClient, agent_app, drive, tool_results
-from tests.app_support import type_message, wait_for
+from tests.app_support import SIZE, type_message, wait_for
 
 
 def slow_command_then_write(request):
@@ -41,3 +47,45 @@ async def test_closing_a_pane_stops_the_agent_running_a_tool_in_it(tmp_path):
         assert not (tmp_path / "work" / "late.txt").exists()  # its process group was killed
         assert len(client.submitted) == 1 and not isinstance(app.screen, ApprovalDialog)
         assert pane not in ws.grid.panes
+
+
+READER = AgentSettings("reader", "You read files.", tools=("read_file",), approve=ApprovePolicy.READ_ONLY,
+                       tool_choice=ToolChoiceMode.REQUIRED)
+
+
+async def test_a_role_keeps_its_tools_after_a_relaunch_and_after_the_agent_dialog(tmp_path):
+    # The store keeps a pane's role, system prompt and sampling but not the role's tools, approve
+    # and tool_choice, and the agent dialog (f6) built settings without them: a `reader` pane
+    # reopened by --resume, or saved in f6, still said `reader` but sent its messages as plain
+    # chat, and `/agent` in it was offered every tool (writes and commands included).
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "r.txt").write_text("inside\n")
+    roles = {"reader": READER}
+
+    def script(request):
+        return [("read_file", {"path": "r.txt"})] if not tool_results(request) else "read it"
+
+    client = ToolClient(script)
+    async with agent_app(tmp_path, client, roles=roles) as (app, pilot):
+        ws = app.workspace
+        pane = ws.grid.panes[0]
+        await type_message(pilot, "/agent reader what is in r.txt")
+        await drive(pilot, client, lambda: not ws.agents.running(pane) and pane.last_answer(), "the answer")
+        await pilot.press("f6")
+        await wait_for(pilot, lambda: isinstance(app.screen, AgentDialog), what="the agent dialog")
+        await pilot.press("ctrl+s")  # saved as it is
+        await wait_for(pilot, lambda: not isinstance(app.screen, AgentDialog), what="the dialog to close")
+        assert pane.record.settings == READER
+
+    client = ToolClient(script)
+    app = MagnitudeApp(client=client, store=Store(tmp_path / "magnitude.db"), export_dir=tmp_path / "exports",
+                       roles=roles, workdir=tmp_path / "work", resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        ws = app.workspace
+        [pane] = ws.grid.panes
+        assert pane.record.settings == READER
+        await type_message(pilot, "again please")  # still an agent task, with the role's tools only
+        await drive(pilot, client, lambda: client.submitted and not ws.agents.running(pane), "the run")
+        first = client.submitted[0]
+        assert [t.name for t in first.tools] == ["read_file"]
+        assert first.tool_choice.mode is ToolChoiceMode.REQUIRED

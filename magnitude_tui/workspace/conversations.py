@@ -4,7 +4,8 @@ that ask for these (screens/workspace_dialogs.py) and hands the answers here."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Mapping
 
 from magnitude_tui.agents import AgentSettings
 from magnitude_tui.names import first_free
@@ -23,6 +24,21 @@ def free_name(name: str, taken: set[str]) -> str:
 def untouched(pane: ChatPane) -> bool:
     """Nothing in it: no message, nothing queued or typed, no reply running (closing loses nothing)."""
     return not (pane.record.messages or pane.queued or pane.busy or pane.composer.text.strip())
+
+
+def with_role_tools(settings: AgentSettings, roles: Mapping[str, AgentSettings],
+                    before: AgentSettings | None = None) -> AgentSettings:
+    """`settings` with its role's agent keys (tools, approve, tool_choice) from the agents file.
+    The store keeps a pane's role, system prompt and sampling, not these, and the agent dialog
+    edits only those: without this a reopened pane, or one saved in f6, of a read-only role with
+    tools ran its messages as plain chat, and `/agent` in it was offered every tool. A role the
+    file no longer has keeps what the pane had (`before`, when it is the same role)."""
+    role = roles.get(settings.role) if settings.role else None
+    if role is None:
+        role = before if before is not None and before.role == settings.role else None
+    if role is None:
+        return settings
+    return replace(settings, tools=role.tools, approve=role.approve, tool_choice=role.tool_choice)
 
 
 class Conversations:
@@ -85,6 +101,7 @@ class Conversations:
 
     def set_settings(self, pane: ChatPane, settings: AgentSettings) -> None:
         """The pane's role, system prompt and sampling, from its next turn on."""
+        settings = with_role_tools(settings, self.model.roles, before=pane.record.settings)
         pane.apply_settings(settings)
         self.model.store.set_pane_settings(pane.session_id, settings)
 

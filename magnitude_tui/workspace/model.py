@@ -14,7 +14,7 @@ from magnitude_tui.engine.events import EngineFailed, EngineReady, RestoreOutcom
 from magnitude_tui.engine.protocol import EngineClient
 from magnitude_tui.store import PaneRecord, Store
 from magnitude_tui.subagents import Subagents, next_name
-from magnitude_tui.workspace.conversations import Conversations
+from magnitude_tui.workspace.conversations import Conversations, with_role_tools
 from magnitude_tui.workspace.limits import MAX_PANES
 from magnitude_tui.workspace.turns import Turns
 from scheduler.types import DoneReason, Phase, Priority, Request, SamplingParams
@@ -96,7 +96,9 @@ class WorkspaceModel:
 
     async def open_record(self, record: PaneRecord, *, parent_name: str | None = None,
                           focus: bool = False) -> ChatPane:
-        """A pane for a stored (or just stored) conversation, mounted."""
+        """A pane for a stored (or just stored) conversation, mounted (with its role's tools,
+        which the store does not keep)."""
+        record.settings = with_role_tools(record.settings, self.roles)
         pane = self.host.make_pane(record, parent_name)
         await self.add_pane(pane, focus=focus)
         return pane
