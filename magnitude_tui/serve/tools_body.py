@@ -31,9 +31,13 @@ def parse_tool_use(body: dict) -> ToolUse:
     """ToolUse, or OpenAIError (400) naming the first parameter that is wrong."""
     tools = _tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), tools)
-    parallel = body.get("parallel_tool_calls", True)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is None:  # null is the default, as for every other field
+        parallel = True
     if not isinstance(parallel, bool):
         raise invalid("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
+    if choice.mode is ToolChoiceMode.FUNCTION:
+        parallel = False  # a named function is called exactly once (OpenAI's "forced function")
     schema = _response_format(body.get("response_format"))
     if schema is not None and tools and choice.mode is not ToolChoiceMode.NONE:
         raise invalid("response_format", "'response_format' with a JSON schema cannot be combined with "
