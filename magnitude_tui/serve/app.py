@@ -59,6 +59,13 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
         error = OpenAIError(exc.status_code, f"{exc.detail} ({request.method} {request.url.path[:200]})", kind, code)
         return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
 
+    @api.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not the caller's fault: the OpenAI shape in fixed words (uvicorn still logs the
+        # traceback), never Starlette's bare-text "Internal Server Error" that clients cannot read.
+        error = OpenAIError(500, "the server failed on this request", ErrorType.SERVER, "internal_error")
+        return JSONResponse(error.body(), status_code=500)
+
     @api.get("/health")
     async def health() -> JSONResponse:
         if hub.state is EngineState.READY and not hub.draining:
@@ -68,8 +75,16 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
     @api.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
         authorize(request, options)
-        return JSONResponse({"object": "list", "data": [
-            {"id": options.model_name, "object": "model", "created": 0, "owned_by": "magnitude-tui"}]})
+        return JSONResponse({"object": "list", "data": [_model_json(options)]})
+
+    @api.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> JSONResponse:
+        # The openai client's models.retrieve(); an unknown id is OpenAI's 404.
+        authorize(request, options)
+        if model_id != options.model_name:
+            raise OpenAIError(404, f"the model {model_id[:200]!r} does not exist (this server serves "
+                              f"{options.model_name!r})", ErrorType.NOT_FOUND, "model_not_found", "model")
+        return JSONResponse(_model_json(options))
 
     @api.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -82,6 +97,10 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
 
     register(api, hub, options, on_finish)  # POST /v1/completions: a raw prompt, no chat template
     return api
+
+
+def _model_json(options: ServeOptions) -> dict:
+    return {"id": options.model_name, "object": "model", "created": 0, "owned_by": "magnitude-tui"}
 
 
 def _message(c: Choice) -> dict:
