@@ -89,3 +89,48 @@ async def test_a_role_keeps_its_tools_after_a_relaunch_and_after_the_agent_dialo
         first = client.submitted[0]
         assert [t.name for t in first.tools] == ["read_file"]
         assert first.tool_choice.mode is ToolChoiceMode.REQUIRED
+
+
+async def test_s_in_the_approval_dialog_denies_and_stops_the_agent(tmp_path):
+    # A model that calls the same command every turn: the dialog had no way to stop the agent
+    # (esc in the pane cannot be reached under the modal dialog), so each of up to max_turns
+    # turns took a denial.
+    (tmp_path / "work").mkdir()
+    client = ToolClient(lambda r: [("run_command", {"command": "touch ran.txt"})])
+    async with agent_app(tmp_path, client) as (app, pilot):
+        ws = app.workspace
+        pane = ws.grid.panes[0]
+        await type_message(pilot, "/agent loop forever")
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the approval")
+        await pilot.press("s")
+        await wait_for(pilot, lambda: not ws.agents.running(pane), what="the agent to stop")
+        for _ in range(5):
+            if client.live:
+                client.step()
+            await pilot.pause()
+        assert not isinstance(app.screen, ApprovalDialog) and len(client.submitted) == 1
+        assert not (tmp_path / "work" / "ran.txt").exists()
+        assert pane.activity is None and app.screen is ws
+        await type_message(pilot, "/agent once more")  # the pane takes a new task
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the next approval")
+
+
+async def test_s_in_a_subagents_approval_stops_the_pane_agent_that_spawned_it(tmp_path):
+    (tmp_path / "work").mkdir()
+
+    def script(request):
+        if request.session_id.count("-") > 1 or "Your task:" in request.messages[-1].content:
+            return [("run_command", {"command": "touch child.txt"})]
+        return [("spawn_agents", {"agents": [{"task": "alpha"}]})]
+
+    client = ToolClient(script)
+    async with agent_app(tmp_path, client) as (app, pilot):
+        ws = app.workspace
+        pane = ws.grid.panes[0]
+        await type_message(pilot, "/agent split the work")
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the subagent's approval")
+        assert app.screen.request.parent == "A1"
+        await pilot.press("s")
+        await wait_for(pilot, lambda: not ws.agents.running(pane), what="the agent to stop")
+        assert not (tmp_path / "work" / "child.txt").exists()
+        assert not isinstance(app.screen, ApprovalDialog)

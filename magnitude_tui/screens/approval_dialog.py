@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Callable
 
 from textual import on
 from textual.app import App, ComposeResult
@@ -15,6 +16,8 @@ from textual.widgets import Button, Input, Label, Static
 from magnitude_tui.agent.policy import ALLOW_ONCE, ALLOW_PANE, ApprovalRequest, Decision, deny
 
 DEFAULT_DENY = "the user said no"
+# s in the dialog: this call is denied and the agent stops (its pane's agent, with its subagents).
+STOP = deny("the user stopped the agent")
 
 
 def who(request: ApprovalRequest) -> str:
@@ -32,13 +35,15 @@ def pretty_arguments(arguments: str) -> str:
 
 class ApprovalDialog(ModalScreen[Decision]):
     """y: allow once · a: allow this tool for the pane · n: deny (then a reason, Enter sends it);
-    esc denies without a reason. Nothing runs until one is chosen."""
+    esc denies without a reason; s denies and stops the agent (a model that asks again and again
+    would otherwise take a denial per turn). Nothing runs until one is chosen."""
 
     BINDINGS = [
         Binding("y", "allow_once", "Allow once"),
         Binding("a", "allow_pane", "Allow for this pane"),
         Binding("n", "deny", "Deny"),
         Binding("escape", "deny_now", "Deny"),
+        Binding("s", "stop", "Stop the agent"),
     ]
     DEFAULT_CSS = """
     ApprovalDialog { align: center middle; }
@@ -70,9 +75,10 @@ class ApprovalDialog(ModalScreen[Decision]):
                 with VerticalScroll(id="approval-diff-box"):
                     yield Static(r.preview, id="approval-diff", markup=False)
             yield Input(placeholder="why not? (sent to the model; Enter denies)", id="approval-reason")
-            yield Label("y allow once · a allow this tool for the pane · n deny with a reason · esc deny",
-                        classes="approval-label")
+            yield Label("y allow once · a allow this tool for the pane · n deny with a reason · esc deny · "
+                        "s stop the agent", classes="approval-label")
             with Horizontal():
+                yield Button("Stop agent (s)", id="approval-stop")
                 yield Button("Deny (n)", variant="error", id="approval-deny")
                 yield Button("For this pane (a)", id="approval-pane")
                 yield Button("Allow once (y)", variant="primary", id="approval-once")
@@ -85,7 +91,7 @@ class ApprovalDialog(ModalScreen[Decision]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # While the reason is typed, its letters are text, not choices.
-        if action in ("allow_once", "allow_pane", "deny") and self._reason_open():
+        if action in ("allow_once", "allow_pane", "deny", "stop") and self._reason_open():
             return False
         return True
 
@@ -106,6 +112,10 @@ class ApprovalDialog(ModalScreen[Decision]):
         reason.add_class("-shown")
         reason.focus()
 
+    @on(Button.Pressed, "#approval-stop")
+    def action_stop(self) -> None:
+        self.dismiss(STOP)
+
     def action_deny_now(self) -> None:
         self._deny_with(self.query_one("#approval-reason", Input).value)
 
@@ -121,8 +131,10 @@ class DialogApproval:
     """The Approval protocol on the dialog: one request on screen at a time (subagents of one
     spawn may ask together; they wait their turn)."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App, on_stop: Callable[[ApprovalRequest], None] | None = None) -> None:
+        """`on_stop`: called with the request when the user chose to stop its agent."""
         self.app = app
+        self.on_stop = on_stop
         self._lock = asyncio.Lock()
 
     async def ask(self, request: ApprovalRequest) -> Decision:
@@ -132,12 +144,14 @@ class DialogApproval:
             def done(decision: Decision | None) -> None:
                 if not answer.done():
                     answer.set_result(decision if decision is not None else deny(DEFAULT_DENY))
+                if decision is STOP and self.on_stop is not None:
+                    self.on_stop(request)
 
             screen = ApprovalDialog(request)
             self.app.push_screen(screen, done)
             try:
                 return await answer
             except asyncio.CancelledError:  # the agent was stopped: its question goes away
-                if screen.is_attached:
+                if screen.is_attached and screen is self.app.screen:  # not already dismissed
                     screen.dismiss(None)
                 raise

@@ -22,6 +22,7 @@ from magnitude_tui.agent.events import (
     TurnStarted,
 )
 from magnitude_tui.agent.mcp_tools import McpServers
+from magnitude_tui.agent.policy import ApprovalRequest
 from magnitude_tui.agent.team import SPAWN, AgentTeam, RoleToolsError
 from magnitude_tui.agent.workspace import Workspace
 from magnitude_tui.agents import AgentFileError, AgentSettings
@@ -84,12 +85,13 @@ class PaneAgents:
         self.ws = ws
         self.workdir = workdir or Path.cwd()
         self.runner = PaneRunner(ws)
-        self.approval = DialogApproval(ws.app)
+        self.approval = DialogApproval(ws.app, on_stop=self._stop_asking)
         self._running: dict[str, Worker] = {}  # session id -> the worker running its agent
         self._agent_panes: dict[str, ChatPane] = {}  # agent name -> the pane it runs in
         self._allowed: dict[str, set[str]] = {}  # session id -> tools allowed for that pane
         self._history: dict[str, tuple[list[Message], int]] = {}  # session -> (loop messages, records then)
         self._children: dict[str, str] = {}  # subagent name -> its pane's name
+        self._parent_of: dict[str, str] = {}  # subagent name -> its parent agent's name
         # The agents file's [mcp.*] servers, started when the first agent needs them and kept for
         # the session (restarted when the file names other servers), and its [spawn] limits.
         self._mcp: McpServers | None = None
@@ -105,6 +107,16 @@ class PaneAgents:
             return False
         worker.cancel()
         return True
+
+    def _stop_asking(self, request: ApprovalRequest) -> None:
+        """The approval dialog's "stop the agent": the asking agent's pane agent stops (a subagent
+        runs inside its parent's spawn_agents call, so the agent its root pane runs)."""
+        name = request.agent
+        while name in self._parent_of:
+            name = self._parent_of[name]
+        pane = self._agent_panes.get(name)
+        if pane is not None:
+            self.stop(pane)
 
     async def start(self, pane: ChatPane, task: str, role: str | None = None) -> None:
         """Run `task` as an agent in `pane` (with `role` from agents.toml, else the pane's own)."""
@@ -196,6 +208,8 @@ class PaneAgents:
     # ---- what the agents report -----------------------------------------------------------------
 
     def _observe(self, event: AgentEvent) -> None:
+        if isinstance(event, SubagentSpawned):  # also for one that gets no pane
+            self._parent_of[event.child] = event.agent
         pane = self._agent_panes.get(event.agent)
         if pane is None:
             return
