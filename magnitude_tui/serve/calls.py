@@ -164,10 +164,18 @@ Chunk = Callable[..., str]  # (choices, **fields) -> one SSE event's JSON, in th
 async def answer(request: Request, completion: _C, on_finish, reply: Callable[[_C], dict],
                  events: Callable[[], AsyncIterator[str]]):
     """Start the call's choices, then answer: its SSE events when it asked to stream, else its
-    whole reply. A client that hangs up before the choices are queued cancels them."""
+    whole reply. A client that hangs up before the choices are queued cancels them: starting
+    an n > 1 call evaluates its whole prompt first, which a long prompt makes seconds of prefill."""
+    starting = asyncio.ensure_future(completion.start())
     try:
-        await completion.start()
-    except asyncio.CancelledError:
+        if not await _until_done_or_gone(request, starting):
+            completion.cancel()
+            if on_finish is not None:
+                on_finish(completion, Outcome.CANCELLED)
+            return JSONResponse({}, status_code=499)
+        starting.result()  # a refusal (OpenAIError) is answered as such
+    except BaseException:
+        starting.cancel()
         completion.cancel()
         raise
     if completion.call.stream:
@@ -205,19 +213,27 @@ async def stream_events(completion: Completion, on_finish, chunk: Chunk, piece: 
             on_finish(completion, outcome)
 
 
+async def _until_done_or_gone(request: Request, task: asyncio.Future) -> bool:
+    """Wait for `task`, looking every 0.1 s whether the client hung up: True when the task is
+    done, False (the task cancelled) when the client went away first."""
+    while not task.done():
+        await asyncio.wait({task}, timeout=0.1)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            return False
+    return True
+
+
 async def answer_whole(request: Request, completion: _C, on_finish, reply: Callable[[_C], dict]) -> JSONResponse:
     """Wait for every choice, then answer `reply(completion)`; a client that hangs up meanwhile
     cancels the call (chat and text completions alike)."""
     run = asyncio.ensure_future(completion.run_to_end())
     try:
-        while not run.done():
-            await asyncio.wait({run}, timeout=0.1)
-            if not run.done() and await request.is_disconnected():
-                run.cancel()
-                completion.cancel()
-                if on_finish is not None:
-                    on_finish(completion, Outcome.CANCELLED)
-                return JSONResponse({}, status_code=499)
+        if not await _until_done_or_gone(request, run):
+            completion.cancel()
+            if on_finish is not None:
+                on_finish(completion, Outcome.CANCELLED)
+            return JSONResponse({}, status_code=499)
         run.result()
     except BaseException:
         completion.cancel()
