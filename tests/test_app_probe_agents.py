@@ -134,3 +134,28 @@ async def test_s_in_a_subagents_approval_stops_the_pane_agent_that_spawned_it(tm
         await wait_for(pilot, lambda: not ws.agents.running(pane), what="the agent to stop")
         assert not (tmp_path / "work" / "child.txt").exists()
         assert not isinstance(app.screen, ApprovalDialog)
+
+
+async def test_retry_and_edit_wait_while_an_agent_runs_a_tool(tmp_path):
+    # Between an agent's turns (its command running) the pane is not "replying": ctrl+g used to
+    # cut the conversation and send a plain chat turn on the agent's session beside the agent's
+    # own next turn, and up + enter did the same with an edited message.
+    (tmp_path / "work").mkdir()
+    client = ToolClient(lambda r: [("run_command", {"command": "sleep 1"})] if not tool_results(r) else "done")
+    async with agent_app(tmp_path, client) as (app, pilot):
+        ws = app.workspace
+        pane = ws.grid.panes[0]
+        await type_message(pilot, "/agent wait a moment")
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the approval")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: pane.activity is not None and not pane.activity.approval,
+                       what="the command to run")
+        messages = list(pane.record.messages)
+        await pilot.press("ctrl+g")
+        await pilot.press("up")
+        await pilot.pause()
+        assert pane.editing is None and not pane.composer.text  # nothing to edit while it runs
+        assert len(client.submitted) == 1 and pane.record.messages == messages
+        await drive(pilot, client, lambda: not ws.agents.running(pane), "the agent's answer")
+        assert [r.tools != () for r in client.submitted[:2]] == [True, True]
+        assert pane.last_answer() == "done"

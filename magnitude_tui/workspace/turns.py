@@ -30,10 +30,22 @@ class Turns:
         self.model = model
         self.host = model.host
 
+    def _occupied(self, pane: ChatPane, doing: str) -> bool:
+        """The pane replies, or an agent runs in it (between its turns too, while a tool runs or
+        waits for approval): the conversation is the agent's until it ends. Says so when it is."""
+        if pane.busy:
+            self.host.notify(f"{pane.record.name} is replying; esc stops it {doing}", severity="warning")
+            return True
+        if self.host.agent_running(pane):
+            self.host.notify(f"{pane.record.name} is running an agent; esc stops it {doing}", severity="warning")
+            return True
+        return False
+
     async def submitted(self, pane: ChatPane, text: str, editing: MessageRecord | None = None) -> None:
         if text.startswith("/"):
             await self.slash(pane, text)
-        elif editing is not None and not pane.busy and any(m is editing for m in pane.record.messages):
+        elif (editing is not None and not pane.busy and not self.host.agent_running(pane)
+              and any(m is editing for m in pane.record.messages)):
             await self._forget(pane, await pane.truncate(editing, keep=False))
             await self.send(pane, text)
         elif pane.busy or pane.queued or self.host.agent_running(pane):
@@ -50,9 +62,7 @@ class Turns:
 
     def edit_last(self, pane: ChatPane) -> None:
         """Up in an empty composer: the last message comes back to be edited and sent again."""
-        if pane.busy:
-            self.host.notify(f"{pane.record.name} is replying; esc stops it before an edit",
-                                  severity="warning")
+        if self._occupied(pane, "before an edit"):
             return
         message = pane.last_prompt()
         if message is not None:
@@ -61,8 +71,7 @@ class Turns:
     async def retry(self, pane: ChatPane) -> None:
         """ctrl+g: ask again with the same conversation; the latest reply's answers are kept, and
         the new one joins them (alt+left/right page between them)."""
-        if pane.busy:
-            self.host.notify(f"{pane.record.name} is replying; esc stops it first", severity="warning")
+        if self._occupied(pane, "first"):
             return
         last = next((m for m in reversed(pane.record.messages) if m.role != "assistant"), None)
         if last is None:
@@ -81,8 +90,7 @@ class Turns:
         if reply is None or not reply.others:
             self.host.notify("One answer only: ctrl+g asks again and keeps this one", severity="warning")
             return
-        if pane.busy:
-            self.host.notify(f"{pane.record.name} is replying; esc stops it first", severity="warning")
+        if self._occupied(pane, "first"):
             return
         index = reply.shown + step
         if 0 <= index <= len(reply.others):
