@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Callable
 
 from fastapi import FastAPI, Request
@@ -110,7 +109,7 @@ def _message(c: Choice) -> dict:
 
 
 def _chunk(completion: Completion, options: ServeOptions, choices: list[dict], **extra) -> str:
-    body = {"id": completion.id, "object": "chat.completion.chunk", "created": int(time.time()),
+    body = {"id": completion.id, "object": "chat.completion.chunk", "created": completion.created,
             "model": options.model_name, "choices": choices, **extra}
     return json.dumps(body, ensure_ascii=False)
 
@@ -131,7 +130,7 @@ def _stream(completion: Completion, options: ServeOptions, on_finish):
 
 def _chat_reply(completion: Completion, options: ServeOptions) -> dict:
     return {
-        "id": completion.id, "object": "chat.completion", "created": int(time.time()),
+        "id": completion.id, "object": "chat.completion", "created": completion.created,
         "model": options.model_name,
         "choices": [{"index": c.index, "message": _message(c), "finish_reason": c.finish_reason or "error",
                      **choice_error(c.error)} for c in completion.choices],

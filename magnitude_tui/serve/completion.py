@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from dataclasses import dataclass, field, replace
 
@@ -65,6 +66,7 @@ class Completion:
         self.call = call
         self.client_name = client_name
         self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())  # OpenAI: every chunk of a stream carries the same timestamp
         self.session_base = hub.session_for(client_name)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.choices: list[Choice] = []

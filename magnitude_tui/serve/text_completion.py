@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -150,7 +149,7 @@ def register(api: FastAPI, hub: EngineHub, options: ServeOptions,
 
 
 def _body(completion: TextCompletion, options: ServeOptions, choices: list[dict], **extra) -> dict:
-    return {"id": completion.id, "object": "text_completion", "created": int(time.time()),
+    return {"id": completion.id, "object": "text_completion", "created": completion.created,
             "model": options.model_name, "choices": choices, **extra}
 
 
