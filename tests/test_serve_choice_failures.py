@@ -24,6 +24,7 @@ class ScriptedCompletion:
 
     def __init__(self, script: list[Delta], n: int) -> None:
         self.id = "cmpl-test"
+        self.created = 0
         self.choices = [Choice(i, f"r{i}") for i in range(n)]
         self.call = SimpleNamespace(include_usage=False)
         self.script = script
