@@ -6,12 +6,16 @@ import json
 import sqlite3
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
+from typing import TypeVar
 
 import platformdirs
 
+from magnitude_tui.agent.policy import ApprovePolicy
 from magnitude_tui.agents import AgentSettings
 from magnitude_tui.store_open import SCHEMA_VERSION, StoreError, open_database
+from scheduler.types import ToolChoiceMode
 
 PANE_SETTINGS_TABLE = """
 CREATE TABLE IF NOT EXISTS pane_settings (   -- a pane's agent settings, when not the defaults
@@ -21,11 +25,14 @@ CREATE TABLE IF NOT EXISTS pane_settings (   -- a pane's agent settings, when no
     temperature REAL,                        -- NULL: the app's default
     max_tokens  INTEGER,
     top_p       REAL,
-    min_p       REAL
+    min_p       REAL,
+    tools       TEXT,                        -- a role's tools as a JSON list (NULL: every tool)
+    approve     TEXT,                        -- ask | read-only | auto (NULL: ask)
+    tool_choice TEXT                         -- its first turn's tool choice (NULL: auto)
 );
 """
 # Columns added to pane_settings after it first shipped (ALTER TABLE, once, on open).
-PANE_SETTINGS_ADDED = {"top_p": "REAL", "min_p": "REAL"}
+PANE_SETTINGS_ADDED = {"top_p": "REAL", "min_p": "REAL", "tools": "TEXT", "approve": "TEXT", "tool_choice": "TEXT"}
 
 QUEUED_TABLE = """
 CREATE TABLE IF NOT EXISTS queued (          -- messages typed while a pane was replying, not sent yet
@@ -229,19 +236,25 @@ class Store:
 
     def set_pane_settings(self, pane_id: str, settings: AgentSettings) -> None:
         self._db.execute(
-            "INSERT INTO pane_settings (pane_id, role, system, temperature, max_tokens, top_p, min_p) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) "
+            "INSERT INTO pane_settings (pane_id, role, system, temperature, max_tokens, top_p, min_p, tools, approve, "
+            "tool_choice) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT(pane_id) DO UPDATE SET role = excluded.role, system = excluded.system, "
             "temperature = excluded.temperature, max_tokens = excluded.max_tokens, top_p = excluded.top_p, "
-            "min_p = excluded.min_p",
+            "min_p = excluded.min_p, tools = excluded.tools, approve = excluded.approve, "
+            "tool_choice = excluded.tool_choice",
             (pane_id, settings.role, settings.system, settings.temperature, settings.max_tokens,
-             settings.top_p, settings.min_p),
+             settings.top_p, settings.min_p, None if settings.tools is None else json.dumps(list(settings.tools)),
+             settings.approve and settings.approve.value, settings.tool_choice and settings.tool_choice.value),
         )
 
     def pane_settings(self, pane_id: str) -> AgentSettings:
-        row = self._db.execute("SELECT role, system, temperature, max_tokens, top_p, min_p FROM pane_settings "
-                               "WHERE pane_id = ?", (pane_id,)).fetchone()
-        return AgentSettings(*row) if row else AgentSettings()
+        row = self._db.execute("SELECT role, system, temperature, max_tokens, top_p, min_p, tools, approve, tool_choice "
+                               "FROM pane_settings WHERE pane_id = ?", (pane_id,)).fetchone()
+        if not row:
+            return AgentSettings()
+        role, system, temperature, max_tokens, top_p, min_p, tools, approve, tool_choice = row
+        return AgentSettings(role, system, temperature, max_tokens, top_p, min_p, tools=_tools(tools),
+                             approve=_enum(ApprovePolicy, approve), tool_choice=_enum(ToolChoiceMode, tool_choice))
 
     def close_pane(self, pane_id: str) -> None:
         self._db.execute("UPDATE panes SET closed = ? WHERE id = ?", (time.time(), pane_id))
@@ -392,3 +405,25 @@ class _Transaction:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+_E = TypeVar("_E", bound=Enum)
+
+
+def _enum(kind: type[_E], value: str | None) -> _E | None:
+    """A stored enum value; one this version does not know reads as the default (None). Where
+    that default is looser (approve: ask), the user is still asked before anything is written or run."""
+    try:
+        return None if value is None else kind(value)
+    except ValueError:
+        return None
+
+
+def _tools(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    try:
+        names = json.loads(text)
+    except ValueError:
+        return ()  # unreadable: no tools rather than every tool
+    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()

@@ -91,6 +91,33 @@ async def test_a_role_keeps_its_tools_after_a_relaunch_and_after_the_agent_dialo
         assert first.tool_choice.mode is ToolChoiceMode.REQUIRED
 
 
+async def test_a_reopened_pane_keeps_its_roles_restrictions_when_the_agents_file_lost_the_role(tmp_path):
+    # The store kept the role's name but not its tools or approve: with the role gone from the
+    # agents file, a reopened `reader` pane ran with every tool (writes and commands asked for).
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "r.txt").write_text("inside\n")
+
+    def script(request):
+        return [("read_file", {"path": "r.txt"})] if not tool_results(request) else "read it"
+
+    client = ToolClient(script)
+    async with agent_app(tmp_path, client, roles={"reader": READER}) as (app, pilot):
+        pane = app.workspace.grid.panes[0]
+        await type_message(pilot, "/agent reader what is in r.txt")
+        await drive(pilot, client, lambda: not app.workspace.agents.running(pane) and pane.last_answer(), "the answer")
+
+    client = ToolClient(script)
+    app = MagnitudeApp(client=client, store=Store(tmp_path / "magnitude.db"), export_dir=tmp_path / "exports",
+                       roles={}, workdir=tmp_path / "work", resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        ws = app.workspace
+        [pane] = ws.grid.panes
+        assert pane.record.settings == READER
+        await type_message(pilot, "again please")
+        await drive(pilot, client, lambda: client.submitted and not ws.agents.running(pane), "the run")
+        assert [t.name for t in client.submitted[0].tools] == ["read_file"]
+
+
 async def test_s_in_the_approval_dialog_denies_and_stops_the_agent(tmp_path):
     # A model that calls the same command every turn: the dialog had no way to stop the agent
     # (esc in the pane cannot be reached under the modal dialog), so each of up to max_turns

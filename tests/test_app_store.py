@@ -39,3 +39,43 @@ def test_settings_round_trip(tmp_path):
     store.set_setting("theme", "magnitude-paper")
     store.set_setting("theme", "magnitude")
     assert store.get_setting("theme") == "magnitude"
+
+
+def test_a_panes_role_tools_approve_and_tool_choice_are_kept(tmp_path):
+    from magnitude_tui.agent.policy import ApprovePolicy
+    from magnitude_tui.agents import AgentSettings
+    from scheduler.types import ToolChoiceMode
+
+    store = Store(tmp_path / "m.db")
+    store.open_workspace(resume=False)
+    pane = PaneRecord("p1", "A1")
+    store.add_pane(pane)
+    reader = AgentSettings("reader", "You read.", 0.2, tools=("read_file", "search"), approve=ApprovePolicy.READ_ONLY,
+                           tool_choice=ToolChoiceMode.REQUIRED)
+    store.set_pane_settings(pane.id, reader)
+    no_tools = AgentSettings("quiet", "", tools=())
+    other = PaneRecord("p2", "A2")
+    store.add_pane(other)
+    store.set_pane_settings(other.id, no_tools)
+    store.close()
+    again = Store(tmp_path / "m.db")
+    assert again.pane_settings(pane.id) == reader
+    assert again.pane_settings(other.id).tools == ()  # no tools is not every tool
+
+
+def test_a_database_from_before_the_tool_columns_gains_them_and_reads_the_defaults(tmp_path):
+    path = tmp_path / "m.db"
+    store = Store(path)
+    store.open_workspace(resume=False)
+    pane = PaneRecord("p1", "A1")
+    store.add_pane(pane)
+    store.close()
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE pane_settings")
+    db.execute("CREATE TABLE pane_settings (pane_id TEXT PRIMARY KEY REFERENCES panes(id), role TEXT, "
+               "system TEXT NOT NULL, temperature REAL, max_tokens INTEGER, top_p REAL, min_p REAL)")
+    db.execute("INSERT INTO pane_settings VALUES (?, 'reader', 'old', NULL, NULL, NULL, NULL)", (pane.id,))
+    db.commit()
+    db.close()
+    settings = Store(path).pane_settings(pane.id)
+    assert (settings.role, settings.system, settings.tools, settings.approve) == ("reader", "old", None, None)

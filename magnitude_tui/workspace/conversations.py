@@ -28,11 +28,11 @@ def untouched(pane: ChatPane) -> bool:
 
 def with_role_tools(settings: AgentSettings, roles: Mapping[str, AgentSettings],
                     before: AgentSettings | None = None) -> AgentSettings:
-    """`settings` with its role's agent keys (tools, approve, tool_choice) from the agents file.
-    The store keeps a pane's role, system prompt and sampling, not these, and the agent dialog
-    edits only those: without this a reopened pane, or one saved in f6, of a read-only role with
-    tools ran its messages as plain chat, and `/agent` in it was offered every tool. A role the
-    file no longer has keeps what the pane had (`before`, when it is the same role)."""
+    """`settings` with its role's agent keys (tools, approve, tool_choice) as the agents file says
+    them now. The agent dialog (f6) edits only the role, system prompt and sampling: without this
+    a pane saved there, of a read-only role with tools, ran its messages as plain chat, and
+    `/agent` in it was offered every tool. A role the file no longer has keeps what the pane had
+    (`before`, when it is the same role; on reopen, what the store kept)."""
     role = roles.get(settings.role) if settings.role else None
     if role is None:
         role = before if before is not None and before.role == settings.role else None
