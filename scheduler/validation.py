@@ -75,7 +75,9 @@ def _check_messages(messages: object) -> None:
         if not isinstance(m.content, str):
             raise RequestError(f"messages[{i}] ({m.role}) has {type(m.content).__name__} content; "
                                "the content must be text")
-    if not messages[-1].content.strip():
+    # A tool's empty result is an answer (a command that printed nothing), and the turn around it
+    # still holds the call: only a last message of another role with no text leaves nothing.
+    if not messages[-1].content.strip() and messages[-1].role != "tool":
         raise RequestError(f"the last message ({messages[-1].role}) has no text: there is nothing "
                            "to reply to")
 
