@@ -126,3 +126,41 @@ def test_a_stop_string_does_not_cut_a_call_parsed_without_a_grammar():
     assert last.done_reason is DoneReason.STOP and text == ""
     assert calls[0].name == "lookup" and json.loads("".join(c.arguments for c in calls)) == {"q": "a}b"}
     assert all(g is None for g in backend.grammars.values())  # parsed only, as the test means
+
+
+class _Clock:
+    """A hand-moved clock: a slow mask is slow in engine time, however fast the test runs."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def test_a_grammar_too_slow_to_sample_fails_its_request_alone():
+    # A 10,000-value enum kept thousands of grammar alternatives alive per token: hundreds of ms a
+    # mask, and every other reply waited on each one (a 10-token call took 17.7 s instead of 0.4).
+    from magnitude_tui.engine.sampling import MAX_MASK_MS
+
+    backend = FakeBackend(reply="{}" + "x" * 40, eog_after=40)
+    clock = _Clock()
+    engine = Engine(backend, policy="target:50", coalesce_ms=0, clock=clock)
+    plain_sample = backend.sample
+
+    def sample(seq_id: int, row: int) -> int:
+        if backend.grammars.get(seq_id) is not None:
+            clock.t += 2 * MAX_MASK_MS / 1000.0
+        return plain_sample(seq_id, row)
+
+    backend.sample = sample  # type: ignore[method-assign]
+    prompt = (Message("user", "answer"),)
+    engine.submit(Request("json", "a", prompt, SamplingParams(max_tokens=20), response_schema='{"type": "object"}'))
+    engine.submit(Request("free", "b", prompt, SamplingParams(max_tokens=20)))
+    done = {u.request_id: u for report in engine.run_until_idle() for u in report.updates if u.phase is Phase.DONE}
+    assert done["json"].done_reason is DoneReason.ERROR and done["json"].error.startswith("response_format")
+    assert "simplify the schema" in done["json"].error and done["json"].generated == 0
+    assert done["free"].done_reason is DoneReason.LENGTH and done["free"].generated == 20

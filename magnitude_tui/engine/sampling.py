@@ -5,7 +5,14 @@ from __future__ import annotations
 from backend.protocol import Backend, Clock, DecodeResult
 from scheduler.planner import Scheduler
 from scheduler.sequence import Sequence
-from scheduler.types import DoneReason
+from scheduler.types import DoneReason, ErrorKind
+
+# One token sampled under a grammar past this fails its request: every other sequence's step
+# waits on that mask. A whole-vocabulary mask costs a few ms (about 4 on SmolLM2's 49,152 tokens,
+# a few times that on 150,000-256,000-token vocabularies); a schema whose grammar keeps thousands
+# of alternatives alive at once (a 10,000-value enum sharing its prefixes) took hundreds of ms a
+# token, and stalled everyone else's replies for seconds.
+MAX_MASK_MS = 500.0
 
 
 class StepSampler:
@@ -52,7 +59,15 @@ class StepSampler:
                 if seq.grammar is not None:
                     t0 = self.clock()
                     token = self.backend.sample(slot, row)
-                    seq.grammar_ms += (self.clock() - t0) * 1000.0
+                    mask_ms = (self.clock() - t0) * 1000.0
+                    seq.grammar_ms += mask_ms
+                    if mask_ms > MAX_MASK_MS:
+                        where = "response_format" if seq.request.response_schema is not None else "tools"
+                        self.scheduler.finish(seq, DoneReason.ERROR, (
+                            f"{where}: the schema's grammar took {mask_ms:,.0f} ms to constrain one token (at "
+                            f"most {MAX_MASK_MS:,.0f}: every other reply waits on it); simplify the schema (a "
+                            "large enum, deep nesting, long repeated patterns)"), ErrorKind.INVALID)
+                        break
                 else:
                     token = self.backend.sample(slot, row)
             except Exception as e:
