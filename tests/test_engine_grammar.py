@@ -164,3 +164,25 @@ def test_a_grammar_too_slow_to_sample_fails_its_request_alone():
     assert done["json"].done_reason is DoneReason.ERROR and done["json"].error.startswith("response_format")
     assert "simplify the schema" in done["json"].error and done["json"].generated == 0
     assert done["free"].done_reason is DoneReason.LENGTH and done["free"].generated == 20
+
+
+def test_a_grammar_slow_on_average_fails_its_request_after_a_few_tokens():
+    # Just under the one-token limit, token after token, stalls every step as much.
+    from magnitude_tui.engine.sampling import MAX_MEAN_MASK_MS, MEAN_AFTER_TOKENS
+
+    backend = FakeBackend(reply="x" * 40, eog_after=40)
+    clock = _Clock()
+    engine = Engine(backend, policy="target:50", coalesce_ms=0, clock=clock)
+    plain_sample = backend.sample
+
+    def sample(seq_id: int, row: int) -> int:
+        if backend.grammars.get(seq_id) is not None:
+            clock.t += 2 * MAX_MEAN_MASK_MS / 1000.0
+        return plain_sample(seq_id, row)
+
+    backend.sample = sample  # type: ignore[method-assign]
+    engine.submit(Request("json", "a", (Message("user", "answer"),), SamplingParams(max_tokens=30),
+                          response_schema='{"type": "string"}'))
+    done = [u for report in engine.run_until_idle() for u in report.updates if u.phase is Phase.DONE]
+    assert done[0].done_reason is DoneReason.ERROR and "on average" in done[0].error
+    assert done[0].generated == MEAN_AFTER_TOKENS - 1  # the last mask's token is not kept

@@ -13,6 +13,9 @@ from scheduler.types import DoneReason, ErrorKind
 # of alternatives alive at once (a 10,000-value enum sharing its prefixes) took hundreds of ms a
 # token, and stalled everyone else's replies for seconds.
 MAX_MASK_MS = 500.0
+# ... and one whose masks average past this over its first tokens under the grammar: held under
+# the single-token limit, it would stall every step by as much, token after token.
+MAX_MEAN_MASK_MS, MEAN_AFTER_TOKENS = 100.0, 8
 
 
 class StepSampler:
@@ -61,12 +64,9 @@ class StepSampler:
                     token = self.backend.sample(slot, row)
                     mask_ms = (self.clock() - t0) * 1000.0
                     seq.grammar_ms += mask_ms
-                    if mask_ms > MAX_MASK_MS:
-                        where = "response_format" if seq.request.response_schema is not None else "tools"
-                        self.scheduler.finish(seq, DoneReason.ERROR, (
-                            f"{where}: the schema's grammar took {mask_ms:,.0f} ms to constrain one token (at "
-                            f"most {MAX_MASK_MS:,.0f}: every other reply waits on it); simplify the schema (a "
-                            "large enum, deep nesting, long repeated patterns)"), ErrorKind.INVALID)
+                    slow = _too_slow(seq, mask_ms)
+                    if slow is not None:
+                        self.scheduler.finish(seq, DoneReason.ERROR, slow, ErrorKind.INVALID)
                         break
                 else:
                     token = self.backend.sample(slot, row)
@@ -150,3 +150,17 @@ class StepSampler:
                 self.backend.free_sampler(slot)
                 seq.sampler_seq = None
                 del self.owner[slot]
+
+
+def _too_slow(seq: Sequence, mask_ms: float) -> str | None:
+    """Why the request must end because its grammar masks too slowly (None: it need not)."""
+    n = len(seq.output) - seq.grammar_from + 1  # tokens masked so far, this one included
+    if mask_ms > MAX_MASK_MS:
+        took = f"{mask_ms:,.0f} ms to constrain one token (at most {MAX_MASK_MS:,.0f})"
+    elif n >= MEAN_AFTER_TOKENS and seq.grammar_ms / n > MAX_MEAN_MASK_MS:
+        took = f"{seq.grammar_ms / n:,.0f} ms a token over {n} tokens (at most {MAX_MEAN_MASK_MS:,.0f} on average)"
+    else:
+        return None
+    where = "response_format" if seq.request.response_schema is not None else "tools"
+    return (f"{where}: the schema's grammar took {took}, and every other reply waits on it: simplify the "
+            "schema (a large enum, deep nesting, long repeated patterns)")

@@ -15,10 +15,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
-from magnitude_tui.serve.completion import Completion, Delta
+from magnitude_tui.serve.completion import Completion, Delta, refusal
 from magnitude_tui.serve.errors import ErrorType, OpenAIError, invalid
 from magnitude_tui.serve.guard import GuardPolicy
 from magnitude_tui.serve.hub import EngineHub, EngineState
+from scheduler.types import ErrorKind
 
 MAX_BODY_BYTES = 4 * 2**20
 BODY_TIMEOUT_S = 30.0
@@ -166,6 +167,7 @@ async def answer(request: Request, completion: _C, on_finish, reply: Callable[[_
     """Start the call's choices, then answer: its SSE events when it asked to stream, else its
     whole reply. A client that hangs up before the choices are queued cancels them: starting
     an n > 1 call evaluates its whole prompt first, which a long prompt makes seconds of prefill."""
+    completion.submit()  # before any await: the session and the room are claimed at once
     starting = asyncio.ensure_future(completion.start())
     try:
         if not await _until_done_or_gone(request, starting):
@@ -242,7 +244,10 @@ async def answer_whole(request: Request, completion: _C, on_finish, reply: Calla
     if on_finish is not None:
         on_finish(completion, Outcome.ERROR if failed else Outcome.OK)
     if failed and len(failed) == len(completion.choices):
-        # Answered here, not raised: the call ran (its log line is written), it was not refused.
-        error = generation_failed(failed[0].error)
+        # Answered here, not raised: the call ran (its log line is written). A request the engine
+        # found wrong before it wrote anything (a schema too slow to sample) is the caller's 400.
+        last = failed[0].last
+        error = (refusal(last) if last is not None and last.error_kind is ErrorKind.INVALID and not last.generated
+                 else generation_failed(failed[0].error))
         return JSONResponse(error.body(), status_code=error.status)
     return JSONResponse(reply(completion))

@@ -72,25 +72,33 @@ class Completion:
         self.choices: list[Choice] = []
         self.prime: Choice | None = None
         self.t_submit = hub.clock()
+        self._submitted = False
 
     # ---- start -------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Submit the choices and wait until each has been checked and taken into the engine.
-        OpenAIError if the prompt is refused (too long, bad tokens): nothing was sent to the
-        client yet, so the error can be a plain HTTP answer."""
-        fork_from = None
+    def submit(self) -> None:
+        """Send what the call starts with, before any await: its choices, or for n > 1 the one
+        evaluation of the prompt they fork from. The caller's session is claimed here, so calls
+        that arrive together each get their own (a handler that awaited first let another take
+        the same free session, and the two ran one after the other)."""
+        if self._submitted:
+            return
+        self._submitted = True
         if self.call.n > 1:
-            fork_from = await self._evaluate_prompt_once()
-        for i in range(self.call.n):
-            sampling = replace(self.call.sampling, stop=self.call.stop)
-            if sampling.seed is not None and i:
-                sampling = replace(sampling, seed=sampling.seed + i)
-            c = Choice(index=i, request_id=f"{self.id}-{i}")
-            self.choices.append(c)
-            session = self.session_base if i == 0 else f"{self.session_base}-c{i}"
-            self.hub.submit(self._request(c.request_id, session, sampling, fork_from), self.queue, tag=i,
-                            client_name=self.client_name)
+            self.prime = Choice(index=-1, request_id=f"{self.id}-prompt")
+            self.hub.submit(self._request(self.prime.request_id, f"{self.session_base}-prompt",
+                                          SamplingParams(temperature=0.0, max_tokens=1), None), self.queue, tag=-1)
+            self.hub.hold(self.session_base, self.prime.request_id)  # the first choice's, once forked
+        else:
+            self._submit_choices(None)
+
+    async def start(self) -> None:
+        """Submit the choices (`submit`, if the route has not) and wait until each has been
+        checked and taken into the engine. OpenAIError if the prompt is refused (too long, bad
+        tokens): nothing was sent to the client yet, so the error can be a plain HTTP answer."""
+        self.submit()
+        if self.call.n > 1:
+            self._submit_choices(await self._prompt_evaluated())
         pending = set(range(self.call.n))
         self._early: list[tuple[int, SeqUpdate, float]] = []
         while pending:
@@ -100,21 +108,30 @@ class Completion:
                 pending.discard(tag)
             if u.phase is Phase.DONE and u.done_reason is DoneReason.ERROR and not u.generated:
                 self.cancel()
-                raise _refusal(u)
+                raise refusal(u)
 
-    async def _evaluate_prompt_once(self) -> str:
-        session = f"{self.session_base}-prompt"
-        self.prime = Choice(index=-1, request_id=f"{self.id}-prompt")
-        self.hub.submit(self._request(self.prime.request_id, session,
-                                      SamplingParams(temperature=0.0, max_tokens=1), None),
-                        self.queue, tag=-1)
+    def _submit_choices(self, fork_from: str | None) -> None:
+        for i in range(self.call.n):
+            sampling = replace(self.call.sampling, stop=self.call.stop)
+            if sampling.seed is not None and i:
+                sampling = replace(sampling, seed=sampling.seed + i)
+            c = Choice(index=i, request_id=f"{self.id}-{i}")
+            self.choices.append(c)
+            session = self.session_base if i == 0 else f"{self.session_base}-c{i}"
+            self.hub.submit(self._request(c.request_id, session, sampling, fork_from), self.queue, tag=i,
+                            client_name=self.client_name)
+
+    async def _prompt_evaluated(self) -> str:
+        """The prime's session, once its one-token request has evaluated the prompt."""
+        assert self.prime is not None  # submit() sent it
         while True:
             _, u, t = await self.queue.get()
             self._observe(self.prime, u, t)
             if u.phase is Phase.DONE:
                 if u.done_reason is DoneReason.ERROR:
-                    raise _refusal(u)
-                return session
+                    self.hub.let_go(self.session_base, self.prime.request_id)
+                    raise refusal(u)
+                return f"{self.session_base}-prompt"
 
     def _request(self, rid: str, session: str, sampling: SamplingParams, fork_from: str | None) -> Request:
         use = self.call.tool_use
@@ -200,6 +217,8 @@ class Completion:
                 self.hub.cancel(c.request_id)
         if self.prime is not None and (self.prime.last is None or self.prime.last.phase is not Phase.DONE):
             self.hub.cancel(self.prime.request_id)
+        if self.prime is not None:
+            self.hub.let_go(self.session_base, self.prime.request_id)
 
     # ---- figures -----------------------------------------------------------------------
 
@@ -272,7 +291,7 @@ def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 2)
 
 
-def _refusal(u: SeqUpdate) -> OpenAIError:
+def refusal(u: SeqUpdate) -> OpenAIError:
     """The engine ended the request before it produced anything: say why, as OpenAI would."""
     message = u.error or "the request failed"
     if u.error_kind is ErrorKind.CONTEXT_LENGTH:

@@ -119,6 +119,16 @@ class EngineHub:
             slug += "-" + hashlib.blake2s(client_name.encode(), digest_size=4).hexdigest()
         return first_free(self._live_sessions, numbered(f"http-{self._run}-{slug}", "-"))
 
+    def hold(self, session_id: str, request_id: str) -> None:
+        """Keep a session taken for a request that runs in it later (an n > 1 call's first choice,
+        while its prompt is evaluated), so `session_for` hands calls arriving meanwhile another."""
+        self._live_sessions.setdefault(session_id, request_id)
+
+    def let_go(self, session_id: str, request_id: str) -> None:
+        """Give back a session `hold` kept for `request_id`, if it still does."""
+        if self._live_sessions.get(session_id) == request_id:
+            del self._live_sessions[session_id]
+
     def submit(self, request: Request, queue: asyncio.Queue, tag: int = 0, client_name: str | None = None) -> None:
         """Send a request; its updates arrive on `queue` as (tag, SeqUpdate, arrival time).
         `client_name` None: not a conversation of its own (no pane under --serve)."""

@@ -96,8 +96,8 @@ class WorkspaceModel:
 
     async def open_record(self, record: PaneRecord, *, parent_name: str | None = None,
                           focus: bool = False) -> ChatPane:
-        """A pane for a stored (or just stored) conversation, mounted (with its role's tools,
-        which the store does not keep)."""
+        """A pane for a stored (or just stored) conversation, mounted (with its role's tools as
+        the agents file says them now; the stored ones for a role it no longer has)."""
         record.settings = with_role_tools(record.settings, self.roles)
         pane = self.host.make_pane(record, parent_name)
         await self.add_pane(pane, focus=focus)
