@@ -171,10 +171,7 @@ async def answer(request: Request, completion: _C, on_finish, reply: Callable[[_
     starting = asyncio.ensure_future(completion.start())
     try:
         if not await _until_done_or_gone(request, starting):
-            completion.cancel()
-            if on_finish is not None:
-                on_finish(completion, Outcome.CANCELLED)
-            return JSONResponse({}, status_code=499)
+            return _hung_up(completion, on_finish)
         starting.result()  # a refusal (OpenAIError) is answered as such
     except BaseException:
         starting.cancel()
@@ -220,10 +217,17 @@ async def _until_done_or_gone(request: Request, task: asyncio.Future) -> bool:
     done, False (the task cancelled) when the client went away first."""
     while not task.done():
         await asyncio.wait({task}, timeout=0.1)
-        if not task.done() and await request.is_disconnected():
+        if not task.done() and await request.is_disconnected() and not task.done():  # done meanwhile: its result is read
             task.cancel()
             return False
     return True
+
+
+def _hung_up(completion: Completion, on_finish) -> JSONResponse:
+    completion.cancel()
+    if on_finish is not None:
+        on_finish(completion, Outcome.CANCELLED)
+    return JSONResponse({}, status_code=499)
 
 
 async def answer_whole(request: Request, completion: _C, on_finish, reply: Callable[[_C], dict]) -> JSONResponse:
@@ -232,10 +236,7 @@ async def answer_whole(request: Request, completion: _C, on_finish, reply: Calla
     run = asyncio.ensure_future(completion.run_to_end())
     try:
         if not await _until_done_or_gone(request, run):
-            completion.cancel()
-            if on_finish is not None:
-                on_finish(completion, Outcome.CANCELLED)
-            return JSONResponse({}, status_code=499)
+            return _hung_up(completion, on_finish)
         run.result()
     except BaseException:
         completion.cancel()
