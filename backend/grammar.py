@@ -230,11 +230,17 @@ class ReplyConstraint:
 
 def reply_constraint(req: Request, syntax: ToolSyntax) -> ReplyConstraint:
     """GrammarError when a schema cannot be converted (the request fails alone)."""
-    if req.response_schema is not None:
-        return ReplyConstraint(grammar=schema_grammar(req.response_schema, "response_format"))
     mode = req.tool_choice.mode
-    if not req.tools or mode is ToolChoiceMode.NONE:
+    calls_possible = bool(req.tools) and mode is not ToolChoiceMode.NONE
+    if req.response_schema is not None and not calls_possible:
+        return ReplyConstraint(grammar=schema_grammar(req.response_schema, "response_format"))
+    if not calls_possible:
         return ReplyConstraint()
+    if req.response_schema is not None and mode is ToolChoiceMode.AUTO:
+        # Calls, or a final answer in the schema (an agent with tools and a structured output):
+        # the reply is one or the other, constrained from its first token.
+        return ReplyConstraint(grammar=_calls_grammar(syntax, req.tools, req.parallel_tool_calls, after_open=False,
+                                                      or_schema=req.response_schema), syntax=syntax)
     tools = req.tools
     if mode is ToolChoiceMode.FUNCTION:
         tools = tuple(t for t in tools if t.name == req.tool_choice.name)
@@ -261,11 +267,13 @@ def schema_grammar(schema_text: str, where: str) -> Grammar:
     return _grammar(conv, where)
 
 
-def _calls_grammar(syntax: ToolSyntax, tools: tuple[Tool, ...], parallel: bool, *, after_open: bool) -> Grammar:
+def _calls_grammar(syntax: ToolSyntax, tools: tuple[Tool, ...], parallel: bool, *, after_open: bool,
+                   or_schema: str | None = None) -> Grammar:
     """Calls of these tools in `syntax`'s form, laid out exactly as `call_text` writes them (so a
     caller replaying the call in its history renders the very tokens the model wrote, and only
     the tool's result is new to prefill). `after_open`: the grammar starts right after the opening
-    marker the model has just written, and may go on with more calls."""
+    marker the model has just written, and may go on with more calls. `or_schema`: the reply may
+    instead be JSON of this schema (the response format of a turn that calls nothing)."""
     conv = _converter()
     lit = conv._format_literal
     alts = []
@@ -288,8 +296,17 @@ def _calls_grammar(syntax: ToolSyntax, tools: tuple[Tool, ...], parallel: bool, 
         conv._add_rule("block", f'{lit(syntax.open + chr(10))} call {close}')
         more = f' ({lit(chr(10))} block)*' if parallel else ""
         root = f'{lit(chr(10))}? call {close}{more}' if after_open else f"block{more}"
+    where = "tools"
+    if or_schema is not None:
+        raw = json.loads(or_schema)
+        _check_bounds(raw, "response_format")
+        try:
+            answer = conv.visit(conv.resolve_refs(_translate_patterns(raw), "response-format"), "answer")
+        except Exception as e:
+            raise GrammarError(f"response_format: the JSON schema cannot be turned into a grammar ({e})") from None
+        root, where = f"({root}) | {answer}", "response_format"
     conv._rules["root"] = root
-    return _grammar(conv, "tools")
+    return _grammar(conv, where)
 
 
 def _grammar(conv, where: str) -> Grammar:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from typing import Annotated
 
 import jsonschema
 import openai
 import pytest
+from pydantic import Field
 
 from backend.factory import BackendConfig
 from magnitude_tui.engine.events import EngineConfig
@@ -155,3 +157,57 @@ def test_the_openai_agents_sdk_runs_an_agent_with_a_function_tool(server):
                                     run_config=RunConfig(tracing_disabled=True)))
     assert len(seen) == 1 and seen[0]
     assert result.final_output == f"Sunny in {seen[0]}, 21 C."
+
+
+def test_tools_with_a_response_format_reply_with_calls_or_json_of_the_schema(client):
+    # Calls, or (when the reply calls nothing) JSON of the schema: OpenAI takes both together, and
+    # the Agents SDK sends both for an agent with tools and an output_type. They were a 400.
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    kinds = set()
+    for seed, ask in enumerate([ASK, [{"role": "user", "content": "Invent a person."}]] * 3):
+        r = client.chat.completions.create(model="smollm2", messages=ask, tools=TOOLS, response_format=fmt,
+                                           max_tokens=64, temperature=1.0, seed=seed)
+        choice = r.choices[0]
+        if choice.message.tool_calls:
+            assert choice.finish_reason == "tool_calls"
+            jsonschema.validate(json.loads(choice.message.tool_calls[0].function.arguments), PARAMS)
+            kinds.add("call")
+        else:
+            assert choice.finish_reason == "stop", choice
+            jsonschema.validate(json.loads(choice.message.content), PERSON)
+            kinds.add("json")
+    assert kinds  # each reply was one or the other, whole
+
+
+def test_the_openai_agents_sdk_runs_an_agent_with_tools_and_a_structured_output(server):
+    # The SDK sends `tools` and a `response_format` schema together for such an agent: that was a
+    # 400 on the first call. Greedy SmolLM2 then calls its tool every turn (it never settles on
+    # an answer), so what is checked is that each call is taken and answered with a valid call,
+    # or ends the run with the structured output.
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool
+    from agents.exceptions import MaxTurnsExceeded
+    from pydantic import BaseModel
+
+    class Person(BaseModel):  # bounded strings: greedy SmolLM2 otherwise writes a name until max_tokens
+        name: str = Field(max_length=16)
+        age: int
+
+    seen: list[str] = []
+
+    @function_tool
+    def lookup(name: Annotated[str, Field(max_length=16)]) -> str:
+        """Facts about a person."""
+        seen.append(name)
+        return f"{name} is 30 years old."
+
+    model = OpenAIChatCompletionsModel(model="smollm2", openai_client=openai.AsyncOpenAI(
+        base_url=server.base, api_key="unused", max_retries=0, timeout=300))
+    agent = Agent(name="people", instructions="Answer about a person.", tools=[lookup], model=model,
+                  output_type=Person, model_settings=ModelSettings(max_tokens=200, temperature=0,
+                                                                   parallel_tool_calls=False))
+    try:
+        result = asyncio.run(Runner.run(agent, "Who is Ada?", max_turns=3, run_config=RunConfig(tracing_disabled=True)))
+    except MaxTurnsExceeded:
+        assert len(seen) >= 2 and all(seen)  # three calls taken, each answered with a valid call
+    else:
+        assert isinstance(result.final_output, Person)

@@ -38,11 +38,8 @@ def parse_tool_use(body: dict) -> ToolUse:
         raise invalid("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
     if choice.mode is ToolChoiceMode.FUNCTION:
         parallel = False  # a named function is called exactly once (OpenAI's "forced function")
-    schema = _response_format(body.get("response_format"))
-    if schema is not None and tools and choice.mode is not ToolChoiceMode.NONE:
-        raise invalid("response_format", "'response_format' with a JSON schema cannot be combined with "
-                      "'tools' unless 'tool_choice' is \"none\"", "unsupported_parameter")
-    return ToolUse(tools, choice, parallel, schema)
+    # With tools as well, the reply is calls or, when it calls nothing, JSON of the schema.
+    return ToolUse(tools, choice, parallel, _response_format(body.get("response_format")))
 
 
 def _tools(raw: object) -> tuple[Tool, ...]:
