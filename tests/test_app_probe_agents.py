@@ -186,3 +186,26 @@ async def test_retry_and_edit_wait_while_an_agent_runs_a_tool(tmp_path):
         await drive(pilot, client, lambda: not ws.agents.running(pane), "the agent's answer")
         assert [r.tools != () for r in client.submitted[:2]] == [True, True]
         assert pane.last_answer() == "done"
+
+
+async def test_a_question_whose_agent_stopped_under_another_screen_is_gone_when_uncovered(tmp_path):
+    # The dialog could only dismiss itself as the top screen: an agent stopped while another
+    # screen lay over its question left the question on the stack, to come back for no one.
+    from textual.screen import ModalScreen
+
+    (tmp_path / "work").mkdir()
+    client = ToolClient(lambda r: [("run_command", {"command": "touch ran.txt"})])
+    async with agent_app(tmp_path, client) as (app, pilot):
+        ws = app.workspace
+        pane = ws.grid.panes[0]
+        await type_message(pilot, "/agent run it")
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the approval")
+        cover = ModalScreen()
+        await app.push_screen(cover)
+        assert ws.agents.stop(pane)
+        await wait_for(pilot, lambda: not ws.agents.running(pane), what="the agent to stop")
+        assert app.screen is cover
+        app.pop_screen()
+        await wait_for(pilot, lambda: not any(isinstance(s, ApprovalDialog) for s in app.screen_stack),
+                       what="the stale question to go")
+        assert not (tmp_path / "work" / "ran.txt").exists()

@@ -62,6 +62,11 @@ class ApprovalDialog(ModalScreen[Decision]):
     def __init__(self, request: ApprovalRequest) -> None:
         super().__init__()
         self.request = request
+        self.withdrawn = False  # its agent stopped while another screen lay over it
+
+    def on_screen_resume(self) -> None:
+        if self.withdrawn:  # uncovered after its question went away: nothing left to answer
+            self.dismiss(None)
 
     def compose(self) -> ComposeResult:
         r = self.request
@@ -154,4 +159,6 @@ class DialogApproval:
             except asyncio.CancelledError:  # the agent was stopped: its question goes away
                 if screen.is_attached and screen is self.app.screen:  # not already dismissed
                     screen.dismiss(None)
+                else:  # under another screen (a dialog, the palette): it goes when uncovered
+                    screen.withdrawn = True
                 raise
