@@ -113,10 +113,13 @@ class Vocab:
                                    f"knows {', '.join(self.roles)}")
         marked = [_marked(i, m) for i, m in enumerate(messages)]
         extra = {"tools": [tool_json(t) for t in tools]} if tools else {}
-        if extra or any(m.tool_calls for m in messages):
-            # Tool names, schemas and call arguments reach the scaffolding, which is parsed for
-            # special tokens: none of them may spell one.
-            self._refuse_control_text(json.dumps([extra, [m.get("tool_calls") for m in marked]]))
+        # Tool names, schemas and call arguments reach the scaffolding, which is parsed for special
+        # tokens: none of them may spell one. The error names the field at fault (serve's `param`).
+        if extra:
+            self._refuse_control_text(json.dumps(extra), "tools: a tool definition")
+        calls = [m["tool_calls"] for m in marked if m.get("tool_calls")]
+        if calls:
+            self._refuse_control_text(json.dumps(calls), "a tool call in the conversation")
         rendered = self._template.render(
             messages=marked,
             add_generation_prompt=add_generation_prompt,
@@ -135,9 +138,9 @@ class Vocab:
             segments.append((rendered[pos:], True))
         return segments
 
-    def _refuse_control_text(self, text: str) -> None:
+    def _refuse_control_text(self, text: str, what: str) -> None:
         if self.tokenize(text, special=True) != self.tokenize(text, special=False):
-            raise RequestError("a tool definition or tool call spells one of the model's control tokens")
+            raise RequestError(f"{what} spells one of the model's control tokens")
 
     def tokenize_chat(self, messages: Sequence[Message], *, tools: Sequence[Tool] = (),
                       add_generation_prompt: bool = True) -> list[int]:
