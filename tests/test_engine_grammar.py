@@ -128,17 +128,24 @@ def test_a_stop_string_does_not_cut_a_call_parsed_without_a_grammar():
     assert all(g is None for g in backend.grammars.values())  # parsed only, as the test means
 
 
-class _Clock:
-    """A hand-moved clock: a slow mask is slow in engine time, however fast the test runs."""
 
-    def __init__(self) -> None:
-        self.t = 0.0
+def _slow_masks(reply: str, ms_per_mask: float) -> tuple[Engine, FakeBackend]:
+    """An engine whose every sample under a grammar takes `ms_per_mask` on its hand-moved clock
+    (a slow mask is slow in engine time, however fast the test runs)."""
+    from tests.test_warm_resume import ManualClock
 
-    def __call__(self) -> float:
-        return self.t
+    backend = FakeBackend(reply=reply, eog_after=40)
+    clock = ManualClock()
+    engine = Engine(backend, policy="target:50", coalesce_ms=0, clock=clock)
+    plain_sample = backend.sample
 
-    def sleep(self, s: float) -> None:
-        self.t += s
+    def sample(seq_id: int, row: int) -> int:
+        if backend.grammars.get(seq_id) is not None:
+            clock.now += ms_per_mask / 1000.0
+        return plain_sample(seq_id, row)
+
+    backend.sample = sample  # type: ignore[method-assign]
+    return engine, backend
 
 
 def test_a_grammar_too_slow_to_sample_fails_its_request_alone():
@@ -146,17 +153,7 @@ def test_a_grammar_too_slow_to_sample_fails_its_request_alone():
     # mask, and every other reply waited on each one (a 10-token call took 17.7 s instead of 0.4).
     from magnitude_tui.engine.sampling import MAX_MASK_MS
 
-    backend = FakeBackend(reply="{}" + "x" * 40, eog_after=40)
-    clock = _Clock()
-    engine = Engine(backend, policy="target:50", coalesce_ms=0, clock=clock)
-    plain_sample = backend.sample
-
-    def sample(seq_id: int, row: int) -> int:
-        if backend.grammars.get(seq_id) is not None:
-            clock.t += 2 * MAX_MASK_MS / 1000.0
-        return plain_sample(seq_id, row)
-
-    backend.sample = sample  # type: ignore[method-assign]
+    engine, _ = _slow_masks("{}" + "x" * 40, 2 * MAX_MASK_MS)
     prompt = (Message("user", "answer"),)
     engine.submit(Request("json", "a", prompt, SamplingParams(max_tokens=20), response_schema='{"type": "object"}'))
     engine.submit(Request("free", "b", prompt, SamplingParams(max_tokens=20)))
@@ -170,17 +167,7 @@ def test_a_grammar_slow_on_average_fails_its_request_after_a_few_tokens():
     # Just under the one-token limit, token after token, stalls every step as much.
     from magnitude_tui.engine.sampling import MAX_MEAN_MASK_MS, MEAN_AFTER_TOKENS
 
-    backend = FakeBackend(reply="x" * 40, eog_after=40)
-    clock = _Clock()
-    engine = Engine(backend, policy="target:50", coalesce_ms=0, clock=clock)
-    plain_sample = backend.sample
-
-    def sample(seq_id: int, row: int) -> int:
-        if backend.grammars.get(seq_id) is not None:
-            clock.t += 2 * MAX_MEAN_MASK_MS / 1000.0
-        return plain_sample(seq_id, row)
-
-    backend.sample = sample  # type: ignore[method-assign]
+    engine, _ = _slow_masks("x" * 40, 2 * MAX_MEAN_MASK_MS)
     engine.submit(Request("json", "a", (Message("user", "answer"),), SamplingParams(max_tokens=30),
                           response_schema='{"type": "string"}'))
     done = [u for report in engine.run_until_idle() for u in report.updates if u.phase is Phase.DONE]
