@@ -196,8 +196,9 @@ class WarmStore:
         except FileNotFoundError:  # the budget dropped it a moment ago
             return Lookup(Found.NOTHING, detail="no saved KV for this conversation")
         except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error) as exc:
-            path.unlink(missing_ok=True)
-            return Lookup(Found.DAMAGED, detail=f"{path.name} is damaged ({exc}); deleted")
+            why = _remove(path)  # a read-only directory keeps it: never a reason to fail the engine
+            return Lookup(Found.DAMAGED, detail=f"{path.name} is damaged ({exc}); "
+                          + ("deleted" if why is None else f"could not delete it ({why})"))
         try:
             os.utime(path)  # least recently used goes first: a load counts as a use
         except OSError:
@@ -245,7 +246,18 @@ def discard_saved(directory: Path | str, session_id: str) -> None:
     """Delete a conversation's saved KV files (every layout); the app calls it when the
     conversation itself is deleted, since the tokens in them are its text."""
     for path in Path(directory).glob(f"{_digest(session_id, 20)}.*{SUFFIX}"):
+        why = _remove(path)
+        if why is not None:  # a read-only directory: the engine (or the app) goes on regardless
+            log.warning("warm resume: could not delete %s's saved KV %s: %s", session_id, path, why)
+
+
+def _remove(path: Path) -> str | None:
+    """Delete a file; None when it is gone, else why it could not be."""
+    try:
         path.unlink(missing_ok=True)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 def _read_layout(path: Path) -> str:
