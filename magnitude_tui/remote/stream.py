@@ -81,13 +81,28 @@ def parse_chunk(payload: str) -> Chunk:
     choices = body.get("choices")
     if not isinstance(choices, list):
         raise MalformedStream(f"a stream event has no 'choices' list: {payload[:120]!r}")
+    try:
+        return _chunk(body, choices, payload)
+    except MalformedStream:
+        raise
+    except (AttributeError, TypeError, ValueError) as exc:
+        # A field of the wrong type (a choice that is not an object, a null count): the stream is
+        # malformed, said as such, never a crash of the client's own code.
+        raise MalformedStream(f"a stream event has a field of the wrong type ({exc}): {payload[:120]!r}") from None
+
+
+def _chunk(body: dict, choices: list, payload: str) -> Chunk:
     text, finish = "", None
     calls: tuple[ToolCallDelta, ...] = ()
     for choice in choices[:1]:  # one completion per request (n=1)
         delta = choice.get("delta") or {}
         text = delta.get("content") or ""
+        if not isinstance(text, str):
+            raise MalformedStream(f"'delta.content' is not text: {payload[:120]!r}")
         calls = _tool_calls(delta.get("tool_calls"), payload)
         finish = choice.get("finish_reason")
+        if finish is not None and not isinstance(finish, str):
+            raise MalformedStream(f"'finish_reason' is not text: {payload[:120]!r}")
     return Chunk(text=text, finish_reason=finish, usage=_usage(body.get("usage")),
                  timings=_timings(body.get("timings")), tool_calls=calls)
 
@@ -104,26 +119,35 @@ def _tool_calls(raw, payload: str) -> tuple[ToolCallDelta, ...]:
         fn = entry.get("function") if isinstance(entry, dict) else None
         fn = fn if isinstance(fn, dict) else {}
         index = entry.get("index") if isinstance(entry, dict) else None
-        if not isinstance(index, int) or not isinstance(fn.get("arguments") or "", str):
-            raise MalformedStream(f"a 'delta.tool_calls' entry has no integer 'index' or its arguments are "
-                                  f"not text: {payload[:120]!r}")
+        texts = (fn.get("arguments") or "", fn.get("name") or "", entry.get("id") or "" if isinstance(entry, dict) else "")
+        if not isinstance(index, int) or not all(isinstance(t, str) for t in texts):
+            raise MalformedStream(f"a 'delta.tool_calls' entry has no integer 'index' or its id, name or "
+                                  f"arguments are not text: {payload[:120]!r}")
         out.append(ToolCallDelta(index=index, id=entry.get("id") or None, name=fn.get("name") or None,
                                  arguments=fn.get("arguments") or ""))
     return tuple(out)
 
 
 def _usage(raw) -> Usage | None:
+    """The server's counts; None (the client estimates them) when absent or not numbers."""
     if not isinstance(raw, dict) or "completion_tokens" not in raw:
         return None
     details = raw.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return Usage(int(raw.get("prompt_tokens", 0)), int(raw["completion_tokens"]),
-                 int(cached) if cached is not None else None)
+    try:
+        return Usage(int(raw.get("prompt_tokens") or 0), int(raw["completion_tokens"]),
+                     int(cached) if cached is not None else None)
+    except (TypeError, ValueError):
+        return None
 
 
 def _timings(raw) -> ServerTimings | None:
+    """llama-server's own figures; None when absent or not numbers (they are only shown)."""
     if not isinstance(raw, dict) or "predicted_n" not in raw:
         return None
-    return ServerTimings(prompt_n=int(raw.get("prompt_n", 0)), prompt_ms=float(raw.get("prompt_ms", 0.0)),
-                         predicted_n=int(raw["predicted_n"]), predicted_ms=float(raw.get("predicted_ms", 0.0)),
-                         cache_n=int(raw.get("cache_n", 0)))
+    try:
+        return ServerTimings(prompt_n=int(raw.get("prompt_n") or 0), prompt_ms=float(raw.get("prompt_ms") or 0.0),
+                             predicted_n=int(raw["predicted_n"]), predicted_ms=float(raw.get("predicted_ms") or 0.0),
+                             cache_n=int(raw.get("cache_n") or 0))
+    except (TypeError, ValueError):
+        return None
