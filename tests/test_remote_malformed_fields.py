@@ -100,3 +100,12 @@ def test_counts_that_are_not_numbers_leave_the_reply_with_estimates(run_client, 
     assert final.done_reason is DoneReason.STOP and final.error is None
     assert "".join(u.text_delta for u in run.updates("a")) == "hello"
     assert final.remote.tokens_estimated
+
+
+def test_a_retry_after_that_is_neither_seconds_nor_a_date_is_still_retried(run_client, raw_server):  # noqa: F811
+    server = raw_server([(503, {"Retry-After": "soon"}, b'{"error": {"message": "busy"}}')])
+    run = run_client([server.url])
+    run.client.submit(chat("a"))
+    final = run.final("a", timeout=10)
+    assert final.error is None and final.done_reason is DoneReason.STOP
+    assert server.posts == 2

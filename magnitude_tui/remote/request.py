@@ -91,7 +91,10 @@ def retry_after_s(response: httpx.Response, attempt: int, cap: float) -> float:
         try:
             wait = float(raw)
         except ValueError:
-            when = email.utils.parsedate_to_datetime(raw)
+            try:
+                when = email.utils.parsedate_to_datetime(raw)
+            except (TypeError, ValueError, IndexError):
+                when = None  # neither seconds nor a date: the doubling wait stands
             if when is not None:
                 wait = when.timestamp() - time.time()
     return min(cap, max(0.0, wait))
