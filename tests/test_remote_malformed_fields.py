@@ -5,11 +5,14 @@ serving, and counts that are not numbers fall back to estimates instead of faili
 from __future__ import annotations
 
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from magnitude_tui.remote.metrics import RemoteSeq
 from scheduler.types import DoneReason
+from tests.openai_stub import Script, StubServer
 from tests.test_remote_client import chat, run_client  # noqa: F401 (the fixture)
 
 SSE = {"content-type": "text/event-stream"}
@@ -109,3 +112,25 @@ def test_a_retry_after_that_is_neither_seconds_nor_a_date_is_still_retried(run_c
     final = run.final("a", timeout=10)
     assert final.error is None and final.done_reason is DoneReason.STOP
     assert server.posts == 2
+
+
+def test_a_request_whose_update_cannot_be_built_fails_alone(run_client, monkeypatch):  # noqa: F811
+    real = RemoteSeq.update
+
+    def update(self):
+        if self.request.request_id == "bad":
+            raise RuntimeError("boom")
+        return real(self)
+
+    monkeypatch.setattr(RemoteSeq, "update", update)
+    with StubServer(Script(words=3)) as stub:
+        run = run_client([stub.url])
+        run.ready()
+        run.client.submit(chat("bad"))
+        final = run.final("bad", timeout=10)  # the flush loop died and every pane hung before
+        assert final.done_reason is DoneReason.ERROR and "boom" in final.error
+        run.client.submit(chat("good"))
+        assert run.final("good", timeout=10).error is None
+        time.sleep(0.3)  # the cancelled task's last mark has been flushed
+        run.events.extend(run.client.poll_events(0.1) or [])
+        assert sum(u.done_reason is not None for u in run.updates("bad")) == 1

@@ -20,6 +20,7 @@ from magnitude_tui.engine.events import (
     EngineInfo,
     EngineReady,
     LoadProgress,
+    RemoteFacts,
     RestoreOutcome,
     SeqUpdate,
     SessionRestored,
@@ -322,7 +323,12 @@ class RemoteClient:
         batch, self._pending = self._pending, []
         changed, self._changed = self._changed, {}
         for rid, seq in changed.items():
-            batch.append(seq.update())
+            if self._seqs.get(rid) is not seq:
+                continue  # its done update is out already (a request ended by _broken)
+            try:
+                batch.append(seq.update())
+            except Exception as exc:  # a bug here fails this request only, never the flush loop
+                batch.append(self._broken(seq, exc))
             if seq.phase is Phase.DONE:
                 self._seqs.pop(rid, None)
         if self._failed and any(isinstance(e, EngineFailed) for e in batch):
@@ -330,3 +336,16 @@ class RemoteClient:
             batch.sort(key=lambda e: isinstance(e, EngineFailed))
         if batch:
             self._events.put(batch)
+
+    def _broken(self, seq: RemoteSeq, exc: Exception) -> SeqUpdate:
+        """The done update of a request whose own update could not be built: its task is ended
+        (its stream closed) and the pane says why. Every other request goes on."""
+        rid = seq.request.request_id
+        why = f"the remote client failed: {type(exc).__name__}: {exc}"
+        task = self._tasks.pop(rid, None)
+        if task is not None:
+            task.cancel()
+        seq.finish(DoneReason.ERROR, why)
+        seq.phase = Phase.DONE
+        return SeqUpdate(rid, seq.request.session_id, None, Phase.DONE, done_reason=DoneReason.ERROR, error=why,
+                         remote=RemoteFacts(seq.endpoint, False, None))
