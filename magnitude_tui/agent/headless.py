@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import uuid
 from dataclasses import dataclass
@@ -12,6 +13,8 @@ from typing import Mapping, TextIO
 
 from magnitude_tui.agent.config import AgentFileConfig
 from magnitude_tui.agent.engine_link import HubRunner, TurnRunner
+from magnitude_tui.agent.events import EndReason
+from magnitude_tui.agent.loop import AgentOutcome
 from magnitude_tui.agent.mcp_tools import McpServers
 from magnitude_tui.agent.policy import Approval, ApprovalRequest, ApprovePolicy, Decision, FixedApproval, Verdict, deny
 from magnitude_tui.agent.team import AgentTeam, RoleToolsError
@@ -132,7 +135,16 @@ async def run_task(opts: RunOptions, runner: TurnRunner, *, roles: Mapping[str, 
         except RoleToolsError as e:
             err.write(f"{e}\n")
             return 2
-        outcome = await loop.run(opts.task, team.history(settings))
+        try:
+            outcome = await loop.run(opts.task, team.history(settings))
+        except asyncio.CancelledError:
+            # Ctrl-C or SIGTERM: the tool running was stopped (a command's whole process group);
+            # what the run did so far is still said, and with --json still printed as a document.
+            err.write("the run was interrupted before the agent answered\n")
+            if opts.json_out:
+                stopped = AgentOutcome(EndReason.CANCELLED, "", loop.messages, error="interrupted")
+                dump(recorder.document(opts.task, opts.role, stopped, servers.problems), out)
+            raise
         if opts.json_out:
             dump(recorder.document(opts.task, opts.role, outcome, servers.problems), out)
         elif outcome.ok:
@@ -144,8 +156,54 @@ async def run_task(opts: RunOptions, runner: TurnRunner, *, roles: Mapping[str, 
         await servers.close()
 
 
+# Signals that end a run the way Ctrl-C does (asyncio.run already turns SIGINT into cancelling it).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+async def until_stopped(work) -> int:
+    """Await `work` (an exit status); SIGTERM or SIGHUP cancel it, as Ctrl-C does, so what it
+    started is stopped (a command's process group, MCP servers, the engine) instead of the process
+    dying with them left running; the status is then 128 + the signal. A second signal kills at once."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    received: list[int] = []
+
+    def stop(sig: int) -> None:
+        if received:  # already stopping: the user insists
+            signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+            return
+        received.append(sig)
+        task.cancel()
+
+    installed = []
+    for sig in STOP_SIGNALS:
+        try:
+            loop.add_signal_handler(sig, stop, sig)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no such signal
+            pass
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not received:
+            raise
+        uncancel = getattr(task, "uncancel", None)  # Python 3.11+
+        if uncancel is not None:
+            uncancel()
+        return 128 + received[0]
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
 async def run_on_client(opts: RunOptions, client, **kw) -> int:
-    """Start `client`, wait for its engine, run the task, stop it."""
+    """Start `client`, wait for its engine, run the task, stop it (also on SIGTERM and SIGHUP)."""
+    return await until_stopped(_run_on_client(opts, client, **kw))
+
+
+async def _run_on_client(opts: RunOptions, client, **kw) -> int:
     from magnitude_tui.serve.hub import EngineHub, EngineState
 
     err: TextIO = kw.get("err") or sys.stderr

@@ -1,0 +1,80 @@
+"""Probes of `magnitude-tui run` as a user meets it: stopping a run mid-command, a cut answer, a failing MCP call."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+
+from magnitude_tui.agent.headless import RunOptions, run_task, until_stopped
+from magnitude_tui.agent.policy import ApprovePolicy
+from tests.test_agent_support import call, scripted_engine
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs (a killed one left unreaped, a zombie, does not)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+async def _wait_for(path, timeout_s: float = 10.0) -> int:
+    for _ in range(int(timeout_s / 0.02)):
+        if path.exists() and path.read_text().strip():
+            return int(path.read_text())
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{path} never written")
+
+
+def _sleeper(tmp_path):
+    pid_file = tmp_path / "pid"
+    reply = call("run_command", command=f"echo $$ > {pid_file}; sleep 60")
+    return pid_file, (lambda prompt: reply)
+
+
+async def test_sigterm_mid_command_stops_its_process_group_and_exits_143(tmp_path):
+    pid_file, script = _sleeper(tmp_path)
+    out, err = io.StringIO(), io.StringIO()
+    async with scripted_engine(script) as (runner, _, _):
+        opts = RunOptions("sleep", tmp_path, approve=ApprovePolicy.AUTO, json_out=True)
+        run = asyncio.create_task(until_stopped(run_task(opts, runner, roles={}, out=out, err=err)))
+        pgid = await _wait_for(pid_file)
+        assert _group_alive(pgid)
+        os.kill(os.getpid(), signal.SIGTERM)  # without the handler this would end the test process
+        code = await asyncio.wait_for(run, 10)
+    assert code == 128 + signal.SIGTERM
+    assert not _group_alive(pgid), "the command outlived the run"
+    assert "interrupted" in err.getvalue()
+    doc = json.loads(out.getvalue())  # --json still gets its document, saying how the run ended
+    assert doc["ended"] == "cancelled" and doc["turns"][0]["tool_calls"] == 1
+    assert doc["messages"][-1]["tool_calls"][0]["name"] == "run_command"
+
+
+async def test_a_cancelled_run_still_prints_its_json_and_says_it_was_interrupted(tmp_path):
+    """Ctrl-C: asyncio.run cancels the run; the partial document and a line on stderr come first."""
+    pid_file, script = _sleeper(tmp_path)
+    out, err = io.StringIO(), io.StringIO()
+    async with scripted_engine(script) as (runner, _, _):
+        opts = RunOptions("sleep", tmp_path, approve=ApprovePolicy.AUTO, json_out=True)
+        run = asyncio.create_task(run_task(opts, runner, roles={}, out=out, err=err))
+        pgid = await _wait_for(pid_file)
+        run.cancel()
+        try:
+            await run
+        except asyncio.CancelledError:
+            pass
+        else:
+            raise AssertionError("the cancellation was swallowed")
+    assert not _group_alive(pgid)
+    assert json.loads(out.getvalue())["ended"] == "cancelled"
+    assert "interrupted" in err.getvalue()
