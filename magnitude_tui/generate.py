@@ -94,6 +94,10 @@ def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temper
     (from `tool_use_from_files`): the tools and schema every request carries; the parsed tool
     calls are printed after the answers."""
     console = output_console(json_out=json_out)
+    if not prompts:  # an empty --prompts file, --n 0: say so before loading a model for nothing
+        Console(stderr=True).print("[red]no prompts to run[/]: the --prompts file has no non-blank line, "
+                                   "or --n is below 1", highlight=False)
+        return 2
     client.start()
     try:
         if not _wait_ready(client, console):
