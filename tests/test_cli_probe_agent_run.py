@@ -78,3 +78,17 @@ async def test_a_cancelled_run_still_prints_its_json_and_says_it_was_interrupted
     assert not _group_alive(pgid)
     assert json.loads(out.getvalue())["ended"] == "cancelled"
     assert "interrupted" in err.getvalue()
+
+
+async def test_an_answer_cut_at_max_tokens_is_said_to_be_cut(tmp_path):
+    from scheduler.types import SamplingParams
+
+    for max_tokens, cut in ((6, True), (200, False)):
+        out, err = io.StringIO(), io.StringIO()
+        async with scripted_engine(lambda prompt: "The answer is forty-two.") as (runner, _, _):
+            opts = RunOptions("t", tmp_path, json_out=True, sampling=SamplingParams(max_tokens=max_tokens))
+            code = await run_task(opts, runner, roles={}, out=out, err=err)
+        doc = json.loads(out.getvalue())
+        assert code == 0 and doc["ended"] == "answered"
+        assert doc["truncated"] is cut
+        assert ("cut at 6 tokens" in err.getvalue()) is cut

@@ -60,6 +60,7 @@ class AgentOutcome:
     messages: list[Message]
     turns: list[TurnFinished] = field(default_factory=list)
     error: str | None = None
+    truncated: bool = False  # the answer's turn reached max_tokens: the text stops mid-way
 
     @property
     def ok(self) -> bool:
@@ -102,7 +103,9 @@ class AgentLoop:
                 return self._end(EndReason.FAILED, result.text, turns, error)
             self.messages.append(Message("assistant", result.text, tool_calls=result.calls))
             if not result.calls:
-                return self._end(EndReason.ANSWERED, result.text, turns)
+                outcome = self._end(EndReason.ANSWERED, result.text, turns)
+                outcome.truncated = f.done_reason is DoneReason.LENGTH
+                return outcome
             # A reply cut at max_tokens may end inside its last call's arguments (then they do not parse).
             last = result.calls[-1]
             cut = last if f.done_reason is DoneReason.LENGTH and not _parses(last.arguments) else None

@@ -84,6 +84,7 @@ class RunRecorder:
     def document(self, task: str, role: str | None, outcome: AgentOutcome, problems: dict[str, str]) -> dict:
         return {
             "task": task, "role": role, "ended": outcome.reason.value, "answer": outcome.answer,
+            "truncated": outcome.truncated,
             "error": outcome.error, "turns": self.turns, "tools": self.tools, "subagents": self.subagents,
             "mcp_problems": problems,
             "messages": [message_json(m) for m in outcome.messages],
