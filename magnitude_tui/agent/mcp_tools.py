@@ -76,14 +76,23 @@ class McpServer:
                 self._fail("it stopped")
             self._ready.set()
 
-    def _fail(self, why: str) -> None:
+    def _fail(self, why: str, stderr_since: int = 0) -> None:
         if self.problem is None:
-            self.problem = f"MCP server {self.spec.name!r}: {why}{self._stderr_tail()}"
+            self.problem = f"MCP server {self.spec.name!r}: {why}{self._stderr_tail(stderr_since)}"
 
-    def _stderr_tail(self) -> str:
+    def _stderr_size(self) -> int:
         try:
             self._errlog.flush()
-            self._errlog.seek(0)
+            return self._errlog.seek(0, 2)
+        except (OSError, ValueError):
+            return 0
+
+    def _stderr_tail(self, since: int = 0) -> str:
+        """The end of what the server wrote on stderr from offset `since` (a call's failure names only
+        what the server said during that call, not an earlier call's noise)."""
+        try:
+            self._errlog.flush()
+            self._errlog.seek(since)
             tail = self._errlog.read()[-400:].strip()
         except (OSError, ValueError):
             return ""
@@ -92,15 +101,20 @@ class McpServer:
     async def call(self, name: str, args: dict) -> ToolResult:
         if self.problem is not None or self._session is None:
             return ToolResult.failed(f"unavailable: {self.problem or 'the server is not running'}")
+        since = self._stderr_size()
         try:
             result = await asyncio.wait_for(self._session.call_tool(name, args), self.spec.timeout_s)
         except asyncio.TimeoutError:
-            self._fail(f"{name} did not answer within {self.spec.timeout_s:g} s")
+            self._fail(f"{name} did not answer within {self.spec.timeout_s:g} s", since)
             return ToolResult.failed(f"unavailable: {self.problem}")
         except asyncio.CancelledError:
             raise
         except BaseException as e:
-            self._fail(f"{name} failed: {_first_error(e)}")
+            if _answered_with_error(e) and self._session is not None:
+                # The server answered this call with a JSON-RPC error (bad params, a tool that threw in
+                # another SDK): the call failed, the server is still there for the others.
+                return ToolResult.failed(f"{name} failed: {_first_error(e)}")
+            self._fail(f"{name} failed: {_first_error(e)}", since)
             return ToolResult.failed(f"unavailable: {self.problem}")
         return _result(result)
 
@@ -139,6 +153,18 @@ def _result(result) -> ToolResult:
     text = "\n".join(parts)
     return ToolResult(f"error: {text}" if getattr(result, "is_error", False) else text,
                       ok=not getattr(result, "is_error", False))
+
+
+def _answered_with_error(e: BaseException) -> bool:
+    """Whether `e` is the server's JSON-RPC error answer to a call (not a lost connection or a timeout
+    the SDK raises itself, after which the server cannot be trusted to answer)."""
+    try:
+        from mcp.shared.exceptions import MCPError
+        from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+    except ImportError:  # pragma: no cover - mcp 1.x spells it McpError
+        from mcp.shared.exceptions import McpError as MCPError  # type: ignore[attr-defined,no-redef]
+        from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+    return isinstance(e, MCPError) and e.error.code not in (CONNECTION_CLOSED, REQUEST_TIMEOUT)
 
 
 def _first_error(e: BaseException) -> str:
