@@ -18,7 +18,7 @@ from magnitude_tui.agent.loop import AgentOutcome
 from magnitude_tui.agent.mcp_tools import McpServers
 from magnitude_tui.agent.policy import Approval, ApprovalRequest, ApprovePolicy, Decision, FixedApproval, Verdict, deny
 from magnitude_tui.agent.team import AgentTeam, RoleToolsError
-from magnitude_tui.agent.transcript import RunRecorder, dump
+from magnitude_tui.agent.transcript import RunRecorder, dump, visible
 from magnitude_tui.agent.workspace import Workspace
 from magnitude_tui.agents import AgentSettings, unknown_role
 from scheduler.types import SamplingParams
@@ -51,7 +51,7 @@ class TerminalApproval:
 
     async def ask(self, request: ApprovalRequest) -> Decision:
         async with self._lock:
-            self.out.write("\n" + request.describe() + "\n")
+            self.out.write("\n" + visible(request.describe()) + "\n")
             while True:
                 self.out.write("allow? [y] once, [a] always for this agent, [n] no: ")
                 self.out.flush()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import TextIO
 
 from magnitude_tui.agent.events import (
@@ -19,6 +20,18 @@ from magnitude_tui.agent.loop import AgentOutcome
 
 # Tool results longer than this are folded in the printed transcript (the model got all of it).
 FOLD_CHARS = 600
+
+# What a terminal would act on instead of showing: C0 controls but tab and newline (a carriage
+# return or an escape sequence can rewrite what is on screen), DEL, C1 controls, and the
+# bidirectional overrides and isolates that reorder a line ("Trojan Source").
+# A carriage return ending a line (CRLF files) is left alone.
+_UNSEEN = re.compile("\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: str) -> str:
+    """`text` with what a terminal would act on written out as escapes (\\x1b, \\r, \\u202e), so a
+    file's or a command's bytes cannot hide or rewrite what is shown (an approval's diff above all)."""
+    return _UNSEEN.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
 
 
 class RunRecorder:
@@ -69,7 +82,7 @@ class RunRecorder:
                 e.result[:FOLD_CHARS] + f"… [{e.result_chars - FOLD_CHARS} more characters]"
             mark = "✓" if e.ok else "✗"
             self._line(f"[{e.agent}] {mark} {e.call.name} · {e.duration_s * 1000:.0f} ms · {e.result_chars} chars\n"
-                       + "\n".join("    " + line for line in body.splitlines()))
+                       + "\n".join("    " + visible(line) for line in re.split("\r?\n", re.sub("\r?\n\\Z", "", body))))
         elif isinstance(e, ApprovalDecided):
             self._line(f"[{e.agent}] approval for {e.call.name}: {e.decision.verdict.value}"
                        + (f" ({e.decision.reason})" if e.decision.reason else "") + f" after {e.wait_s:.1f} s")
