@@ -92,6 +92,7 @@ async def test_an_answer_cut_at_max_tokens_is_said_to_be_cut(tmp_path):
         assert code == 0 and doc["ended"] == "answered"
         assert doc["truncated"] is cut
         assert ("cut at 6 tokens" in err.getvalue()) is cut
+        assert (err.getvalue() == "") is not cut  # a whole answer says nothing on stderr
 
 
 async def test_terminal_escapes_in_an_approval_diff_and_a_tool_result_are_shown_not_obeyed(tmp_path):

@@ -149,11 +149,11 @@ async def run_task(opts: RunOptions, runner: TurnRunner, *, roles: Mapping[str, 
             dump(recorder.document(opts.task, opts.role, outcome, servers.problems), out)
         elif outcome.ok:
             out.write("\n" + outcome.answer.strip() + "\n")
+        else:
+            err.write(f"the agent did not finish: {outcome.error or outcome.reason.value}\n")
         if outcome.ok and outcome.truncated:
             err.write(f"warning: the answer was cut at {loop.config.sampling.max_tokens} tokens (--max-tokens, "
                       "or the role's max_tokens); it may be incomplete\n")
-        else:
-            err.write(f"the agent did not finish: {outcome.error or outcome.reason.value}\n")
         return 0 if outcome.ok else 1
     finally:
         await servers.close()
