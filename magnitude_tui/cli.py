@@ -200,7 +200,7 @@ def devices(
 @app.command()
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="The prompt (or use --prompts FILE)."),
-    n: int = typer.Option(8, "--n", help="How many concurrent sequences."),
+    n: int = typer.Option(8, "--n", min=1, help="How many concurrent sequences."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="A file with one prompt per line."),
     max_tokens: int = typer.Option(64, "--max-tokens"),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
@@ -237,7 +237,10 @@ def generate(
         _fail(str(exc))
 
     if prompts is not None:
-        lines = [l.strip() for l in prompts.read_text().splitlines() if l.strip()]
+        try:
+            lines = [l.strip() for l in prompts.read_text(encoding="utf-8").splitlines() if l.strip()]
+        except (OSError, UnicodeDecodeError) as exc:  # missing, a directory, not text
+            _fail(f"cannot read --prompts {prompts}: {exc}")
     elif prompt:
         lines = [prompt] * n
     else:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from backend.factory import BackendConfig
 from magnitude_tui.engine.client import WorkerClient
 from magnitude_tui.engine.events import EngineConfig
@@ -38,3 +40,20 @@ def test_generate_json_is_one_document_on_stdout(capsys):
         assert s["done_reason"] in ("stop", "length") and s["error"] is None
     assert doc["steps"] > 0 and doc["aggregate_tok_s"] > 0
     assert "ready" in captured.err  # the progress went to stderr
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "binary"])
+def test_an_unreadable_prompts_file_is_one_line_and_exit_2(tmp_path, kind):
+    from typer.testing import CliRunner
+
+    from magnitude_tui.cli import app
+
+    path = tmp_path / "prompts.txt"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "binary":
+        path.write_bytes(b"\xff\xfe\x00\x81 not text")
+    r = CliRunner().invoke(app, ["generate", "--prompts", str(path)])  # before any model loads
+    assert r.exit_code == 2, r.output
+    assert "cannot read --prompts" in r.output and "Traceback" not in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
