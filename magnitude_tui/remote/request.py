@@ -181,10 +181,14 @@ async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: htt
         what = "connect" if isinstance(exc, httpx.ConnectTimeout) else "answer"
         limit = config.connect_timeout_s if what == "connect" else config.read_timeout_s
         raise RequestFailed(f"{endpoint.url} did not {what} within {limit:g} s (timeout)") from None
-    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+    except (httpx.RemoteProtocolError, httpx.NetworkError) as exc:  # read, write or close broke
         endpoint.mark_dead(f"stream broke ({type(exc).__name__})")
-        raise RequestFailed(f"the connection to {endpoint.url} broke mid-reply ({exc or type(exc).__name__}); "
+        raise RequestFailed(f"the connection to {endpoint.url} broke mid-reply ({str(exc) or type(exc).__name__}); "
                             "the server may have stopped. Other servers take new work") from None
+    except httpx.DecodingError as exc:  # a body that its content-encoding does not decode
+        endpoint.error("malformed stream")
+        raise RequestFailed(f"{endpoint.url} sent a malformed stream: its body does not decode "
+                            f"({str(exc) or type(exc).__name__})") from None
     except MalformedStream as exc:
         endpoint.error("malformed stream")
         raise RequestFailed(f"{endpoint.url} sent a malformed stream: {exc}") from None
