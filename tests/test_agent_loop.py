@@ -209,3 +209,22 @@ async def test_a_call_cut_at_max_tokens_is_answered_with_the_limit(root):
     result = out.messages[-2]
     assert result.role == "tool" and result.content.startswith("error: the reply reached its limit of 60 tokens")
     assert "smaller calls" in result.content and not (root / "long.txt").exists()
+
+
+async def test_a_tool_result_too_big_for_the_context_is_cut_to_fit_and_the_agent_answers(root):
+    # One read of a file larger than the whole context (the fake tokenizer: a token a character)
+    # failed the run with "outgrew the context"; the result is now halved until the turn fits,
+    # its head kept and the cut said.
+    (root / "big.txt").write_text("".join(f"line {i:05d}\n" for i in range(1200)))  # 13,200 characters
+
+    def script(prompt: str) -> str:
+        answered = last_user(prompt).startswith("<tool_response>")
+        return "it starts with line 00000" if answered else call("read_file", path="big.txt")
+
+    async with scripted_engine(script, n_ctx=8192, n_seq_max=1) as (runner, backend, _):
+        team = AgentTeam(runner, Workspace(root))
+        out = await team.agent(AgentSettings(), name="main", session_id="main").run("the task")
+    assert out.reason is EndReason.ANSWERED, out.error
+    shown = next(m.content for m in out.messages if m.role == "tool")
+    assert "line 00000" in shown and "characters cut: the whole result did not fit in the context]" in shown
+    assert len(shown) < 8192 and "the task" in backend.prompts[-1]

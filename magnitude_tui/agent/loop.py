@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from magnitude_tui.agent.engine_link import TurnRunner
@@ -36,6 +36,11 @@ from scheduler.types import (
     ToolChoice,
     ToolChoiceMode,
 )
+
+# A turn whose newest tool results do not fit the context is asked again with them halved, up to
+# this many times, while they hold more than MIN_CUT_CHARS (a `cat` of a big file in an 8k context
+# failed the whole run; below that, the history itself is what does not fit).
+MAX_CUTS, MIN_CUT_CHARS = 6, 1_000
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,8 @@ class AgentLoop:
         self.gate = gate
         self.observer = observer
         self.messages: list[Message] = []  # the conversation so far (spawn_agents forks it)
+        self._uncut: dict[int, str] = {}  # message index -> a tool result as the tool gave it
+        self._kept: dict[int, int] = {}  # message index -> how much of it the model is shown
         self._schemas = tuple(t.tool for t in tools)
 
     @property
@@ -85,16 +92,22 @@ class AgentLoop:
     async def run(self, task: str, history: Sequence[Message] = ()) -> AgentOutcome:
         """Answer `task` (a user turn after `history`, which holds the system turn if any)."""
         self.messages = [*history, Message("user", task)]
+        self._uncut.clear()
+        self._kept.clear()
         turns: list[TurnFinished] = []
         cfg = self.config
         for turn in range(1, cfg.max_turns + 1):
-            request = self._request(turn)
-            self.observer(TurnStarted(cfg.name, turn, request.request_id))
-            result = await self.runner.turn(request, lambda t: self.observer(TextDelta(cfg.name, t)))
-            f = result.final
-            done = TurnFinished(cfg.name, turn, f.prompt_total, f.cached_tokens, f.generated, result.calls)
-            turns.append(done)
-            self.observer(done)
+            for _ in range(MAX_CUTS + 1):
+                request = self._request(turn)
+                self.observer(TurnStarted(cfg.name, turn, request.request_id))
+                result = await self.runner.turn(request, lambda t: self.observer(TextDelta(cfg.name, t)))
+                f = result.final
+                done = TurnFinished(cfg.name, turn, f.prompt_total, f.cached_tokens, f.generated, result.calls)
+                turns.append(done)
+                self.observer(done)
+                # The newest tool results did not fit: the turn is asked again with them shortened.
+                if not (f.error_kind is ErrorKind.CONTEXT_LENGTH and self._cut_newest_results()):
+                    break
             if f.error is not None:
                 error = f.error
                 if f.error_kind is ErrorKind.CONTEXT_LENGTH:
@@ -114,6 +127,25 @@ class AgentLoop:
                 self.messages.append(Message("tool", out.text, tool_call_id=call.id, name=call.name))
         return self._end(EndReason.MAX_TURNS, "", turns,
                          f"no answer after {cfg.max_turns} turns (every turn called tools)")
+
+    def _cut_newest_results(self) -> bool:
+        """Halve the tool results after the last assistant turn (their head kept, the cut said);
+        False when they are already small: then the history itself is what does not fit."""
+        newest = []
+        for i in range(len(self.messages) - 1, -1, -1):
+            if self.messages[i].role != "tool":
+                break
+            newest.append(i)
+        whole = {i: self._uncut.setdefault(i, self.messages[i].content) for i in newest}
+        if sum(self._kept.get(i, len(whole[i])) for i in newest) <= MIN_CUT_CHARS:
+            return False
+        for i in newest:
+            keep = self._kept[i] = self._kept.get(i, len(whole[i])) // 2
+            cut = len(whole[i]) - keep
+            if cut:
+                note = f"\n[{cut:,} of {len(whole[i]):,} characters cut: the whole result did not fit in the context]"
+                self.messages[i] = replace(self.messages[i], content=whole[i][:keep] + note)
+        return True
 
     def _request(self, turn: int) -> Request:
         cfg = self.config
