@@ -29,7 +29,7 @@ from magnitude_tui.engine.protocol import EngineEvent, EngineTarget, EventStream
 from magnitude_tui.remote.config import RemoteConfig, base_url
 from magnitude_tui.remote.metrics import RemoteSeq
 from magnitude_tui.remote.pool import EndpointPool
-from magnitude_tui.remote.request import RequestFailed, run_request
+from magnitude_tui.remote.request import RequestFailed, error_message, run_request
 from scheduler.budget import Policy
 from scheduler.speculation import SpecMode
 from scheduler.types import DoneReason, Message, Phase, Request
@@ -214,6 +214,12 @@ class RemoteClient:
         if response.status_code in (401, 403):
             endpoint.healthy = False
             endpoint.last_error = f"refused the API key ({response.status_code}); see --api-key-env"
+            return
+        if response.status_code == 429 or response.status_code >= 500:
+            # Up but not serving yet: llama-server answers every path 503 "Loading model" while it
+            # loads, vLLM a 5xx while starting. It takes no work until a probe gets an answer.
+            endpoint.healthy = False
+            endpoint.last_error = f"not ready: answered {response.status_code} ({error_message(response.text)})"
             return
         endpoint.healthy = True
         try:

@@ -202,7 +202,7 @@ async def _refuse(response: httpx.Response, endpoint: Endpoint, model: str, conf
                   attempt: int) -> None:
     """Turn a non-200 answer into a retry (429, 5xx) or a clear failure (the rest)."""
     body = (await response.aread()).decode(errors="replace")
-    detail = _error_message(body)
+    detail = error_message(body)
     code = response.status_code
     if code in RETRY_STATUS:
         endpoint.error(f"HTTP {code}")
@@ -219,9 +219,8 @@ async def _refuse(response: httpx.Response, endpoint: Endpoint, model: str, conf
     raise RequestFailed(f"{endpoint.url} rejected the request ({code}: {detail})")
 
 
-def _error_message(body: str) -> str:
-    import json
-
+def error_message(body: str) -> str:
+    """The message of an OpenAI-style error body, else the body's start."""
     try:
         err = json.loads(body).get("error")
     except (ValueError, AttributeError):
