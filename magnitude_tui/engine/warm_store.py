@@ -20,6 +20,8 @@ log = logging.getLogger("magnitude_tui.warm")
 # A file: MAGIC, u32 header length, the header (JSON), the tokens (int32 LE), the state bytes.
 MAGIC = b"MAGKV01\n"
 SUFFIX = ".kv"
+TMP_SUFFIX = ".tmp"  # a state being written, renamed to SUFFIX once whole
+STALE_TMP_S = 600.0  # a temporary this old was left by a writer that died
 
 
 class Found(str, Enum):
@@ -63,6 +65,7 @@ class WarmStore:
         self.layout = layout
         self.budget_bytes = budget_bytes
         self.directory.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(self.directory)
         self._lock = threading.Condition()
         self._pending: dict[str, tuple[list[int], bytes]] = {}  # session -> newest unsaved state
         self._writing = False
@@ -147,7 +150,7 @@ class WarmStore:
                         session_id, size >> 20, self.budget_bytes >> 20)
             path.unlink(missing_ok=True)  # an older, shorter state would no longer be the latest
             return 0
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(TMP_SUFFIX)
         try:
             with open(tmp, "wb") as f:
                 f.write(MAGIC + struct.pack("<I", len(header)) + header)
@@ -245,10 +248,22 @@ class WarmStore:
 def discard_saved(directory: Path | str, session_id: str) -> None:
     """Delete a conversation's saved KV files (every layout); the app calls it when the
     conversation itself is deleted, since the tokens in them are its text."""
-    for path in Path(directory).glob(f"{_digest(session_id, 20)}.*{SUFFIX}"):
+    # With the half-written temporary a writer killed mid-write left (same tokens, same text).
+    for path in [*Path(directory).glob(f"{_digest(session_id, 20)}.*{SUFFIX}"),
+                 *Path(directory).glob(f"{_digest(session_id, 20)}.*{TMP_SUFFIX}")]:
         why = _remove(path)
         if why is not None:  # a read-only directory: the engine (or the app) goes on regardless
             log.warning("warm resume: could not delete %s's saved KV %s: %s", session_id, path, why)
+
+
+def _remove_stale_temporaries(directory: Path) -> None:
+    """Delete what a writer killed mid-write left (a `.tmp` beside the states): outside the budget
+    it would take room for good, and its tokens are a conversation's text. Only old ones go: a
+    write takes seconds, so one younger than STALE_TMP_S may belong to a writer still running."""
+    now = time.time()
+    for path in directory.glob(f"*{TMP_SUFFIX}"):
+        if now - _mtime(path) > STALE_TMP_S:
+            _remove(path)
 
 
 def _remove(path: Path) -> str | None:
