@@ -107,11 +107,12 @@ async def run_request(seq: RemoteSeq, *, pool: EndpointPool, http: httpx.AsyncCl
     frees the server's slot."""
     failed: set[str] = set()  # servers this request found dead
     attempt = 0
+    last_why = ""  # what the last try met, said first when no server is left to try
     while True:
         try:
             endpoint = pool.pick(avoid=failed, prefer=prefer)
         except NoEndpoint as exc:
-            raise RequestFailed(str(exc)) from None
+            raise RequestFailed(f"{last_why}; {exc}" if last_why else str(exc)) from None
         if endpoint.in_flight >= endpoint.limit:
             seq.phase = Phase.QUEUED
             seq.waiting_reason = f"waiting for a slot on {endpoint.url} ({endpoint.in_flight} in flight)"
@@ -121,6 +122,7 @@ async def run_request(seq: RemoteSeq, *, pool: EndpointPool, http: httpx.AsyncCl
             await _stream(seq, endpoint, attempt, http=http, config=config, model=model, changed=changed)
             return
         except _Retry as retry:
+            last_why = retry.why
             if retry.endpoint_dead:
                 failed.add(endpoint.url)
             attempt += 1
@@ -140,8 +142,10 @@ async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: htt
     seq.sent(endpoint.url)
     changed(seq)
     got_text = False
+    answered = False  # the server sent its response's head: from then on a break is mid-reply
     try:
         async with http.stream("POST", url, json=request_body(seq.request, model)) as response:
+            answered = True
             if response.status_code != 200:
                 await _refuse(response, endpoint, model, config, attempt)
             finish_reason = None
@@ -183,6 +187,9 @@ async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: htt
         raise RequestFailed(f"{endpoint.url} did not {what} within {limit:g} s (timeout)") from None
     except (httpx.RemoteProtocolError, httpx.NetworkError) as exc:  # read, write or close broke
         endpoint.mark_dead(f"stream broke ({type(exc).__name__})")
+        if not answered:  # it went away before answering: nothing was shown, another server may answer
+            raise _Retry(f"{endpoint.url} closed the connection without answering "
+                         f"({str(exc) or type(exc).__name__})", 0.0, endpoint_dead=True) from None
         raise RequestFailed(f"the connection to {endpoint.url} broke mid-reply ({str(exc) or type(exc).__name__}); "
                             "the server may have stopped. Other servers take new work") from None
     except httpx.DecodingError as exc:  # a body that its content-encoding does not decode
