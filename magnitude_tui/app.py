@@ -74,6 +74,7 @@ class MagnitudeApp(App):
         restored = self.store.open_workspace(resume=self._resume)
         if self.store.notice:
             self.notify(self.store.notice, title="Database", severity="warning", timeout=30)
+        self.store.on_notice = lambda message: self.notify(message, title="Database", severity="warning", timeout=30)
         if self.serve is not None:
             self.pump.subscribe(self.serve.dispatch)  # first: HTTP replies wait on no screen
         self.install_screen(WorkspaceScreen(client=self.client, store=self.store,

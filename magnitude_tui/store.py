@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 import platformdirs
 
@@ -153,7 +153,9 @@ class Store:
             except OSError:
                 pass  # a read-only place: open_database runs the session in memory and says why
         opened = open_database(self.path)
-        self._db = opened.db
+        self._db = _Saving(opened.db, self._saving_stopped)
+        # Called with what to tell the user when saving stops mid-session (the app notifies).
+        self.on_notice: Callable[[str], None] | None = None
         self.moved_to = opened.moved_to
         self.migrated_from = opened.migrated_from
         # What the user must be told on start (an unreadable file was moved aside), or None.
@@ -320,8 +322,9 @@ class Store:
         """The pane's queued messages are now exactly `texts` (in the order they will be sent)."""
         with self._transaction():
             self._db.execute("DELETE FROM queued WHERE pane_id = ?", (pane_id,))
-            self._db.executemany("INSERT INTO queued (pane_id, position, content) VALUES (?, ?, ?)",
-                                 [(pane_id, i, text) for i, text in enumerate(texts)])
+            for i, text in enumerate(texts):
+                self._db.execute("INSERT INTO queued (pane_id, position, content) VALUES (?, ?, ?)",
+                                 (pane_id, i, text))
 
     def queued(self, pane_id: str) -> list[str]:
         rows = self._db.execute("SELECT content FROM queued WHERE pane_id = ? ORDER BY position", (pane_id,))
@@ -392,12 +395,71 @@ class Store:
     def close(self) -> None:
         self._db.close()
 
+    def _saving_stopped(self, why: str) -> None:
+        self.read_only = why
+        message = (f"History is no longer saved: {why}. This session goes on with a copy in memory; "
+                   "free some room and restart to save again.")
+        if self.on_notice is not None:
+            self.on_notice(message)
+
     def _transaction(self) -> "_Transaction":
         return _Transaction(self._db)
 
 
+# SQLite's primary result codes for a write the file can no longer take.
+_CANNOT_WRITE = {8: "the database became read-only", 10: "a disk I/O error", 13: "the disk is full",
+                 14: "the database file cannot be opened"}
+
+
+class _Saving:
+    """The store's connection. A write the file can no longer take (a full disk, the file gone
+    read-only) moves the session onto a copy in memory, as a store opened read-only runs, and
+    says so once, instead of raising into the app, which quit and lost the message being saved."""
+
+    def __init__(self, db: sqlite3.Connection, stopped: Callable[[str], None]) -> None:
+        self.db = db
+        self._stopped = stopped
+        self._open: list[tuple[str, tuple]] | None = None  # the statements of an open transaction
+
+    def execute(self, sql: str, params: tuple | list = ()) -> sqlite3.Cursor:
+        word = sql.lstrip()[:8].upper()
+        try:
+            cursor = self.db.execute(sql, params)
+        except sqlite3.OperationalError as e:
+            why = _CANNOT_WRITE.get(getattr(e, "sqlite_errorcode", 0) & 0xFF)
+            if why is None:
+                raise
+            self._to_memory(f"{why} ({e})")
+            cursor = self.db.execute(sql, params)
+        if word.startswith("BEGIN"):
+            self._open = [(sql, tuple(params))]
+        elif word.startswith(("COMMIT", "ROLLBACK")):
+            self._open = None
+        elif self._open is not None:
+            self._open.append((sql, tuple(params)))
+        return cursor
+
+    def executescript(self, script: str) -> sqlite3.Cursor:
+        return self.db.executescript(script)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _to_memory(self, why: str) -> None:
+        old = self.db
+        if old.in_transaction:
+            old.rollback()  # what it had done is done again below, in memory
+        mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        old.backup(mem)
+        old.close()
+        self.db = mem
+        for sql, params in self._open or ():
+            mem.execute(sql, params)
+        self._stopped(why)
+
+
 class _Transaction:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: _Saving) -> None:
         self._db = db
 
     def __enter__(self) -> None:

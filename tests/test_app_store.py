@@ -79,3 +79,27 @@ def test_a_database_from_before_the_tool_columns_gains_them_and_reads_the_defaul
     db.close()
     settings = Store(path).pane_settings(pane.id)
     assert (settings.role, settings.system, settings.tools, settings.approve) == ("reader", "old", None, None)
+
+
+def test_a_full_disk_mid_session_goes_on_in_memory_and_says_so_once(tmp_path):
+    # sqlite3.OperationalError 'database or disk is full' raised into the app, which quit and lost
+    # the message being saved.
+    store = Store(tmp_path / "m.db")
+    told: list[str] = []
+    store.on_notice = told.append
+    store.open_workspace(resume=False)
+    store.add_pane(PaneRecord("p1", "A1", messages=[MessageRecord("user", "hi")]))
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full from here on
+    store.set_queued("p1", ["queued " + "x" * 5000, "another"])  # a transaction, cut mid-way
+    reply = MessageRecord("assistant", "y" * 20000)
+    store.add_message("p1", reply)
+    reply.content += " and more"
+    store.save_messages([reply])
+    assert store.read_only and "disk is full" in store.read_only
+    assert len(told) == 1 and "no longer saved" in told[0]
+    assert store.queued("p1") == ["queued " + "x" * 5000, "another"]  # the whole transaction, once
+    assert [m.content for m in store.messages("p1")] == ["hi", "y" * 20000 + " and more"]
+    store.close()
+    kept = Store(tmp_path / "m.db")  # what was saved before the disk filled is still there
+    assert [m.content for m in kept.messages("p1")] == ["hi"]
