@@ -409,6 +409,8 @@ class Store:
 # SQLite's primary result codes for a write the file can no longer take.
 _CANNOT_WRITE = {8: "the database became read-only", 10: "a disk I/O error", 13: "the disk is full",
                  14: "the database file cannot be opened"}
+_CANNOT_WRITE_WORDS = (("readonly database", _CANNOT_WRITE[8]), ("disk I/O error", _CANNOT_WRITE[10]),
+                       ("disk is full", _CANNOT_WRITE[13]), ("unable to open database", _CANNOT_WRITE[14]))
 
 
 class _Saving:
@@ -426,7 +428,9 @@ class _Saving:
         try:
             cursor = self.db.execute(sql, params)
         except sqlite3.OperationalError as e:
-            why = _CANNOT_WRITE.get(getattr(e, "sqlite_errorcode", 0) & 0xFF)
+            code = getattr(e, "sqlite_errorcode", None)  # Python 3.11+; older ones by the message
+            why = _CANNOT_WRITE.get(code & 0xFF) if code is not None else next(
+                (w for key, w in _CANNOT_WRITE_WORDS if key in str(e)), None)
             if why is None:
                 raise
             self._to_memory(f"{why} ({e})")
