@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -14,7 +15,7 @@ import platformdirs
 
 from magnitude_tui.agent.policy import ApprovePolicy
 from magnitude_tui.agents import AgentSettings
-from magnitude_tui.store_open import SCHEMA_VERSION, StoreError, open_database
+from magnitude_tui.store_open import SCHEMA_VERSION, StoreError, _prepare, open_database
 from scheduler.types import ToolChoiceMode
 
 PANE_SETTINGS_TABLE = """
@@ -168,12 +169,7 @@ class Store:
         elif opened.read_only is not None:
             self.notice = (f"History will not be saved: {opened.read_only}. This session runs on a copy "
                            f"in memory; make {self.path} and its directory writable and restart to save again.")
-        # Added within schema 1, idempotently: a database from before it simply gains the table.
-        self._db.executescript(PANE_SETTINGS_TABLE + QUEUED_TABLE + ANSWERS_TABLE)
-        have = {r[1] for r in self._db.execute("PRAGMA table_info(pane_settings)")}
-        for column, kind in PANE_SETTINGS_ADDED.items():
-            if column not in have:
-                self._db.execute(f"ALTER TABLE pane_settings ADD COLUMN {column} {kind}")
+        _added_tables(self._db.db)
         self.workspace_id: int | None = None
 
     # ---- workspaces ---------------------------------------------------------------------------
@@ -406,6 +402,16 @@ class Store:
         return _Transaction(self._db)
 
 
+def _added_tables(db: sqlite3.Connection) -> None:
+    """Tables and columns added within schema 1, idempotently: a database from before them
+    simply gains them."""
+    db.executescript(PANE_SETTINGS_TABLE + QUEUED_TABLE + ANSWERS_TABLE)
+    have = {r[1] for r in db.execute("PRAGMA table_info(pane_settings)")}
+    for column, kind in PANE_SETTINGS_ADDED.items():
+        if column not in have:
+            db.execute(f"ALTER TABLE pane_settings ADD COLUMN {column} {kind}")
+
+
 # SQLite's primary result codes for a write the file can no longer take.
 _CANNOT_WRITE = {8: "the database became read-only", 10: "a disk I/O error", 13: "the disk is full",
                  14: "the database file cannot be opened"}
@@ -451,11 +457,20 @@ class _Saving:
 
     def _to_memory(self, why: str) -> None:
         old = self.db
-        if old.in_transaction:
-            old.rollback()  # what it had done is done again below, in memory
         mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-        old.backup(mem)
-        old.close()
+        try:
+            if old.in_transaction:
+                old.rollback()  # what it had done is done again below, in memory
+            old.backup(mem)
+            mem.execute("PRAGMA foreign_keys=ON")  # as the file had it
+        except sqlite3.Error:  # the file cannot even be read now: go on with an empty store
+            mem.close()
+            mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            _prepare(mem, Path(":memory:"))
+            _added_tables(mem)
+            mem.execute("PRAGMA foreign_keys=OFF")  # the panes of this session are not in it
+        with contextlib.suppress(sqlite3.Error):
+            old.close()
         self.db = mem
         for sql, params in self._open or ():
             mem.execute(sql, params)

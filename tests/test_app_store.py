@@ -103,3 +103,27 @@ def test_a_full_disk_mid_session_goes_on_in_memory_and_says_so_once(tmp_path):
     store.close()
     kept = Store(tmp_path / "m.db")  # what was saved before the disk filled is still there
     assert [m.content for m in kept.messages("p1")] == ["hi"]
+
+
+def test_when_the_file_cannot_even_be_read_the_session_goes_on_in_an_empty_store(tmp_path):
+    store = Store(tmp_path / "m.db")
+    told: list[str] = []
+    store.on_notice = told.append
+    store.open_workspace(resume=False)
+    real = store._db.db
+
+    class Broken:  # every statement fails as an I/O error would, and so does reading the file back
+        in_transaction = False
+
+        def execute(self, *a):
+            raise sqlite3.OperationalError("disk I/O error")
+
+        def backup(self, target):
+            raise sqlite3.OperationalError("disk I/O error")
+
+        def close(self):
+            real.close()
+
+    store._db.db = Broken()  # type: ignore[assignment]
+    store.add_pane(PaneRecord("p1", "A1", messages=[MessageRecord("user", "hi")]))
+    assert [m.content for m in store.messages("p1")] == ["hi"] and len(told) == 1

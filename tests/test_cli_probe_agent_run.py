@@ -119,3 +119,20 @@ async def test_terminal_escapes_in_an_approval_diff_and_a_tool_result_are_shown_
     text = out.getvalue()
     assert "\x1b" not in text and "progress 10%\\x0d" in text and "\\x1b[31m red" in text
     assert "ok\r" not in text  # a CRLF line end is a line end
+
+
+async def test_a_signal_ignored_on_purpose_stays_ignored(tmp_path):
+    # `nohup magnitude-tui run ...` ignores SIGHUP: the run must not take it over (a closed
+    # terminal stopped the run with 129) nor leave it at its default afterwards.
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        async def work() -> int:
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN  # not taken over during the run
+            os.kill(os.getpid(), signal.SIGHUP)  # ignored: the work goes on
+            await asyncio.sleep(0.05)
+            return 0
+
+        assert await until_stopped(work()) == 0
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)

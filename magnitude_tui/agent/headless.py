@@ -182,6 +182,8 @@ async def until_stopped(work) -> int:
 
     installed = []
     for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            continue  # ignored on purpose (`nohup` ignores SIGHUP): it stays ignored
         try:
             loop.add_signal_handler(sig, stop, sig)
             installed.append(sig)
