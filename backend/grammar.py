@@ -238,7 +238,12 @@ def reply_constraint(req: Request, syntax: ToolSyntax) -> ReplyConstraint:
         return ReplyConstraint()
     if req.response_schema is not None and mode is ToolChoiceMode.AUTO:
         # Calls, or a final answer in the schema (an agent with tools and a structured output):
-        # the reply is one or the other, constrained from its first token.
+        # the reply is one or the other, constrained from its first token. A call form without a
+        # marker (Llama 3's bare JSON) could not be told from an answer with a "name" field.
+        if syntax.open is None:
+            raise GrammarError("response_format: this model writes its tool calls as bare JSON, which an "
+                               "answer in the schema could be taken for: send tool_choice \"none\" for the "
+                               "answer's turn, or no response_format")
         return ReplyConstraint(grammar=_calls_grammar(syntax, req.tools, req.parallel_tool_calls, after_open=False,
                                                       or_schema=req.response_schema), syntax=syntax)
     tools = req.tools
@@ -298,7 +303,7 @@ def _calls_grammar(syntax: ToolSyntax, tools: tuple[Tool, ...], parallel: bool, 
         root = f'{lit(chr(10))}? call {close}{more}' if after_open else f"block{more}"
     where = "tools"
     if or_schema is not None:
-        raw = json.loads(or_schema)
+        raw = _prefixed_defs(json.loads(or_schema), "answer-")
         _check_bounds(raw, "response_format")
         try:
             answer = conv.visit(conv.resolve_refs(_translate_patterns(raw), "response-format"), "answer")
@@ -307,6 +312,27 @@ def _calls_grammar(syntax: ToolSyntax, tools: tuple[Tool, ...], parallel: bool, 
         root, where = f"({root}) | {answer}", "response_format"
     conv._rules["root"] = root
     return _grammar(conv, where)
+
+
+def _prefixed_defs(schema: object, prefix: str) -> object:
+    """`schema` with its local definitions (`$defs`, `definitions`) renamed `prefix` + name, refs
+    included: the converter names a ref's rule after the definition and reuses a rule of that
+    name, so a tool's `$defs/Item` and the response schema's own `Item` became one rule."""
+    def walk(v: object) -> object:
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if not isinstance(v, dict):
+            return v
+        out: dict[str, object] = {}
+        for k, x in v.items():
+            if k in ("$defs", "definitions") and isinstance(x, dict):
+                out[k] = {prefix + name: walk(d) for name, d in x.items()}
+            elif k == "$ref" and isinstance(x, str):
+                out[k] = re.sub(r"^#/(\$defs|definitions)/", lambda m: m.group(0) + prefix, x)
+            else:
+                out[k] = walk(x)
+        return out
+    return walk(schema)
 
 
 def _grammar(conv, where: str) -> Grammar:

@@ -59,3 +59,33 @@ def test_the_grammar_takes_calls_or_the_schema_as_tool_choice_allows(choice, cal
     assert grammar is not None
     assert ("lookup" in grammar.gbnf) is (choice != "none")
     assert ("age-kv" in grammar.gbnf) is (not calls_only)
+
+
+def test_a_tools_def_and_the_schemas_own_def_of_one_name_stay_two_rules():
+    # The converter names a $ref's rule after its definition and reuses a rule of that name:
+    # Pydantic puts nested models in $defs on both sides, and the answer got the tool's Item.
+    item = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    answer_item = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"it": {"$ref": "#/$defs/Item"}}, "$defs": {"Item": item}}}}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+        "type": "object", "properties": {"it": {"$ref": "#/$defs/Item"}}, "$defs": {"Item": answer_item},
+        "required": ["it"]}}}
+    use = parse_tool_use({"tools": tools, "response_format": fmt})
+    req = Request("r", "s", (Message("user", "x"),), SamplingParams(), tools=use.tools, tool_choice=use.tool_choice,
+                  response_schema=use.response_schema)
+    rules = dict(line.split(" ::= ", 1) for line in reply_constraint(req, ToolSyntax.GENERIC).grammar.gbnf.splitlines())
+    answer_rules = [r for name, r in rules.items() if name.startswith("answer")]
+    assert any("label" in r for r in answer_rules) and not any("x-kv" in r for r in answer_rules)
+
+
+def test_a_call_form_without_a_marker_refuses_tools_with_a_schema_under_auto():
+    # Llama 3's calls are bare JSON: an answer {"name": "Bob", ...} would be read as a call to Bob.
+    from backend.grammar import GrammarError
+
+    use = parse_tool_use({"tools": TOOLS, "response_format": FORMAT})
+    req = Request("r", "s", (Message("user", "x"),), SamplingParams(), tools=use.tools, tool_choice=use.tool_choice,
+                  response_schema=use.response_schema)
+    with pytest.raises(GrammarError, match="^response_format: this model writes its tool calls as bare JSON"):
+        reply_constraint(req, ToolSyntax.LLAMA3)
+    assert reply_constraint(req, ToolSyntax.HERMES).grammar is not None
