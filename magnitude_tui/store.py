@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sqlite3
 import time
@@ -16,6 +15,7 @@ import platformdirs
 from magnitude_tui.agent.policy import ApprovePolicy
 from magnitude_tui.agents import AgentSettings
 from magnitude_tui.store_open import SCHEMA_VERSION, StoreError, _prepare, open_database
+from magnitude_tui.store_saving import SavingConnection, Transaction
 from scheduler.types import ToolChoiceMode
 
 PANE_SETTINGS_TABLE = """
@@ -154,7 +154,7 @@ class Store:
             except OSError:
                 pass  # a read-only place: open_database runs the session in memory and says why
         opened = open_database(self.path)
-        self._db = _Saving(opened.db, self._saving_stopped)
+        self._db = SavingConnection(opened.db, self._saving_stopped, fresh=_fresh_store)
         # Called with what to tell the user when saving stops mid-session (the app notifies).
         self.on_notice: Callable[[str], None] | None = None
         self.moved_to = opened.moved_to
@@ -398,8 +398,14 @@ class Store:
         if self.on_notice is not None:
             self.on_notice(message)
 
-    def _transaction(self) -> "_Transaction":
-        return _Transaction(self._db)
+    def _transaction(self) -> Transaction:
+        return Transaction(self._db)
+
+
+def _fresh_store(db: sqlite3.Connection) -> None:
+    """An empty store's schema, for a session that can no longer read its file."""
+    _prepare(db, Path(":memory:"))
+    _added_tables(db)
 
 
 def _added_tables(db: sqlite3.Connection) -> None:
@@ -410,82 +416,6 @@ def _added_tables(db: sqlite3.Connection) -> None:
     for column, kind in PANE_SETTINGS_ADDED.items():
         if column not in have:
             db.execute(f"ALTER TABLE pane_settings ADD COLUMN {column} {kind}")
-
-
-# SQLite's primary result codes for a write the file can no longer take.
-_CANNOT_WRITE = {8: "the database became read-only", 10: "a disk I/O error", 13: "the disk is full",
-                 14: "the database file cannot be opened"}
-_CANNOT_WRITE_WORDS = (("readonly database", _CANNOT_WRITE[8]), ("disk I/O error", _CANNOT_WRITE[10]),
-                       ("disk is full", _CANNOT_WRITE[13]), ("unable to open database", _CANNOT_WRITE[14]))
-
-
-class _Saving:
-    """The store's connection. A write the file can no longer take (a full disk, the file gone
-    read-only) moves the session onto a copy in memory, as a store opened read-only runs, and
-    says so once, instead of raising into the app, which quit and lost the message being saved."""
-
-    def __init__(self, db: sqlite3.Connection, stopped: Callable[[str], None]) -> None:
-        self.db = db
-        self._stopped = stopped
-        self._open: list[tuple[str, tuple]] | None = None  # the statements of an open transaction
-
-    def execute(self, sql: str, params: tuple | list = ()) -> sqlite3.Cursor:
-        word = sql.lstrip()[:8].upper()
-        try:
-            cursor = self.db.execute(sql, params)
-        except sqlite3.OperationalError as e:
-            code = getattr(e, "sqlite_errorcode", None)  # Python 3.11+; older ones by the message
-            why = _CANNOT_WRITE.get(code & 0xFF) if code is not None else next(
-                (w for key, w in _CANNOT_WRITE_WORDS if key in str(e)), None)
-            if why is None:
-                raise
-            self._to_memory(f"{why} ({e})")
-            cursor = self.db.execute(sql, params)
-        if word.startswith("BEGIN"):
-            self._open = [(sql, tuple(params))]
-        elif word.startswith(("COMMIT", "ROLLBACK")):
-            self._open = None
-        elif self._open is not None:
-            self._open.append((sql, tuple(params)))
-        return cursor
-
-    def executescript(self, script: str) -> sqlite3.Cursor:
-        return self.db.executescript(script)
-
-    def close(self) -> None:
-        self.db.close()
-
-    def _to_memory(self, why: str) -> None:
-        old = self.db
-        mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-        try:
-            if old.in_transaction:
-                old.rollback()  # what it had done is done again below, in memory
-            old.backup(mem)
-            mem.execute("PRAGMA foreign_keys=ON")  # as the file had it
-        except sqlite3.Error:  # the file cannot even be read now: go on with an empty store
-            mem.close()
-            mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-            _prepare(mem, Path(":memory:"))
-            _added_tables(mem)
-            mem.execute("PRAGMA foreign_keys=OFF")  # the panes of this session are not in it
-        with contextlib.suppress(sqlite3.Error):
-            old.close()
-        self.db = mem
-        for sql, params in self._open or ():
-            mem.execute(sql, params)
-        self._stopped(why)
-
-
-class _Transaction:
-    def __init__(self, db: _Saving) -> None:
-        self._db = db
-
-    def __enter__(self) -> None:
-        self._db.execute("BEGIN")
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self._db.execute("ROLLBACK" if exc_type else "COMMIT")
 
 
 _E = TypeVar("_E", bound=Enum)
