@@ -219,6 +219,29 @@ async def test_queue_full_and_not_ready_answers(hub, status, code):
         assert "42%" in r.json()["error"]["message"] and r.headers["retry-after"] == "2"
 
 
+@pytest.mark.parametrize("num_live, n, status, code", [
+    (0, 3, 400, "invalid_value"),  # n alone is over the limit: a retry could never be taken
+    (10, 3, 400, "invalid_value"),
+    (1, 2, 429, "queue_full"),  # only the load: a retry may be taken
+])
+async def test_n_over_max_queue_is_a_400_naming_n_and_a_full_queue_a_429(num_live, n, status, code):
+    # n = 3 on a server that runs 2 requests at once was answered 429 "retry shortly", which no
+    # retry could ever satisfy (the openai client retries 429s by itself, and gave up after seconds).
+    api = create_app(_StubHub(EngineState.READY, num_live=num_live), ServeOptions(max_live=2))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://t") as c:
+        r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "n": n})
+        text = await c.post("/v1/completions", json={"prompt": "hi", "n": n})
+    for answer in (r, text):
+        assert answer.status_code == status and answer.json()["error"]["code"] == code, answer.text
+        if status == 400:
+            error = answer.json()["error"]
+            assert error["param"] == "n" and error["type"] == "invalid_request_error"
+            assert "2" in error["message"] and "--max-queue" in error["message"]
+            assert "retry-after" not in answer.headers
+        else:
+            assert answer.headers["retry-after"] == "1"
+
+
 def _assert_cancelled(reports, cancelled: list[str]) -> None:
     """Each cancelled request ended `cancelled` long before its 3,500 tokens, and nothing runs.
     (The engine honours a cancel within one step: tests/test_engine_core.py's cancel tests.)"""

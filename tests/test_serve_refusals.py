@@ -27,9 +27,10 @@ GOOD_TOKENS = 3500  # a second or more on the fake engine: long enough to stay i
 
 @pytest.fixture(scope="module")
 def server():
-    # Two requests in flight at most: a call asking for n = 3 is 429 whatever else is in flight (with
-    # n = 2 the test leaned on the good call still streaming, and the fake engine can finish its
-    # 3,500 tokens first: 2 failures in about 40 runs). That live calls count: test_serve_fake.py.
+    # Two requests in flight at most: a call asking for n = 3 is refused whatever else is in flight
+    # (a 400 naming `n`: no retry could take it). The 429 of a full queue depends on the calls in
+    # flight (with n = 2 here it leaned on the good call still streaming, and the fake engine can
+    # finish its 3,500 tokens first: 2 failures in about 40 runs): test_serve_fake.py, on a stub hub.
     with running_server(FAKE, ServeOptions(model_name="fake-model", api_key="right-key", max_live=2)) as s:
         yield s
 
@@ -37,7 +38,7 @@ def server():
 def _refusals(base: str) -> list[tuple[str, dict, int, str, str | None]]:
     """(what, request kwargs, status, code, param): the error table."""
     return [
-        ("queue full", dict(json={"messages": HI, "n": 3}, headers=KEY), 429, "queue_full", None),
+        ("n over --max-queue", dict(json={"messages": HI, "n": 3}, headers=KEY), 400, "invalid_value", "n"),
         ("no key", dict(json={"messages": HI}), 401, "invalid_api_key", None),
         ("wrong key", dict(json={"messages": HI}, headers={"Authorization": "Bearer nope"}), 401,
          "invalid_api_key", None),

@@ -81,7 +81,11 @@ async def take_body(request: Request, hub: EngineHub, options: ServeOptions) -> 
 
 
 def check_room(hub: EngineHub, options: ServeOptions, n: int) -> None:
-    """429 when `n` more choices would put more requests in the engine than the server allows."""
+    """429 when `n` more choices would put more requests in the engine than the server allows
+    now; 400 naming `n` when they alone are more than it ever allows (no retry could succeed)."""
+    if n > options.max_live:
+        raise invalid("n", f"'n' is {n}, more choices than this server runs at once (its limit is "
+                      f"{options.max_live} requests in flight, set by --max-queue)")
     if hub.num_live + n > options.max_live:
         raise OpenAIError(429, f"too many requests in flight ({hub.num_live} of {options.max_live}); "
                           "retry shortly", ErrorType.RATE_LIMIT, "queue_full", retry_after_s=1)
