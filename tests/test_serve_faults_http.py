@@ -105,6 +105,30 @@ def test_a_configured_origin_gets_cors_answers():
         assert other.status_code == 403
 
 
+def test_an_unexpected_failure_answers_a_configured_origin_with_cors_headers():
+    # The 500 handler sat in Starlette's outermost middleware, outside CORS: a page allowed to
+    # call got a 500 without Access-Control-Allow-Origin, which its browser hides from it.
+    guard = GuardPolicy(bound_hosts("127.0.0.1"), frozenset({"http://app.example"}))
+    with running_server(FAKE, ServeOptions(guard=guard)) as s:
+        session_for = s.hub.session_for
+
+        def broken(name: str) -> str:
+            if name == "breaks":
+                raise RuntimeError("a bug with /secret/path in its words")
+            return session_for(name)
+
+        s.hub.session_for = broken  # type: ignore[method-assign]
+        origin = {"Origin": "http://app.example"}
+        r = httpx.post(s.base + "/chat/completions", json={"messages": HI, "user": "breaks", "max_tokens": 2},
+                       headers=origin, timeout=30)
+        assert r.status_code == 500 and r.headers.get("access-control-allow-origin") == "http://app.example"
+        error = r.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "internal_error") and "secret" not in error["message"]
+        ok = httpx.post(s.base + "/chat/completions", json={"messages": HI, "max_tokens": 2}, headers=origin,
+                        timeout=30)
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://app.example"
+
+
 def test_bound_hosts_names_loopback_aliases_and_nothing_for_a_wildcard_bind():
     assert bound_hosts("127.0.0.1") >= {"127.0.0.1", "localhost", "::1"}
     assert bound_hosts("10.0.0.5", ("box.lan",)) == {"10.0.0.5", "box.lan"}

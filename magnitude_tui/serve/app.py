@@ -38,6 +38,8 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
     that ran, `on_refused(caller address, error)` once per call answered with an error before
     anything ran (log lines in the headless server; /health is not a call)."""
     api = FastAPI(title="magnitude-tui", docs_url=None, redoc_url=None, openapi_url=None)
+    # Added first, so it runs inside CORS: the 500 goes out through CORS's headers like any answer.
+    api.add_middleware(UnexpectedErrors)
     if options.guard is not None:
         if options.guard.origins:  # the pages allowed to call get CORS answers (preflight included)
             api.add_middleware(CORSMiddleware, allow_origins=sorted(options.guard.origins),
@@ -60,10 +62,9 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
 
     @api.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # A bug, not the caller's fault: the OpenAI shape in fixed words (uvicorn still logs the
-        # traceback), never Starlette's bare-text "Internal Server Error" that clients cannot read.
-        error = OpenAIError(500, "the server failed on this request", ErrorType.SERVER, "internal_error")
-        return JSONResponse(error.body(), status_code=500)
+        # The backstop for a failure in the middlewares themselves (UnexpectedErrors answers a
+        # route's); Starlette runs this handler outside every middleware, CORS included.
+        return _internal_error()
 
     @api.get("/health")
     async def health() -> JSONResponse:
@@ -96,6 +97,41 @@ def create_app(hub: EngineHub, options: ServeOptions = ServeOptions(), *,
 
     register(api, hub, options, on_finish)  # POST /v1/completions: a raw prompt, no chat template
     return api
+
+
+def _internal_error() -> JSONResponse:
+    # A bug, not the caller's fault: the OpenAI shape in fixed words (uvicorn still logs the
+    # traceback), never Starlette's bare-text "Internal Server Error" that clients cannot read.
+    error = OpenAIError(500, "the server failed on this request", ErrorType.SERVER, "internal_error")
+    return JSONResponse(error.body(), status_code=500)
+
+
+class UnexpectedErrors:
+    """ASGI middleware: an exception out of a route is answered 500 `internal_error` here, inside
+    CORS, so a page allowed to call can read it (Starlette's own handler for Exception runs
+    outside every middleware: its 500 had no Access-Control-Allow-Origin). The exception is
+    raised on, so the server still logs its traceback; a response already started is only ended."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception:
+            if not started:
+                await _internal_error()(scope, receive, send)
+            raise
 
 
 def _model_json(options: ServeOptions) -> dict:
