@@ -228,3 +228,5 @@ async def test_a_tool_result_too_big_for_the_context_is_cut_to_fit_and_the_agent
     shown = next(m.content for m in out.messages if m.role == "tool")
     assert "line 00000" in shown and "characters cut: the whole result did not fit in the context]" in shown
     assert len(shown) < 8192 and "the task" in backend.prompts[-1]
+    # The turn asked again is still one turn, its refused attempts recorded with it.
+    assert [t.turn for t in out.turns] == [1, 2] and out.turns[1].attempts == len(out.turns[1].retries) + 1 > 1

@@ -6,11 +6,12 @@ import asyncio
 import io
 import json
 import os
+import re
 import signal
 
 from magnitude_tui.agent.headless import RunOptions, run_task, until_stopped
 from magnitude_tui.agent.policy import ApprovePolicy
-from tests.test_agent_support import call, scripted_engine
+from tests.test_agent_support import call, last_user, scripted_engine
 
 
 def _group_alive(pgid: int) -> bool:
@@ -136,3 +137,40 @@ async def test_a_signal_ignored_on_purpose_stays_ignored(tmp_path):
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+async def test_a_turn_asked_again_with_its_tool_result_cut_is_one_turn_in_the_json_and_the_transcript(tmp_path):
+    # A read bigger than the whole context (the fake tokenizer: a token a character): the next turn
+    # is refused for its length and asked again with the result halved. The JSON listed each
+    # attempt as a turn of its own (turn 2 twice or more) and the transcript printed "turn 2" as
+    # often; it is one turn that took several attempts, and says why.
+    (tmp_path / "big.txt").write_text("".join(f"line {i:05d}\n" for i in range(1200)))  # 13,200 characters
+
+    def script(prompt: str) -> str:
+        answered = last_user(prompt).startswith("<tool_response>")
+        return "it starts with line 00000" if answered else call("read_file", path="big.txt")
+
+    for json_out in (True, False):
+        out, err = io.StringIO(), io.StringIO()
+        async with scripted_engine(script, n_ctx=8192, n_seq_max=1) as (runner, _, _):
+            code = await run_task(RunOptions("read big.txt", tmp_path, json_out=json_out), runner, roles={},
+                                  out=out, err=err)
+        assert code == 0, err.getvalue()
+        if json_out:
+            doc = json.loads(out.getvalue())
+            assert [t["turn"] for t in doc["turns"]] == [1, 2]
+            first, second = doc["turns"]
+            assert first["attempts"] == 1 and first["retries"] == []
+            assert second["attempts"] == len(second["retries"]) + 1 >= 2
+            why = second["retries"][0]
+            assert why["attempt"] == 1 and "did not fit the context" in why["reason"] and "tokens" in why["error"]
+            kept, whole = (int(n.replace(",", "")) for n in re.findall(r"[\d,]{3,}", why["reason"]))
+            assert whole > 13_200 and kept == whole // 2
+            assert second["prompt_tokens"] < 8192  # the attempt that ran
+        else:
+            text = out.getvalue()
+            finished = re.findall(r"^\[main\] turn (\d)( \(attempt \d\))?: \d+ prompt tokens", text, re.M)
+            assert [t for t, _ in finished] == ["1", "2"] and finished[0][1] == ""
+            assert finished[1][1] == f" (attempt {text.count('[main] turn 2 asked again')  + 1})" != " (attempt 1)"
+            assert "[main] turn 2 asked again (attempt 2): the prompt did not fit the context" in text
+            assert text.rstrip().endswith("it starts with line 00000")

@@ -25,8 +25,27 @@ class TurnStarted:
 
 
 @dataclass(frozen=True)
+class TurnRetry:
+    """An attempt at a turn that the engine refused, after which the same turn was asked again."""
+
+    attempt: int  # 1: the turn's first request
+    reason: str  # why it was asked again (what was refused, what changed)
+    error: str  # the engine's own words (a prompt it refused was never counted into prompt_tokens)
+
+
+@dataclass(frozen=True)
+class TurnRetried:
+    """A turn's attempt was refused and the turn is asked again (one TurnFinished still follows)."""
+
+    agent: str
+    turn: int
+    retry: TurnRetry
+
+
+@dataclass(frozen=True)
 class TurnFinished:
-    """One engine request done: how much of its prompt was already in the KV cache."""
+    """One turn done (once, however many attempts it took): how much of the prompt of the attempt
+    that ran was already in the KV cache."""
 
     agent: str
     turn: int
@@ -34,6 +53,11 @@ class TurnFinished:
     cached_tokens: int
     generated: int
     calls: tuple[ToolCall, ...]
+    retries: tuple[TurnRetry, ...] = ()  # the refused attempts before the one counted here
+
+    @property
+    def attempts(self) -> int:
+        return len(self.retries) + 1
 
 
 @dataclass(frozen=True)
@@ -89,7 +113,7 @@ class AgentFinished:
     error: str | None = None
 
 
-AgentEvent = Union[TurnStarted, TurnFinished, TextDelta, ApprovalWaiting, ApprovalDecided, ToolStarted,
+AgentEvent = Union[TurnStarted, TurnRetried, TurnFinished, TextDelta, ApprovalWaiting, ApprovalDecided, ToolStarted,
                    ToolFinished, SubagentSpawned, AgentFinished]
 # Called on the event loop for every event, in order; must not block.
 AgentObserver = Callable[[AgentEvent], None]

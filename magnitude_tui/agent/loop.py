@@ -19,6 +19,8 @@ from magnitude_tui.agent.events import (
     ToolFinished,
     ToolStarted,
     TurnFinished,
+    TurnRetried,
+    TurnRetry,
     TurnStarted,
     ignore,
 )
@@ -97,17 +99,29 @@ class AgentLoop:
         turns: list[TurnFinished] = []
         cfg = self.config
         for turn in range(1, cfg.max_turns + 1):
-            for _ in range(MAX_CUTS + 1):
+            retries: list[TurnRetry] = []
+            while True:
                 request = self._request(turn)
                 self.observer(TurnStarted(cfg.name, turn, request.request_id))
                 result = await self.runner.turn(request, lambda t: self.observer(TextDelta(cfg.name, t)))
                 f = result.final
-                done = TurnFinished(cfg.name, turn, f.prompt_total, f.cached_tokens, f.generated, result.calls)
-                turns.append(done)
-                self.observer(done)
-                # The newest tool results did not fit: the turn is asked again with them shortened.
-                if not (f.error_kind is ErrorKind.CONTEXT_LENGTH and self._cut_newest_results()):
+                # The newest tool results did not fit: the same turn is asked again with them
+                # shortened. It stays one turn (events, outcome, JSON), its refused attempts said.
+                if f.error_kind is not ErrorKind.CONTEXT_LENGTH or len(retries) >= MAX_CUTS:
                     break
+                halved = self._cut_newest_results()
+                if halved is None:
+                    break
+                kept, whole = halved
+                retry = TurnRetry(len(retries) + 1,
+                                  f"the prompt did not fit the context; the newest tool results were cut to "
+                                  f"{kept:,} of {whole:,} characters", f.error or "")
+                retries.append(retry)
+                self.observer(TurnRetried(cfg.name, turn, retry))
+            done = TurnFinished(cfg.name, turn, f.prompt_total, f.cached_tokens, f.generated, result.calls,
+                                tuple(retries))
+            turns.append(done)
+            self.observer(done)
             if f.error is not None:
                 error = f.error
                 if f.error_kind is ErrorKind.CONTEXT_LENGTH:
@@ -128,9 +142,10 @@ class AgentLoop:
         return self._end(EndReason.MAX_TURNS, "", turns,
                          f"no answer after {cfg.max_turns} turns (every turn called tools)")
 
-    def _cut_newest_results(self) -> bool:
-        """Halve the tool results after the last assistant turn (their head kept, the cut said);
-        False when they are already small: then the history itself is what does not fit."""
+    def _cut_newest_results(self) -> tuple[int, int] | None:
+        """Halve the tool results after the last assistant turn (their head kept, the cut said):
+        the characters kept and the whole results' characters; None when they are already small:
+        then the history itself is what does not fit."""
         newest = []
         for i in range(len(self.messages) - 1, -1, -1):
             if self.messages[i].role != "tool":
@@ -138,14 +153,14 @@ class AgentLoop:
             newest.append(i)
         whole = {i: self._uncut.setdefault(i, self.messages[i].content) for i in newest}
         if sum(self._kept.get(i, len(whole[i])) for i in newest) <= MIN_CUT_CHARS:
-            return False
+            return None
         for i in newest:
             keep = self._kept[i] = self._kept.get(i, len(whole[i])) // 2
             cut = len(whole[i]) - keep
             if cut:
                 note = f"\n[{cut:,} of {len(whole[i]):,} characters cut: the whole result did not fit in the context]"
                 self.messages[i] = replace(self.messages[i], content=whole[i][:keep] + note)
-        return True
+        return sum(self._kept[i] for i in newest), sum(len(whole[i]) for i in newest)
 
     def _request(self, turn: int) -> Request:
         cfg = self.config

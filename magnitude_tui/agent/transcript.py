@@ -15,6 +15,7 @@ from magnitude_tui.agent.events import (
     ToolFinished,
     ToolStarted,
     TurnFinished,
+    TurnRetried,
 )
 from magnitude_tui.agent.loop import AgentOutcome
 
@@ -48,7 +49,9 @@ class RunRecorder:
         if isinstance(e, TurnFinished):
             self.turns.append({"agent": e.agent, "turn": e.turn, "prompt_tokens": e.prompt_tokens,
                                "cached_tokens": e.cached_tokens, "generated_tokens": e.generated,
-                               "tool_calls": len(e.calls)})
+                               "tool_calls": len(e.calls), "attempts": e.attempts,
+                               "retries": [{"attempt": r.attempt, "reason": r.reason, "error": r.error}
+                                           for r in e.retries]})
         elif isinstance(e, ToolFinished):
             self.tools.append({"agent": e.agent, "id": e.call.id, "name": e.call.name,
                                "arguments": e.call.arguments, "ok": e.ok, "duration_s": round(e.duration_s, 4),
@@ -88,8 +91,11 @@ class RunRecorder:
                        + (f" ({e.decision.reason})" if e.decision.reason else "") + f" after {e.wait_s:.1f} s")
         elif isinstance(e, SubagentSpawned):
             self._line(f"[{e.agent}] spawned {e.child} (session {e.session_id}): {e.task}")
+        elif isinstance(e, TurnRetried):
+            self._line(f"[{e.agent}] turn {e.turn} asked again (attempt {e.retry.attempt + 1}): {e.retry.reason}")
         elif isinstance(e, TurnFinished):
-            self._line(f"[{e.agent}] turn {e.turn}: {e.prompt_tokens} prompt tokens ({e.cached_tokens} cached), "
+            attempts = f" (attempt {e.attempts})" if e.retries else ""
+            self._line(f"[{e.agent}] turn {e.turn}{attempts}: {e.prompt_tokens} prompt tokens ({e.cached_tokens} cached), "
                        f"{e.generated} generated, {len(e.calls)} tool call(s)")
         elif isinstance(e, AgentFinished):
             self._line(f"[{e.agent}] {e.reason.value}" + (f": {e.error}" if e.error else ""))
