@@ -13,7 +13,7 @@ from backend.factory import BackendConfig
 from backend.tools import ToolSyntax, call_text
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions
-from tests.serve_support import running_server
+from tests.serve_support import recording, running_server
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
@@ -85,6 +85,32 @@ def test_a_tool_result_goes_back_and_the_history_is_accepted(server):
     assert r.choices[0].finish_reason == "length"
 
 
+def test_a_call_cut_by_max_tokens_can_be_replayed_in_the_next_history(server):
+    # A reply cut inside a call keeps the partial call (arguments that are not JSON) with finish
+    # "length"; the Agents SDK replays that message in its next request, which was refused whole
+    # with a 400 naming the arguments. OpenAI takes any string there: so does serve, as it is.
+    cut = REPLY.index('"Paris"') + 3
+    r = httpx.post(server.base + "/chat/completions", json={"messages": USER, "tools": TOOLS, "max_tokens": cut},
+                   timeout=30)
+    choice = r.json()["choices"][0]
+    assert r.status_code == 200 and choice["finish_reason"] == "length", r.text
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["arguments"] == '{"city": "Pa'
+    history = USER + [choice["message"], {"role": "user", "content": "go on"}]
+    with recording(server) as reports:
+        again = httpx.post(server.base + "/chat/completions", json={"messages": history, "tools": TOOLS,
+                                                                   "max_tokens": 5}, timeout=30)
+    assert again.status_code == 200, again.text
+    assert again.json()["choices"][0]["finish_reason"] == "length"
+    # The string went into the prompt as it is: the history's call is the model's own text up to the cut.
+    prompt = next(u.prompt_total for rep in reports for u in rep.updates)
+    replayed = USER + [{"role": "assistant", "content": choice["message"]["content"], "tool_calls": [
+        {**call, "function": {**call["function"], "arguments": '{"city": "Paris"}'}}]}, history[-1]]
+    whole = httpx.post(server.base + "/chat/completions", json={"messages": replayed, "tools": TOOLS,
+                                                               "max_tokens": 1}, timeout=30).json()
+    assert prompt == whole["usage"]["prompt_tokens"] - len('ris"}')
+
+
 def test_a_call_of_an_unknown_function_is_an_error_not_a_call():
     reply = call_text(ToolSyntax.GENERIC, "launch_missiles", "{}")
     with running_server(_config(reply), ServeOptions(model_name="fake")) as s:
@@ -102,8 +128,12 @@ BAD = [
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
     ({"messages": USER + [{"role": "tool", "tool_call_id": "call_x", "content": "r"}]}, "messages[1].tool_call_id"),
     ({"messages": USER + [{"role": "tool", "content": "r"}]}, "messages[1].tool_call_id"),
-    ({"messages": USER + [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{oops"}}]}]},
-     "messages[1].tool_calls[0].function.arguments"),
+    # A history call's arguments may be any string (a reply cut mid-call); not a string, no name: malformed.
+    ({"messages": USER + [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f",
+                                                                                      "arguments": {"a": 1}}}]}]},
+     "messages[1].tool_calls[0]"),
+    ({"messages": USER + [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}]},
+     "messages[1].tool_calls[0]"),
     ({"messages": USER + [{"role": "assistant", "tool_calls": [{"type": "function"}]}]}, "messages[1].tool_calls[0]"),
     ({"response_format": {"type": "yaml"}}, "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 12}}}},

@@ -148,7 +148,10 @@ def _response_format(raw: object) -> str | None:
 
 
 def tool_calls(raw: object, where: str) -> tuple[ToolCall, ...]:
-    """An assistant turn's `tool_calls`, as the caller replays them."""
+    """An assistant turn's `tool_calls`, as the caller replays them. Their `arguments` may be any
+    string, as OpenAI takes them: a reply cut by max_tokens inside a call hands the caller arguments
+    that are not JSON, and clients (the Agents SDK) replay that turn as it came. The template
+    renders such text as it is (backend/chat.py)."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -161,15 +164,7 @@ def tool_calls(raw: object, where: str) -> tuple[ToolCall, ...]:
                 or not isinstance(f.get("name"), str) or not isinstance(f.get("arguments", ""), str):
             raise invalid(at, f"'{at}' must be {{\"id\": ..., \"type\": \"function\", \"function\": "
                           "{\"name\": ..., \"arguments\": \"<JSON text>\"}}")
-        arguments = f.get("arguments") or "{}"
-        try:
-            parsed = json.loads(arguments)
-        except ValueError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            raise invalid(f"{at}.function.arguments", f"'{at}.function.arguments' must be a JSON object "
-                          "in a string")
-        out.append(ToolCall(c["id"], f["name"], arguments))
+        out.append(ToolCall(c["id"], f["name"], f.get("arguments") or "{}"))
     return tuple(out)
 
 
