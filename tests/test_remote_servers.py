@@ -20,7 +20,7 @@ from backend.llama_backend import default_model_path  # noqa: E402
 from magnitude_tui.engine.events import EndpointsReport  # noqa: E402
 from magnitude_tui.remote.client import RemoteClient  # noqa: E402
 from magnitude_tui.remote.config import RemoteConfig  # noqa: E402
-from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams  # noqa: E402
+from scheduler.types import DoneReason, ErrorKind, Message, Phase, Request, SamplingParams  # noqa: E402
 from tests.app_support import SIZE, make_app, wait_for  # noqa: E402
 from tests.remote_servers import llama_cpp_python_server, llama_server  # noqa: E402
 from tests.test_remote_client import Run  # noqa: E402
@@ -140,6 +140,23 @@ def test_llama_server_cancel_frees_the_slot(np4_server):
             time.sleep(0.2)
     finally:
         run.client.stop()
+
+
+def test_llama_server_refusing_a_prompt_over_its_context_is_a_context_length_error():
+    # llama-server answers HTTP 400 with type exceed_context_size_error; the pane said only
+    # "rejected the request", and an agent on it failed instead of cutting its tool results.
+    with llama_server(_tools(), default_model_path(), parallel=1, n_ctx=256) as small:
+        run = started([small.url])
+        try:
+            run.client.submit(chat("long", "hello world " * 300))
+            f = run.final("long", timeout=120)
+            assert f.done_reason is DoneReason.ERROR and f.error_kind is ErrorKind.CONTEXT_LENGTH, f.error
+            assert "exceeds the available context size (256 tokens)" in f.error
+            run.client.submit(chat("short", "Name a bird."))  # the server is fine: the next one fits
+            assert run.final("short", timeout=120).error is None
+            assert all(s.healthy for s in run.client.pool.statuses())
+        finally:
+            run.client.stop()
 
 
 def test_two_llama_servers_share_the_panes_and_a_killed_one_fails_only_its_panes():

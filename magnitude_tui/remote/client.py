@@ -273,7 +273,7 @@ class RemoteClient:
         except asyncio.CancelledError:
             seq.finish(DoneReason.CANCELLED)
         except RequestFailed as exc:
-            seq.finish(DoneReason.ERROR, str(exc))
+            seq.finish(DoneReason.ERROR, str(exc), exc.kind)
         except Exception as exc:  # a bug here must fail this request only, with the reason
             seq.finish(DoneReason.ERROR, f"the remote client failed: {type(exc).__name__}: {exc}")
         finally:

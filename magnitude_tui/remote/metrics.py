@@ -14,7 +14,7 @@ import time
 from magnitude_tui.engine.events import RemoteFacts, SeqUpdate, ServerTimings
 from magnitude_tui.remote.stream import Usage
 from scheduler.stats import percentile
-from scheduler.types import DoneReason, Phase, Request, ToolCall, ToolCallDelta
+from scheduler.types import DoneReason, ErrorKind, Phase, Request, ToolCall, ToolCallDelta
 
 LIVE_WINDOW_S = 2.0  # live tok/s: deltas over the last two seconds (as the local engine reports)
 
@@ -55,6 +55,7 @@ class RemoteSeq:
         self.timings: ServerTimings | None = None
         self.done_reason: DoneReason | None = None
         self.error: str | None = None
+        self.error_kind: ErrorKind | None = None
         self._pending_text = ""
         self._pending_deltas = 0
         self.calls: dict[int, dict] = {}  # index -> {"id", "name", "arguments"} so far
@@ -101,10 +102,10 @@ class RemoteSeq:
         """The calls of the reply so far, whole."""
         return tuple(ToolCall(c["id"], c["name"], c["arguments"]) for _, c in sorted(self.calls.items()))
 
-    def finish(self, reason: DoneReason, error: str | None = None) -> None:
+    def finish(self, reason: DoneReason, error: str | None = None, kind: ErrorKind | None = None) -> None:
         if self.phase is Phase.DONE:
             return
-        self.phase, self.done_reason, self.error = Phase.DONE, reason, error
+        self.phase, self.done_reason, self.error, self.error_kind = Phase.DONE, reason, error, kind
 
     # ---- figures -----------------------------------------------------------------------------
 
@@ -169,7 +170,8 @@ class RemoteSeq:
             tok_s_live=None if done else self.live_tok_s(self.clock()),
             tok_s=self.final_tok_s() if done else None,
             itl_p50_ms=percentile(itls, 50), itl_p95_ms=percentile(itls, 95), itl_max_ms=max(itls, default=None),
-            done_reason=self.done_reason, error=self.error, waiting_reason=self.waiting_reason,
+            done_reason=self.done_reason, error=self.error, error_kind=self.error_kind,
+            waiting_reason=self.waiting_reason,
             remote=RemoteFacts(self.endpoint, self.estimated, self.timings),
             tool_calls=calls,
         )

@@ -15,14 +15,20 @@ import httpx
 from magnitude_tui.remote.config import RemoteConfig, base_url
 from magnitude_tui.remote.metrics import RemoteSeq
 from magnitude_tui.remote.pool import Endpoint, EndpointPool, NoEndpoint
-from magnitude_tui.remote.stream import DONE, Chunk, MalformedStream, ServerError, events
-from scheduler.types import DoneReason, Message, Phase, Request, ToolChoiceMode
+from magnitude_tui.remote.stream import DONE, Chunk, MalformedStream, ServerError, context_exceeded, events
+from scheduler.types import DoneReason, ErrorKind, Message, Phase, Request, ToolChoiceMode
 
 RETRY_STATUS = (429, 500, 502, 503, 504)
 
 
 class RequestFailed(RuntimeError):
-    """This request cannot be answered; the message says why and what to do."""
+    """This request cannot be answered; the message says why and what to do. `kind` is
+    CONTEXT_LENGTH when the server said the prompt does not fit its context (an agent then cuts
+    its newest tool results and asks again), else None."""
+
+    def __init__(self, message: str, kind: ErrorKind | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class _Retry(Exception):
@@ -201,7 +207,8 @@ async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: htt
         raise RequestFailed(f"{endpoint.url} sent a malformed stream: {exc}") from None
     except ServerError as exc:
         endpoint.error(str(exc))
-        raise RequestFailed(f"{endpoint.url}: {exc}") from None
+        raise RequestFailed(f"{endpoint.url}: {exc}",
+                            ErrorKind.CONTEXT_LENGTH if exc.context_exceeded else None) from None
     seq.finish(DoneReason.LENGTH if finish_reason == "length" else DoneReason.STOP)
 
 
@@ -223,7 +230,17 @@ async def _refuse(response: httpx.Response, endpoint: Endpoint, model: str, conf
         listed = f"; it serves: {', '.join(endpoint.models)}" if endpoint.models else ""
         raise RequestFailed(f"{endpoint.url} does not serve model {model!r} (404: {detail}){listed}; "
                             "choose one with --remote-model")
+    if context_exceeded(_json(body)):
+        raise RequestFailed(f"{endpoint.url}: the prompt does not fit the server's context ({code}: {detail})",
+                            ErrorKind.CONTEXT_LENGTH)
     raise RequestFailed(f"{endpoint.url} rejected the request ({code}: {detail})")
+
+
+def _json(body: str) -> object:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
 
 
 def error_message(body: str) -> str:

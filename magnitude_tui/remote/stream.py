@@ -17,6 +17,25 @@ class MalformedStream(ValueError):
 class ServerError(RuntimeError):
     """The server reported an error inside the stream (e.g. the context was exceeded)."""
 
+    def __init__(self, message: str, context_exceeded: bool = False) -> None:
+        super().__init__(message)
+        self.context_exceeded = context_exceeded
+
+
+def context_exceeded(body: object) -> bool:
+    """An error body (its `error` object, or the body itself as vLLM sends it) says the prompt does
+    not fit the server's context: llama-server's `type: exceed_context_size_error`, OpenAI's (and
+    llama-cpp-python's, and this project's serve) `code: context_length_exceeded`, or OpenAI's and
+    vLLM's message "maximum context length"."""
+    if not isinstance(body, dict):
+        return False
+    err = body.get("error", body)
+    if not isinstance(err, dict):
+        return False
+    if err.get("code") == "context_length_exceeded" or err.get("type") == "exceed_context_size_error":
+        return True
+    return "maximum context length" in str(err.get("message", ""))
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -77,7 +96,7 @@ def parse_chunk(payload: str) -> Chunk:
     if "error" in body:
         err = body["error"]
         message = err.get("message", err) if isinstance(err, dict) else err
-        raise ServerError(f"the server reported: {message}")
+        raise ServerError(f"the server reported: {message}", context_exceeded(body))
     choices = body.get("choices")
     if not isinstance(choices, list):
         raise MalformedStream(f"a stream event has no 'choices' list: {payload[:120]!r}")
