@@ -173,3 +173,29 @@ def test_a_grammar_slow_on_average_fails_its_request_after_a_few_tokens():
     done = [u for report in engine.run_until_idle() for u in report.updates if u.phase is Phase.DONE]
     assert done[0].done_reason is DoneReason.ERROR and "on average" in done[0].error
     assert done[0].generated == MEAN_AFTER_TOKENS - 1  # the last mask's token is not kept
+
+
+def test_a_grammar_too_slow_to_sample_names_what_it_came_from():
+    # With tools and a response_format together, every slow grammar was blamed on response_format,
+    # also the calls-only grammar of tool_choice "required" (the schema plays no part in it).
+    from magnitude_tui.engine.sampling import MAX_MASK_MS
+
+    schema, prompt = '{"type": "object"}', (Message("user", "answer"),)
+    cases = {  # request id -> (what it asks, what the error must start with)
+        "format": (dict(response_schema=schema), "response_format: the schema's grammar"),
+        "required": (dict(tools=(TOOL,), tool_choice=ToolChoice(ToolChoiceMode.REQUIRED)), "tools: "),
+        "required+format": (dict(tools=(TOOL,), tool_choice=ToolChoice(ToolChoiceMode.REQUIRED),
+                                 response_schema=schema), "tools: "),
+        "named+format": (dict(tools=(TOOL,), tool_choice=ToolChoice(ToolChoiceMode.FUNCTION, "lookup"),
+                              response_schema=schema), "tools: "),
+        "auto+format": (dict(tools=(TOOL,), response_schema=schema), "tools and response_format: "),
+        "none+format": (dict(tools=(TOOL,), tool_choice=ToolChoice(ToolChoiceMode.NONE), response_schema=schema),
+                        "response_format: "),
+    }
+    engine, _ = _slow_masks(call_text(ToolSyntax.GENERIC, "lookup", '{"q": "x"}'), 2 * MAX_MASK_MS)
+    for rid, (fields, _) in cases.items():
+        engine.submit(Request(rid, rid, prompt, SamplingParams(max_tokens=20), **fields))
+    done = {u.request_id: u for report in engine.run_until_idle() for u in report.updates if u.phase is Phase.DONE}
+    for rid, (_, start) in cases.items():
+        assert done[rid].done_reason is DoneReason.ERROR and done[rid].error.startswith(start), (rid, done[rid].error)
+        assert "simplify the schema" in done[rid].error
