@@ -169,7 +169,7 @@ def _chat_reply(completion: Completion, options: ServeOptions) -> dict:
         "id": completion.id, "object": "chat.completion", "created": completion.created,
         "model": options.model_name,
         "choices": [{"index": c.index, "message": _message(c), "finish_reason": c.finish_reason or "error",
-                     **choice_error(c.error)} for c in completion.choices],
+                     **choice_error(c)} for c in completion.choices],
         "usage": completion.usage(),
         "timings": completion.timings(),
     }

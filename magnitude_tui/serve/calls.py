@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
-from magnitude_tui.serve.completion import Completion, Delta, refusal
+from magnitude_tui.serve.completion import Choice, Completion, Delta, refusal
 from magnitude_tui.serve.errors import ErrorType, OpenAIError, invalid
 from magnitude_tui.serve.guard import GuardPolicy
 from magnitude_tui.serve.hub import EngineHub, EngineState
@@ -155,11 +155,21 @@ def generation_failed(message: str | None) -> OpenAIError:
     return OpenAIError(500, message or "generation failed", ErrorType.SERVER, "generation_failed")
 
 
-def choice_error(message: str | None) -> dict:
+def choice_failure(choice: Choice) -> OpenAIError:
+    """What a failed choice is answered with, whole or streamed: the caller's 400 naming the
+    parameter when the engine found the request itself wrong (a schema whose grammar is too slow
+    to sample, whether on its first token or on average after a few), else a 500."""
+    last = choice.last
+    if last is not None and last.error_kind is ErrorKind.INVALID:
+        return refusal(last)
+    return generation_failed(choice.error)
+
+
+def choice_error(choice: Choice) -> dict:
     """What a failed choice carries beside `finish_reason: "error"`, whole or streamed (nothing
     for one that did not fail). A stream sends the error event only once every choice has failed:
     the official client stops reading there, and would lose choices still running or ended well."""
-    return generation_failed(message).body() if message else {}
+    return choice_failure(choice).body() if choice.error else {}
 
 
 _C = TypeVar("_C", bound=Completion)
@@ -197,14 +207,15 @@ async def stream_events(completion: Completion, on_finish, chunk: Chunk, piece: 
         for choice in opening:
             yield chunk([choice])
         async for d in completion.deltas():
-            if d.error is not None and all(c.error for c in completion.choices):
-                yield json.dumps(generation_failed(d.error).body())  # see choice_error
+            failed = completion.choices[d.index] if d.error is not None else None
+            if failed is not None and all(c.error for c in completion.choices):
+                yield json.dumps(choice_failure(failed).body())  # see choice_error
                 continue
             extra = {}
             if d.done and all(c.done for c in completion.choices):
                 extra["timings"] = completion.timings()
             yield chunk([{"index": d.index, **piece(d), "finish_reason": "error" if d.error else d.finish_reason,
-                          **choice_error(d.error)}], **extra)
+                          **(choice_error(failed) if failed is not None else {})}], **extra)
         if completion.call.include_usage:
             yield chunk([], usage=completion.usage())
         yield "[DONE]"
@@ -250,9 +261,7 @@ async def answer_whole(request: Request, completion: _C, on_finish, reply: Calla
         on_finish(completion, Outcome.ERROR if failed else Outcome.OK)
     if failed and len(failed) == len(completion.choices):
         # Answered here, not raised: the call ran (its log line is written). A request the engine
-        # found wrong before it wrote anything (a schema too slow to sample) is the caller's 400.
-        last = failed[0].last
-        error = (refusal(last) if last is not None and last.error_kind is ErrorKind.INVALID and not last.generated
-                 else generation_failed(failed[0].error))
+        # found wrong (a schema too slow to sample, before or after it wrote) is the caller's 400.
+        error = choice_failure(failed[0])
         return JSONResponse(error.body(), status_code=error.status)
     return JSONResponse(reply(completion))

@@ -158,7 +158,7 @@ def _choice(index: int, text: str, finish_reason: str | None) -> dict:
 
 
 def _reply(completion: TextCompletion, options: ServeOptions) -> dict:
-    choices = [_choice(c.index, c.text, c.finish_reason or "error") | choice_error(c.error) for c in completion.choices]
+    choices = [_choice(c.index, c.text, c.finish_reason or "error") | choice_error(c) for c in completion.choices]
     return _body(completion, options, choices, usage=completion.usage(), timings=completion.timings())
 
 
