@@ -31,6 +31,11 @@ class RequestFailed(RuntimeError):
         self.kind = kind
 
 
+class _StaleConnection(Exception):
+    """The server closed a kept-alive connection as this request went out on it (its idle
+    keep-alive timeout crossed the request): nothing was answered, and the server is fine."""
+
+
 class _Retry(Exception):
     def __init__(self, why: str, wait_s: float, endpoint_dead: bool = False) -> None:
         super().__init__(why)
@@ -125,7 +130,13 @@ async def run_request(seq: RemoteSeq, *, pool: EndpointPool, http: httpx.AsyncCl
             changed(seq)
         await endpoint.acquire()
         try:
-            await _stream(seq, endpoint, attempt, http=http, config=config, model=model, changed=changed)
+            try:
+                await _stream(seq, endpoint, attempt, http=http, config=config, model=model, changed=changed)
+            except _StaleConnection:
+                # Once more on a connection of its own, to the same server; a hang-up there is real.
+                async with fresh_client(http) as fresh:
+                    await _stream(seq, endpoint, attempt, http=fresh, config=config, model=model, changed=changed,
+                                  may_be_stale=False)
             return
         except _Retry as retry:
             last_why = retry.why
@@ -143,14 +154,22 @@ async def run_request(seq: RemoteSeq, *, pool: EndpointPool, http: httpx.AsyncCl
 
 
 async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: httpx.AsyncClient, config: RemoteConfig,
-                  model: str, changed: Callable[[RemoteSeq], None]) -> None:
+                  model: str, changed: Callable[[RemoteSeq], None], may_be_stale: bool = True) -> None:
     url = base_url(endpoint.url) + "/chat/completions"
     seq.sent(endpoint.url)
     changed(seq)
     got_text = False
     answered = False  # the server sent its response's head: from then on a break is mid-reply
+    connected = False  # this request opened its connection (else it went on a kept-alive one)
+
+    async def trace(event: str, info: dict) -> None:
+        nonlocal connected
+        if event.startswith("connection.connect_"):  # httpcore's connect_tcp / connect_unix_socket
+            connected = True
+
     try:
-        async with http.stream("POST", url, json=request_body(seq.request, model)) as response:
+        async with http.stream("POST", url, json=request_body(seq.request, model),
+                               extensions={"trace": trace}) as response:
             answered = True
             if response.status_code != 200:
                 await _refuse(response, endpoint, model, config, attempt)
@@ -192,6 +211,8 @@ async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: htt
         limit = config.connect_timeout_s if what == "connect" else config.read_timeout_s
         raise RequestFailed(f"{endpoint.url} did not {what} within {limit:g} s (timeout)") from None
     except (httpx.RemoteProtocolError, httpx.NetworkError) as exc:  # read, write or close broke
+        if not answered and not connected and may_be_stale:
+            raise _StaleConnection() from None
         endpoint.mark_dead(f"stream broke ({type(exc).__name__})")
         if not answered:  # it went away before answering: nothing was shown, another server may answer
             raise _Retry(f"{endpoint.url} closed the connection without answering "
@@ -210,6 +231,13 @@ async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: htt
         raise RequestFailed(f"{endpoint.url}: {exc}",
                             ErrorKind.CONTEXT_LENGTH if exc.context_exceeded else None) from None
     seq.finish(DoneReason.LENGTH if finish_reason == "length" else DoneReason.STOP)
+
+
+def fresh_client(http: httpx.AsyncClient) -> httpx.AsyncClient:
+    """A client like `http` (its timeouts and headers, the API key among them) that keeps no
+    connection: its one request opens a new one."""
+    return httpx.AsyncClient(timeout=http.timeout, headers=http.headers,
+                             limits=httpx.Limits(max_connections=1, max_keepalive_connections=0))
 
 
 async def _refuse(response: httpx.Response, endpoint: Endpoint, model: str, config: RemoteConfig,
