@@ -10,7 +10,6 @@ from typing import Callable
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 
-from magnitude_tui.serve.body import DEFAULT_TEMPERATURE, MAX_N, _boolean, _default, _integer, _number, _stops
 from magnitude_tui.serve.calls import (
     Outcome,
     ServeOptions,
@@ -23,9 +22,10 @@ from magnitude_tui.serve.calls import (
 )
 from magnitude_tui.serve.completion import Completion
 from magnitude_tui.serve.errors import OpenAIError, invalid
+from magnitude_tui.serve.fields import CallFields, default, integer, parse_call, refuse_penalties
 from magnitude_tui.serve.hub import EngineHub
 from magnitude_tui.serve.tools_body import ToolUse
-from scheduler.types import Priority, Request, SamplingParams
+from scheduler.types import Request, SamplingParams
 
 # OpenAI's default for /v1/completions (vLLM's too): a base model given no limit rarely stops.
 DEFAULT_MAX_TOKENS = 16
@@ -33,25 +33,13 @@ DEFAULT_MAX_TOKENS = 16
 UNSUPPORTED = ("suffix", "logit_bias", "response_format", "tools", "tool_choice")
 
 
-@dataclass(frozen=True)
-class TextCall:
-    """What one POST /v1/completions asks for: one prompt (text, or token ids), n choices."""
+@dataclass(frozen=True, kw_only=True)
+class TextCall(CallFields):
+    """What one POST /v1/completions asks for: the shared fields (fields.py) and one prompt (text,
+    or token ids)."""
 
     prompt: str | tuple[int, ...]
-    sampling: SamplingParams
-    stream: bool = False
-    include_usage: bool = False
-    n: int = 1
-    stop: tuple[str, ...] = ()
-    priority: int | None = None
-    user: str | None = None
-    model: str | None = None
     tool_use: ToolUse = ToolUse()  # none: a text completion takes no tools or response format
-
-    @property
-    def priority_class(self) -> Priority:
-        """As for chat calls: an agent, or background when it asks for a priority above 0."""
-        return Priority.BACKGROUND if (self.priority or 0) > 0 else Priority.AGENT
 
 
 def parse_text_call(body: object) -> TextCall:
@@ -64,34 +52,12 @@ def parse_text_call(body: object) -> TextCall:
     for name in ("logprobs", "echo"):
         if body.get(name) not in (None, False, 0):
             raise invalid(name, f"'{name}' is not supported by this server", "unsupported_parameter")
-    if _integer(body, "best_of", lo=1) not in (None, 1):
+    if integer(body, "best_of", lo=1) not in (None, 1):
         raise invalid("best_of", "'best_of' other than 1 is not supported by this server", "unsupported_parameter")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if _number(body, name, lo=-2.0, hi=2.0) not in (None, 0.0):
-            raise invalid(name, f"'{name}' other than 0 is not supported by this server", "unsupported_parameter")
-    temperature = _number(body, "temperature", lo=0.0, hi=2.0)
-    sampling = SamplingParams(
-        temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
-        top_k=_default(_integer(body, "top_k", lo=0), 40),
-        top_p=_default(_number(body, "top_p", lo=0.0, hi=1.0, open_lo=True), 0.95),
-        min_p=_default(_number(body, "min_p", lo=0.0, hi=1.0), 0.05),
-        seed=_integer(body, "seed"),
-        max_tokens=_default(_integer(body, "max_tokens", lo=1), DEFAULT_MAX_TOKENS),
-    )
-    stream = _boolean(body, "stream")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise invalid("stream_options", "'stream_options' must be an object")
-    if options and not stream:
-        raise invalid("stream_options", "'stream_options' is only allowed when 'stream' is true")
-    include_usage = _boolean(options, "include_usage", prefix="stream_options.") if options else False
-    for name in ("user", "model"):
-        if body.get(name) is not None and not isinstance(body[name], str):
-            raise invalid(name, f"'{name}' must be a string")
-    return TextCall(prompt=_prompt(body.get("prompt")), sampling=sampling, stream=stream,
-                    include_usage=include_usage, n=_default(_integer(body, "n", lo=1, hi=MAX_N), 1),
-                    stop=_stops(body.get("stop")), priority=_integer(body, "priority"),
-                    user=body.get("user") or None, model=body.get("model"))
+    refuse_penalties(body)
+    prompt = _prompt(body.get("prompt"))
+    max_tokens = default(integer(body, "max_tokens", lo=1), DEFAULT_MAX_TOKENS)
+    return parse_call(body, TextCall, max_tokens=max_tokens, prompt=prompt)
 
 
 def _prompt(raw: object) -> str | tuple[int, ...]:
