@@ -17,23 +17,36 @@ def pane_markdown(pane: ChatPane) -> str:
     if pane.record.settings.system:
         lines += ["## system prompt", "", pane.record.settings.system, ""]
     for m in pane.record.messages:
-        who = f"{m.author} (subagent answer)" if m.author else m.role
-        who += " (inherited context)" if m.inherited else ""
+        marks = " (inherited context)" if m.inherited else ""
         if m.role == "assistant" and not m.complete:
-            who += " (partial: still streaming)" if pane.is_streaming(m) else " (partial: interrupted)"
+            marks += " (partial: still streaming)" if pane.is_streaming(m) else " (partial: interrupted)"
         elif m.done_reason in ("cancelled", "error", "length"):
-            who += f" (ended: {m.done_reason})"
+            marks += f" (ended: {m.done_reason})"
         if pane.is_dropped(m):
-            who += " (out of context)"
+            marks += " (out of context)"
         if m.others:
-            who += f" (answer {m.shown + 1} of {len(m.others) + 1}, the one sent on)"
-        lines += [f"## {who}", "", m.content, ""]
+            marks += f" (answer {m.shown + 1} of {len(m.others) + 1}, the one sent on)"
+        if m.call is not None:  # an agent's tool result
+            how = f"{'ok' if m.ok else 'failed'}, {m.duration_s:.1f} s"
+            lines += [f"## tool result: `{m.call.name}` ({how}){marks}", "", _fenced(m.content), ""]
+            continue
+        who = f"{m.author} (subagent answer)" if m.author else m.role
+        lines += [f"## {who}{marks}", ""] + ([m.content, ""] if m.content or not m.tool_calls else [])
+        for call in m.tool_calls:
+            lines += [f"called `{call.name}` with", "", _fenced(call.arguments), ""]
         for k, other in enumerate(m.answers):
             if k != m.shown:
                 lines += [f"### other answer {k + 1} of {len(m.others) + 1}", "", other, ""]
     for text in pane.queued:
         lines += ["## user (queued, not sent yet)", "", text, ""]
     return "\n".join(lines)
+
+
+def _fenced(text: str) -> str:
+    """`text` in a code fence longer than any run of backticks in it (a file may hold fences)."""
+    ticks = max((len(r) for r in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, ticks + 1)
+    return f"{fence}\n{text}\n{fence}"
 
 
 def default_export_dir() -> Path:

@@ -16,7 +16,7 @@ from magnitude_tui.agent.policy import ApprovePolicy
 from magnitude_tui.agents import AgentSettings
 from magnitude_tui.store_open import SCHEMA_VERSION, StoreError, _prepare, open_database
 from magnitude_tui.store_saving import SavingConnection, Transaction
-from scheduler.types import ToolChoiceMode
+from scheduler.types import Message, ToolCall, ToolChoiceMode
 
 PANE_SETTINGS_TABLE = """
 CREATE TABLE IF NOT EXISTS pane_settings (   -- a pane's agent settings, when not the defaults
@@ -49,6 +49,16 @@ CREATE TABLE IF NOT EXISTS answers (         -- a reply's other answers, kept by
     message_id INTEGER PRIMARY KEY REFERENCES messages(id),
     others     TEXT NOT NULL,                -- JSON list of the answers not shown, in order
     shown      INTEGER NOT NULL              -- the shown answer's place among all of them (from 0)
+);
+"""
+
+TOOL_PARTS_TABLE = """
+CREATE TABLE IF NOT EXISTS tool_parts (      -- an agent's tool calls and results among the messages
+    message_id INTEGER PRIMARY KEY REFERENCES messages(id),
+    calls      TEXT,                         -- an assistant turn's calls: JSON [[id, name, arguments], ...]
+    call       TEXT,                         -- a tool result: the call it answers, JSON [id, name, arguments]
+    ok         INTEGER NOT NULL DEFAULT 1,   -- a tool result: 0 when the tool failed (or was denied)
+    duration_s REAL                          -- a tool result: how long the tool ran
 );
 """
 
@@ -96,6 +106,28 @@ class MessageRecord:
     # of len(others) + 1, the others in order around it. Only the shown one is sent to the model.
     others: list[str] = field(default_factory=list)
     shown: int = 0
+    # An agent's tool turns: an assistant turn's calls (its content is the text before them, often
+    # none), and a `tool` message's call it answers, whether the tool succeeded, how long it ran.
+    tool_calls: tuple[ToolCall, ...] = ()
+    call: ToolCall | None = None
+    ok: bool = True
+    duration_s: float = 0.0
+
+    @property
+    def has_tool_part(self) -> bool:
+        return bool(self.tool_calls) or self.call is not None
+
+    def as_message(self) -> Message:
+        """What the model is sent for this message (a tool result with the call it answers)."""
+        if self.call is not None:
+            return Message(self.role, self.content, tool_call_id=self.call.id, name=self.call.name)
+        return Message(self.role, self.content, tool_calls=self.tool_calls)
+
+    @classmethod
+    def from_message(cls, m: Message, **kw) -> "MessageRecord":
+        """A record of a message sent to the model (a tool result's arguments are not in it)."""
+        call = ToolCall(m.tool_call_id or "", m.name or "", "") if m.role == "tool" else None
+        return cls(m.role, m.content, tool_calls=m.tool_calls, call=call, **kw)
 
     @property
     def answers(self) -> list[str]:
@@ -283,8 +315,9 @@ class Store:
         """Forget a conversation and its messages (its subagents lose their parent link)."""
         with self._transaction():
             self._db.execute("UPDATE panes SET parent_id = NULL WHERE parent_id = ?", (pane_id,))
-            self._db.execute("DELETE FROM answers WHERE message_id IN (SELECT id FROM messages "
-                             "WHERE pane_id = ?)", (pane_id,))
+            for table in ("answers", "tool_parts"):
+                self._db.execute(f"DELETE FROM {table} WHERE message_id IN (SELECT id FROM messages "
+                                 "WHERE pane_id = ?)", (pane_id,))
             self._db.execute("DELETE FROM messages WHERE pane_id = ?", (pane_id,))
             self._db.execute("DELETE FROM pane_settings WHERE pane_id = ?", (pane_id,))
             self._db.execute("DELETE FROM queued WHERE pane_id = ?", (pane_id,))
@@ -340,6 +373,8 @@ class Store:
         message.id = row_id
         if message.others:
             self._save_answers(message)
+        if message.has_tool_part:
+            self._save_tool_part(message)
         return row_id
 
     def save_messages(self, messages: list[MessageRecord]) -> None:
@@ -354,6 +389,17 @@ class Store:
                 )
                 if m.others:
                     self._save_answers(m)
+                if m.has_tool_part:
+                    self._save_tool_part(m)
+
+    def _save_tool_part(self, m: MessageRecord) -> None:
+        calls = json.dumps([[c.id, c.name, c.arguments] for c in m.tool_calls]) if m.tool_calls else None
+        call = json.dumps([m.call.id, m.call.name, m.call.arguments]) if m.call is not None else None
+        self._db.execute(
+            "INSERT INTO tool_parts (message_id, calls, call, ok, duration_s) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT(message_id) DO UPDATE SET calls = excluded.calls, call = excluded.call, "
+            "ok = excluded.ok, duration_s = excluded.duration_s",
+            (m.id, calls, call, int(m.ok), m.duration_s))
 
     def _save_answers(self, m: MessageRecord) -> None:
         self._db.execute(
@@ -363,17 +409,21 @@ class Store:
 
     def delete_message(self, message_id: int) -> None:
         self._db.execute("DELETE FROM answers WHERE message_id = ?", (message_id,))
+        self._db.execute("DELETE FROM tool_parts WHERE message_id = ?", (message_id,))
         self._db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
 
     def messages(self, pane_id: str) -> list[MessageRecord]:
         rows = self._db.execute(
             "SELECT m.role, m.content, m.complete, m.author, m.done_reason, m.inherited, m.id, a.others, "
-            "a.shown FROM messages m LEFT JOIN answers a ON a.message_id = m.id WHERE m.pane_id = ? "
-            "ORDER BY m.id",
+            "a.shown, t.calls, t.call, t.ok, t.duration_s FROM messages m "
+            "LEFT JOIN answers a ON a.message_id = m.id LEFT JOIN tool_parts t ON t.message_id = m.id "
+            "WHERE m.pane_id = ? ORDER BY m.id",
             (pane_id,),
         )
         return [MessageRecord(r[0], r[1], bool(r[2]), r[3], r[4], bool(r[5]), r[6],
-                              json.loads(r[7]) if r[7] else [], r[8] or 0) for r in rows]
+                              json.loads(r[7]) if r[7] else [], r[8] or 0, tool_calls=_calls(r[9]),
+                              call=next(iter(_calls(r[10], one=True)), None), ok=r[11] is None or bool(r[11]),
+                              duration_s=r[12] or 0.0) for r in rows]
 
     # ---- settings -----------------------------------------------------------------------------
 
@@ -411,7 +461,7 @@ def _fresh_store(db: sqlite3.Connection) -> None:
 def _added_tables(db: sqlite3.Connection) -> None:
     """Tables and columns added within schema 1, idempotently: a database from before them
     simply gains them."""
-    db.executescript(PANE_SETTINGS_TABLE + QUEUED_TABLE + ANSWERS_TABLE)
+    db.executescript(PANE_SETTINGS_TABLE + QUEUED_TABLE + ANSWERS_TABLE + TOOL_PARTS_TABLE)
     have = {r[1] for r in db.execute("PRAGMA table_info(pane_settings)")}
     for column, kind in PANE_SETTINGS_ADDED.items():
         if column not in have:
@@ -438,3 +488,19 @@ def _tools(text: str | None) -> tuple[str, ...] | None:
     except ValueError:
         return ()  # unreadable: no tools rather than every tool
     return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
+
+
+def _calls(text: str | None, *, one: bool = False) -> tuple[ToolCall, ...]:
+    """Stored calls (a JSON list of [id, name, arguments], or `one` such triple); what does not
+    read as that is left out."""
+    if not text:
+        return ()
+    try:
+        rows = json.loads(text)
+    except ValueError:
+        return ()
+    rows = [rows] if one else rows
+    if not isinstance(rows, list):
+        return ()
+    return tuple(ToolCall(*r) for r in rows
+                 if isinstance(r, list) and len(r) == 3 and all(isinstance(x, str) for x in r))

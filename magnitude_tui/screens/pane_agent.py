@@ -31,7 +31,7 @@ from magnitude_tui.screens.approval_dialog import DialogApproval
 from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.subagents import next_name
 from magnitude_tui.widgets.chat_pane import ChatPane
-from magnitude_tui.widgets.tool_block import ToolActivity, ToolBlock
+from magnitude_tui.widgets.tool_block import ToolActivity
 from scheduler.types import Message, Request
 
 if TYPE_CHECKING:
@@ -66,12 +66,16 @@ class PaneRunner:
             pane.begin_request(request.request_id)
         ws.client.submit(request)
         try:
-            return await collect_turn(sink.get, on_text)
+            result = await collect_turn(sink.get, on_text)
         except asyncio.CancelledError:
             ws.client.cancel(request.request_id)
             raise
         finally:
             self._sinks.pop(request.request_id, None)
+        pane = ws.panes_by_session().get(request.session_id)
+        if pane is not None and result.calls and result.final.error is None:
+            pane.add_tool_turn(result.calls)  # what the loop keeps in its history, the pane keeps too
+        return result
 
     def close_session(self, session_id: str) -> None:
         self.ws.client.close_session(session_id)
@@ -89,7 +93,8 @@ class PaneAgents:
         self._running: dict[str, Worker] = {}  # session id -> the worker running its agent
         self._agent_panes: dict[str, ChatPane] = {}  # agent name -> the pane it runs in
         self._allowed: dict[str, set[str]] = {}  # session id -> tools allowed for that pane
-        self._history: dict[str, tuple[list[Message], int]] = {}  # session -> (loop messages, records then)
+        # session -> (the last run's messages, the pane's records when it ended)
+        self._history: dict[str, tuple[list[Message], list[MessageRecord]]] = {}
         self._children: dict[str, str] = {}  # subagent name -> its pane's name
         self._parent_of: dict[str, str] = {}  # subagent name -> its parent agent's name
         # The agents file's [mcp.*] servers, started when the first agent needs them and kept for
@@ -176,10 +181,12 @@ class PaneAgents:
             self._mcp = None
 
     def _history_for(self, pane: ChatPane, settings: AgentSettings) -> list[Message]:
-        """The last agent run's messages (tool turns included, so its KV is reused) when nothing
-        was added since; else the pane's conversation."""
+        """The last agent run's messages (as the model saw them: a tool result cut to fit stays
+        cut) when the pane's records are still the ones it ended with; else the pane's
+        conversation, tool turns included (after a reopen, an edit, a plain turn)."""
         kept = self._history.get(pane.session_id)
-        if kept is not None and kept[1] == len(pane.record.messages):
+        records = pane.record.messages
+        if kept is not None and len(kept[1]) == len(records) and all(a is b for a, b in zip(kept[1], records)):
             return kept[0]
         head = [Message("system", settings.system)] if settings.system else []
         return head + list(pane.conversation(committed_only=True, with_system=False))
@@ -188,7 +195,7 @@ class PaneAgents:
         ws = self.ws
         try:
             outcome = await loop.run(task, history)
-            self._history[pane.session_id] = (outcome.messages, len(pane.record.messages) + 1)
+            self._history[pane.session_id] = (outcome.messages, list(pane.record.messages))
             if outcome.error:
                 ws.notify(f"{pane.record.name}: the agent stopped: {outcome.error}", severity="warning",
                           markup=False)
@@ -223,8 +230,8 @@ class PaneAgents:
         elif isinstance(event, ToolFinished):
             self._set_activity(pane, None)
             panes = self._spawned_panes(event) if event.call.name == SPAWN else ()
-            pane.add_block(ToolBlock(event.agent, event.call.name, event.call.arguments, event.duration_s,
-                                     event.result, event.ok, panes=panes))
+            pane.add_tool_result(MessageRecord("tool", event.result, call=event.call, ok=event.ok,
+                                               duration_s=event.duration_s), panes=panes)
         elif isinstance(event, (TurnStarted, AgentFinished)):
             self._set_activity(pane, None)
         elif isinstance(event, SubagentSpawned):

@@ -20,8 +20,9 @@ from magnitude_tui.widgets.message_view import MessageView
 from magnitude_tui.widgets.pane_labels import gauge, pane_title, queue_note, speaker
 from magnitude_tui.widgets.status_line import StatusLine
 from magnitude_tui.widgets.tool_block import ToolActivity
+from magnitude_tui.widgets.tool_turn_view import ToolTurnView
 from magnitude_tui.widgets.transcript import Transcript
-from scheduler.types import DoneReason, Message, Phase
+from scheduler.types import DoneReason, Message, Phase, ToolCall
 
 
 @dataclass
@@ -75,6 +76,7 @@ class ChatPane(Vertical):
         self.editing: MessageRecord | None = None  # the message the composer holds for a resend
         self.context_size: int | None = None  # tokens one sequence holds (from EngineReady)
         self._sent: list[MessageRecord] = []  # the records the current request carries, in order
+        self._request_start = 0  # where the records the current (or last) request added begin
         self._dropped: set[int] = set()  # id() of messages left out of the context (it was full)
         self._notes: list[str | Widget] = []  # context notes and tool blocks waiting for the next paint
         self._gauge = ""
@@ -119,7 +121,7 @@ class ChatPane(Vertical):
         """
         system = self.record.settings.system
         head = (Message("system", system),) if system and with_system else ()
-        return head + tuple(Message(m.role, m.content) for m in self._in_context(committed_only))
+        return head + tuple(m.as_message() for m in self._in_context(committed_only))
 
     def raw_prompt(self) -> str | None:
         """In raw mode, the text the next turn continues: the transcript's messages joined as
@@ -137,7 +139,7 @@ class ChatPane(Vertical):
 
     def _in_context(self, committed_only: bool = False) -> list[MessageRecord]:
         return [m for m in self.record.messages
-                if m.content and id(m) not in self._dropped
+                if (m.content or m.has_tool_part) and id(m) not in self._dropped
                 and not (committed_only and self._reply is not None and m is self._reply.message)]
 
     @property
@@ -201,7 +203,8 @@ class ChatPane(Vertical):
         self._status_dirty = True  # the gauge's form follows the pane's width (next paint)
 
     def _view(self, m: MessageRecord) -> MessageView:
-        view = MessageView(m, speaker=self._speaker(m))
+        view = (ToolTurnView(m, speaker=self._speaker(m)) if m.has_tool_part and (m.call or not m.content)
+                else MessageView(m, speaker=self._speaker(m)))
         view.set_class(id(m) in self._dropped, "-dropped")
         return view
 
@@ -333,6 +336,7 @@ class ChatPane(Vertical):
 
     def begin_request(self, request_id: str) -> None:
         self._sent = self._in_context()
+        self._request_start = len(self.record.messages)
         self.request_id = request_id
         self.last_update = None
         self._status_dirty = True
@@ -419,9 +423,24 @@ class ChatPane(Vertical):
         self.activity = activity
         self._status_dirty = True
 
-    def add_block(self, block: Widget) -> None:
-        """A tool call's block, mounted after the text painted before it (on the next paint)."""
-        self._notes.append(block)
+    def add_tool_turn(self, calls: tuple[ToolCall, ...]) -> None:
+        """An agent's turn (the request that just ended) called tools: they join the turn's reply,
+        or a reply of their own when the turn wrote no text. Kept with the conversation (the
+        store, the next turn's context), and shown with their results."""
+        reply = next((m for m in self.record.messages[self._request_start:]
+                      if m.role == "assistant" and not m.author), None)
+        if reply is None:
+            reply = MessageRecord("assistant", "")
+            self.record.messages.append(reply)
+        reply.tool_calls = calls
+        self._mark_unsaved(reply)
+
+    def add_tool_result(self, record: MessageRecord, panes: tuple[str, ...] = ()) -> None:
+        """A tool's result: kept with the conversation, and shown as its call's block after the
+        text painted before it (on the next paint). `panes`: the panes spawn_agents' subagents ran in."""
+        self.record.messages.append(record)
+        self._mark_unsaved(record)
+        self._notes.append(ToolTurnView(record, speaker=self._speaker(record), panes=panes))
 
     def _drop_oldest(self, count: int) -> None:
         """The engine left out the oldest `count` messages after the system ones: stop sending them."""

@@ -1,0 +1,96 @@
+"""Pilot tests: an agent pane's tool turns (its calls and their results) are part of the
+conversation: saved in the store as they happen, sent again on the pane's next turn, shown as
+tool blocks when the conversation is reopened, and written by the Markdown export. Before, only
+the turns' text was kept: a reopened agent pane had lost what its tools had read, and its next
+turn was asked without it."""
+
+from __future__ import annotations
+
+from magnitude_tui.app import MagnitudeApp
+from magnitude_tui.export import pane_markdown
+from magnitude_tui.store import Store
+from magnitude_tui.widgets.tool_block import ToolBlock
+from tests.agent_app_support import ToolClient, agent_app, drive, tool_results
+from tests.app_support import SIZE, settle, type_message, wait_for
+
+
+def read_then_answer(request):
+    """A read (the first turn writes no text), then an answer quoting it."""
+    if not tool_results(request):
+        return [("read_file", {"path": "r.txt"})]
+    return "it says " + tool_results(request)[-1].strip()
+
+
+def kept_parts(messages):
+    return [(m.role, m.content, [c.name for c in m.tool_calls], m.call and m.call.name) for m in messages]
+
+
+async def test_tool_turns_are_saved_resent_and_shown_after_a_reopen(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "r.txt").write_text("inside\n")
+    client = ToolClient(read_then_answer)
+    async with agent_app(tmp_path, client) as (app, pilot):
+        pane = app.workspace.grid.panes[0]
+        await type_message(pilot, "/agent what is in r.txt")
+        await drive(pilot, client, lambda: not app.workspace.agents.running(pane) and pane.last_answer(), "the answer")
+        await settle(pilot)
+        [block] = pane.query(ToolBlock)
+        assert block.tool == "read_file" and "inside" in block.result and block.ok
+        result = block.result
+        answer = pane.last_answer()
+        assert answer == "it says " + result.strip()
+
+    # What the store holds: the task, the turn that called read_file (no text), its result, the answer.
+    store = Store(tmp_path / "magnitude.db")
+    [record] = store.open_workspace(resume=True)
+    assert kept_parts(record.messages) == [
+        ("user", "what is in r.txt", [], None),
+        ("assistant", "", ["read_file"], None),
+        ("tool", result, [], "read_file"),
+        ("assistant", answer, [], None),
+    ]
+    call = record.messages[1].tool_calls[0]
+    assert record.messages[2].call == call and '"r.txt"' in call.arguments
+    store.close()
+
+    client = ToolClient(read_then_answer)
+    app = MagnitudeApp(client=client, store=Store(tmp_path / "magnitude.db"), export_dir=tmp_path / "exports",
+                       roles={}, workdir=tmp_path / "work", resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        ws = app.workspace
+        [pane] = ws.grid.panes
+        await settle(pilot)
+        # The reopened transcript shows the call as a block again (with its arguments and result).
+        [block] = pane.query(ToolBlock)
+        assert (block.tool, block.result) == ("read_file", result) and "r.txt" in block.summary()
+        markdown = pane_markdown(pane)
+        assert "## tool result: `read_file` (ok" in markdown and "inside" in markdown
+        assert "called `read_file` with" in markdown
+        # The next turn is asked with the earlier call and its result in its history: the model
+        # answers from what it read instead of reading again.
+        await type_message(pilot, "/agent and what did it say")
+        await drive(pilot, client, lambda: client.submitted and not ws.agents.running(pane)
+                    and len(pane.record.messages) > 5, "the second answer")
+        sent = client.submitted[0].messages
+        assert [(m.role, m.name) for m in sent if m.role == "tool"] == [("tool", "read_file")]
+        [asked] = [m for m in sent if m.tool_calls]
+        assert asked.tool_calls[0].id == sent[[m.role for m in sent].index("tool")].tool_call_id
+        assert len(client.submitted) == 1  # answered from the history, no second read
+
+
+async def test_a_plain_turn_after_an_agent_run_keeps_the_tool_turns_in_its_context(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "r.txt").write_text("inside\n")
+    client = ToolClient(read_then_answer)
+    async with agent_app(tmp_path, client) as (app, pilot):
+        ws = app.workspace
+        pane = ws.grid.panes[0]
+        await type_message(pilot, "/agent what is in r.txt")
+        await drive(pilot, client, lambda: not ws.agents.running(pane) and pane.last_answer(), "the answer")
+        before = len(client.submitted)
+        await type_message(pilot, "thanks, now summarise")
+        await wait_for(pilot, lambda: len(client.submitted) > before, what="the plain turn")
+        plain = client.submitted[before]
+        assert not plain.tools  # a plain chat turn
+        assert [m.role for m in plain.messages] == ["user", "assistant", "tool", "assistant", "user"]
+        assert "inside" in plain.messages[2].content and plain.messages[1].tool_calls[0].name == "read_file"
