@@ -38,6 +38,21 @@ FLUSH_S = 0.02  # updates gathered this long go out as one batch
 STATUS_S = 0.5  # the endpoints' figures are sent at most this often
 
 
+def unlisted_model(model: str | None, endpoints) -> str | None:
+    """What to tell the user when --remote-model names a model some server's /v1/models does not
+    list, else None. Not a failure: a server that serves one model whatever a request calls it
+    (llama-server) answers, and one that checks the name says so with a 404 naming its models."""
+    if model is None:
+        return None
+    missing = [e for e in endpoints if e.models and model not in e.models]
+    if not missing:
+        return None
+    where = "; ".join(f"{e.url} lists {', '.join(repr(m) for m in e.models)}" for e in missing)
+    return (f"--remote-model {model!r} is not among the models listed ({where}). Requests still ask for "
+            f"{model!r}: a server that serves one model whatever it is called (llama-server) answers them, "
+            "one that checks the name refuses them (404); choose a listed name with --remote-model")
+
+
 class RemoteClient:
     """Sends each request to the least-loaded healthy server and streams its reply back."""
 
@@ -194,6 +209,12 @@ class RemoteClient:
                                n_ctx=0, n_seq_max=sum(e.limit for e in healthy), n_batch=0, policy="server",
                                info=EngineInfo()))
         self._status_dirty = True
+        unlisted = unlisted_model(self.config.model, healthy)
+        if unlisted is not None:
+            # In a batch of its own after EngineReady: whoever waits for ready (generate) reads that
+            # batch no further. The app shows it as a warning; the engine goes on.
+            self._flush()
+            self._emit(CommandRejected(unlisted))
         early, self._early = self._early, []
         for request in early:
             self._start(request)
