@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -138,6 +139,47 @@ async def test_esc_denies_and_a_read_runs_without_asking(tmp_path):
                     and not app.workspace.agents.running(pane), "the answer")
         assert pane.last_answer() == "done: denied: the user said no"
         assert not (tmp_path / "work" / "w.txt").exists()
+
+
+async def test_a_tool_blocks_duration_is_its_run_time_not_the_time_the_dialog_was_open(tmp_path):
+    # A denied write_file read "✗ write_file(...) · 1.2 s": the person's time at the dialog was
+    # counted as the tool's. Neither a denied nor an allowed call counts it now.
+    (tmp_path / "work").mkdir()
+
+    def script(request):
+        results = tool_results(request)
+        if len(results) < 2:
+            return [("write_file", {"path": f"w{len(results)}.txt", "content": "x"})]
+        return "done"
+
+    client = ToolClient(script)
+    think_s = 1.2
+    async with agent_app(tmp_path, client) as (app, pilot):
+        pane = app.workspace.grid.panes[0]
+        await type_message(pilot, "/agent write")
+        for key in ("n", "y"):  # the first denied, the second allowed, each after a while
+            await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the approval")
+            shown = time.monotonic()
+            await pilot.pause(think_s)
+            if key == "n":
+                await pilot.press("escape")
+            else:
+                await pilot.press("y")
+            assert time.monotonic() - shown >= think_s
+        await drive(pilot, client, lambda: pane.last_answer() == "done", "the answer")
+        await settle(pilot)
+        denied, allowed = pane.query(ToolBlock)
+        assert not denied.ok and allowed.ok and (tmp_path / "work" / "w1.txt").exists()
+        for block in (denied, allowed):
+            assert block.duration_s < think_s / 2, block.summary()
+            assert " · 0.0 s · " in block.summary() or " · 0.1 s · " in block.summary()
+
+
+def test_a_tool_block_says_the_wait_for_approval_apart_from_the_run_time():
+    asked = ToolBlock("A1", "write_file", '{"path": "w.txt"}', 0.01, "denied: no", False, approval_wait_s=42.0)
+    assert " · 0.0 s · waited 42.0 s for approval · 10 chars" in asked.summary()
+    unasked = ToolBlock("A1", "read_file", '{"path": "r.txt"}', 0.01, "text", True)
+    assert "waited" not in unasked.summary() and unasked.summary().endswith(" · 0.0 s · 4 chars")
 
 
 def test_approval_verdicts_are_the_core_ones():

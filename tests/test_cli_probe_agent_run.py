@@ -174,3 +174,40 @@ async def test_a_turn_asked_again_with_its_tool_result_cut_is_one_turn_in_the_js
             assert finished[1][1] == f" (attempt {text.count('[main] turn 2 asked again')  + 1})" != " (attempt 1)"
             assert "[main] turn 2 asked again (attempt 2): the prompt did not fit the context" in text
             assert text.rstrip().endswith("it starts with line 00000")
+
+
+async def test_a_calls_duration_leaves_out_the_wait_for_approval_which_is_said_apart(tmp_path):
+    # A write denied after 40 s at the prompt read "✗ write_file · 40012 ms": the person's think
+    # time was counted as the tool's. The call's duration is its own; the wait is reported apart.
+    from magnitude_tui.agent.policy import ALLOW_ONCE, deny
+
+    think_s = 0.6
+
+    class Slow:
+        def __init__(self) -> None:
+            self.answers = iter([deny("not that file"), ALLOW_ONCE])
+
+        async def ask(self, request):
+            await asyncio.sleep(think_s)
+            return next(self.answers)
+
+    def script(prompt: str) -> str:
+        n = prompt.count("<tool_response>\n")  # results only (the tool listing names the tag too)
+        return call("write_file", path=f"w{n}.txt", content="x") if n < 2 else "done"
+
+    for json_out in (True, False):
+        out = io.StringIO()
+        async with scripted_engine(script) as (runner, _, _):
+            code = await run_task(RunOptions("write", tmp_path, json_out=json_out), runner, roles={},
+                                  approval=Slow(), out=out, err=io.StringIO())
+        assert code == 0 and (tmp_path / "w1.txt").exists() and not (tmp_path / "w0.txt").exists()
+        if json_out:
+            tools = json.loads(out.getvalue())["tools"]
+            assert [t["ok"] for t in tools] == [False, True]
+            for t in tools:
+                assert t["duration_s"] < think_s / 2 and t["approval_wait_s"] >= think_s, t
+        else:
+            text = out.getvalue()
+            durations = [int(ms) for ms in re.findall(r"write_file · (\d+) ms", text)]
+            assert len(durations) == 2 and all(ms < think_s * 1000 / 2 for ms in durations), text
+            assert text.count("waited 0.6 s for approval") == 2

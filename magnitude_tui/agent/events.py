@@ -90,10 +90,11 @@ class ToolStarted:
 class ToolFinished:
     agent: str
     call: ToolCall
-    duration_s: float
+    duration_s: float  # the call's own time (checks, preview, the run); never the wait for approval
     result_chars: int
     ok: bool
     result: str  # what the model reads (the transcript may show it folded)
+    approval_wait_s: float | None = None  # how long someone took to approve or deny it; None: not asked
 
 
 @dataclass(frozen=True)

@@ -179,14 +179,17 @@ class AgentLoop:
 
     async def call_tool(self, call: ToolCall, *, cut: bool = False) -> ToolResult:
         """Check, approve and run one call; whatever happens, the model gets a result. `cut`: the
-        reply ended at max_tokens with this call, which may be unfinished."""
+        reply ended at max_tokens with this call, which may be unfinished. The call's duration is
+        its own (checks, preview, run): the wait for a person's approval is reported apart."""
         t0 = time.monotonic()
-        result = await self._checked_call(call, cut)
-        self.observer(ToolFinished(self.config.name, call, time.monotonic() - t0, len(result.text), result.ok,
-                                   result.text))
+        waited: list[float] = []  # the wait for approval, when someone was asked
+        result = await self._checked_call(call, cut, waited)
+        wait_s = waited[0] if waited else None
+        self.observer(ToolFinished(self.config.name, call, max(0.0, time.monotonic() - t0 - (wait_s or 0.0)),
+                                   len(result.text), result.ok, result.text, approval_wait_s=wait_s))
         return result
 
-    async def _checked_call(self, call: ToolCall, cut: bool = False) -> ToolResult:
+    async def _checked_call(self, call: ToolCall, cut: bool, waited: list[float]) -> ToolResult:
         problem = check_calls([{"name": call.name, "arguments": call.arguments}], self._schemas)
         if problem is not None and cut:
             return ToolResult.failed(f"the reply reached its limit of {self.config.sampling.max_tokens} tokens "
@@ -208,7 +211,8 @@ class AgentLoop:
         decision = await self.gate.decide(ApprovalRequest(self.config.name, self.config.parent, tool.name,
                                                           call.arguments, tool.kind, preview))
         if asked:
-            self.observer(ApprovalDecided(self.config.name, call, decision, time.monotonic() - t0))
+            waited.append(time.monotonic() - t0)
+            self.observer(ApprovalDecided(self.config.name, call, decision, waited[0]))
         if not decision.allowed:
             return ToolResult(f"denied: {decision.reason or 'the user did not allow it'}", ok=False)
         self.observer(ToolStarted(self.config.name, call))

@@ -55,6 +55,7 @@ class RunRecorder:
         elif isinstance(e, ToolFinished):
             self.tools.append({"agent": e.agent, "id": e.call.id, "name": e.call.name,
                                "arguments": e.call.arguments, "ok": e.ok, "duration_s": round(e.duration_s, 4),
+                               "approval_wait_s": None if e.approval_wait_s is None else round(e.approval_wait_s, 4),
                                "result_chars": e.result_chars})
         elif isinstance(e, SubagentSpawned):
             self.subagents.append({"agent": e.child, "parent": e.agent, "session_id": e.session_id,
@@ -84,7 +85,9 @@ class RunRecorder:
             body = e.result if len(e.result) <= FOLD_CHARS else \
                 e.result[:FOLD_CHARS] + f"… [{e.result_chars - FOLD_CHARS} more characters]"
             mark = "✓" if e.ok else "✗"
-            self._line(f"[{e.agent}] {mark} {e.call.name} · {e.duration_s * 1000:.0f} ms · {e.result_chars} chars\n"
+            waited = "" if e.approval_wait_s is None else f"waited {e.approval_wait_s:.1f} s for approval · "
+            self._line(f"[{e.agent}] {mark} {e.call.name} · {e.duration_s * 1000:.0f} ms · {waited}"
+                       f"{e.result_chars} chars\n"
                        + "\n".join("    " + visible(line) for line in re.split("\r?\n", re.sub("\r?\n\\Z", "", body))))
         elif isinstance(e, ApprovalDecided):
             self._line(f"[{e.agent}] approval for {e.call.name}: {e.decision.verdict.value}"

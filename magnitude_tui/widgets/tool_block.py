@@ -50,7 +50,8 @@ def one_line_args(arguments: str) -> str:
 
 
 class ToolBlock(Static):
-    """One tool call in the transcript: name, arguments, duration, result size (and, for
+    """One tool call in the transcript: name, arguments, duration (the tool's own), the wait for
+    approval when someone was asked, result size (and, for
     spawn_agents, the panes its subagents ran in). A click (or enter when focused) unfolds
     the whole arguments and the result."""
 
@@ -63,12 +64,13 @@ class ToolBlock(Static):
     BINDINGS = [("enter", "unfold", "Unfold")]
 
     def __init__(self, agent: str, name: str, arguments: str, duration_s: float, result: str, ok: bool,
-                 *, panes: tuple[str, ...] = ()) -> None:
+                 *, panes: tuple[str, ...] = (), approval_wait_s: float | None = None) -> None:
         super().__init__("", markup=False, classes="" if ok else "-failed")
         self.agent = agent
         self.tool = name
         self.arguments = arguments
-        self.duration_s = duration_s
+        self.duration_s = duration_s  # the call's own time, never the wait for approval
+        self.approval_wait_s = approval_wait_s  # how long the person took to answer; None: not asked
         self.result = result
         self.ok = ok
         self.panes = panes  # subagents' panes (spawn_agents)
@@ -76,8 +78,9 @@ class ToolBlock(Static):
 
     def summary(self) -> str:
         mark = "✓" if self.ok else "✗"
+        waited = "" if self.approval_wait_s is None else f"waited {fmt_elapsed(self.approval_wait_s)} for approval · "
         line = (f"{mark} {self.tool}({one_line_args(self.arguments)}) · {fmt_elapsed(self.duration_s)} · "
-                f"{fmt_count(len(self.result))} chars")
+                f"{waited}{fmt_count(len(self.result))} chars")
         if self.panes:
             line += f" · answers from {', '.join(self.panes)}"
         return line
