@@ -237,8 +237,13 @@ async def test_a_role_with_tools_runs_each_message_as_an_agent(tmp_path):
     (tmp_path / "work" / "r.txt").write_text("inside\n")
     roles = {"reader": AgentSettings("reader", "You read files.", tools=("read_file",),
                                      approve=ApprovePolicy.READ_ONLY)}
-    client = ToolClient(lambda r: [("read_file", {"path": "r.txt"})] if not tool_results(r)
-                        else "it says " + tool_results(r)[0].strip())
+    def script(request):
+        # The results since the task (the pane's history carries the earlier runs' tool turns).
+        last_task = max(i for i, m in enumerate(request.messages) if m.role == "user")
+        results = [m.content for m in request.messages[last_task:] if m.role == "tool"]
+        return [("read_file", {"path": "r.txt"})] if not results else "it says " + results[0].strip()
+
+    client = ToolClient(script)
     async with agent_app(tmp_path, client, roles=roles) as (app, pilot):
         ws = app.workspace
         pane = ws.grid.panes[0]
@@ -254,6 +259,8 @@ async def test_a_role_with_tools_runs_each_message_as_an_agent(tmp_path):
         await drive(pilot, client, lambda: len(client.submitted) >= before + 2 and not ws.agents.running(pane),
                     "the second run")
         assert client.submitted[before].tools and client.submitted[before].messages[-1].content == "and again"
+        # ...and it carries the first run's tool turn (kept by the pane since 01be6f8).
+        assert [m.role for m in client.submitted[before].messages].count("tool") == 1
 
 
 async def test_esc_stops_an_agent_waiting_on_approval(tmp_path):
