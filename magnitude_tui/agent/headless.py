@@ -212,7 +212,7 @@ async def _run_on_client(opts: RunOptions, client, **kw) -> int:
     from magnitude_tui.serve.hub import EngineHub, EngineState
 
     err: TextIO = kw.get("err") or sys.stderr
-    hub = EngineHub(client)
+    hub = EngineHub(client, callers_see_errors=True)  # whoever runs `run` runs the engine too
     client.start()
     pump = asyncio.create_task(hub.run())
     try:

@@ -30,9 +30,13 @@ class EngineHub:
     the TUI's workspace when both share one engine) hands every batch to `dispatch`; each request's
     updates land on the queue it was submitted with, stamped with the time they arrived."""
 
-    def __init__(self, client, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, client, *, clock: Callable[[], float] = time.monotonic, callers_see_errors: bool = False) -> None:
         self.client = client
         self.clock = clock
+        # A request ended on its own (not in a step report) keeps its error text only for callers
+        # who run the engine themselves (the headless `run`: a remote server's refusal, a dead
+        # worker's signal and log); HTTP callers are told WORKER_DIED.
+        self.callers_see_errors = callers_see_errors
         self.state = EngineState.LOADING
         self.load_fraction = 0.0
         self.failure: str | None = None  # the engine's own words, for the operator's log
@@ -71,8 +75,9 @@ class EngineHub:
                 self.last_report = ev
                 for u in ev.updates:
                     self._route(u, now)
-            elif isinstance(ev, SeqUpdate):  # the worker died: its live requests' last word
-                self._route(replace(ev, error=WORKER_DIED) if ev.error else ev, now)
+            elif isinstance(ev, SeqUpdate):  # outside a step: a dead worker's, a remote request's
+                hide = ev.error and not self.callers_see_errors
+                self._route(replace(ev, error=WORKER_DIED) if hide else ev, now)
             elif isinstance(ev, LoadProgress):
                 self.load_fraction = ev.fraction
                 self._set_state(EngineState.LOADING)
