@@ -84,3 +84,16 @@ def test_http_callers_are_still_told_only_that_the_engine_stopped():
                       error="the engine worker was killed by SIGKILL; native log: /tmp/x.log")
     assert asyncio.run(routed(EngineHub(object()))).error == WORKER_DIED
     assert asyncio.run(routed(EngineHub(object(), callers_see_errors=True))).error == death.error
+
+
+async def test_run_warns_when_no_server_lists_the_remote_model(tmp_path):
+    # The app and generate said so; run read past the notice and said nothing.
+    server = _Refusing()
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        await run_on_client(RunOptions("say hi", tmp_path, json_out=True),
+                            RemoteClient(RemoteConfig((server.url,), model="y")), roles={}, out=out, err=err)
+    finally:
+        server.close()
+    assert "warning: --remote-model 'y' is not among the models listed" in err.getvalue()
+    assert "lists 'x'" in err.getvalue()

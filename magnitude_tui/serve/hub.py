@@ -10,7 +10,7 @@ from dataclasses import replace
 from enum import Enum
 from typing import Any, Callable
 
-from magnitude_tui.engine.events import EngineFailed, EngineReady, LoadProgress, SeqUpdate, StepReport
+from magnitude_tui.engine.events import CommandRejected, EngineFailed, EngineReady, LoadProgress, SeqUpdate, StepReport
 from magnitude_tui.names import first_free, numbered
 from scheduler.types import DoneReason, ErrorKind, Phase, Request
 
@@ -37,6 +37,9 @@ class EngineHub:
         # who run the engine themselves (the headless `run`: a remote server's refusal, a dead
         # worker's signal and log); HTTP callers are told WORKER_DIED.
         self.callers_see_errors = callers_see_errors
+        # Told what the engine says that is nobody's request (a remote model name no server
+        # lists); None: nobody listens.
+        self.on_notice: Callable[[str], None] | None = None
         self.state = EngineState.LOADING
         self.load_fraction = 0.0
         self.failure: str | None = None  # the engine's own words, for the operator's log
@@ -88,6 +91,8 @@ class EngineHub:
             elif isinstance(ev, EngineFailed):
                 self.failure, self.failed = ev.message, ev
                 self._set_state(EngineState.FAILED)
+            elif isinstance(ev, CommandRejected) and self.on_notice is not None:
+                self.on_notice(ev.message)
 
     def _set_state(self, state: EngineState) -> None:
         if state is not self.state:
