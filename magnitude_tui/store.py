@@ -58,7 +58,8 @@ CREATE TABLE IF NOT EXISTS tool_parts (      -- an agent's tool calls and result
     calls      TEXT,                         -- an assistant turn's calls: JSON [[id, name, arguments], ...]
     call       TEXT,                         -- a tool result: the call it answers, JSON [id, name, arguments]
     ok         INTEGER NOT NULL DEFAULT 1,   -- a tool result: 0 when the tool failed (or was denied)
-    duration_s REAL                          -- a tool result: how long the tool ran
+    duration_s REAL,                         -- a tool result: how long the tool ran
+    approval_wait_s REAL                     -- a tool result: how long its approval took (NULL: not asked)
 );
 """
 
@@ -112,6 +113,7 @@ class MessageRecord:
     call: ToolCall | None = None
     ok: bool = True
     duration_s: float = 0.0
+    approval_wait_s: float | None = None
 
     @property
     def has_tool_part(self) -> bool:
@@ -396,10 +398,11 @@ class Store:
         calls = json.dumps([[c.id, c.name, c.arguments] for c in m.tool_calls]) if m.tool_calls else None
         call = json.dumps([m.call.id, m.call.name, m.call.arguments]) if m.call is not None else None
         self._db.execute(
-            "INSERT INTO tool_parts (message_id, calls, call, ok, duration_s) VALUES (?, ?, ?, ?, ?) "
-            "ON CONFLICT(message_id) DO UPDATE SET calls = excluded.calls, call = excluded.call, "
-            "ok = excluded.ok, duration_s = excluded.duration_s",
-            (m.id, calls, call, int(m.ok), m.duration_s))
+            "INSERT INTO tool_parts (message_id, calls, call, ok, duration_s, approval_wait_s) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(message_id) DO UPDATE SET calls = excluded.calls, "
+            "call = excluded.call, ok = excluded.ok, duration_s = excluded.duration_s, "
+            "approval_wait_s = excluded.approval_wait_s",
+            (m.id, calls, call, int(m.ok), m.duration_s, m.approval_wait_s))
 
     def _save_answers(self, m: MessageRecord) -> None:
         self._db.execute(
@@ -415,7 +418,7 @@ class Store:
     def messages(self, pane_id: str) -> list[MessageRecord]:
         rows = self._db.execute(
             "SELECT m.role, m.content, m.complete, m.author, m.done_reason, m.inherited, m.id, a.others, "
-            "a.shown, t.calls, t.call, t.ok, t.duration_s FROM messages m "
+            "a.shown, t.calls, t.call, t.ok, t.duration_s, t.approval_wait_s FROM messages m "
             "LEFT JOIN answers a ON a.message_id = m.id LEFT JOIN tool_parts t ON t.message_id = m.id "
             "WHERE m.pane_id = ? ORDER BY m.id",
             (pane_id,),
@@ -423,7 +426,7 @@ class Store:
         return [MessageRecord(r[0], r[1], bool(r[2]), r[3], r[4], bool(r[5]), r[6],
                               json.loads(r[7]) if r[7] else [], r[8] or 0, tool_calls=_calls(r[9]),
                               call=next(iter(_calls(r[10], one=True)), None), ok=r[11] is None or bool(r[11]),
-                              duration_s=r[12] or 0.0) for r in rows]
+                              duration_s=r[12] or 0.0, approval_wait_s=r[13]) for r in rows]
 
     # ---- settings -----------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from magnitude_tui.app import MagnitudeApp
 from magnitude_tui.export import pane_markdown
+from magnitude_tui.screens.approval_dialog import ApprovalDialog
 from magnitude_tui.store import Store
 from magnitude_tui.widgets.tool_block import ToolBlock
 from tests.agent_app_support import ToolClient, agent_app, drive, tool_results
@@ -94,3 +95,28 @@ async def test_a_plain_turn_after_an_agent_run_keeps_the_tool_turns_in_its_conte
         assert not plain.tools  # a plain chat turn
         assert [m.role for m in plain.messages] == ["user", "assistant", "tool", "assistant", "user"]
         assert "inside" in plain.messages[2].content and plain.messages[1].tool_calls[0].name == "read_file"
+
+
+async def test_a_reopened_block_keeps_its_wait_for_approval(tmp_path):
+    (tmp_path / "work").mkdir()
+    client = ToolClient(lambda r: [("write_file", {"path": "w.txt", "content": "x"})] if not tool_results(r)
+                        else "written")
+    async with agent_app(tmp_path, client) as (app, pilot):
+        pane = app.workspace.grid.panes[0]
+        await type_message(pilot, "/agent write it")
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the approval")
+        await pilot.pause(0.3)
+        await pilot.press("y")
+        await drive(pilot, client, lambda: pane.last_answer() == "written", "the answer")
+        await settle(pilot)
+        [block] = pane.query(ToolBlock)
+        assert block.approval_wait_s is not None and block.approval_wait_s >= 0.3
+        live = block.summary()
+
+    app = MagnitudeApp(client=ToolClient(lambda r: "unused"), store=Store(tmp_path / "magnitude.db"),
+                       export_dir=tmp_path / "exports", roles={}, workdir=tmp_path / "work", resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        [pane] = app.workspace.grid.panes
+        await settle(pilot)
+        [block] = pane.query(ToolBlock)
+        assert block.summary() == live and "for approval" in live

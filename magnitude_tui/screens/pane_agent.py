@@ -231,7 +231,8 @@ class PaneAgents:
             self._set_activity(pane, None)
             panes = self._spawned_panes(event) if event.call.name == SPAWN else ()
             pane.add_tool_result(MessageRecord("tool", event.result, call=event.call, ok=event.ok,
-                                               duration_s=event.duration_s), panes=panes)
+                                               duration_s=event.duration_s, approval_wait_s=event.approval_wait_s),
+                                 panes=panes)
         elif isinstance(event, (TurnStarted, AgentFinished)):
             self._set_activity(pane, None)
         elif isinstance(event, SubagentSpawned):

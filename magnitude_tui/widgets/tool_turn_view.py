@@ -26,7 +26,7 @@ class ToolTurnView(MessageView):
         call = message.call
         self.block = None if call is None else ToolBlock(
             speaker, call.name, call.arguments, message.duration_s, message.content, message.ok,
-            panes=panes or _answered_by(call.name, message.content))
+            panes=panes or _answered_by(call.name, message.content), approval_wait_s=message.approval_wait_s)
 
     def compose(self) -> ComposeResult:
         if self.block is not None:
