@@ -211,3 +211,30 @@ async def test_a_calls_duration_leaves_out_the_wait_for_approval_which_is_said_a
             durations = [int(ms) for ms in re.findall(r"write_file · (\d+) ms", text)]
             assert len(durations) == 2 and all(ms < think_s * 1000 / 2 for ms in durations), text
             assert text.count("waited 0.6 s for approval") == 2
+
+
+async def test_a_file_name_that_is_not_utf8_is_shown_and_the_run_goes_on(tmp_path):
+    # os.listdir gives such a name's bytes as lone surrogates. They went into the tool result as
+    # they were: the real engine failed the next turn ("could not prepare the prompt: ... surrogates
+    # not allowed"), and printing the transcript or the JSON on a UTF-8 terminal raised
+    # UnicodeEncodeError, ending the run with a traceback.
+    with open(os.fsencode(tmp_path) + b"/bad\xfename.txt", "wb") as f:
+        f.write(b"inside the odd file\n")
+    for json_out in (True, False):
+        replies = iter([call("list_dir", path="."), call("search", pattern="inside"), "listed"])
+        raw = io.BytesIO()
+        out = io.TextIOWrapper(raw, encoding="utf-8", errors="strict")  # a terminal's stdout
+        async with scripted_engine(lambda prompt: next(replies)) as (runner, backend, _):
+            code = await run_task(RunOptions("list", tmp_path, json_out=json_out), runner, roles={}, out=out,
+                                  err=io.StringIO())
+            out.flush()
+            prompts = list(backend.prompts)
+        assert code == 0
+        text = raw.getvalue().decode("utf-8")
+        assert "bad\ufffdname.txt" in text
+        assert not any(0xD800 <= ord(c) <= 0xDFFF for p in prompts for c in p)  # what the model was given
+        assert "bad\ufffdname.txt:1: inside the odd file" in prompts[-1]
+        if json_out:
+            listing = [m for m in json.loads(text)["messages"] if m["role"] == "tool"][0]["content"]
+            assert "bad\ufffdname.txt" in listing.splitlines()
+            assert "not UTF-8" in listing and "ls -l ./bad?name.txt" in listing

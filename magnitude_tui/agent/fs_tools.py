@@ -20,6 +20,7 @@ from magnitude_tui.agent.toolbox import AgentTool, ToolResult, function_tool
 from magnitude_tui.agent.workspace import OutsideRoot, Workspace
 
 _STR = {"type": "string"}
+_SURROGATE = re.compile("[\ud800-\udfff]")  # os.listdir's stand-ins for bytes that are not UTF-8
 _INT = {"type": "integer", "minimum": 1}
 
 
@@ -126,6 +127,12 @@ class FileTools:
         cap = self.ws.limits.list_entries
         names = [p.name + ("/" if p.is_dir() else "") for p in entries[:cap]]
         more = f"\n[{len(entries) - cap} more not shown]" if len(entries) > cap else ""
+        # A name that is not UTF-8 comes as surrogates, which the loop shows as U+FFFD: say so.
+        odd = [n for n in names if _SURROGATE.search(n)]
+        if odd:
+            example = _SURROGATE.sub("?", odd[0].rstrip("/"))
+            more += (f"\n[{len(odd)} name(s) here are not UTF-8 (shown with \ufffd); the file tools cannot open "
+                     f"them by that name: use run_command with a glob, e.g. ls -l {rel}/{example}]")
         return ToolResult(f"{rel}/ ({len(entries)} entries):\n" + "\n".join(names) + more)
 
     def search(self, args: dict) -> ToolResult:

@@ -25,7 +25,7 @@ from magnitude_tui.agent.events import (
     ignore,
 )
 from magnitude_tui.agent.policy import ApprovalGate, ApprovalRequest
-from magnitude_tui.agent.toolbox import AgentTool, ToolResult
+from magnitude_tui.agent.toolbox import AgentTool, ToolResult, sendable
 from magnitude_tui.serve.tool_calls import check_calls
 from scheduler.types import (
     DoneReason,
@@ -183,7 +183,7 @@ class AgentLoop:
         its own (checks, preview, run): the wait for a person's approval is reported apart."""
         t0 = time.monotonic()
         waited: list[float] = []  # the wait for approval, when someone was asked
-        result = await self._checked_call(call, cut, waited)
+        result = sendable(await self._checked_call(call, cut, waited))
         wait_s = waited[0] if waited else None
         self.observer(ToolFinished(self.config.name, call, max(0.0, time.monotonic() - t0 - (wait_s or 0.0)),
                                    len(result.text), result.ok, result.text, approval_wait_s=wait_s))

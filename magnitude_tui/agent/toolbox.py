@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
 from magnitude_tui.agent.policy import ToolKind
@@ -26,6 +27,21 @@ class ToolResult:
     @classmethod
     def failed(cls, why: str) -> "ToolResult":
         return cls(f"error: {why}", ok=False)
+
+
+# Lone surrogates: what Python makes of bytes that are not UTF-8 in a file name (os.listdir's
+# surrogateescape), and what a JSON "\ud800" escape (an MCP server's result) decodes to. No text
+# holding one can be encoded: the engine could not tokenize the prompt, a terminal not print it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def sendable(result: ToolResult) -> ToolResult:
+    """`result` with every lone surrogate shown as U+FFFD (what a UTF-8 decoder shows for a byte
+    it cannot read), so the model, the transcript and the JSON all get text that encodes."""
+    if not (_SURROGATE.search(result.text) or (result.diff and _SURROGATE.search(result.diff))):
+        return result
+    return replace(result, text=_SURROGATE.sub("\ufffd", result.text),
+                   diff=None if result.diff is None else _SURROGATE.sub("\ufffd", result.diff))
 
 
 # A tool's code: the call's parsed arguments in, its result out (awaited; cancellable).
