@@ -19,7 +19,8 @@ PolicyOpt = typer.Option("target:50", "--policy", "-p", help="prefill-first | fi
 SpecOpt = typer.Option("auto", "--spec", help="Speculative decoding: auto (draft where the cost model says it "
                        "pays) | ngram (always verify n-gram lookup guesses) | draft (always, with --draft-model) | off")
 VerboseOpt = typer.Option(False, "--verbose", "-v", metavar=" ", help="Show llama.cpp's native logs.")
-CtxOpt = typer.Option(8192, "--ctx", "--n-ctx", help="Context size in tokens (all sequences share it).")
+CtxOpt = typer.Option(None, "--ctx", "--n-ctx", help="Context size in tokens (all sequences share it; default: "
+                      "8192, or the model's trained context if smaller; at most the trained context).")
 RemoteOpt = typer.Option(None, "--remote", help="Run on an OpenAI-compatible server (vLLM, SGLang, llama-server) "
                          "at this URL instead of the local engine; repeat for several (least-loaded first).")
 RemoteModelOpt = typer.Option(None, "--remote-model", help="The served model's name (default: the first the server lists).")
@@ -38,7 +39,7 @@ def main(
     theme: Optional[str] = typer.Option(None, "--theme", help="App theme name."),
     resume: bool = typer.Option(False, "--resume", metavar=" ",
                                 help="Restore the last session's conversations."),
-    n_ctx: int = CtxOpt,
+    n_ctx: Optional[int] = CtxOpt,
     threads: Optional[int] = typer.Option(
         None, "--threads", help="Engine CPU threads, fixed (default: chosen between steps from measured "
         "step times, starting with all cores but one, left to the UI)."),
@@ -83,6 +84,9 @@ def main(
     # Everything that can be known before the app opens is checked here: a mistake found later,
     # inside the engine worker, would cost a full-screen app and show up as a log path.
     try:
+        if not remote:
+            model_path = preflight.check_model(model)
+            n_ctx = preflight.check_context(n_ctx, model_path)
         preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens)
         if kv_disk_mb < 0:
             raise preflight.OptionError(f"--kv-disk-mb: expected 0 (off) or more, got {kv_disk_mb}")
@@ -98,7 +102,6 @@ def main(
             spec_mode = preflight.check_spec(spec, draft_model)
             if flash_attn.strip().lower() not in ("auto", "on", "off"):
                 raise preflight.OptionError(f"--flash-attn: expected auto, on or off, got {flash_attn!r}")
-            model_path = preflight.check_model(model)
             preflight.check_draft_model(draft_model, model_path)
             preflight.check_device(device)
     except preflight.OptionError as exc:
@@ -107,7 +110,9 @@ def main(
         where = f"remote {', '.join(remote)}" if remote else f"model {model_path}, device {device}"
         if draft_model is not None and not remote:
             where += f", draft model {draft_model}"
-        typer.echo(f"ok: {where}, policy {policy}, n_ctx {n_ctx}, roles: {', '.join(roles) or 'none'}")
+        if not remote:
+            where += f", n_ctx {n_ctx}"
+        typer.echo(f"ok: {where}, policy {policy}, roles: {', '.join(roles) or 'none'}")
         return
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     from magnitude_tui.agents import RoleBook, agents_path
@@ -209,7 +214,7 @@ def generate(
     device: str = DeviceOpt,
     policy: str = PolicyOpt,
     spec: str = SpecOpt,
-    n_ctx: int = CtxOpt,
+    n_ctx: Optional[int] = CtxOpt,
     stream: bool = typer.Option(False, "--stream", help="Print text as it streams (interleaved)."),
     json_out: bool = typer.Option(False, "--json", metavar=" ", help="Print the answers and figures as one "
                                   "JSON document on stdout (progress goes to stderr)."),
@@ -252,6 +257,7 @@ def generate(
         from magnitude_tui import preflight
 
         try:
+            n_ctx = preflight.check_context(n_ctx, model_path)
             preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens)
             preflight.check_policy(policy)
             spec_mode = preflight.check_spec(spec, draft_model)
@@ -275,7 +281,7 @@ def serve(
     device: str = DeviceOpt,
     policy: str = PolicyOpt,
     spec: str = SpecOpt,
-    n_ctx: int = CtxOpt,
+    n_ctx: Optional[int] = CtxOpt,
     parallel: int = typer.Option(16, "--parallel", "-np", min=1, max=64, help="Sequences in the shared batch."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads, fixed (default: "
                                           "chosen between steps from measured step times, up to all usable)."),
@@ -297,6 +303,7 @@ def serve(
     import asyncio
 
     from backend.factory import BackendConfig
+    from magnitude_tui import preflight
     from magnitude_tui.engine.client import WorkerClient
     from magnitude_tui.engine.events import EngineConfig
     from magnitude_tui.serve.app import ServeOptions
@@ -305,11 +312,11 @@ def serve(
     from magnitude_tui.serve.lifecycle import Lifecycle, RestartPolicy
     from magnitude_tui.serve.server import ServeConfigError, check_bind, resolve_api_key, serve_async, served_model_name
 
-    if backend_kind == "llama":
-        _check_model(model, draft_model)
-    from magnitude_tui import preflight
-
     try:
+        if backend_kind == "llama":
+            model_path = preflight.check_model(model)
+            preflight.check_draft_model(draft_model, model_path)
+            n_ctx = preflight.check_context(n_ctx, model_path)
         spec_mode = preflight.check_spec(spec, draft_model)
     except preflight.OptionError as exc:
         _fail(str(exc))
@@ -355,7 +362,7 @@ def run_agent(
     model: Optional[str] = ModelOpt,
     device: str = DeviceOpt,
     policy: str = PolicyOpt,
-    n_ctx: int = CtxOpt,
+    n_ctx: Optional[int] = CtxOpt,
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads, fixed."),
     remote: Optional[List[str]] = RemoteOpt,
     remote_model: Optional[str] = RemoteModelOpt,
@@ -373,7 +380,11 @@ def run_agent(
     from magnitude_tui.agents import AgentFileError, agents_path
     from scheduler.types import SamplingParams
 
+    model_path = model
     try:
+        if not remote and backend_kind == "llama":
+            model_path = preflight.check_model(model)
+            n_ctx = preflight.check_context(n_ctx, model_path)
         preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens)
         roles = preflight.check_agents(agents)
         file_config = load_agent_config(agents or agents_path())
@@ -387,7 +398,7 @@ def run_agent(
     else:
         from magnitude_tui.generate import local_client
 
-        client = local_client(16, model=_check_model(model) if backend_kind == "llama" else model, device=device,
+        client = local_client(16, model=model_path, device=device,
                               policy=policy, n_ctx=n_ctx, verbose=verbose, backend=backend_kind, threads=threads)
     opts = RunOptions(task, workdir, role, policy_choice, json_out, max_turns,
                       SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed))

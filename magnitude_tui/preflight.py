@@ -7,16 +7,21 @@ as a log path on the loading view; here each one is a single line on stderr and 
 from __future__ import annotations
 
 import math
+import os
 import re
+import struct
 from pathlib import Path
 
-from backend.model_file import ModelFileError, check_gguf, default_model_path
+from backend.model_file import GGUF_MAGIC, ModelFileError, _Reader, _Truncated, check_gguf, default_model_path
 from magnitude_tui.agents import AgentFileError, AgentSettings, load_agents
 
 # llama.cpp pads a context to a multiple of 256 cells; a smaller or unpadded size would be
 # changed behind the user's back (--n-ctx 64 became 256), so such a size is refused instead.
 CTX_STEP = 256
 MIN_N_CTX = CTX_STEP
+# The context when --ctx is left out (BackendConfig's llama default), lowered to the model's
+# trained context when that is smaller.
+DEFAULT_N_CTX = 8192
 
 
 class OptionError(ValueError):
@@ -31,6 +36,52 @@ def check_model(model: str | None) -> str:
     except ModelFileError as exc:
         raise OptionError(f"--model: {exc}") from None
     return path
+
+
+def trained_context(path: str) -> int | None:
+    """The context the model was trained on (`<arch>.context_length` in its GGUF header; None when
+    the header does not say). Pure Python, reading only the metadata: llama.cpp's vocab-only load
+    leaves the hyperparameters unread."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            r = _Reader(f, size)
+            if f.read(4) != GGUF_MAGIC:
+                return None
+            r.unpack("I")  # version
+            r.unpack("Q")  # tensors
+            n_kv = r.unpack("Q")
+            if n_kv > size:
+                return None
+            arch, lengths = None, {}
+            for _ in range(n_kv):
+                key = r.string()
+                value = r.skip_value(r.unpack("I"))
+                if key == b"general.architecture" and isinstance(value, bytes):
+                    arch = value
+                elif key.endswith(b".context_length") and isinstance(value, int) and value > 0:
+                    lengths[key] = value
+    except (OSError, ValueError, struct.error, _Truncated):
+        return None
+    return lengths.get(arch + b".context_length") if arch is not None else None
+
+
+def check_context(n_ctx: int | None, model_path: str) -> int:
+    """The context size to create: --ctx as given, or the default lowered to the model's trained
+    context. A --ctx beyond the trained context is refused: llama.cpp allocates (and clears) the
+    KV cache for every cell at load, so --ctx 10000000 would take hundreds of GB before the first
+    token, and the model's positions past its training are not usable anyway."""
+    trained = trained_context(model_path)
+    if trained is None:
+        return DEFAULT_N_CTX if n_ctx is None else n_ctx
+    largest = max(MIN_N_CTX, trained // CTX_STEP * CTX_STEP)
+    if n_ctx is None:
+        return min(DEFAULT_N_CTX, largest)
+    if n_ctx > trained:
+        raise OptionError(f"--n-ctx: {n_ctx:,} is more than {os.path.basename(model_path)} was trained on "
+                          f"({trained:,} tokens; llama.cpp would allocate the KV cache for all of them at "
+                          f"load); pass --n-ctx {largest} or less")
+    return n_ctx
 
 
 def check_draft_model(draft_model: str | None, model_path: str) -> None:
@@ -99,10 +150,12 @@ def check_theme(theme: str | None, available: list[str]) -> None:
         raise OptionError(f"--theme: unknown theme {theme!r}; choose from {', '.join(available)}")
 
 
-def check_numbers(*, n_ctx: int, threads: int | None, temperature: float, max_tokens: int) -> None:
-    if n_ctx < MIN_N_CTX:
+def check_numbers(*, n_ctx: int | None, threads: int | None, temperature: float, max_tokens: int) -> None:
+    if n_ctx is None:
+        pass  # the default (check_context)
+    elif n_ctx < MIN_N_CTX:
         raise OptionError(f"--n-ctx: {n_ctx} is too small; the smallest context is {MIN_N_CTX} tokens")
-    if n_ctx % CTX_STEP:
+    elif n_ctx % CTX_STEP:
         up = -(-n_ctx // CTX_STEP) * CTX_STEP
         raise OptionError(f"--n-ctx: {n_ctx} is not a multiple of {CTX_STEP} (llama.cpp would round "
                           f"it up to {up}); pass --n-ctx {up}")

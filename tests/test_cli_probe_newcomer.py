@@ -1,0 +1,108 @@
+"""A newcomer's first day on the command line: options that would hang, exhaust the machine or
+fail only after the engine started are refused before anything loads, in one line, exit 2."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import magnitude_tui.app
+import magnitude_tui.engine.client
+import magnitude_tui.generate
+from backend.model_file import default_model_path
+from magnitude_tui import preflight
+from magnitude_tui.cli import app
+from tests.needs import need_real_model
+
+
+def _string(text: str) -> bytes:
+    data = text.encode()
+    return struct.pack("<Q", len(data)) + data
+
+
+def gguf_trained_on(path: Path, context_length: int) -> Path:
+    """A valid GGUF v3 file whose header says the model was trained on `context_length` tokens."""
+    header = b"GGUF" + struct.pack("<IQQ", 3, 1, 3)
+    header += _string("general.architecture") + struct.pack("<I", 8) + _string("llama")
+    header += _string("llama.context_length") + struct.pack("<II", 4, context_length)
+    header += _string("general.alignment") + struct.pack("<II", 4, 32)
+    header += _string("weights") + struct.pack("<I", 1) + struct.pack("<Q", 64)
+    header += struct.pack("<IQ", 0, 0)  # F32 at offset 0 of the data section
+    header += b"\0" * (-len(header) % 32)
+    path.write_bytes(header + struct.pack("<64f", *range(64)))
+    return path
+
+
+class Started:
+    """Records every engine or app start the commands attempt (none may happen on a refusal)."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.calls: list[tuple[str, object]] = []
+        monkeypatch.setattr(magnitude_tui.app, "run_app", lambda config, **kw: self.calls.append(("app", config)))
+        monkeypatch.setattr(magnitude_tui.generate, "local_client",
+                            lambda *a, **kw: self._refuse_start(("local_client", kw)))
+        monkeypatch.setattr(magnitude_tui.engine.client, "WorkerClient",
+                            lambda config, **kw: self._refuse_start(("worker", config)))
+
+    def _refuse_start(self, call):
+        self.calls.append(call)
+        raise SystemExit(99)  # the command got as far as starting an engine
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def _assert_one_line_refusal(result, started: Started, *needles: str) -> str:
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert not started.calls, f"an engine or the app was started: {started.calls}"
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.output
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+# ---- --ctx beyond the model's trained context ----------------------------------------------------
+
+@pytest.mark.parametrize("command", [[], ["generate", "hi"], ["run", "hi"], ["serve"]])
+@pytest.mark.parametrize("ctx", ["10000000", "4096"])
+def test_a_context_beyond_the_trained_one_is_refused_before_anything_loads(monkeypatch, tmp_path, command, ctx):
+    # --ctx 10000000 used to reach llama.cpp, which allocates and clears the whole KV cache at
+    # load (230 GB for SmolLM2): "could not create a context" after the TUI opened at best, the
+    # machine swapping or killed by the OOM killer at worst.
+    model = str(gguf_trained_on(tmp_path / "m.gguf", 2048))
+    started = Started(monkeypatch)
+    result = _invoke(*command, "--model", model, "--ctx", ctx)
+    _assert_one_line_refusal(result, started, "--n-ctx", "2,048", "--n-ctx 2048 or less")
+
+
+def test_the_trained_context_itself_is_accepted(monkeypatch, tmp_path):
+    model = str(gguf_trained_on(tmp_path / "m.gguf", 2048))
+    started = Started(monkeypatch)
+    result = _invoke("--model", model, "--ctx", "2048")
+    assert result.exit_code == 0, result.output
+    assert started.calls[0][1].backend.n_ctx == 2048
+
+
+@pytest.mark.parametrize("trained, expected", [(2048, 2048), (1000, 768), (32768, 8192)])
+def test_the_default_context_is_lowered_to_the_trained_one(monkeypatch, tmp_path, trained, expected):
+    model = str(gguf_trained_on(tmp_path / "m.gguf", trained))
+    started = Started(monkeypatch)
+    result = _invoke("--model", model)
+    assert result.exit_code == 0, result.output
+    assert started.calls[0][1].backend.n_ctx == expected
+    result = _invoke("--model", model, "--check")
+    assert f"n_ctx {expected}," in result.stdout
+
+
+def test_the_real_models_trained_context_bounds_ctx(monkeypatch):
+    need_real_model()
+    assert preflight.trained_context(default_model_path()) == 8192
+    started = Started(monkeypatch)
+    line = _assert_one_line_refusal(_invoke("generate", "hi", "--ctx", "10000000"), started, "8,192")
+    assert "--n-ctx 8192 or less" in line
