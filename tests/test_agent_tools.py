@@ -65,6 +65,28 @@ def test_read_file_streams_a_huge_file_holding_only_the_lines_shown(ws):
     assert peak < 2_000_000, peak  # the whole file read and split held over 60 MB
 
 
+def test_read_file_holds_only_what_it_shows_of_a_huge_line_and_says_how_to_see_the_rest(ws):
+    # A 30 MB line (a minified bundle, a one-line JSON dump) was read and decoded whole to show
+    # its first 64,000 characters, and the result said "read a smaller range", which for one
+    # line cannot help: the model asked for line 1 again and got the same.
+    with open(ws.root / "bundle.min.js", "w") as f:
+        f.write("x" * 30_000_000 + "\nsecond line\n")
+    tracemalloc.start()
+    try:
+        r = FileTools(ws).read_file({"path": "bundle.min.js"})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert r.ok and r.text.startswith("bundle.min.js (lines 1-1 of 2):\nxxx"), r.text[:100]
+    assert "line 1 alone is 30,000,001 bytes long" in r.text and "cut -c 64001-128000" in r.text
+    assert "smaller range" not in r.text and len(r.text) < ws.limits.read_chars + 300
+    assert peak < 2_000_000, peak
+    # Cut across lines: the header names the lines shown, and the note where to read on.
+    (ws.root / "many.txt").write_text(("a" * 999 + "\n") * 200)
+    r = run(ws, "read_file", path="many.txt")
+    assert r.text.startswith("many.txt (lines 1-64 of 200):") and r.text.endswith("read on with start_line=65]")
+
+
 def test_list_dir_marks_directories(ws):
     r = run(ws, "list_dir", path=".")
     assert r.ok and "src/" in r.text.splitlines() and "notes.txt" in r.text.splitlines()

@@ -9,6 +9,7 @@ import errno
 import os
 import re
 import secrets
+import shlex
 import stat
 import time
 from pathlib import Path, PurePosixPath
@@ -21,6 +22,7 @@ from magnitude_tui.agent.workspace import OutsideRoot, Workspace
 
 _STR = {"type": "string"}
 _SURROGATE = re.compile("[\ud800-\udfff]")  # os.listdir's stand-ins for bytes that are not UTF-8
+_PIECE = 1 << 16  # read_file reads a line in pieces of at most this many bytes
 _INT = {"type": "integer", "minimum": 1}
 
 
@@ -92,18 +94,29 @@ class FileTools:
         start = max(1, int(args.get("start_line") or 1))
         want_end = int(args.get("end_line") or 0)  # 0: to the last line
         limits = self.ws.limits
-        # Streamed line by line: only the lines shown are kept (a multi-gigabyte log is counted,
-        # never held), and lines are what grep and editors count (ended by \n).
+        # Streamed line by line, each line in pieces: only what can be shown is kept (a multi-gigabyte
+        # log is counted, never held, and so is a line of hundreds of megabytes, a minified bundle),
+        # and lines are what grep and editors count (ended by \n).
+        keep_bytes = 4 * limits.read_chars + 4  # a character is at most 4 bytes of UTF-8
         shown: list[str] = []
+        lengths: list[int] = []  # each shown line's length in bytes
         chars, total = 0, 0
         with path.open("rb") as f:
             _refuse_binary(f.read(4096))
             f.seek(0)
-            for total, raw in enumerate(f, 1):
-                if start <= total < start + limits.read_lines and (not want_end or total <= want_end) \
-                        and chars <= limits.read_chars:
-                    line = raw.decode("utf-8", errors="replace")
+            while raw := f.readline(_PIECE):
+                total += 1
+                wanted = start <= total < start + limits.read_lines and (not want_end or total <= want_end) \
+                    and chars <= limits.read_chars
+                kept, length = raw if wanted else b"", len(raw)
+                while not raw.endswith(b"\n") and (raw := f.readline(_PIECE)):
+                    length += len(raw)
+                    if wanted and len(kept) < keep_bytes:
+                        kept += raw
+                if wanted:
+                    line = kept[:keep_bytes].decode("utf-8", errors="replace")
                     shown.append(line)
+                    lengths.append(length)
                     chars += len(line)
         end = min(total, want_end or total)
         if start > max(1, total) or end < start and total:
@@ -113,7 +126,19 @@ class FileTools:
         cut = ""
         if len(body) > limits.read_chars:
             body = body[:limits.read_chars]
-            cut = f"\n[cut at {limits.read_chars} characters; read a smaller range]"
+            at, before = start, 0  # the line the cut falls in, and the characters before it
+            for line in shown:
+                if before + len(line) > limits.read_chars:
+                    break
+                at, before = at + 1, before + len(line)
+            end = at if before < limits.read_chars else at - 1  # the last line shown, whole or in part
+            if at == start:  # one line longer than a call may show: a smaller range cannot help
+                cut = (f"\n[cut at {limits.read_chars:,} characters: line {at} alone is {lengths[0]:,} bytes long; "
+                       f"see the rest of it with run_command, e.g. sed -n {at}p {shlex.quote(rel)} | "
+                       f"cut -c {limits.read_chars + 1}-{2 * limits.read_chars}]")
+            else:
+                cut = (f"\n[cut at {limits.read_chars:,} characters, in line {at}; read on with "
+                       f"start_line={at}]")
         elif end < asked_end:
             cut = f"\n[lines {end + 1}-{asked_end} not shown; ask for them with start_line]"
         return ToolResult(f"{rel} (lines {start}-{end} of {total}):\n{body}{cut}")
