@@ -12,6 +12,7 @@ import re
 import struct
 from pathlib import Path
 
+from backend import usable_cpus
 from backend.model_file import GGUF_MAGIC, ModelFileError, _Reader, _Truncated, check_gguf, default_model_path
 from magnitude_tui.agents import AgentFileError, AgentSettings, load_agents
 
@@ -161,6 +162,12 @@ def check_numbers(*, n_ctx: int | None, threads: int | None, temperature: float,
                           f"it up to {up}); pass --n-ctx {up}")
     if threads is not None and threads < 1:
         raise OptionError(f"--threads: {threads} is not a thread count; use 1 or more (or leave it out)")
+    if threads is not None and threads > (cpus := usable_cpus()):
+        # ggml's threads meet at a spinning barrier after every operation: threads beyond the
+        # CPUs wait for each other all the time (--threads 1000 on 2 CPUs never finished loading).
+        raise OptionError(f"--threads: {threads} is more than the {cpus} CPU{'s' if cpus > 1 else ''} this "
+                          f"process may use, and extra threads only wait for each other at every step; "
+                          f"pass --threads {cpus} or less (or leave it out)")
     if not (temperature >= 0 and math.isfinite(temperature)):
         raise OptionError(f"--temperature: {temperature} is not allowed; use 0 (greedy) or more")
     if max_tokens < 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 import magnitude_tui.app
+import magnitude_tui.preflight
 from magnitude_tui.cli import app
 from scheduler.types import SamplingParams
 from tests.gguf_files import tiny_gguf
@@ -24,6 +25,7 @@ def test_replies_are_sampled_by_default_and_the_options_reach_the_app(monkeypatc
     assert result.exit_code == 0, result.output
     assert seen["sampling"] == SamplingParams(temperature=0.7, max_tokens=512, seed=None)
     assert seen["config"].backend.n_threads >= 1 and seen["resume"] is False
+    monkeypatch.setattr(magnitude_tui.preflight, "usable_cpus", lambda: 4)  # --threads 3 fits on any machine
     result, seen = _launch(monkeypatch, "--temperature", "0", "--max-tokens", "99", "--seed", "7",
                            "--policy", "fixed:64", "--threads", "3", "--resume", tmp_path=tmp_path)
     assert result.exit_code == 0, result.output

@@ -106,3 +106,25 @@ def test_the_real_models_trained_context_bounds_ctx(monkeypatch):
     started = Started(monkeypatch)
     line = _assert_one_line_refusal(_invoke("generate", "hi", "--ctx", "10000000"), started, "8,192")
     assert "--n-ctx 8192 or less" in line
+
+
+# ---- --threads beyond the CPUs -------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [[], ["generate", "hi"], ["run", "hi"]])
+def test_more_threads_than_cpus_are_refused(monkeypatch, tmp_path, command):
+    # --threads 1000 on 2 CPUs was accepted, and `generate` then printed nothing for minutes:
+    # ggml's threads spin at a barrier after every operation, 500 of them per core.
+    model = str(gguf_trained_on(tmp_path / "m.gguf", 2048))
+    monkeypatch.setattr(preflight, "usable_cpus", lambda: 2)
+    started = Started(monkeypatch)
+    result = _invoke(*command, "--model", model, "--threads", "1000")
+    _assert_one_line_refusal(result, started, "--threads", "1000", "2 CPUs", "--threads 2 or less")
+
+
+def test_as_many_threads_as_cpus_are_accepted(monkeypatch, tmp_path):
+    model = str(gguf_trained_on(tmp_path / "m.gguf", 2048))
+    monkeypatch.setattr(preflight, "usable_cpus", lambda: 2)
+    started = Started(monkeypatch)
+    result = _invoke("--model", model, "--threads", "2")
+    assert result.exit_code == 0, result.output
+    assert started.calls[0][1].backend.n_threads == 2
