@@ -27,7 +27,7 @@ def pane_markdown(pane: ChatPane) -> str:
         if m.others:
             marks += f" (answer {m.shown + 1} of {len(m.others) + 1}, the one sent on)"
         if m.call is not None:  # an agent's tool result
-            how = f"{'ok' if m.ok else 'failed'}, {m.duration_s:.1f} s"
+            how = ("ok" if m.ok else "failed") + ("" if m.duration_s is None else f", {m.duration_s:.1f} s")
             lines += [f"## tool result: `{m.call.name}` ({how}){marks}", "", _fenced(m.content), ""]
             continue
         who = f"{m.author} (subagent answer)" if m.author else m.role

@@ -112,7 +112,7 @@ class MessageRecord:
     tool_calls: tuple[ToolCall, ...] = ()
     call: ToolCall | None = None
     ok: bool = True
-    duration_s: float = 0.0
+    duration_s: float | None = 0.0  # None: not known here (an API caller ran the tool)
     approval_wait_s: float | None = None
 
     @property
@@ -126,10 +126,21 @@ class MessageRecord:
         return Message(self.role, self.content, tool_calls=self.tool_calls)
 
     @classmethod
-    def from_message(cls, m: Message, **kw) -> "MessageRecord":
-        """A record of a message sent to the model (a tool result's arguments are not in it)."""
-        call = ToolCall(m.tool_call_id or "", m.name or "", "") if m.role == "tool" else None
+    def from_message(cls, m: Message, calls: dict[str, ToolCall] | None = None, **kw) -> "MessageRecord":
+        """A record of a message sent to the model; a tool result's call is looked up in `calls`
+        (by id: the calls of the turns before it), else it has the name only."""
+        call = None
+        if m.role == "tool":
+            call = (calls or {}).get(m.tool_call_id or "") or ToolCall(m.tool_call_id or "", m.name or "", "")
         return cls(m.role, m.content, tool_calls=m.tool_calls, call=call, **kw)
+
+    @classmethod
+    def from_messages(cls, messages, **kw) -> list["MessageRecord"]:
+        """Records of a conversation sent to the model (an API caller's history), each tool
+        result with the call it answers; how long a tool ran is not known (the caller ran it)."""
+        calls = {c.id: c for m in messages for c in m.tool_calls}
+        return [cls.from_message(m, calls, duration_s=None, **kw) if m.role == "tool"
+                else cls.from_message(m, **kw) for m in messages]
 
     @property
     def answers(self) -> list[str]:
@@ -426,7 +437,7 @@ class Store:
         return [MessageRecord(r[0], r[1], bool(r[2]), r[3], r[4], bool(r[5]), r[6],
                               json.loads(r[7]) if r[7] else [], r[8] or 0, tool_calls=_calls(r[9]),
                               call=next(iter(_calls(r[10], one=True)), None), ok=r[11] is None or bool(r[11]),
-                              duration_s=r[12] or 0.0, approval_wait_s=r[13]) for r in rows]
+                              duration_s=r[12] if r[10] else 0.0, approval_wait_s=r[13]) for r in rows]
 
     # ---- settings -----------------------------------------------------------------------------
 

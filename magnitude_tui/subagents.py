@@ -109,7 +109,7 @@ class Subagents:
             name = next_name(f"{parent.record.name}.", used)
             used.add(name)
             task = tasks[i] if tasks else spec.task
-            messages = [MessageRecord.from_message(m, inherited=True) for m in context]
+            messages = MessageRecord.from_messages(context, inherited=True)
             messages.append(MessageRecord("user", f"You are subagent {name}. Your task: {task}"))
             record = PaneRecord(uuid.uuid4().hex[:12], name, "subagent", parent.session_id, task,
                                 host.pane_count(), messages, settings)

@@ -32,7 +32,7 @@ class ApiPanes:
         # after this call returns, so the n choices of one call would all take the same title.
         panes = ws.panes_by_session()
         pane = panes.get(request.session_id)
-        incoming = [MessageRecord(m.role, m.content) for m in request.messages]
+        incoming = MessageRecord.from_messages(request.messages)  # a tool result shows as its call's block
         if pane is None:
             if len(panes) >= MAX_PANES:
                 self._unpaned[request.session_id] = client_name  # the grid is full: a row only

@@ -63,7 +63,7 @@ class ToolBlock(Static):
     """
     BINDINGS = [("enter", "unfold", "Unfold")]
 
-    def __init__(self, agent: str, name: str, arguments: str, duration_s: float, result: str, ok: bool,
+    def __init__(self, agent: str, name: str, arguments: str, duration_s: float | None, result: str, ok: bool,
                  *, panes: tuple[str, ...] = (), approval_wait_s: float | None = None) -> None:
         super().__init__("", markup=False, classes="" if ok else "-failed")
         self.agent = agent
@@ -79,8 +79,8 @@ class ToolBlock(Static):
     def summary(self) -> str:
         mark = "✓" if self.ok else "✗"
         waited = "" if self.approval_wait_s is None else f"waited {fmt_elapsed(self.approval_wait_s)} for approval · "
-        line = (f"{mark} {self.tool}({one_line_args(self.arguments)}) · {fmt_elapsed(self.duration_s)} · "
-                f"{waited}{fmt_count(len(self.result))} chars")
+        ran = "" if self.duration_s is None else f"{fmt_elapsed(self.duration_s)} · "  # None: run elsewhere
+        line = f"{mark} {self.tool}({one_line_args(self.arguments)}) · {ran}{waited}{fmt_count(len(self.result))} chars"
         if self.panes:
             line += f" · answers from {', '.join(self.panes)}"
         return line
