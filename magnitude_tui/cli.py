@@ -312,11 +312,16 @@ def serve(
     from magnitude_tui.serve.lifecycle import Lifecycle, RestartPolicy
     from magnitude_tui.serve.server import ServeConfigError, check_bind, resolve_api_key, serve_async, served_model_name
 
+    # The app's checks, before the port opens: found by the engine worker, a bad --device or
+    # --policy ended serve after "loading the engine", and --ctx 0 or 300 silently became 8192 or 512.
     try:
         if backend_kind == "llama":
             model_path = preflight.check_model(model)
             preflight.check_draft_model(draft_model, model_path)
             n_ctx = preflight.check_context(n_ctx, model_path)
+            preflight.check_device(device)
+        preflight.check_numbers(n_ctx=n_ctx, threads=threads)
+        preflight.check_policy(policy)
         spec_mode = preflight.check_spec(spec, draft_model)
     except preflight.OptionError as exc:
         _fail(str(exc))

@@ -151,7 +151,7 @@ def check_theme(theme: str | None, available: list[str]) -> None:
         raise OptionError(f"--theme: unknown theme {theme!r}; choose from {', '.join(available)}")
 
 
-def check_numbers(*, n_ctx: int | None, threads: int | None, temperature: float, max_tokens: int) -> None:
+def check_numbers(*, n_ctx: int | None, threads: int | None, temperature: float = 0.0, max_tokens: int = 1) -> None:
     if n_ctx is None:
         pass  # the default (check_context)
     elif n_ctx < MIN_N_CTX:

@@ -128,3 +128,28 @@ def test_as_many_threads_as_cpus_are_accepted(monkeypatch, tmp_path):
     result = _invoke("--model", model, "--threads", "2")
     assert result.exit_code == 0, result.output
     assert started.calls[0][1].backend.n_threads == 2
+
+
+# ---- serve checks what the app checks ------------------------------------------------------------
+
+@pytest.mark.parametrize("args, says", [
+    (["--ctx", "0"], "the smallest context is 256"),   # became 8192 without a word
+    (["--ctx", "300"], "--n-ctx 512"),                  # became 512 without a word
+    (["--device", "bogus"], "unknown device 'bogus'"),  # found by the worker, after the port opened
+    (["--policy", "bogus"], "unknown scheduling policy 'bogus'"),
+    (["--threads", "1000"], "--threads"),
+])
+def test_serve_refuses_bad_options_before_the_engine_starts(monkeypatch, tmp_path, args, says):
+    model = str(gguf_trained_on(tmp_path / "m.gguf", 2048))
+    monkeypatch.setattr(preflight, "usable_cpus", lambda: 2)
+    started = Started(monkeypatch)
+    result = _invoke("serve", "--model", model, "--port", "9", *args)
+    _assert_one_line_refusal(result, started, says)
+
+
+def test_serve_with_good_options_starts_its_engine(monkeypatch, tmp_path):
+    model = str(gguf_trained_on(tmp_path / "m.gguf", 2048))
+    started = Started(monkeypatch)
+    result = _invoke("serve", "--model", model, "--port", "9", "--ctx", "1024", "--policy", "fixed:16")
+    assert result.exit_code == 99 and started.calls[0][0] == "worker", result.output
+    assert started.calls[0][1].backend.n_ctx == 1024
