@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import sys
 import time
 import tracemalloc
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +87,44 @@ def test_read_file_holds_only_what_it_shows_of_a_huge_line_and_says_how_to_see_t
     (ws.root / "many.txt").write_text(("a" * 999 + "\n") * 200)
     r = run(ws, "read_file", path="many.txt")
     assert r.text.startswith("many.txt (lines 1-64 of 200):") and r.text.endswith("read on with start_line=65]")
+
+
+def test_odd_paths_get_errors_that_say_what_the_path_is_and_what_to_do(ws, monkeypatch):
+    # They read "src is not a file" for a directory and a missing file alike, "it is a binary
+    # file" without naming it, and an unreadable file as "[Errno 13] Permission denied:
+    # '/abs/path'"; a small model then retried the same call.
+    os.mkfifo(ws.root / "events.fifo")
+    (ws.root / "blob.bin").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR")
+    (ws.root / "locked.txt").write_text("private\n")
+    expected = [
+        ("read_file", {"path": "src"}, "error: src is a directory; list it with list_dir"),
+        ("read_file", {"path": "nope.txt"}, "error: nope.txt does not exist"),
+        ("read_file", {"path": "events.fifo"}, "error: events.fifo is a named pipe, not a regular file"),
+        ("read_file", {"path": "blob.bin"}, "error: blob.bin is a binary file"),
+        ("read_file", {"path": "bad\ufffdname.txt"}, "is not UTF-8 on disk and cannot be named here"),
+        ("list_dir", {"path": "notes.txt"}, "error: notes.txt is not a directory; read it with read_file"),
+        ("list_dir", {"path": "nope"}, "error: nope does not exist"),
+        ("edit_file", {"path": "nope.txt", "old_text": "a", "new_text": "b"},
+         "error: nope.txt does not exist; create it with write_file"),
+        ("edit_file", {"path": "src", "old_text": "a", "new_text": "b"}, "error: src is a directory"),
+        ("write_file", {"path": "src", "content": "x"}, "error: src is a directory"),
+        ("write_file", {"path": "blob.bin", "content": "x"}, "error: blob.bin is a binary file"),
+    ]
+    for name, args, start in expected:
+        r = run(ws, name, **args)
+        assert not r.ok and (r.text.startswith(start) or start in r.text), (name, args, r.text)
+    # Root reads every file whatever its mode, so the refusal is the OS's, as a user would meet it.
+    real_open = Path.open
+
+    def no_read(self, *a, **kw):
+        if self.name == "locked.txt":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real_open(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "open", no_read)
+    r = run(ws, "read_file", path="locked.txt")
+    assert not r.ok and r.text == "error: locked.txt: Permission denied"
+    assert str(ws.root) not in r.text
 
 
 def test_list_dir_marks_directories(ws):

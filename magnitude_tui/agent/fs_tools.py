@@ -34,18 +34,42 @@ def unified_diff(rel: str, old: str | None, new: str) -> str:
     return out or f"(no change to {rel})\n"
 
 
-def _read_text(path: Path, *, exact: bool = False) -> str:
-    """A regular file's text. `exact`: it must be UTF-8, since the text is written back (an edit),
-    and undecodable bytes read as U+FFFD would be written back changed."""
-    if not path.is_file():  # a named pipe or a device would block, or never end
-        raise ValueError(f"{path.name} is not a regular file")
+def _not_a_file(path: Path, rel: str) -> str | None:
+    """Why `path` is not a regular file the tools can read, said so the model knows what to do
+    instead; None when it is one."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        why = f"{rel} does not exist"
+        if "\ufffd" in rel:
+            why += (" (a name list_dir shows with \ufffd is not UTF-8 on disk and cannot be named here: use "
+                    "run_command with a glob)")
+        return why
+    except OSError as e:
+        return f"{rel}: {e.strerror}"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return f"{rel} is a directory; list it with list_dir"
+    kind = ("a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+    return f"{rel} is {kind}, not a regular file; the file tools read and write regular files only"
+
+
+def _read_text(path: Path, *, rel: str | None = None, exact: bool = False) -> str:
+    """A regular file's text (`rel`: its name in messages). `exact`: it must be UTF-8, since the
+    text is written back (an edit), and undecodable bytes read as U+FFFD would be written back changed."""
+    rel = rel or path.name
+    why = _not_a_file(path, rel)  # a named pipe or a device would block, or never end
+    if why is not None:
+        raise ValueError(why)
     data = path.read_bytes()
-    _refuse_binary(data[:4096])
+    _refuse_binary(data[:4096], rel)
     if exact:
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ValueError(f"{path.name} is not UTF-8 text (byte {e.start}); edit_file would change its other "
+            raise ValueError(f"{rel} is not UTF-8 text (byte {e.start}); edit_file would change its other "
                              "non-UTF-8 bytes too. Use run_command, or write_file to replace it whole") from None
     return data.decode("utf-8", errors="replace")
 
@@ -77,11 +101,10 @@ class FileTools:
                       ToolKind.WRITE, self._async(self.write_file), self.write_preview),
         ]
 
-    @staticmethod
-    def _async(fn):
+    def _async(self, fn):
         async def run(args: dict) -> ToolResult:
             # File work off the event loop: a large search must not freeze the panes.
-            return await asyncio.to_thread(_guarded, fn, args)
+            return await asyncio.to_thread(_guarded, fn, args, self.ws.root)
         return run
 
     # ---- reading ------------------------------------------------------------------------------
@@ -89,8 +112,9 @@ class FileTools:
     def read_file(self, args: dict) -> ToolResult:
         path = self.ws.resolve(args["path"])
         rel = self.ws.relative(path)
-        if not path.is_file():
-            return ToolResult.failed(f"{rel} is not a file")
+        why = _not_a_file(path, rel)
+        if why is not None:
+            return ToolResult.failed(why)
         start = max(1, int(args.get("start_line") or 1))
         want_end = int(args.get("end_line") or 0)  # 0: to the last line
         limits = self.ws.limits
@@ -102,7 +126,7 @@ class FileTools:
         lengths: list[int] = []  # each shown line's length in bytes
         chars, total = 0, 0
         with path.open("rb") as f:
-            _refuse_binary(f.read(4096))
+            _refuse_binary(f.read(4096), rel)
             f.seek(0)
             while raw := f.readline(_PIECE):
                 total += 1
@@ -147,7 +171,9 @@ class FileTools:
         path = self.ws.resolve(args.get("path") or ".")
         rel = self.ws.relative(path)
         if not path.is_dir():
-            return ToolResult.failed(f"{rel} is not a directory")
+            why = _not_a_file(path, rel)
+            return ToolResult.failed(why if why is not None and " does not exist" in why
+                                     else f"{rel} is not a directory" + ("; read it with read_file" if why is None else ""))
         entries = sorted(path.iterdir(), key=lambda p: p.name)
         cap = self.ws.limits.list_entries
         names = [p.name + ("/" if p.is_dir() else "") for p in entries[:cap]]
@@ -211,14 +237,11 @@ class FileTools:
         path = self.ws.resolve(args["path"])
         rel = self.ws.relative(path)
         if "content" in args:
-            if path.is_dir():
-                raise ValueError(f"{rel} is a directory")
-            if path.exists() and not path.is_file():
-                raise ValueError(f"{rel} is not a regular file")
-            return path, rel, _read_text(path) if path.exists() else None, args["content"]
-        if not path.is_file():
-            raise ValueError(f"{rel} is not a file")
-        old, find, repl = _read_text(path, exact=True), args["old_text"], args["new_text"]
+            return path, rel, _read_text(path, rel=rel) if path.exists() else None, args["content"]
+        why = _not_a_file(path, rel)
+        if why is not None:
+            raise ValueError(why + ("; create it with write_file" if " does not exist" in why else ""))
+        old, find, repl = _read_text(path, rel=rel, exact=True), args["old_text"], args["new_text"]
         if not find:
             raise ValueError("old_text is empty; quote the exact text to replace")
         count = old.count(find)
@@ -229,7 +252,7 @@ class FileTools:
         return path, rel, old, old.replace(find, repl, 1)
 
     def edit_preview(self, args: dict) -> str | ToolResult:
-        return _guarded(lambda a: unified_diff(*self._edited(a)[1:]), args)
+        return _guarded(lambda a: unified_diff(*self._edited(a)[1:]), args, self.ws.root)
 
     write_preview = edit_preview
 
@@ -289,9 +312,10 @@ def write_whole(path: Path, text: str) -> None:
         raise
 
 
-def _refuse_binary(head: bytes) -> None:
+def _refuse_binary(head: bytes, rel: str) -> None:
     if b"\0" in head:
-        raise ValueError("it is a binary file")
+        raise ValueError(f"{rel} is a binary file (a NUL byte in its first 4 KiB); the file tools read text only: "
+                         "inspect it with run_command (file, xxd | head)")
 
 
 def _lines(text: str) -> list[str]:
@@ -313,11 +337,18 @@ def _glob_match(rel: str, glob: str) -> bool:
     return re.fullmatch(pattern, rel) is not None
 
 
-def _guarded(fn, args: dict):
-    """A tool's refusals and failures become its result, never an exception in the loop."""
+def _guarded(fn, args: dict, root: Path):
+    """A tool's refusals and failures become its result, never an exception in the loop. An OS
+    error names its file as the model does, relative to the root ("notes.txt: Permission denied",
+    not "[Errno 13] Permission denied: '/home/.../notes.txt'")."""
     try:
         return fn(args)
     except OutsideRoot as e:
         return ToolResult.refused(str(e))
-    except (OSError, ValueError, UnicodeError) as e:
+    except OSError as e:
+        name = Path(os.fsdecode(e.filename)) if isinstance(e.filename, (str, bytes)) else None
+        if name is not None and e.strerror and (name == root or root in name.parents):
+            return ToolResult.failed(f"{name.relative_to(root).as_posix() or '.'}: {e.strerror}")
+        return ToolResult.failed(str(e))
+    except (ValueError, UnicodeError) as e:
         return ToolResult.failed(str(e))
