@@ -169,7 +169,15 @@ def devices(
     from rich.table import Table
 
     from backend import native
+    from magnitude_tui import preflight
 
+    if attention:  # checked before the table: a bad --device was a DeviceError traceback after it
+        try:
+            model = preflight.check_model(model)
+            preflight.check_device(device)
+            preflight.check_numbers(n_ctx=None, threads=threads)
+        except preflight.OptionError as exc:
+            _fail(str(exc))
     native.init(verbose)
     table = Table(title="devices (ggml backend registry)")
     for col in ("#", "name", "backend", "type", "memory free / total", "description"):
@@ -186,7 +194,6 @@ def devices(
         from backend import usable_cpus
         from backend.factory import BackendConfig, build_backend
 
-        _check_model(model)
         backend = build_backend(BackendConfig("llama", model=model, device=device, verbose=verbose, n_ctx=4096,
                                               n_threads=threads or max(1, usable_cpus() - 1)))
         try:

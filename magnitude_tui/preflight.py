@@ -79,9 +79,9 @@ def check_context(n_ctx: int | None, model_path: str) -> int:
     if n_ctx is None:
         return min(DEFAULT_N_CTX, largest)
     if n_ctx > trained:
-        raise OptionError(f"--n-ctx: {n_ctx:,} is more than {os.path.basename(model_path)} was trained on "
-                          f"({trained:,} tokens; llama.cpp would allocate the KV cache for all of them at "
-                          f"load); pass --n-ctx {largest} or less")
+        raise OptionError(f"--n-ctx: {n_ctx:,} tokens is more than {os.path.basename(model_path)} was trained "
+                          f"on ({trained:,}), and llama.cpp would allocate the KV cache for all {n_ctx:,} at "
+                          f"load; pass --n-ctx {largest} or less")
     return n_ctx
 
 

@@ -153,3 +153,27 @@ def test_serve_with_good_options_starts_its_engine(monkeypatch, tmp_path):
     result = _invoke("serve", "--model", model, "--port", "9", "--ctx", "1024", "--policy", "fixed:16")
     assert result.exit_code == 99 and started.calls[0][0] == "worker", result.output
     assert started.calls[0][1].backend.n_ctx == 1024
+
+
+# ---- devices --attention -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, says", [
+    (["--device", "bogus"], "unknown device 'bogus'"),  # was a DeviceError traceback
+    (["--threads", "1000"], "--threads"),
+    (["--threads", "0"], "--threads"),                  # silently became the default
+    (["--model", "MISSING"], "not found"),              # came after the device table
+])
+def test_devices_attention_refuses_bad_options_before_anything(monkeypatch, tmp_path, args, says):
+    import backend.factory
+
+    built: list = []
+    monkeypatch.setattr(backend.factory, "build_backend", lambda *a, **kw: built.append(a))
+    monkeypatch.setattr(preflight, "usable_cpus", lambda: 2)
+    args = [str(tmp_path / "missing.gguf") if a == "MISSING" else a for a in args]
+    if "--model" not in args:
+        args += ["--model", str(gguf_trained_on(tmp_path / "m.gguf", 2048))]
+    result = _invoke("devices", "--attention", *args)
+    assert result.exit_code == 2 and not built, result.output
+    assert result.stdout == "", "the table came before the refusal"
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert says in result.stderr and result.stderr.startswith("magnitude-tui: ")
