@@ -230,3 +230,27 @@ async def test_a_tool_result_too_big_for_the_context_is_cut_to_fit_and_the_agent
     assert len(shown) < 8192 and "the task" in backend.prompts[-1]
     # The turn asked again is still one turn, its refused attempts recorded with it.
     assert [t.turn for t in out.turns] == [1, 2] and out.turns[1].attempts == len(out.turns[1].retries) + 1 > 1
+
+
+async def test_a_preview_that_raises_is_the_calls_result_and_nothing_runs(root):
+    # A preview runs before anyone is asked; an exception in it (a bug, or an OS surprise such as
+    # a symbolic link loop) went out of the loop and ended the agent, where a run's does not.
+    from magnitude_tui.agent.loop import AgentConfig, AgentLoop
+    from magnitude_tui.agent.policy import ApprovalGate, ToolKind
+    from magnitude_tui.agent.toolbox import AgentTool, ToolResult, function_tool
+
+    ran = []
+
+    async def run(args):
+        ran.append(args)
+        return ToolResult("ran")
+
+    def preview(args):
+        raise RuntimeError("the preview broke")
+
+    tool = AgentTool(function_tool("poke", "Poke.", {"x": {"type": "string"}}, ["x"]), ToolKind.WRITE, run, preview)
+    async with scripted_engine(two_turns(call("poke", x="1"))) as (runner, _, _):
+        loop = AgentLoop(runner, AgentConfig("main", "main"), [tool], ApprovalGate(ApprovePolicy.AUTO, None))
+        out = await loop.run("the task")
+    assert out.ok and not ran
+    assert out.messages[-2].content == "error: poke failed before anyone was asked: RuntimeError: the preview broke"
