@@ -238,3 +238,25 @@ async def test_a_file_name_that_is_not_utf8_is_shown_and_the_run_goes_on(tmp_pat
             listing = [m for m in json.loads(text)["messages"] if m["role"] == "tool"][0]["content"]
             assert "bad\ufffdname.txt" in listing.splitlines()
             assert "not UTF-8" in listing and "ls -l ./bad?name.txt" in listing
+
+
+async def test_symbolic_links_that_loop_are_refused_and_search_goes_past_them(tmp_path):
+    # `a -> b -> a` anywhere in the workspace: Path.resolve raised RuntimeError ("Symlink loop").
+    # write_file's preview, asked before approval, let it out of the loop: `run` ended with a
+    # traceback; read_file failed with the absolute path; every search failed, whatever it looked for.
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    (tmp_path / "ok.txt").write_text("findable\n")
+    calls = [call("write_file", path="a", content="x"), call("edit_file", path="a/x", old_text="p", new_text="q"),
+             call("read_file", path="a"), call("search", pattern="findable"), "done"]
+    replies = iter(calls)
+    out, err = io.StringIO(), io.StringIO()
+    async with scripted_engine(lambda prompt: next(replies)) as (runner, _, _):
+        code = await run_task(RunOptions("t", tmp_path, json_out=True, approve=ApprovePolicy.AUTO), runner,
+                              roles={}, out=out, err=err)
+    assert code == 0, err.getvalue()
+    results = [m["content"] for m in json.loads(out.getvalue())["messages"] if m["role"] == "tool"]
+    for result, path in zip(results[:3], ["a", "a/x", "a"]):
+        assert result == f"refused: '{path}' cannot be followed: a symbolic link on the way loops", result
+    assert results[3] == "ok.txt:1: findable"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "ok.txt"] and os.readlink(tmp_path / "a") == "b"

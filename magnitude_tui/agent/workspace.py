@@ -38,13 +38,16 @@ class Workspace:
 
     def resolve(self, path: str) -> Path:
         """The real path `path` (relative to the root) names: OutsideRoot when it is absolute,
-        climbs above the root with `..`, or leads out through a symbolic link (followed as the OS
-        would, even for a file that does not exist yet)."""
+        climbs above the root with `..`, leads out through a symbolic link (followed as the OS
+        would, even for a file that does not exist yet), or through links that loop."""
         if not isinstance(path, str) or "\0" in path:
             raise OutsideRoot(f"{path!r} is not a usable path")
         if path.startswith("~") or os.path.isabs(path) or PurePosixPath(path).is_absolute():
             raise OutsideRoot(f"{path!r} is absolute; give a path relative to the workspace root")
-        real = (self.root / path).resolve(strict=False)
+        try:
+            real = (self.root / path).resolve(strict=False)
+        except (RuntimeError, OSError):  # Python < 3.13 raises RuntimeError for a link loop
+            raise OutsideRoot(f"{path!r} cannot be followed: a symbolic link on the way loops") from None
         if real != self.root and self.root not in real.parents:
             raise OutsideRoot(f"{path!r} leads outside the workspace root")
         return real
@@ -81,7 +84,10 @@ class Workspace:
                 path = here / name
                 if self._ignored(path, False, ignores):
                     continue
-                real = path.resolve()
+                try:
+                    real = path.resolve()
+                except (RuntimeError, OSError):  # a link loop (`a -> b -> a`): no file to search
+                    continue
                 if real != path and (self.root not in real.parents or not real.is_file()):
                     continue  # a link that leads out (or to no file) is not searched
                 yield path
