@@ -60,7 +60,7 @@ def main(
     api_key_env: Optional[str] = ApiKeyEnvOpt,
     draft_model: Optional[str] = DraftModelOpt,
     agents: Optional[Path] = typer.Option(
-        None, "--agents", help="Agent definitions (TOML: [role] system, temperature, max_tokens; "
+        None, "--agents", help="Agent definitions (TOML: \\[role] system, temperature, max_tokens; "
         "default: agents.toml in the user config directory; read again when it changes)."),
     export_dir: Optional[Path] = typer.Option(
         None, "--export-dir", help="Where f5 and /export write conversations as Markdown (default: "
@@ -157,7 +157,7 @@ def _fail(message: str, code: int = 2) -> None:
 @app.command()
 def devices(
     verbose: bool = VerboseOpt,
-    attention: bool = typer.Option(False, "--attention", help="Also load the model on --device and say which "
+    attention: bool = typer.Option(False, "--attention", metavar=" ", help="Also load the model on --device and say which "
                                    "attention path it runs and why (measured once, then cached)."),
     model: Optional[str] = ModelOpt,
     device: str = DeviceOpt,
@@ -222,7 +222,7 @@ def generate(
     policy: str = PolicyOpt,
     spec: str = SpecOpt,
     n_ctx: Optional[int] = CtxOpt,
-    stream: bool = typer.Option(False, "--stream", help="Print text as it streams (interleaved)."),
+    stream: bool = typer.Option(False, "--stream", metavar=" ", help="Print text as it streams (interleaved)."),
     json_out: bool = typer.Option(False, "--json", metavar=" ", help="Print the answers and figures as one "
                                   "JSON document on stdout (progress goes to stderr)."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads, fixed "
@@ -369,8 +369,8 @@ def run_agent(
     max_tokens: int = typer.Option(1024, "--max-tokens", min=1, help="Longest reply per turn, in tokens."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
     seed: Optional[int] = typer.Option(None, "--seed"),
-    agents: Optional[Path] = typer.Option(None, "--agents", help="Agents file (roles, [mcp.NAME] servers, "
-                                          "[spawn] limits; default: agents.toml in the user config directory)."),
+    agents: Optional[Path] = typer.Option(None, "--agents", help="Agents file (roles, \\[mcp.NAME] servers, "
+                                          "\\[spawn] limits; default: agents.toml in the user config directory)."),
     model: Optional[str] = ModelOpt,
     device: str = DeviceOpt,
     policy: str = PolicyOpt,

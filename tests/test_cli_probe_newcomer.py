@@ -177,3 +177,35 @@ def test_devices_attention_refuses_bad_options_before_anything(monkeypatch, tmp_
     assert result.stdout == "", "the table came before the refusal"
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert says in result.stderr and result.stderr.startswith("magnitude-tui: ")
+
+
+# ---- --help says what the options are -------------------------------------------------------------
+
+def _help(*command: str) -> str:
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _option_line(text: str, option: str) -> str:
+    return next(line for line in text.splitlines() if f"{option} " in line)
+
+
+def test_help_keeps_the_toml_table_names():
+    # Rich markup took [role], [mcp.NAME] and [spawn] for tags and dropped them:
+    # "Agent definitions (TOML:  system, ..." and "Agents file (roles,  servers,  limits; ...".
+    assert "(TOML: [role] system, temperature, max_tokens;" in _option_line(_help(), "--agents")
+    assert "(roles, [mcp.NAME] servers, [spawn] limits;" in _option_line(_help("run"), "--agents")
+
+
+@pytest.mark.parametrize("command", [[], ["devices"], ["generate"], ["serve"], ["run"]])
+def test_no_flag_is_shown_as_taking_a_value(command):
+    import typer.main
+
+    group = typer.main.get_command(app)
+    cmd = group.commands[command[0]] if command else group  # type: ignore[attr-defined]
+    flags = [p.opts[0] for p in cmd.params if getattr(p, "is_flag", False) and p.opts[0] != "--help"]
+    assert flags, "no flags found: the test would check nothing"
+    text = _help(*command)
+    for flag in flags:
+        assert "<bool>" not in _option_line(text, flag), (flag, _option_line(text, flag))
