@@ -213,7 +213,11 @@ async def _run_on_client(opts: RunOptions, client, **kw) -> int:
 
     err: TextIO = kw.get("err") or sys.stderr
     hub = EngineHub(client, callers_see_errors=True)  # whoever runs `run` runs the engine too
-    hub.on_notice = lambda message: err.write(f"warning: {message}\n")
+
+    def warn(message: str) -> None:
+        err.write(f"warning: {message}\n")
+
+    hub.on_notice = warn
     client.start()
     pump = asyncio.create_task(hub.run())
     try:
