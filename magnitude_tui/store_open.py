@@ -175,6 +175,16 @@ def read_only_reason(path: Path) -> str | None:
     return None
 
 
+def _file_in_the_way(path: Path) -> Path | None:
+    """The file that stands where a directory above `path` must be (None: nothing does)."""
+    if str(path) == ":memory:":
+        return None
+    directory = path.parent
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    return directory if directory.exists() and not directory.is_dir() else None
+
+
 def _check_header(path: Path) -> None:
     # Read the header before SQLite does: opening a file that is not a database may make SQLite
     # tidy away a -wal beside it, and nothing of the user's is ever removed.
@@ -187,6 +197,10 @@ def _check_header(path: Path) -> None:
 def _open(path: Path) -> tuple[sqlite3.Connection, int | None]:
     if path.is_dir():
         raise StoreError(f"the database path {path} is a directory; pass a file (it is created if missing)")
+    blocker = _file_in_the_way(path)
+    if blocker is not None:  # SQLite would say only "unable to open database file"
+        raise StoreError(f"cannot create the database {path}: {blocker} is a file, not a directory; "
+                         "move it away (or point the data directory, XDG_DATA_HOME, elsewhere)")
     reason = read_only_reason(path)
     if reason is not None:
         raise _ReadOnly(reason)

@@ -209,3 +209,19 @@ def test_no_flag_is_shown_as_taking_a_value(command):
     text = _help(*command)
     for flag in flags:
         assert "<bool>" not in _option_line(text, flag), (flag, _option_line(text, flag))
+
+
+# ---- a data directory that cannot be one ---------------------------------------------------------
+
+def test_a_file_where_the_data_directory_goes_is_named(monkeypatch, tmp_path):
+    # SQLite said only "unable to open database file", which does not say what to move.
+    monkeypatch.setattr(magnitude_tui.engine.client, "WorkerClient", lambda *a, **kw: pytest.fail("it started"))
+    blocker = tmp_path / "data"
+    blocker.write_text("not a directory")
+    model = str(gguf_trained_on(tmp_path / "m.gguf", 2048))
+    result = CliRunner().invoke(app, ["--model", model], env={"XDG_DATA_HOME": str(blocker)})
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert f"{blocker} is a file, not a directory" in lines[0]
+    assert blocker.read_text() == "not a directory"  # left as it was
