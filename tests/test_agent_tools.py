@@ -15,6 +15,7 @@ import pytest
 
 from magnitude_tui.agent.command import CommandTool
 from magnitude_tui.agent.fs_tools import FileTools
+from magnitude_tui.agent.toolbox import ToolResult
 from magnitude_tui.agent.workspace import Limits, Workspace
 
 
@@ -125,6 +126,23 @@ def test_odd_paths_get_errors_that_say_what_the_path_is_and_what_to_do(ws, monke
     r = run(ws, "read_file", path="locked.txt")
     assert not r.ok and r.text == "error: locked.txt: Permission denied"
     assert str(ws.root) not in r.text
+
+
+def test_impossible_ranges_and_writes_are_said_before_anyone_is_asked(ws):
+    # write_file under a file ("notes.txt/x") was shown for approval and failed only once
+    # allowed ("[Errno 20] Not a directory"); a range given backwards read "lines 5-4 do not
+    # exist" for a 4-line file; an empty file read "(lines 1-0 of 0)".
+    file_tools = FileTools(ws)
+    preview = file_tools.write_preview({"path": "notes.txt/deeper/x.md", "content": "x"})
+    assert isinstance(preview, ToolResult) and not preview.ok
+    assert preview.text == "error: notes.txt is a file, so notes.txt/deeper/x.md cannot be made under it"
+    assert isinstance(file_tools.write_preview({"path": "src/new/x.md", "content": "x"}), str)  # dirs to be made
+    assert run(ws, "read_file", path="notes.txt", start_line=5, end_line=2).text == \
+        "error: end_line 2 is before start_line 5"
+    assert run(ws, "read_file", path="notes.txt", start_line=5).text == \
+        "error: notes.txt has 4 lines; line 5 and on do not exist"
+    (ws.root / "empty.txt").write_text("")
+    assert run(ws, "read_file", path="empty.txt").text == "empty.txt is empty (0 lines)"
 
 
 def test_list_dir_marks_directories(ws):

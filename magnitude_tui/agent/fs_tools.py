@@ -142,9 +142,14 @@ class FileTools:
                     shown.append(line)
                     lengths.append(length)
                     chars += len(line)
+        if want_end and want_end < start:
+            return ToolResult.failed(f"end_line {want_end} is before start_line {start}")
         end = min(total, want_end or total)
         if start > max(1, total) or end < start and total:
-            return ToolResult.failed(f"{rel} has {total} lines; lines {start}-{end} do not exist")
+            return ToolResult.failed(f"{rel} has {total} line{'' if total == 1 else 's'}; "
+                                     f"line {start} and on do not exist")
+        if not total:
+            return ToolResult(f"{rel} is empty (0 lines)")
         asked_end, end = end, min(end, start + limits.read_lines - 1)
         body = "".join(shown)
         cut = ""
@@ -237,6 +242,14 @@ class FileTools:
         path = self.ws.resolve(args["path"])
         rel = self.ws.relative(path)
         if "content" in args:
+            if not path.exists():
+                # Its directories are made when it is written: none of them may be a file (the
+                # write would fail after someone was asked to allow it).
+                parent = path.parent
+                while not parent.exists():
+                    parent = parent.parent
+                if not parent.is_dir():
+                    raise ValueError(f"{self.ws.relative(parent)} is a file, so {rel} cannot be made under it")
             return path, rel, _read_text(path, rel=rel) if path.exists() else None, args["content"]
         why = _not_a_file(path, rel)
         if why is not None:
