@@ -39,6 +39,7 @@ class GgufInfo:
     n_tensors: int
     architecture: str | None
     size: int  # bytes on disk
+    context_length: int | None = None  # `<architecture>.context_length`: the context it was trained on
 
 
 def default_model_path() -> str:
@@ -132,7 +133,7 @@ def _read(f, path: str, size: int) -> GgufInfo:
     n_tensors, n_kv = r.unpack("Q"), r.unpack("Q")
     if n_tensors > size or n_kv > size:
         raise ModelFileError(f"{path} has a corrupt GGUF header ({n_tensors} tensors, {n_kv} keys)")
-    alignment, arch = DEFAULT_ALIGNMENT, None
+    alignment, arch, lengths = DEFAULT_ALIGNMENT, None, {}
     try:
         for _ in range(n_kv):
             key = r.string()
@@ -141,6 +142,8 @@ def _read(f, path: str, size: int) -> GgufInfo:
                 alignment = value
             elif key == b"general.architecture" and isinstance(value, bytes):
                 arch = value.decode(errors="replace")
+            elif key.endswith(b".context_length") and isinstance(value, int) and value > 0:
+                lengths[key.decode(errors="replace")] = value
         ends = []
         for _ in range(n_tensors):
             name = r.string()
@@ -164,4 +167,4 @@ def _read(f, path: str, size: int) -> GgufInfo:
         raise ModelFileError(
             f"{path} is truncated: tensor {name.decode(errors='replace')!r} needs {data_start + end:,} "
             f"bytes but the file has {size:,}; download or copy it again")
-    return GgufInfo(version, n_tensors, arch, size)
+    return GgufInfo(version, n_tensors, arch, size, lengths.get(f"{arch}.context_length") if arch else None)

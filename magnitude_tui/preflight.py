@@ -9,11 +9,10 @@ from __future__ import annotations
 import math
 import os
 import re
-import struct
 from pathlib import Path
 
 from backend import usable_cpus
-from backend.model_file import GGUF_MAGIC, ModelFileError, _Reader, _Truncated, check_gguf, default_model_path
+from backend.model_file import ModelFileError, check_gguf, default_model_path
 from magnitude_tui.agents import AgentFileError, AgentSettings, load_agents
 
 # llama.cpp pads a context to a multiple of 256 cells; a smaller or unpadded size would be
@@ -41,30 +40,12 @@ def check_model(model: str | None) -> str:
 
 def trained_context(path: str) -> int | None:
     """The context the model was trained on (`<arch>.context_length` in its GGUF header; None when
-    the header does not say). Pure Python, reading only the metadata: llama.cpp's vocab-only load
-    leaves the hyperparameters unread."""
+    the header does not say or the file cannot be read). Pure Python, reading only the header:
+    llama.cpp's vocab-only load leaves the hyperparameters unread."""
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            r = _Reader(f, size)
-            if f.read(4) != GGUF_MAGIC:
-                return None
-            r.unpack("I")  # version
-            r.unpack("Q")  # tensors
-            n_kv = r.unpack("Q")
-            if n_kv > size:
-                return None
-            arch, lengths = None, {}
-            for _ in range(n_kv):
-                key = r.string()
-                value = r.skip_value(r.unpack("I"))
-                if key == b"general.architecture" and isinstance(value, bytes):
-                    arch = value
-                elif key.endswith(b".context_length") and isinstance(value, int) and value > 0:
-                    lengths[key] = value
-    except (OSError, ValueError, struct.error, _Truncated):
+        return check_gguf(path).context_length
+    except ModelFileError:
         return None
-    return lengths.get(arch + b".context_length") if arch is not None else None
 
 
 def check_context(n_ctx: int | None, model_path: str) -> int:
