@@ -91,43 +91,37 @@ def run_side(name: str, client: EngineClient, widths: tuple[int, ...], cfg: Stru
     ready = wait_ready(client, cfg.timeout_s)
     sessions: list[str] = []
     try:
-        return _runs(name, client, widths, cfg, progress, pids, ready.model, sessions)
+        # As wide as the widest run: an engine just started trusts its cost model a few prompt rows at
+        # a time until steps bear it out (its ramp); one that has served a while does not. Whole JSON
+        # replies, so their length can bound the free ones.
+        warm = requests(max(widths), CONSTRAINED, cfg, f"{name}-warm")
+        sessions += [r.session_id for r in warm]
+        w = burst(client, warm, cfg.timeout_s)
+        if cfg.free_tokens is None:
+            cfg = replace(cfg, free_tokens=max(1, round(w["made"] / w["replies"])))
+            progress(f"{name}: free replies bounded at {cfg.free_tokens} tokens, the JSON replies' length")
+        runs = []
+        for n in widths:
+            for rep in range(cfg.reps):
+                for mode in in_turn((FREE, CONSTRAINED), rep):
+                    tag = f"{name}-{n}-{rep}-{mode}"
+                    run = 10 * n + 2 * rep + (mode == CONSTRAINED)  # the same prompts on both sides
+                    tries = iter(range(100))
+
+                    def attempt() -> dict:  # a repeat (a disturbed run) sends fresh conversations
+                        reqs = requests(n, mode, cfg, f"{tag}-{next(tries)}", run)
+                        sessions.extend(r.session_id for r in reqs)
+                        return burst(client, reqs, cfg.timeout_s)
+
+                    r, busy = measured(attempt, pids=pids, progress=progress)
+                    runs.append({"engine": name, "seqs": n, "rep": rep + 1, "mode": mode, **r,
+                                 "others_cores": busy, "model": ready.model})
+                    progress(f"{name} {n} seqs rep {rep + 1} {mode}: {r['tok_s']:.1f} tok/s, "
+                             f"{r['valid']}/{n} valid, grammar {r['grammar_share']:.1%}")
+        return runs, cfg
     finally:
         for sid in sessions:
             client.close_session(sid)
-
-
-def _runs(name: str, client: EngineClient, widths: tuple[int, ...], cfg: StructuredConfig, progress,
-          pids: tuple[int, ...], model: str, sessions: list[str]) -> tuple[list[dict], StructuredConfig]:
-    # As wide as the widest run: an engine just started trusts its cost model a few prompt rows at
-    # a time until steps bear it out (its ramp); one that has served a while does not. Whole JSON
-    # replies, so their length can bound the free ones.
-    warm = requests(max(widths), CONSTRAINED, cfg, f"{name}-warm")
-    sessions += [r.session_id for r in warm]
-    w = burst(client, warm, cfg.timeout_s)
-    if cfg.free_tokens is None:
-        cfg = replace(cfg, free_tokens=max(1, round(w["made"] / w["replies"])))
-        progress(f"{name}: free replies bounded at {cfg.free_tokens} tokens, the JSON replies' length")
-    runs = []
-    for n in widths:
-        for rep in range(cfg.reps):
-            for mode in in_turn((FREE, CONSTRAINED), rep):
-                tag = f"{name}-{n}-{rep}-{mode}"
-                run = 10 * n + 2 * rep + (mode == CONSTRAINED)  # the same prompts on both sides
-                tries = iter(range(100))
-
-                def attempt() -> dict:  # a repeat (a disturbed run) sends fresh conversations
-                    reqs = requests(n, mode, cfg, f"{tag}-{next(tries)}", run)
-                    sessions.extend(r.session_id for r in reqs)
-                    return burst(client, reqs, cfg.timeout_s)
-
-                r, busy = measured(attempt, pids=pids, progress=progress)
-                runs.append({"engine": name, "seqs": n, "rep": rep + 1, "mode": mode, **r, "others_cores": busy})
-                progress(f"{name} {n} seqs rep {rep + 1} {mode}: {r['tok_s']:.1f} tok/s, "
-                         f"{r['valid']}/{n} valid, grammar {r['grammar_share']:.1%}")
-    for row in runs:
-        row["model"] = model
-    return runs, cfg
 
 
 @recorded
