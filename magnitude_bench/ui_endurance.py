@@ -98,9 +98,6 @@ class EnduranceResult:
     rss_end_mb: float
     reply_chars: int
     keys: list = field(default_factory=list)  # latency ms per key (None: not painted within 2 s)
-    key_p50_ms: float | None = None
-    key_p95_ms: float | None = None
-    key_max_ms: float | None = None
     settle_s: float = 0.0  # from the flood's last token to its reply drawn as one document
     # Per resize: ms from handing the new size to the app to the first frame laid out at it (None:
     # none within the run), and which keys were the ones typed right after a resize.
@@ -112,11 +109,9 @@ class EnduranceResult:
     def keys_missed(self) -> int:
         return sum(1 for k in self.keys if k is None)
 
-    def keys_where(self, after_resize: bool):
-        """The figures of the keys typed right after a resize, or of all the others."""
-        from magnitude_bench.ui_keys import KeyFigures
-
-        return KeyFigures.of([k for k, a in zip(self.keys, self.after_resize) if a == after_resize])
+    def keys_where(self, after_resize: bool | None = None) -> KeyFigures:
+        """The figures of the keys typed right after a resize, of all the others, or (None) of every key."""
+        return KeyFigures.of([k for k, a in zip(self.keys, self.after_resize) if after_resize is None or a == after_resize])
 
     def resize_frames(self) -> tuple[float | None, float | None]:
         """p50 and max of the resizes' frames (None: no resize drew one)."""
@@ -125,7 +120,7 @@ class EnduranceResult:
 
     def summary(self) -> str:
         f = lambda v: "—" if v is None else f"{v:.0f}"  # noqa: E731
-        away, after = self.keys_where(False), self.keys_where(True)
+        every, away, after = self.keys_where(), self.keys_where(False), self.keys_where(True)
         frame_p50, frame_max = self.resize_frames()
         what = (f"{self.tokens:,} tokens into one pane ({self.reply_chars:,} chars) beside "
                 f"{self.config['panes'] - 1} streaming" if self.config.get("stream", True)
@@ -134,7 +129,7 @@ class EnduranceResult:
             what += f", {self.config['history']} turns of history each, {self.widgets} widgets"
         return (f"{what}, {self.resizes} resizes in {self.wall_s:.0f} s: "
                 f"RSS {self.rss_start_mb:.0f} -> {self.rss_mid_mb:.0f} -> {self.rss_end_mb:.0f} MiB; "
-                f"keypress p50 {f(self.key_p50_ms)} p95 {f(self.key_p95_ms)} max {f(self.key_max_ms)} ms "
+                f"keypress p50 {f(every.p50_ms)} p95 {f(every.p95_ms)} max {f(every.max_ms)} ms "
                 f"({len(self.keys)} keys, {self.keys_missed} missed; typed right after a resize: p50 "
                 f"{f(after.p50_ms)} max {f(after.max_ms)}, the others: p95 {f(away.p95_ms)}); a resize's "
                 f"frame p50 {f(frame_p50)} max {f(frame_max)} ms; settled {self.settle_s:.1f} s after")
@@ -220,7 +215,7 @@ async def run_endurance(cfg: EnduranceConfig = EnduranceConfig()) -> EnduranceRe
         return EnduranceResult(
             config=asdict(cfg), wall_s=wall, tokens=client.flood_sent, resizes=len(resized_at),
             rss_start_mb=rss_start, rss_mid_mb=rss_mid or rss_end, rss_end_mb=rss_end,
-            reply_chars=len(messages[-1].content) if messages else 0, **KeyFigures.fields_of(keys),
+            reply_chars=len(messages[-1].content) if messages else 0, keys=keys,
             settle_s=settle_s, after_resize=after, widgets=widgets,
             resize_frames_ms=[_frame_after(probe.layout_frames, t) for t in resized_at])
 
