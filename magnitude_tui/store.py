@@ -63,6 +63,9 @@ CREATE TABLE IF NOT EXISTS tool_parts (      -- an agent's tool calls and result
 );
 """
 
+# Columns added to tool_parts after it first shipped.
+TOOL_PARTS_ADDED = {"approval_wait_s": "REAL"}
+
 __all__ = ["SCHEMA_VERSION", "MessageRecord", "PaneRecord", "Store", "StoreError", "default_db_path"]
 
 TITLE_CHARS = 40  # a conversation's title: the first user message cut at a word within this
@@ -341,7 +344,9 @@ class Store:
         like = f"%{search.strip()}%"
         rows = self._db.execute(
             "SELECT p.id, p.name, p.role, p.workspace_id, p.closed, "
-            "(SELECT COUNT(*) FROM messages m WHERE m.pane_id = p.id AND m.inherited = 0), "
+            # What the pane shows as messages: not tool results (blocks) or turns that only called tools.
+            "(SELECT COUNT(*) FROM messages m WHERE m.pane_id = p.id AND m.inherited = 0 "
+            " AND m.role != 'tool' AND m.content != ''), "
             "(SELECT content FROM messages m WHERE m.pane_id = p.id AND m.role = 'user' "
             " AND m.inherited = 0 ORDER BY id LIMIT 1), "
             "COALESCE((SELECT MAX(created) FROM messages m WHERE m.pane_id = p.id), p.created) AS updated "
@@ -476,10 +481,11 @@ def _added_tables(db: sqlite3.Connection) -> None:
     """Tables and columns added within schema 1, idempotently: a database from before them
     simply gains them."""
     db.executescript(PANE_SETTINGS_TABLE + QUEUED_TABLE + ANSWERS_TABLE + TOOL_PARTS_TABLE)
-    have = {r[1] for r in db.execute("PRAGMA table_info(pane_settings)")}
-    for column, kind in PANE_SETTINGS_ADDED.items():
-        if column not in have:
-            db.execute(f"ALTER TABLE pane_settings ADD COLUMN {column} {kind}")
+    for table, added in (("pane_settings", PANE_SETTINGS_ADDED), ("tool_parts", TOOL_PARTS_ADDED)):
+        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+        for column, kind in added.items():
+            if column not in have:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
 _E = TypeVar("_E", bound=Enum)

@@ -120,3 +120,30 @@ async def test_a_reopened_block_keeps_its_wait_for_approval(tmp_path):
         await settle(pilot)
         [block] = pane.query(ToolBlock)
         assert block.summary() == live and "for approval" in live
+
+
+def test_a_tool_parts_table_without_the_approval_wait_gains_it(tmp_path):
+    # tool_parts first shipped without approval_wait_s; reading such a file failed with
+    # "no such column: t.approval_wait_s" and the app could not start.
+    import sqlite3
+
+    from magnitude_tui.store import MessageRecord, PaneRecord
+    from scheduler.types import ToolCall
+
+    path = tmp_path / "magnitude.db"
+    store = Store(path)
+    store.open_workspace(resume=False)
+    call = ToolCall("c1", "read_file", '{"path": "r.txt"}')
+    store.add_pane(PaneRecord("p1", "A1", messages=[
+        MessageRecord("user", "read it"), MessageRecord("assistant", "", tool_calls=(call,)),
+        MessageRecord("tool", "inside", call=call, duration_s=0.5)]))
+    store.close()
+    db = sqlite3.connect(path)
+    db.execute("ALTER TABLE tool_parts DROP COLUMN approval_wait_s")
+    db.commit()
+    db.close()
+    store = Store(path)
+    [record] = store.open_workspace(resume=True)
+    assert record.messages[2].call == call and record.messages[2].approval_wait_s is None
+    assert [r.messages for r in store.conversations()] == [1]  # the task; not the call or its result
+    store.close()
