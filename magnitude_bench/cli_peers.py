@@ -51,15 +51,11 @@ def structured(
 ) -> None:
     """json_schema-constrained replies vs free text at 1..16 sequences on the same engine, and vs
     llama-server with the same schema: aggregate tok/s, ratios, the grammar's share."""
-    from backend.factory import BackendConfig
     from magnitude_bench.structured import StructuredConfig, run_structured
 
     if max_tokens < 1 or reps < 1 or clients < 1 or free_tokens < 0:
         raise typer.BadParameter("--max-tokens, --reps and --clients must be at least 1, --free-tokens at least 0")
-    try:
-        spec = BackendConfig(kind=backend, model=model, device=device, n_threads=threads, n_ctx=ctx)
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--backend") from None
+    spec = options.any_backend(kind=backend, model=model, device=device, n_threads=threads, n_ctx=ctx)
     cfg = StructuredConfig(seqs=options.ints(seqs), max_tokens=max_tokens, free_tokens=free_tokens or None,
                            reps=reps, peer=peer, peer_clients=clients, threads=threads)
     finish(run_structured(spec, cfg, progress=progress), out, None)

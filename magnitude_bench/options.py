@@ -25,6 +25,25 @@ def names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
+def choices(text: str, allowed, what: str, hint: str, say: str = "choose from") -> tuple[str, ...]:
+    """`names(text)`, each one of `allowed`; else BadParameter naming the first that is not."""
+    chosen = names(text)
+    bad = [x for x in chosen if x not in allowed]
+    if bad:
+        raise typer.BadParameter(f"unknown {what} {bad[0]!r}: {say} {', '.join(allowed)}", param_hint=hint)
+    return chosen
+
+
+def any_backend(**kw):
+    """A `BackendConfig` of any kind the app takes (fake included), or BadParameter naming --backend."""
+    from backend.factory import BackendConfig
+
+    try:
+        return BackendConfig(**kw)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--backend") from None
+
+
 def backend_spec(kind: str, model: Optional[str], device: str, threads: Optional[int], ctx: Optional[int]):
     """The `BackendConfig` of a bench that runs the real model or a simulated profile."""
     from backend.factory import BackendConfig
@@ -62,10 +81,7 @@ def throughput_config(*, seqs: str, prompt: int, gen: int, reps: int, policy: Se
     from scheduler.speculation import SpecMode, parse_spec_mode
     from scheduler.types import Priority
 
-    chosen = names(peers)
-    bad = [p for p in chosen if p not in PEERS]
-    if bad:
-        raise typer.BadParameter(f"unknown peer {bad[0]!r}: choose from {', '.join(PEERS)}", param_hint="--peers")
+    chosen = choices(peers, PEERS, "peer", "--peers")
     try:
         spec_mode = parse_spec_mode(spec)
     except ValueError as e:
@@ -96,10 +112,7 @@ def spec_config(*, seqs: str, tasks: str, modes: str, max_tokens: Optional[int],
     from magnitude_bench.spec_tasks import Task
     from scheduler.speculation import parse_spec_mode
 
-    chosen_tasks = names(tasks)
-    for t in chosen_tasks:
-        if t not in {x.value for x in Task}:
-            raise typer.BadParameter(f"unknown task {t!r}: use repetitive, quoting, chat", param_hint="--tasks")
+    chosen_tasks = choices(tasks, [t.value for t in Task], "task", "--tasks", say="use")
     try:
         chosen_modes = tuple(parse_spec_mode(m).value for m in modes.split(",") if m.strip())
     except ValueError as e:
@@ -150,22 +163,13 @@ def serve_config(*, seqs: str, gen: int, agents: int, peers: str, reps: int, par
 
 def ui_engine_config(*, backend: str, device: str, model: Optional[str], ctx: int):
     """`bench ui`'s engine: any backend kind the app takes (fake included)."""
-    from backend.factory import BackendConfig
     from magnitude_tui.engine.events import EngineConfig
 
-    try:
-        return EngineConfig(backend=BackendConfig(kind=backend, device=device, model=model, n_ctx=ctx))
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--backend") from None
+    return EngineConfig(backend=any_backend(kind=backend, device=device, model=model, n_ctx=ctx))
 
 
 def soak_scenarios(only: Optional[str]) -> tuple[str, ...]:
     """The scenarios `--only` names (all when it is not given)."""
     from magnitude_bench.soak import SCENARIOS
 
-    chosen = names(only) if only else tuple(SCENARIOS)
-    bad = [s for s in chosen if s not in SCENARIOS]
-    if bad:
-        raise typer.BadParameter(f"unknown scenario {bad[0]!r}: choose from {', '.join(SCENARIOS)}",
-                                 param_hint="--only")
-    return chosen
+    return choices(only, SCENARIOS, "scenario", "--only") if only else tuple(SCENARIOS)
