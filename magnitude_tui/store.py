@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import platformdirs
 
@@ -154,6 +154,39 @@ class MessageRecord:
         everything = self.answers
         self.content, self.shown = everything[index], index
         self.others = everything[:index] + everything[index + 1:]
+
+
+NOT_RUN = "not run: the agent was stopped before this call ran"
+
+
+def answered(messages: Sequence[Message]) -> tuple[Message, ...]:
+    """`messages` with a result for every call: a call left without one (the agent was stopped,
+    or the app ended, while its tools ran) is answered NOT_RUN right after its turn's results.
+    OpenAI-compatible servers refuse a history with a call left unanswered."""
+    out: list[Message] = []
+    waiting: list[ToolCall] = []  # the last assistant turn's calls not answered yet
+    for m in messages:
+        if m.role == "tool":
+            waiting = [c for c in waiting if c.id != m.tool_call_id]
+        else:
+            out += [Message("tool", NOT_RUN, tool_call_id=c.id, name=c.name) for c in waiting]
+            waiting = list(m.tool_calls)
+        out.append(m)
+    out += [Message("tool", NOT_RUN, tool_call_id=c.id, name=c.name) for c in waiting]
+    return tuple(out)
+
+
+def take_sent_results(records: list[MessageRecord], messages: Sequence[Message]) -> list[MessageRecord]:
+    """A request's tool results as the model is sent them (the agent loop cuts one that does not
+    fit the context) become their records' text, so what is saved and sent again later is what
+    the model saw; returns the records changed."""
+    sent = {m.tool_call_id: m.content for m in messages if m.role == "tool" and m.tool_call_id}
+    changed = []
+    for r in records:
+        if r.call is not None and r.call.id in sent and sent[r.call.id] != r.content:
+            r.content = sent[r.call.id]
+            changed.append(r)
+    return changed
 
 
 @dataclass(frozen=True)

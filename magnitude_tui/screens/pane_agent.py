@@ -28,7 +28,7 @@ from magnitude_tui.agent.workspace import Workspace
 from magnitude_tui.agents import AgentFileError, AgentSettings
 from magnitude_tui.engine.events import SeqUpdate
 from magnitude_tui.screens.approval_dialog import DialogApproval
-from magnitude_tui.store import MessageRecord, PaneRecord
+from magnitude_tui.store import MessageRecord, PaneRecord, take_sent_results
 from magnitude_tui.subagents import next_name
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.tool_block import ToolActivity
@@ -63,6 +63,10 @@ class PaneRunner:
         self._sinks[request.request_id] = sink
         pane = ws.panes_by_session().get(request.session_id)
         if pane is not None:
+            # A result the loop cut to fit is kept as cut: what is saved, and sent again after a
+            # reopen, is what the model saw (whole, it would not fit then either).
+            cut = take_sent_results(pane.record.messages, request.messages)
+            ws.store.save_messages([r for r in cut if r.id is not None])  # the others are not saved yet
             pane.begin_request(request.request_id)
         ws.client.submit(request)
         try:
