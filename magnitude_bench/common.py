@@ -226,11 +226,10 @@ def machine_info() -> dict:
     info: dict[str, Any] = {"os": platform.platform(), "python": platform.python_version(),
                             "cpu_count": os.cpu_count()}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-        flags = next((l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")), "")
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+        if model := next((l for l in cpuinfo if l.startswith("model name")), None):
+            info["cpu"] = model.split(":", 1)[1].strip()
+        flags = next((l for l in cpuinfo if l.startswith("flags")), "")
         info["simd"] = " ".join(f for f in ("avx2", "avx512f", "fma", "f16c") if f" {f}" in flags)
         mem = next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal"))
         info["memory_gib"] = round(int(mem.split()[1]) / 2**20, 1)
