@@ -42,8 +42,8 @@ class AgentDialog(ModalScreen[AgentSettings | None]):
         s = self._settings
         known = ", ".join(self._roles) if self._roles else "none: define them in agents.toml"
         with Vertical():
-            yield Label(f"Agent settings of {self._pane_name} (from its next turn)", id="agent-title")
-            yield Label(f"Role ({known})")
+            yield Label(f"Agent settings of {self._pane_name} (from its next turn)", id="agent-title", markup=False)
+            yield Label(f"Role ({known})", markup=False)
             yield Input(s.role or "", placeholder="no role", id="agent-role")
             yield Label("System prompt")
             yield TextArea(s.system, id="agent-system", soft_wrap=True, compact=True)

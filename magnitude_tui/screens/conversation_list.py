@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -76,7 +77,7 @@ class ConversationList(ModalScreen[ListChoice | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label("Conversations", id="list-title")
+            yield Label("Conversations", id="list-title", markup=False)
             yield Input(placeholder="search names and messages", id="list-search")
             yield OptionList(id="list-rows")
             yield Label("enter open or reopen · f3 its whole workspace (wN) · f2 rename · ctrl+d delete · "
@@ -91,7 +92,8 @@ class ConversationList(ModalScreen[ListChoice | None]):
         options = self.query_one("#list-rows", OptionList)
         options.clear_options()
         now = self._clock()
-        options.add_options([Option(describe(r, now), id=r.id) for r in self.rows])
+        # As plain text: names and previews are what users typed ("[/b]" as markup ended the app).
+        options.add_options([Option(Text(describe(r, now)), id=r.id) for r in self.rows])
         if self.rows:
             options.highlighted = 0
 

@@ -37,13 +37,13 @@ class SpawnDialog(ModalScreen[SpawnSpec | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(f"Spawn subagents from {self._parent_name}", id="spawn-title")
+            yield Label(f"Spawn subagents from {self._parent_name}", id="spawn-title", markup=False)
             yield Label(f"How many (1-{MAX_SUBAGENTS})")
             yield Input(str(self._default_count), type="integer", id="spawn-count")
             yield Label("Task (each subagent sees the whole conversation first)")
             yield Input(self._default_task, placeholder="e.g. list three risks of this plan", id="spawn-task")
             known = ", ".join(self._roles) if self._roles else "none defined in agents.toml"
-            yield Label(f"Role (optional: {known})")
+            yield Label(f"Role (optional: {known})", markup=False)
             yield Input("", placeholder="the parent's settings", id="spawn-role")
             with Horizontal():
                 yield Button("Cancel", id="spawn-cancel")

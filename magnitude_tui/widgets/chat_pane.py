@@ -8,6 +8,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.content import Content
 from textual.message import Message as TextualMessage
 from textual.widget import Widget
 from textual.widgets import Static
@@ -87,7 +88,7 @@ class ChatPane(Vertical):
         # template, for base models that have none (the engine is told with Request.prompt).
         self.raw = False
         self.activity: ToolActivity | None = None  # an agent's tool or approval this pane waits on
-        self.border_title = self.title
+        self._retitle()
         for m in record.messages:
             if m.role == "assistant" and not m.complete and m.done_reason is None:
                 m.done_reason = "interrupted"  # cut off by a crash or kill; say so once restored
@@ -102,6 +103,11 @@ class ChatPane(Vertical):
     @property
     def title(self) -> str:
         return pane_title(self.record, self.parent_name, raw=self.raw)
+
+    def _retitle(self) -> None:
+        # As plain text: the title holds what the user typed (the first message, a rename) and a
+        # title set as a str is read as markup: "[/b]" in it raised MarkupError and ended the app.
+        self.border_title = Content(self.title)
 
     @property
     def busy(self) -> bool:
@@ -130,12 +136,12 @@ class ChatPane(Vertical):
 
     def set_raw(self, raw: bool) -> None:
         self.raw = raw
-        self.border_title = self.title
+        self._retitle()
 
     def apply_settings(self, settings: AgentSettings) -> None:
         """New system prompt and sampling: they apply from the next turn on."""
         self.record.settings = settings
-        self.border_title = self.title
+        self._retitle()
 
     def _in_context(self, committed_only: bool = False) -> list[MessageRecord]:
         return [m for m in self.record.messages
@@ -218,7 +224,7 @@ class ChatPane(Vertical):
 
     def rename(self, name: str) -> None:
         self.record.name = name
-        self.border_title = self.title
+        self._retitle()
 
     def focus_composer(self) -> None:
         # At once, not on the next message-loop turn as Widget.focus() does: keys that arrived in
@@ -301,7 +307,7 @@ class ChatPane(Vertical):
             await transcript.refill()
         self.editing = None
         self._show_note()
-        self.border_title = self.title
+        self._retitle()
         return removed
 
     # ---- conversation -------------------------------------------------------------------------
@@ -313,7 +319,7 @@ class ChatPane(Vertical):
             return
         self.record.messages.append(message)
         self._mark_unsaved(message)
-        self.border_title = self.title  # the first message names the conversation
+        self._retitle()  # the first message names the conversation
         transcript = self._transcript()
         if transcript is not None:
             await transcript.add(self._view(message))
@@ -331,7 +337,7 @@ class ChatPane(Vertical):
         transcript = self._transcript()
         if transcript is not None:
             await transcript.refill()
-        self.border_title = self.title
+        self._retitle()
         return last
 
     def begin_request(self, request_id: str) -> None:

@@ -145,7 +145,7 @@ class SequencesPanel(Vertical):
         rate = u.tok_s_live if u.phase is not Phase.DONE else u.tok_s
         itl = f"{fmt_ms(u.itl_p50_ms)}/{fmt_ms(u.itl_p95_ms)}/{fmt_ms(u.itl_max_ms)}"
         return [
-            row.name,
+            Text(row.name),  # a str cell is read as markup, and the name is what the user typed
             "—" if u.seq_id is None else str(u.seq_id),
             CLASS_LABEL[u.priority],
             Text(phase, style=self.get_component_rich_style(style_key)),

@@ -1,0 +1,49 @@
+"""Probing the TUI as a keyboard-first user (scripted engine): what users type reaches titles,
+lists, tables and toasts as text, never as markup."""
+
+from __future__ import annotations
+
+from textual.widgets import DataTable, Label, OptionList
+
+from magnitude_tui.widgets.sequences_panel import SequencesPanel
+from tests.app_support import SIZE, ScriptedClient, make_app, settle, type_message, wait_for
+
+MARKUP = "[/red] a closing tag [b]"
+
+
+async def test_text_that_looks_like_markup_is_shown_as_written_in_titles_lists_and_dialogs(tmp_path):
+    """A first message "[/red] ..." ended the app (MarkupError: the pane's border title read it
+    as markup); a name "[b]x" would have drawn x in bold, the brackets gone."""
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        [pane] = app.workspace.grid.panes
+        await type_message(pilot, MARKUP)
+        client.run_to_completion()
+        await settle(pilot)
+        assert MARKUP in str(pane._border_title)
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: app.screen.query(OptionList), what="the conversation list")
+        row = app.screen.query_one(OptionList).get_option_at_index(0)
+        assert MARKUP in str(row.prompt)
+        await pilot.press("f2")  # rename it to markup too
+        await pilot.press("ctrl+u", *"[b]x", "enter")
+        await wait_for(pilot, lambda: pane.record.name == "[b]x", what="the rename")
+        assert str(pane._border_title).startswith("[b]x · main")
+        await pilot.press("f2")  # the sequences panel names the pane
+        panel = app.workspace.query_one(SequencesPanel)
+        await type_message(pilot, "again")
+        client.step(3)
+        await settle(pilot)
+        panel.refresh_rows()
+        cell = panel.query_one(DataTable).get_row_at(0)[0]
+        assert str(cell) == "[b]x"
+        client.run_to_completion()
+        await settle(pilot)
+        for key, title in (("ctrl+s", "#spawn-title"), ("f6", "#agent-title")):
+            await pilot.press(key)
+            await wait_for(pilot, lambda: app.screen.query(title), what=key)
+            assert "[b]x" in str(app.screen.query_one(title, Label).render())
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.screen is app.workspace, what="the dialog closed")
+
