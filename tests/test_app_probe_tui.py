@@ -47,3 +47,21 @@ async def test_text_that_looks_like_markup_is_shown_as_written_in_titles_lists_a
             await pilot.press("escape")
             await wait_for(pilot, lambda: app.screen is app.workspace, what="the dialog closed")
 
+
+async def test_toasts_show_what_the_user_typed_as_text(tmp_path):
+    """A pane renamed "[/x] oops" ended the app as ctrl+x's toast ("Closed [/x] oops · ...") came
+    up: a toast reads its text as markup when drawn. So did a policy typed "[/x]" in ctrl+l's
+    dialog ("Not a policy: unknown scheduling policy '[/x]' ...")."""
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        [pane] = app.workspace.grid.panes
+        app.workspace.model.conversations.rename(pane.session_id, "[/x] oops")
+        await pilot.press("ctrl+x")
+        await wait_for(pilot, lambda: pane not in app.workspace.grid.panes, what="the close")
+        await pilot.press("ctrl+l", "tab", *"[/y]", "enter")
+        await pilot.pause(0.3)  # the toasts are drawn
+        shown = app.export_screenshot()
+        assert "Closed [/x] oops" in shown.replace("&#160;", " ")
+        assert "policy &#x27;[/y]&#x27;" in shown.replace("&#160;", " ")
+        assert app.is_running

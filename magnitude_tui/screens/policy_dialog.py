@@ -53,4 +53,4 @@ class PolicyDialog(ModalScreen[str | None]):
         if problem is None:
             self.dismiss(policy)
         else:
-            self.notify(f"Not a policy: {problem}", severity="warning")
+            self.notify(f"Not a policy: {problem}", severity="warning", markup=False)  # it quotes the text

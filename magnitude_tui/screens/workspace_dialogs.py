@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from textual import work
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
 from magnitude_tui.agents import AgentSettings
@@ -34,6 +35,13 @@ class DialogActions(Screen):
     export_dir: Path
     grid: PaneGrid
     model: WorkspaceModel
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """A toast, as plain text unless asked otherwise: what the workspace says holds names,
+        messages and policies the user typed, and a toast reads its text as markup when drawn, so
+        a pane renamed "[/x]" ended the app with MarkupError as its close toast came up."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
     @property
     def roles(self) -> dict[str, AgentSettings]:

@@ -421,7 +421,7 @@ class ChatPane(Vertical):
         if reply is not None and reply.view is not None:
             await reply.view.finish(note)
         elif note:
-            self.notify(f"{self.record.name}: {note}", severity="error")
+            self.notify(f"{self.record.name}: {note}", severity="error", markup=False)
         self.post_message(self.ReplyFinished(self, reply.message if reply else None, update))
 
     def set_activity(self, activity: ToolActivity | None) -> None:
