@@ -7,10 +7,12 @@ turn was asked without it."""
 from __future__ import annotations
 
 from magnitude_tui.app import MagnitudeApp
+from magnitude_tui.engine.events import SeqUpdate, StepReport
 from magnitude_tui.export import pane_markdown
 from magnitude_tui.screens.approval_dialog import ApprovalDialog
-from magnitude_tui.store import Store
+from magnitude_tui.store import NOT_RUN, Store
 from magnitude_tui.widgets.tool_block import ToolBlock
+from scheduler.types import DoneReason, ErrorKind, Phase
 from tests.agent_app_support import ToolClient, agent_app, drive, tool_results
 from tests.app_support import SIZE, settle, type_message, wait_for
 
@@ -147,3 +149,75 @@ def test_a_tool_parts_table_without_the_approval_wait_gains_it(tmp_path):
     assert record.messages[2].call == call and record.messages[2].approval_wait_s is None
     assert [r.messages for r in store.conversations()] == [1]  # the task; not the call or its result
     store.close()
+
+
+class _TightClient(ToolClient):
+    """Refuses a request whose messages hold over LIMIT characters, as the engine refuses a
+    prompt over the context (CONTEXT_LENGTH): the agent loop then cuts the newest tool results."""
+
+    LIMIT = 20_000
+
+    def submit(self, request):
+        size = sum(len(m.content) for m in request.messages)
+        if size <= self.LIMIT:
+            return super().submit(request)
+        self.submitted.append(request)
+        refusal = SeqUpdate(request.request_id, request.session_id, None, Phase.DONE, done_reason=DoneReason.ERROR,
+                            error_kind=ErrorKind.CONTEXT_LENGTH, error=f"{size} characters do not fit")
+        self._emit([StepReport(999, 1.0, 30.0, 0, 0, 40, 300, 8192, 0, 0, self.policy, [refusal])])
+
+
+def _read_once_per_task(request):
+    last_task = max(i for i, m in enumerate(request.messages) if m.role == "user")
+    if not any(m.role == "tool" for m in request.messages[last_task:]):
+        return [("read_file", {"path": "big.txt"})]
+    return f"answer {sum(m.role == 'user' for m in request.messages)}"
+
+
+async def test_a_result_cut_to_fit_is_kept_as_the_model_saw_it(tmp_path):
+    # The loop cut a result that did not fit, but the pane saved it whole: after a reopen the
+    # history held it whole again, and every later /agent run failed with "outgrew the context".
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "big.txt").write_text("line of text\n" * 3000)  # 39,000 characters
+    client = _TightClient(_read_once_per_task)
+    async with agent_app(tmp_path, client) as (app, pilot):
+        pane = app.workspace.grid.panes[0]
+        await type_message(pilot, "/agent read big.txt")
+        await drive(pilot, client, lambda: not app.workspace.agents.running(pane) and pane.last_answer(), "the answer")
+        [result] = [m for m in pane.record.messages if m.call is not None]
+        assert len(result.content) < _TightClient.LIMIT and "characters cut" in result.content
+
+    client = _TightClient(_read_once_per_task)
+    app = MagnitudeApp(client=client, store=Store(tmp_path / "magnitude.db"), export_dir=tmp_path / "exports",
+                       roles={}, workdir=tmp_path / "work", resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        ws = app.workspace
+        [pane] = ws.grid.panes
+        before = len(pane.record.messages)
+        await type_message(pilot, "/agent and once more")
+        await drive(pilot, client, lambda: not ws.agents.running(pane) and len(pane.record.messages) > before + 3,
+                    "the second run's answer")
+        assert pane.last_answer() == "answer 2"
+
+
+async def test_a_call_left_unanswered_by_a_stopped_agent_is_answered_not_run(tmp_path):
+    # Stopped at the approval dialog (s), the agent left its call without a result; the next turn
+    # sent that call unanswered, which OpenAI-compatible servers refuse (a 400 on every turn).
+    (tmp_path / "work").mkdir()
+    client = ToolClient(lambda r: [("write_file", {"path": "w.txt", "content": "x"})] if r.tools else "ok")
+    async with agent_app(tmp_path, client) as (app, pilot):
+        ws = app.workspace
+        pane = ws.grid.panes[0]
+        await type_message(pilot, "/agent write it")
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the approval")
+        await pilot.press("s")
+        await wait_for(pilot, lambda: not ws.agents.running(pane), what="the agent to stop")
+        before = len(client.submitted)
+        await type_message(pilot, "never mind")
+        await wait_for(pilot, lambda: len(client.submitted) > before, what="the plain turn")
+        sent = client.submitted[before].messages
+        [asked] = [m for m in sent if m.tool_calls]
+        following = sent[sent.index(asked) + 1]
+        assert (following.role, following.tool_call_id) == ("tool", asked.tool_calls[0].id)
+        assert following.content == NOT_RUN
+        assert not (tmp_path / "work" / "w.txt").exists()

@@ -15,7 +15,7 @@ from textual.widgets import Static
 
 from magnitude_tui.agents import AgentSettings
 from magnitude_tui.engine.events import SeqUpdate
-from magnitude_tui.store import MessageRecord, PaneRecord
+from magnitude_tui.store import MessageRecord, PaneRecord, answered
 from magnitude_tui.widgets.composer import Composer, typing_in
 from magnitude_tui.widgets.message_view import MessageView
 from magnitude_tui.widgets.pane_labels import gauge, pane_title, queue_note, speaker
@@ -127,7 +127,8 @@ class ChatPane(Vertical):
         """
         system = self.record.settings.system
         head = (Message("system", system),) if system and with_system else ()
-        return head + tuple(m.as_message() for m in self._in_context(committed_only))
+        # A call the agent never ran (it was stopped, the app ended) is answered "not run".
+        return head + answered([m.as_message() for m in self._in_context(committed_only)])
 
     def raw_prompt(self) -> str | None:
         """In raw mode, the text the next turn continues: the transcript's messages joined as
