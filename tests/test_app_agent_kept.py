@@ -12,6 +12,7 @@ from magnitude_tui.export import pane_markdown
 from magnitude_tui.screens.approval_dialog import ApprovalDialog
 from magnitude_tui.store import NOT_RUN, Store
 from magnitude_tui.widgets.tool_block import ToolBlock
+from magnitude_tui.widgets.transcript import Transcript
 from scheduler.types import DoneReason, ErrorKind, Phase
 from tests.agent_app_support import ToolClient, agent_app, drive, tool_results
 from tests.app_support import SIZE, settle, type_message, wait_for
@@ -221,3 +222,24 @@ async def test_a_call_left_unanswered_by_a_stopped_agent_is_answered_not_run(tmp
         assert (following.role, following.tool_call_id) == ("tool", asked.tool_calls[0].id)
         assert following.content == NOT_RUN
         assert not (tmp_path / "work" / "w.txt").exists()
+
+
+async def test_a_reopened_pane_with_a_long_tool_result_still_shows_its_task(tmp_path):
+    # The transcript's budget counted a result's whole text, though it shows as a one-line block:
+    # one 26,000-character read hid the task above "▲ 2 earlier messages not shown".
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "big.txt").write_text("line of text\n" * 2000)
+    client = ToolClient(lambda r: [("read_file", {"path": "big.txt"})] if not tool_results(r) else "read it")
+    async with agent_app(tmp_path, client) as (app, pilot):
+        pane = app.workspace.grid.panes[0]
+        await type_message(pilot, "/agent read big.txt")
+        await drive(pilot, client, lambda: not app.workspace.agents.running(pane) and pane.last_answer(), "the answer")
+
+    app = MagnitudeApp(client=ToolClient(lambda r: "unused"), store=Store(tmp_path / "magnitude.db"),
+                       export_dir=tmp_path / "exports", roles={}, workdir=tmp_path / "work", resume=True)
+    async with app.run_test(size=SIZE) as pilot:
+        [pane] = app.workspace.grid.panes
+        await settle(pilot)
+        transcript = pane.query_one(Transcript)
+        assert transcript.hidden == 0
+        assert [v.message.role for v in transcript.views() if v.display] == ["user", "tool", "assistant"]

@@ -35,8 +35,18 @@ HEADER_CHARS = 80  # what a message's header and margins count for besides its t
 
 
 def cost(message: MessageRecord) -> int:
-    """What a shown message counts for against the budget: its text, its header and margins."""
+    """What a shown message counts for against the budget: its text, its header and margins. A
+    tool result shows as its call's folded block (one line), a turn that only called tools as nothing."""
+    if message.call is not None:
+        return HEADER_CHARS
+    if message.tool_calls and not message.content:
+        return 0
     return len(message.content) + HEADER_CHARS
+
+
+def counted(message: MessageRecord) -> bool:
+    """Shown as a message of its own (inherited context and calls-only turns are not)."""
+    return not message.inherited and not (message.tool_calls and not message.content)
 
 
 def shown_from(messages: Sequence[MessageRecord], end: int, budget: int, *, at_least: int = MIN_SHOWN) -> int:
@@ -46,7 +56,7 @@ def shown_from(messages: Sequence[MessageRecord], end: int, budget: int, *, at_l
     i = end
     while i > 0:
         m = messages[i - 1]
-        if not m.inherited:
+        if counted(m):
             c = cost(m)
             if count >= at_least and total + c > budget:
                 break
@@ -93,7 +103,7 @@ class Transcript(VerticalScroll):
     @property
     def hidden(self) -> int:
         """Messages before the first one shown that are not on screen (inherited ones not counted)."""
-        return sum(not m.inherited for m in self._messages[:self._first_shown(self.views())])
+        return sum(counted(m) for m in self._messages[:self._first_shown(self.views())])
 
     def _first_shown(self, views: list[MessageView]) -> int:
         """Index in the messages of the first one shown (their length if none is)."""
