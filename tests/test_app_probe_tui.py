@@ -65,3 +65,42 @@ async def test_toasts_show_what_the_user_typed_as_text(tmp_path):
         assert "Closed [/x] oops" in shown.replace("&#160;", " ")
         assert "policy &#x27;[/y]&#x27;" in shown.replace("&#160;", " ")
         assert app.is_running
+
+
+ESCAPES = "start \x1b[2J\x1b[H\x1b[41mREDBG\x1b[0m mid \x1b]0;PWNED\x07 end \x9b2J"
+
+
+def _drawn(app) -> str:
+    return app.export_screenshot().replace("&#160;", " ")
+
+
+async def test_escape_sequences_in_replies_and_pastes_are_shown_not_sent_to_the_terminal(tmp_path):
+    """A reply holding ESC [2J ESC [H cleared the terminal and ESC ]0;PWNED BEL retitled its
+    window (seen in tmux): control characters reached the terminal as they were, in the streaming
+    text, the finished Markdown, a pasted message and the pane's title. They are drawn as their
+    pictures (ESC as ␛), and a paste loses its colour sequences."""
+    client = ScriptedClient(reply=lambda request: ESCAPES)
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        [pane] = app.workspace.grid.panes
+        await pilot.press("g", "o", "enter")
+        client.step(6)  # streaming: the open block is StreamingText
+        await settle(pilot)
+        assert "\x1b" not in _drawn(app) and "␛[2J␛[H␛[41mREDBG" in _drawn(app)
+        client.run_to_completion()  # finished: one Markdown document
+        await settle(pilot)
+        drawn = _drawn(app)
+        assert "\x1b" not in drawn and "\x9b" not in drawn and "\x07" not in drawn
+        assert "␛]0;PWNED␇ end" in drawn
+        assert pane.record.messages[-1].content == ESCAPES  # the text itself is kept as it came
+        from textual import events
+
+        pane.composer.post_message(events.Paste("line \x1b[1;31mred\x1b[0m\r\nnext \x00 ok\x1b[A"))
+        await pilot.pause()
+        assert pane.composer.text == "line red\nnext ␀ ok"
+        await pilot.press("enter")
+        client.run_to_completion()
+        await settle(pilot)
+        assert "\x1b" not in _drawn(app) and "next ␀ ok" in _drawn(app)
+        app.workspace.model.conversations.rename(pane.session_id, "A\x1b[2J")
+        assert "\x1b" not in _drawn(app) and "A␛[2J · main" in str(pane._border_title)

@@ -17,6 +17,7 @@ from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
 from magnitude_tui.store import ConversationRow
+from magnitude_tui.widgets.format import visible
 
 
 class ListAction(Enum):
@@ -93,7 +94,7 @@ class ConversationList(ModalScreen[ListChoice | None]):
         options.clear_options()
         now = self._clock()
         # As plain text: names and previews are what users typed ("[/b]" as markup ended the app).
-        options.add_options([Option(Text(describe(r, now)), id=r.id) for r in self.rows])
+        options.add_options([Option(Text(visible(describe(r, now))), id=r.id) for r in self.rows])
         if self.rows:
             options.highlighted = 0
 

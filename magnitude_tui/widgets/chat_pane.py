@@ -17,6 +17,7 @@ from magnitude_tui.agents import AgentSettings
 from magnitude_tui.engine.events import SeqUpdate
 from magnitude_tui.store import MessageRecord, PaneRecord, answered
 from magnitude_tui.widgets.composer import Composer, typing_in
+from magnitude_tui.widgets.format import visible
 from magnitude_tui.widgets.message_view import MessageView
 from magnitude_tui.widgets.pane_labels import gauge, pane_title, queue_note, speaker
 from magnitude_tui.widgets.status_line import StatusLine
@@ -107,7 +108,7 @@ class ChatPane(Vertical):
     def _retitle(self) -> None:
         # As plain text: the title holds what the user typed (the first message, a rename) and a
         # title set as a str is read as markup: "[/b]" in it raised MarkupError and ended the app.
-        self.border_title = Content(self.title)
+        self.border_title = Content(visible(self.title))
 
     @property
     def busy(self) -> bool:

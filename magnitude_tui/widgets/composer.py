@@ -11,6 +11,8 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widgets import TextArea
 
+from magnitude_tui.widgets.format import visible, without_ansi
+
 # Terminals send a plain carriage return for shift+enter unless they speak the kitty keyboard
 # protocol (tmux and most terminals do not), so ctrl+j, which arrives everywhere as a line feed,
 # starts a new line too. (alt+enter is no use: tmux delivers it as esc, then enter.)
@@ -89,7 +91,7 @@ class Composer(TextArea):
 
     @value.setter
     def value(self, text: str) -> None:
-        self.load_text(text)
+        self.load_text(visible(text))
         self.move_cursor(self.document.end)
 
     # Textual calls `_on_key` / `_on_paste` of every class in the MRO until one prevents the
@@ -114,7 +116,9 @@ class Composer(TextArea):
         event.stop()
         event.prevent_default()
         self.typed_at = time.monotonic()
-        text = event.text.replace("\r\n", "\n").replace("\r", "\n")
+        # Terminal output pasted with its colours: the escape sequences go, and any other
+        # control character shows as its picture (the TextArea would send it to the terminal).
+        text = visible(without_ansi(event.text.replace("\r\n", "\n").replace("\r", "\n")))
         self.move_cursor(self.replace(text, *self.selection).end_location)
 
     def _key_shown(self) -> None:

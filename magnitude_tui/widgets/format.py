@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Iterable
 
 _BARS = " ▁▂▃▄▅▆▇█"
@@ -37,3 +38,26 @@ def spark(values: Iterable[float], width: int, *, top: float | None = None) -> s
     last = len(_BARS) - 1
     chars = (_BARS[max(1 if v > 0 else 0, min(last, round(v / top * last)))] for v in tail)
     return "".join(chars).rjust(width)
+
+
+# Control characters drawn as their Unicode pictures: written to the terminal as they are, an
+# escape sequence in a reply or a paste is obeyed, not shown (ESC [2J cleared the screen, ESC ]0;…
+# BEL retitled the terminal window). Newline and tab stay, carriage returns go; C1 controls (U+0080–U+009F, which some
+# terminals read as CSI and friends) become U+FFFD.
+_PICTURES = {c: chr(0x2400 + c) for c in range(0x20) if c not in (0x09, 0x0A)}
+_PICTURES[0x0D] = ""  # a carriage return (CRLF line ends, a lone CR) is dropped
+_PICTURES[0x7F] = "␡"
+_PICTURES.update({c: "\ufffd" for c in range(0x80, 0xA0)})
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x9b[0-?]*[ -/]*[@-~]")
+
+
+def visible(text: str) -> str:
+    """`text` safe to draw: every control character but newline and tab as its picture (ESC as
+    ␛), carriage returns dropped. Applying it twice changes nothing."""
+    return text.translate(_PICTURES)
+
+
+def without_ansi(text: str) -> str:
+    """`text` without terminal escape sequences (colours, OSC titles): what pasted terminal output
+    carries that is no part of its text."""
+    return _ANSI.sub("", text)

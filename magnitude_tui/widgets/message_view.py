@@ -19,6 +19,7 @@ from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
 from magnitude_tui.store import MessageRecord
+from magnitude_tui.widgets.format import visible
 from magnitude_tui.widgets.streaming_text import StreamingText
 
 # A reply longer than this is drawn as StreamingText from there on (light Markdown styling), never
@@ -83,11 +84,11 @@ class MessageView(Vertical):
         if self._streaming:  # the Markdown comes with the first finished block (see write)
             yield StreamingText()
         elif self._long:
-            yield StreamingText(self.message.content)
+            yield StreamingText(visible(self.message.content))
         elif self.kind_of(self.message) == "user" and "\n" in self.message.content.strip():
             # What the user wrote over several lines (a pasted block: code, a log) is shown as
             # written; as Markdown its line breaks and indentation would collapse into one paragraph.
-            yield Static(self.message.content.strip("\n"), classes="plain", markup=False)
+            yield Static(visible(self.message.content.strip("\n")), classes="plain", markup=False)
         else:
             yield body_markdown(self.message.content)
 
@@ -103,7 +104,7 @@ class MessageView(Vertical):
         elif m.done_reason and m.done_reason != "stop":
             state = f" · {m.done_reason}"
         pages = f" ‹{m.shown + 1}/{len(m.others) + 1}› alt+←/→" if m.others else ""
-        return f"{self._speaker}{state}{pages}"
+        return visible(f"{self._speaker}{state}{pages}")
 
     async def redraw(self) -> None:
         """The message's text was swapped for another answer: draw the new one whole."""
@@ -112,7 +113,7 @@ class MessageView(Vertical):
             if not self._settled or not self.is_attached:
                 return  # still streaming: the reply's end draws it
             await self.remove_children("Markdown, StreamingText, .plain")
-            text = self.message.content
+            text = visible(self.message.content)
             self._long = len(text) > LONG_REPLY_CHARS
             await self.mount(StreamingText(text) if self._long else body_markdown(text))
 
@@ -132,6 +133,7 @@ class MessageView(Vertical):
                 # is in self.message already.
                 return
             tail = tails.last()  # the open block (a folded head, if any, is the first)
+            fragment = visible(fragment)
             self._streamed += len(fragment)
             if self._streamed > LONG_REPLY_CHARS:
                 self._long = True
@@ -196,7 +198,7 @@ class MessageView(Vertical):
             if self._finished:
                 return
             self._finished = True
-            text = self.message.content + (f"\n\n> {note}\n" if note else "")
+            text = visible(self.message.content) + (f"\n\n> {note}\n" if note else "")
             if self._long and self.is_attached:  # too long to parse as one document: keep it drawn
                 tails = self.query(StreamingText)
                 if note and tails:
@@ -242,8 +244,9 @@ def _keep_line_breaks(state: StateCore) -> None:
 
 
 def body_markdown(text: str) -> Markdown:
-    """A message body as Markdown, its single line breaks kept."""
-    return Markdown(text, parser_factory=line_break_parser)
+    """A message body as Markdown, its single line breaks kept (control characters shown, not
+    sent to the terminal)."""
+    return Markdown(visible(text), parser_factory=line_break_parser)
 
 
 def block_ends(text: str) -> list[int]:
