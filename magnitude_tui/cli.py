@@ -264,7 +264,7 @@ def generate(
         from magnitude_tui import preflight
 
         try:
-            n_ctx = preflight.check_context(n_ctx, model_path)
+            n_ctx = preflight.check_context(n_ctx, model_path, max(preflight.DEFAULT_SEQS, len(lines)))
             preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens)
             preflight.check_policy(policy)
             spec_mode = preflight.check_spec(spec, draft_model)
@@ -325,7 +325,7 @@ def serve(
         if backend_kind == "llama":
             model_path = preflight.check_model(model)
             preflight.check_draft_model(draft_model, model_path)
-            n_ctx = preflight.check_context(n_ctx, model_path)
+            n_ctx = preflight.check_context(n_ctx, model_path, parallel)
             preflight.check_device(device)
         preflight.check_numbers(n_ctx=n_ctx, threads=threads)
         preflight.check_policy(policy)

@@ -22,6 +22,7 @@ MIN_N_CTX = CTX_STEP
 # The context when --ctx is left out (BackendConfig's llama default), lowered to the model's
 # trained context when that is smaller.
 DEFAULT_N_CTX = 8192
+DEFAULT_SEQS = 16  # sequences a context holds unless told (BackendConfig.n_seq_max)
 
 
 class OptionError(ValueError):
@@ -48,21 +49,23 @@ def trained_context(path: str) -> int | None:
         return None
 
 
-def check_context(n_ctx: int | None, model_path: str) -> int:
+def check_context(n_ctx: int | None, model_path: str, n_seq_max: int = DEFAULT_SEQS) -> int:
     """The context size to create: --ctx as given, or the default lowered to the model's trained
-    context. A --ctx beyond the trained context is refused: llama.cpp allocates (and clears) the
-    KV cache for every cell at load, so --ctx 10000000 would take hundreds of GB before the first
-    token, and the model's positions past its training are not usable anyway."""
+    context. --ctx is one pool of KV cells that all `n_seq_max` sequences share, so it may exceed
+    the trained context (16 sequences of 2,048 tokens in a 32,768 pool), but never what they
+    could all use at the trained length: llama.cpp allocates (and clears) every cell at load, so
+    --ctx 10000000 would take hundreds of GB before the first token, for nothing."""
     trained = trained_context(model_path)
     if trained is None:
         return DEFAULT_N_CTX if n_ctx is None else n_ctx
-    largest = max(MIN_N_CTX, trained // CTX_STEP * CTX_STEP)
     if n_ctx is None:
-        return min(DEFAULT_N_CTX, largest)
-    if n_ctx > trained:
-        raise OptionError(f"--n-ctx: {n_ctx:,} tokens is more than {os.path.basename(model_path)} was trained "
-                          f"on ({trained:,}), and llama.cpp would allocate the KV cache for all {n_ctx:,} at "
-                          f"load; pass --n-ctx {largest} or less")
+        return min(DEFAULT_N_CTX, max(MIN_N_CTX, trained // CTX_STEP * CTX_STEP))
+    useful = trained * n_seq_max
+    if n_ctx > useful:
+        largest = max(MIN_N_CTX, useful // CTX_STEP * CTX_STEP)
+        raise OptionError(f"--ctx: {n_ctx:,} tokens is more than {n_seq_max} sequences can use at the "
+                          f"{trained:,} tokens {os.path.basename(model_path)} was trained on, and llama.cpp "
+                          f"would allocate the KV cache for all {n_ctx:,} at load; pass --ctx {largest} or less")
     return n_ctx
 
 

@@ -70,23 +70,35 @@ def _assert_one_line_refusal(result, started: Started, *needles: str) -> str:
 # ---- --ctx beyond the model's trained context ----------------------------------------------------
 
 @pytest.mark.parametrize("command", [[], ["generate", "hi"], ["run", "hi"], ["serve"]])
-@pytest.mark.parametrize("ctx", ["10000000", "4096"])
-def test_a_context_beyond_the_trained_one_is_refused_before_anything_loads(monkeypatch, tmp_path, command, ctx):
+@pytest.mark.parametrize("ctx", ["10000000", "65536"])
+def test_a_context_beyond_what_its_sequences_can_use_is_refused_before_anything_loads(monkeypatch, tmp_path,
+                                                                                     command, ctx):
     # --ctx 10000000 used to reach llama.cpp, which allocates and clears the whole KV cache at
     # load (230 GB for SmolLM2): "could not create a context" after the TUI opened at best, the
-    # machine swapping or killed by the OOM killer at worst.
+    # machine swapping or killed by the OOM killer at worst. The 16 sequences of a model trained
+    # on 2,048 tokens can use 32,768 cells of the shared pool at most.
     model = str(gguf_trained_on(tmp_path / "m.gguf", 2048))
     started = Started(monkeypatch)
     result = _invoke(*command, "--model", model, "--ctx", ctx)
-    _assert_one_line_refusal(result, started, "--n-ctx", "2,048", "--n-ctx 2048 or less")
+    _assert_one_line_refusal(result, started, "--ctx", "16 sequences", "2,048", "--ctx 32768 or less")
 
 
-def test_the_trained_context_itself_is_accepted(monkeypatch, tmp_path):
+@pytest.mark.parametrize("ctx", ["2048", "4096", "32768"])
+def test_a_pool_up_to_what_its_sequences_can_use_is_accepted(monkeypatch, tmp_path, ctx):
+    # --ctx is one pool all sequences share: more than the trained context is how several long
+    # conversations fit (it was refused above 2,048 here for a while).
     model = str(gguf_trained_on(tmp_path / "m.gguf", 2048))
     started = Started(monkeypatch)
-    result = _invoke("--model", model, "--ctx", "2048")
+    result = _invoke("--model", model, "--ctx", ctx)
     assert result.exit_code == 0, result.output
-    assert started.calls[0][1].backend.n_ctx == 2048
+    assert started.calls[0][1].backend.n_ctx == int(ctx)
+
+
+def test_serves_pool_is_bounded_by_its_parallel_sequences(monkeypatch, tmp_path):
+    model = str(gguf_trained_on(tmp_path / "m.gguf", 2048))
+    started = Started(monkeypatch)
+    result = _invoke("serve", "--model", model, "--parallel", "4", "--ctx", "16384")
+    _assert_one_line_refusal(result, started, "4 sequences", "--ctx 8192 or less")
 
 
 @pytest.mark.parametrize("trained, expected", [(2048, 2048), (1000, 768), (32768, 8192)])
@@ -105,7 +117,7 @@ def test_the_real_models_trained_context_bounds_ctx(monkeypatch):
     assert preflight.trained_context(default_model_path()) == 8192
     started = Started(monkeypatch)
     line = _assert_one_line_refusal(_invoke("generate", "hi", "--ctx", "10000000"), started, "8,192")
-    assert "--n-ctx 8192 or less" in line
+    assert "--ctx 131072 or less" in line
 
 
 # ---- --threads beyond the CPUs -------------------------------------------------------------------
