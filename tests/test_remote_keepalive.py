@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -27,7 +28,7 @@ class KeepAliveServer:
     unless `keep_probe` is False). `hang_up(nth, method)` says whether to close the connection,
     unanswered, on its nth request (1: its first)."""
 
-    def __init__(self, hang_up, keep_probe: bool = True) -> None:
+    def __init__(self, hang_up, keep_probe: bool = True, work_s: float = 0.0) -> None:
         self.posts = 0  # POST requests that reached the server
         self.hung_up = 0
         self.connections = 0
@@ -69,6 +70,7 @@ class KeepAliveServer:
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("content-length", 0)))
                 this.posts += 1
+                time.sleep(work_s)  # working on it (then the hang-up is not a stale connection's)
                 if not self._hang_up():
                     self._answer("text/event-stream", REPLY.encode())
 
@@ -136,4 +138,16 @@ def test_a_hang_up_on_a_new_connection_is_not_retried(run_client, keepalive):  #
     final = run.final("a", timeout=10)
     assert final.done_reason is DoneReason.ERROR and "closed the connection without answering" in final.error
     assert not run.client.pool.statuses()[0].healthy
+    assert server.posts == 1
+
+
+def test_a_server_that_took_the_request_and_then_hung_up_is_not_asked_again(run_client, keepalive):  # noqa: F811
+    # The request went out on a kept-alive connection and the server worked on it before going
+    # away: asking it again would run the completion twice (a review found the retry did).
+    server = keepalive(lambda nth, method: method == "POST", work_s=1.0)
+    run = run_client([server.url])
+    run.ready()
+    run.client.submit(chat("a"))
+    final = run.final("a", timeout=10)
+    assert final.done_reason is DoneReason.ERROR and "closed the connection without answering" in final.error
     assert server.posts == 1

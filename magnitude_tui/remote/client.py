@@ -34,6 +34,7 @@ from scheduler.budget import Policy
 from scheduler.speculation import SpecMode
 from scheduler.types import DoneReason, Message, Phase, Request
 
+KEEPALIVE_S = 4.0  # an idle connection is closed after this long (llama-server closes its own after 5 s)
 FLUSH_S = 0.02  # updates gathered this long go out as one batch
 STATUS_S = 0.5  # the endpoints' figures are sent at most this often
 
@@ -157,7 +158,9 @@ class RemoteClient:
         cfg = self.config
         timeout = httpx.Timeout(cfg.read_timeout_s, connect=cfg.connect_timeout_s)
         headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        # Idle connections are let go before llama-server's 5 s keep-alive closes them: a request
+        # sent on one just as the server closes it fails before any answer (request.py retries it once).
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S)
         async with httpx.AsyncClient(timeout=timeout, headers=headers, limits=limits) as http:
             self._http = http
             # Connecting runs beside the wait for stop(): quitting while a server is slow to

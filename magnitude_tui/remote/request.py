@@ -31,6 +31,9 @@ class RequestFailed(RuntimeError):
         self.kind = kind
 
 
+STALE_WINDOW_S = 0.25  # a hang-up this soon after a request went out on a kept-alive connection is its closing
+
+
 class _StaleConnection(Exception):
     """The server closed a kept-alive connection as this request went out on it (its idle
     keep-alive timeout crossed the request): nothing was answered, and the server is fine."""
@@ -161,11 +164,14 @@ async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: htt
     got_text = False
     answered = False  # the server sent its response's head: from then on a break is mid-reply
     connected = False  # this request opened its connection (else it went on a kept-alive one)
+    body_sent: float | None = None  # when the whole request had gone out (time.monotonic())
 
     async def trace(event: str, info: dict) -> None:
-        nonlocal connected
+        nonlocal connected, body_sent
         if event.startswith("connection.connect_"):  # httpcore's connect_tcp / connect_unix_socket
             connected = True
+        elif event == "http11.send_request_body.complete":
+            body_sent = time.monotonic()
 
     try:
         async with http.stream("POST", url, json=request_body(seq.request, model),
@@ -211,7 +217,11 @@ async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: htt
         limit = config.connect_timeout_s if what == "connect" else config.read_timeout_s
         raise RequestFailed(f"{endpoint.url} did not {what} within {limit:g} s (timeout)") from None
     except (httpx.RemoteProtocolError, httpx.NetworkError) as exc:  # read, write or close broke
-        if not answered and not connected and may_be_stale:
+        # A kept-alive connection the server had closed fails at once: while the request goes out,
+        # or as its answer is first read. A server that took the request and then went away (it
+        # worked on it, it crashed) is not asked again: that would run the completion twice.
+        at_once = body_sent is None or time.monotonic() - body_sent < STALE_WINDOW_S
+        if not answered and not connected and may_be_stale and at_once:
             raise _StaleConnection() from None
         endpoint.mark_dead(f"stream broke ({type(exc).__name__})")
         if not answered:  # it went away before answering: nothing was shown, another server may answer
