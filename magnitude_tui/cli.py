@@ -87,7 +87,8 @@ def main(
         if not remote:
             model_path = preflight.check_model(model)
             n_ctx = preflight.check_context(n_ctx, model_path)
-        preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens)
+        preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens,
+                                local=not remote)
         if kv_disk_mb < 0:
             raise preflight.OptionError(f"--kv-disk-mb: expected 0 (off) or more, got {kv_disk_mb}")
         if theme is not None:
@@ -397,7 +398,8 @@ def run_agent(
         if not remote and backend_kind == "llama":
             model_path = preflight.check_model(model)
             n_ctx = preflight.check_context(n_ctx, model_path)
-        preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens)
+        preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens,
+                                local=not remote)
         roles = preflight.check_agents(agents)
         file_config = load_agent_config(agents or agents_path())
         policy_choice = ApprovePolicy.parse(approve) if approve is not None else None

@@ -136,7 +136,7 @@ def run_generate(prompts: list[str], client: EngineClient, *, max_tokens, temper
                     rows["draft"] += ev.draft_rows
                     rows["accepted"] += ev.draft_accepted
                 if isinstance(ev, (EngineFailed, CommandRejected)):
-                    console.print(f"[red]{ev.message}[/]")
+                    console.print(f"[red]{escape(ev.message)}[/]")  # it may quote names such as m[q4]
                 for u in updates:
                     texts[u.request_id] += u.text_delta
                     _add_calls(calls.setdefault(u.request_id, {}), u)
@@ -195,7 +195,7 @@ def _wait_ready(client: EngineClient, console: Console) -> bool:
                     return True
                 elif isinstance(ev, EngineFailed):
                     progress.stop()
-                    console.print(f"[red]{ev.message}[/]")
+                    console.print(f"[red]{escape(ev.message)}[/]")  # it may quote a path with brackets
                     return False
 
 

@@ -135,7 +135,9 @@ def check_theme(theme: str | None, available: list[str]) -> None:
         raise OptionError(f"--theme: unknown theme {theme!r}; choose from {', '.join(available)}")
 
 
-def check_numbers(*, n_ctx: int | None, threads: int | None, temperature: float = 0.0, max_tokens: int = 1) -> None:
+def check_numbers(*, n_ctx: int | None, threads: int | None, temperature: float = 0.0, max_tokens: int = 1,
+                  local: bool = True) -> None:
+    """The numbers' ranges; `local`: the engine runs here (a remote engine's threads are not ours to count)."""
     if n_ctx is None:
         pass  # the default (check_context)
     elif n_ctx < MIN_N_CTX:
@@ -146,7 +148,7 @@ def check_numbers(*, n_ctx: int | None, threads: int | None, temperature: float 
                           f"it up to {up}); pass --n-ctx {up}")
     if threads is not None and threads < 1:
         raise OptionError(f"--threads: {threads} is not a thread count; use 1 or more (or leave it out)")
-    if threads is not None and threads > (cpus := usable_cpus()):
+    if local and threads is not None and threads > (cpus := usable_cpus()):
         # ggml's threads meet at a spinning barrier after every operation: threads beyond the
         # CPUs wait for each other all the time (--threads 1000 on 2 CPUs never finished loading).
         raise OptionError(f"--threads: {threads} is more than the {cpus} CPU{'s' if cpus > 1 else ''} this "

@@ -81,7 +81,7 @@ def test_read_file_holds_only_what_it_shows_of_a_huge_line_and_says_how_to_see_t
     finally:
         tracemalloc.stop()
     assert r.ok and r.text.startswith("bundle.min.js (lines 1-1 of 2):\nxxx"), r.text[:100]
-    assert "line 1 alone is 30,000,001 bytes long" in r.text and "cut -c 64001-128000" in r.text
+    assert "line 1 alone is 30,000,001 bytes long" in r.text and "tail -c +64001 | head -c 64000" in r.text
     assert "smaller range" not in r.text and len(r.text) < ws.limits.read_chars + 300
     assert peak < 2_000_000, peak
     # Cut across lines: the header names the lines shown, and the note where to read on.
@@ -410,3 +410,18 @@ def test_edit_preview_refuses_before_anyone_is_asked(linked):
     edit = tools(linked)["edit_file"]
     r = edit.preview({"path": "leak.txt", "old_text": "the", "new_text": "x"})
     assert not isinstance(r, str) and r.text.startswith("refused:")
+
+
+def test_the_command_for_the_rest_of_a_long_line_goes_on_where_the_shown_text_ends(ws):
+    # It said `cut -c`, which GNU cut counts in bytes: on a line of two-byte characters it showed
+    # again characters the model had already read (and could split one).
+    import re
+    import subprocess
+
+    text = "".join(chr(0xE9 + i % 20) for i in range(100_000))  # é and on: two bytes each in UTF-8
+    (ws.root / "wide.txt").write_text(text + "\n", encoding="utf-8")
+    r = FileTools(ws).read_file({"path": "wide.txt"})
+    shown = r.text.split("\n", 1)[1].split("\n[cut at", 1)[0]
+    command = re.search(r"e\.g\. (sed .*)\]$", r.text).group(1)
+    rest = subprocess.run(command, shell=True, cwd=ws.root, capture_output=True, check=True).stdout
+    assert text.startswith(shown) and rest.decode("utf-8").startswith(text[len(shown):len(shown) + 1000])

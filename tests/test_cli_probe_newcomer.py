@@ -237,3 +237,10 @@ def test_a_file_where_the_data_directory_goes_is_named(monkeypatch, tmp_path):
     assert len(lines) == 1 and "Traceback" not in result.output, result.output
     assert f"{blocker} is a file, not a directory" in lines[0]
     assert blocker.read_text() == "not a directory"  # left as it was
+
+
+def test_threads_are_not_counted_against_this_machine_for_a_remote_engine(monkeypatch):
+    # --threads is a local engine's; with --remote it was refused for this machine's CPU count.
+    monkeypatch.setattr(preflight, "usable_cpus", lambda: 2)
+    result = _invoke("--remote", "http://127.0.0.1:9", "--threads", "8", "--check")
+    assert result.exit_code == 0 and "ok: remote http://127.0.0.1:9" in result.stdout, result.output

@@ -59,11 +59,13 @@ def test_generate_prints_the_warning(capsys):
     from magnitude_tui.remote.client import RemoteClient
     from magnitude_tui.remote.config import RemoteConfig
 
-    with StubServer(Script(words=2, models=("other",))) as stub:
+    # A listed name in brackets (a quantisation tag) was read as markup: gone, or a MarkupError.
+    with StubServer(Script(words=2, models=("other[q4]", "[/x]"))) as stub:
         code = run_generate(["one"], RemoteClient(RemoteConfig((stub.url,), model="mine")), max_tokens=2,
                             temperature=0.0, seed=None, stream=False)
     out = " ".join(capsys.readouterr().out.split())
     assert code == 0 and "--remote-model 'mine' is not among the models listed" in out
+    assert "'other[q4]', '[/x]'" in out
 
 
 async def test_the_app_shows_the_warning(tmp_path):

@@ -162,9 +162,11 @@ class FileTools:
                 at, before = at + 1, before + len(line)
             end = at if before < limits.read_chars else at - 1  # the last line shown, whole or in part
             if at == start:  # one line longer than a call may show: a smaller range cannot help
-                cut = (f"\n[cut at {limits.read_chars:,} characters: line {at} alone is {lengths[0]:,} bytes long; "
-                       f"see the rest of it with run_command, e.g. sed -n {at}p {shlex.quote(rel)} | "
-                       f"cut -c {limits.read_chars + 1}-{2 * limits.read_chars}]")
+                # In bytes: GNU cut -c counts bytes too, and would repeat or split what was shown.
+                shown_bytes = len(body.encode("utf-8", "surrogateescape"))
+                cut = (f"\n[cut at {limits.read_chars:,} characters ({shown_bytes:,} bytes): line {at} alone is "
+                       f"{lengths[0]:,} bytes long; see the rest of it with run_command, e.g. sed -n {at}p "
+                       f"{shlex.quote(rel)} | tail -c +{shown_bytes + 1} | head -c {limits.read_chars}]")
             else:
                 cut = (f"\n[cut at {limits.read_chars:,} characters, in line {at}; read on with "
                        f"start_line={at}]")
