@@ -31,15 +31,36 @@ def pane_markdown(pane: ChatPane) -> str:
             lines += [f"## tool result: `{m.call.name}` ({how}){marks}", "", _fenced(m.content), ""]
             continue
         who = f"{m.author} (subagent answer)" if m.author else m.role
-        lines += [f"## {who}{marks}", ""] + ([m.content, ""] if m.content or not m.tool_calls else [])
+        lines += [f"## {who}{marks}", ""] + ([_closed(m.content), ""] if m.content or not m.tool_calls else [])
         for call in m.tool_calls:
             lines += [f"called `{call.name}` with", "", _fenced(call.arguments), ""]
         for k, other in enumerate(m.answers):
             if k != m.shown:
-                lines += [f"### other answer {k + 1} of {len(m.others) + 1}", "", other, ""]
+                lines += [f"### other answer {k + 1} of {len(m.others) + 1}", "", _closed(other), ""]
     for text in pane.queued:
-        lines += ["## user (queued, not sent yet)", "", text, ""]
+        lines += ["## user (queued, not sent yet)", "", _closed(text), ""]
     return "\n".join(lines)
+
+
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+
+
+def _closed(text: str) -> str:
+    """`text` with a code fence it leaves open closed: a reply cut off inside a code block (at
+    its token limit, or stopped) turned every heading and message after it in the export into
+    that block's code."""
+    fence = ""
+    for line in text.splitlines():
+        found = _FENCE.match(line)
+        if found is None:
+            continue
+        run = found.group(1)
+        if not fence:
+            if run[0] == "~" or "`" not in line[found.end():]:  # an info string holds no backtick
+                fence = run
+        elif run[0] == fence[0] and len(run) >= len(fence) and not line[found.end():].strip():
+            fence = ""
+    return f"{text}\n{fence}" if fence else text
 
 
 def _fenced(text: str) -> str:

@@ -104,3 +104,25 @@ async def test_escape_sequences_in_replies_and_pastes_are_shown_not_sent_to_the_
         assert "\x1b" not in _drawn(app) and "next ␀ ok" in _drawn(app)
         app.workspace.model.conversations.rename(pane.session_id, "A\x1b[2J")
         assert "\x1b" not in _drawn(app) and "A␛[2J · main" in str(pane._border_title)
+
+
+async def test_an_export_closes_a_code_block_a_reply_left_open(tmp_path):
+    """A reply cut off inside a code block (its token limit) left the fence open in f5's export:
+    every heading and message after it read as that block's code."""
+    from markdown_it import MarkdownIt
+
+    replies = iter(["Here:\n```python\nprint(1)", "~~~\nstill open", "fine"])
+    client = ScriptedClient(reply=lambda request: next(replies))
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        for text in ("code please", "more", "thanks"):
+            await type_message(pilot, text)
+            client.run_to_completion()
+            await settle(pilot)
+        await pilot.press("f5")
+        await wait_for(pilot, lambda: list((tmp_path / "exports").glob("*.md")), what="the export")
+    [path] = (tmp_path / "exports").glob("*.md")
+    tokens = MarkdownIt().parse(path.read_text(encoding="utf-8"))
+    headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
+    assert headings[1:] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+    assert [t.content for t in tokens if t.type == "fence"] == ["print(1)\n", "still open\n"]
