@@ -243,3 +243,27 @@ async def test_a_reopened_pane_with_a_long_tool_result_still_shows_its_task(tmp_
         transcript = pane.query_one(Transcript)
         assert transcript.hidden == 0
         assert [v.message.role for v in transcript.views() if v.display] == ["user", "tool", "assistant"]
+
+
+async def test_a_tool_block_shows_before_the_next_turns_reply_when_the_paint_comes_late(tmp_path):
+    # The paint tick waits while keys come and for background panes: when it came after the next
+    # turn had started streaming, the reply was painted above the block of the call before it.
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "r.txt").write_text("inside\n")
+    client = ToolClient(lambda r: [("read_file", {"path": "r.txt"})] if not tool_results(r) else "the answer")
+    async with agent_app(tmp_path, client) as (app, pilot):
+        ws = app.workspace
+        pane = ws.grid.panes[0]
+        await type_message(pilot, "/agent read r.txt")
+        await drive(pilot, client, lambda: len(client.submitted) >= 1, "the first turn")
+        paint = ws.painter.paint
+
+        async def late() -> None:
+            pass
+
+        ws.painter.paint = late
+        await drive(pilot, client, lambda: pane.has_ended and pane.last_answer() == "the answer", "the answer")
+        ws.painter.paint = paint
+        await settle(pilot)
+        shown = [v.message.role for v in pane.query_one(Transcript).views() if v.display]
+        assert shown == ["user", "tool", "assistant"]

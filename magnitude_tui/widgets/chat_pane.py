@@ -80,7 +80,9 @@ class ChatPane(Vertical):
         self._sent: list[MessageRecord] = []  # the records the current request carries, in order
         self._request_start = 0  # where the records the current (or last) request added begin
         self._dropped: set[int] = set()  # id() of messages left out of the context (it was full)
-        self._notes: list[str | Widget] = []  # context notes and tool blocks waiting for the next paint
+        # Context notes and tool blocks waiting for the next paint, each with how many replies had
+        # ended (of those waiting too) when it came: it is painted after those and before the rest.
+        self._notes: list[tuple[int, str | Widget]] = []
         self._gauge = ""
         # The answers a retry replaced: the next reply keeps them as its others (paged ‹k/n›).
         self.carried: list[str] = []
@@ -384,13 +386,15 @@ class ChatPane(Vertical):
 
         The workspace calls this on its paint tick; tokens are only buffered in between."""
         ended, self._ended = self._ended, []
-        for reply, update in ended:
+        notes, self._notes = self._notes, []
+        for i, (reply, update) in enumerate(ended):
+            await self._paint_notes([n for at, n in notes if at == i])  # a late tick keeps their order
             if reply is not None:
                 await self._paint(reply)
             await self._settle(reply, update)
+        await self._paint_notes([n for at, n in notes if at >= len(ended)])
         if self._reply is not None:
             await self._paint(self._reply)
-        await self._paint_notes()
         if self._status_dirty or self.activity is not None:  # the tool phase's clock runs
             self._status_dirty = False
             for status in self.query(StatusLine):  # none while the pane is torn down
@@ -448,7 +452,7 @@ class ChatPane(Vertical):
         text painted before it (on the next paint). `panes`: the panes spawn_agents' subagents ran in."""
         self.record.messages.append(record)
         self._mark_unsaved(record)
-        self._notes.append(ToolTurnView(record, speaker=self._speaker(record), panes=panes))
+        self._notes.append((len(self._ended), ToolTurnView(record, speaker=self._speaker(record), panes=panes)))
 
     def _drop_oldest(self, count: int) -> None:
         """The engine left out the oldest `count` messages after the system ones: stop sending them."""
@@ -459,12 +463,11 @@ class ChatPane(Vertical):
         dropped = self._sent[first:first + count]
         self._dropped.update(id(m) for m in dropped)
         turns = sum(m.role == "user" for m in dropped)
-        self._notes.append(f"context full: the oldest {turns} turn{'s' * (turns != 1)} ({count} messages) "
-                           "no longer fit and are not sent to the model; the system prompt and the "
-                           "latest turns are kept")
+        self._notes.append((len(self._ended), f"context full: the oldest {turns} turn{'s' * (turns != 1)} "
+                            f"({count} messages) no longer fit and are not sent to the model; the system "
+                            "prompt and the latest turns are kept"))
 
-    async def _paint_notes(self) -> None:
-        notes, self._notes = self._notes, []
+    async def _paint_notes(self, notes: list[str | Widget]) -> None:
         transcript = self._transcript()
         if not notes or transcript is None:
             return
