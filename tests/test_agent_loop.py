@@ -253,4 +253,4 @@ async def test_a_preview_that_raises_is_the_calls_result_and_nothing_runs(root):
         loop = AgentLoop(runner, AgentConfig("main", "main"), [tool], ApprovalGate(ApprovePolicy.AUTO, None))
         out = await loop.run("the task")
     assert out.ok and not ran
-    assert out.messages[-2].content == "error: poke failed before anyone was asked: RuntimeError: the preview broke"
+    assert out.messages[-2].content == "error: poke failed before it ran (preparing it): RuntimeError: the preview broke"

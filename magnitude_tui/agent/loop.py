@@ -204,7 +204,7 @@ class AgentLoop:
         try:
             preview = tool.preview(args) if tool.preview is not None else None
         except Exception as e:  # as for run: a preview's bug must not end the agent, nor write anything
-            return ToolResult.failed(f"{call.name} failed before anyone was asked: {type(e).__name__}: {e}")
+            return ToolResult.failed(f"{call.name} failed before it ran (preparing it): {type(e).__name__}: {e}")
         if isinstance(preview, ToolResult):  # refused or impossible: nobody needs to be asked
             return preview
         asked = self.gate.needs_asking(tool.kind, tool.name)
