@@ -126,3 +126,32 @@ async def test_an_export_closes_a_code_block_a_reply_left_open(tmp_path):
     headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
     assert headings[1:] == ["user", "assistant", "user", "assistant", "user", "assistant"]
     assert [t.content for t in tokens if t.type == "fence"] == ["print(1)\n", "still open\n"]
+
+
+async def test_reopening_the_last_closed_pane_takes_back_its_name_from_the_empty_one(tmp_path):
+    """ctrl+x on the only pane opens an empty A1 in its place; reopening the closed A1 from f4 then
+    renamed it "A1 (2)" for good (in the store) beside that empty pane. The empty pane gives way,
+    as it does when f4 reopens a whole workspace; a pane the user opened and kept is left alone."""
+    from magnitude_tui.screens.conversation_list import ConversationList
+    from magnitude_tui.store import Store
+
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        grid = app.workspace.grid
+        [first] = grid.panes
+        await type_message(pilot, "keep this conversation")
+        client.run_to_completion()
+        await settle(pilot)
+        await pilot.press("ctrl+x")
+        await wait_for(pilot, lambda: grid.panes and grid.panes[0] is not first, what="the empty pane")
+        [empty] = grid.panes
+        assert empty.record.name == "A1"
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConversationList), what="the list")
+        await pilot.press(*"keep", "enter")
+        await wait_for(pilot, lambda: [p.session_id for p in grid.panes] == [first.session_id], what="the reopen")
+        [reopened] = grid.panes
+        assert reopened.record.name == "A1" and grid.focused_pane() is reopened
+        store = Store(tmp_path / "magnitude.db")
+        assert [r.name for r in store.conversations()] == ["A1"]  # the empty pane is not listed

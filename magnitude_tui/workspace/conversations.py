@@ -63,6 +63,14 @@ class Conversations:
                 return None
             taken = set(store.pane_names())
             record = store.reopen_pane(pane_id, model.pane_count())
+            holder = next((p for p in host.grid_panes() if p.record.name == record.name), None)
+            if holder is not None and untouched(holder) and host.grid_panes() == [holder]:
+                # The grid holds only an empty pane with the name (the one a launch opens, or
+                # that closing the last pane opened): it gives way, as for a whole workspace,
+                # and the reopened conversation keeps its name instead of becoming "A1 (2)".
+                await model.close_pane(holder, replace=False)
+                store.delete_pane(holder.session_id)
+                taken.discard(record.name)
             if record.name in taken:  # a new pane took the name while this one was closed
                 old, record.name = record.name, free_name(record.name, taken)
                 store.rename_pane(record.id, record.name)
