@@ -155,3 +155,30 @@ async def test_reopening_the_last_closed_pane_takes_back_its_name_from_the_empty
         assert reopened.record.name == "A1" and grid.focused_pane() is reopened
         store = Store(tmp_path / "magnitude.db")
         assert [r.name for r in store.conversations()] == ["A1"]  # the empty pane is not listed
+
+
+async def test_page_keys_page_through_a_long_conversation_list(tmp_path):
+    """f4 with sixty conversations: pagedown and pageup did nothing (the search box has the focus
+    and the list took no paging keys), so a row far down took a press of down per row."""
+    from textual.widgets import OptionList
+
+    from magnitude_tui.screens.conversation_list import ConversationList
+    from magnitude_tui.store import MessageRecord, PaneRecord
+
+    app = make_app(tmp_path, ScriptedClient())
+    async with app.run_test(size=SIZE) as pilot:
+        store = app.workspace.model.store
+        for k in range(60):
+            store.add_pane(PaneRecord(f"p{k:04d}", f"B{k}", messages=[MessageRecord("user", f"topic {k}")]))
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConversationList), what="the list")
+        options = app.screen.query_one(OptionList)
+        page = options.scrollable_content_region.height - 1
+        await pilot.press("pagedown")
+        assert options.highlighted == page
+        await pilot.press(*["pagedown"] * 5)
+        assert options.highlighted == 60  # the last row (61 with this launch's pane), no wrap
+        await pilot.press("pageup")
+        assert options.highlighted == 60 - page
+        await pilot.press(*["pageup"] * 5)
+        assert options.highlighted == 0

@@ -55,6 +55,10 @@ class ConversationList(ModalScreen[ListChoice | None]):
         Binding("escape", "close", "Close"),
         Binding("down", "move(1)", "Down", show=False),
         Binding("up", "move(-1)", "Up", show=False),
+        # The search box has the focus and takes no paging keys: without these a long list was
+        # walked a row at a time.
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
         Binding("f2", "rename", "Rename"),
         Binding("f3", "open_workspace", "Open its workspace"),
         # Priority: the search box would otherwise take ctrl+d (delete right).
@@ -127,6 +131,13 @@ class ConversationList(ModalScreen[ListChoice | None]):
         options = self.query_one("#list-rows", OptionList)
         if self.rows:
             options.highlighted = ((options.highlighted or 0) + step) % len(self.rows)
+
+    def action_page(self, step: int) -> None:
+        """A page of rows down (1) or up (-1), stopping at the first and last row."""
+        options = self.query_one("#list-rows", OptionList)
+        if self.rows:
+            page = max(1, options.scrollable_content_region.height - 1)
+            options.highlighted = max(0, min(len(self.rows) - 1, (options.highlighted or 0) + step * page))
 
     def action_rename(self) -> None:
         row = self.selected
