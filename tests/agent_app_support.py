@@ -52,10 +52,11 @@ class ToolClient(ScriptedClient):
 
 
 @asynccontextmanager
-async def agent_app(tmp_path: Path, client: ToolClient, *, roles=None):
-    """The app on `client` with tmp_path/work as the agents' workspace root; yields (app, pilot)."""
+async def agent_app(tmp_path: Path, client: ToolClient, *, roles=None, resume: bool = False):
+    """The app on `client` with tmp_path/work as the agents' workspace root (`resume`: reopening
+    the last session's panes from tmp_path's store); yields (app, pilot)."""
     app = MagnitudeApp(client=client, store=Store(tmp_path / "magnitude.db"), export_dir=tmp_path / "exports",
-                       roles=roles, workdir=tmp_path / "work")
+                       roles=roles, workdir=tmp_path / "work", resume=resume)
     async with app.run_test(size=SIZE) as pilot:
         yield app, pilot
 

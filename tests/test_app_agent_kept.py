@@ -6,7 +6,6 @@ turn was asked without it."""
 
 from __future__ import annotations
 
-from magnitude_tui.app import MagnitudeApp
 from magnitude_tui.engine.events import SeqUpdate, StepReport
 from magnitude_tui.export import pane_markdown
 from magnitude_tui.screens.approval_dialog import ApprovalDialog
@@ -15,7 +14,7 @@ from magnitude_tui.widgets.tool_block import ToolBlock
 from magnitude_tui.widgets.transcript import Transcript
 from scheduler.types import DoneReason, ErrorKind, Phase
 from tests.agent_app_support import ToolClient, agent_app, drive, tool_results
-from tests.app_support import SIZE, settle, type_message, wait_for
+from tests.app_support import settle, type_message, wait_for
 
 
 def read_then_answer(request):
@@ -58,9 +57,7 @@ async def test_tool_turns_are_saved_resent_and_shown_after_a_reopen(tmp_path):
     store.close()
 
     client = ToolClient(read_then_answer)
-    app = MagnitudeApp(client=client, store=Store(tmp_path / "magnitude.db"), export_dir=tmp_path / "exports",
-                       roles={}, workdir=tmp_path / "work", resume=True)
-    async with app.run_test(size=SIZE) as pilot:
+    async with agent_app(tmp_path, client, roles={}, resume=True) as (app, pilot):
         ws = app.workspace
         [pane] = ws.grid.panes
         await settle(pilot)
@@ -116,9 +113,7 @@ async def test_a_reopened_block_keeps_its_wait_for_approval(tmp_path):
         assert block.approval_wait_s is not None and block.approval_wait_s >= 0.3
         live = block.summary()
 
-    app = MagnitudeApp(client=ToolClient(lambda r: "unused"), store=Store(tmp_path / "magnitude.db"),
-                       export_dir=tmp_path / "exports", roles={}, workdir=tmp_path / "work", resume=True)
-    async with app.run_test(size=SIZE) as pilot:
+    async with agent_app(tmp_path, ToolClient(lambda r: "unused"), roles={}, resume=True) as (app, pilot):
         [pane] = app.workspace.grid.panes
         await settle(pilot)
         [block] = pane.query(ToolBlock)
@@ -189,9 +184,7 @@ async def test_a_result_cut_to_fit_is_kept_as_the_model_saw_it(tmp_path):
         assert len(result.content) < _TightClient.LIMIT and "characters cut" in result.content
 
     client = _TightClient(_read_once_per_task)
-    app = MagnitudeApp(client=client, store=Store(tmp_path / "magnitude.db"), export_dir=tmp_path / "exports",
-                       roles={}, workdir=tmp_path / "work", resume=True)
-    async with app.run_test(size=SIZE) as pilot:
+    async with agent_app(tmp_path, client, roles={}, resume=True) as (app, pilot):
         ws = app.workspace
         [pane] = ws.grid.panes
         before = len(pane.record.messages)
@@ -235,9 +228,7 @@ async def test_a_reopened_pane_with_a_long_tool_result_still_shows_its_task(tmp_
         await type_message(pilot, "/agent read big.txt")
         await drive(pilot, client, lambda: not app.workspace.agents.running(pane) and pane.last_answer(), "the answer")
 
-    app = MagnitudeApp(client=ToolClient(lambda r: "unused"), store=Store(tmp_path / "magnitude.db"),
-                       export_dir=tmp_path / "exports", roles={}, workdir=tmp_path / "work", resume=True)
-    async with app.run_test(size=SIZE) as pilot:
+    async with agent_app(tmp_path, ToolClient(lambda r: "unused"), roles={}, resume=True) as (app, pilot):
         [pane] = app.workspace.grid.panes
         await settle(pilot)
         transcript = pane.query_one(Transcript)

@@ -7,14 +7,12 @@ import asyncio
 
 from magnitude_tui.agent.policy import ApprovePolicy
 from magnitude_tui.agents import AgentSettings
-from magnitude_tui.app import MagnitudeApp
 from magnitude_tui.screens.agent_dialog import AgentDialog
 from magnitude_tui.screens.approval_dialog import ApprovalDialog
 from magnitude_tui.screens.confirm_dialog import ConfirmDialog
-from magnitude_tui.store import Store
 from scheduler.types import ToolChoiceMode
 from tests.agent_app_support import ToolClient, agent_app, drive, tool_results
-from tests.app_support import SIZE, type_message, wait_for
+from tests.app_support import type_message, wait_for
 
 
 def slow_command_then_write(request):
@@ -78,9 +76,7 @@ async def test_a_role_keeps_its_tools_after_a_relaunch_and_after_the_agent_dialo
         assert pane.record.settings == READER
 
     client = ToolClient(script)
-    app = MagnitudeApp(client=client, store=Store(tmp_path / "magnitude.db"), export_dir=tmp_path / "exports",
-                       roles=roles, workdir=tmp_path / "work", resume=True)
-    async with app.run_test(size=SIZE) as pilot:
+    async with agent_app(tmp_path, client, roles=roles, resume=True) as (app, pilot):
         ws = app.workspace
         [pane] = ws.grid.panes
         assert pane.record.settings == READER
@@ -107,9 +103,7 @@ async def test_a_reopened_pane_keeps_its_roles_restrictions_when_the_agents_file
         await drive(pilot, client, lambda: not app.workspace.agents.running(pane) and pane.last_answer(), "the answer")
 
     client = ToolClient(script)
-    app = MagnitudeApp(client=client, store=Store(tmp_path / "magnitude.db"), export_dir=tmp_path / "exports",
-                       roles={}, workdir=tmp_path / "work", resume=True)
-    async with app.run_test(size=SIZE) as pilot:
+    async with agent_app(tmp_path, client, roles={}, resume=True) as (app, pilot):
         ws = app.workspace
         [pane] = ws.grid.panes
         assert pane.record.settings == READER
