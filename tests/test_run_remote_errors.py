@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from magnitude_tui.agent.headless import RunOptions, run_on_client
 from magnitude_tui.engine.events import SeqUpdate
@@ -18,53 +16,22 @@ from magnitude_tui.remote.client import RemoteClient
 from magnitude_tui.remote.config import RemoteConfig
 from magnitude_tui.serve.hub import WORKER_DIED, EngineHub
 from scheduler.types import DoneReason, Phase
+from tests.openai_stub import Script, StubServer
 
 REFUSAL = "model 'x' is busy: out of device memory (try a smaller batch)"
 
 
-class _Refusing:
-    """Lists one model, answers every completion with a 503 in OpenAI's error shape."""
-
-    def __init__(self) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def _send(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                self._send(200, {"data": [{"id": "x"}]})
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers["content-length"]))
-                self._send(400, {"error": {"message": REFUSAL, "type": "invalid_request_error"}})
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+def _refusing() -> StubServer:
+    """Lists the model `x`; answers every completion with a 400 in OpenAI's error shape."""
+    body = json.dumps({"error": {"message": REFUSAL, "type": "invalid_request_error"}})
+    return StubServer(Script(models=("x",), statuses=[(400, {}, body)] * 10))
 
 
 async def test_run_on_a_remote_engine_says_the_servers_refusal(tmp_path):
-    server = _Refusing()
     out, err = io.StringIO(), io.StringIO()
-    try:
+    with _refusing() as server:
         code = await run_on_client(RunOptions("say hi", tmp_path, json_out=True),
                                    RemoteClient(RemoteConfig((server.url,))), roles={}, out=out, err=err)
-    finally:
-        server.close()
     assert code == 1
     document = json.loads(out.getvalue())
     assert REFUSAL in document["error"] and WORKER_DIED not in document["error"]
@@ -88,12 +55,9 @@ def test_http_callers_are_still_told_only_that_the_engine_stopped():
 
 async def test_run_warns_when_no_server_lists_the_remote_model(tmp_path):
     # The app and generate said so; run read past the notice and said nothing.
-    server = _Refusing()
     out, err = io.StringIO(), io.StringIO()
-    try:
+    with _refusing() as server:
         await run_on_client(RunOptions("say hi", tmp_path, json_out=True),
                             RemoteClient(RemoteConfig((server.url,), model="y")), roles={}, out=out, err=err)
-    finally:
-        server.close()
     assert "warning: --remote-model 'y' is not among the models listed" in err.getvalue()
     assert "lists 'x'" in err.getvalue()
