@@ -182,3 +182,30 @@ async def test_page_keys_page_through_a_long_conversation_list(tmp_path):
         assert options.highlighted == 60 - page
         await pilot.press(*["pageup"] * 5)
         assert options.highlighted == 0
+
+
+async def test_dialogs_fit_a_small_terminal_and_scroll_to_what_has_the_focus(tmp_path):
+    """On an 80x24 terminal f4's list (96 columns) lost its right border and the end of its help
+    line ("esc close"), and f6's agent dialog its Cancel and Save buttons below the screen; below 72
+    columns (a split tmux pane) every dialog was cut. Each fits the screen now, and one taller than
+    the screen scrolls to the widget that has the focus."""
+    from textual.containers import Vertical
+
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=(60, 20)) as pilot:
+        await type_message(pilot, "hello")
+        client.run_to_completion()
+        await settle(pilot)
+        for key in ("f4", "f6", "ctrl+s", "ctrl+l"):
+            await pilot.press(key)
+            await wait_for(pilot, lambda: app.screen is not app.workspace, what=key)
+            await pilot.pause()
+            box = app.screen.query_one(Vertical)
+            assert app.screen.region.contains_region(box.region), (key, box.region)
+            if key == "f6":
+                save = app.screen.query_one("#agent-save")
+                save.focus()
+                await wait_for(pilot, lambda: box.region.contains_region(save.region), what="Save in view")
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.screen is app.workspace, what="the dialog closed")

@@ -20,7 +20,7 @@ class AgentDialog(ModalScreen[AgentSettings | None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel"), Binding("ctrl+s", "save", "Save", priority=True)]
     DEFAULT_CSS = """
     AgentDialog { align: center middle; }
-    AgentDialog > Vertical { width: 80; height: auto; padding: 1 2; border: thick $accent;
+    AgentDialog > Vertical { width: 80; height: auto; max-width: 100%; max-height: 100%; overflow-y: auto; padding: 1 2; border: thick $accent;
                              background: $surface; }
     AgentDialog Label { margin: 1 0 0 0; color: $text-muted; }
     AgentDialog #agent-title { margin: 0; text-style: bold; color: $text; }

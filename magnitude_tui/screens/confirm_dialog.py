@@ -19,7 +19,7 @@ class ConfirmDialog(ModalScreen[bool]):
     ]
     DEFAULT_CSS = """
     ConfirmDialog { align: center middle; }
-    ConfirmDialog > Vertical { width: 64; height: auto; padding: 1 2; border: thick $warning;
+    ConfirmDialog > Vertical { width: 64; height: auto; max-width: 100%; max-height: 100%; overflow-y: auto; padding: 1 2; border: thick $warning;
                                background: $surface; }
     /* A Label is as wide as its text unless told otherwise: the detail ran past the box. */
     ConfirmDialog Label { width: 100%; }

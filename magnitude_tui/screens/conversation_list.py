@@ -66,7 +66,7 @@ class ConversationList(ModalScreen[ListChoice | None]):
     ]
     DEFAULT_CSS = """
     ConversationList { align: center middle; }
-    ConversationList > Vertical { width: 96; height: 80%; padding: 0 1; border: thick $accent;
+    ConversationList > Vertical { width: 96; max-width: 100%; height: 80%; padding: 0 1; border: thick $accent;
                                   background: $surface; }
     ConversationList #list-title { text-style: bold; margin: 0 0 1 0; }
     ConversationList #list-help { color: $text-muted; margin-top: 1; width: 100%; }

@@ -19,7 +19,7 @@ class PolicyDialog(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
     DEFAULT_CSS = """
     PolicyDialog { align: center middle; }
-    PolicyDialog > Vertical { width: 72; height: auto; padding: 1 2; border: thick $accent;
+    PolicyDialog > Vertical { width: 72; height: auto; max-width: 100%; max-height: 100%; overflow-y: auto; padding: 1 2; border: thick $accent;
                               background: $surface; }
     PolicyDialog OptionList { height: auto; max-height: 10; margin: 1 0; }
     PolicyDialog Label { color: $text-muted; }

@@ -19,7 +19,7 @@ class SpawnDialog(ModalScreen[SpawnSpec | None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
     DEFAULT_CSS = """
     SpawnDialog { align: center middle; }
-    SpawnDialog > Vertical { width: 70; height: auto; padding: 1 2; border: thick $accent;
+    SpawnDialog > Vertical { width: 70; height: auto; max-width: 100%; max-height: 100%; overflow-y: auto; padding: 1 2; border: thick $accent;
                              background: $surface; }
     SpawnDialog Label { margin: 1 0 0 0; color: $text-muted; }
     SpawnDialog #spawn-title { margin: 0; text-style: bold; color: $text; }
