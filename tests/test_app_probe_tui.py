@@ -209,3 +209,21 @@ async def test_dialogs_fit_a_small_terminal_and_scroll_to_what_has_the_focus(tmp
                 await wait_for(pilot, lambda: box.region.contains_region(save.region), what="Save in view")
             await pilot.press("escape")
             await wait_for(pilot, lambda: app.screen is app.workspace, what="the dialog closed")
+
+
+async def test_a_slash_command_that_fails_goes_back_to_the_composer(tmp_path):
+    """A message that only begins with a slash ("/usr/bin/python crashes ...") or a mistyped command
+    ("/sapwn 3 <a long task>") was refused with a toast and the text was gone: the composer had
+    cleared on Enter. It comes back to be fixed, and a leading space sends it as a message."""
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        [pane] = app.workspace.grid.panes
+        for text in ("/usr/bin/python crashes on import", "/spawn 99 review the whole plan", "/burst x"):
+            await type_message(pilot, text)
+            assert pane.composer.text == text
+            assert "back in the composer" in list(app._notifications)[-1].message
+            pane.composer.value = ""
+        await type_message(pilot, " /usr/bin/python crashes on import")
+        await wait_for(pilot, lambda: len(client.submitted) == 1, what="the message sent")
+        assert pane.record.messages[0].content == " /usr/bin/python crashes on import"

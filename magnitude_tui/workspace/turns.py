@@ -111,7 +111,11 @@ class Turns:
             pane.return_to_composer([text])  # fix the name and send again
             return
         except ValueError as exc:
-            host.notify(str(exc), severity="warning", markup=False)
+            # The text goes back to the composer to be fixed: a typo in a long /spawn task, or a
+            # message that only begins with a slash ("/usr/bin/python crashes"), was lost.
+            host.notify(f"{exc} · the text is back in the composer; a leading space sends it as a message",
+                        severity="warning", markup=False, timeout=10)
+            pane.return_to_composer([text])
             return
         if command.name == "agent":
             await host.start_agent(pane, command.arg, command.role)
