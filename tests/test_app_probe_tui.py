@@ -227,3 +227,29 @@ async def test_a_slash_command_that_fails_goes_back_to_the_composer(tmp_path):
         await type_message(pilot, " /usr/bin/python crashes on import")
         await wait_for(pilot, lambda: len(client.submitted) == 1, what="the message sent")
         assert pane.record.messages[0].content == " /usr/bin/python crashes on import"
+
+
+async def test_a_rename_reaches_the_headers_and_the_subagents_that_name_the_pane(tmp_path):
+    """f4's rename of A1 to "research" left its replies headed "A1" (new ones said "research") and
+    its subagent titled "A1.1 ← A1" with its task "task from A1", until the next launch."""
+    from magnitude_tui.widgets.message_view import MessageView
+
+    def headers(pane) -> list[str]:
+        return [str(v.query_one(".header").render()) for v in pane.query(MessageView)]
+
+    client = ScriptedClient()
+    app = make_app(tmp_path, client)
+    async with app.run_test(size=SIZE) as pilot:
+        ws = app.workspace
+        await type_message(pilot, "plan")
+        client.run_to_completion()
+        await settle(pilot)
+        await type_message(pilot, "/spawn 1 check it")
+        client.run_to_completion()
+        await settle(pilot)
+        parent, child = ws.grid.panes
+        ws.model.conversations.rename(parent.session_id, "research")
+        await pilot.pause()
+        assert headers(parent)[:2] == ["you", "research"]
+        assert str(child._border_title).startswith("A1.1 ← research")
+        assert headers(child) == ["task from research", "A1.1"]

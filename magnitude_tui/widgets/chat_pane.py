@@ -229,6 +229,17 @@ class ChatPane(Vertical):
     def rename(self, name: str) -> None:
         self.record.name = name
         self._retitle()
+        self._rename_speakers()
+
+    def set_parent_name(self, name: str) -> None:
+        """The parent pane was renamed: the title and the headers that name it follow."""
+        self.parent_name = name
+        self._retitle()
+        self._rename_speakers()
+
+    def _rename_speakers(self) -> None:
+        for view in self.query(MessageView):
+            view.set_speaker(self._speaker(view.message))
 
     def focus_composer(self) -> None:
         # At once, not on the next message-loop turn as Widget.focus() does: keys that arrived in

@@ -217,6 +217,11 @@ class MessageView(Vertical):
         """The body is final: one Markdown document of the whole message, nothing still streaming."""
         return self._settled
 
+    def set_speaker(self, speaker: str) -> None:
+        """Who said it is named otherwise now (a pane was renamed)."""
+        self._speaker = speaker
+        self.refresh_header()
+
     def refresh_header(self) -> None:
         text = self._header_text()
         # Mounted is not enough: while the app closes (or before compose) the header may be gone.

@@ -41,6 +41,11 @@ def with_role_tools(settings: AgentSettings, roles: Mapping[str, AgentSettings],
     return replace(settings, tools=role.tools, approve=role.approve, tool_choice=role.tool_choice)
 
 
+def host_children(model: WorkspaceModel, pane_id: str) -> list[ChatPane]:
+    """The open panes spawned from `pane_id`."""
+    return [p for p in model.panes.values() if p.record.parent_id == pane_id]
+
+
 class Conversations:
     """The workspace model owns one."""
 
@@ -122,6 +127,8 @@ class Conversations:
         model.store.rename_pane(pane_id, name)
         if pane is not None:
             pane.rename(name)
+        for child in host_children(model, pane_id):  # "A1.1 ← A1", "task from A1" name the parent
+            child.set_parent_name(name)
 
     async def delete(self, pane_id: str) -> None:
         model = self.model
