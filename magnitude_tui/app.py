@@ -159,6 +159,8 @@ def run_app(engine: EngineConfig | EngineClient, *, theme: str | None, resume: b
                        workdir=workdir)
     try:
         app.run()
+        if app.return_code and app.failure is None:  # a crash: Textual printed its traceback above
+            return "the app stopped on an unexpected error (its traceback is above)"
         return app.failure
     finally:
         client.stop()
