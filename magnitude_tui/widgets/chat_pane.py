@@ -446,6 +446,17 @@ class ChatPane(Vertical):
         self.activity = activity
         self._status_dirty = True
 
+    def note(self, text: str) -> None:
+        """A line for the reader at the end of the transcript (on the next paint), not a message."""
+        self._notes.append((len(self._ended), text))
+
+    def unanswered_prompt(self) -> MessageRecord | None:
+        """The user's own last message when nothing answered it (the app ended before its reply
+        began), else None."""
+        last = self.record.messages[-1] if self.record.messages else None
+        own = last is not None and last.role == "user" and not last.author and not last.inherited
+        return last if own and not self.busy and self.record.role == "main" else None
+
     def add_tool_turn(self, calls: tuple[ToolCall, ...]) -> None:
         """An agent's turn (the request that just ended) called tools: they join the turn's reply,
         or a reply of their own when the turn wrote no text. Kept with the conversation (the

@@ -156,11 +156,15 @@ class Turns:
 
     async def send_restored_queue(self, panes: list[ChatPane]) -> None:
         """On resume: a pane whose reply the quit (or a crash) cut off sends what was queued behind
-        it, as that reply's end would have; the rest stays queued behind this turn."""
+        it, as that reply's end would have; the rest stays queued behind this turn. A message the
+        quit cut off before its reply began is not sent again unasked: the pane says so."""
         for pane in panes:
             if pane.queued and not pane.busy:
                 await self.send(pane, pane.next_queued() or "")
                 self.model.keep_queue(pane)
+            elif pane.unanswered_prompt() is not None:  # the quit came before its reply began
+                pane.note("not answered: the app ended before this message's reply began; "
+                          "↑ in the empty composer brings it back to send again")
 
     async def _restore_answers(self, pane: ChatPane) -> None:
         carried, pane.carried = pane.carried, []
