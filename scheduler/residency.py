@@ -9,6 +9,8 @@ from scheduler.ledger import KvCache, KvLedger
 from scheduler.sequence import Sequence, Session
 from scheduler.types import AttentionPath, used_cells_kpos
 
+MAX_GONE_FORKS = 64  # evicted forks whose parent is remembered for their next turn
+
 
 class Residency:
     """The seq slots, the conversations (sessions) holding them, and the KV they keep resident.
@@ -25,7 +27,9 @@ class Residency:
         self.sessions: dict[str, Session] = {}
         self._slot_owner: dict[int, Session] = {}
         # Which conversation each fork started from, kept past eviction: a later turn of an evicted
-        # subagent reuses its parent's prefix again and rebuilds only its own rows.
+        # subagent reuses its parent's prefix again and rebuilds only its own rows. Kept only while
+        # one side is resident, and for at most MAX_GONE_FORKS evicted children (a server whose
+        # every caller forks a shared system prompt added one per caller, for good).
         self.fork_parent: dict[str, str] = {}
         self._tick = 0  # LRU clock for idle sessions
 
@@ -82,6 +86,7 @@ class Residency:
             self.release(session)
         if session.seq_id is None:
             del self.sessions[seq.session_id]
+            self._prune_forks()
 
     def unbind(self, seq: Sequence) -> None:
         """Take a running sequence's slot and KV away (preemption); its conversation stays live."""
@@ -106,7 +111,19 @@ class Residency:
         victim = min(idle, key=lambda s: (s.awaits_tools or s.session_id in waiting, s.last_used))
         self.release(victim)
         del self.sessions[victim.session_id]
+        self._prune_forks()
         return True
+
+    def _prune_forks(self) -> None:
+        """Forget forks whose child and parent are both gone, and all but the newest
+        MAX_GONE_FORKS whose child is gone (their parent may still serve its next turn)."""
+        gone = [c for c, p in self.fork_parent.items() if c not in self.sessions]
+        for child in gone:
+            if self.fork_parent[child] not in self.sessions:
+                del self.fork_parent[child]
+        gone = [c for c in gone if c in self.fork_parent]
+        for child in gone[:max(0, len(gone) - MAX_GONE_FORKS)]:  # oldest first (insertion order)
+            del self.fork_parent[child]
 
     def waiting_parents(self) -> set[str]:
         """Conversations that a live fork started from."""
@@ -144,6 +161,8 @@ class Residency:
                 self.release(session)
                 del self.sessions[session.session_id]
                 evicted.append(session.session_id)
+        if evicted:
+            self._prune_forks()
         return evicted
 
     def release(self, session: Session) -> None:
