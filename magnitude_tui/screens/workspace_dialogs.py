@@ -81,6 +81,7 @@ class DialogActions(Screen):
     @work(exclusive=True, group="conversations")
     async def action_conversations(self) -> None:
         """f4: the conversation list; act on what the user picked there."""
+        self.model.save()  # what was typed or streamed since the last save tick is listed too
         choice: ListChoice | None = await self.app.push_screen_wait(ConversationList(self.model.store.conversations))
         if choice is None:
             return
