@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from magnitude_tui.engine.events import SeqUpdate, StepReport
 from magnitude_tui.export import pane_markdown
+from magnitude_tui.records import NOT_RUN
 from magnitude_tui.screens.approval_dialog import ApprovalDialog
-from magnitude_tui.store import NOT_RUN, Store
+from magnitude_tui.store import Store
 from magnitude_tui.widgets.tool_block import ToolBlock
 from magnitude_tui.widgets.transcript import Transcript
 from scheduler.types import DoneReason, ErrorKind, Phase

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,15 +22,16 @@ from magnitude_tui.agent.events import (
 )
 from magnitude_tui.agent.mcp_tools import McpServers
 from magnitude_tui.agent.policy import ApprovalRequest
-from magnitude_tui.agent.team import SPAWN, AgentTeam, RoleToolsError
+from magnitude_tui.agent.team import AgentTeam, RoleToolsError
 from magnitude_tui.agent.workspace import Workspace
 from magnitude_tui.agents import AgentFileError, AgentSettings
 from magnitude_tui.engine.events import SeqUpdate
+from magnitude_tui.records import MessageRecord, PaneRecord, take_sent_results
 from magnitude_tui.screens.approval_dialog import DialogApproval
-from magnitude_tui.store import MessageRecord, PaneRecord, take_sent_results
 from magnitude_tui.subagents import next_name
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.tool_block import ToolActivity
+from magnitude_tui.widgets.tool_turn_view import answered_by
 from scheduler.types import Message, Request
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ class PaneAgents:
             self._set_activity(pane, None)
         elif isinstance(event, ToolFinished):
             self._set_activity(pane, None)
-            panes = self._spawned_panes(event) if event.call.name == SPAWN else ()
+            panes = tuple(self._children.get(n, n) for n in answered_by(event.call.name, event.result))
             pane.add_tool_result(MessageRecord("tool", event.result, call=event.call, ok=event.ok,
                                                duration_s=event.duration_s, approval_wait_s=event.approval_wait_s),
                                  panes=panes)
@@ -245,16 +245,6 @@ class PaneAgents:
     def _set_activity(self, pane: ChatPane, activity: ToolActivity | None) -> None:
         pane.set_activity(activity)
         self.ws.sequences_panel.set_activity(pane.session_id, activity)
-
-    def _spawned_panes(self, event: ToolFinished) -> tuple[str, ...]:
-        try:
-            entries = json.loads(event.result)
-        except ValueError:
-            return ()
-        if not isinstance(entries, list):
-            return ()
-        names = [e.get("agent") for e in entries if isinstance(e, dict)]
-        return tuple(self._children.get(n, n) if isinstance(n, str) else "?" for n in names)
 
     def _open_child(self, parent: ChatPane, event: SubagentSpawned) -> None:
         """A spawn_agents subagent gets a pane of its own (as /spawn's do), named like them."""

@@ -6,8 +6,8 @@ import asyncio
 
 from magnitude_tui.engine.protocol import timed_updates
 from magnitude_tui.names import first_free, numbered
+from magnitude_tui.records import MessageRecord, PaneRecord
 from magnitude_tui.serve.hub import EngineHub
-from magnitude_tui.store import MessageRecord, PaneRecord
 from magnitude_tui.widgets.chat_pane import ChatPane
 from magnitude_tui.widgets.pane_grid import MAX_PANES
 from scheduler.types import Phase, Request

@@ -15,7 +15,7 @@ from textual.widgets import Static
 
 from magnitude_tui.agents import AgentSettings
 from magnitude_tui.engine.events import SeqUpdate
-from magnitude_tui.store import MessageRecord, PaneRecord, answered
+from magnitude_tui.records import MessageRecord, PaneRecord, answered
 from magnitude_tui.widgets.composer import Composer, typing_in
 from magnitude_tui.widgets.format import visible
 from magnitude_tui.widgets.message_view import MessageView
@@ -213,7 +213,7 @@ class ChatPane(Vertical):
         self._status_dirty = True  # the gauge's form follows the pane's width (next paint)
 
     def _view(self, m: MessageRecord) -> MessageView:
-        view = (ToolTurnView(m, speaker=self._speaker(m)) if m.has_tool_part and (m.call or not m.content)
+        view = (ToolTurnView(m, speaker=self._speaker(m)) if m.call is not None or m.calls_only
                 else MessageView(m, speaker=self._speaker(m)))
         view.set_class(id(m) in self._dropped, "-dropped")
         return view

@@ -18,7 +18,7 @@ from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
-from magnitude_tui.store import MessageRecord
+from magnitude_tui.records import MessageRecord
 from magnitude_tui.widgets.format import visible
 from magnitude_tui.widgets.streaming_text import StreamingText
 

@@ -9,7 +9,7 @@ import json
 from textual.app import ComposeResult
 
 from magnitude_tui.agent.team import SPAWN
-from magnitude_tui.store import MessageRecord
+from magnitude_tui.records import MessageRecord
 from magnitude_tui.widgets.message_view import MessageView
 from magnitude_tui.widgets.tool_block import ToolBlock
 
@@ -26,14 +26,14 @@ class ToolTurnView(MessageView):
         call = message.call
         self.block = None if call is None else ToolBlock(
             speaker, call.name, call.arguments, message.duration_s, message.content, message.ok,
-            panes=panes or _answered_by(call.name, message.content), approval_wait_s=message.approval_wait_s)
+            panes=panes or answered_by(call.name, message.content), approval_wait_s=message.approval_wait_s)
 
     def compose(self) -> ComposeResult:
         if self.block is not None:
             yield self.block
 
 
-def _answered_by(tool: str, result: str) -> tuple[str, ...]:
+def answered_by(tool: str, result: str) -> tuple[str, ...]:
     """spawn_agents' result names the subagents that answered (their panes' names are only known
     while the session that opened them runs)."""
     if tool != SPAWN:

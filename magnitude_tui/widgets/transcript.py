@@ -24,7 +24,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from magnitude_tui.store import MessageRecord
+from magnitude_tui.records import MessageRecord
 from magnitude_tui.widgets.message_view import MessageView
 
 SHOWN_SCREENS = 2  # screenfuls of text (characters per cell of the transcript) kept as widgets
@@ -39,14 +39,14 @@ def cost(message: MessageRecord) -> int:
     tool result shows as its call's folded block (one line), a turn that only called tools as nothing."""
     if message.call is not None:
         return HEADER_CHARS
-    if message.tool_calls and not message.content:
+    if message.calls_only:
         return 0
     return len(message.content) + HEADER_CHARS
 
 
 def counted(message: MessageRecord) -> bool:
     """Shown as a message of its own (inherited context and calls-only turns are not)."""
-    return not message.inherited and not (message.tool_calls and not message.content)
+    return not message.inherited and not message.calls_only
 
 
 def shown_from(messages: Sequence[MessageRecord], end: int, budget: int, *, at_least: int = MIN_SHOWN) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from magnitude_tui.commands import SLASH_HELP, UnknownRole, parse_slash
-from magnitude_tui.store import MessageRecord
+from magnitude_tui.records import MessageRecord
 from magnitude_tui.subagents import SpawnSpec
 from scheduler.types import DoneReason
 
