@@ -262,14 +262,18 @@ def reply_constraint(req: Request, syntax: ToolSyntax) -> ReplyConstraint:
 
 def schema_grammar(schema_text: str, where: str) -> Grammar:
     conv = _converter()
-    raw = json.loads(schema_text)
+    _schema_rule(conv, json.loads(schema_text), where, "")
+    return _grammar(conv, where)
+
+
+def _schema_rule(conv, raw: object, where: str, name: str, url: str = "input") -> str:
+    """Add the rules of JSON schema `raw` to `conv` under `name` ("": the root); returns its rule.
+    GrammarError names `where` when the schema is out of bounds or cannot be expressed."""
     _check_bounds(raw, where)
     try:
-        schema = conv.resolve_refs(_translate_patterns(raw), "input")
-        conv.visit(schema, "")
+        return conv.visit(conv.resolve_refs(_translate_patterns(raw), url), name)
     except Exception as e:  # the converter raises what it likes on schemas it cannot express
         raise GrammarError(f"{where}: the JSON schema cannot be turned into a grammar ({e})") from None
-    return _grammar(conv, where)
 
 
 def _calls_grammar(syntax: ToolSyntax, tools: tuple[Tool, ...], parallel: bool, *, after_open: bool,
@@ -304,11 +308,7 @@ def _calls_grammar(syntax: ToolSyntax, tools: tuple[Tool, ...], parallel: bool, 
     where = "tools"
     if or_schema is not None:
         raw = _prefixed_defs(json.loads(or_schema), "answer-")
-        _check_bounds(raw, "response_format")
-        try:
-            answer = conv.visit(conv.resolve_refs(_translate_patterns(raw), "response-format"), "answer")
-        except Exception as e:
-            raise GrammarError(f"response_format: the JSON schema cannot be turned into a grammar ({e})") from None
+        answer = _schema_rule(conv, raw, "response_format", "answer", "response-format")
         root, where = f"({root}) | {answer}", "response_format"
     conv._rules["root"] = root
     return _grammar(conv, where)
