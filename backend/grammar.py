@@ -311,7 +311,7 @@ def _calls_grammar(syntax: ToolSyntax, tools: tuple[Tool, ...], parallel: bool, 
         answer = _schema_rule(conv, raw, "response_format", "answer", "response-format")
         root, where = f"({root}) | {answer}", "response_format"
     conv._rules["root"] = root
-    return _grammar(conv, where)
+    return _grammar(conv, where, "tools" if or_schema is None else "tools and response_format")
 
 
 def _prefixed_defs(schema: object, prefix: str) -> object:
@@ -335,7 +335,8 @@ def _prefixed_defs(schema: object, prefix: str) -> object:
     return walk(schema)
 
 
-def _grammar(conv, where: str) -> Grammar:
+def _grammar(conv, where: str, source: str | None = None) -> Grammar:
+    """`conv`'s grammar; GrammarError names `where`. `source`: the fields it comes from (`where`)."""
     # JSON forbids raw control characters inside strings; this converter's `char` lets them through
     # (a newline in a string made replies that json.loads refuses), so they are excluded here.
     gbnf = conv.format_grammar().replace('char ::= [^"\\\\]', 'char ::= [^"\\\\\\x7F\\x00-\\x1F]', 1)
@@ -349,7 +350,7 @@ def _grammar(conv, where: str) -> Grammar:
     if depth > MAX_DEPTH:
         raise GrammarError(f"{where}: the JSON schema makes a grammar nested {depth:,} levels deep (at most "
                            f"{MAX_DEPTH:,}; a 'maxLength' or 'maxItems' that large cannot be constrained)")
-    return Grammar(gbnf)
+    return Grammar(gbnf, source=source or where)
 
 
 def _converter():

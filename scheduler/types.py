@@ -129,6 +129,7 @@ class Grammar:
 
     gbnf: str
     root: str = "root"
+    source: str = ""  # the request fields it was built from ("tools", "response_format", or both)
 
 
 @dataclass(frozen=True)

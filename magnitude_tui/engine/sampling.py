@@ -5,7 +5,7 @@ from __future__ import annotations
 from backend.protocol import Backend, Clock, DecodeResult
 from scheduler.planner import Scheduler
 from scheduler.sequence import Sequence
-from scheduler.types import DoneReason, ErrorKind, Request, ToolChoiceMode
+from scheduler.types import DoneReason, ErrorKind
 
 # One token sampled under a grammar past this fails its request: every other sequence's step
 # waits on that mask. A whole-vocabulary mask costs a few ms (about 4 on SmolLM2's 49,152 tokens,
@@ -161,19 +161,8 @@ def _too_slow(seq: Sequence, mask_ms: float) -> str | None:
         took = f"{seq.grammar_ms / n:,.0f} ms a token over {n} tokens (at most {MAX_MEAN_MASK_MS:,.0f} on average)"
     else:
         return None
-    where = _grammar_source(seq.request)
+    where = seq.grammar.source if seq.grammar is not None else "response_format"
     grammar = "the schema's grammar" if where == "response_format" else "the schemas' grammar"
     return (f"{where}: {grammar} took {took}, and every other reply waits on it: simplify the "
             "schema (a large enum, deep nesting, long repeated patterns)")
 
-
-def _grammar_source(req: Request) -> str:
-    """The request fields a reply's grammar was built from (backend/grammar.py reply_constraint):
-    the response schema alone when no call is possible, the tools' calls alone under "required"
-    or a named function (the schema plays no part), both under "auto" with a schema."""
-    calls = bool(req.tools) and req.tool_choice.mode is not ToolChoiceMode.NONE
-    if not calls:
-        return "response_format"
-    if req.response_schema is not None and req.tool_choice.mode is ToolChoiceMode.AUTO:
-        return "tools and response_format"
-    return "tools"
