@@ -264,6 +264,24 @@ def test_a_stream_that_breaks_mid_reply_errors_and_the_server_is_avoided(run_cli
             assert run.final(rid).error is None
 
 
+def test_an_empty_200_stream_says_so_and_the_server_stays_in_use(run_client):
+    """llama-cpp-python's server answers a streamed prompt longer than its context with a 200 and
+    no data. That read "ended mid-reply" and marked the server dead, though it had said nothing
+    and was up."""
+    with StubServer(Script(words=5, break_after=0)) as stub:
+        run = run_client([stub.url])
+        run.ready()
+        run.client.submit(chat("a"))
+        first = run.final("a")
+        assert first.done_reason is DoneReason.ERROR
+        assert "answered 200 with an empty stream" in first.error and "mid-reply" not in first.error
+        assert all(s.healthy for s in run.client.pool.statuses())
+        stub.script.break_after = None  # the next request fits: the same server answers it
+        run.client.submit(chat("b"))
+        assert run.final("b").error is None
+        assert len(stub.requests) == 2
+
+
 def test_cancel_closes_the_stream_and_frees_the_servers_slot(run_client):
     with StubServer(Script(words=500, delay_s=0.01)) as stub:
         run = run_client([stub.url], max_in_flight=1)

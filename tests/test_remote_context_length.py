@@ -8,7 +8,7 @@ Servers say it their own ways: llama-server answers HTTP 400 `type: exceed_conte
 real server is asked in tests/test_remote_servers.py), OpenAI and this project's `serve`
 `code: context_length_exceeded`, vLLM a message "maximum context length". (llama-cpp-python's
 server says it only without streaming: a streamed request over its context gets a 200 and an
-empty stream, which stays "ended mid-reply".)"""
+empty stream, which the client reports as such, tests/test_remote_client.py.)"""
 
 from __future__ import annotations
 

@@ -180,12 +180,14 @@ async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: htt
             if response.status_code != 200:
                 await _refuse(response, endpoint, model, config, attempt)
             finish_reason = None
+            chunks = 0
             async with aclosing(events(response.aiter_lines())) as stream:
                 async for item in stream:
                     if item is DONE:
                         break
                     assert isinstance(item, Chunk)
                     chunk = item
+                    chunks += 1
                     if chunk.text:
                         seq.delta(chunk.text)  # the first one stamps the first-token time
                     if chunk.tool_calls:
@@ -203,6 +205,14 @@ async def _stream(seq: RemoteSeq, endpoint: Endpoint, attempt: int, *, http: htt
                         seq.timings = chunk.timings
                     if chunk.finish_reason is not None:
                         finish_reason = chunk.finish_reason
+            if finish_reason is None and not chunks:
+                # The server is up (it answered) but said nothing: llama-cpp-python's server does
+                # this for a streamed prompt longer than its context. Not a dead server, not
+                # "mid-reply": nothing was said.
+                endpoint.error("an empty stream")
+                raise RequestFailed(f"{endpoint.url} answered 200 with an empty stream: no reply and no error. "
+                                    "It may have refused the prompt without saying why (llama-cpp-python's "
+                                    "server does this for a prompt longer than its context)")
             if finish_reason is None:
                 endpoint.mark_dead("a stream ended mid-reply")
                 raise RequestFailed(f"the stream from {endpoint.url} ended mid-reply (no finish_reason); "
