@@ -87,7 +87,7 @@ def _sources(*globs: str) -> list[tuple[str, ast.AST]]:
 
 # Everything that reads a backend: the engine, the worker, the backends' own helpers, the bench
 # and the commands that build one.
-BACKEND_READERS = ("backend/*.py", "magnitude_tui/engine/*.py", "magnitude_bench/*.py", "magnitude_tui/cli.py",
+BACKEND_READERS = ("backend/*.py", "magnitude_tui/engine/*.py", "magnitude_bench/*.py", "magnitude_tui/cli*.py",
                    "magnitude_tui/generate.py", "magnitude_tui/app.py")
 
 
