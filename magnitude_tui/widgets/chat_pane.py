@@ -14,11 +14,13 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from magnitude_tui.agents import AgentSettings
+from magnitude_tui.conversation import Conversation
 from magnitude_tui.engine.events import SeqUpdate
-from magnitude_tui.records import MessageRecord, PaneRecord, answered
+from magnitude_tui.records import MessageRecord, PaneRecord
 from magnitude_tui.widgets.composer import Composer, typing_in
 from magnitude_tui.widgets.format import visible
 from magnitude_tui.widgets.message_view import MessageView
+from magnitude_tui.widgets.paint_queue import PaintQueue
 from magnitude_tui.widgets.pane_labels import gauge, pane_title, queue_note, speaker
 from magnitude_tui.widgets.status_line import StatusLine
 from magnitude_tui.widgets.tool_block import ToolActivity
@@ -37,7 +39,8 @@ class _Reply:
 
 
 class ChatPane(Vertical):
-    """One conversation (one engine session). It keeps the transcript; the app talks to the engine."""
+    """One conversation (one engine session) on screen: it shows the transcript of its
+    Conversation (`chat`) as replies stream; the app talks to the engine."""
 
     BINDINGS = [
         # Priority: the composer (a TextArea) has focus nearly always and would take them for
@@ -65,24 +68,20 @@ class ChatPane(Vertical):
     def __init__(self, record: PaneRecord, *, parent_name: str | None = None) -> None:
         super().__init__(id=f"pane-{record.id}")
         self.record = record
+        self.chat = Conversation(record)  # what is sent, dropped, not saved yet
         self.parent_name = parent_name
         self.request_id: str | None = None
         self.last_update: SeqUpdate | None = None
         self._reply: _Reply | None = None  # the reply now streaming
-        self._ended: list[tuple[_Reply | None, SeqUpdate]] = []  # finished, not yet painted/settled
+        # Replies that finished (not yet painted and settled), and context notes and tool blocks,
+        # in the order they came, for the next paint.
+        self._waiting: PaintQueue[tuple[_Reply | None, SeqUpdate], str | Widget] = PaintQueue()
         self._held_results: list[MessageRecord] = []
-        self._unsaved: dict[int, MessageRecord] = {}  # id(message) -> message, in creation order
         self._status_dirty = True
         # Typed while a reply streamed; sent one turn each, in order (kept in the store meanwhile).
         self.queued: list[str] = list(record.queued)
         self.editing: MessageRecord | None = None  # the message the composer holds for a resend
         self.context_size: int | None = None  # tokens one sequence holds (from EngineReady)
-        self._sent: list[MessageRecord] = []  # the records the current request carries, in order
-        self._request_start = 0  # where the records the current (or last) request added begin
-        self._dropped: set[int] = set()  # id() of messages left out of the context (it was full)
-        # Context notes and tool blocks waiting for the next paint, each with how many replies had
-        # ended (of those waiting too) when it came: it is painted after those and before the rest.
-        self._notes: list[tuple[int, str | Widget]] = []
         self._gauge = ""
         # The answers a retry replaced: the next reply keeps them as its others (paged ‹k/n›).
         self.carried: list[str] = []
@@ -92,10 +91,6 @@ class ChatPane(Vertical):
         self.raw = False
         self.activity: ToolActivity | None = None  # an agent's tool or approval this pane waits on
         self._retitle()
-        for m in record.messages:
-            if m.role == "assistant" and not m.complete and m.done_reason is None:
-                m.done_reason = "interrupted"  # cut off by a crash or kill; say so once restored
-                self._mark_unsaved(m)
 
     # ---- what the app reads -------------------------------------------------------------------
 
@@ -119,7 +114,7 @@ class ChatPane(Vertical):
     @property
     def has_ended(self) -> bool:
         """A reply ended and its ending is not painted and settled yet (the next flush does it)."""
-        return bool(self._ended)
+        return self._waiting.has_endings
 
     def conversation(self, *, committed_only: bool = False, with_system: bool = True) -> tuple[Message, ...]:
         """The messages the next turn sends (the engine reuses whatever prefix it still holds):
@@ -128,15 +123,13 @@ class ChatPane(Vertical):
         `committed_only` leaves out a reply that is still streaming (what a spawned subagent forks).
         Messages dropped when the context filled up are not sent again.
         """
-        system = self.record.settings.system
-        head = (Message("system", system),) if system and with_system else ()
-        # A call the agent never ran (it was stopped, the app ended) is answered "not run".
-        return head + answered([m.as_message() for m in self._in_context(committed_only)])
+        streaming = self._reply.message if committed_only and self._reply is not None else None
+        return self.chat.to_send(leave_out=streaming, with_system=with_system)
 
     def raw_prompt(self) -> str | None:
         """In raw mode, the text the next turn continues: the transcript's messages joined as
         they are (no roles, no system prompt); None in chat mode."""
-        return "".join(m.content for m in self._in_context()) if self.raw else None
+        return self.chat.raw_text() if self.raw else None
 
     def set_raw(self, raw: bool) -> None:
         self.raw = raw
@@ -146,11 +139,6 @@ class ChatPane(Vertical):
         """New system prompt and sampling: they apply from the next turn on."""
         self.record.settings = settings
         self._retitle()
-
-    def _in_context(self, committed_only: bool = False) -> list[MessageRecord]:
-        return [m for m in self.record.messages
-                if (m.content or m.has_tool_part) and id(m) not in self._dropped
-                and not (committed_only and self._reply is not None and m is self._reply.message)]
 
     @property
     def context_used(self) -> int | None:
@@ -165,35 +153,29 @@ class ChatPane(Vertical):
 
     def last_reply(self) -> MessageRecord | None:
         """The latest message of the model (what retry asks again and alt+left/right page)."""
-        last = self.record.messages[-1] if self.record.messages else None
-        return last if last is not None and last.role == "assistant" else None
+        return self.chat.last_reply()
 
     async def show_answer(self, message: MessageRecord, index: int) -> None:
         """Show (and send from now on) answer `index` of a reply that retry gave several."""
         message.show_answer(index)
-        self._mark_unsaved(message)
+        self.chat.mark_unsaved(message)
         for view in self.query(MessageView):
             if view.message is message:
                 await view.redraw()
 
     def last_answer(self) -> str | None:
-        for m in reversed(self.record.messages):
-            if m.role == "assistant" and m.content:
-                return m.content
-        return None
+        return self.chat.last_answer()
 
     def is_streaming(self, message: MessageRecord) -> bool:
         return self._reply is not None and message is self._reply.message
 
     def is_dropped(self, message: MessageRecord) -> bool:
         """Left out of the context when it filled up (no longer sent to the model)."""
-        return id(message) in self._dropped
+        return self.chat.is_dropped(message)
 
     def take_unsaved(self) -> list[MessageRecord]:
         """Messages created or changed since the last call, oldest first (the app persists them)."""
-        out = list(self._unsaved.values())
-        self._unsaved.clear()
-        return out
+        return self.chat.take_unsaved()
 
     # ---- layout -------------------------------------------------------------------------------
 
@@ -215,7 +197,7 @@ class ChatPane(Vertical):
     def _view(self, m: MessageRecord) -> MessageView:
         view = (ToolTurnView(m, speaker=self._speaker(m)) if m.call is not None or m.calls_only
                 else MessageView(m, speaker=self._speaker(m)))
-        view.set_class(id(m) in self._dropped, "-dropped")
+        view.set_class(self.chat.is_dropped(m), "-dropped")
         return view
 
     def _transcript(self) -> Transcript | None:
@@ -291,8 +273,7 @@ class ChatPane(Vertical):
 
     def last_prompt(self) -> MessageRecord | None:
         """The user's own latest message (not a subagent's answer, not inherited context)."""
-        return next((m for m in reversed(self.record.messages)
-                     if m.role == "user" and not m.author and not m.inherited), None)
+        return self.chat.last_prompt()
 
     def start_editing(self, message: MessageRecord) -> None:
         self.editing = message
@@ -308,12 +289,8 @@ class ChatPane(Vertical):
     async def truncate(self, message: MessageRecord, *, keep: bool) -> list[MessageRecord]:
         """Remove the messages after `message` (and `message` itself unless `keep`) from the
         transcript; returns what was removed (the caller deletes it from the store)."""
-        index = next(i for i, m in enumerate(self.record.messages) if m is message) + int(keep)
-        removed = self.record.messages[index:]
-        del self.record.messages[index:]
+        removed = self.chat.truncate(message, keep=keep)
         gone = {id(m) for m in removed}
-        for m in removed:
-            self._unsaved.pop(id(m), None)
         for view in self.query(MessageView):
             if id(view.message) in gone:
                 await view.remove()
@@ -329,11 +306,10 @@ class ChatPane(Vertical):
 
     async def add_message(self, message: MessageRecord) -> None:
         """Append a finished message; a subagent's answer waits until the running reply is done."""
-        if message.author and (self.busy or self._ended):
+        if message.author and (self.busy or self.has_ended):
             self._held_results.append(message)
             return
-        self.record.messages.append(message)
-        self._mark_unsaved(message)
+        self.chat.append(message)
         self._retitle()  # the first message names the conversation
         transcript = self._transcript()
         if transcript is not None:
@@ -341,11 +317,9 @@ class ChatPane(Vertical):
 
     async def withdraw_last_prompt(self) -> MessageRecord | None:
         """Take back the last message if it is the user's own and unanswered (None otherwise)."""
-        last = self.record.messages[-1] if self.record.messages else None
-        if self.busy or last is None or last.role != "user" or last.author or last.inherited:
+        last = None if self.busy else self.chat.withdraw_last_prompt()
+        if last is None:
             return None
-        self.record.messages.pop()
-        self._unsaved.pop(id(last), None)
         for view in self.query(MessageView):
             if view.message is last:
                 await view.remove()
@@ -356,8 +330,7 @@ class ChatPane(Vertical):
         return last
 
     def begin_request(self, request_id: str) -> None:
-        self._sent = self._in_context()
-        self._request_start = len(self.record.messages)
+        self.chat.begin_request()
         self.request_id = request_id
         self.last_update = None
         self._status_dirty = True
@@ -371,39 +344,36 @@ class ChatPane(Vertical):
         if update.request_id != self.request_id:
             return  # a late update for a request this pane already gave up on
         if update.dropped_messages and not (self.last_update and self.last_update.dropped_messages):
-            self._drop_oldest(update.dropped_messages)
+            self._waiting.note(self.chat.drop_oldest(update.dropped_messages))
         self.last_update = update
         self._status_dirty = True
         if update.text_delta:
             if self._reply is None:
                 carried, self.carried = self.carried, []
-                self._reply = _Reply(MessageRecord("assistant", "", complete=False, others=carried,
-                                                   shown=len(carried)))
-                self.record.messages.append(self._reply.message)
+                self._reply = _Reply(self.chat.start_reply(carried))
             self._reply.message.content += update.text_delta
             self._reply.pending.append(update.text_delta)
-            self._mark_unsaved(self._reply.message)
+            self.chat.mark_unsaved(self._reply.message)
         if update.phase is Phase.DONE:
             self.request_id = None
             reply, self._reply = self._reply, None
             if reply is not None:
                 reply.message.complete = True
                 reply.message.done_reason = (update.done_reason or DoneReason.STOP).value
-                self._mark_unsaved(reply.message)
-            self._ended.append((reply, update))
+                self.chat.mark_unsaved(reply.message)
+            self._waiting.end((reply, update))
 
     async def flush(self) -> None:
         """Paint buffered text (finished replies first), the latest status, and settle endings.
 
         The workspace calls this on its paint tick; tokens are only buffered in between."""
-        ended, self._ended = self._ended, []
-        notes, self._notes = self._notes, []
-        for i, (reply, update) in enumerate(ended):
-            await self._paint_notes([n for at, n in notes if at == i])  # a late tick keeps their order
+        ended, notes_after = self._waiting.take()
+        for notes, (reply, update) in ended:
+            await self._paint_notes(notes)  # a late tick keeps their order
             if reply is not None:
                 await self._paint(reply)
             await self._settle(reply, update)
-        await self._paint_notes([n for at, n in notes if at >= len(ended)])
+        await self._paint_notes(notes_after)
         if self._reply is not None:
             await self._paint(self._reply)
         if self._status_dirty or self.activity is not None:  # the tool phase's clock runs
@@ -413,7 +383,7 @@ class ChatPane(Vertical):
             gauge = self.gauge_text()
             if gauge and gauge != self._gauge:  # a new request keeps the last gauge until it knows
                 self._gauge = self.border_subtitle = gauge
-        if ended and not self._ended and not self.busy:
+        if ended and not self.has_ended and not self.busy:
             held, self._held_results = self._held_results, []
             for message in held:
                 await self.add_message(message)
@@ -448,55 +418,30 @@ class ChatPane(Vertical):
 
     def note(self, text: str) -> None:
         """A line for the reader at the end of the transcript (on the next paint), not a message."""
-        self._notes.append((len(self._ended), text))
+        self._waiting.note(text)
 
     def unanswered_prompt(self) -> MessageRecord | None:
         """The user's own last message when nothing answered it (the app ended before its reply
         began), else None."""
-        last = self.record.messages[-1] if self.record.messages else None
-        own = last is not None and last.role == "user" and not last.author and not last.inherited
-        return last if own and not self.busy and self.record.role == "main" else None
+        return None if self.busy else self.chat.unanswered_prompt()
 
     def add_tool_turn(self, calls: tuple[ToolCall, ...]) -> None:
         """An agent's turn (the request that just ended) called tools: they join the turn's reply,
         or a reply of their own when the turn wrote no text. Kept with the conversation (the
         store, the next turn's context), and shown with their results."""
-        reply = next((m for m in self.record.messages[self._request_start:]
-                      if m.role == "assistant" and not m.author), None)
-        if reply is None:
-            reply = MessageRecord("assistant", "")
-            self.record.messages.append(reply)
-        reply.tool_calls = calls
-        self._mark_unsaved(reply)
+        self.chat.add_tool_turn(calls)
 
     def add_tool_result(self, record: MessageRecord, panes: tuple[str, ...] = ()) -> None:
         """A tool's result: kept with the conversation, and shown as its call's block after the
         text painted before it (on the next paint). `panes`: the panes spawn_agents' subagents ran in."""
-        self.record.messages.append(record)
-        self._mark_unsaved(record)
-        self._notes.append((len(self._ended), ToolTurnView(record, speaker=self._speaker(record), panes=panes)))
-
-    def _drop_oldest(self, count: int) -> None:
-        """The engine left out the oldest `count` messages after the system ones: stop sending them."""
-        # The pane's system prompt is sent ahead of these records and never dropped.
-        first = 0
-        while first < len(self._sent) and self._sent[first].role == "system":
-            first += 1
-        dropped = self._sent[first:first + count]
-        self._dropped.update(id(m) for m in dropped)
-        turns = sum(m.role == "user" for m in dropped)
-        self._notes.append((len(self._ended), f"context full: the oldest {turns} turn{'s' * (turns != 1)} "
-                            f"({count} messages) no longer fit and are not sent to the model; the system "
-                            "prompt and the latest turns are kept"))
+        self.chat.append(record)
+        self._waiting.note(ToolTurnView(record, speaker=self._speaker(record), panes=panes))
 
     async def _paint_notes(self, notes: list[str | Widget]) -> None:
         transcript = self._transcript()
         if not notes or transcript is None:
             return
         for view in self.query(MessageView):
-            view.set_class(id(view.message) in self._dropped, "-dropped")
+            view.set_class(self.chat.is_dropped(view.message), "-dropped")
         for note in notes:
             await (transcript.mount(note) if isinstance(note, Widget) else transcript.add_note(note))
-
-    def _mark_unsaved(self, message: MessageRecord) -> None:
-        self._unsaved.setdefault(id(message), message)
