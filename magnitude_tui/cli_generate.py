@@ -19,6 +19,7 @@ from magnitude_tui.cli_options import (
     RemoteOpt,
     SpecOpt,
     VerboseOpt,
+    argv_text,
     check_model,
     fail,
     remote_client,
@@ -72,7 +73,7 @@ def generate(
         except (OSError, UnicodeDecodeError) as exc:  # missing, a directory, not text
             fail(f"cannot read --prompts {prompts}: {exc}")
     elif prompt:
-        lines = [prompt] * n
+        lines = [argv_text(prompt, "the prompt")] * n
     else:
         raise typer.BadParameter("give a prompt or --prompts FILE")
     if remote:

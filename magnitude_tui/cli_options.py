@@ -1,5 +1,5 @@
 """Provides what the magnitude-tui commands share: their common options, the one-line failure, the
-remote client and the model checks."""
+remote client and model checks, and command-line text made safe for the engine."""
 
 from __future__ import annotations
 
@@ -52,3 +52,19 @@ def check_model(model: Optional[str], draft_model: Optional[str] = None) -> str:
         fail(str(exc))
     return path
 
+
+def argv_text(value: str, what: str) -> str:
+    """VALUE, typed on the command line, as text the engine can take. Bytes that are not UTF-8
+    reach Python as lone surrogates (PEP 383), which no tokenizer and no JSON reader accepts: the
+    first turn failed with "surrogates not allowed". They become U+FFFD, as any UTF-8 reader shows
+    them, and stderr says so once."""
+    escaped = sum(1 for c in value if "\ud800" <= c <= "\udfff")
+    if not escaped:
+        return value
+    try:
+        raw = value.encode("utf-8", "surrogateescape")  # the bytes as they were typed
+    except UnicodeEncodeError:  # a surrogate no argv decoding made: nothing to recover
+        raw = value.encode("utf-8", "surrogatepass")
+    typer.echo(f"magnitude-tui: warning: {what} has {escaped} byte(s) that are not UTF-8; "
+               f"they were replaced with U+FFFD", err=True)
+    return raw.decode("utf-8", "replace")

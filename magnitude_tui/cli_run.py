@@ -16,6 +16,7 @@ from magnitude_tui.cli_options import (
     RemoteModelOpt,
     RemoteOpt,
     VerboseOpt,
+    argv_text,
     fail,
     remote_client,
 )
@@ -74,6 +75,7 @@ def run_agent(
             raise preflight.OptionError(f"--workdir {workdir}: no such directory")
     except (preflight.OptionError, AgentFileError, ValueError) as exc:
         fail(str(exc))
+    task = argv_text(task, "the task")
     if remote:
         client = remote_client(remote, remote_model, api_key_env)
     else:
