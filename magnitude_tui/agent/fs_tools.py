@@ -95,10 +95,10 @@ class FileTools:
             AgentTool(function_tool("edit_file", "Replace one exact occurrence of old_text with new_text in a file.",
                                     {"path": _STR, "old_text": _STR, "new_text": _STR},
                                     ["path", "old_text", "new_text"]),
-                      ToolKind.WRITE, self._async(self.edit_file), self.edit_preview),
+                      ToolKind.WRITE, self._async(self.edit_file), self.edit_preview, caution=self.write_caution),
             AgentTool(function_tool("write_file", "Write a whole file (created, or replaced).",
                                     {"path": _STR, "content": _STR}, ["path", "content"]),
-                      ToolKind.WRITE, self._async(self.write_file), self.write_preview),
+                      ToolKind.WRITE, self._async(self.write_file), self.write_preview, caution=self.write_caution),
         ]
 
     def _async(self, fn):
@@ -266,6 +266,33 @@ class FileTools:
                              "quote it exactly as read_file shows it")
         return path, rel, old, old.replace(find, repl, 1)
 
+    def write_caution(self, args: dict) -> str | None:
+        """Why this write is asked about every time, even with its tool allowed for the pane: a
+        file git acts on (in .git, or in any directory git would take for a repository: hooks it
+        runs, a config whose core.fsmonitor or core.hooksPath names a program), so allowing
+        writes does not allow running programs, and no `git diff` would show the change; or a file
+        with other hard links, which changes under every name, inside the workspace or not.
+        None for an ordinary file (or a path the preview refuses)."""
+        try:
+            path = self.ws.resolve(args["path"])
+        except (OutsideRoot, KeyError, TypeError):
+            return None
+        rel = self.ws.relative(path)
+        for parent in [path, *path.parents]:  # above the root too: a workspace inside .git/hooks
+            if parent.name.casefold() == ".git" or _looks_like_git_dir(parent):
+                where = self.ws.relative(parent) if parent == self.ws.root or self.ws.root in parent.parents \
+                    else str(parent)
+                return (f"{rel} is in a git directory ({where}): git runs hooks, and programs its config "
+                        "names, from there, so this write could run programs; git diff does not show it")
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            return (f"{rel} has {st.st_nlink} hard links: the change shows under its other names too, which "
+                    "may be outside the workspace")
+        return None
+
     def edit_preview(self, args: dict) -> str | ToolResult:
         return _guarded(lambda a: unified_diff(*self._edited(a)[1:]), args, self.ws.root)
 
@@ -325,6 +352,15 @@ def write_whole(path: Path, text: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _looks_like_git_dir(path: Path) -> bool:
+    """A repository's git directory under another name (a bare repository, `foo.git`): git takes a
+    directory with HEAD, objects/ and refs/ for one."""
+    try:
+        return (path / "HEAD").is_file() and (path / "objects").is_dir() and (path / "refs").is_dir()
+    except OSError:
+        return False
 
 
 def _refuse_binary(head: bytes, rel: str) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import sys
+import termios
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,7 @@ class TerminalApproval:
 
     async def ask(self, request: ApprovalRequest) -> Decision:
         async with self._lock:
+            self._drop_typed_ahead()
             self.out.write("\n" + visible(request.describe()) + "\n")
             while True:
                 self.out.write("allow? [y] once, [a] always for this agent, [n] no: ")
@@ -65,6 +67,17 @@ class TerminalApproval:
                     self.out.flush()
                     reason = (await self._readline()).strip()
                     return deny(reason or "the user said no")
+
+    def _drop_typed_ahead(self) -> None:
+        """Forget what was typed before this question was shown (a `y` meant for the last one, keys
+        pressed while the model wrote): only an answer typed after it is asked may allow a call."""
+        self._pending = b""
+        try:
+            fd = self.stdin.fileno()
+            if os.isatty(fd):
+                termios.tcflush(fd, termios.TCIFLUSH)
+        except (AttributeError, OSError, ValueError, termios.error):
+            pass
 
     async def _readline(self) -> str:
         """A line of the answer ("" at end of input). A terminal is read when the event loop sees it

@@ -24,7 +24,7 @@ from magnitude_tui.agent.events import (
     TurnStarted,
     ignore,
 )
-from magnitude_tui.agent.policy import ApprovalGate, ApprovalRequest
+from magnitude_tui.agent.policy import ApprovalGate, ApprovalRequest, ApprovePolicy, ToolKind
 from magnitude_tui.agent.toolbox import AgentTool, ToolResult, sendable
 from magnitude_tui.serve.tool_calls import check_calls
 from scheduler.types import (
@@ -207,22 +207,51 @@ class AgentLoop:
             return ToolResult.failed(f"{call.name} failed before it ran (preparing it): {type(e).__name__}: {e}")
         if isinstance(preview, ToolResult):  # refused or impossible: nobody needs to be asked
             return preview
-        asked = self.gate.needs_asking(tool.kind, tool.name)
+        try:
+            # A write git would act on (.git) or that reaches other names (hard links) is asked
+            # about each time, even with its tool allowed for the pane.
+            caution = tool.caution(args) if tool.caution is not None else None
+        except Exception as e:
+            return ToolResult.failed(f"{call.name} failed before it ran (preparing it): {type(e).__name__}: {e}")
+        asked = self.gate.needs_asking(tool.kind, tool.name, caution)
         if asked:
             self.observer(ApprovalWaiting(self.config.name, call))
         t0 = time.monotonic()
         decision = await self.gate.decide(ApprovalRequest(self.config.name, self.config.parent, tool.name,
-                                                          call.arguments, tool.kind, preview))
+                                                          call.arguments, tool.kind, preview, caution))
         if asked:
             waited.append(time.monotonic() - t0)
             self.observer(ApprovalDecided(self.config.name, call, decision, waited[0]))
         if not decision.allowed:
             return ToolResult(f"denied: {decision.reason or 'the user did not allow it'}", ok=False)
+        if self.gate.policy is ApprovePolicy.ASK and tool.kind is not ToolKind.READ and preview is not None:
+            # What was allowed is what runs: a file changed, or a path swapped for a link (to
+            # .git/config, another file), while the question was open is not written unseen.
+            changed = self._changed_since_allowed(tool, args, preview, caution)
+            if changed is not None:
+                return changed
         self.observer(ToolStarted(self.config.name, call))
         try:
             return await tool.run(args)
         except Exception as e:  # a tool's bug must not end the agent: the model reads what failed
             return ToolResult.failed(f"{call.name} failed: {type(e).__name__}: {e}")
+
+    @staticmethod
+    def _changed_since_allowed(tool: AgentTool, args: dict, preview: str, caution: str | None) -> ToolResult | None:
+        """A failure when the call would now change something else than what was allowed (its
+        preview, the diff with the real path, or its caution differ); None when it is the same."""
+        try:
+            now = tool.preview(args) if tool.preview is not None else None
+            now_caution = tool.caution(args) if tool.caution is not None else None
+        except Exception as e:
+            return ToolResult.failed(f"{tool.name} failed before it ran (preparing it): {type(e).__name__}: {e}")
+        if isinstance(now, ToolResult):
+            return now
+        if now != preview or now_caution != caution:
+            return ToolResult.failed(f"{tool.name} was not run: what it would change is no longer what was allowed "
+                                     "(the file, or where its path leads, changed meanwhile); nothing was "
+                                     "written. Read it again and call again")
+        return None
 
 
 def _parses(text: str) -> bool:

@@ -70,6 +70,9 @@ class ApprovalRequest:
     arguments: str  # the call's JSON arguments, whole
     kind: ToolKind
     preview: str | None = None  # the diff an edit or write would make
+    # Why this one call is asked about even when its tool is allowed for the pane (a write into
+    # .git, where git finds hooks and commands to run; a file with other hard links).
+    caution: str | None = None
 
     def describe(self) -> str:
         """Several lines for a terminal prompt or a dialog."""
@@ -78,7 +81,10 @@ class ApprovalRequest:
             args = json.dumps(json.loads(self.arguments), indent=2, ensure_ascii=False)
         except ValueError:
             args = self.arguments
-        lines = [f"{who} wants to call {self.tool} ({self.kind.value}):", args]
+        lines = [f"{who} wants to call {self.tool} ({self.kind.value}):"]
+        if self.caution:
+            lines.append(f"caution: {self.caution} (asked each time, even with {self.tool} allowed)")
+        lines.append(args)
         if self.preview:
             lines.append(self.preview)
         return "\n".join(lines)
@@ -99,16 +105,16 @@ class ApprovalGate:
         self.approval = approval
         self.allowed_tools: set[str] = set()
 
-    def needs_asking(self, kind: ToolKind, tool: str) -> bool:
+    def needs_asking(self, kind: ToolKind, tool: str, caution: str | None = None) -> bool:
         return (kind is not ToolKind.READ and self.policy is ApprovePolicy.ASK
-                and tool not in self.allowed_tools)
+                and (tool not in self.allowed_tools or bool(caution)))
 
     async def decide(self, request: ApprovalRequest) -> Decision:
         if request.kind is ToolKind.READ or self.policy is ApprovePolicy.AUTO:
             return ALLOW_ONCE
         if self.policy is ApprovePolicy.READ_ONLY:
             return deny(f"this agent's role is read-only: {request.tool} ({request.kind.value}) is not allowed")
-        if request.tool in self.allowed_tools:
+        if request.tool in self.allowed_tools and not request.caution:  # a cautioned call is asked each time
             return ALLOW_PANE
         if self.approval is None:
             return deny("nobody is there to approve it")

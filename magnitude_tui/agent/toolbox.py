@@ -48,6 +48,8 @@ def sendable(result: ToolResult) -> ToolResult:
 ToolCode = Callable[[dict], Awaitable[ToolResult]]
 # What the user sees before approving (an edit's diff), or a refusal decided without asking.
 ToolPreview = Callable[[dict], "str | ToolResult | None"]
+# Why a call must be asked about even when its tool is allowed for the pane (None: it need not be).
+ToolCaution = Callable[[dict], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class AgentTool:
     preview: ToolPreview | None = None
     # Why it cannot be used now (an MCP server that died); the loop answers that instead of running it.
     unavailable: str | None = None
+    caution: ToolCaution | None = None
 
     @property
     def name(self) -> str:

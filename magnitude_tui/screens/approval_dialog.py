@@ -14,6 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from magnitude_tui.agent.policy import ALLOW_ONCE, ALLOW_PANE, ApprovalRequest, Decision, deny
+from magnitude_tui.agent.transcript import visible
 
 DEFAULT_DENY = "the user said no"
 # s in the dialog: this call is denied and the agent stops (its pane's agent, with its subagents).
@@ -26,11 +27,13 @@ def who(request: ApprovalRequest) -> str:
 
 
 def pretty_arguments(arguments: str) -> str:
-    """The whole JSON arguments, indented (as written when they are not JSON)."""
+    """The whole JSON arguments, indented (as written when they are not JSON), with what a
+    terminal would act on written out as escapes (`visible`)."""
     try:
-        return json.dumps(json.loads(arguments or "{}"), indent=2, ensure_ascii=False)
+        text = json.dumps(json.loads(arguments or "{}"), indent=2, ensure_ascii=False)
     except ValueError:
-        return arguments
+        text = arguments
+    return visible(text)
 
 
 class ApprovalDialog(ModalScreen[Decision]):
@@ -53,6 +56,7 @@ class ApprovalDialog(ModalScreen[Decision]):
     ApprovalDialog .approval-label { margin: 1 0 0 0; color: $text-muted; }
     ApprovalDialog VerticalScroll { height: auto; max-height: 20; background: $panel; }
     ApprovalDialog #approval-diff { color: $text; }
+    ApprovalDialog #approval-caution { color: $warning; text-style: bold; margin: 1 0 0 0; }
     ApprovalDialog #approval-reason { display: none; }
     ApprovalDialog #approval-reason.-shown { display: block; }
     ApprovalDialog Horizontal { height: auto; margin-top: 1; align-horizontal: right; }
@@ -72,13 +76,18 @@ class ApprovalDialog(ModalScreen[Decision]):
         r = self.request
         with Vertical():
             yield Label(f"{who(r)} wants to call {r.tool} ({r.kind.value})", id="approval-title", markup=False)
+            if r.caution:  # asked each time, even with the tool allowed for the pane
+                yield Static(visible(f"caution: {r.caution} (asked each time, even with {r.tool} allowed for "
+                                     "this pane)"), id="approval-caution", markup=False)
             yield Label("Arguments", classes="approval-label")
             with VerticalScroll(id="approval-args-box"):
                 yield Static(pretty_arguments(r.arguments), id="approval-args", markup=False)
             if r.preview:
                 yield Label("What it changes", classes="approval-label")
                 with VerticalScroll(id="approval-diff-box"):
-                    yield Static(r.preview, id="approval-diff", markup=False)
+                    # A file's escape sequences or bidirectional overrides could hide lines of the
+                    # diff on the terminal: they are shown as escapes (as `run` prints them).
+                    yield Static(visible(r.preview), id="approval-diff", markup=False)
             yield Input(placeholder="why not? (sent to the model; Enter denies)", id="approval-reason")
             yield Label("y allow once · a allow this tool for the pane · n deny with a reason · esc deny · "
                         "s stop the agent", classes="approval-label")
