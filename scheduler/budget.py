@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 from scheduler.types import AttentionPath, attended_kpos, used_cells_kpos
 
@@ -105,6 +106,7 @@ class CostModel:
         self.params = self.prior
         self._samples: deque[tuple[tuple[float, ...], float]] = deque(maxlen=window)
         self._overruns: deque[float] = deque(maxlen=window)  # measured / predicted, before each update
+        self._overruns_sorted: list[float] = []  # the same values, kept sorted for `overrun`
         self._xx = [[0.0] * _N for _ in range(_N)]  # running sums over the window: X^T X, X^T y
         self._xy = [0.0] * _N
 
@@ -114,6 +116,7 @@ class CostModel:
         self.params = params
         self._samples.clear()
         self._overruns.clear()
+        self._overruns_sorted.clear()
         self._xx = [[0.0] * _N for _ in range(_N)]
         self._xy = [0.0] * _N
 
@@ -123,7 +126,12 @@ class CostModel:
             return
         predicted = self.predict(decode_rows, prefill_rows, kpos)
         if predicted > 0:
-            self._overruns.append(step_ms / predicted)
+            ratio = step_ms / predicted
+            if len(self._overruns) == self._overruns.maxlen:
+                ranked = self._overruns_sorted
+                del ranked[bisect.bisect_left(ranked, self._overruns[0])]
+            self._overruns.append(ratio)
+            bisect.insort(self._overruns_sorted, ratio)
         x = (1.0, float(decode_rows), float(prefill_rows), float(kpos))
         if len(self._samples) == self._samples.maxlen:
             self._accumulate(*self._samples[0], sign=-1.0)
@@ -137,9 +145,9 @@ class CostModel:
     def overrun(self) -> float:
         """How far recent steps ran over their prediction (the OVERRUN_PERCENTILE-th percentile of
         measured / predicted over the window), between 1 and MAX_OVERRUN; 1 before any step."""
-        if not self._overruns:
+        ranked = self._overruns_sorted
+        if not ranked:
             return 1.0
-        ranked = sorted(self._overruns)
         at = ranked[min(len(ranked) - 1, int(len(ranked) * OVERRUN_PERCENTILE / 100))]
         return min(max(at, 1.0), MAX_OVERRUN)
 
@@ -148,7 +156,7 @@ class CostModel:
         finish within `target_ms` (0 if none), up to the batch's room. The cost rises with every
         row (a row's own work and, deep in a context, its attention), so a bisection finds it."""
         room = max(0, shape.n_batch - shape.decode_rows)
-        cost = lambda n: self.predict(shape.decode_rows, n, shape.kpos(n))  # noqa: E731
+        cost = self._prompt_cost(shape)
         if room == 0 or cost(1) > target_ms:
             return 0
         lo, hi = 1, room
@@ -160,11 +168,27 @@ class CostModel:
                 hi = mid - 1
         return lo
 
+    def _prompt_cost(self, shape: "StepShape") -> "Callable[[int], float]":
+        """`n -> self.predict(shape.decode_rows, n, shape.kpos(n))`, the same arithmetic in the
+        same order (so the same bits), with the step's constant part summed once: a bisection
+        calls it a dozen times a step."""
+        p = self.params
+        base = p.fixed_ms + p.decode_ms * shape.decode_rows
+        per_row, attn, d = p.prefill_ms, p.attn_ms, shape.decode_rows
+        if shape.path is AttentionPath.DENSE:
+            cells = shape.cells_used
+            return lambda n: base + per_row * n + attn * used_cells_kpos(cells + d + n, d + n)
+        kpos0, pos0 = shape.decode_kpos, shape.prefill_pos0
+        return lambda n: base + per_row * n + attn * (kpos0 + (n * pos0 + n * (n + 1) / 2) / 1000.0)
+
     def _accumulate(self, x: tuple[float, ...], y: float, sign: float) -> None:
+        xy, xx = self._xy, self._xx
         for i in range(_N):
-            self._xy[i] += sign * x[i] * y
+            sx = sign * x[i]  # the products group as written before: (sign * x[i]) * ...
+            xy[i] += sx * y
+            row = xx[i]
             for j in range(_N):
-                self._xx[i][j] += sign * x[i] * x[j]
+                row[j] += sx * x[j]
 
     def _fit(self) -> CostParams:
         # Normal equations (X^T X + L) theta = X^T y + L prior, solved with each parameter kept in
@@ -188,8 +212,11 @@ class CostModel:
         pinned: dict[int, float] = {}
         for _ in range(_N):
             free = [i for i in range(_N) if i not in pinned]
-            sub = _solve([[m[i][j] for j in free] for i in free],
-                         [v[i] - sum(m[i][k] * x for k, x in pinned.items()) for i in free])
+            if pinned:
+                sub = _solve([[m[i][j] for j in free] for i in free],
+                             [v[i] - sum(m[i][k] * x for k, x in pinned.items()) for i in free])
+            else:
+                sub = _solve(m, v)
             if sub is None:
                 return self.params
             theta = [pinned.get(i, 0.0) for i in range(_N)]
@@ -206,19 +233,25 @@ class CostModel:
 def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
     """Gaussian elimination with partial pivoting; None if singular."""
     n = len(v)
-    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    a = [row + [v[i]] for i, row in enumerate(m)]
     for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
-        if abs(a[pivot][col]) < 1e-12:
+        # The first row with the largest magnitude, as max() picks it.
+        pivot, best = col, abs(a[col][col])
+        for r in range(col + 1, n):
+            if abs(a[r][col]) > best:
+                pivot, best = r, abs(a[r][col])
+        if best < 1e-12:
             return None
         a[col], a[pivot] = a[pivot], a[col]
+        top = a[col]
         for r in range(col + 1, n):
-            f = a[r][col] / a[col][col]
-            for c in range(col, n + 1):
-                a[r][c] -= f * a[col][c]
+            row = a[r]
+            f = row[col] / top[col]
+            row[col:] = [x - f * y for x, y in zip(row[col:], top[col:])]
     x = [0.0] * n
     for r in range(n - 1, -1, -1):
-        x[r] = (a[r][n] - sum(a[r][c] * x[c] for c in range(r + 1, n))) / a[r][r]
+        row = a[r]
+        x[r] = (row[n] - sum([row[c] * x[c] for c in range(r + 1, n)])) / row[r]
     return x
 
 
