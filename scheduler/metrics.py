@@ -48,6 +48,9 @@ class RequestMetrics:
     # Sorted, so percentiles stay O(1) per report however long the reply gets.
     _itl_sorted: list[float] = field(default_factory=list)
     _recent: deque = field(default_factory=deque)
+    # Whether `_recent` is in time order (a clock that never goes back): the live rate then
+    # counts from the window's old end instead of reading every token in it, every report.
+    _recent_in_order: bool = True
 
     def on_prepared(self, now: float) -> None:
         if self.t_prepared is None:
@@ -69,6 +72,8 @@ class RequestMetrics:
         self.t_last_token = now
         self.num_tokens += 1
         self.token_times.append(now)
+        if self._recent and now < self._recent[-1]:
+            self._recent_in_order = False
         self._recent.append(now)
         while self._recent and self._recent[0] < now - LIVE_WINDOW_S:
             self._recent.popleft()
@@ -117,8 +122,16 @@ class RequestMetrics:
         window = min(LIVE_WINDOW_S, now - self.t_first_token)
         if window <= 0:
             return None
-        n = sum(1 for t in self._recent if t > now - window)
-        return n / window
+        cutoff = now - window
+        recent = self._recent
+        if not self._recent_in_order:
+            return sum(1 for t in recent if t > cutoff) / window
+        old = 0  # the tokens at or before the cutoff lead the window
+        for t in recent:
+            if t > cutoff:
+                break
+            old += 1
+        return (len(recent) - old) / window
 
     @property
     def final_tok_s(self) -> float | None:
