@@ -86,6 +86,13 @@ class LlamaBackend:
         # if more: a user who asked for it knows their machine).
         self.max_threads = max(n_threads, usable_cpus())
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        # The batch's arrays, viewed once: every row belongs to one sequence, the rest is per step.
+        b = self._batch
+        self._token = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
+        self._want = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
+        np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))[:] = 1
+        self._seq_id = [b.seq_id[i] for i in range(self.n_batch)]  # each row's own seq id array
         self._rows = LogitRows(ctx, vocab.n_vocab, self.n_batch)
         self._samplers = Samplers(ctx, vocab.native, self._rows)
         self._closed = False
@@ -285,31 +292,33 @@ class LlamaBackend:
 
     def _run(self, slices) -> tuple[int, float, dict[int, int], dict[int, tuple[int, ...]]]:
         """One llama_decode over these slices: its code, wall ms, and each sequence's logit rows."""
-        b = self._batch
-        n = sum(len(s.tokens) for s in slices)
-        token = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
-        pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
-        logits = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
-        n_seq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
+        token, pos, want, seq_id = self._token, self._pos, self._want, self._seq_id
         logit_rows: dict[int, int] = {}
         draft_rows: dict[int, tuple[int, ...]] = {}
         row = 0
         for s in slices:
             k = len(s.tokens)
-            token[row:row + k] = s.tokens
-            pos[row:row + k] = np.arange(s.pos0, s.pos0 + k, dtype=np.int32)
-            logits[row:row + k] = 0
-            for i in range(row, row + k):
-                b.seq_id[i][0] = s.seq_id
+            end = row + k
+            if k == 1:  # a decode row: element writes cost less than slices
+                token[row] = s.tokens[0]
+                pos[row] = s.pos0
+                want[row] = 0
+                seq_id[row][0] = s.seq_id
+            else:
+                token[row:end] = s.tokens
+                pos[row:end] = np.arange(s.pos0, s.pos0 + k, dtype=np.int32)
+                want[row:end] = 0
+                for ids in seq_id[row:end]:
+                    ids[0] = s.seq_id
             if s.want_logits:
-                first = row + k - 1 - s.n_draft  # a decode row verifying drafts: every row after it too
-                logits[first:row + k] = 1
+                first = end - 1 - s.n_draft  # a decode row verifying drafts: every row after it too
+                want[first:end] = 1
                 logit_rows[s.seq_id] = first
                 if s.n_draft:
-                    draft_rows[s.seq_id] = tuple(range(first + 1, row + k))
-            row += k
-        n_seq[:n] = 1
-        b.n_tokens = n
+                    draft_rows[s.seq_id] = tuple(range(first + 1, end))
+            row = end
+        b = self._batch
+        b.n_tokens = row
         t0 = time.perf_counter()
         code = llama_cpp.llama_decode(self._ctx, b)
         # Vulkan queues work asynchronously: without the sync the time is only the enqueue.
