@@ -146,6 +146,7 @@ class McpServer:
         self._restarts = 0  # in a row, without a call answered in between
         self._restart_lock = asyncio.Lock()
         self._pids: list[int] = []  # the process the SDK started (its group's id)
+        self._closed = False  # closed for good: never started again
 
     async def start(self) -> None:
         """Start the server and list its tools, or set `problem`; never raises."""
@@ -238,13 +239,16 @@ class McpServer:
         async with self._restart_lock:
             if self._session is not None and self.problem is None:
                 return True  # another call started it meanwhile
-            if not self._started or self._restarts >= MAX_RESTARTS:
+            if self._closed or not self._started or self._restarts >= MAX_RESTARTS:
                 return False
             self._restarts += 1
             await self._halt()
             before = self.problem
             self.problem = None
             await self.start()
+            if self._closed:  # closed while it started again (the app quit): it goes too
+                await self._halt()
+                self._fail("it was closed")
             if self.problem is not None:
                 self.problem = f"{self.problem} (started again after: {before})" if before else self.problem
                 return False
@@ -254,7 +258,8 @@ class McpServer:
         if (self.problem is not None or self._session is None) and not await self._revive():
             return ToolResult.failed(f"unavailable: {self.problem or 'the server is not running'}")
         session = self._session
-        assert session is not None
+        if session is None:  # it ended again at once
+            return ToolResult.failed(f"unavailable: {self.problem or 'the server is not running'}")
         since = self._stderr_size()
         try:
             result = await asyncio.wait_for(session.call_tool(name, args), self.spec.timeout_s)
@@ -329,6 +334,7 @@ class McpServer:
         self._session = None
 
     async def close(self) -> None:
+        self._closed = True
         self._stop.set()
         if self._task is not None and not self._task.done():
             try:
