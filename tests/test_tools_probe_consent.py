@@ -1,8 +1,10 @@
 """Probe findings on the agent tools' consent: allowing a write tool for the pane did not cover
-writes into .git (hooks, core.fsmonitor: programs git runs) or through hard links; the approval
-dialog showed a diff's escape sequences and bidirectional overrides raw; the terminal prompt
-took a line typed before its question as the answer. Also what already held: a path swapped for
-a link after approval is refused when the write runs, a denied write leaves nothing."""
+writes into .git (hooks, core.fsmonitor: programs git runs) or through hard links; a path swapped
+for a link into .git while the question was open got the approved text; the approval dialog
+showed a diff's escape sequences and bidirectional overrides raw, and took the next letters of a
+half-typed message as the answer; the terminal prompt took a line typed before its question.
+Also what already held: a path swapped for a link out after approval is refused when the write
+runs, a denied write leaves nothing."""
 
 from __future__ import annotations
 
@@ -292,3 +294,64 @@ async def test_an_unchanged_call_still_runs_after_the_recheck(tmp_path):
     (tmp_path / "app.py").write_text("VERSION = 1\n")
     out, _, _ = await run_agent(tmp_path, writes(("app.py", "VERSION = 2\n")), approval=SwapWhileAsking(lambda: None))
     assert out.ok and (tmp_path / "app.py").read_text() == "VERSION = 2\n"
+
+
+@pytest.mark.parametrize("typed", ["sha", ""])
+async def test_a_question_that_appears_mid_typing_is_not_answered_by_the_next_letters(typed, monkeypatch):
+    # A message half-typed in a pane when an agent's question popped up: the next letter, "a"
+    # of "share", allowed run_command for the whole pane, unseen.
+    from textual.app import App
+    from textual.widgets import TextArea
+
+    from magnitude_tui.screens import approval_dialog
+    from magnitude_tui.screens.approval_dialog import ApprovalDialog, DialogApproval
+
+    monkeypatch.setattr(approval_dialog, "ARM_S", 0.5)
+
+    class Host(App):
+        def compose(self):
+            yield TextArea(typed, id="composer")
+
+    request = ApprovalRequest("main", None, "run_command", '{"command": "rm -rf build"}', ToolKind.RUN)
+    app = Host()
+    async with app.run_test() as pilot:
+        app.query_one("#composer").focus()
+        await pilot.pause()
+        ask = asyncio.create_task(DialogApproval(app).ask(request))
+        await pilot.pause()
+        assert isinstance(app.screen, ApprovalDialog)
+        t0 = time.monotonic()
+        await pilot.press("a", "enter")  # the typing goes on: a letter, then Enter on the focused Allow
+        await pilot.pause()
+        if not typed:  # nobody was typing: the keys answer at once
+            assert (await asyncio.wait_for(ask, 5)).verdict is Verdict.ALLOW_PANE
+            return
+        assert time.monotonic() - t0 < 0.5 and not ask.done() and isinstance(app.screen, ApprovalDialog)
+        assert app.screen.query("#approval-armed")  # it says why
+        await asyncio.sleep(0.6)
+        await pilot.press("y")
+        assert (await asyncio.wait_for(ask, 5)).verdict is Verdict.ALLOW_ONCE
+
+
+async def test_denying_is_never_held_back_by_the_typing_guard(monkeypatch):
+    from textual.app import App
+    from textual.widgets import TextArea
+
+    from magnitude_tui.screens import approval_dialog
+    from magnitude_tui.screens.approval_dialog import DialogApproval
+
+    monkeypatch.setattr(approval_dialog, "ARM_S", 30.0)
+
+    class Host(App):
+        def compose(self):
+            yield TextArea("half a message", id="composer")
+
+    request = ApprovalRequest("main", None, "write_file", '{"path": "a"}', ToolKind.WRITE)
+    app = Host()
+    async with app.run_test() as pilot:
+        app.query_one("#composer").focus()
+        await pilot.pause()
+        ask = asyncio.create_task(DialogApproval(app).ask(request))
+        await pilot.pause()
+        await pilot.press("escape")
+        assert (await asyncio.wait_for(ask, 5)).verdict is Verdict.DENY

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Callable
 
 from textual import on
@@ -11,12 +12,16 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Static
+from textual.widgets import Button, Input, Label, Static, TextArea
 
 from magnitude_tui.agent.policy import ALLOW_ONCE, ALLOW_PANE, ApprovalRequest, Decision, deny
 from magnitude_tui.agent.transcript import visible
 
 DEFAULT_DENY = "the user said no"
+# A question that appears while someone is typing (a message half-written in a pane's input)
+# takes no allowing key (y, a, Enter on Allow) for this long: the next letters of that message
+# would otherwise answer it unseen, "a" allowing the tool for the whole pane. Denying is not held.
+ARM_S = 1.0
 # s in the dialog: this call is denied and the agent stops (its pane's agent, with its subagents).
 STOP = deny("the user stopped the agent")
 
@@ -63,10 +68,17 @@ class ApprovalDialog(ModalScreen[Decision]):
     ApprovalDialog Button { margin-left: 1; }
     """
 
-    def __init__(self, request: ApprovalRequest) -> None:
+    def __init__(self, request: ApprovalRequest, arm_s: float = 0.0) -> None:
+        """`arm_s`: how long after it is shown allowing keys are ignored (someone was typing)."""
         super().__init__()
         self.request = request
         self.withdrawn = False  # its agent stopped while another screen lay over it
+        self.arm_s = arm_s
+        self._armed_at = float("inf")  # set when shown
+
+    def armed(self) -> bool:
+        """Whether allowing is taken now (not within arm_s of the question being shown)."""
+        return time.monotonic() >= self._armed_at
 
     def on_screen_resume(self) -> None:
         if self.withdrawn:  # uncovered after its question went away: nothing left to answer
@@ -91,6 +103,9 @@ class ApprovalDialog(ModalScreen[Decision]):
             yield Input(placeholder="why not? (sent to the model; Enter denies)", id="approval-reason")
             yield Label("y allow once · a allow this tool for the pane · n deny with a reason · esc deny · "
                         "s stop the agent", classes="approval-label")
+            if self.arm_s > 0:
+                yield Label(f"you were typing: y, a and Allow take effect after {self.arm_s:g} s",
+                            classes="approval-label", id="approval-armed")
             with Horizontal():
                 yield Button("Stop agent (s)", id="approval-stop")
                 yield Button("Deny (n)", variant="error", id="approval-deny")
@@ -98,6 +113,7 @@ class ApprovalDialog(ModalScreen[Decision]):
                 yield Button("Allow once (y)", variant="primary", id="approval-once")
 
     def on_mount(self) -> None:
+        self._armed_at = time.monotonic() + self.arm_s
         self.query_one("#approval-once", Button).focus()
 
     def _reason_open(self) -> bool:
@@ -111,11 +127,13 @@ class ApprovalDialog(ModalScreen[Decision]):
 
     @on(Button.Pressed, "#approval-once")
     def action_allow_once(self) -> None:
-        self.dismiss(ALLOW_ONCE)
+        if self.armed():
+            self.dismiss(ALLOW_ONCE)
 
     @on(Button.Pressed, "#approval-pane")
     def action_allow_pane(self) -> None:
-        self.dismiss(ALLOW_PANE)
+        if self.armed():
+            self.dismiss(ALLOW_PANE)
 
     @on(Button.Pressed, "#approval-deny")
     def action_deny(self) -> None:
@@ -161,7 +179,11 @@ class DialogApproval:
                 if decision is STOP and self.on_stop is not None:
                     self.on_stop(request)
 
-            screen = ApprovalDialog(request)
+            # Someone with a message half-typed may be typing on: the question holds its allowing keys.
+            focused = self.app.focused
+            typing = (isinstance(focused, Input) and bool(focused.value)) or \
+                (isinstance(focused, TextArea) and bool(focused.text))
+            screen = ApprovalDialog(request, ARM_S if typing else 0.0)
             self.app.push_screen(screen, done)
             try:
                 return await answer
