@@ -68,6 +68,20 @@ async def test_results_not_utf8_huge_or_resources_are_read_and_the_server_stays(
         await servers.close()
 
 
+async def test_an_answer_in_the_wrong_shape_fails_its_call_and_keeps_the_server():
+    servers = await started(raw("ok"))
+    try:
+        server = servers.servers[0]
+        pid = (await server.call("pid", {})).text
+        r = await server.call("badshape", {})
+        assert not r.ok and "does not follow the MCP schema" in r.text and "started again" not in r.text
+        assert servers.problems == {}
+        # The same process (it used to be counted lost, and started again: its state gone).
+        assert (await server.call("pid", {})).text == pid
+    finally:
+        await servers.close()
+
+
 async def test_a_server_writing_garbage_or_never_initializing_is_given_up_on_in_time(caplog):
     caplog.set_level(logging.DEBUG)
     t0 = time.monotonic()
@@ -148,7 +162,7 @@ async def test_every_page_of_tools_is_listed_and_no_two_tools_share_a_name():
         assert sorted([(await tools[n].run({})).text for n in weird]) == ["we.ird name done", "we_ird_name done"]
         # The same across servers: `p.q` and `p_q` both make p_q__ok.
         all_names = [t.name for ts in servers.tools().values() for t in ts]
-        assert len(all_names) == len(set(all_names)) and len(all_names) == len(tools) + 2 * 9
+        assert len(all_names) == len(set(all_names)) and len(all_names) == len(tools) + 2 * 10
     finally:
         await servers.close()
 

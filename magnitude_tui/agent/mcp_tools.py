@@ -280,6 +280,11 @@ class McpServer:
                 # The server answered this call with a JSON-RPC error (bad params, a tool that threw in
                 # another SDK): the call failed, the server is still there for the others.
                 return ToolResult.failed(f"{name} failed: {_first_error(e)}")
+            if _malformed_answer(e) and self._session is not None:
+                # It answered, in a shape the MCP schema does not allow: that answer is lost, not
+                # the server (starting it again lost its state: a browser's pages, a login).
+                return ToolResult.failed(f"{name}: the server's answer does not follow the MCP schema: "
+                                         f"{_first_error(e)}")
             self._fail(f"{name} failed: {_first_error(e)}", since)
             return self._lost()
         self._restarts = 0
@@ -435,6 +440,17 @@ def _answered_with_error(e: BaseException) -> bool:
         from mcp.shared.exceptions import McpError as MCPError  # type: ignore[attr-defined,no-redef]
         from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
     return isinstance(e, MCPError) and e.error.code not in (CONNECTION_CLOSED, REQUEST_TIMEOUT)
+
+
+def _malformed_answer(e: BaseException) -> bool:
+    """Whether `e` is the SDK refusing the shape of an answer the server did send."""
+    while _GROUP and isinstance(e, _GROUP) and e.exceptions:
+        e = e.exceptions[0]
+    try:
+        from pydantic import ValidationError
+    except ImportError:  # pragma: no cover - the SDK is built on pydantic
+        return False
+    return isinstance(e, ValidationError)
 
 
 def _first_error(e: BaseException) -> str:

@@ -6,7 +6,7 @@ odd1: in one page),
 child (starts a child process, its pid written to PIDFILE, that outlives the server's end),
 wedge (the `hang` tool stops the server reading anything). With RAW_PIDFILE set it writes its pid there.
 Tools: ok, huge (8 MB of text), resource (an embedded text resource and a link), nonutf8 (a byte
-that is not UTF-8 in its text), image, emptyerr (isError with no content), crash (the process exits), hang (never answered), pid (the
+that is not UTF-8 in its text), image, emptyerr (isError with no content), badshape (content that is not a list), crash (the process exits), hang (never answered), pid (the
 server's pid).
 """
 
@@ -29,7 +29,7 @@ def tool(name, schema=None, **extra):
     return {"name": name, "description": name, "inputSchema": schema or {"type": "object"}, **extra}
 
 
-BASIC = [tool(n) for n in ("ok", "huge", "resource", "nonutf8", "crash", "hang", "pid", "image", "emptyerr")]
+BASIC = [tool(n) for n in ("ok", "huge", "resource", "nonutf8", "crash", "hang", "pid", "image", "emptyerr", "badshape")]
 ODD = [
     tool("unanchored", {"type": "object", "properties": {"code": {"type": "string", "pattern": "[a-z]+"}},
                         "required": ["code"]}),
@@ -93,6 +93,9 @@ for line in sys.stdin.buffer:
                        {"type": "resource_link", "uri": "file:///other.txt", "name": "other"}]
         elif name == "image":
             content = [{"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}]
+        elif name == "badshape":  # a result, but not a CallToolResult
+            send({"jsonrpc": "2.0", "id": rid, "result": {"content": "not a list"}})
+            continue
         elif name == "emptyerr":
             send({"jsonrpc": "2.0", "id": rid, "result": {"content": [], "isError": True}})
             continue
