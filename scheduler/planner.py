@@ -235,9 +235,11 @@ class Scheduler:
         for seq, error in self.admission.admit(now):
             self.finish(seq, DoneReason.ERROR, str(error), error.kind)
         self._make_way(now)
-        by_id = sorted(self.running, key=lambda s: s.slot)
-        decoding = [s for s in by_id if s.is_decoding]
-        prefilling = sorted((s for s in self.running if not s.is_decoding), key=lambda s: s.admit_order)
+        decoding, prefilling = [], []
+        for s in self.running:
+            (decoding if s.is_decoding else prefilling).append(s)
+        decoding.sort(key=lambda s: s.slot)
+        prefilling.sort(key=lambda s: s.admit_order)
         held = (held_for_person(decoding, prefilling, now, self.agent_hold_ms)
                 if self.policy.target_ms is not None else [])
         for s in self.running:
@@ -286,9 +288,12 @@ class Scheduler:
         scheduler's view equal to the KV cache.
         """
         outcome: DecodeOutcome = result.outcome
-        planned = [(sl, self._running_at(sl.seq_id)) for sl in plan.slices]
+        at_slot = self._running_by_slot()
+        planned = [(sl, at_slot.get(sl.seq_id)) for sl in plan.slices]
         if outcome is DecodeOutcome.OK:
             kpos = plan_kpos(plan, self.attention, self.kv.cells_used())
+            # The plan's row counts are sums over its slices: taken once.
+            n_decode, n_draft, n_prefill = plan.n_decode, plan.n_draft, plan.n_prefill
             ready = []
             for sl, seq in planned:
                 # A sequence cancelled while the step ran is already gone: its slot keeps only
@@ -305,16 +310,15 @@ class Scheduler:
                 if sl.want_logits:
                     ready.append(seq)
                 seq.refresh_phase()
-            self.ramp.observe(plan.n_prefill, result.step_ms,
-                              self.cost.predict(plan.n_decode + plan.n_draft, plan.n_prefill, kpos),
+            self.ramp.observe(n_prefill, result.step_ms,
+                              self.cost.predict(n_decode + n_draft, n_prefill, kpos),
                               self.policy.target_ms)
             # A draft row carries logits like a decode row, and is priced as one.
-            self.cost.observe(plan.n_decode + plan.n_draft, plan.n_prefill, result.step_ms, kpos)
+            self.cost.observe(n_decode + n_draft, n_prefill, result.step_ms, kpos)
             # The decode rows' share of the attention (draft rows sit beside their sequence's):
             # draft rows are priced against plain steps brought to this step's depth.
-            n_decode = plan.n_decode
-            self.speculator.timed(n_decode, plan.n_draft, plan.n_prefill, result.step_ms,
-                                  kpos * n_decode / max(1, n_decode + plan.n_draft),
+            self.speculator.timed(n_decode, n_draft, n_prefill, result.step_ms,
+                                  kpos * n_decode / max(1, n_decode + n_draft),
                                   lambda k: self.cost.predict(n_decode, 0, k))
             self.relief.on_success()
             self.num_evicted_for_speed += len(
@@ -398,11 +402,9 @@ class Scheduler:
             for seq, error in self.admission.admit(now):
                 self.finish(seq, DoneReason.ERROR, str(error), error.kind)
 
-    def _running_at(self, seq_id: int) -> Sequence | None:
-        for s in self.running:
-            if s.seq_id == seq_id:
-                return s
-        return None
+    def _running_by_slot(self) -> dict[int | None, Sequence]:
+        """The running sequences by seq id (the first one, should two ever share one)."""
+        return {s.seq_id: s for s in reversed(self.running)}
 
     def _relieve_kv(self, plan: BatchPlan) -> None:
         """Apply the remedy KvRelief picks after "no KV slot"."""
