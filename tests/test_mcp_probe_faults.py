@@ -68,7 +68,7 @@ async def test_results_not_utf8_huge_or_resources_are_read_and_the_server_stays(
         await servers.close()
 
 
-async def test_an_answer_in_the_wrong_shape_fails_its_call_and_keeps_the_server():
+async def test_an_answer_in_the_wrong_shape_or_off_its_output_schema_keeps_the_server():
     servers = await started(raw("ok"))
     try:
         server = servers.servers[0]
@@ -78,6 +78,13 @@ async def test_an_answer_in_the_wrong_shape_fails_its_call_and_keeps_the_server(
         assert servers.problems == {}
         # The same process (it used to be counted lost, and started again: its state gone).
         assert (await server.call("pid", {})).text == pid
+        # A tool with an outputSchema answering in text only, or with structuredContent that does
+        # not match it, or whose outputSchema cannot be checked: its text is its answer (the SDK's
+        # call_tool raised, and the server was counted lost and started again, at every call).
+        assert (await server.call("textonly", {})).text == "plain text"
+        assert (await server.call("offschema", {})).text == "a is 1"
+        assert (await server.call("brokenout", {})).text == "a is 1"
+        assert (await server.call("pid", {})).text == pid and servers.problems == {}
     finally:
         await servers.close()
 
@@ -162,7 +169,7 @@ async def test_every_page_of_tools_is_listed_and_no_two_tools_share_a_name():
         assert sorted([(await tools[n].run({})).text for n in weird]) == ["we.ird name done", "we_ird_name done"]
         # The same across servers: `p.q` and `p_q` both make p_q__ok.
         all_names = [t.name for ts in servers.tools().values() for t in ts]
-        assert len(all_names) == len(set(all_names)) and len(all_names) == len(tools) + 2 * 10
+        assert len(all_names) == len(set(all_names)) and len(all_names) == len(tools) + 2 * 13
     finally:
         await servers.close()
 

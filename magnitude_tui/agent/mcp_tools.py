@@ -262,7 +262,7 @@ class McpServer:
             return ToolResult.failed(f"unavailable: {self.problem or 'the server is not running'}")
         since = self._stderr_size()
         try:
-            result = await asyncio.wait_for(session.call_tool(name, args), self.spec.timeout_s)
+            result = await asyncio.wait_for(_call_tool(session, name, args), self.spec.timeout_s)
         except asyncio.TimeoutError:
             late = f"{name} did not answer within {self.spec.timeout_s:g} s"
             if await self._answers_ping(session):
@@ -348,6 +348,18 @@ class McpServer:
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
         self._errlog.close()
+
+
+async def _call_tool(session: ClientSession, name: str, args: dict):
+    """`tools/call`, its result as the server sent it. Not the SDK's call_tool: that checks the
+    result's structuredContent against the tool's outputSchema and raises RuntimeError when it is
+    missing or does not match, so a tool answering in text only lost its answer, and the server
+    was counted lost and started again (each call of a tool with a broken outputSchema did that).
+    The structured content is only shown to the model, as text, when there is no other content."""
+    from mcp import types
+
+    request = types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args))
+    return await session.send_request(request, types.CallToolResult)
 
 
 async def _list_tools(session: ClientSession) -> list:
