@@ -275,7 +275,7 @@ async def run_cpu(cfg: CpuConfig = CpuConfig()) -> CpuResult:
 
         def feed() -> None:  # every idle pane gets a turn (what pressing Enter in it does)
             for pane, text in zip(panes, texts):
-                if not pane.busy and not pane._ended:
+                if not pane.busy and not pane.has_ended:
                     pane.post_message(ChatPane.Submitted(pane, text))
 
         feed()
