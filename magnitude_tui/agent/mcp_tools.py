@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextvars
+import functools
 import hashlib
 import json
 import logging
@@ -393,6 +394,7 @@ def _offered_schema(description: str, schema: dict | None, name: str) -> tuple[s
     return description + shown, json.dumps({"type": "object"})
 
 
+@functools.lru_cache(maxsize=1024)  # the TUI asks again at every agent's start
 def _schema_problem(text: str, name: str) -> str | None:
     """Why `text` cannot be a tool's parameters as is (None: it can)."""
     if len(text) > MAX_SCHEMA_CHARS:
