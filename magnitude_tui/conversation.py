@@ -73,6 +73,22 @@ class Conversation:
         return (f"context full: the oldest {turns} turn{'s' * (turns != 1)} ({count} messages) no longer "
                 "fit and are not sent to the model; the system prompt and the latest turns are kept")
 
+    def too_long_note(self, dropped: int, prompt_tokens: int, context: int | None, *, local: bool) -> str | None:
+        """The note for the current request refused as longer than the context when its prompt
+        held the newest record alone (nothing came before it, or the engine left out, `dropped`,
+        everything that did): that message cannot fit, and nothing was dropped. None otherwise
+        (a longer conversation's refusal keeps the engine's own words)."""
+        # An API caller's history reaches the pane after its request began (serve/panes.py): what
+        # counts as sent here is not what the caller sent, and the caller is told anyway.
+        if self.record.role == "api" or not self._sent or dropped < len(self._sent) - 1:
+            return None
+        with_system = " with the system prompt" if self.record.settings.system else ""
+        size = f"{prompt_tokens:,} tokens{with_system}" if prompt_tokens else ""
+        room = f"the context holds {context:,}" if context else ""
+        sizes = "; ".join(part for part in (size, room) if part)
+        return (f"not sent: this message does not fit the context even alone{f' ({sizes})' if sizes else ''}; "
+                "shorten or split it, or use a larger context" + (" (--n-ctx)" if local else ""))
+
     # ---- records ------------------------------------------------------------------------------
 
     def append(self, message: MessageRecord) -> None:

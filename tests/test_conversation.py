@@ -1,6 +1,7 @@
 """A pane's conversation bookkeeping (magnitude_tui/conversation.py) and the order its paint shows
 endings and notes in (widgets/paint_queue.py), without an app: what is sent after the engine
-dropped the oldest turns, a tool turn's call with its result, what is left to save."""
+dropped the oldest turns, a tool turn's call with its result, what is left to save, and when a
+refused prompt is the new message's fault alone."""
 
 from __future__ import annotations
 
@@ -40,6 +41,21 @@ def test_after_a_drop_the_oldest_turns_are_not_sent_and_the_note_counts_them() -
     sent = chat.to_send()
     assert [m.content for m in sent] == ["be brief", "three", "re three", "four"]
     assert chat.raw_text() == "threere threefour"
+
+
+def test_a_refused_prompt_blames_the_message_only_when_it_was_sent_alone() -> None:
+    chat = _chat("one", "two", system="be brief")
+    chat.append(MessageRecord("user", "a long paste"))
+    chat.begin_request()
+    note = chat.too_long_note(4, 9_687, 8_192, local=True)  # the engine left out both turns before it
+    assert note is not None and "this message does not fit the context" in note
+    assert "9,687 tokens with the system prompt; the context holds 8,192" in note and "(--n-ctx)" in note
+    assert chat.too_long_note(2, 9_687, 8_192, local=True) is None  # a turn was still before it
+    alone = _chat()
+    alone.append(MessageRecord("user", "a long paste"))
+    alone.begin_request()
+    assert alone.too_long_note(0, 0, None, local=False) == (
+        "not sent: this message does not fit the context even alone; shorten or split it, or use a larger context")
 
 
 def test_a_streaming_reply_can_be_left_out_of_what_is_sent() -> None:

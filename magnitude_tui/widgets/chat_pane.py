@@ -26,7 +26,7 @@ from magnitude_tui.widgets.status_line import StatusLine
 from magnitude_tui.widgets.tool_block import ToolActivity
 from magnitude_tui.widgets.tool_turn_view import ToolTurnView
 from magnitude_tui.widgets.transcript import Transcript
-from scheduler.types import DoneReason, Message, Phase, ToolCall
+from scheduler.types import DoneReason, ErrorKind, Message, Phase, ToolCall
 
 
 @dataclass
@@ -36,6 +36,16 @@ class _Reply:
     message: MessageRecord
     view: MessageView | None = None
     pending: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Ending:
+    """A request that ended, waiting for the paint tick: its reply (None: no text came), its last
+    update, and whether the transcript already says why it failed (then no toast says it too)."""
+
+    reply: _Reply | None
+    update: SeqUpdate
+    told: bool = False
 
 
 class ChatPane(Vertical):
@@ -75,7 +85,7 @@ class ChatPane(Vertical):
         self._reply: _Reply | None = None  # the reply now streaming
         # Replies that finished (not yet painted and settled), and context notes and tool blocks,
         # in the order they came, for the next paint.
-        self._waiting: PaintQueue[tuple[_Reply | None, SeqUpdate], str | Widget] = PaintQueue()
+        self._waiting: PaintQueue[_Ending, str | Widget] = PaintQueue()
         self._held_results: list[MessageRecord] = []
         self._status_dirty = True
         # Typed while a reply streamed; sent one turn each, in order (kept in the store meanwhile).
@@ -343,7 +353,11 @@ class ChatPane(Vertical):
         """
         if update.request_id != self.request_id:
             return  # a late update for a request this pane already gave up on
-        if update.dropped_messages and not (self.last_update and self.last_update.dropped_messages):
+        # A request refused before it ran dropped nothing (the next one is fitted afresh): its
+        # prompt did not fit even trimmed, or failed otherwise before the drop was reported.
+        refused = update.phase is Phase.DONE and update.error is not None
+        if (update.dropped_messages and not refused
+                and not (self.last_update and self.last_update.dropped_messages)):
             self._waiting.note(self.chat.drop_oldest(update.dropped_messages))
         self.last_update = update
         self._status_dirty = True
@@ -361,18 +375,21 @@ class ChatPane(Vertical):
                 reply.message.complete = True
                 reply.message.done_reason = (update.done_reason or DoneReason.STOP).value
                 self.chat.mark_unsaved(reply.message)
-            self._waiting.end((reply, update))
+            too_long = self._too_long(update) if reply is None else None
+            if too_long is not None:
+                self._waiting.note(too_long)
+            self._waiting.end(_Ending(reply, update, told=too_long is not None))
 
     async def flush(self) -> None:
         """Paint buffered text (finished replies first), the latest status, and settle endings.
 
         The workspace calls this on its paint tick; tokens are only buffered in between."""
         ended, notes_after = self._waiting.take()
-        for notes, (reply, update) in ended:
+        for notes, ending in ended:
             await self._paint_notes(notes)  # a late tick keeps their order
-            if reply is not None:
-                await self._paint(reply)
-            await self._settle(reply, update)
+            if ending.reply is not None:
+                await self._paint(ending.reply)
+            await self._settle(ending)
         await self._paint_notes(notes_after)
         if self._reply is not None:
             await self._paint(self._reply)
@@ -403,13 +420,21 @@ class ChatPane(Vertical):
         # out the screen several frames in a row, and a typed key's frame would wait for that.
         await reply.view.write(text, settle=not (self.is_attached and typing_in(self.screen)))
 
-    async def _settle(self, reply: "_Reply | None", update: SeqUpdate) -> None:
+    async def _settle(self, ending: _Ending) -> None:
+        reply, update = ending.reply, ending.update
         note = f"{update.done_reason.value if update.done_reason else 'error'}: {update.error}" if update.error else None
         if reply is not None and reply.view is not None:
             await reply.view.finish(note)
-        elif note:
+        elif note and not ending.told:
             self.notify(f"{self.record.name}: {note}", severity="error", markup=False)
         self.post_message(self.ReplyFinished(self, reply.message if reply else None, update))
+
+    def _too_long(self, update: SeqUpdate) -> str | None:
+        """The note for a prompt refused as longer than the context, when its message alone was."""
+        if update.error_kind is not ErrorKind.CONTEXT_LENGTH:
+            return None
+        return self.chat.too_long_note(update.dropped_messages, update.prompt_total, self.context_size,
+                                       local=update.remote.endpoint is None)
 
     def set_activity(self, activity: ToolActivity | None) -> None:
         """An agent's tool phase (shown on the next paint instead of the last request's phase)."""
