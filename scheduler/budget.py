@@ -109,6 +109,8 @@ class CostModel:
         self._overruns_sorted: list[float] = []  # the same values, kept sorted for `overrun`
         self._xx = [[0.0] * _N for _ in range(_N)]  # running sums over the window: X^T X, X^T y
         self._xy = [0.0] * _N
+        self._bounds_of: CostParams | None = None  # the prior `_lo_hi` was worked out for
+        self._lo_hi: tuple[list[float], list[float]] = ([], [])
 
     def seed(self, params: CostParams) -> None:
         """Replace the prior (after calibration) and forget older measurements."""
@@ -181,6 +183,19 @@ class CostModel:
         kpos0, pos0 = shape.decode_kpos, shape.prefill_pos0
         return lambda n: base + per_row * n + attn * (kpos0 + (n * pos0 + n * (n + 1) / 2) / 1000.0)
 
+    def _bounds(self) -> tuple[list[float], list[float]]:
+        """Each parameter's lowest and highest fitted value (they follow from the prior)."""
+        if self._bounds_of is not self.prior:
+            prior, r = self.prior.as_tuple(), self.row_cost_range
+            lo = [0.0, 1e-3, 1e-3, 0.0]
+            hi = [math.inf] * _N
+            if r is not None:
+                lo[1:3] = [max(1e-3, prior[1] / r), max(1e-3, prior[2] / r)]
+                hi[1:3] = [prior[1] * r, prior[2] * r]
+                hi[3] = max(prior[3], prior[2]) * r
+            self._bounds_of, self._lo_hi = self.prior, (lo, hi)
+        return self._lo_hi
+
     def _accumulate(self, x: tuple[float, ...], y: float, sign: float) -> None:
         xy, xx = self._xy, self._xx
         for i in range(_N):
@@ -201,27 +216,23 @@ class CostModel:
         for i in range(_N):
             m[i][i] += self.anchor[i] * weight
             v[i] += self.anchor[i] * weight * prior[i]
-        r = self.row_cost_range
-        lo = [0.0, 1e-3, 1e-3, 0.0]
-        hi = [math.inf] * _N
-        if r is not None:
-            lo[1:3] = [max(1e-3, prior[1] / r), max(1e-3, prior[2] / r)]
-            hi[1:3] = [prior[1] * r, prior[2] * r]
-            hi[3] = max(prior[3], prior[2]) * r
-        theta: list[float] = [0.0] * _N
+        lo, hi = self._bounds()
+        theta = _solve(m, v)  # nothing pinned yet
+        if theta is None:
+            return self.params
+        if all(lo[i] <= x <= hi[i] for i, x in enumerate(theta)):
+            return CostParams(*theta)  # the usual step: every parameter in its bounds
         pinned: dict[int, float] = {}
-        for _ in range(_N):
+        for attempt in range(_N):
             free = [i for i in range(_N) if i not in pinned]
-            if pinned:
+            if attempt:
                 sub = _solve([[m[i][j] for j in free] for i in free],
                              [v[i] - sum(m[i][k] * x for k, x in pinned.items()) for i in free])
-            else:
-                sub = _solve(m, v)
-            if sub is None:
-                return self.params
-            theta = [pinned.get(i, 0.0) for i in range(_N)]
-            for i, x in zip(free, sub):
-                theta[i] = x
+                if sub is None:
+                    return self.params
+                theta = [pinned.get(i, 0.0) for i in range(_N)]
+                for i, x in zip(free, sub):
+                    theta[i] = x
             out = {i: min(max(theta[i], lo[i]), hi[i]) for i in free if not lo[i] <= theta[i] <= hi[i]}
             if not out:
                 break
