@@ -117,6 +117,8 @@ class Intake:
 
     def apply(self, cancellations_only: bool = False) -> None:
         with self._lock:
+            if not self._commands:
+                return  # the usual step: nothing was sent since the last one
             if cancellations_only:
                 todo, keep = split_cancellations(self._commands)
                 self._commands = deque(keep)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Protocol
 
 from backend.protocol import DecodeOutcome, DecodeResult
@@ -72,7 +73,13 @@ def thread_state(governor: ThreadGovernor | None, n_threads: int) -> ThreadState
     """The governor's state, or the fixed count the backend was loaded with (None: no CPU threads)."""
     if governor is not None:
         return governor.state
-    return ThreadState(n_threads, n_threads, "fixed") if n_threads else None
+    return _fixed_threads(n_threads) if n_threads else None
+
+
+@functools.lru_cache(maxsize=8)
+def _fixed_threads(n_threads: int) -> ThreadState:
+    # Frozen: every report of a fixed count may carry the same one.
+    return ThreadState(n_threads, n_threads, "fixed")
 
 
 class StepReporter:
@@ -86,6 +93,8 @@ class StepReporter:
         self.warm = warm
         self.threads = threads
         self.num_reports = 0
+        self._policy: object = None  # the policy last reported, and its text (formatted once)
+        self._policy_text = ""
 
     def report(self, plan: BatchPlan | None, result: DecodeResult | None, now: float,
                step_ms: float) -> StepReport | None:
@@ -115,6 +124,8 @@ class StepReporter:
             return None
         self.num_reports += 1
         s = self.scheduler
+        if s.policy is not self._policy:
+            self._policy, self._policy_text = s.policy, str(s.policy)
         return StepReport(
             step=self.num_reports,
             t=now,
@@ -127,7 +138,7 @@ class StepReporter:
             kv_idle=s.kv_idle(),
             waiting=s.num_waiting,
             running=s.num_running,
-            policy=str(s.policy),
+            policy=self._policy_text,
             updates=updates,
             outcome=result.outcome if result else DecodeOutcome.OK,
             rejected=rejected,
