@@ -81,7 +81,11 @@ class ApprovalDialog(ModalScreen[Decision]):
         return time.monotonic() >= self._armed_at
 
     def on_screen_resume(self) -> None:
-        if self.withdrawn:  # uncovered after its question went away: nothing left to answer
+        # Uncovered after its question went away: nothing left to answer. The event comes late
+        # (its own push's, under load, can arrive after another screen was pushed over it), and
+        # dismiss pops whatever screen is on top: only the top one may go.
+        if self.withdrawn and self.is_attached and self is self.app.screen:
+            self.withdrawn = False
             self.dismiss(None)
 
     def compose(self) -> ComposeResult:
