@@ -424,8 +424,9 @@ def _result(result) -> ToolResult:
     for c in getattr(result, "content", None) or []:
         text = getattr(c, "text", None)
         resource = getattr(c, "resource", None)  # an embedded resource: its text when it has one
-        if not isinstance(text, str) and isinstance(getattr(resource, "text", None), str):
-            text = f"[resource {getattr(resource, 'uri', '')}]\n{resource.text}"
+        resource_text = getattr(resource, "text", None)
+        if not isinstance(text, str) and isinstance(resource_text, str):
+            text = f"[resource {getattr(resource, 'uri', '')}]\n{resource_text}"
         if not isinstance(text, str) and getattr(c, "type", None) == "resource_link":
             text = f"[resource link: {getattr(c, 'uri', '')}]"
         if not isinstance(text, str):  # an image, audio, a binary resource: the model reads text only
