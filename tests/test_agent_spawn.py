@@ -89,6 +89,45 @@ async def test_a_subagent_never_gets_more_freedom_than_its_parent(tmp_path):
     assert child.config.fork_from == "main" and child.config.depth == 1 and child.config.parent == "main"
 
 
+async def test_an_auto_subagent_asks_for_the_tools_its_auto_parent_could_not_use(tmp_path):
+    # A reader role (read tools only, approve = "auto") spawning a role with every tool and
+    # approve = "auto": both are auto, so the stricter policy kept auto, and the child ran
+    # commands and writes unasked that its parent could not run at all.
+    roles = {"reader": AgentSettings("reader", tools=("read_file", "spawn_agents"), approve=ApprovePolicy.AUTO),
+             "yolo": AgentSettings("yolo", "You act.", approve=ApprovePolicy.AUTO)}
+
+    def script(prompt: str) -> str:
+        user = last_user(prompt)
+        if SUB.search(user):
+            return call("run_command", command="echo hi > ran.txt") if "<tool_response>" not in user else "done"
+        if user.startswith("<tool_response>"):
+            return "reported"
+        return call("spawn_agents", agents=[{"task": "act", "role": "yolo"}])
+
+    approval = FixedApproval(ALLOW_ONCE)
+    async with scripted_engine(script) as (runner, _, _):
+        team = AgentTeam(runner, Workspace(tmp_path), roles=roles, approval=approval)
+        parent = team.agent(roles["reader"], name="main", session_id="main")
+        assert "run_command" not in parent.tools
+        child = team.agent(roles["yolo"], name="main/9", session_id="main-9", parent=parent)
+        assert child.gate.policy is ApprovePolicy.AUTO and "run_command" in child.tools
+        assert child.gate.needs_asking(child.tools["run_command"].kind, "run_command")
+        assert not child.gate.needs_asking(child.tools["read_file"].kind, "read_file")
+        out = await parent.run("look around")
+    assert out.ok
+    assert [(a.agent, a.tool) for a in approval.asked] == [("main/1", "run_command")]
+    assert (tmp_path / "ran.txt").exists()  # allowed when asked: it ran
+
+
+async def test_an_auto_subagent_of_an_auto_parent_with_the_same_tools_runs_unasked(tmp_path):
+    roles = {"yolo": AgentSettings("yolo", "You act.", approve=ApprovePolicy.AUTO)}
+    async with scripted_engine(lambda p: "ok") as (runner, _, _):
+        team = AgentTeam(runner, Workspace(tmp_path), roles=roles, approval=FixedApproval(ALLOW_ONCE))
+        parent = team.agent(roles["yolo"], name="main", session_id="main")
+        child = team.agent(roles["yolo"], name="main/1", session_id="main-1", parent=parent)
+    assert not child.gate.ask_anyway and not child.gate.needs_asking(child.tools["run_command"].kind, "run_command")
+
+
 @pytest.mark.parametrize("limits, tasks, why", [
     (SpawnLimits(max_per_call=2), TASKS, "at most 2 subagents per call"),
     (SpawnLimits(max_total=2), TASKS, "3 more were asked for"),

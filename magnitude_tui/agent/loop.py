@@ -24,7 +24,7 @@ from magnitude_tui.agent.events import (
     TurnStarted,
     ignore,
 )
-from magnitude_tui.agent.policy import ApprovalGate, ApprovalRequest, ApprovePolicy, ToolKind
+from magnitude_tui.agent.policy import ApprovalGate, ApprovalRequest
 from magnitude_tui.agent.toolbox import AgentTool, ToolResult, sendable
 from magnitude_tui.serve.tool_calls import check_calls
 from scheduler.types import (
@@ -224,7 +224,7 @@ class AgentLoop:
             self.observer(ApprovalDecided(self.config.name, call, decision, waited[0]))
         if not decision.allowed:
             return ToolResult(f"denied: {decision.reason or 'the user did not allow it'}", ok=False)
-        if self.gate.policy is ApprovePolicy.ASK and tool.kind is not ToolKind.READ and preview is not None:
+        if asked and preview is not None:
             # What was allowed is what runs: a file changed, or a path swapped for a link (to
             # .git/config, another file), while the question was open is not written unseen.
             changed = self._changed_since_allowed(tool, args, preview, caution)

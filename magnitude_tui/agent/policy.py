@@ -99,18 +99,25 @@ class Approval(Protocol):
 class ApprovalGate:
     """One agent's approval state: its role's policy, the asker, and the tools allowed for its pane."""
 
-    def __init__(self, policy: ApprovePolicy, approval: Approval | None) -> None:
-        """`approval` None: nobody can be asked, so what needs asking is denied."""
+    def __init__(self, policy: ApprovePolicy, approval: Approval | None,
+                 ask_anyway: frozenset[str] = frozenset()) -> None:
+        """`approval` None: nobody can be asked, so what needs asking is denied. `ask_anyway`: tools
+        asked about even under `auto` (a subagent's tools that its parent could not run unasked)."""
         self.policy = policy
         self.approval = approval
+        self.ask_anyway = ask_anyway
         self.allowed_tools: set[str] = set()
 
+    def runs_unasked(self, tool: str) -> bool:
+        """Whether this tool's writes and commands run without a question (`auto`, not held back)."""
+        return self.policy is ApprovePolicy.AUTO and tool not in self.ask_anyway
+
     def needs_asking(self, kind: ToolKind, tool: str, caution: str | None = None) -> bool:
-        return (kind is not ToolKind.READ and self.policy is ApprovePolicy.ASK
-                and (tool not in self.allowed_tools or bool(caution)))
+        asks = self.policy is ApprovePolicy.ASK or (self.policy is ApprovePolicy.AUTO and tool in self.ask_anyway)
+        return kind is not ToolKind.READ and asks and (tool not in self.allowed_tools or bool(caution))
 
     async def decide(self, request: ApprovalRequest) -> Decision:
-        if request.kind is ToolKind.READ or self.policy is ApprovePolicy.AUTO:
+        if request.kind is ToolKind.READ or self.runs_unasked(request.tool):
             return ALLOW_ONCE
         if self.policy is ApprovePolicy.READ_ONLY:
             return deny(f"this agent's role is read-only: {request.tool} ({request.kind.value}) is not allowed")

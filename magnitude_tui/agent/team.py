@@ -64,6 +64,12 @@ class AgentTeam:
             policy = parent.gate.policy.strictest(policy)
         holder: list[AgentLoop] = []
         tools = self._tools_for(settings, policy, holder)
+        ask_anyway: frozenset[str] = frozenset()
+        if parent is not None and policy is ApprovePolicy.AUTO:
+            # A role's `auto` covers the tools its parent could run unasked, no more: a read-only
+            # parent's subagent in an `auto` role with run_command asks before each command.
+            ask_anyway = frozenset(t.name for t in tools if t.kind is not ToolKind.READ
+                                   and not (t.name in parent.tools and parent.gate.runs_unasked(t.name)))
         config = AgentConfig(
             name=name, session_id=session_id, sampling=settings.sampling(self.sampling), max_turns=self.max_turns,
             first_tool_choice=settings.tool_choice or ToolChoiceMode.AUTO,
@@ -71,7 +77,7 @@ class AgentTeam:
             fork_from=parent.config.session_id if parent is not None else None,
             depth=parent.config.depth + 1 if parent is not None else 0,
             priority=Priority.AGENT if parent is not None else Priority.INTERACTIVE)
-        loop = AgentLoop(self.runner, config, tools, ApprovalGate(policy, self.approval), self.observer)
+        loop = AgentLoop(self.runner, config, tools, ApprovalGate(policy, self.approval, ask_anyway), self.observer)
         holder.append(loop)
         self._settings[name] = settings
         return loop
