@@ -30,6 +30,9 @@ class KvLedger:
         self._cells: dict[int, list[int]] = {s: [] for s in range(n_seq_max)}
         self._refs: dict[int, int] = {}
         self._next_cell = 0
+        # exclusive_cells per sequence, counted once and kept while it holds: every step reports the
+        # idle conversations' cells, and a count reads every cell they hold.
+        self._exclusive: dict[int, int] = {}
 
     def cells_used(self) -> int:
         return len(self._refs)
@@ -39,7 +42,10 @@ class KvLedger:
 
     def exclusive_cells(self, seq_id: int) -> int:
         """Cells no other sequence shares: what removing this sequence would free."""
-        return sum(1 for c in self._cells[seq_id] if self._refs[c] == 1)
+        n = self._exclusive.get(seq_id)
+        if n is None:
+            n = self._exclusive[seq_id] = sum(1 for c in self._cells[seq_id] if self._refs[c] == 1)
+        return n
 
     def remove(self, seq_id: int) -> None:
         self.kv.kv_remove(seq_id)
@@ -54,6 +60,7 @@ class KvLedger:
         for c in cells[n_tokens:]:
             self._release(c)
         del cells[n_tokens:]
+        self._exclusive.pop(seq_id, None)
 
     def copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
         """dst starts as src's first n_tokens positions (sharing their cells)."""
@@ -64,6 +71,7 @@ class KvLedger:
         for c in shared:
             self._refs[c] += 1
         self._cells[dst_seq] = list(shared)
+        self._exclusive.clear()  # cells src held alone are shared now: count again when asked
 
     def load(self, seq_id: int, state: bytes, n_tokens: int) -> None:
         """Restore a saved state into `seq_id` and keep its first `n_tokens` positions; the cells
@@ -86,6 +94,8 @@ class KvLedger:
             self._next_cell += 1
             self._refs[self._next_cell] = 1
             cells.append(self._next_cell)
+        if seq_id in self._exclusive:
+            self._exclusive[seq_id] += n_tokens  # new cells are its alone
 
     def mismatches(self) -> list[str]:
         """Sequences whose native positions differ from the ledger (should never happen)."""
@@ -100,3 +110,5 @@ class KvLedger:
         self._refs[cell] -= 1
         if self._refs[cell] == 0:
             del self._refs[cell]
+        elif self._refs[cell] == 1:
+            self._exclusive.clear()  # the sequence still holding it now holds it alone
