@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import dataclasses
 import json
 import logging
 import re
@@ -51,6 +52,9 @@ class Vocab:
         # roles may pass (a generic ChatML template would render any text as a role).
         self.roles = STANDARD_ROLES + (("tool",) if "tool" in self.chat_template else ())
         self.tool_syntax = detect_syntax(self.chat_template)
+        # Gemma's templates raise on a system message (or drop it): like llama.cpp's template
+        # engine, such a prompt then goes to the start of the first user message.
+        self.system_role = self._renders_system()
 
     def _choose_template(self, *, fallback: bool) -> None:
         """Where the template came from; with the ChatML fallback, the markers a reply must stop
@@ -107,6 +111,8 @@ class Vocab:
         if not self.tool_syntax.template_renders_tools and (
                 tools or any(m.role == "tool" or m.tool_calls for m in messages)):
             messages = generic_messages(messages, tools)
+        if not self.system_role:
+            messages = _system_into_user(messages)
         for m in messages:
             if m.role not in self.roles:
                 raise RequestError(f"unknown chat role {m.role!r:.80}: this model's chat template "
@@ -138,6 +144,24 @@ class Vocab:
             segments.append((rendered[pos:], True))
         return segments
 
+    def _renders_system(self) -> bool:
+        """Whether the template renders a system message's text (rather than raising or
+        dropping it). A template that will not render a lone user message either says nothing
+        about system messages: they are left as they are."""
+        system = {"role": "system", "content": "\ue0000\ue001"}
+        user = {"role": "user", "content": "\ue0001\ue001"}
+        render = lambda messages: self._template.render(  # noqa: E731
+            messages=messages, add_generation_prompt=True, bos_token=self.token_text(self.bos),
+            eos_token=self.token_text(self.eos))
+        try:
+            return "\ue0000\ue001" in render([system, user])
+        except Exception:  # raise_exception('System role not supported'), or another refusal
+            try:
+                render([user])
+            except Exception:
+                return True
+            return False
+
     def _refuse_control_text(self, text: str, what: str) -> None:
         if self.tokenize(text, special=True) != self.tokenize(text, special=False):
             raise RequestError(f"{what} spells one of the model's control tokens")
@@ -168,6 +192,24 @@ class Detokenizer:
         context's end) is dropped, not shown as U+FFFD; the decoder only ever buffers such a tail."""
         self._decoder.reset()
         return ""
+
+
+def _system_into_user(messages: Sequence[Message]) -> list[Message]:
+    """System messages' text put before the next user message's (a user message of its own
+    when none follows), for a template without a system role."""
+    out: list[Message] = []
+    held: list[str] = []
+    for m in messages:
+        if m.role == "system":
+            held.append(m.content)
+        elif m.role == "user" and held:
+            out.append(dataclasses.replace(m, content="\n\n".join(held + [m.content])))
+            held = []
+        else:
+            out.append(m)
+    if held:
+        out.append(Message("user", "\n\n".join(held)))
+    return out
 
 
 def _marked(i: int, m: Message) -> dict:

@@ -81,6 +81,9 @@ class LlamaBackend:
         self.n_ubatch = llama_cpp.llama_n_ubatch(ctx)
         self.n_seq_max = llama_cpp.llama_n_seq_max(ctx)
         self.n_vocab = vocab.n_vocab
+        # Sliding-window attention (Gemma 2/3): its layers see only the last n_swa positions, and
+        # llama.cpp may reuse a sequence's cells that fell out of its window (see kv_keep_prefix).
+        self.n_swa = max(0, llama_cpp.llama_model_n_swa(model))
         self.n_threads = n_threads
         # The engine may choose any count up to what this process may use (or the count asked for,
         # if more: a user who asked for it knows their machine).
@@ -106,6 +109,8 @@ class LlamaBackend:
             "n_ubatch": self.n_ubatch,
             "n_threads": n_threads,
         }
+        if self.n_swa:
+            self.info["sliding_window"] = self.n_swa
         # The attention path this context runs and why; the cost model prices rows by it.
         self.attention = choice or attention.AttentionChoice(False, "not measured")
         self.attention_path = self.attention.path
@@ -181,6 +186,11 @@ class LlamaBackend:
             cparams.n_threads = n_threads
             cparams.n_threads_batch = n_threads
             cparams.kv_unified = True  # one cell pool: forked subagents share their parent's prefix cells
+            # A sliding-window model's window layers get as many cells as the others (the C API's
+            # default, pinned): left at window x sequences + n_ubatch, a fork sharing a deep
+            # parent's cells ran out of room (NO_KV_SLOT with the pool mostly free). No effect on
+            # a model without a window.
+            cparams.swa_full = True
             cparams.no_perf = True
             cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash
                                        else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
@@ -363,13 +373,37 @@ class LlamaBackend:
         llama_cpp.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
 
     def kv_keep_prefix(self, seq_id: int, n_tokens: int) -> None:
-        llama_cpp.llama_memory_seq_rm(self._mem, seq_id, n_tokens, -1)
+        """Keep the first n_tokens positions, or none where they cannot be continued from (then
+        kv_pos_max says -1 and the caller evaluates them again)."""
+        if not llama_cpp.llama_memory_seq_rm(self._mem, seq_id, n_tokens, -1):
+            self.kv_remove(seq_id)  # a recurrent state cannot go back to a position: start over
+        self._drop_unusable_window(seq_id)
 
     def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
-        """dst gets src's first n_tokens positions; in a unified cache the cells are shared, not copied."""
+        """dst gets src's first n_tokens positions (in a unified cache the cells are shared, not
+        copied), or none where they cannot be continued from, as for kv_keep_prefix."""
         llama_cpp.llama_memory_seq_rm(self._mem, dst_seq, -1, -1)
         if n_tokens > 0:
             llama_cpp.llama_memory_seq_cp(self._mem, src_seq, dst_seq, 0, n_tokens)
+            self._drop_unusable_window(dst_seq)
+
+    def _drop_unusable_window(self, seq_id: int) -> None:
+        """Empty a sequence whose window layers lack cells its next position must see.
+
+        Placing a step's rows, llama.cpp takes any sequence's cells that lie outside its sliding
+        window as seen from its end (those its scan meets before free ones), and drops that
+        sequence's positions below them from the window layers (the other layers keep every
+        position); a saved state holds only the window's cells of those layers. Its own end never
+        needs them, but a prefix ending earlier does. Its next position p sees p - n_swa + 1 .. p - 1, so the kept
+        prefix is usable only when the window layers still hold them all; otherwise only a
+        prefill from position 0 rebuilds them (llama-server does the same). The window layers'
+        pos_max is what kv_pos_max reads: -1 when they kept none of the prefix."""
+        if not self.n_swa:
+            return
+        end = llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id) + 1
+        first = llama_cpp.llama_memory_seq_pos_min(self._mem, seq_id)
+        if end == 0 or first > max(0, end - self.n_swa + 1):
+            self.kv_remove(seq_id)
 
     def kv_pos_max(self, seq_id: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))

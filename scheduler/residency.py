@@ -49,6 +49,7 @@ class Residency:
             self.kv.keep_prefix(slot, n_reuse)
         else:
             self.kv.remove(slot)
+        self._held(slot)
         if own is None:
             own = self.sessions[seq.session_id] = Session(seq.session_id)
         own.seq_id, own.tokens, own.live = slot, [], seq
@@ -62,6 +63,10 @@ class Residency:
         len(tokens) positions): resident and idle, exactly as if its last turn had just ended."""
         assert slot not in self._slot_owner and session_id not in self.sessions
         self.kv.load(slot, state, len(tokens))
+        if self._held(slot) < len(tokens):
+            self.kv.remove(slot)
+            raise ValueError(f"the state's first {len(tokens):,} positions cannot be continued from "
+                             "(its sliding-window layers dropped cells they need)")
         session = self.sessions[session_id] = Session(session_id)
         session.seq_id, session.tokens = slot, list(tokens)
         session.last_used = self._next_tick()
@@ -78,7 +83,7 @@ class Residency:
         session.live = None
         if session.seq_id is not None and keep:
             self.kv.keep_prefix(session.seq_id, seq.num_computed)
-            session.tokens = seq.committed_tokens()
+            session.tokens = seq.committed_tokens()[:self._held(session.seq_id)]
             session.last_used = self._next_tick()
             session.rent_ms = 0.0
             session.awaits_tools = seq.called_tools
@@ -170,6 +175,16 @@ class Residency:
         del self._slot_owner[session.slot]
         session.seq_id = None
         session.tokens = []
+
+    def _held(self, slot: int) -> int:
+        """The positions `slot` holds now, the ledger brought down to them. A backend keeps fewer
+        than asked only where the rest cannot be continued from (a sliding-window model whose
+        window layers lost cells a shorter prefix needs; a recurrent state): those positions are
+        evaluated again, like a prompt."""
+        held = self.kv.kv.kv_pos_max(slot) + 1
+        if held < self.kv.positions(slot):
+            self.kv.keep_prefix(slot, held)
+        return self.kv.positions(slot)
 
     def trim_orphan(self, slot: int) -> None:
         """A slot whose sequence ended while its step ran keeps only what its owner holds now
