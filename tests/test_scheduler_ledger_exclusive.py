@@ -9,14 +9,27 @@ import random
 from scheduler.ledger import KvLedger
 
 
-class NoKv:
-    """The native side, left out: the ledger's own account is under test."""
+class CountingKv:
+    """The native side reduced to how many positions each sequence holds."""
 
-    def kv_remove(self, seq_id: int) -> None: ...
-    def kv_keep_prefix(self, seq_id: int, n_tokens: int) -> None: ...
-    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None: ...
-    def kv_pos_max(self, seq_id: int) -> int: return -1
-    def kv_load(self, seq_id: int, state: bytes) -> int: return len(state)
+    def __init__(self) -> None:
+        self.held: dict[int, int] = {}
+
+    def kv_remove(self, seq_id: int) -> None:
+        self.held[seq_id] = 0
+
+    def kv_keep_prefix(self, seq_id: int, n_tokens: int) -> None:
+        self.held[seq_id] = min(self.held.get(seq_id, 0), n_tokens)
+
+    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
+        self.held[dst_seq] = min(self.held.get(src_seq, 0), n_tokens)
+
+    def kv_pos_max(self, seq_id: int) -> int:
+        return self.held.get(seq_id, 0) - 1
+
+    def kv_load(self, seq_id: int, state: bytes) -> int:
+        self.held[seq_id] = len(state)
+        return len(state)
 
 
 def recount(ledger: KvLedger, seq_id: int) -> int:
@@ -26,12 +39,15 @@ def recount(ledger: KvLedger, seq_id: int) -> int:
 def test_exclusive_counts_follow_every_operation():
     rng = random.Random(7)
     n_seq = 6
-    ledger = KvLedger(NoKv(), n_seq)
+    kv = CountingKv()
+    ledger = KvLedger(kv, n_seq)
     for step in range(4000):
         seq = rng.randrange(n_seq)
         op = rng.random()
         if op < 0.45:
-            ledger.grow(seq, rng.randrange(1, 6))
+            n = rng.randrange(1, 6)
+            kv.held[seq] = kv.held.get(seq, 0) + n  # what a decode step appends
+            ledger.grow(seq, n)
         elif op < 0.65:
             ledger.keep_prefix(seq, rng.randrange(0, ledger.positions(seq) + 1))
         elif op < 0.72:
