@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from backend.draft_vocab import DraftModelError, check_draft_vocab
 from backend.llama_backend import LlamaBackend, ModelLoadError
-from backend.protocol import DecodeOutcome
+from backend.protocol import DecodeOutcome, PlanError
 from scheduler.drafts import DraftKind, DraftWant
 from scheduler.types import BatchPlan, SeqSlice
 
@@ -150,7 +150,7 @@ class DraftModelSource:
             for key in rows:
                 out[key].append(self._b.sample(holds[key].slot, result.logit_rows[holds[key].slot]))
         for key in first:  # the target decides what is kept; the draft holds only committed tokens
-            self._b.kv_keep_prefix(holds[key].slot, len(holds[key].tokens))
+            self._keep(holds[key], len(holds[key].tokens))
         self.stats.proposals += len(first)
         self.stats.drafted += sum(len(out[key]) for key in first)
         return out
@@ -181,8 +181,7 @@ class DraftModelSource:
         for key, (held, tokens) in seqs.items():
             n = _kept_prefix(held.tokens, tokens)
             if n < len(held.tokens):
-                self._b.kv_keep_prefix(held.slot, n)
-                del held.tokens[n:]
+                n = self._keep(held, n)
             pending[key] = list(tokens[n:])
         first: dict[int, int] = {}
         while pending:
@@ -216,9 +215,16 @@ class DraftModelSource:
         """One draft step; None when it could not run (no KV room even after dropping idle slots):
         drafting is an optimisation, so a failure only means fewer drafts this time."""
         plan = BatchPlan(step=self.stats.steps, slices=slices, budget=self._b.n_batch)
+        by_slot = {h.slot: h for h in self._held.values()}
         for attempt in range(2):
             t0 = self._clock()
-            result = self._b.decode(plan)
+            try:
+                result = self._b.decode(plan)
+            except PlanError:  # the draft's own bookkeeping is off: no drafts, never a failed step
+                for s in slices:
+                    if s.seq_id in by_slot:
+                        self._keep(by_slot[s.seq_id], 0)
+                return None
             ms = (self._clock() - t0) * 1000.0
             self.stats.steps += 1
             self.stats.ms += ms
@@ -226,13 +232,25 @@ class DraftModelSource:
                 self.cost.observe(plan.n_rows, ms)
                 return result
             for s in slices:  # a failed step may leave part of its rows behind
-                self._b.kv_keep_prefix(s.seq_id, s.pos0)
+                if s.seq_id in by_slot:
+                    self._keep(by_slot[s.seq_id], s.pos0)
+                else:
+                    self._b.kv_keep_prefix(s.seq_id, s.pos0)
             if result.outcome is not DecodeOutcome.NO_KV_SLOT or attempt:
                 return None
             busy = {s.seq_id for s in slices}
             for key in [k for k, h in self._held.items() if h.slot not in busy]:
                 self.forget(key)
         return None
+
+    def _keep(self, held: _Held, n: int) -> int:
+        """Keep the slot's first n positions; returns how many it holds, which is fewer where the
+        draft model's window layers cannot continue from n (LlamaBackend.kv_keep_prefix empties
+        such a sequence): its tokens follow, so the next catch-up feeds what was lost."""
+        self._b.kv_keep_prefix(held.slot, n)
+        n = min(n, self._b.kv_pos_max(held.slot) + 1)
+        del held.tokens[n:]
+        return n
 
     def _calibrate(self) -> StepCost:
         """Time one-row and all-slots draft steps on empty slots (after a warm-up), then clear them."""

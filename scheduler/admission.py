@@ -173,7 +173,7 @@ class Admission:
         self.waiting.remove(seq)
         self.running.append(seq)
         seq.seq_id = seq.last_seq_id = slot
-        seq.num_computed = seq.num_cached = res.kv.positions(slot)  # n_reuse, or fewer (Residency._held)
+        seq.num_computed = seq.num_cached = res.kv.positions(slot)  # n_reuse, or fewer (KvLedger.keep_prefix)
         seq.waiting_reason = None
         self.num_admitted += 1
         seq.admit_order = self.num_admitted

@@ -51,9 +51,18 @@ class KvLedger:
         self.kv.kv_remove(seq_id)
         self._forget(seq_id, 0)
 
-    def keep_prefix(self, seq_id: int, n_tokens: int) -> None:
+    def keep_prefix(self, seq_id: int, n_tokens: int) -> int:
+        """Keep the sequence's first n_tokens positions; returns how many it holds now, which is
+        fewer where the backend could not keep them all (a sliding-window model whose window
+        layers lost cells a shorter prefix needs, a recurrent state): the rest is evaluated again."""
         self.kv.kv_keep_prefix(seq_id, n_tokens)
-        self._forget(seq_id, n_tokens)
+        held = self._held(seq_id, n_tokens)
+        self._forget(seq_id, held)
+        return held
+
+    def _held(self, seq_id: int, asked: int) -> int:
+        """What the backend holds of the `asked` positions just kept, copied or loaded."""
+        return min(asked, self.kv.kv_pos_max(seq_id) + 1) if asked > 0 else 0
 
     def _forget(self, seq_id: int, n_tokens: int) -> None:
         cells = self._cells[seq_id]
@@ -62,19 +71,23 @@ class KvLedger:
         del cells[n_tokens:]
         self._exclusive.pop(seq_id, None)
 
-    def copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
-        """dst starts as src's first n_tokens positions (sharing their cells)."""
+    def copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> int:
+        """dst starts as src's first n_tokens positions (sharing their cells), or fewer where the
+        backend could not continue from them (keep_prefix); returns how many."""
         self.kv.kv_copy(src_seq, dst_seq, n_tokens)
+        held = self._held(dst_seq, n_tokens)
         for c in self._cells[dst_seq]:
             self._release(c)
-        shared = self._cells[src_seq][:n_tokens]
+        shared = self._cells[src_seq][:held]
         for c in shared:
             self._refs[c] += 1
         self._cells[dst_seq] = list(shared)
         self._exclusive.clear()  # cells src held alone are shared now: count again when asked
+        return held
 
-    def load(self, seq_id: int, state: bytes, n_tokens: int) -> None:
-        """Restore a saved state into `seq_id` and keep its first `n_tokens` positions; the cells
+    def load(self, seq_id: int, state: bytes, n_tokens: int) -> int:
+        """Restore a saved state into `seq_id` and keep its first `n_tokens` positions, or fewer
+        where the backend could not continue from them (keep_prefix); returns how many. The cells
         are new (a restored conversation shares none with the ones it was forked from)."""
         self.remove(seq_id)
         try:
@@ -82,10 +95,12 @@ class KvLedger:
             if held < n_tokens:
                 raise ValueError(f"the state holds {held} positions, {n_tokens} were expected")
             self.kv.kv_keep_prefix(seq_id, n_tokens)
+            held = self._held(seq_id, n_tokens)
         except Exception:
             self.kv.kv_remove(seq_id)
             raise
-        self.grow(seq_id, n_tokens)
+        self.grow(seq_id, held)
+        return held
 
     def grow(self, seq_id: int, n_tokens: int) -> None:
         """Record rows a successful decode appended to the sequence."""

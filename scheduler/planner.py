@@ -205,7 +205,17 @@ class Scheduler:
         self.speculator.verified(seq, kind, drafted, judged, accepted)
         seq.drop_draft()
         if not seq.is_finished and seq.seq_id is not None and self.kv.positions(seq.seq_id) > seq.num_computed:
-            self.kv.keep_prefix(seq.seq_id, seq.num_computed)
+            self._keep_computed(seq)
+
+    def _keep_computed(self, seq: Sequence) -> None:
+        """Drop the KV rows past the sequence's committed ones. Where the backend keeps fewer (a
+        sliding-window model's window layers lost cells: Ledger.keep_prefix), what it lost is
+        evaluated again, as after a preemption."""
+        assert seq.seq_id is not None
+        held = self.kv.keep_prefix(seq.seq_id, seq.num_computed)
+        if held < seq.num_computed:
+            seq.num_computed = held
+            seq.refresh_phase()
 
     def preempt(self, seq: Sequence, why: str = "the KV cache was full") -> None:
         """Free a running sequence's KV and slot; it requeues first and later recomputes its
@@ -326,7 +336,7 @@ class Scheduler:
             return ready
         for sl, seq in planned:
             if seq is not None:
-                self.kv.keep_prefix(sl.seq_id, seq.num_computed)
+                self._keep_computed(seq)
                 seq.drop_draft()
             else:
                 self.residency.trim_orphan(sl.seq_id)

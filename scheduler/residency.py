@@ -49,7 +49,6 @@ class Residency:
             self.kv.keep_prefix(slot, n_reuse)
         else:
             self.kv.remove(slot)
-        self._held(slot)
         if own is None:
             own = self.sessions[seq.session_id] = Session(seq.session_id)
         own.seq_id, own.tokens, own.live = slot, [], seq
@@ -62,8 +61,7 @@ class Residency:
         """A conversation's KV comes back from a saved state into free `slot` (its first
         len(tokens) positions): resident and idle, exactly as if its last turn had just ended."""
         assert slot not in self._slot_owner and session_id not in self.sessions
-        self.kv.load(slot, state, len(tokens))
-        if self._held(slot) < len(tokens):
+        if self.kv.load(slot, state, len(tokens)) < len(tokens):
             self.kv.remove(slot)
             raise ValueError(f"the state's first {len(tokens):,} positions cannot be continued from "
                              "(its sliding-window layers dropped cells they need)")
@@ -82,8 +80,8 @@ class Residency:
             return
         session.live = None
         if session.seq_id is not None and keep:
-            self.kv.keep_prefix(session.seq_id, seq.num_computed)
-            session.tokens = seq.committed_tokens()[:self._held(session.seq_id)]
+            held = self.kv.keep_prefix(session.seq_id, seq.num_computed)
+            session.tokens = seq.committed_tokens()[:held]
             session.last_used = self._next_tick()
             session.rent_ms = 0.0
             session.awaits_tools = seq.called_tools
@@ -176,16 +174,6 @@ class Residency:
         session.seq_id = None
         session.tokens = []
 
-    def _held(self, slot: int) -> int:
-        """The positions `slot` holds now, the ledger brought down to them. A backend keeps fewer
-        than asked only where the rest cannot be continued from (a sliding-window model whose
-        window layers lost cells a shorter prefix needs; a recurrent state): those positions are
-        evaluated again, like a prompt."""
-        held = self.kv.kv.kv_pos_max(slot) + 1
-        if held < self.kv.positions(slot):
-            self.kv.keep_prefix(slot, held)
-        return self.kv.positions(slot)
-
     def trim_orphan(self, slot: int) -> None:
         """A slot whose sequence ended while its step ran keeps only what its owner holds now
         (an idle conversation's committed tokens, or nothing): never that step's rows."""
@@ -193,7 +181,7 @@ class Residency:
         if owner is None:
             self.kv.remove(slot)
         elif owner.is_idle:
-            self.kv.keep_prefix(slot, len(owner.tokens))
+            del owner.tokens[self.kv.keep_prefix(slot, len(owner.tokens)):]
 
     def _next_tick(self) -> int:
         self._tick += 1

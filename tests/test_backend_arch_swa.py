@@ -205,3 +205,34 @@ def test_a_restore_that_cannot_be_continued_from_is_refused_with_nothing_held(b)
     assert b.kv_pos_max(1) == -1 and res.kv.positions(1) == 0 and "cut" not in res.sessions
     res.adopt("whole", 1, TOKENS[:300], state)
     assert b.kv_pos_max(1) == 299 and res.kv.positions(1) == 300
+
+
+def test_a_draft_model_with_a_window_drafts_again_after_an_edit_older_than_its_window(tmp_path):
+    """A sliding-window draft model (a Gemma 3 270M drafting for Gemma 3): two conversations
+    drafted side by side, one forgotten, the other grown on alone (llama.cpp then takes its old
+    cells), then edited back to 40 tokens. The draft emptied the slot it could not continue from,
+    but its own list kept 40 tokens: the next draft step planned from position 40 on an empty
+    sequence, and the PlanError ended the engine's worker."""
+    need_real_model()
+    from backend.draft_model import DraftModelSource
+    from backend.llama_backend import LlamaBackend, default_model_path
+    from scheduler.drafts import DraftWant
+
+    path = arch_model(tmp_path / "gemma2.gguf", Path(default_model_path()), arch="gemma2", sliding_window=WINDOW)
+    backend = LlamaBackend.load(model_path=str(path), device="cpu", n_ctx=1024, n_seq_max=4, n_batch=256,
+                                n_ubatch=64, n_threads=1, flash_attn="off")
+    try:
+        src = DraftModelSource(backend)
+        other = [int(t) for t in np.random.default_rng(2).integers(100, 40000, 400)]
+        for n in range(20, 220, 20):
+            src.propose_many([DraftWant(0, TOKENS[:n], 4), DraftWant(1, other[:n], 4)])
+        src.forget(1)
+        for n in range(220, 320, 20):
+            src.propose_many([DraftWant(0, TOKENS[:n], 4)])
+        edited = TOKENS[:40] + [5, 6, 7]
+        out = src.propose_many([DraftWant(0, edited, 4)])
+        assert len(out[0]) == 4
+        slot = src._held[0].slot
+        assert backend.kv_pos_max(slot) + 1 == len(src._held[0].tokens) == len(edited)
+    finally:
+        backend.close()
