@@ -245,7 +245,8 @@ class Scheduler:
         for seq, error in self.admission.admit(now):
             self.finish(seq, DoneReason.ERROR, str(error), error.kind)
         self._make_way(now)
-        decoding, prefilling = [], []
+        decoding: list[Sequence] = []
+        prefilling: list[Sequence] = []
         for s in self.running:
             (decoding if s.is_decoding else prefilling).append(s)
         decoding.sort(key=lambda s: s.slot)
