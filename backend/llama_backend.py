@@ -375,6 +375,9 @@ class LlamaBackend:
     def kv_keep_prefix(self, seq_id: int, n_tokens: int) -> None:
         """Keep the first n_tokens positions, or none where they cannot be continued from (then
         kv_pos_max says -1 and the caller evaluates them again)."""
+        if n_tokens > self.kv_pos_max(seq_id):
+            return  # nothing to remove: a sequence continues from its own end (and a chunked
+            # window, Llama 4's, would read as unusable to the check below past its first chunk)
         if not llama_cpp.llama_memory_seq_rm(self._mem, seq_id, n_tokens, -1):
             self.kv_remove(seq_id)  # a recurrent state cannot go back to a position: start over
         self._drop_unusable_window(seq_id)
@@ -384,8 +387,10 @@ class LlamaBackend:
         copied), or none where they cannot be continued from, as for kv_keep_prefix."""
         llama_cpp.llama_memory_seq_rm(self._mem, dst_seq, -1, -1)
         if n_tokens > 0:
+            whole = n_tokens > self.kv_pos_max(src_seq)  # the source's end: as usable as the source
             llama_cpp.llama_memory_seq_cp(self._mem, src_seq, dst_seq, 0, n_tokens)
-            self._drop_unusable_window(dst_seq)
+            if not whole:
+                self._drop_unusable_window(dst_seq)
 
     def _drop_unusable_window(self, seq_id: int) -> None:
         """Empty a sequence whose window layers lack cells its next position must see.
