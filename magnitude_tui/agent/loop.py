@@ -201,18 +201,10 @@ class AgentLoop:
         if tool.unavailable is not None:
             return ToolResult.failed(f"{call.name} is unavailable: {tool.unavailable}")
         args = json.loads(call.arguments or "{}")
-        try:
-            preview = tool.preview(args) if tool.preview is not None else None
-        except Exception as e:  # as for run: a preview's bug must not end the agent, nor write anything
-            return ToolResult.failed(f"{call.name} failed before it ran (preparing it): {type(e).__name__}: {e}")
-        if isinstance(preview, ToolResult):  # refused or impossible: nobody needs to be asked
-            return preview
-        try:
-            # A write git would act on (.git) or that reaches other names (hard links) is asked
-            # about each time, even with its tool allowed for the pane.
-            caution = tool.caution(args) if tool.caution is not None else None
-        except Exception as e:
-            return ToolResult.failed(f"{call.name} failed before it ran (preparing it): {type(e).__name__}: {e}")
+        prepared = self._prepared(tool, args)
+        if isinstance(prepared, ToolResult):  # refused or impossible: nobody needs to be asked
+            return prepared
+        preview, caution = prepared
         asked = self.gate.needs_asking(tool.kind, tool.name, caution)
         if asked:
             self.observer(ApprovalWaiting(self.config.name, call))
@@ -237,17 +229,26 @@ class AgentLoop:
             return ToolResult.failed(f"{call.name} failed: {type(e).__name__}: {e}")
 
     @staticmethod
+    def _prepared(tool: AgentTool, args: dict) -> tuple[str | None, str | None] | ToolResult:
+        """The call's preview (what it would change) and caution (why it is asked each time: a
+        write git would act on, a file with other names), or the refusal its preview gave, or
+        the failure preparing it (as for run, a preview's bug must not end the agent)."""
+        try:
+            preview = tool.preview(args) if tool.preview is not None else None
+            if isinstance(preview, ToolResult):
+                return preview
+            return preview, tool.caution(args) if tool.caution is not None else None
+        except Exception as e:
+            return ToolResult.failed(f"{tool.name} failed before it ran (preparing it): {type(e).__name__}: {e}")
+
+    @staticmethod
     def _changed_since_allowed(tool: AgentTool, args: dict, preview: str, caution: str | None) -> ToolResult | None:
         """A failure when the call would now change something else than what was allowed (its
         preview, the diff with the real path, or its caution differ); None when it is the same."""
-        try:
-            now = tool.preview(args) if tool.preview is not None else None
-            now_caution = tool.caution(args) if tool.caution is not None else None
-        except Exception as e:
-            return ToolResult.failed(f"{tool.name} failed before it ran (preparing it): {type(e).__name__}: {e}")
-        if isinstance(now, ToolResult):
-            return now
-        if now != preview or now_caution != caution:
+        prepared = AgentLoop._prepared(tool, args)
+        if isinstance(prepared, ToolResult):
+            return prepared
+        if prepared != (preview, caution):
             return ToolResult.failed(f"{tool.name} was not run: what it would change is no longer what was allowed "
                                      "(the file, or where its path leads, changed meanwhile); nothing was "
                                      "written. Read it again and call again")
