@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from magnitude_tui.agent.config import McpServerSpec
-from magnitude_tui.agent.mcp_tools import MAX_RESULT_CHARS, McpServers
+from magnitude_tui.agent.mcp_results import MAX_RESULT_CHARS
+from magnitude_tui.agent.mcp_tools import McpServers
 from magnitude_tui.agent.policy import ALLOW_ONCE, FixedApproval
 from magnitude_tui.agent.team import AgentTeam
 from magnitude_tui.agent.workspace import Workspace

@@ -3,27 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import builtins
-import contextvars
-import functools
-import hashlib
-import json
-import logging
-import os
-import re
-import signal
 import tempfile
 from typing import TYPE_CHECKING, Sequence
 
 from magnitude_tui.agent.config import McpServerSpec
+from magnitude_tui.agent.mcp_process import end_group, record_spawns, terminate_groups
+from magnitude_tui.agent.mcp_results import (
+    answered_with_error,
+    first_error,
+    malformed_answer,
+    offered_schema,
+    tool_result,
+    unique_name,
+)
 from magnitude_tui.agent.policy import ToolKind
 from magnitude_tui.agent.toolbox import AgentTool, ToolResult
 from scheduler.types import Tool
 
 if TYPE_CHECKING:
     from mcp import ClientSession
-
-_GROUP = getattr(builtins, "BaseExceptionGroup", ())  # Python 3.11+; the SDK backports it on 3.10
 
 # How long a server gets to end after it is told to (then it is cancelled, which kills it).
 CLOSE_WAIT_S = 5.0
@@ -33,100 +31,6 @@ PING_WAIT_S = 5.0
 # A server that died (or stopped answering) is started again at its next call, up to this many
 # times in a row without a call answered in between; then its tools stay unavailable.
 MAX_RESTARTS = 3
-# What one call's result may hold (as read_file's cap): 8 MB of text failed every later turn.
-MAX_RESULT_CHARS = 64_000
-# A tool's parameters schema longer than this is not sent (it is in every prompt).
-MAX_SCHEMA_CHARS = 16_000
-# After a server ends, what is left of its process group gets this long after SIGTERM, then SIGKILL.
-GROUP_TERM_WAIT_S = 1.0
-# The function names a model may be given (OpenAI's rule).
-MAX_NAME = 64
-
-
-def tool_name(server: str, tool: str) -> str:
-    """The function name the model sees: server and tool, within OpenAI's name rules."""
-    clean = re.sub(r"[^A-Za-z0-9_-]", "_", f"{server}__{tool}")
-    return clean[:MAX_NAME]
-
-
-def _unique_name(server: str, tool: str, taken: set[str]) -> str:
-    """tool_name, or when another tool already has it (names differing only in characters the rules
-    forbid, or past the 64th): that name ending in a hash of the server and tool names."""
-    name = tool_name(server, tool)
-    if name in taken:
-        tag = hashlib.sha1(f"{server}\0{tool}".encode("utf-8", "surrogatepass")).hexdigest()[:8]
-        name = f"{name[:MAX_NAME - 9]}_{tag}"
-    taken.add(name)
-    return name
-
-
-# ---- the server's process group ---------------------------------------------------------------
-
-# The pid of the process the SDK starts, for the task that starts it (the SDK does not say it). The
-# SDK starts each server in its own session (process group = its pid) but kills that group only
-# when the server itself does not end: a server that ends at once on EOF left its own children running.
-_SPAWNED: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("mcp_spawned", default=None)
-
-
-def _hook_spawn() -> None:
-    try:
-        import mcp.client.stdio as sdk
-    except ImportError:  # pragma: no cover
-        return
-    original = getattr(sdk, "_create_platform_compatible_process", None)
-    if original is None or getattr(original, "_records_pid", False):
-        return
-
-    async def spawn(*args, **kwargs):
-        process = await original(*args, **kwargs)
-        box = _SPAWNED.get()
-        if box is not None:
-            box.append(process.pid)
-        return process
-
-    spawn._records_pid = True  # type: ignore[attr-defined]
-    sdk._create_platform_compatible_process = spawn
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-async def _end_group(pgid: int) -> None:
-    """SIGTERM what is left of the server's process group, then SIGKILL what outlives GROUP_TERM_WAIT_S."""
-    if not hasattr(os, "killpg") or pgid <= 1 or pgid == os.getpgrp() or not _group_alive(pgid):
-        return
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + GROUP_TERM_WAIT_S
-        while _group_alive(pgid) and loop.time() < deadline:
-            await asyncio.sleep(0.02)
-    except (ProcessLookupError, PermissionError):
-        return
-    finally:  # cancelled while waiting too: nothing of it is left running
-        if _group_alive(pgid):
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-class _QuietParseErrors(logging.Filter):
-    """The SDK logs a traceback for every stdout line that is not JSON-RPC (a server's banner):
-    on `run`'s terminal that was a screenful per line. The server's problem says it instead."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Failed to parse JSONRPC message")
-
-
-logging.getLogger("mcp.client.stdio").addFilter(_QuietParseErrors())
 
 
 class McpServer:
@@ -171,10 +75,7 @@ class McpServer:
         from mcp import ClientSession, StdioServerParameters
         from mcp.client.stdio import get_default_environment, stdio_client
 
-        _hook_spawn()
-        spawned: list[int] = []
-        _SPAWNED.set(spawned)
-        self._pids = spawned
+        spawned = self._pids = record_spawns()
         # A byte that is not UTF-8 in the server's output is shown as U+FFFD ("strict" ended the
         # SDK's reader: the call then hung until timeout_s and the server was lost).
         params = StdioServerParameters(command=self.spec.command, args=list(self.spec.args),
@@ -190,14 +91,14 @@ class McpServer:
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # an ExceptionGroup from the SDK's task group included
-            self._fail(f"it failed: {_first_error(e)}")
+            self._fail(f"it failed: {first_error(e)}")
         finally:
             self._session = None
             if not self._stop.is_set():
                 self._fail("it stopped")
             self._ready.set()
             for pid in spawned:  # its children: what it started and left behind when it ended
-                await _end_group(pid)
+                await end_group(pid)
 
     async def _on_message(self, message) -> None:
         if isinstance(message, Exception) and self._not_jsonrpc is None:
@@ -277,19 +178,19 @@ class McpServer:
         except asyncio.CancelledError:
             raise
         except BaseException as e:
-            if _answered_with_error(e) and self._session is not None:
+            if answered_with_error(e) and self._session is not None:
                 # The server answered this call with a JSON-RPC error (bad params, a tool that threw in
                 # another SDK): the call failed, the server is still there for the others.
-                return ToolResult.failed(f"{name} failed: {_first_error(e)}")
-            if _malformed_answer(e) and self._session is not None:
+                return ToolResult.failed(f"{name} failed: {first_error(e)}")
+            if malformed_answer(e) and self._session is not None:
                 # It answered, in a shape the MCP schema does not allow: that answer is lost, not
                 # the server (starting it again lost its state: a browser's pages, a login).
                 return ToolResult.failed(f"{name}: the server's answer does not follow the MCP schema: "
-                                         f"{_first_error(e)}")
-            self._fail(f"{name} failed: {_first_error(e)}", since)
+                                         f"{first_error(e)}")
+            self._fail(f"{name} failed: {first_error(e)}", since)
             return self._lost()
         self._restarts = 0
-        return _result(result)
+        return tool_result(result)
 
     def _lost(self) -> ToolResult:
         """The result of a call the server was lost in (it died, or stopped answering)."""
@@ -303,7 +204,7 @@ class McpServer:
         except asyncio.CancelledError:
             raise
         except BaseException as e:
-            return _answered_with_error(e)  # an error answer is an answer (a server without ping)
+            return answered_with_error(e)  # an error answer is an answer (a server without ping)
         return True
 
     def agent_tools(self, taken: set[str] | None = None) -> list[AgentTool]:
@@ -314,12 +215,12 @@ class McpServer:
             hints = t.annotations
             # The server's own word: the user chose to run it (docs/design/agents.md, MCP servers).
             kind = ToolKind.READ if hints is not None and hints.read_only_hint else ToolKind.RUN
-            name = _unique_name(self.spec.name, t.name, taken)
+            name = unique_name(self.spec.name, t.name, taken)
 
             async def run(args: dict, _name: str = t.name) -> ToolResult:
                 return await self.call(_name, args)
 
-            description, parameters = _offered_schema(t.description or "", t.input_schema, name)
+            description, parameters = offered_schema(t.description or "", t.input_schema, name)
             # A server that died is started again at the next call: only one that may not be
             # (MAX_RESTARTS) has its tools answered as unavailable without a call.
             gone = self.problem if self.problem is not None and self._restarts >= MAX_RESTARTS else None
@@ -330,11 +231,7 @@ class McpServer:
         """End the task now (and with it the process): no polite wait."""
         self._stop.set()
         if self._task is not None and not self._task.done():
-            for pid in self._pids:  # the SDK would wait 2 s for a server that does not answer to end
-                try:
-                    os.killpg(pid, signal.SIGTERM)
-                except (OSError, AttributeError):
-                    pass
+            terminate_groups(self._pids)  # the SDK would wait 2 s for a server that does not answer to end
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         self._session = None
@@ -374,104 +271,6 @@ async def _list_tools(session: ClientSession) -> list:
         tools.extend(listed.tools)
         cursor, pages = listed.next_cursor, pages + 1
     return tools
-
-
-def _offered_schema(description: str, schema: dict | None, name: str) -> tuple[str, str]:
-    """The description and parameters the model is given. The engine turns every tool's schema into
-    one grammar per request, so one schema it cannot convert (a 'pattern' without ^...$, a $ref to
-    nowhere or to another file) failed every turn of every agent offered the tool, called or not; and
-    a huge one filled every prompt. Such a tool is offered as taking any object, its schema (when
-    not too long) in its description, and the server judges the arguments."""
-    text = json.dumps(schema if schema is not None else {"type": "object"}, ensure_ascii=False)
-    why = _schema_problem(text, name)
-    if why is None:
-        return description, text
-    if len(text) <= MAX_SCHEMA_CHARS:
-        shown = f"\n(Its parameters, as JSON schema, not checked before the call: {text})"
-    else:
-        shown = (f"\n(Its parameters schema, {len(text):,} characters, is not shown: it is too long; "
-                 "ask with the arguments you know, the server says what is wrong.)")
-    return description + shown, json.dumps({"type": "object"})
-
-
-@functools.lru_cache(maxsize=1024)  # the TUI asks again at every agent's start
-def _schema_problem(text: str, name: str) -> str | None:
-    """Why `text` cannot be a tool's parameters as is (None: it can)."""
-    if len(text) > MAX_SCHEMA_CHARS:
-        return f"it is {len(text):,} characters"
-    schema = json.loads(text)
-    if not isinstance(schema, dict):
-        return "it is not a JSON object"
-    try:
-        from jsonschema import Draft202012Validator
-
-        Draft202012Validator.check_schema(schema)
-    except Exception as e:
-        return f"it is not a valid JSON schema ({type(e).__name__})"
-    try:
-        from backend.grammar import schema_grammar
-    except ImportError:  # pragma: no cover - no grammar converter: the engine has none either
-        return None
-    try:
-        schema_grammar(text, name)
-    except Exception as e:  # GrammarError, and what else a converter raises
-        return str(e)
-    return None
-
-
-def _result(result) -> ToolResult:
-    parts = []
-    for c in getattr(result, "content", None) or []:
-        text = getattr(c, "text", None)
-        resource = getattr(c, "resource", None)  # an embedded resource: its text when it has one
-        resource_text = getattr(resource, "text", None)
-        if not isinstance(text, str) and isinstance(resource_text, str):
-            text = f"[resource {getattr(resource, 'uri', '')}]\n{resource_text}"
-        if not isinstance(text, str) and getattr(c, "type", None) == "resource_link":
-            text = f"[resource link: {getattr(c, 'uri', '')}]"
-        if not isinstance(text, str):  # an image, audio, a binary resource: the model reads text only
-            mime = getattr(c, "mime_type", None) or getattr(resource, "mime_type", None)
-            text = f"[{getattr(c, 'type', 'content')}{f' ({mime})' if mime else ''} not shown]"
-        parts.append(text)
-    if not parts and getattr(result, "structured_content", None) is not None:
-        parts.append(json.dumps(result.structured_content, ensure_ascii=False))
-    text = "\n".join(parts)
-    if not text and getattr(result, "is_error", False):
-        text = "the tool reported an error and said nothing more"
-    if len(text) > MAX_RESULT_CHARS:
-        text = (text[:MAX_RESULT_CHARS] + f"\n[{len(text) - MAX_RESULT_CHARS:,} of {len(text):,} characters cut: "
-                f"an MCP tool's result is shown up to {MAX_RESULT_CHARS:,}]")
-    return ToolResult(f"error: {text}" if getattr(result, "is_error", False) else text,
-                      ok=not getattr(result, "is_error", False))
-
-
-def _answered_with_error(e: BaseException) -> bool:
-    """Whether `e` is the server's JSON-RPC error answer to a call (not a lost connection or a timeout
-    the SDK raises itself, after which the server cannot be trusted to answer)."""
-    try:
-        from mcp.shared.exceptions import MCPError
-        from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
-    except ImportError:  # pragma: no cover - mcp 1.x spells it McpError
-        from mcp.shared.exceptions import McpError as MCPError  # type: ignore[attr-defined,no-redef]
-        from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
-    return isinstance(e, MCPError) and e.error.code not in (CONNECTION_CLOSED, REQUEST_TIMEOUT)
-
-
-def _malformed_answer(e: BaseException) -> bool:
-    """Whether `e` is the SDK refusing the shape of an answer the server did send."""
-    while _GROUP and isinstance(e, _GROUP) and e.exceptions:
-        e = e.exceptions[0]
-    try:
-        from pydantic import ValidationError
-    except ImportError:  # pragma: no cover - the SDK is built on pydantic
-        return False
-    return isinstance(e, ValidationError)
-
-
-def _first_error(e: BaseException) -> str:
-    while _GROUP and isinstance(e, _GROUP) and e.exceptions:
-        e = e.exceptions[0]
-    return f"{type(e).__name__}: {e}"[:300]
 
 
 class McpServers:
