@@ -172,9 +172,7 @@ class McpServer:
                 # call failed, its other tools go on.
                 return ToolResult.failed(f"{late}; the call was given up (the server still answers)"
                                          f"{self._stderr_tail(since)}")
-            self._fail(f"{late}, and then not a ping either", since)
-            await self._halt()
-            return self._lost()
+            return await self._lose(session, f"{late}, and then not a ping either", since, halt=True)
         except asyncio.CancelledError:
             raise
         except BaseException as e:
@@ -187,10 +185,22 @@ class McpServer:
                 # the server (starting it again lost its state: a browser's pages, a login).
                 return ToolResult.failed(f"{name}: the server's answer does not follow the MCP schema: "
                                          f"{first_error(e)}")
-            self._fail(f"{name} failed: {first_error(e)}", since)
-            return self._lost()
+            return await self._lose(session, f"{name} failed: {first_error(e)}", since)
         self._restarts = 0
         return tool_result(result)
+
+    async def _lose(self, session: ClientSession, why: str, since: int, *, halt: bool = False) -> ToolResult:
+        """The server is lost (`why`), as the call to `session` found: failed, and stopped with `halt`.
+        Only while `session` is still the server's: a call that failed late, on a server another call
+        already found lost and started again, must not fail or stop the new one."""
+        if session is not self._session:
+            if self._session is None and self.problem is not None:
+                return self._lost()
+            return ToolResult.failed(f"{why}{self._stderr_tail(since)}; the server was started again since")
+        self._fail(why, since)
+        if halt:
+            await self._halt()
+        return self._lost()
 
     def _lost(self) -> ToolResult:
         """The result of a call the server was lost in (it died, or stopped answering)."""

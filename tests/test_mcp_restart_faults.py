@@ -1,0 +1,51 @@
+"""An MCP server started again (tests/mcp_servers/raw_faults.py): a call lost with the old server does not fail the new one."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from magnitude_tui.agent import mcp_tools
+from tests.test_mcp_probe_faults import alive, raw, started
+
+
+@pytest.mark.parametrize("late", ["timeout", "error"])
+async def test_a_call_lost_with_the_old_server_leaves_the_new_one_alone(monkeypatch, late):
+    # The SDK wakes a call waiting on a session that closes; one woken only after the server was
+    # started again (it timed out, or its error came late) used to mark the new server failed,
+    # and a timeout stopped it.
+    real = mcp_tools._call_tool
+    first: list = []
+    restarted = asyncio.Event()
+
+    async def held(session, name, args):
+        first.append(first[0] if first else session)
+        if name != "hang" or session is not first[0]:
+            return await real(session, name, args)
+        try:
+            await real(session, name, args)
+        except BaseException:
+            if late == "timeout":
+                await asyncio.Event().wait()  # never woken: it times out
+            await restarted.wait()
+            raise
+
+    monkeypatch.setattr(mcp_tools, "_call_tool", held)
+    servers = await started(raw("ok", timeout_s=1.0))
+    try:
+        server = servers.servers[0]
+        old = int((await server.call("pid", {})).text)
+        hung = asyncio.create_task(server.call("hang", {}))
+        await asyncio.sleep(0.2)
+        assert not (await server.call("crash", {})).ok
+        new = int((await server.call("pid", {})).text)  # started again
+        assert new != old and not alive(old)
+        restarted.set()
+        r = await hung
+        # The new server was neither marked failed nor stopped: the same process answers.
+        assert servers.problems == {}
+        assert int((await server.call("pid", {})).text) == new and alive(new)
+        assert not r.ok and "started again since" in r.text, r.text
+    finally:
+        await servers.close()
