@@ -1,4 +1,4 @@
-"""An MCP server started again (tests/mcp_servers/raw_faults.py): a call lost with the old server does not fail the new one."""
+"""An MCP server started again (tests/mcp_servers/raw_faults.py): a call lost with the old server does not fail the new one, an answer of any kind resets the restart count."""
 
 from __future__ import annotations
 
@@ -47,5 +47,21 @@ async def test_a_call_lost_with_the_old_server_leaves_the_new_one_alone(monkeypa
         assert servers.problems == {}
         assert int((await server.call("pid", {})).text) == new and alive(new)
         assert not r.ok and "started again since" in r.text, r.text
+    finally:
+        await servers.close()
+
+
+async def test_an_error_or_malformed_answer_resets_the_restart_count():
+    servers = await started(raw("ok"))
+    try:
+        server = servers.servers[0]
+        # Each crash is followed by an answer (an error, or one off the MCP schema): the server
+        # answers, so it is not one that keeps dying; it is started again every time.
+        for i in range(2 * mcp_tools.MAX_RESTARTS):
+            assert not (await server.call("crash", {})).ok
+            r = await server.call("rpcerror" if i % 2 else "badshape", {})
+            assert not r.ok and "unavailable" not in r.text and "started again" not in r.text, r.text
+        r = await server.call("ok", {})
+        assert r.ok and r.text == "ok done"
     finally:
         await servers.close()

@@ -179,10 +179,12 @@ class McpServer:
             if answered_with_error(e) and self._session is not None:
                 # The server answered this call with a JSON-RPC error (bad params, a tool that threw in
                 # another SDK): the call failed, the server is still there for the others.
+                self._restarts = 0  # an answer: it is not a server that keeps dying
                 return ToolResult.failed(f"{name} failed: {first_error(e)}")
             if malformed_answer(e) and self._session is not None:
                 # It answered, in a shape the MCP schema does not allow: that answer is lost, not
                 # the server (starting it again lost its state: a browser's pages, a login).
+                self._restarts = 0
                 return ToolResult.failed(f"{name}: the server's answer does not follow the MCP schema: "
                                          f"{first_error(e)}")
             return await self._lose(session, f"{name} failed: {first_error(e)}", since)

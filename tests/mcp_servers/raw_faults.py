@@ -6,7 +6,7 @@ odd1: in one page),
 child (starts a child process, its pid written to PIDFILE, that outlives the server's end),
 wedge (the `hang` tool stops the server reading anything). With RAW_PIDFILE set it writes its pid there.
 Tools: ok, huge (8 MB of text), resource (an embedded text resource and a link), nonutf8 (a byte
-that is not UTF-8 in its text), image, emptyerr (isError with no content), badshape (content that is not a list), textonly / offschema / brokenout (an outputSchema: text only,
+that is not UTF-8 in its text), image, emptyerr (isError with no content), rpcerror (a JSON-RPC error answer), badshape (content that is not a list), textonly / offschema / brokenout (an outputSchema: text only,
 structuredContent that does not match it, an outputSchema with a $ref to nowhere), crash (the process exits), hang (never answered), pid (the
 server's pid).
 """
@@ -31,7 +31,7 @@ def tool(name, schema=None, **extra):
 
 
 OUT = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
-BASIC = [tool(n) for n in ("ok", "huge", "resource", "nonutf8", "crash", "hang", "pid", "image", "emptyerr", "badshape")] + [
+BASIC = [tool(n) for n in ("ok", "huge", "resource", "nonutf8", "crash", "hang", "pid", "image", "emptyerr", "badshape", "rpcerror")] + [
     tool("textonly", outputSchema=OUT), tool("offschema", outputSchema=OUT),
     tool("brokenout", outputSchema={"type": "object", "properties": {"a": {"$ref": "#/$defs/none"}}})]
 ODD = [
@@ -105,6 +105,9 @@ for line in sys.stdin.buffer:
         elif name in ("offschema", "brokenout"):  # structuredContent its outputSchema refuses, or cannot check
             send({"jsonrpc": "2.0", "id": rid, "result": {"content": [{"type": "text", "text": "a is 1"}],
                                                           "structuredContent": {"a": 1}}})
+            continue
+        elif name == "rpcerror":
+            send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": "bad arguments"}})
             continue
         elif name == "emptyerr":
             send({"jsonrpc": "2.0", "id": rid, "result": {"content": [], "isError": True}})
