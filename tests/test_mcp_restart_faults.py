@@ -1,4 +1,4 @@
-"""An MCP server started again (tests/mcp_servers/raw_faults.py): a call lost with the old server does not fail the new one, an answer of any kind resets the restart count."""
+"""An MCP server started again (tests/mcp_servers/raw_faults.py): a call lost with the old server does not fail the new one, an answer of any kind resets the restart count, and the SDK hook still records the server's pid."""
 
 from __future__ import annotations
 
@@ -63,5 +63,16 @@ async def test_an_error_or_malformed_answer_resets_the_restart_count():
             assert not r.ok and "unavailable" not in r.text and "started again" not in r.text, r.text
         r = await server.call("ok", {})
         assert r.ok and r.text == "ok done"
+    finally:
+        await servers.close()
+
+
+async def test_the_servers_pid_is_recorded_for_its_group_to_be_ended():
+    # hook_spawn wraps a private function of the SDK (mcp.client.stdio._create_platform_compatible_process):
+    # renamed, the pid is not recorded and what a server leaves behind is not ended, silently.
+    servers = await started(raw("ok"), raw("ok", name="q"))
+    try:
+        for server in servers.servers:
+            assert server._pids == [int((await server.call("pid", {})).text)]
     finally:
         await servers.close()

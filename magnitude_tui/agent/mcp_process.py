@@ -20,7 +20,7 @@ _SPAWNED: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("mcp
 
 def hook_spawn() -> None:
     """Wrap the SDK's (private) process start so that it records the pid; a rename of that function
-    in the SDK fails tests/test_mcp_probe_faults.py, not the cleanup silently."""
+    in the SDK fails tests/test_mcp_restart_faults.py, not the cleanup silently."""
     try:
         import mcp.client.stdio as sdk
     except ImportError:  # pragma: no cover
