@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, KvStateError, check_plan
 from backend.template_fallback import CHATML_MARKERS, TemplateSource, fallback_notice, template_info
 from backend.tools import ToolSyntax, generic_messages
-from scheduler.budget import CostParams
+from scheduler.cost_model import CostParams
 from scheduler.drafts import DraftKind
 from scheduler.types import AttentionPath, BatchPlan, Grammar, Message, SamplingParams, Tool
 

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
-from scheduler.budget import CostParams
+from scheduler.cost_model import CostParams
 from scheduler.types import AttentionPath, BatchPlan, DecodeOutcome, Grammar, Message, SamplingParams, Tool
 
 if TYPE_CHECKING:

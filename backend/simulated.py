@@ -8,7 +8,7 @@ from typing import Callable
 
 from backend.fake import FakeBackend
 from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult
-from scheduler.budget import CostParams
+from scheduler.cost_model import CostParams
 from scheduler.types import AttentionPath, BatchPlan, plan_kpos
 
 

@@ -15,7 +15,8 @@ from magnitude_bench.common import (
     sized,
 )
 from magnitude_bench.harness import Drive, calibrated, recorded
-from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel
+from scheduler.budget import MIN_PREFILL_QUANTUM
+from scheduler.cost_model import CostModel
 from scheduler.stats import median, percentile, rnd
 from scheduler.types import AttentionPath, Request, SamplingParams, attended_kpos, used_cells_kpos
 

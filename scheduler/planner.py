@@ -10,7 +10,8 @@ import math
 from collections import deque
 
 from scheduler.admission import WAITING_FOR_PREVIOUS_TURN, Admission, RequestError
-from scheduler.budget import MIN_PREFILL_QUANTUM, CostModel, Policy, StepShape, parse_policy, share_rows
+from scheduler.budget import MIN_PREFILL_QUANTUM, Policy, StepShape, parse_policy, share_rows
+from scheduler.cost_model import CostModel
 from scheduler.drafts import DraftKind
 from scheduler.ledger import KvCache
 from scheduler.ramp import PromptRamp

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from scheduler.budget import CostModel
+from scheduler.cost_model import CostModel
 from scheduler.ledger import KvCache, KvLedger
 from scheduler.sequence import Sequence, Session
 from scheduler.types import AttentionPath, used_cells_kpos

@@ -6,7 +6,8 @@ verify which draft tokens in the rows left; the engine tells it, through the pla
 
 from __future__ import annotations
 
-from scheduler.budget import CostModel, StepShape
+from scheduler.budget import StepShape
+from scheduler.cost_model import CostModel
 from scheduler.drafts import DraftKind, DraftSource, DraftWant, match_length, propose_all
 from scheduler.row_price import RowPrice
 from scheduler.sequence import Sequence

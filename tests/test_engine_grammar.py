@@ -7,7 +7,8 @@ import json
 from backend.fake import FakeBackend
 from backend.tools import ToolSyntax, call_text
 from magnitude_tui.engine.core import Engine
-from scheduler.budget import CostModel, CostParams, StepShape, parse_policy
+from scheduler.budget import StepShape, parse_policy
+from scheduler.cost_model import CostModel, CostParams
 from scheduler.types import (
     DoneReason,
     Message,

@@ -9,7 +9,8 @@ import pytest
 from backend.factory import BackendConfig, build_backend
 from backend.simulated import PROFILES, HardwareProfile, SimulatedBackend, VirtualClock, get_profile
 from magnitude_tui.engine.core import Engine
-from scheduler.budget import GAP_SLACK, MIN_PREFILL_QUANTUM, CostParams
+from scheduler.budget import GAP_SLACK, MIN_PREFILL_QUANTUM
+from scheduler.cost_model import CostParams
 from scheduler.types import Phase, Request, SamplingParams
 from tests.engine_driver import close_and_assert_empty
 

@@ -17,11 +17,10 @@ from scheduler.budget import (
     IDLE_STEP_MS,
     MIN_PREFILL_QUANTUM,
     TILE_STRETCH,
-    CostModel,
-    CostParams,
     StepShape,
     parse_policy,
 )
+from scheduler.cost_model import CostModel, CostParams
 from scheduler.metrics import RequestMetrics
 from scheduler.types import AttentionPath, attended_kpos
 

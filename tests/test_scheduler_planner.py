@@ -8,7 +8,8 @@ import pytest
 
 from backend.fake import FakeBackend
 from backend.protocol import DecodeOutcome
-from scheduler.budget import GAP_SLACK, CostParams
+from scheduler.budget import GAP_SLACK
+from scheduler.cost_model import CostParams
 from scheduler.planner import RequestError, Scheduler
 from scheduler.types import DoneReason, Phase
 from tests.planner_driver import TOKEN, add, close_all, generating, make, rows, step

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from scheduler.budget import IDLE_MERGE_MS, MIN_PREFILL_QUANTUM, CostParams
+from scheduler.budget import IDLE_MERGE_MS, MIN_PREFILL_QUANTUM
+from scheduler.cost_model import CostParams
 from scheduler.types import DoneReason, Phase, Priority
 from tests.planner_driver import add, close_all, make, rows, step
 

@@ -220,7 +220,8 @@ def _copy_begun(prompt: list[int]):
     """A sequence (prompt `prompt`) whose reply has begun copying it (its output 5, 6, 7), with
     a paraphrase's first-row misses and a copy's later hits as evidence, the Speculator on the
     n-gram lookup, and a function planning its next step: (speculator, sequence, plan)."""
-    from scheduler.budget import CostModel, CostParams, StepShape
+    from scheduler.budget import StepShape
+    from scheduler.cost_model import CostModel, CostParams
     from scheduler.sequence import Sequence
     from scheduler.speculator import Speculator
     from scheduler.types import Request, SamplingParams

@@ -5,7 +5,8 @@ latest tokens match the block at length, while guesses from a chance 2-gram stil
 from __future__ import annotations
 
 from backend.simulated import SimulatedBackend
-from scheduler.budget import CostModel, CostParams, StepShape
+from scheduler.budget import StepShape
+from scheduler.cost_model import CostModel, CostParams
 from scheduler.drafts import DraftKind, match_length
 from scheduler.ngram import NgramIndex, NgramSource
 from scheduler.row_price import MIN_PLAIN

@@ -32,7 +32,8 @@ from magnitude_tui.engine.sampling import StepSampler
 from magnitude_tui.engine.threads import ThreadGovernor
 from magnitude_tui.engine.warm import WarmResume
 from magnitude_tui.engine.warm_store import WarmStore
-from scheduler.budget import CostModel, CostParams, Policy, as_policy
+from scheduler.budget import Policy, as_policy
+from scheduler.cost_model import CostModel, CostParams
 from scheduler.drafts import DraftKind, DraftSource
 from scheduler.ngram import NgramSource
 from scheduler.planner import Scheduler
