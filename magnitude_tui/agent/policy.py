@@ -113,7 +113,7 @@ class ApprovalGate:
         return self.policy is ApprovePolicy.AUTO and tool not in self.ask_anyway
 
     def needs_asking(self, kind: ToolKind, tool: str, caution: str | None = None) -> bool:
-        asks = self.policy is ApprovePolicy.ASK or (self.policy is ApprovePolicy.AUTO and tool in self.ask_anyway)
+        asks = self.policy is not ApprovePolicy.READ_ONLY and not self.runs_unasked(tool)
         return kind is not ToolKind.READ and asks and (tool not in self.allowed_tools or bool(caution))
 
     async def decide(self, request: ApprovalRequest) -> Decision:
