@@ -76,3 +76,21 @@ async def test_the_servers_pid_is_recorded_for_its_group_to_be_ended():
             assert server._pids == [int((await server.call("pid", {})).text)]
     finally:
         await servers.close()
+
+
+async def test_a_timed_out_call_the_server_still_pings_for_resets_the_restart_count(monkeypatch):
+    # A server that answers a ping is alive, as one that answers a call is: a later crash gets its
+    # full restarts. (A timeout with the ping answered used to leave the count as it was, so a
+    # server with one slow tool between its crashes was given up after MAX_RESTARTS.)
+    monkeypatch.setattr(mcp_tools, "MAX_RESTARTS", 1)
+    servers = await started(raw("ok", timeout_s=0.5))
+    try:
+        server = servers.servers[0]
+        for _ in range(2):
+            assert not (await server.call("crash", {})).ok
+            r = await server.call("hang", {})  # started again (the one restart), then times out
+            assert not r.ok and "the server still answers" in r.text, r.text
+        r = await server.call("ok", {})
+        assert r.ok and r.text == "ok done", r.text
+    finally:
+        await servers.close()

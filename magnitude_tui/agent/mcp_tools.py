@@ -29,7 +29,8 @@ CLOSE_WAIT_S = 5.0
 # still up (only that call failed), one that does not is stopped and started again at the next call.
 PING_WAIT_S = 5.0
 # A server that died (or stopped answering) is started again at its next call, up to this many
-# times in a row without a call answered in between; then its tools stay unavailable.
+# times in a row without an answer in between (a result, an error answer, one off the MCP schema,
+# or a ping answered after a call timed out); then its tools stay unavailable.
 MAX_RESTARTS = 3
 
 
@@ -169,7 +170,10 @@ class McpServer:
             late = f"{name} did not answer within {self.spec.timeout_s:g} s"
             if await self._answers_ping(session):
                 # The server is still there (the tool is slow, or stuck in its own thread): this
-                # call failed, its other tools go on.
+                # call failed, its other tools go on. It answered (a ping): as after any answer, it
+                # is not a server that keeps dying, and a later crash gets its full restarts.
+                if session is self._session:
+                    self._restarts = 0
                 return ToolResult.failed(f"{late}; the call was given up (the server still answers)"
                                          f"{self._stderr_tail(since)}")
             return await self._lose(session, f"{late}, and then not a ping either", since, halt=True)
