@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import tempfile
 from typing import TYPE_CHECKING, Sequence
 
 from magnitude_tui.agent.config import McpServerSpec
-from magnitude_tui.agent.mcp_process import end_group, record_spawns, terminate_groups
+from magnitude_tui.agent.mcp_process import StderrLog, end_group, record_spawns, terminate_groups
 from magnitude_tui.agent.mcp_results import (
     answered_with_error,
     first_error,
@@ -46,7 +45,7 @@ class McpServer:
         self._task: asyncio.Task | None = None
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
-        self._errlog = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+        self._errlog = StderrLog()  # its last STDERR_KEEP bytes, over all its starts
         self._not_jsonrpc: str | None = None  # the first stdout line that was not JSON-RPC
         self._started = False  # it once listed its tools (then it may be started again)
         self._restarts = 0  # in a row, without a call answered in between
@@ -57,6 +56,7 @@ class McpServer:
     async def start(self) -> None:
         """Start the server and list its tools, or set `problem`; never raises."""
         self._ready, self._stop = asyncio.Event(), asyncio.Event()
+        self._errlog.watch()
         self._task = asyncio.create_task(self._serve(), name=f"mcp-{self.spec.name}")
         try:
             await asyncio.wait_for(self._ready.wait(), self.spec.start_timeout_s)
@@ -83,7 +83,7 @@ class McpServer:
                                        env={**get_default_environment(), **dict(self.spec.env)},
                                        encoding_error_handler="replace")
         try:
-            async with stdio_client(params, errlog=self._errlog) as (read, write):
+            async with stdio_client(params, errlog=self._errlog.file) as (read, write):
                 async with ClientSession(read, write, message_handler=self._on_message) as session:
                     await session.initialize()
                     self.tools, self._session = await _list_tools(session), session
@@ -117,24 +117,18 @@ class McpServer:
             self.problem = f"MCP server {self.spec.name!r}: {why}{self._stderr_tail(stderr_since)}"
 
     def _stderr_size(self) -> int:
-        try:
-            self._errlog.flush()
-            return self._errlog.seek(0, 2)
-        except (OSError, ValueError):
-            return 0
+        return self._errlog.drain()
 
     def _stderr_tail(self, since: int = 0) -> str:
         """The end of what the server wrote on stderr from offset `since` (a call's failure names only
-        what the server said during that call, not an earlier call's noise)."""
-        try:
-            self._errlog.flush()
-            size = self._errlog.seek(0, 2)
-            # Only the tail is read: a server's 5 MB banner is not read back whole.
-            self._errlog.seek(max(since, size - 4000))
-            tail = self._errlog.read()[-400:].strip()
-        except (OSError, ValueError):
+        what the server said during that call, not an earlier call's noise), and how much of that
+        was not kept (only the log's last STDERR_KEEP bytes are)."""
+        text, dropped = self._errlog.since(since)
+        tail = text[-400:].strip()
+        if not tail:
             return ""
-        return f" (stderr: {tail})" if tail else ""
+        cut = f"; {dropped:,} earlier bytes of it not kept" if dropped else ""
+        return f" (stderr: {tail}{cut})"
 
     async def _revive(self) -> bool:
         """Start a server that died (or stopped answering) again, at most MAX_RESTARTS times in a

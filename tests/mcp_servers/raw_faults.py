@@ -8,7 +8,8 @@ wedge (the `hang` tool stops the server reading anything). With RAW_PIDFILE set 
 Tools: ok, huge (8 MB of text), resource (an embedded text resource and a link), nonutf8 (a byte
 that is not UTF-8 in its text), image, emptyerr (isError with no content), rpcerror (a JSON-RPC error answer), badshape (content that is not a list), textonly / offschema / brokenout (an outputSchema: text only,
 structuredContent that does not match it, an outputSchema with a $ref to nowhere), crash (the process exits), hang (never answered), pid (the
-server's pid).
+server's pid), noisy (writes `bytes` of noise on stderr, then `last` and a newline, then answers, or
+exits when `then` is "crash").
 """
 
 import json
@@ -31,7 +32,8 @@ def tool(name, schema=None, **extra):
 
 
 OUT = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
-BASIC = [tool(n) for n in ("ok", "huge", "resource", "nonutf8", "crash", "hang", "pid", "image", "emptyerr", "badshape", "rpcerror")] + [
+BASIC = [tool(n) for n in ("ok", "huge", "resource", "nonutf8", "crash", "hang", "pid", "image", "emptyerr", "badshape", "rpcerror",
+                            "noisy")] + [
     tool("textonly", outputSchema=OUT), tool("offschema", outputSchema=OUT),
     tool("brokenout", outputSchema={"type": "object", "properties": {"a": {"$ref": "#/$defs/none"}}})]
 ODD = [
@@ -86,6 +88,17 @@ for line in sys.stdin.buffer:
             continue
         if name == "crash":
             os._exit(1)
+        if name == "noisy":
+            args = msg["params"].get("arguments") or {}
+            left = int(args.get("bytes", 1 << 20))
+            while left > 0:
+                n = min(left, 65536)
+                sys.stderr.buffer.write(b"n" * (n - 1) + b"\n")
+                left -= n
+            sys.stderr.buffer.write(str(args.get("last", "")).encode() + b"\n")
+            sys.stderr.buffer.flush()
+            if args.get("then") == "crash":
+                os._exit(1)
         if name == "nonutf8":
             out.write(b'{"jsonrpc": "2.0", "id": %d, "result": {"content": [{"type": "text", "text": "caf\xe9 ok"}]}}\n' % rid)
             out.flush()
