@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from textual import events
 from textual.widgets import Static
 
+from magnitude_tui.agent.transcript import visible
 from magnitude_tui.widgets.format import fmt_count
 
 ARGS_SHOWN = 60  # characters of the arguments on a folded block's line
@@ -83,7 +84,7 @@ class ToolBlock(Static):
         line = f"{mark} {self.tool}({one_line_args(self.arguments)}) · {ran}{waited}{fmt_count(len(self.result))} chars"
         if self.panes:
             line += f" · answers from {', '.join(self.panes)}"
-        return line
+        return visible(line)
 
     def on_mount(self) -> None:
         self.update(self.summary())
@@ -100,7 +101,9 @@ class ToolBlock(Static):
         result = self.result[:RESULT_SHOWN]
         more = len(self.result) - len(result)
         tail = f"\n… {more:,} more characters" if more > 0 else ""
-        self.update(f"{self.summary()}\n{args}\n──\n{result}{tail}")
+        # A command's or a file's bytes as a terminal would show them: an escape sequence in the
+        # output (a `clear`, colors) would otherwise clear or redraw the screen over the app.
+        self.update(f"{self.summary()}\n{visible(args)}\n──\n{visible(result)}{tail}")
 
     def on_click(self, event: events.Click) -> None:
         event.stop()
