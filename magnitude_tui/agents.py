@@ -30,8 +30,9 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 _KEYS = {"system", "temperature", "max_tokens", "top_p", "min_p", "tools", "approve", "tool_choice"}
-# Top-level tables that are not roles: MCP servers and subagent limits (magnitude_tui/agent/config.py).
-RESERVED_TABLES = ("mcp", "spawn")
+# Top-level tables that are not roles: MCP servers, subagent limits, run_command's environment
+# (magnitude_tui/agent/config.py).
+RESERVED_TABLES = ("mcp", "spawn", "run_command")
 _NUMBERS = ("temperature", "top_p", "min_p")
 
 

@@ -1,10 +1,12 @@
-"""Provides run_command: a shell command in the workspace root, in its own process group, with a timeout and an output cap."""
+"""Provides run_command: a shell command in the workspace root, in its own process group, with a timeout, an output cap and the app's environment less its secrets."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+from fnmatch import fnmatchcase
+from typing import Mapping, Sequence
 
 from magnitude_tui.agent.policy import ToolKind
 from magnitude_tui.agent.toolbox import AgentTool, ToolResult, function_tool
@@ -17,6 +19,29 @@ EXIT_POLL_S = 0.02
 # After the command's group is gone, how long its output may take to end: longer means a process
 # that left the group (setsid, a daemon) holds the pipe, and reading stops.
 DRAIN_S = 1.0
+# A variable whose name holds one of these (in any letter case) is not passed to the model's
+# commands (codex's default, and the usual spellings of passwords and credentials): API keys,
+# AWS_SECRET_ACCESS_KEY, GITHUB_TOKEN. The agents file's `[run_command] pass_env` passes named ones.
+SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL")
+WITHHELD_WORDS = ", ".join(SECRET_WORDS[:-1]) + " or " + SECRET_WORDS[-1]
+
+
+def looks_secret(name: str) -> bool:
+    upper = name.upper()
+    return any(word in upper for word in SECRET_WORDS)
+
+
+def command_env(environ: Mapping[str, str], pass_env: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
+    """(the environment a command gets, the names withheld from it): `environ` less the variables
+    whose names look secret, except those `pass_env` names (a name, or a pattern such as AWS_*)."""
+    env: dict[str, str] = {}
+    withheld: list[str] = []
+    for name, value in environ.items():
+        if looks_secret(name) and not any(fnmatchcase(name, pattern) for pattern in pass_env):
+            withheld.append(name)
+        else:
+            env[name] = value
+    return env, sorted(withheld)
 
 
 def _kill_group(proc: asyncio.subprocess.Process, sig: int) -> None:
@@ -67,17 +92,28 @@ class CommandTool:
 
     def tool(self) -> AgentTool:
         return AgentTool(function_tool(
-            "run_command", "Run a shell command in the workspace root; returns its exit status and output.",
+            "run_command", "Run a shell command in the workspace root; returns its exit status and output. "
+            f"Environment variables whose names contain {WITHHELD_WORDS} are not set.",
             {"command": {"type": "string"},
              "timeout_s": {"type": "number", "exclusiveMinimum": 0}}, ["command"]),
-            ToolKind.RUN, self.run)
+            ToolKind.RUN, self.run, self.preview)
+
+    def preview(self, args: dict) -> str | None:
+        """What the approval shows besides the command: the variables it will not get (names only)."""
+        _, withheld = command_env(os.environ, self.ws.pass_env)
+        if not withheld:
+            return None
+        return (f"environment: {len(withheld)} variable{'' if len(withheld) == 1 else 's'} withheld from the "
+                f"command (names with {WITHHELD_WORDS}; the agents file's [run_command] pass_env passes them): "
+                + ", ".join(withheld))
 
     async def run(self, args: dict) -> ToolResult:
         limit = self.ws.limits.command_timeout_s
         timeout = min(float(args.get("timeout_s") or limit), limit)
+        env, _ = command_env(os.environ, self.ws.pass_env)
         try:
             proc = await asyncio.create_subprocess_shell(
-                args["command"], cwd=self.ws.root, stdin=asyncio.subprocess.DEVNULL,
+                args["command"], cwd=self.ws.root, env=env, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         except OSError as e:
             return ToolResult.failed(f"the command could not start: {e}")

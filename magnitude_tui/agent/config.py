@@ -1,4 +1,4 @@
-"""Provides the agent tables of agents.toml that are not roles: `[mcp.NAME]` servers and `[spawn]` limits."""
+"""Provides the agent tables of agents.toml that are not roles: `[mcp.NAME]` servers, `[spawn]` limits and `[run_command]`'s environment."""
 
 from __future__ import annotations
 
@@ -40,6 +40,8 @@ class SpawnLimits:
 class AgentFileConfig:
     mcp: tuple[McpServerSpec, ...] = ()
     spawn: SpawnLimits = field(default_factory=SpawnLimits)
+    # `[run_command] pass_env`: variables passed to commands although their names look secret.
+    pass_env: tuple[str, ...] = ()
 
 
 def load_agent_config(path: Path | None) -> AgentFileConfig:
@@ -50,7 +52,17 @@ def load_agent_config(path: Path | None) -> AgentFileConfig:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise AgentFileError(f"{path}: {exc}") from None
-    return AgentFileConfig(tuple(_mcp(path, data.get("mcp", {}))), _spawn(path, data.get("spawn", {})))
+    return AgentFileConfig(tuple(_mcp(path, data.get("mcp", {}))), _spawn(path, data.get("spawn", {})),
+                           _pass_env(path, data.get("run_command", {})))
+
+
+def _pass_env(path: Path, table) -> tuple[str, ...]:
+    if not isinstance(table, dict) or set(table) - {"pass_env"}:
+        raise AgentFileError(f"{path}: [run_command] takes one key, pass_env = [\"NAME\", ...]")
+    names = table.get("pass_env", [])
+    if not (isinstance(names, list) and all(isinstance(n, str) and n for n in names)):
+        raise AgentFileError(f"{path}: [run_command] pass_env must be a list of variable names (or patterns: AWS_*)")
+    return tuple(names)
 
 
 def _mcp(path: Path, table) -> list[McpServerSpec]:

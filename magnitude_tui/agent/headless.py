@@ -129,7 +129,7 @@ async def run_task(opts: RunOptions, runner: TurnRunner, *, roles: Mapping[str, 
         return 2
     settings = roles[opts.role] if opts.role is not None else AgentSettings()
     try:
-        workspace = Workspace(opts.workdir)
+        workspace = Workspace(opts.workdir, pass_env=file_config.pass_env)
     except OSError as e:
         err.write(f"--workdir {opts.workdir}: {e}\n")
         return 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Sequence
 
 import pathspec
 
@@ -30,11 +31,14 @@ class Limits:
 class Workspace:
     """The directory tools act in. Every path a model names goes through `resolve` first."""
 
-    def __init__(self, root: str | os.PathLike, limits: Limits = Limits()) -> None:
+    def __init__(self, root: str | os.PathLike, limits: Limits = Limits(), pass_env: Sequence[str] = ()) -> None:
+        """`pass_env`: variables run_command passes although their names look secret (names, or
+        patterns such as AWS_*; the agents file's `[run_command] pass_env`)."""
         self.root = Path(root).resolve(strict=True)
         if not self.root.is_dir():
             raise NotADirectoryError(f"{root}: the workspace root must be a directory")
         self.limits = limits
+        self.pass_env = tuple(pass_env)
 
     def resolve(self, path: str) -> Path:
         """The real path `path` (relative to the root) names: OutsideRoot when it is absolute,

@@ -149,7 +149,8 @@ class PaneAgents:
             return
         servers = await self._servers(file_config)
         try:
-            team = AgentTeam(self.runner, Workspace(self.workdir), roles=ws.roles, approval=self.approval,
+            workspace = Workspace(self.workdir, pass_env=file_config.pass_env)
+            team = AgentTeam(self.runner, workspace, roles=ws.roles, approval=self.approval,
                              observer=self._observe, sampling=ws.sampling, mcp_tools=servers.tools(),
                              limits=file_config.spawn)
             loop = team.agent(settings, name=pane.record.name, session_id=pane.session_id)
