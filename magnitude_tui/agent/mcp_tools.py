@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Sequence
 
 from magnitude_tui.agent.config import McpServerSpec
@@ -31,6 +32,13 @@ PING_WAIT_S = 5.0
 # times in a row without an answer in between (a result, an error answer, one off the MCP schema,
 # or a ping answered after a call timed out); then its tools stay unavailable.
 MAX_RESTARTS = 3
+# A server whose tools are unavailable (it failed to start, or used up its restarts) is tried again
+# by `McpServers.retry` (the TUI: when an agent starts), at the earliest RETRY_FACTOR times as long
+# after its failure as its last start took (at least RETRY_MIN_S), doubled at each try that fails
+# again, at most RETRY_MAX_S: a server that always fails takes a small share of the agents' starts.
+RETRY_FACTOR = 10.0
+RETRY_MIN_S = 5.0
+RETRY_MAX_S = 600.0
 
 
 class McpServer:
@@ -52,11 +60,15 @@ class McpServer:
         self._restart_lock = asyncio.Lock()
         self._pids: list[int] = []  # the process the SDK started (its group's id)
         self._closed = False  # closed for good: never started again
+        self._failed_at = 0.0  # when `problem` was set (time.monotonic)
+        self._start_s = 0.0  # how long its last start took
+        self._failed_retries = 0  # tries again (`retry`) that failed, in a row
 
     async def start(self) -> None:
         """Start the server and list its tools, or set `problem`; never raises."""
         self._ready, self._stop = asyncio.Event(), asyncio.Event()
         self._errlog.watch()
+        began = time.monotonic()
         self._task = asyncio.create_task(self._serve(), name=f"mcp-{self.spec.name}")
         try:
             await asyncio.wait_for(self._ready.wait(), self.spec.start_timeout_s)
@@ -69,6 +81,8 @@ class McpServer:
             # It never answered: there is no session to end politely (waiting CLOSE_WAIT_S more
             # made a server that never answers `initialize` cost start_timeout_s + 7 s).
             await self._halt()
+        finally:
+            self._start_s = time.monotonic() - began
         if self.problem is None:
             self._started = True
 
@@ -115,6 +129,41 @@ class McpServer:
     def _fail(self, why: str, stderr_since: int = 0) -> None:
         if self.problem is None:
             self.problem = f"MCP server {self.spec.name!r}: {why}{self._stderr_tail(stderr_since)}"
+            self._failed_at = time.monotonic()
+
+    @property
+    def given_up(self) -> bool:
+        """Its tools are unavailable until it is tried again (`retry`): it failed to start, or died
+        more than MAX_RESTARTS times in a row."""
+        return (self.problem is not None and not self._closed
+                and (not self._started or self._restarts >= MAX_RESTARTS))
+
+    def retry_wait(self) -> float:
+        """How long after its failure a server given up on is tried again."""
+        wait = max(RETRY_MIN_S, RETRY_FACTOR * self._start_s) * 2 ** min(self._failed_retries, 20)
+        return min(RETRY_MAX_S, wait)
+
+    def retry_in(self, now: float | None = None) -> float:
+        """Seconds until it may be tried again (0: now)."""
+        now = time.monotonic() if now is None else now
+        return max(0.0, self._failed_at + self.retry_wait() - now)
+
+    async def retry(self) -> bool:
+        """Start a server given up on again, its restarts counted afresh; whether it runs now."""
+        async with self._restart_lock:
+            if not self.given_up:
+                return self.problem is None
+            await self._halt()
+            self.problem, self._not_jsonrpc, self._restarts = None, None, 0
+            await self.start()
+            if self._closed:
+                await self._halt()
+                self._fail("it was closed")
+            if self.problem is None:
+                self._failed_retries = 0
+                return True
+            self._failed_retries += 1
+            return False
 
     def _stderr_size(self) -> int:
         return self._errlog.drain()
@@ -291,6 +340,15 @@ class McpServers:
 
     async def start(self) -> None:
         await asyncio.gather(*(s.start() for s in self.servers))
+
+    def due(self) -> list[McpServer]:
+        """The servers given up on whose wait before a new try (`McpServer.retry_wait`) is over."""
+        now = time.monotonic()
+        return [s for s in self.servers if s.given_up and s.retry_in(now) == 0]
+
+    async def retry(self, servers: Sequence[McpServer]) -> None:
+        """Try `servers` (given up on) again, at the same time."""
+        await asyncio.gather(*(s.retry() for s in servers))
 
     @property
     def problems(self) -> dict[str, str]:

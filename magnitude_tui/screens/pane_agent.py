@@ -6,7 +6,7 @@ import asyncio
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from magnitude_tui.agent.config import AgentFileConfig, load_agent_config
 from magnitude_tui.agent.engine_link import TurnResult, collect_turn
@@ -20,7 +20,7 @@ from magnitude_tui.agent.events import (
     ToolStarted,
     TurnStarted,
 )
-from magnitude_tui.agent.mcp_tools import McpServers
+from magnitude_tui.agent.mcp_tools import McpServer, McpServers
 from magnitude_tui.agent.policy import ApprovalRequest
 from magnitude_tui.agent.team import AgentTeam, RoleToolsError
 from magnitude_tui.agent.workspace import Workspace
@@ -166,7 +166,8 @@ class PaneAgents:
 
     async def _servers(self, config: AgentFileConfig) -> McpServers:
         """The agents file's MCP servers, running; a server that fails only makes its tools
-        unavailable (said once, in a notice)."""
+        unavailable (said in a notice), and is tried again when a later agent starts, once its
+        wait is over (`McpServer.retry_wait`): a user who fixed it need not edit the file."""
         async with self._mcp_lock:
             if self._mcp is None or config.mcp != self._mcp_specs:
                 if self._mcp is not None:
@@ -175,9 +176,23 @@ class PaneAgents:
                 if config.mcp:
                     self.ws.notify(f"starting MCP server(s): {', '.join(s.name for s in config.mcp)}", timeout=4)
                 await self._mcp.start()
-                for why in self._mcp.problems.values():
-                    self.ws.notify(f"{why}; its tools are unavailable", severity="warning", timeout=10, markup=False)
+                self._say_failed(self._mcp.servers)
+                return self._mcp
+            due = self._mcp.due()
+            if due:
+                self.ws.notify(f"trying MCP server(s) again: {', '.join(s.spec.name for s in due)}", timeout=4)
+                await self._mcp.retry(due)
+                for server in due:
+                    if server.problem is None:
+                        self.ws.notify(f"MCP server {server.spec.name!r} started: its tools are available", timeout=6)
+                self._say_failed(due)
             return self._mcp
+
+    def _say_failed(self, servers: Iterable[McpServer]) -> None:
+        for server in servers:
+            if server.problem is not None:
+                self.ws.notify(f"{server.problem}; its tools are unavailable (tried again at the first agent start "
+                               f"after {server.retry_wait():.0f} s)", severity="warning", timeout=10, markup=False)
 
     async def close(self) -> None:
         """Stop the MCP servers (the app is closing)."""

@@ -4,7 +4,8 @@ Modes: ok (every tool behaves as its name says), garbage (a banner on stdout, ne
 noinit (never answers `initialize`), odd (tools with odd names and schemas, listed in two pages;
 odd1: in one page),
 child (starts a child process, its pid written to PIDFILE, that outlives the server's end),
-wedge (the `hang` tool stops the server reading anything). With RAW_PIDFILE set it writes its pid there.
+wedge (the `hang` tool stops the server reading anything). With RAW_PIDFILE set it writes its pid there;
+with RAW_FAIL_WHILE set to a path, it fails at start (a message on stderr, exit 3) while that path exists.
 Tools: ok, huge (8 MB of text), resource (an embedded text resource and a link), nonutf8 (a byte
 that is not UTF-8 in its text), image, emptyerr (isError with no content), rpcerror (a JSON-RPC error answer), badshape (content that is not a list), textonly / offschema / brokenout (an outputSchema: text only,
 structuredContent that does not match it, an outputSchema with a $ref to nowhere), crash (the process exits), hang (never answered), pid (the
@@ -50,6 +51,9 @@ ODD = [
 if os.environ.get("RAW_PIDFILE"):  # its own pid, for a test that looks for it afterwards
     with open(os.environ["RAW_PIDFILE"], "w") as f:
         f.write(str(os.getpid()))
+if os.environ.get("RAW_FAIL_WHILE") and os.path.exists(os.environ["RAW_FAIL_WHILE"]):
+    print(f"not ready: {os.environ['RAW_FAIL_WHILE']} exists", file=sys.stderr, flush=True)
+    sys.exit(3)
 if MODE == "garbage":
     out.write(b"Welcome to the server! Listening on stdio...\n")
     out.flush()
