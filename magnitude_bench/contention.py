@@ -124,9 +124,7 @@ def engine_round(client, cfg: ContentionConfig, tag: str) -> dict:
             ran_on = ev.threads.n_threads
             if ev.threads.why.startswith("probing") and ev.threads.why not in probes[-1:]:
                 probes.append(ev.threads.why)
-    assert tr.ended is not None  # client_run returns a finished trace
-    wall = tr.ended - tr.submitted[sessions[0]]
-    made = sum(u.generated for u in tr.final.values())
+    wall, made = tr.wall_s, tr.generated()
     return {"tok_s": made / wall, "made": made, "wall_s": wall,
             "prompt": statistics.median(u.prompt_total for u in tr.final.values()),
             "threads": threads.n_threads if threads else None,

@@ -72,8 +72,18 @@ class Trace:
         ts = self.tokens.get(rid, [])
         return [(b - a) * 1000.0 for a, b in zip(ts, ts[1:])]
 
+    @property
+    def wall_s(self) -> float:
+        """Seconds from the submission to the end of the run (a finished trace)."""
+        assert self.ended is not None, "the trace has not ended"
+        return self.ended - min(self.submitted.values())
+
     def made(self) -> int:
         return sum(len(ts) for ts in self.tokens.values())
+
+    def generated(self) -> int:
+        """Tokens made, as the requests' final updates count them (a client's trace)."""
+        return sum(u.generated for u in self.final.values())
 
     def decode_tok_s(self, made: int, requests: int) -> float | None:
         """Tokens a second from the step where all `requests` have their first token (the batch only

@@ -38,9 +38,8 @@ def _requests(n: int, cfg: RemoteBenchConfig, tag: str) -> list[Request]:
 def run_burst(client: EngineClient, requests: list[Request], timeout_s: float) -> dict:
     """Submit every request at once; wall time to the last done, tokens made, TTFTs."""
     tr = client_run(client, requests, timeout_s)
-    assert tr.ended is not None  # client_run returns a finished trace
     finals = tr.final.values()
-    wall, made = tr.ended - tr.submitted[requests[0].request_id], sum(f.generated for f in finals)
+    wall, made = tr.wall_s, tr.generated()
     ttfts = [f.ttft_ms for f in finals if f.ttft_ms is not None]
     return {"wall_s": wall, "made": made, "tok_s": made / wall, "ttft_p50_ms": median(ttfts),
             "ttft_p95_ms": percentile(ttfts, 95), "queue_p50_ms": median([f.queue_ms or 0.0 for f in finals]),

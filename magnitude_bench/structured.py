@@ -66,9 +66,8 @@ def burst(client: EngineClient, reqs: list[Request], timeout_s: float) -> dict:
     engine idle conversations, llama-server its slots' last prompts, and a later run may reuse
     the prompt text they share (the chat template's system turn)."""
     tr = client_run(client, reqs, timeout_s, what=f"{len(reqs)} replies: ")
-    assert tr.ended is not None  # client_run returns a finished trace
     finals = tr.final.values()
-    wall, made = tr.ended - tr.submitted[reqs[0].request_id], sum(u.generated for u in finals)
+    wall, made = tr.wall_s, tr.generated()
     grammar_ms = sum(u.grammar_ms for u in finals)
     return {"wall_s": wall, "made": made, "tok_s": made / wall, "tg_tok_s": tr.decode_tok_s(made, len(reqs)),
             "grammar_ms": grammar_ms,

@@ -77,9 +77,7 @@ def engine_run(backend, prompts: list[tuple[int, ...]], gen: int, policy: str, c
     tr = drive.run([Request(request_id=f"r{i}", session_id=f"r{i}", messages=(), sampling=sampling, prompt_tokens=p,
                             priority=priority) for i, p in enumerate(prompts)])
     drive.close()
-    assert tr.ended is not None  # Drive.run returns a finished trace
-    t0, made = tr.submitted["r0"], tr.made()
-    wall = tr.ended - t0
+    wall, made = tr.wall_s, tr.made()
     tg = tr.decode_tok_s(made, len(prompts))
     decoded = [s for s in tr.steps if s.native_ms is not None]
     return {"wall_s": wall, "made": made, "tok_s": made / wall, "tg_tok_s": tg, "steps": len(decoded), "params": params,
