@@ -9,6 +9,7 @@ from pathlib import Path
 
 import platformdirs
 
+from magnitude_tui.store_saving import encodable_text
 from magnitude_tui.widgets.chat_pane import ChatPane
 
 
@@ -90,5 +91,7 @@ def export_pane(pane: ChatPane, directory: Path) -> Path:
     while path.exists():  # two exports of one pane within a second
         k += 1
         path = directory / f"{stem}-{k}.md"
-    path.write_text(pane_markdown(pane), encoding="utf-8")
+    # A lone surrogate (a remote server's "\ud800" escape in a reply) raised UnicodeEncodeError,
+    # which is no OSError: the app quit instead of exporting.
+    path.write_text(encodable_text(pane_markdown(pane)), encoding="utf-8")
     return path.resolve()

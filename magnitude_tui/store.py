@@ -144,8 +144,10 @@ class Store:
             self.notice = (f"The database {self.path} could not be read ({opened.why}). It was moved "
                            f"to {opened.moved_to} and a new, empty one was started.")
         elif opened.read_only is not None:
+            remedy = ("free some room on its disk" if opened.disk_full
+                      else f"make {self.path} and its directory writable")
             self.notice = (f"History will not be saved: {opened.read_only}. This session runs on a copy "
-                           f"in memory; make {self.path} and its directory writable and restart to save again.")
+                           f"in memory; {remedy} and restart to save again.")
         _added_tables(self._db.db)
         self.workspace_id: int | None = None
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from magnitude_tui.store_saving import connect_memory, readable_text
+
 SCHEMA_VERSION = 1
 
 SCHEMA = """
@@ -97,10 +99,11 @@ class _Connection(sqlite3.Connection):
             raise StoreError(f"another magnitude-tui{f' (pid {other})' if other.isdigit() else ''} is "
                              f"using {path}; quit it first (two apps on one store would interleave "
                              "their conversations)") from None
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
+        try:  # the pid only names the holder in a refusal: a full disk must not stop the app
+            os.ftruncate(f.fileno(), 0)  # unbuffered, so closing the file has nothing left to fail on
+            os.pwrite(f.fileno(), str(os.getpid()).encode(), 0)
+        except OSError:
+            pass
         _HELD[key] = [f, 1]
         self._lock_key = key
 
@@ -129,6 +132,10 @@ class _ReadOnly(Exception):
     """The file (or its directory) cannot be written: the session runs on a copy in memory."""
 
 
+class _DiskFull(_ReadOnly):
+    """The disk has no room for the store to be created or opened: as read-only, until room is freed."""
+
+
 @dataclass
 class Opened:
     db: sqlite3.Connection
@@ -136,6 +143,7 @@ class Opened:
     why: str | None  # what was wrong with it
     migrated_from: int | None  # the schema version the file had before migrating forward
     read_only: str | None = None  # why nothing will be saved (the store runs on a copy in memory)
+    disk_full: bool = False  # read_only because the disk is full (the remedy is room, not permissions)
 
 
 def open_database(path: Path) -> Opened:
@@ -152,7 +160,9 @@ def open_database(path: Path) -> Opened:
         db, migrated_from = _open(path)
         return Opened(db, None, None, migrated_from)
     except _ReadOnly as e:
-        return _open_copy(path, str(e))
+        opened = _open_copy(path, str(e))
+        opened.disk_full = isinstance(e, _DiskFull)
+        return opened
     except _Unreadable as e:
         if str(path) == ":memory:":
             raise StoreError(f"the in-memory database is unusable: {e}") from None
@@ -209,6 +219,7 @@ def _open(path: Path) -> tuple[sqlite3.Connection, int | None]:
         db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, factory=_Connection)
     except sqlite3.Error as e:
         raise StoreError(f"could not open the database {path}: {e}") from None
+    db.text_factory = readable_text
     try:
         if str(path) != ":memory:":
             db.hold_instance_lock(path)
@@ -220,29 +231,44 @@ def _open(path: Path) -> tuple[sqlite3.Connection, int | None]:
         db.close()
         if "readonly" in str(e) or "read-only" in str(e):  # e.g. a read-only mount
             raise _ReadOnly(f"SQLite cannot write {path}: {e}") from None
+        if getattr(e, "sqlite_errorcode", 0) & 0xFF == 13 or "disk is full" in str(e):
+            # SQLITE_FULL (13). Not a lock or permissions: said so, the user looked for another app.
+            raise _DiskFull(f"the disk is full ({e})") from None
         raise StoreError(f"could not open the database {path}: {e}; close any other magnitude-tui "
                          "using it and check the file's permissions") from None
     except sqlite3.DatabaseError as e:  # "file is not a database", "disk image is malformed"
         db.close()
         raise _Unreadable(str(e)) from None
+    except UnicodeDecodeError as e:
+        db.close()
+        raise _Unreadable(_damaged_message(e)) from None
     except BaseException:
         db.close()
         raise
 
 
+def _damaged_message(e: UnicodeDecodeError) -> str:
+    """SQLite's message about a damaged file, which quoted bytes of it that are not UTF-8 (a
+    flipped bit in a table's name): Python's sqlite3 raised UnicodeDecodeError for it instead of
+    DatabaseError, past every handler, and the app could not start."""
+    return bytes(e.object).decode("utf-8", "replace")
+
+
 def _open_copy(path: Path, reason: str) -> Opened:
     """The store read into memory from a file that cannot be written (or empty, if there is none
     or it cannot be read): the session shows what was saved and saves nothing."""
-    mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    mem = connect_memory()
     why = reason
     try:
         if path.is_file() and path.stat().st_size:
             _check_header(path)
             _copy_into(path, mem)
         migrated_from = _prepare(mem, path)
-    except (_Unreadable, sqlite3.DatabaseError, OSError) as e:
+    except (_Unreadable, sqlite3.DatabaseError, OSError, UnicodeDecodeError) as e:
+        if isinstance(e, UnicodeDecodeError):
+            e = _Unreadable(_damaged_message(e))
         mem.close()
-        mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        mem = connect_memory()
         migrated_from = _prepare(mem, path)
         why = f"{reason}, and it could not be read either ({e}); it was left as it is"
     return Opened(mem, None, None, migrated_from, read_only=why)

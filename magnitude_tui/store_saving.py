@@ -4,6 +4,7 @@ can no longer take a write, and Transaction over it."""
 from __future__ import annotations
 
 import contextlib
+import re
 import sqlite3
 from typing import Callable
 
@@ -12,6 +13,36 @@ _CANNOT_WRITE = {8: "the database became read-only", 10: "a disk I/O error", 13:
                  14: "the database file cannot be opened"}
 _CANNOT_WRITE_WORDS = (("readonly database", _CANNOT_WRITE[8]), ("disk I/O error", _CANNOT_WRITE[10]),
                        ("disk is full", _CANNOT_WRITE[13]), ("unable to open database", _CANNOT_WRITE[14]))
+
+
+# Lone surrogates (a JSON "\ud800" escape from a remote server, bytes that are not UTF-8 in a
+# file name): SQLite holds UTF-8 text only, and encoding one raised into the app, which quit.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable_text(text: str) -> str:
+    """`text` with every lone surrogate shown as U+FFFD, as a UTF-8 reader shows a byte it cannot
+    read (the rest of the text is kept as it is): what a UTF-8 file or database can hold."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def encodable(params: tuple | list) -> tuple:
+    """A statement's parameters with each text made `encodable_text`."""
+    return tuple(encodable_text(p) if isinstance(p, str) else p for p in params)
+
+
+def readable_text(data: bytes) -> str:
+    """A stored text as a str (a connection's text_factory): bytes that are not UTF-8 (a bit
+    flipped on disk, another program's write) read as U+FFFD where they stand. Python's default
+    raised UnicodeDecodeError at resume, and the app could not start on the whole store."""
+    return data.decode("utf-8", "replace")
+
+
+def connect_memory() -> sqlite3.Connection:
+    """A store connection in memory, reading text as the file's connection does."""
+    mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    mem.text_factory = readable_text
+    return mem
 
 
 class SavingConnection:
@@ -28,6 +59,12 @@ class SavingConnection:
         self._open: list[tuple[str, tuple]] | None = None  # the statements of an open transaction
 
     def execute(self, sql: str, params: tuple | list = ()) -> sqlite3.Cursor:
+        try:
+            return self._execute(sql, params)
+        except UnicodeEncodeError:  # checked only when it fails: a long reply is saved every 0.5 s
+            return self._execute(sql, encodable(params))
+
+    def _execute(self, sql: str, params: tuple | list) -> sqlite3.Cursor:
         word = sql.lstrip()[:8].upper()
         try:
             cursor = self.db.execute(sql, params)
@@ -55,7 +92,7 @@ class SavingConnection:
 
     def _to_memory(self, why: str) -> None:
         old = self.db
-        mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        mem = connect_memory()
         try:
             if old.in_transaction:
                 old.rollback()  # what it had done is done again below, in memory
@@ -63,7 +100,7 @@ class SavingConnection:
             mem.execute("PRAGMA foreign_keys=ON")  # as the file had it
         except sqlite3.Error:  # the file cannot even be read now: go on with an empty store
             mem.close()
-            mem = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            mem = connect_memory()
             self._fresh(mem)
             mem.execute("PRAGMA foreign_keys=OFF")  # the panes of this session are not in it
         with contextlib.suppress(sqlite3.Error):

@@ -1,0 +1,141 @@
+"""The store under faults a user meets: a disk already full at start, text SQLite cannot hold (lone
+surrogates), bytes in the file that are not UTF-8, a damaged schema whose name is not UTF-8. Each
+raised into the app (a traceback at start, or the app quitting mid-session); each now goes on and
+keeps every file it could not read."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from magnitude_tui import store_open
+from magnitude_tui.export import pane_markdown
+from magnitude_tui.store import MessageRecord, PaneRecord, Store
+from tests.app_support import ScriptedClient, make_app, one_turn, settle, wait_for
+
+
+def _filled(path: Path, *texts: str) -> None:
+    store = Store(path)
+    store.open_workspace(resume=False)
+    store.add_pane(PaneRecord("p1", "A1"))
+    for text in texts:
+        store.add_message("p1", MessageRecord("user", text))
+    store.close()
+    db = sqlite3.connect(path)  # everything into the main file, so its bytes can be edited
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_a_lock_file_on_a_full_disk_does_not_stop_the_store(tmp_path):
+    # Writing the pid into <db>.lock raised OSError ENOSPC out of Store(): a traceback at start.
+    # /dev/full takes the lock and fails every write, as a full disk does.
+    (tmp_path / "m.db.lock").symlink_to("/dev/full")
+    store = Store(tmp_path / "m.db")
+    store.open_workspace(resume=False)
+    store.add_pane(PaneRecord("p1", "A1", messages=[MessageRecord("user", "hi")]))
+    store.close()
+    assert [m.content for m in Store(tmp_path / "m.db").messages("p1")] == ["hi"]
+
+
+def test_a_store_the_full_disk_cannot_take_at_start_runs_in_memory_and_says_to_free_room(tmp_path, monkeypatch):
+    # Creating the schema failed with "database or disk is full" and the app refused to start,
+    # telling the user to close another magnitude-tui and check permissions.
+    hold = store_open._Connection.hold_instance_lock
+
+    def full_disk(self, path):
+        hold(self, path)
+        self.execute("PRAGMA max_page_count = 1")  # SQLite's own SQLITE_FULL from the next page on
+
+    monkeypatch.setattr(store_open._Connection, "hold_instance_lock", full_disk)
+    store = Store(tmp_path / "m.db")
+    assert store.read_only and "disk is full" in store.read_only
+    assert store.notice and "free some room" in store.notice and "writable" not in store.notice
+    store.open_workspace(resume=False)
+    store.add_pane(PaneRecord("p1", "A1", messages=[MessageRecord("user", "hi")]))
+    assert [m.content for m in store.messages("p1")] == ["hi"]
+    assert not [p for p in tmp_path.iterdir() if ".unreadable-" in p.name]  # nothing was moved aside
+
+
+def test_lone_surrogates_are_saved_as_replacement_characters_and_the_rest_byte_for_byte(tmp_path):
+    # A remote server's "\ud800" escape streamed a lone surrogate into a reply; saving it raised
+    # UnicodeEncodeError into the app, which quit (the reply since the last save was lost).
+    store = Store(tmp_path / "m.db")
+    store.open_workspace(resume=False)
+    store.add_pane(PaneRecord("p1", "A1"))
+    big = "é\x00\r\n" * 300_000  # a 1.5 MB paste with NUL bytes and CRLFs: kept exactly
+    store.add_message("p1", MessageRecord("user", big))
+    reply = MessageRecord("assistant", "a \ud800 b", complete=False)
+    store.add_message("p1", reply)
+    reply.content += " \udcff c"
+    store.save_messages([reply])
+    store.set_queued("p1", ["q \udfff", "next"])  # inside a transaction
+    store.rename_pane("p1", "A\ud83d1")
+    assert store.read_only is None  # still saving
+    store.close()
+    again = Store(tmp_path / "m.db")
+    [pane] = again.open_workspace(resume=True)
+    assert [m.content for m in pane.messages] == [big, "a \ufffd b \ufffd c"]
+    assert pane.queued == ["q \ufffd", "next"] and pane.name == "A\ufffd1"
+
+
+def test_text_in_the_file_that_is_not_utf8_reads_as_replacement_characters(tmp_path):
+    # A flipped bit (or another program's write) in one message made Python's sqlite3 raise
+    # UnicodeDecodeError at resume: the app could not start on any of the store's conversations.
+    path = tmp_path / "m.db"
+    _filled(path, "hello", "second")
+    db = sqlite3.connect(path)
+    db.execute("UPDATE messages SET content = CAST(X'61ff62' AS TEXT) WHERE content = 'hello'")
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store.notice is None
+    [pane] = store.open_workspace(resume=True)
+    assert [m.content for m in pane.messages] == ["a\ufffdb", "second"]
+    assert store.conversations()[0].preview == "a\ufffdb"
+
+
+def test_a_damaged_schema_name_that_is_not_utf8_is_moved_aside_intact(tmp_path):
+    # SQLite's "malformed database schema (sqlite_autoindex\xa0...)" came as UnicodeDecodeError,
+    # not DatabaseError, past every handler: a traceback at start instead of moving the file aside.
+    path = tmp_path / "m.db"
+    _filled(path, "hello")
+    name = b"sqlite_autoindex_pane_settings_1"
+    damaged = path.read_bytes().replace(name, b"sqlite_autoindex\xa0pane_settings_1")
+    path.write_bytes(damaged)
+    store = Store(path)
+    assert store.moved_to is not None and store.moved_to.read_bytes() == damaged
+    assert store.notice and "malformed database schema" in store.notice
+    assert store.open_workspace(resume=True) == []
+
+
+def test_a_damaged_schema_name_in_a_read_only_place_is_left_as_it_is(tmp_path, monkeypatch):
+    path = tmp_path / "m.db"
+    _filled(path, "hello")
+    damaged = path.read_bytes().replace(b"sqlite_autoindex_pane_settings_1", b"sqlite_autoindex\xa0pane_settings_1")
+    path.write_bytes(damaged)
+    monkeypatch.setattr(store_open, "read_only_reason", lambda p: f"the directory {p.parent} is read-only")
+    store = Store(path)
+    assert store.read_only and "could not be read either" in store.read_only
+    assert path.read_bytes() == damaged and store.moved_to is None
+
+
+async def test_a_reply_with_a_lone_surrogate_is_kept_exported_and_the_app_goes_on(tmp_path):
+    client = ScriptedClient(reply=lambda request: "bad \ud800 byte, then more")
+    app = make_app(tmp_path, client)
+    async with app.run_test(notifications=True) as pilot:
+        await one_turn(pilot, client, "hi")
+        [pane] = app.workspace.grid.panes
+        assert "\ud800" in pane_markdown(pane)  # what the pane holds, as the engine sent it
+        await pilot.press("f5")
+        await wait_for(pilot, lambda: list((tmp_path / "exports").glob("*.md")), what="the export")
+        [exported] = (tmp_path / "exports").glob("*.md")
+        assert "bad \ufffd byte, then more" in exported.read_text(encoding="utf-8")
+        await one_turn(pilot, client, "again")  # still running, still saving
+        await settle(pilot)
+        assert app.workspace.store.read_only is None
+    saved = Store(tmp_path / "magnitude.db").messages(pane.session_id)
+    assert [m.content for m in saved] == ["hi", "bad \ufffd byte, then more", "again", "bad \ufffd byte, then more"]
