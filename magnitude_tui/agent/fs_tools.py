@@ -19,7 +19,7 @@ import regex
 from magnitude_tui.agent.cautions import write_caution
 from magnitude_tui.agent.policy import ToolKind
 from magnitude_tui.agent.toolbox import AgentTool, ToolResult, function_tool
-from magnitude_tui.agent.workspace import OutsideRoot, Workspace
+from magnitude_tui.agent.workspace import OutsideRoot, Workspace, shown_name, shown_path
 
 _STR = {"type": "string"}
 _SURROGATE = re.compile("[\ud800-\udfff]")  # os.listdir's stand-ins for bytes that are not UTF-8
@@ -167,7 +167,7 @@ class FileTools:
                 shown_bytes = len(body.encode("utf-8", "surrogateescape"))
                 cut = (f"\n[cut at {limits.read_chars:,} characters ({shown_bytes:,} bytes): line {at} alone is "
                        f"{lengths[0]:,} bytes long; see the rest of it with run_command, e.g. sed -n {at}p "
-                       f"{shlex.quote(rel)} | tail -c +{shown_bytes + 1} | head -c {limits.read_chars}]")
+                       f"{shlex.quote(self.ws.relative_raw(path))} | tail -c +{shown_bytes + 1} | head -c {limits.read_chars}]")
             else:
                 cut = (f"\n[cut at {limits.read_chars:,} characters, in line {at}; read on with "
                        f"start_line={at}]")
@@ -184,7 +184,7 @@ class FileTools:
                                      else f"{rel} is not a directory" + ("; read it with read_file" if why is None else ""))
         entries = sorted(path.iterdir(), key=lambda p: p.name)
         cap = self.ws.limits.list_entries
-        names = [p.name + ("/" if p.is_dir() else "") for p in entries[:cap]]
+        names = [shown_name(p.name) + ("/" if p.is_dir() else "") for p in entries[:cap]]
         more = f"\n[{len(entries) - cap} more not shown]" if len(entries) > cap else ""
         # A name that is not UTF-8 comes as surrogates, which the loop shows as U+FFFD: say so.
         odd = [n for n in names if _SURROGATE.search(n)]
@@ -208,7 +208,7 @@ class FileTools:
         left = limits.search_seconds  # matching time only: walking and reading a big tree is not the pattern's
         for path in self.ws.walk_files(self.ws.root):
             rel = self.ws.relative(path)
-            if glob is not None and not _glob_match(rel, glob):
+            if glob is not None and not _glob_match(self.ws.relative_raw(path), glob):
                 continue
             try:
                 st = path.stat()
@@ -368,7 +368,7 @@ def _guarded(fn, args: dict, root: Path):
     except OSError as e:
         name = Path(os.fsdecode(e.filename)) if isinstance(e.filename, (str, bytes)) else None
         if name is not None and e.strerror and (name == root or root in name.parents):
-            return ToolResult.failed(f"{name.relative_to(root).as_posix() or '.'}: {e.strerror}")
+            return ToolResult.failed(f"{shown_path(name.relative_to(root).as_posix() or '.')}: {e.strerror}")
         return ToolResult.failed(str(e))
     except (ValueError, UnicodeError) as e:
         return ToolResult.failed(str(e))

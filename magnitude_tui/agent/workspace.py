@@ -2,12 +2,52 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Sequence
 
 import pathspec
+
+# What would break a listing's lines or hide in it: control characters (a newline would forge
+# entries) and the Unicode line and paragraph separators.
+_ODD = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def shown_name(name: str) -> str:
+    """A file name as the tools show it: as it is, or as a JSON string literal when it holds a
+    control character or a line break (`"a\\nb"`), or starts with `"` (so no plain name reads as an
+    escaped one). `resolve` takes the literal back."""
+    if not (_ODD.search(name) or name.startswith('"')):
+        return name
+    return _ODD.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(name, ensure_ascii=False))
+
+
+def shown_path(rel: str) -> str:
+    """A relative POSIX path with each name as `shown_name` shows it."""
+    return "/".join(shown_name(part) for part in rel.split("/"))
+
+
+def _literal(text: str) -> str | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, str) else None
+
+
+def unquote_path(path: str) -> str:
+    """A path as a model writes it back from a listing: a name shown as a JSON string literal
+    (`sub/"a\\nb"`, or the whole path as one) is that name."""
+    if '"' not in path:
+        return path
+    whole = _literal(path) if path.startswith('"') else None
+    if whole is not None:
+        return whole
+    parts = [(_literal(part) if part.startswith('"') else None) for part in path.split("/")]
+    return "/".join(part if value is None else value for part, value in zip(path.split("/"), parts))
 
 
 class OutsideRoot(ValueError):
@@ -46,6 +86,9 @@ class Workspace:
         would, even for a file that does not exist yet), or through links that loop."""
         if not isinstance(path, str) or "\0" in path:
             raise OutsideRoot(f"{path!r} is not a usable path")
+        path = unquote_path(path)
+        if "\0" in path:
+            raise OutsideRoot(f"{path!r} is not a usable path")
         if path.startswith("~") or os.path.isabs(path) or PurePosixPath(path).is_absolute():
             raise OutsideRoot(f"{path!r} is absolute; give a path relative to the workspace root")
         try:
@@ -57,6 +100,11 @@ class Workspace:
         return real
 
     def relative(self, real: Path) -> str:
+        """`real`'s path from the root as the tools show it (odd names as JSON literals: `shown_name`)."""
+        return shown_path(self.relative_raw(real))
+
+    def relative_raw(self, real: Path) -> str:
+        """`real`'s path from the root, its names as they are (for glob matching and shell commands)."""
         rel = real.relative_to(self.root).as_posix()
         return rel or "."
 
