@@ -13,6 +13,7 @@ from typing import Callable
 from backend.factory import BackendConfig, build_backend
 from magnitude_bench.common import CPU_CLOCK, BenchResult, FixedLength, backend_info, prompt_tokens
 from magnitude_bench.harness import Drive, recorded
+from magnitude_bench.harness import Trace as Run
 from magnitude_bench.spec_report import CONTROL, identity_note, merge_reps, run_notes, targets
 from magnitude_bench.spec_tasks import Task, task_messages
 from magnitude_bench.spec_trace import RecordingSource, Trace, TraceDrafts, summary
@@ -68,44 +69,30 @@ class _Timed(FixedLength):
         return self._backend.is_eog(token)
 
 
-@dataclass
-class _Run:
-    """One measured run: `width` sequences in one mode, all submitted at once."""
-
-    steps: list[tuple[float, int, int, int, int]]  # (t, tokens, decode rows, draft rows, accepted)
-    first: dict[str, float]
-    done: dict[str, float]
-    tokens: dict[str, int]
-    texts: dict[str, str]
-
-    def row(self) -> dict:
-        """agg_tok_s runs to the last step: a closed batch's tokens over its makespan, which the
-        slowest sequence sets. full_tok_s stops where the first sequence ends: the rate while every
-        sequence generates, what a batch kept full (a slot refilled as it frees) would make."""
-        start = max(self.first.values())  # every sequence generating: prompts are in
-        window = [s for s in self.steps if s[0] > start]
-        span = (window[-1][0] - start) if window else 0.0
-        end = min(self.done.values(), default=start)
-        full = sum(s[1] for s in window if s[0] <= end)
-        per_seq = [(self.tokens[r] - 1) / (self.done[r] - self.first[r])
-                   for r in self.first if self.tokens[r] > 1 and self.done.get(r, 0) > self.first[r]]
-        decode = sum(s[2] for s in self.steps)
-        drafted, accepted = sum(s[3] for s in self.steps), sum(s[4] for s in self.steps)
-        made = sum(self.tokens.values()) - len(self.first)  # tokens from decode rows (not a prompt's last row)
-        return {"per_seq_tok_s": rnd(median(per_seq), 2),
-                "agg_tok_s": rnd(sum(s[1] for s in window) / span, 2) if span > 0 else None,
-                "full_tok_s": rnd(full / (end - start), 2) if end > start else None,
-                "acceptance": rnd(accepted / drafted, 3) if drafted else None,
-                "tokens_per_step": rnd(made / decode, 2) if decode else None,
-                "draft_rows_per_step": rnd(drafted / decode, 2) if decode else 0.0,
-                "tokens": sum(self.tokens.values())}
-
-
-def _step_all(drive: Drive, reqs: list[Request]) -> _Run:
-    tr = drive.run(reqs)
-    return _Run([(s.t, s.tokens, s.decode_rows, s.draft_rows, s.draft_accepted) for s in tr.steps],
-                {rid: ts[0] for rid, ts in tr.tokens.items() if ts}, dict(tr.done),
-                {rid: len(ts) for rid, ts in tr.tokens.items() if ts}, tr.texts)
+def _row(run: Run) -> dict:
+    """One measured run's row (`width` sequences in one mode, all submitted at once). agg_tok_s runs
+    to the last step: a closed batch's tokens over its makespan, which the slowest sequence sets.
+    full_tok_s stops where the first sequence ends: the rate while every sequence generates, what a
+    batch kept full (a slot refilled as it frees) would make."""
+    first = {rid: ts[0] for rid, ts in run.tokens.items() if ts}
+    tokens = {rid: len(ts) for rid, ts in run.tokens.items() if ts}
+    start = max(first.values())  # every sequence generating: prompts are in
+    window = [s for s in run.steps if s.t > start]
+    span = (window[-1].t - start) if window else 0.0
+    end = min(run.done.values(), default=start)
+    full = sum(s.tokens for s in window if s.t <= end)
+    per_seq = [(tokens[r] - 1) / (run.done[r] - first[r])
+               for r in first if tokens[r] > 1 and run.done.get(r, 0) > first[r]]
+    decode = sum(s.decode_rows for s in run.steps)
+    drafted, accepted = sum(s.draft_rows for s in run.steps), sum(s.draft_accepted for s in run.steps)
+    made = sum(tokens.values()) - len(first)  # tokens from decode rows (not a prompt's last row)
+    return {"per_seq_tok_s": rnd(median(per_seq), 2),
+            "agg_tok_s": rnd(sum(s.tokens for s in window) / span, 2) if span > 0 else None,
+            "full_tok_s": rnd(full / (end - start), 2) if end > start else None,
+            "acceptance": rnd(accepted / drafted, 3) if drafted else None,
+            "tokens_per_step": rnd(made / decode, 2) if decode else None,
+            "draft_rows_per_step": rnd(drafted / decode, 2) if decode else 0.0,
+            "tokens": sum(tokens.values())}
 
 
 def _task_runs(drive: Drive, task: Task, prompts: list[tuple[int, ...]], cfg: SpecBenchConfig,
@@ -129,8 +116,8 @@ def _task_runs(drive: Drive, task: Task, prompts: list[tuple[int, ...]], cfg: Sp
     rows, warm = [], 0
     for w in sorted(cfg.widths):
         memory.switch(drive.engine, SpecMode.OFF.value)
-        _step_all(drive, [Request(f"{task.value}-warm-{i}", f"s{i}", (), replace(sampling, max_tokens=1),
-                                   prompt_tokens=prompts[i]) for i in range(warm, w)])
+        drive.run([Request(f"{task.value}-warm-{i}", f"s{i}", (), replace(sampling, max_tokens=1),
+                           prompt_tokens=prompts[i]) for i in range(warm, w)])
         warm = max(warm, w)
         made, rep = 0, 0
         while rep < cfg.reps_at(made, rep, "off" in modes):
@@ -138,14 +125,14 @@ def _task_runs(drive: Drive, task: Task, prompts: list[tuple[int, ...]], cfg: Sp
             for mode in rotated(modes, rep):  # side by side: modes alternate inside each repetition
                 memory.switch(drive.engine, mode)
                 ids = [f"{task.value}-{w}-{mode.replace(' ', '-')}-{rep}-{i}" for i in range(w)]
-                run = _step_all(drive, [Request(rid, f"s{i}", (), capped(i), prompt_tokens=prompts[i])
-                                         for i, rid in enumerate(ids)])
-                r = run.row()
+                run = drive.run([Request(rid, f"s{i}", (), capped(i), prompt_tokens=prompts[i])
+                                 for i, rid in enumerate(ids)])
+                r = _row(run)
                 done[mode] = (r, [run.texts[rid] for rid in ids])
                 if mode == "off":
                     if lengths is not None:
-                        lengths.update({i: run.tokens[rid] for i, rid in enumerate(ids)})
-                    made += sum(run.tokens.values())
+                        lengths.update({i: len(run.tokens[rid]) for i, rid in enumerate(ids)})
+                    made += run.made()
                 progress(f"{task.value} x{w} {mode}: {r['per_seq_tok_s']} tok/s per sequence, "
                          f"{r['agg_tok_s']} aggregate, acceptance {r['acceptance']}")
             if "off" in done:

@@ -9,8 +9,9 @@ import pytest
 
 from backend.factory import BackendConfig, build_backend
 from magnitude_bench.common import prompt_tokens, save_result
+from magnitude_bench.harness import Step, Trace
 from magnitude_bench.plots import plot_spec
-from magnitude_bench.spec import SpecBenchConfig, _Run, rotated, run_spec
+from magnitude_bench.spec import SpecBenchConfig, _row, rotated, run_spec
 from magnitude_bench.spec_report import CONTROL, merge_reps
 from magnitude_bench.spec_tasks import Task
 from magnitude_bench.spec_trace import Guess, RecordingSource, TraceDrafts
@@ -90,12 +91,22 @@ def test_aggregate_runs_to_the_last_step_and_the_full_batch_rate_to_the_first_se
     # of 1 s). Aggregate: the 6 tokens after t=1 over the 4 s to the last step; the full-batch
     # rate: the 4 tokens of the steps up to a's end over those 2 s.
     steps = [(1.0, 2, 2, 0, 0), (2.0, 2, 2, 0, 0), (3.0, 2, 2, 0, 0), (4.0, 1, 1, 0, 0), (5.0, 1, 1, 0, 0)]
-    run = _Run(steps, {"a": 1.0, "b": 1.0}, {"a": 3.0, "b": 5.0}, {"a": 3, "b": 5}, {})
-    r = run.row()
+    run = _run(steps, {"a": 1.0, "b": 1.0}, {"a": 3.0, "b": 5.0}, {"a": 3, "b": 5})
+    r = _row(run)
     assert r["agg_tok_s"] == 6 / 4 and r["full_tok_s"] == 4 / 2
     # Ending together, the two are the same window.
-    together = _Run(steps[:3], {"a": 1.0, "b": 1.0}, {"a": 3.0, "b": 3.0}, {"a": 3, "b": 3}, {})
-    assert together.row()["full_tok_s"] == together.row()["agg_tok_s"] == 2.0
+    together = _run(steps[:3], {"a": 1.0, "b": 1.0}, {"a": 3.0, "b": 3.0}, {"a": 3, "b": 3})
+    assert _row(together)["full_tok_s"] == _row(together)["agg_tok_s"] == 2.0
+
+
+def _run(steps, first: dict, done: dict, tokens: dict) -> Trace:
+    """A finished run's trace: its steps as (t, tokens, decode rows, draft rows, accepted), and each
+    sequence's first token time, end and token count."""
+    tr = Trace(done=done, steps=[Step(t, 0.0, 0.0, None, d, 0, n, drafted, accepted, 0, 0)
+                                 for t, n, d, drafted, accepted in steps])
+    for rid, t in first.items():
+        tr.tokens[rid] = [t] * tokens[rid]
+    return tr
 
 
 def test_the_modes_take_turns_so_that_none_always_runs_after_the_same_one():
