@@ -198,10 +198,21 @@ def _file_in_the_way(path: Path) -> Path | None:
 def _check_header(path: Path) -> None:
     # Read the header before SQLite does: opening a file that is not a database may make SQLite
     # tidy away a -wal beside it, and nothing of the user's is ever removed.
-    if str(path) != ":memory:" and path.is_file() and path.stat().st_size:
+    if str(path) == ":memory:":
+        return
+    if path.is_file() and path.stat().st_size:
         with open(path, "rb") as f:
             if f.read(16) != b"SQLite format 3\x00":
                 raise _Unreadable("file is not a database")
+        return
+    # SQLite deletes a -wal beside an empty or missing database as stale, and with it every
+    # conversation not yet checkpointed into the file (a zero-length file after a crash, a copy
+    # that missed the main file). Ours never leaves one there: the file has its header first.
+    wal = path.with_name(path.name + "-wal")
+    if wal.is_file() and wal.stat().st_size:
+        state = "empty" if path.exists() else "missing"
+        raise _Unreadable(f"the file is {state} but its write-ahead log {wal.name} holds "
+                          f"{wal.stat().st_size:,} bytes of it")
 
 
 def _open(path: Path) -> tuple[sqlite3.Connection, int | None]:
@@ -260,8 +271,8 @@ def _open_copy(path: Path, reason: str) -> Opened:
     mem = connect_memory()
     why = reason
     try:
+        _check_header(path)
         if path.is_file() and path.stat().st_size:
-            _check_header(path)
             _copy_into(path, mem)
         migrated_from = _prepare(mem, path)
     except (_Unreadable, sqlite3.DatabaseError, OSError, UnicodeDecodeError) as e:
@@ -352,12 +363,16 @@ def _move_aside(path: Path) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target = path.with_name(f"{path.name}.unreadable-{stamp}")
     n = 1
-    while target.exists():
+    while any(target.with_name(target.name + s).exists() for s in ("", "-wal", "-shm", "-journal")):
         n += 1
         target = path.with_name(f"{path.name}.unreadable-{stamp}-{n}")
-    path.rename(target)
+    moved = None
+    if path.exists():
+        path.rename(target)
+        moved = target
     for suffix in ("-wal", "-shm", "-journal"):
         companion = path.with_name(path.name + suffix)
         if companion.exists():
             companion.rename(target.with_name(target.name + suffix))
-    return target
+            moved = moved or target.with_name(target.name + suffix)  # a -wal without its file
+    return moved or target

@@ -139,3 +139,32 @@ async def test_a_reply_with_a_lone_surrogate_is_kept_exported_and_the_app_goes_o
         assert app.workspace.store.read_only is None
     saved = Store(tmp_path / "magnitude.db").messages(pane.session_id)
     assert [m.content for m in saved] == ["hi", "bad \ufffd byte, then more", "again", "bad \ufffd byte, then more"]
+
+
+def _wal_only(path: Path) -> bytes:
+    """A store whose conversation is only in its -wal (as a kill leaves it), the -wal's bytes."""
+    store = Store(path)
+    store.open_workspace(resume=False)
+    store.add_pane(PaneRecord("p1", "A1"))
+    for i in range(3):
+        store.add_message("p1", MessageRecord("user", f"precious {i}"))
+    wal = path.with_name(path.name + "-wal").read_bytes()  # before close checkpoints it
+    store.close()
+    assert wal
+    return wal
+
+
+@pytest.mark.parametrize("main_file", ["empty", "missing"])
+def test_a_wal_beside_an_empty_or_missing_database_is_kept_not_deleted(tmp_path, main_file):
+    # SQLite deleted it as stale, silently, and every conversation in it with it.
+    path = tmp_path / "m.db"
+    wal = _wal_only(path)
+    path.unlink()
+    if main_file == "empty":
+        path.write_bytes(b"")
+    path.with_name("m.db-wal").write_bytes(wal)
+    store = Store(path)
+    assert store.notice and "write-ahead log" in store.notice
+    kept = [p for p in tmp_path.iterdir() if p.name.endswith("-wal") and ".unreadable-" in p.name]
+    assert [p.read_bytes() for p in kept] == [wal]
+    assert str(store.moved_to) in store.notice and store.moved_to.exists()
