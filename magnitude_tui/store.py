@@ -140,7 +140,11 @@ class Store:
         self.notice: str | None = None
         # Why nothing will be saved this session (None: everything is saved as usual).
         self.read_only = opened.read_only
-        if opened.moved_to is not None:
+        if opened.moved_to is not None and opened.recovered is not None:
+            self.notice = (f"The database {self.path} could not be read ({opened.why}). It was moved "
+                           f"to {opened.moved_to}, and the {opened.recovered} messages its log held "
+                           "were recovered into a new one.")
+        elif opened.moved_to is not None:
             self.notice = (f"The database {self.path} could not be read ({opened.why}). It was moved "
                            f"to {opened.moved_to} and a new, empty one was started.")
         elif opened.read_only is not None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import shutil
 import sqlite3
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +131,10 @@ class _Unreadable(Exception):
     """The file is not a database of ours that this version can read: it is moved aside."""
 
 
+class _LostFile(_Unreadable):
+    """The database file is empty or missing but its -wal holds pages of it."""
+
+
 class _ReadOnly(Exception):
     """The file (or its directory) cannot be written: the session runs on a copy in memory."""
 
@@ -144,6 +151,7 @@ class Opened:
     migrated_from: int | None  # the schema version the file had before migrating forward
     read_only: str | None = None  # why nothing will be saved (the store runs on a copy in memory)
     disk_full: bool = False  # read_only because the disk is full (the remedy is room, not permissions)
+    recovered: int | None = None  # messages rebuilt from the -wal of a lost file (None: none tried)
 
 
 def open_database(path: Path) -> Opened:
@@ -167,8 +175,12 @@ def open_database(path: Path) -> Opened:
         if str(path) == ":memory:":
             raise StoreError(f"the in-memory database is unusable: {e}") from None
         moved = _move_aside(path)
-        db, _ = _open(path)
-        return Opened(db, moved, str(e), None)
+        recovered = None
+        if isinstance(e, _LostFile):  # `moved` is the kept file, or the kept -wal where none was
+            wal = moved if moved.name.endswith("-wal") else moved.with_name(moved.name + "-wal")
+            recovered = _rebuild_from_wal(wal, path)
+        db, migrated_from = _open(path)
+        return Opened(db, moved, str(e), migrated_from, recovered=recovered)
 
 
 def read_only_reason(path: Path) -> str | None:
@@ -211,7 +223,7 @@ def _check_header(path: Path) -> None:
     wal = path.with_name(path.name + "-wal")
     if wal.is_file() and wal.stat().st_size:
         state = "empty" if path.exists() else "missing"
-        raise _Unreadable(f"the file is {state} but its write-ahead log {wal.name} holds "
+        raise _LostFile(f"the file is {state} but its write-ahead log {wal.name} holds "
                           f"{wal.stat().st_size:,} bytes of it")
 
 
@@ -263,6 +275,48 @@ def _damaged_message(e: UnicodeDecodeError) -> str:
     flipped bit in a table's name): Python's sqlite3 raised UnicodeDecodeError for it instead of
     DatabaseError, past every handler, and the app could not start."""
     return bytes(e.object).decode("utf-8", "replace")
+
+
+def _rebuild_from_wal(wal: Path, path: Path) -> int | None:
+    """A store at `path` rebuilt from the -wal (moved aside, and left there) of a database whose
+    file was lost: the log holds every page written since the last checkpoint, often all of a
+    young store. Put behind a blank header page of its page size, SQLite reads them as it would
+    have; the result is kept only if it passes quick_check and holds our messages table. Returns
+    how many messages it holds (None: nothing usable; the caller starts an empty store)."""
+    try:
+        with open(wal, "rb") as f:
+            header = f.read(32)
+        page_size = int.from_bytes(header[8:12], "big")
+        if header[:4] not in (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83") or page_size not in {
+                1 << k for k in range(9, 17)}:
+            return None
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            blank, work = Path(tmp, "blank.db"), Path(tmp, "work.db")
+            db = sqlite3.connect(blank)
+            db.execute(f"PRAGMA page_size={page_size}")
+            db.execute("PRAGMA journal_mode=WAL")  # the header byte that makes SQLite read the log
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            db.close()
+            work.write_bytes(blank.read_bytes()[:page_size])
+            shutil.copyfile(wal, Path(f"{work}-wal"))  # a copy: the kept log is never touched
+            src = sqlite3.connect(work)
+            src.text_factory = readable_text
+            try:
+                if [r[0] for r in src.execute("PRAGMA quick_check")] != ["ok"]:
+                    return None
+                count = src.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+                out = sqlite3.connect(path)
+                try:
+                    src.backup(out)
+                finally:
+                    out.close()
+            finally:
+                src.close()
+        return count
+    except (sqlite3.Error, OSError, UnicodeDecodeError):
+        with contextlib.suppress(OSError):
+            path.unlink()  # a half-written rebuild (this function's own file), never the user's
+        return None
 
 
 def _open_copy(path: Path, reason: str) -> Opened:

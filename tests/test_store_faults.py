@@ -155,7 +155,7 @@ def _wal_only(path: Path) -> bytes:
 
 
 @pytest.mark.parametrize("main_file", ["empty", "missing"])
-def test_a_wal_beside_an_empty_or_missing_database_is_kept_not_deleted(tmp_path, main_file):
+def test_a_wal_beside_an_empty_or_missing_database_is_kept_and_its_conversations_recovered(tmp_path, main_file):
     # SQLite deleted it as stale, silently, and every conversation in it with it.
     path = tmp_path / "m.db"
     wal = _wal_only(path)
@@ -168,3 +168,25 @@ def test_a_wal_beside_an_empty_or_missing_database_is_kept_not_deleted(tmp_path,
     kept = [p for p in tmp_path.iterdir() if p.name.endswith("-wal") and ".unreadable-" in p.name]
     assert [p.read_bytes() for p in kept] == [wal]
     assert str(store.moved_to) in store.notice and store.moved_to.exists()
+    assert "3 messages its log held were recovered" in store.notice
+    [pane] = store.open_workspace(resume=True)
+    assert [m.content for m in pane.messages] == ["precious 0", "precious 1", "precious 2"]
+    store.add_message("p1", MessageRecord("user", "and on"))  # a store like any other
+    store.close()
+    assert len(Store(path).messages("p1")) == 4
+
+
+def test_a_wal_that_holds_only_part_of_a_lost_database_is_kept_and_an_empty_store_starts(tmp_path):
+    path = tmp_path / "m.db"
+    _filled(path, *(f"old {i} " + "x" * 300 for i in range(100)))  # checkpointed into the file
+    store = Store(path)
+    store.open_workspace(resume=True)
+    store.add_message("p1", MessageRecord("user", "new"))
+    wal = path.with_name("m.db-wal").read_bytes()  # only the pages this write changed
+    store.close()
+    path.write_bytes(b"")
+    path.with_name("m.db-wal").write_bytes(wal)
+    store = Store(path)
+    assert store.notice and "new, empty one" in store.notice
+    assert store.open_workspace(resume=True) == []
+    assert store.moved_to is not None and store.moved_to.with_name(store.moved_to.name + "-wal").read_bytes() == wal
