@@ -243,13 +243,12 @@ def open_side(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide | EngineSid
 
 
 def _llama_server(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide]:
-    from backend.llama_backend import default_model_path
-    from magnitude_bench.peers import PeerError, Server, tools_dir
+    from magnitude_bench.peers import PeerError, Server, model_path, tools_dir
 
     found = tools_dir()
     if found is None:
         raise PeerError("llama-server is not built (scripts/build_llama_tools.sh)")
-    with Server.on_cpu(found[0], model=setup.model or default_model_path(), parallel=setup.parallel,
+    with Server.on_cpu(found[0], model=model_path(setup.model), parallel=setup.parallel,
                        threads=setup.threads, n_ctx=setup.n_ctx, extra=spec.server_args()) as srv:
 
         async def kv(http: httpx.AsyncClient) -> tuple[int, int] | None:

@@ -158,14 +158,12 @@ def _peer_rows(spec: BackendConfig, cfg: BurstConfig, progress) -> list[dict]:
         progress("llama-batched-bench is not built (scripts/build_llama_tools.sh): no peer row")
         return []
     bindir, _ = found
-    from backend.llama_backend import default_model_path
-
     rows = []
     for flash in ("off", "on"):
         def run(ntg: int = cfg.peer_gen) -> tuple[dict, float]:
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             out = peers.batched_bench(
-                bindir, model=spec.model or default_model_path(), seqs=[cfg.n], prompt=cfg.context,
+                bindir, model=peers.model_path(spec.model), seqs=[cfg.n], prompt=cfg.context,
                 gen=ntg, threads=spec.n_threads or 1, n_ctx=spec.n_ctx or 16384, n_batch=2048,
                 n_ubatch=spec.n_ubatch, dev=peers.device_args(spec.device), extra=["-pps", "-fa", flash])
             after = resource.getrusage(resource.RUSAGE_CHILDREN)

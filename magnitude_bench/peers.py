@@ -37,6 +37,13 @@ def tools_dir() -> tuple[Path, str] | None:
     return None
 
 
+def model_path(model: str | None) -> str:
+    """The GGUF a peer runs: `model`, else the app's default model."""
+    from backend.llama_backend import default_model_path
+
+    return model or default_model_path()
+
+
 def _variant_preference() -> list[str]:
     try:
         import llama_cpp

@@ -34,8 +34,7 @@ def _vendored_llama_server(slots: int, model: Optional[str], device: str, thread
                            widths: tuple[int, ...], gen: int):
     """llama-server -np `slots` on the model and thread count the local engine would use."""
     from backend import usable_cpus
-    from backend.llama_backend import default_model_path
-    from magnitude_bench.peers import PeerError, Server, tools_dir
+    from magnitude_bench.peers import PeerError, Server, model_path, tools_dir
 
     if device != "cpu":
         raise typer.BadParameter("--llama-server starts a CPU peer (use --device cpu); for a GPU, start "
@@ -44,7 +43,7 @@ def _vendored_llama_server(slots: int, model: Optional[str], device: str, thread
     if found is None:
         raise typer.BadParameter("llama-server is not built: run `bash scripts/build_llama_tools.sh`",
                                  param_hint="--llama-server")
-    server = Server.on_cpu(found[0], model=str(model or default_model_path()), parallel=slots,
+    server = Server.on_cpu(found[0], model=model_path(model), parallel=slots,
                            threads=threads or usable_cpus(), n_ctx=_n_ctx(widths, gen))
     try:
         with server:

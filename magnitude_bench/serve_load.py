@@ -201,12 +201,11 @@ class _LlamaServerPeer:
     """The vendored llama-server on the same model and threads: a fresh server per run (-np N)."""
 
     def __init__(self, cfg: ServeBenchConfig, model: str | None) -> None:
-        from backend.llama_backend import default_model_path
-        from magnitude_bench.peers import tools_dir
+        from magnitude_bench.peers import model_path, tools_dir
 
         found = tools_dir()
         self.binary = found[0] if found is not None else None
-        self.cfg, self.model = cfg, model or default_model_path()
+        self.cfg, self.model = cfg, model_path(model)
 
     def _server(self, parallel: int):
         from magnitude_bench.peers import Server

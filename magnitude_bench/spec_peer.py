@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.peers import PeerError, Server, tools_dir
+from magnitude_bench.peers import PeerError, Server, model_path, tools_dir
 from magnitude_bench.spec_tasks import Task, task_messages
 from scheduler.stats import median, rnd
 
@@ -54,9 +54,7 @@ def run_peer(spec: BackendConfig, cfg, lengths: dict, progress) -> list[dict]:
                  "(scripts/build_llama_tools.sh)"}]
     bindir, _ = found
     have = supported_spec_types(bindir)
-    from backend.llama_backend import default_model_path
-
-    model = spec.model or default_model_path()
+    model = model_path(spec.model)
     vocab = build_backend(BackendConfig("llama", model=model, device="cpu", n_ctx=256, n_seq_max=1, flash_attn="off"))
     try:
         prompts = {t: [vocab.tokenize_chat(task_messages(Task(t), i)) for i in range(max(cfg.widths))]

@@ -155,8 +155,7 @@ def run_structured(backend: BackendConfig, cfg: StructuredConfig, progress=lambd
 def _peer_runs(backend: BackendConfig, cfg: StructuredConfig, result: BenchResult, progress) -> list[dict]:
     """llama-server on the same model and threads, driven through the remote engine (which sends
     the schema as `response_format: json_schema`), `peer_clients` at once."""
-    from backend.llama_backend import default_model_path
-    from magnitude_bench.peers import PeerError, Server, tool_info, tools_dir
+    from magnitude_bench.peers import PeerError, Server, model_path, tool_info, tools_dir
     from magnitude_tui.remote.client import RemoteClient
     from magnitude_tui.remote.config import RemoteConfig
 
@@ -168,7 +167,7 @@ def _peer_runs(backend: BackendConfig, cfg: StructuredConfig, result: BenchResul
     result.data["tools"] = tool_info(found[0])
     n = cfg.peer_clients
     try:
-        with Server.on_cpu(found[0], model=str(backend.model or default_model_path()), parallel=n,
+        with Server.on_cpu(found[0], model=model_path(backend.model), parallel=n,
                            threads=backend.n_threads or cfg.threads, n_ctx=backend.n_ctx or 8192) as srv:
             result.data["peer_cmd"] = srv.cmd
             client = RemoteClient(RemoteConfig((f"http://127.0.0.1:{srv.port}",), max_in_flight=n))

@@ -130,11 +130,7 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
     spec = BackendConfig(**{**asdict(spec), "n_ctx": n_ctx, "n_seq_max": max(spec.n_seq_max, max(cfg.seqs))})
     backend = build_backend(spec)
     threads = backend.n_threads or 1
-    model = spec.model
-    if model is None and spec.family == "llama":
-        from backend.llama_backend import default_model_path
-
-        model = default_model_path()
+    model = peers.model_path(spec.model) if spec.family == "llama" else spec.model
     res = BenchResult(name="throughput", title="bench throughput: aggregate generated tok/s, same work for every peer",
                       config={"throughput": asdict(cfg), "backend": asdict(spec)})
     found = peers.tools_dir() if not spec.simulated else None
