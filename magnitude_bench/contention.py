@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Callable, Iterator
 
-from magnitude_bench.common import BenchResult, Contention, machine_info
+from magnitude_bench.common import BenchResult, Contention
 from magnitude_bench.harness import client_run, recorded
 from magnitude_tui.engine.waiting import wait_ready
 from scheduler.stats import rnd
@@ -152,18 +152,16 @@ def peer_round(bindir, cfg: ContentionConfig, threads: int, model: str) -> dict:
 @recorded
 def run_contention(cfg: ContentionConfig, progress: Callable[[str], None] = lambda s: None) -> BenchResult:
     from backend import usable_cpus
-    from backend.llama_backend import default_model_path
     from magnitude_bench import peers
 
     cores = usable_cpus()
     loads = cfg.loads if cfg.loads is not None else tuple(dict.fromkeys((0, 1, cores)))
     peer_threads = cfg.peer_threads or tuple(range(1, cores + 1))
-    model = cfg.model or default_model_path()
+    model = peers.model_path(cfg.model)
     found = peers.tools_dir()
     if found is None:
         raise peers.PeerError("llama-batched-bench is not built: run scripts/build_llama_tools.sh")
     bindir = found[0]
-    machine = machine_info()
     clients = {"engine": _engine_client(cfg, fixed_threads=None)}
     if cfg.engine_fixed:
         clients[f"engine -t {cores} fixed"] = _engine_client(cfg, fixed_threads=cores)
@@ -208,7 +206,7 @@ def run_contention(cfg: ContentionConfig, progress: Callable[[str], None] = lamb
     ]
     return BenchResult(name="contention", title="CPU contention: engine vs llama-batched-bench under load",
                        config=asdict(cfg) | {"cores": cores, "loads": loads, "peer_threads": peer_threads},
-                       machine=machine, tables={"contention": table}, notes=notes, data={"runs": runs})
+                       tables={"contention": table}, notes=notes, data={"runs": runs})
 
 
 def summarize(runs: list[dict], loads, engines: list[str], cores: int) -> list[dict]:

@@ -160,10 +160,9 @@ async def run_ui(config, cfg: UiConfig) -> dict:
 @recorded
 def run_ui_bench(config, cfg: UiConfig, progress: Callable[[str], None] = lambda s: None):
     """Alternate headless and UI runs of one workload per thread setting; a BenchResult."""
-    from magnitude_bench.common import BenchResult, machine_info, measured
+    from magnitude_bench.common import BenchResult, measured
     from scheduler.stats import median, percentile, rnd
 
-    machine = machine_info()  # the load average before the runs (save_result adds the one after)
     runs: list[dict] = []
     for threads in cfg.threads:
         cfg_t = replace(config, backend=replace(config.backend, n_threads=threads), auto_threads=threads is None)
@@ -214,8 +213,7 @@ def run_ui_bench(config, cfg: UiConfig, progress: Callable[[str], None] = lambda
     b = config.backend
     config_out = {**asdict(cfg), "backend": b.kind, "device": b.device, "model": b.model,
                   "n_ctx": b.ctx_size, "policy": config.policy}
-    return BenchResult(name="ui", title=f"UI responsiveness, {cfg.panes} panes streaming",
-                       config=config_out, machine=machine,
+    return BenchResult(name="ui", title=f"UI responsiveness, {cfg.panes} panes streaming", config=config_out,
                        tables={"engine step time, UI attached vs headless": step_rows,
                                "keypress-to-screen latency": key_rows},
                        notes=notes, data={"runs": runs})
