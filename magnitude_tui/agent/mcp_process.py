@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import logging
 import os
+import re
 import signal
-from typing import Iterable
+from signal import Signals
+from typing import Any, Iterable
+
+import anyio
+from anyio.abc import ByteReceiveStream, Process
 
 # After a server ends, what is left of its process group gets this long after SIGTERM, then SIGKILL.
 GROUP_TERM_WAIT_S = 1.0
@@ -19,8 +25,9 @@ _SPAWNED: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("mcp
 
 
 def hook_spawn() -> None:
-    """Wrap the SDK's (private) process start so that it records the pid; a rename of that function
-    in the SDK fails tests/test_mcp_restart_faults.py, not the cleanup silently."""
+    """Wrap the SDK's (private) process start so that it records the pid and reads the server's
+    stdout in whole lines (`WholeLines`); a rename of that function in the SDK fails
+    tests/test_mcp_restart_faults.py, not the cleanup silently."""
     try:
         import mcp.client.stdio as sdk
     except ImportError:  # pragma: no cover
@@ -32,9 +39,10 @@ def hook_spawn() -> None:
     async def spawn(*args, **kwargs):
         process = await original(*args, **kwargs)
         box = _SPAWNED.get()
-        if box is not None:
-            box.append(process.pid)
-        return process
+        if box is None:  # not one of McpServer's starts: left as the SDK made it
+            return process
+        box.append(process.pid)
+        return LinesProcess(process)
 
     spawn._records_pid = True  # type: ignore[attr-defined]
     sdk._create_platform_compatible_process = spawn
@@ -85,6 +93,139 @@ async def end_group(pgid: int) -> None:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+# A message from a server longer than this is not read: a call it answers fails (said), and
+# nothing else of it is kept. Results are cut at 64,000 characters for the model anyway.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# What is kept of a line past MAX_MESSAGE_BYTES: its start and its end, where a response's id is.
+_ENDS = 512
+_ID = rb'(-?\d+|"(?:[^"\\]|\\.)*")'
+_ID_AT_START = re.compile(rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*' + _ID)
+_ID_AT_END = re.compile(rb'"id"\s*:\s*' + _ID + rb'\s*\}\s*$')
+
+
+class WholeLines(ByteReceiveStream):
+    """A server's stdout as the SDK's reader takes it: each receive ends at a line's end, a line's
+    pieces joined once. The SDK joins a line's 64 KiB pieces one by one (`buffer + chunk`, then a
+    split of it all), which is quadratic: a 64 MB result took 29 s, the event loop stalling up to
+    0.2 s at a time. A line over MAX_MESSAGE_BYTES is not held: it becomes a JSON-RPC error answer
+    to its request (its id read from its start, as the Python SDK writes it, or its end, as the
+    TypeScript one does), or, without an id found, is dropped."""
+
+    def __init__(self, inner: ByteReceiveStream) -> None:
+        self._inner = inner
+        self._parts: list[bytes] = []
+        self._size = 0  # of the line not ended yet
+        self._head = b""  # past MAX_MESSAGE_BYTES: its first _ENDS bytes and its last
+        self._tail = b""
+        self._over = False
+
+    def _pend(self, piece: bytes) -> None:
+        self._size += len(piece)
+        if self._over:
+            self._tail = (self._tail + piece)[-_ENDS:]
+            return
+        self._parts.append(piece)
+        if self._size > MAX_MESSAGE_BYTES:
+            held = b"".join(self._parts)
+            self._head, self._tail, self._parts, self._over = held[:_ENDS], held[-_ENDS:], [], True
+
+    def _line(self) -> bytes:
+        """The line ended now (with its newline), or what stands for it."""
+        if self._over:
+            out = too_long(self._head, self._tail, self._size)
+        else:
+            out = b"".join(self._parts) + b"\n"
+        self._parts, self._size, self._head, self._tail, self._over = [], 0, b"", b"", False
+        return out
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while True:
+            try:
+                chunk = await self._inner.receive(max_bytes)
+            except anyio.EndOfStream:
+                if self._size and not self._over:  # a last line without its newline: as it came
+                    rest, self._parts, self._size = b"".join(self._parts), [], 0
+                    return rest
+                raise
+            first = chunk.find(b"\n")
+            if first < 0:
+                self._pend(chunk)
+                continue
+            self._pend(chunk[:first])
+            line = self._line()
+            last = chunk.rfind(b"\n")
+            if last > first:  # whole lines within this piece
+                line += chunk[first + 1:last + 1]
+            if last + 1 < len(chunk):
+                self._pend(chunk[last + 1:])
+            if line:
+                return line
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def too_long(head: bytes, tail: bytes, size: int) -> bytes:
+    """What stands for a line over MAX_MESSAGE_BYTES: an error answer to its request, or nothing."""
+    found = _ID_AT_START.match(head) or _ID_AT_END.search(tail)
+    if found is None:
+        return b""
+    try:
+        rid = json.loads(found.group(1))
+    except ValueError:
+        return b""
+    message = (f"the server's answer was {size:,} bytes, over the {MAX_MESSAGE_BYTES:,} this client reads "
+               "(MAX_MESSAGE_BYTES): it was not read")
+    error = {"jsonrpc": "2.0", "id": rid, "error": {"code": -32603, "message": message}}
+    return json.dumps(error).encode() + b"\n"
+
+
+class LinesProcess(Process):
+    """The SDK's server process, its stdout read through WholeLines; the rest is the process's own."""
+
+    def __init__(self, inner: Process) -> None:
+        self._inner = inner
+        self._lines = WholeLines(inner.stdout) if inner.stdout is not None else None
+
+    def __getattr__(self, name: str) -> Any:  # the SDK reaches for the asyncio transport (`_process`)
+        return getattr(self._inner, name)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def wait(self) -> int:
+        return await self._inner.wait()
+
+    def terminate(self) -> None:
+        self._inner.terminate()
+
+    def kill(self) -> None:
+        self._inner.kill()
+
+    def send_signal(self, signal: Signals) -> None:
+        self._inner.send_signal(signal)
+
+    @property
+    def pid(self) -> int:
+        return self._inner.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._inner.returncode
+
+    @property
+    def stdin(self):
+        return self._inner.stdin
+
+    @property
+    def stdout(self):
+        return self._lines
+
+    @property
+    def stderr(self):
+        return self._inner.stderr
 
 
 # What is kept of a server's stderr: its tail (failures quote its last few hundred characters).

@@ -6,7 +6,7 @@ odd1: in one page),
 child (starts a child process, its pid written to PIDFILE, that outlives the server's end),
 wedge (the `hang` tool stops the server reading anything). With RAW_PIDFILE set it writes its pid there;
 with RAW_FAIL_WHILE set to a path, it fails at start (a message on stderr, exit 3) while that path exists.
-Tools: ok, huge (8 MB of text), resource (an embedded text resource and a link), nonutf8 (a byte
+Tools: ok, huge (8 MiB of text, or `bytes`), resource (an embedded text resource and a link), nonutf8 (a byte
 that is not UTF-8 in its text), image, emptyerr (isError with no content), rpcerror (a JSON-RPC error answer), badshape (content that is not a list), textonly / offschema / brokenout (an outputSchema: text only,
 structuredContent that does not match it, an outputSchema with a $ref to nowhere), crash (the process exits), hang (never answered), pid (the
 server's pid), noisy (writes `bytes` of noise on stderr, then `last` and a newline, then answers, or
@@ -107,8 +107,9 @@ for line in sys.stdin.buffer:
             out.write(b'{"jsonrpc": "2.0", "id": %d, "result": {"content": [{"type": "text", "text": "caf\xe9 ok"}]}}\n' % rid)
             out.flush()
             continue
-        if name == "huge":
-            content = [{"type": "text", "text": "A" * (8 * 1024 * 1024)}]
+        if name == "huge":  # `bytes` of text (8 MiB by default)
+            size = int((msg["params"].get("arguments") or {}).get("bytes", 8 * 1024 * 1024))
+            content = [{"type": "text", "text": "A" * size}]
         elif name == "resource":
             content = [{"type": "resource", "resource": {"uri": "file:///notes.txt", "text": "the notes", "mimeType": "text/plain"}},
                        {"type": "resource_link", "uri": "file:///other.txt", "name": "other"}]
