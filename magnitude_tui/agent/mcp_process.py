@@ -1,4 +1,4 @@
-"""Provides an MCP server's process side: its pid recorded as the SDK starts it, and what is left of its process group ended."""
+"""Provides an MCP server's process side: its pid recorded as the SDK starts it, its stdout read in whole lines (a message over MAX_MESSAGE_BYTES not held), its stderr's tail kept (StderrLog), and what is left of its process group ended."""
 
 from __future__ import annotations
 
