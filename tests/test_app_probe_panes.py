@@ -3,12 +3,14 @@ do to the screen, and how a keyboard-only user reaches a tool block."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from magnitude_tui.screens.approval_dialog import ApprovalDialog
+from magnitude_tui.screens.confirm_dialog import ConfirmDialog
 from magnitude_tui.widgets.tool_block import ToolBlock
 from tests.agent_app_support import ToolClient, agent_app, drive, tool_results
-from tests.app_support import settle, type_message
+from tests.app_support import settle, type_message, wait_for
 
 # What a terminal acts on: C0 controls but tab and newline, DEL, C1 (0x9b is CSI), bidi overrides.
 TERMINAL_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
@@ -46,3 +48,64 @@ async def test_a_commands_escape_sequences_are_shown_not_sent_to_the_terminal(tm
         text = drawn(block)
         assert "wiped" in text and "\\x1b[2J" in text and "\\u202e" in text
         assert not TERMINAL_CONTROLS.search(text), repr(TERMINAL_CONTROLS.search(text))
+
+
+def spawn_two_sleepers(request):
+    last = request.messages[-1]
+    if last.role == "user" and "Your task:" in last.content:
+        task = last.content.split("Your task: ")[1].split("\n")[0]
+        return [("run_command", {"command": f"sleep 3; touch {task}.txt"})]
+    if request.messages[-1].role == "tool" and "Your task:" in "".join(m.content for m in request.messages):
+        return "child done"
+    return [("spawn_agents", {"agents": [{"task": "one"}, {"task": "two"}]})] if not tool_results(request) \
+        else "merged " + tool_results(request)[0]
+
+
+async def test_closing_a_subagents_pane_stops_that_subagent_alone(tmp_path):
+    # ctrl+x on a spawn_agents subagent's pane while its command ran closed the pane at once and
+    # left the subagent going unseen (found in tmux): its command finished and wrote, its next
+    # turn was sent for the closed pane's session, and its answer went back to the parent as if
+    # nothing had happened. Now it asks first (as for a pane agent), and closing stops that
+    # subagent (its command's process group killed); its sibling and the parent carry on, and
+    # the parent reads that it was stopped.
+    (tmp_path / "work").mkdir()
+    client = ToolClient(spawn_two_sleepers)
+    async with agent_app(tmp_path, client) as (app, pilot):
+        ws = app.workspace
+        await type_message(pilot, "/agent split the work")
+        await drive(pilot, client, lambda: len(ws.grid.panes) == 3, "the subagents' panes")
+        parent, one, two = ws.grid.panes
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the first approval")
+        await pilot.press("a")  # one: run_command allowed for its pane
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the second approval")
+        await pilot.press("a")
+        await wait_for(pilot, lambda: one.activity is not None and not one.activity.approval
+                       and two.activity is not None and not two.activity.approval, what="both commands to run")
+        assert ws.agents.running(one)  # ctrl+x asks first, as for the pane that runs the agent
+        ws.focus_pane(one)
+        await pilot.press("ctrl+x")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), what="the close confirmation")
+        assert "running an agent" in app.screen._detail
+        await pilot.press("y")
+        await wait_for(pilot, lambda: one not in ws.grid.panes, what="the pane to close")
+        # A message typed into a running subagent's pane waits for it (it was sent at once, a
+        # second request on the subagent's session beside its own loop's).
+        ws.focus_pane(two)
+        await type_message(pilot, "hello two")
+        assert two.queued == ["hello two"]
+        assert not [r for r in client.submitted if r.messages[-1].content == "hello two"]
+        await drive(pilot, client, lambda: (parent.last_answer() or "").startswith("merged")
+                    and not ws.agents.running(parent), "the merged answer")
+        assert (tmp_path / "work" / "two.txt").exists()
+        assert not (tmp_path / "work" / "one.txt").exists()  # its process group was killed
+        entries = json.loads(parent.last_answer()[len("merged "):])
+        assert [(e["task"], e["ended"]) for e in entries] == [("one", "cancelled"), ("two", "answered")]
+        assert "stopped" in entries[0]["error"]
+        # The subagents are done: what was typed into two's pane is sent now, as its next turn.
+        await drive(pilot, client, lambda: any(r.messages[-1].content == "hello two" for r in client.submitted),
+                    "the queued message")
+        [sent] = [r for r in client.submitted if r.messages[-1].content == "hello two"]
+        assert sent.session_id == two.session_id and not two.queued
+        # Nothing was sent for the closed pane's session after it closed.
+        assert not [r for r in client.submitted if r.session_id == one.session_id
+                    and r is not client.submitted[0] and len(tool_results(r)) > 0]

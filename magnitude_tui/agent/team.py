@@ -11,7 +11,7 @@ from typing import Mapping
 from magnitude_tui.agent.command import CommandTool
 from magnitude_tui.agent.config import SpawnLimits
 from magnitude_tui.agent.engine_link import TurnRunner
-from magnitude_tui.agent.events import AgentObserver, SubagentSpawned, ignore
+from magnitude_tui.agent.events import AgentFinished, AgentObserver, EndReason, SubagentSpawned, ignore
 from magnitude_tui.agent.fs_tools import FileTools
 from magnitude_tui.agent.loop import AgentConfig, AgentLoop, AgentOutcome
 from magnitude_tui.agent.policy import Approval, ApprovalGate, ApprovePolicy, ToolKind
@@ -48,6 +48,8 @@ class AgentTeam:
         self._count = itertools.count(1)
         self._settings: dict[str, AgentSettings] = {}  # agent name -> its role (subagents inherit it)
         self.spawned = 0
+        self._children: dict[str, asyncio.Future] = {}  # running subagent's name -> its run
+        self._stopping: set[str] = set()  # subagents stop_subagent cancelled
 
     # ---- building agents ----------------------------------------------------------------------
 
@@ -121,6 +123,37 @@ class AgentTeam:
         # Spawning changes nothing by itself: each subagent asks for its own writes and commands.
         return AgentTool(schema, ToolKind.READ, run)
 
+    def stop_subagent(self, name: str) -> bool:
+        """Stop one running subagent (its turn, tool or approval question, and its own subagents),
+        not its siblings or its parent: its entry in the spawn_agents result says it was stopped.
+        False when no subagent of that name runs."""
+        task = self._children.get(name)
+        if task is None or task.done():
+            return False
+        self._stopping.add(name)
+        task.cancel()
+        return True
+
+    def runs_subagent(self, name: str) -> bool:
+        return name in self._children and not self._children[name].done()
+
+    async def _run_child(self, child: AgentLoop, text: str, history: list[Message]) -> AgentOutcome:
+        # The child runs in a task of its own, so that stop_subagent can cancel it alone: its
+        # cancellation ends this wait with an outcome, while the parent's still propagates.
+        run = asyncio.ensure_future(child.run(text, history))
+        self._children[child.name] = run
+        try:
+            return await run
+        except asyncio.CancelledError:
+            if not (run.cancelled() and child.name in self._stopping):
+                raise
+            error = "stopped by the user"
+            self.observer(AgentFinished(child.name, EndReason.CANCELLED, "", error))
+            return AgentOutcome(EndReason.CANCELLED, "", child.messages, [], error)
+        finally:
+            self._stopping.discard(child.name)
+            self._children.pop(child.name, None)
+
     async def spawn(self, parent: AgentLoop, asks: list[dict]) -> ToolResult:
         limits = self.limits
         if parent.config.depth >= limits.max_depth:
@@ -156,7 +189,7 @@ class AgentTeam:
         for child, _, _, ask in children:
             self.observer(SubagentSpawned(parent.name, child.name, child.config.session_id, ask["task"], ask.get("role")))
         try:
-            outcomes = await asyncio.gather(*(child.run(text, history) for child, text, history, _ in children))
+            outcomes = await asyncio.gather(*(self._run_child(child, text, history) for child, text, history, _ in children))
         finally:
             for child, *_ in children:
                 self.runner.close_session(child.config.session_id)

@@ -101,6 +101,7 @@ class PaneAgents:
         self._history: dict[str, tuple[list[Message], list[MessageRecord]]] = {}
         self._children: dict[str, str] = {}  # subagent name -> its pane's name
         self._parent_of: dict[str, str] = {}  # subagent name -> its parent agent's name
+        self._team_of: dict[str, AgentTeam] = {}  # agent name -> the team it runs in (stops its subagents)
         # The agents file's [mcp.*] servers, started when the first agent needs them and kept for
         # the session (restarted when the file names other servers), and its [spawn] limits.
         self._mcp: McpServers | None = None
@@ -108,14 +109,26 @@ class PaneAgents:
         self._mcp_lock = asyncio.Lock()
 
     def running(self, pane: ChatPane) -> bool:
-        return pane.session_id in self._running
+        """Whether an agent runs in the pane: its own, or a spawn_agents subagent it shows."""
+        return pane.session_id in self._running or self._subagent_in(pane) is not None
 
     def stop(self, pane: ChatPane) -> bool:
+        """Stop the agent the pane runs (with its subagents); in a subagent's pane, that subagent
+        alone (its parent reads that it was stopped and goes on)."""
         worker = self._running.get(pane.session_id)
-        if worker is None:
-            return False
-        worker.cancel()
-        return True
+        if worker is not None:
+            worker.cancel()
+            return True
+        name = self._subagent_in(pane)
+        return name is not None and self._team_of[name].stop_subagent(name)
+
+    def _subagent_in(self, pane: ChatPane) -> str | None:
+        """The running subagent shown in `pane`, if any."""
+        for name, shown in self._agent_panes.items():
+            team = self._team_of.get(name)
+            if shown is pane and name in self._parent_of and team is not None and team.runs_subagent(name):
+                return name
+        return None
 
     def _stop_asking(self, request: ApprovalRequest) -> None:
         """The approval dialog's "stop the agent": the asking agent's pane agent stops (a subagent
@@ -160,6 +173,7 @@ class PaneAgents:
         loop.gate.allowed_tools = self._allowed.setdefault(pane.session_id, set())
         history = self._history_for(pane, settings)
         self._agent_panes[loop.name] = pane
+        self._team_of[loop.name] = team
         await pane.add_message(MessageRecord("user", task))
         self._running[pane.session_id] = ws.run_worker(self._run(pane, loop, task, history),
                                                        group=f"agent-{pane.session_id}", exit_on_error=False)
@@ -237,6 +251,8 @@ class PaneAgents:
     def _observe(self, event: AgentEvent) -> None:
         if isinstance(event, SubagentSpawned):  # also for one that gets no pane
             self._parent_of[event.child] = event.agent
+            if event.agent in self._team_of:
+                self._team_of[event.child] = self._team_of[event.agent]
         pane = self._agent_panes.get(event.agent)
         if pane is None:
             return
