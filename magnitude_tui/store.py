@@ -395,10 +395,9 @@ class Store:
     def close(self) -> None:
         self._db.close()
 
-    def _saving_stopped(self, why: str) -> None:
+    def _saving_stopped(self, why: str, remedy: str) -> None:
         self.read_only = why
-        message = (f"History is no longer saved: {why}. This session goes on with a copy in memory; "
-                   "free some room and restart to save again.")
+        message = f"History is no longer saved: {why}. This session goes on with a copy in memory; {remedy}."
         if self.on_notice is not None:
             self.on_notice(message)
 

@@ -6,13 +6,23 @@ from __future__ import annotations
 import contextlib
 import re
 import sqlite3
-from typing import Callable
+from typing import Callable, Iterator
 
-# SQLite's primary result codes for a write the file can no longer take.
-_CANNOT_WRITE = {8: "the database became read-only", 10: "a disk I/O error", 13: "the disk is full",
-                 14: "the database file cannot be opened"}
-_CANNOT_WRITE_WORDS = (("readonly database", _CANNOT_WRITE[8]), ("disk I/O error", _CANNOT_WRITE[10]),
-                       ("disk is full", _CANNOT_WRITE[13]), ("unable to open database", _CANNOT_WRITE[14]))
+# SQLite's primary result codes for a file the session can no longer use, with what stopped
+# saving and what brings it back: a write the file cannot take, or a file damaged (or replaced)
+# under the running app, which raised DatabaseError into it, and it quit.
+_RESTART = "and restart to save again"
+_CANNOT_WRITE = {
+    8: ("the database became read-only", f"make it and its directory writable {_RESTART}"),
+    10: ("a disk I/O error", f"check the disk {_RESTART}"),
+    11: ("the database file is damaged", "restart to save again (the damaged file is then kept aside)"),
+    13: ("the disk is full", f"free some room {_RESTART}"),
+    14: ("the database file cannot be opened", f"check the file and its directory {_RESTART}"),
+    26: ("the database file was replaced by one that is not a database",
+         "restart to save again (that file is then kept aside)"),
+}
+_CANNOT_WRITE_WORDS = (("readonly database", 8), ("disk I/O error", 10), ("malformed", 11),
+                       ("disk is full", 13), ("unable to open database", 14), ("not a database", 26))
 
 
 # Lone surrogates (a JSON "\ud800" escape from a remote server, bytes that are not UTF-8 in a
@@ -45,37 +55,57 @@ def connect_memory() -> sqlite3.Connection:
     return mem
 
 
+class Rows:
+    """A statement's rows, all read at once: a damaged page met while reading them raises here,
+    inside SavingConnection, and not from a cursor the store iterates later."""
+
+    def __init__(self, cursor: sqlite3.Cursor) -> None:
+        self._rows = iter(cursor.fetchall())
+        self.lastrowid = cursor.lastrowid
+
+    def fetchone(self) -> tuple | None:
+        return next(self._rows, None)
+
+    def fetchall(self) -> list[tuple]:
+        return list(self._rows)
+
+    def __iter__(self) -> Iterator[tuple]:
+        return self._rows
+
+
 class SavingConnection:
     """The store's connection. A write the file can no longer take (a full disk, the file gone
     read-only) moves the session onto a copy in memory, as a store opened read-only runs, and
     says so once, instead of raising into the app, which quit and lost the message being saved."""
 
-    def __init__(self, db: sqlite3.Connection, stopped: Callable[[str], None],
+    def __init__(self, db: sqlite3.Connection, stopped: Callable[[str, str], None],
                  fresh: Callable[[sqlite3.Connection], None]) -> None:
-        """`stopped(why)` hears once that saving stopped; `fresh(db)` gives an empty store its schema."""
+        """`stopped(why, remedy)` hears once that saving stopped and what would bring it back;
+        `fresh(db)` gives an empty store its schema."""
         self.db = db
         self._stopped = stopped
         self._fresh = fresh
         self._open: list[tuple[str, tuple]] | None = None  # the statements of an open transaction
 
-    def execute(self, sql: str, params: tuple | list = ()) -> sqlite3.Cursor:
+    def execute(self, sql: str, params: tuple | list = ()) -> Rows:
         try:
             return self._execute(sql, params)
         except UnicodeEncodeError:  # checked only when it fails: a long reply is saved every 0.5 s
             return self._execute(sql, encodable(params))
 
-    def _execute(self, sql: str, params: tuple | list) -> sqlite3.Cursor:
+    def _execute(self, sql: str, params: tuple | list) -> Rows:
         word = sql.lstrip()[:8].upper()
         try:
-            cursor = self.db.execute(sql, params)
-        except sqlite3.OperationalError as e:
+            cursor = Rows(self.db.execute(sql, params))
+        except sqlite3.DatabaseError as e:  # OperationalError, or DatabaseError for a damaged file
             code = getattr(e, "sqlite_errorcode", None)  # Python 3.11+; older ones by the message
-            why = _CANNOT_WRITE.get(code & 0xFF) if code is not None else next(
-                (w for key, w in _CANNOT_WRITE_WORDS if key in str(e)), None)
-            if why is None:
+            if code is None:
+                code = next((c for key, c in _CANNOT_WRITE_WORDS if key in str(e)), 0)
+            if code & 0xFF not in _CANNOT_WRITE:
                 raise
-            self._to_memory(f"{why} ({e})")
-            cursor = self.db.execute(sql, params)
+            why, remedy = _CANNOT_WRITE[code & 0xFF]
+            self._to_memory(f"{why} ({e})", remedy)
+            cursor = Rows(self.db.execute(sql, params))
         if word.startswith("BEGIN"):
             self._open = [(sql, tuple(params))]
         elif word.startswith(("COMMIT", "ROLLBACK")):
@@ -90,13 +120,16 @@ class SavingConnection:
     def close(self) -> None:
         self.db.close()
 
-    def _to_memory(self, why: str) -> None:
+    def _to_memory(self, why: str, remedy: str) -> None:
         old = self.db
         mem = connect_memory()
         try:
             if old.in_transaction:
                 old.rollback()  # what it had done is done again below, in memory
             old.backup(mem)
+            # A backup copies pages as they are: a damaged one would fail again, in memory.
+            if [r[0] for r in mem.execute("PRAGMA quick_check")] != ["ok"]:  # (or raise itself)
+                raise sqlite3.DatabaseError("the copy is damaged too")
             mem.execute("PRAGMA foreign_keys=ON")  # as the file had it
         except sqlite3.Error:  # the file cannot even be read now: go on with an empty store
             mem.close()
@@ -108,7 +141,7 @@ class SavingConnection:
         self.db = mem
         for sql, params in self._open or ():
             mem.execute(sql, params)
-        self._stopped(why)
+        self._stopped(why, remedy)
 
 
 class Transaction:

@@ -190,3 +190,35 @@ def test_a_wal_that_holds_only_part_of_a_lost_database_is_kept_and_an_empty_stor
     assert store.notice and "new, empty one" in store.notice
     assert store.open_workspace(resume=True) == []
     assert store.moved_to is not None and store.moved_to.with_name(store.moved_to.name + "-wal").read_bytes() == wal
+
+
+def test_a_file_damaged_under_the_running_app_goes_on_in_memory_says_so_and_is_kept(tmp_path):
+    # "database disk image is malformed" (a DatabaseError, not OperationalError) raised from the
+    # next read or write into the app, which quit and lost the conversation it held.
+    path = tmp_path / "m.db"
+    store = Store(path)
+    told: list[str] = []
+    store.on_notice = told.append
+    store.open_workspace(resume=False)
+    store.add_pane(PaneRecord("p1", "A1"))
+    store._db.execute("PRAGMA cache_size = 10")  # read from the file, not from pages cached before
+    for i in range(200):
+        store.add_message("p1", MessageRecord("user", f"m {i} " + "x" * 1000))
+    store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    with open(path, "r+b") as f:  # another program, or the disk, garbles a page of messages under it
+        f.seek(4096 * 29)
+        f.write(bytes(range(256)) * 16)
+    damaged = path.read_bytes()
+    store.messages("p1")  # read: no exception
+    reply = MessageRecord("assistant", "still here", complete=False)
+    store.add_message("p1", reply)
+    reply.content += ", and more"
+    store.save_messages([reply])
+    store.conversations()
+    assert len(told) == 1 and "damaged" in told[0] and "kept aside" in told[0]
+    assert store.read_only and "damaged" in store.read_only
+    assert [m.content for m in store.messages("p1")][-1] == "still here, and more"
+    store.close()
+    assert path.read_bytes() == damaged  # not written, not removed
+    again = Store(path)  # the next start keeps it aside
+    assert again.moved_to is not None and again.moved_to.read_bytes() == damaged
