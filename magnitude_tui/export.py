@@ -93,5 +93,9 @@ def export_pane(pane: ChatPane, directory: Path) -> Path:
         path = directory / f"{stem}-{k}.md"
     # A lone surrogate (a remote server's "\ud800" escape in a reply) raised UnicodeEncodeError,
     # which is no OSError: the app quit instead of exporting.
-    path.write_text(encodable_text(pane_markdown(pane)), encoding="utf-8")
+    try:
+        path.write_text(encodable_text(pane_markdown(pane)), encoding="utf-8")
+    except OSError:  # a full disk: a cut-off export must not be left looking like a whole one
+        path.unlink(missing_ok=True)  # the name was free: the file is this call's own
+        raise
     return path.resolve()

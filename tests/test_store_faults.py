@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -222,3 +224,29 @@ def test_a_file_damaged_under_the_running_app_goes_on_in_memory_says_so_and_is_k
     assert path.read_bytes() == damaged  # not written, not removed
     again = Store(path)  # the next start keeps it aside
     assert again.moved_to is not None and again.moved_to.read_bytes() == damaged
+
+
+def test_an_export_the_disk_cannot_take_leaves_no_cut_off_file(tmp_path):
+    # The app said "Could not export" and left a file cut off mid-conversation in the folder,
+    # named like a whole export. RLIMIT_FSIZE makes writes past 4 KB fail as a full disk does.
+    script = f"""
+import resource, signal, sys
+from types import SimpleNamespace
+from pathlib import Path
+from magnitude_tui.export import export_pane
+from magnitude_tui.store import MessageRecord
+from magnitude_tui.agents import AgentSettings
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+record = SimpleNamespace(name="A1", settings=AgentSettings(), messages=[MessageRecord("user", "x" * 100_000)])
+pane = SimpleNamespace(title="A1", record=record, queued=[], is_streaming=lambda m: False,
+                       is_dropped=lambda m: False)
+try:
+    export_pane(pane, Path({str(tmp_path / "exports")!r}))
+except OSError as e:
+    print("refused", e.errno)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.startswith("refused"), out.stderr
+    assert list((tmp_path / "exports").iterdir()) == []
