@@ -6,8 +6,8 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
-from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import OTHERS_NOTE, BenchResult, backend_info, measured, prompt_tokens
+from backend.factory import BackendConfig
+from magnitude_bench.common import OTHERS_NOTE, BenchResult, backend_info, loaded, measured, prompt_tokens
 from magnitude_bench.harness import Drive, recorded
 from scheduler.budget import MIN_PREFILL_QUANTUM
 from scheduler.stats import median, percentile, rnd
@@ -183,16 +183,14 @@ def judge(rows: list[dict], base_tok_s: float) -> None:
         r["meets"] = "both" if ok_keep and ok_ttft else "keep" if ok_keep else "ttft" if ok_ttft else "-"
 
 
-def run_admit(spec: BackendConfig, cfg: AdmitConfig, *, backend=None,
+def run_admit(spec: BackendConfig, cfg: AdmitConfig, *,
               progress: Callable[[str], None] = lambda s: None) -> tuple[dict, dict]:
     """Every policy on one backend. Returns (summary for the result, raw series for the plot)."""
-    own = backend is None
-    if own and not spec.simulated and spec.n_ctx is None:
+    if not spec.simulated and spec.n_ctx is None:
         # Room for a ~5,000-token newcomer beside 8 sequences that outlast its slowest admission
         # (positions per sequence stay within the model's trained 8k context; the cells are shared).
         spec = replace(spec, n_ctx=REAL_N_CTX)
-    backend = backend or build_backend(spec)
-    try:
+    with loaded(spec) as backend:
         newcomer = auto_newcomer(cfg, backend, spec.simulated)
         tail = tail_tokens(newcomer, cfg)
 
@@ -229,9 +227,6 @@ def run_admit(spec: BackendConfig, cfg: AdmitConfig, *, backend=None,
         if spec.simulated:
             summary["profile"] = asdict(backend.profile)
         return summary, series
-    finally:
-        if own:
-            backend.close()
 
 
 @recorded

@@ -5,12 +5,13 @@ from __future__ import annotations
 import resource
 from dataclasses import asdict, dataclass
 
-from backend.factory import BackendConfig, build_backend
+from backend.factory import BackendConfig
 from magnitude_bench import peers
 from magnitude_bench.common import (
     BenchResult,
     backend_info,
     cpu_clock_for,
+    loaded,
     measured,
     not_quiet_note,
     prompt_tokens,
@@ -96,8 +97,7 @@ def run_bursts(spec: BackendConfig, cfg: BurstConfig, progress=lambda s: None) -
     flashes = cfg.flash if not spec.simulated else ("profile",)
     for flash in flashes:
         fspec = sized(spec, cells=need, seqs=cfg.n + 1, flash_attn=flash if flash != "profile" else "auto")
-        backend = build_backend(fspec)
-        try:
+        with loaded(fspec) as backend:
             params = calibrated(backend, cpu_clock_for(backend, cfg.cpu_clock))
             info[flash] = backend_info(backend, params)
             for policy in cfg.policies:
@@ -109,8 +109,6 @@ def run_bursts(spec: BackendConfig, cfg: BurstConfig, progress=lambda s: None) -
                 progress(f"flash {flash} {policy:>14}: TTFT p50 {rows[-1]['ttft_p50_s']} s, max "
                          f"{rows[-1]['ttft_max_s']} s, decode step {rows[-1]['decode_step_ms']} ms, total "
                          f"{rows[-1]['total_s']} s")
-        finally:
-            backend.close()
     _ratios(rows)
     res.tables["per policy and attention path"] = rows
     if not spec.simulated:

@@ -7,15 +7,16 @@ import os
 import platform
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from rich.console import Console
 from rich.table import Table
 
 from backend.cpu_load import CpuLoad
-from backend.factory import BackendConfig
+from backend.factory import BackendConfig, build_backend
 
 # A plain passage the real tokenizer turns into ordinary text tokens; prompts are cut from it at
 # different offsets so that no two sequences share a prefix (nothing is reusable by accident).
@@ -44,6 +45,16 @@ class CpuClock:
 
 
 CPU_CLOCK = CpuClock()
+
+
+@contextmanager
+def loaded(spec: BackendConfig) -> Iterator[Any]:
+    """The backend `spec` names, for as long as the block runs (closed after it, whatever happens)."""
+    backend = build_backend(spec)
+    try:
+        yield backend
+    finally:
+        backend.close()
 
 
 def cpu_clock_for(backend, asked: bool) -> CpuClock | None:

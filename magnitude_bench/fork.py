@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import OTHERS_NOTE, BenchResult, backend_info, prompt_tokens, sized
+from backend.factory import BackendConfig
+from magnitude_bench.common import OTHERS_NOTE, BenchResult, backend_info, loaded, prompt_tokens, sized
 from magnitude_bench.harness import Drive, recorded, sweep
 from scheduler.stats import median, rnd
 from scheduler.types import Request, SamplingParams
@@ -34,24 +34,21 @@ def _run(drive: Drive, reqs: list[Request]) -> dict:
 def run_fork(spec: BackendConfig, cfg: ForkConfig, progress=lambda s: None) -> BenchResult:
     need = (cfg.n + 1) * (cfg.parent_tokens + cfg.task_tokens + cfg.gen) + 512
     spec = sized(spec, cells=need, seqs=cfg.n + 1)
-    backend = build_backend(spec)
-    parent = prompt_tokens(backend, cfg.parent_tokens, salt=5)
-    # Cold: contexts of the same length that share nothing, or the engine would evaluate the first
-    # one and copy it to the others (a request waits for a prefix another is evaluating).
-    colds = [prompt_tokens(backend, cfg.parent_tokens, salt=1000 + 17 * i) for i in range(cfg.n)]
-    tasks = [prompt_tokens(backend, cfg.task_tokens, salt=200 + 13 * i) for i in range(cfg.n)]
+    with loaded(spec) as backend:
+        parent = prompt_tokens(backend, cfg.parent_tokens, salt=5)
+        # Cold: contexts of the same length that share nothing, or the engine would evaluate the first
+        # one and copy it to the others (a request waits for a prefix another is evaluating).
+        colds = [prompt_tokens(backend, cfg.parent_tokens, salt=1000 + 17 * i) for i in range(cfg.n)]
+        tasks = [prompt_tokens(backend, cfg.task_tokens, salt=200 + 13 * i) for i in range(cfg.n)]
 
-    def one(mode: str, rep: int) -> dict:
-        r = _one(backend, cfg, mode, parent, tasks, colds)
-        progress(f"rep {rep + 1} {mode}: TTFT p50 {median(r['ttft']):.3f} s, max {max(r['ttft']):.3f} s, "
-                 f"{r['prefill_rows']} prompt rows")
-        return r
+        def one(mode: str, rep: int) -> dict:
+            r = _one(backend, cfg, mode, parent, tasks, colds)
+            progress(f"rep {rep + 1} {mode}: TTFT p50 {median(r['ttft']):.3f} s, max {max(r['ttft']):.3f} s, "
+                     f"{r['prefill_rows']} prompt rows")
+            return r
 
-    try:
         runs = sweep(("forked", "cold"), cfg.reps, one, quiet=not spec.simulated, progress=progress)
         info = backend_info(backend)
-    finally:
-        backend.close()
     return _result(spec, cfg, runs, info)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import BenchResult, backend_info, prompt_tokens, sized
+from backend.factory import BackendConfig
+from magnitude_bench.common import BenchResult, backend_info, loaded, prompt_tokens, sized
 from magnitude_bench.harness import Drive, recorded
 from scheduler.stats import rnd
 from scheduler.types import Priority, Request, SamplingParams
@@ -30,16 +30,13 @@ MODES = ("alone", "agents yield", "agents never yield")
 def run_person(spec: BackendConfig, cfg: PersonConfig, progress=lambda s: None) -> BenchResult:
     need = cfg.agents * (cfg.agent_prompt + 4096) + cfg.prompt + cfg.gen + 1024
     spec = sized(spec, cells=need, seqs=cfg.agents + 1, floor=16384)
-    backend = build_backend(spec)
-    try:
+    with loaded(spec) as backend:
         runs = {}
         for mode in MODES:
             runs[mode] = _one(backend, cfg, mode)
             progress(f"{mode}: TTFT {runs[mode]['ttft_s']:.3f} s, agents' longest gap "
                      f"{runs[mode]['agent_max_gap_s'] or 0:.3f} s")
         info = backend_info(backend)
-    finally:
-        backend.close()
     return _result(spec, cfg, runs, info)
 
 

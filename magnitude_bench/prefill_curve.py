@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from backend.factory import BackendConfig, build_backend, reset_kv
-from magnitude_bench.common import OTHERS_NOTE, BenchResult, backend_info, measured, prompt_tokens
+from backend.factory import BackendConfig, reset_kv
+from magnitude_bench.common import OTHERS_NOTE, BenchResult, backend_info, loaded, measured, prompt_tokens
 from magnitude_bench.harness import calibrated, recorded
 from scheduler.stats import median, rnd
 from scheduler.types import BatchPlan, DecodeOutcome, SeqSlice
@@ -80,10 +80,8 @@ class _Bench:
         return ms
 
 
-def run_curve(spec: BackendConfig, cfg: CurveConfig, *, backend=None, progress=lambda s: None) -> dict:
-    own = backend is None
-    backend = backend or build_backend(spec)
-    try:
+def run_curve(spec: BackendConfig, cfg: CurveConfig, *, progress=lambda s: None) -> dict:
+    with loaded(spec) as backend:
         bench = _Bench(backend, cfg)
         bench.timed(min(4, len(bench.decoders)), 64)  # warm-up, not recorded
         points: list[tuple[int, int, float]] = []  # (decode rows, prompt rows, ms)
@@ -128,9 +126,6 @@ def run_curve(spec: BackendConfig, cfg: CurveConfig, *, backend=None, progress=l
                 "others_cores_max": rnd(max(bench.busy.values(), default=0.0), 2),
                 "repetitions": bench.repetitions,
                 "label": f"{backend.name}: prefill and decode cost"}
-    finally:
-        if own:
-            backend.close()
 
 
 def _occupancy(bench: _Bench, n_dec: int, progress) -> list[dict]:

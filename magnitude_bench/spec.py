@@ -11,7 +11,7 @@ from itertools import permutations
 from typing import Callable
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import CPU_CLOCK, BenchResult, FixedLength, backend_info, prompt_tokens
+from magnitude_bench.common import CPU_CLOCK, BenchResult, FixedLength, backend_info, loaded, prompt_tokens
 from magnitude_bench.harness import Drive, recorded
 from magnitude_bench.harness import Trace as Run
 from magnitude_bench.spec_report import CONTROL, identity_note, merge_reps, run_notes, targets
@@ -276,10 +276,9 @@ def _replay(cfg: SpecBenchConfig, traces: dict, lengths: dict, replies: dict, pr
     real model's `off` reply to the same prompt ended (at EOS or max_tokens): a batch drains as it
     did there."""
     width = max(cfg.widths)
-    backend = build_backend(BackendConfig(kind=f"simulated:{cfg.sim_profile}", n_seq_max=max(16, width)))
-    bench = _Bench(backend, backend, backend.clock, replace(cfg, control=False))  # its clock repeats exactly
-    rows: list[dict] = []
-    try:
+    with loaded(BackendConfig(kind=f"simulated:{cfg.sim_profile}", n_seq_max=max(16, width))) as backend:
+        bench = _Bench(backend, backend, backend.clock, replace(cfg, control=False))  # its clock repeats exactly
+        rows: list[dict] = []
         for name in cfg.tasks:
             t = traces[name]
             lookup = t.get("ngram", Trace([]))
@@ -291,8 +290,6 @@ def _replay(cfg: SpecBenchConfig, traces: dict, lengths: dict, replies: dict, pr
             prompts = [prompt_tokens(backend, n, salt=31 * i) for i, n in enumerate(lengths[name])]
             rows += _task(bench, Task(name), prompts, sources, lambda s: progress("simulated " + s),
                           caps=replies.get(name))
-    finally:
-        backend.close()
     return rows
 
 

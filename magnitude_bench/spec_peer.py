@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from backend.factory import BackendConfig, build_backend
+from backend.factory import BackendConfig
+from magnitude_bench.common import loaded
 from magnitude_bench.peers import PeerError, Server, model_path, tools_dir
 from magnitude_bench.spec_tasks import Task, task_messages
 from scheduler.stats import median, rnd
@@ -55,12 +56,9 @@ def run_peer(spec: BackendConfig, cfg, lengths: dict, progress) -> list[dict]:
     bindir, _ = found
     have = supported_spec_types(bindir)
     model = model_path(spec.model)
-    vocab = build_backend(BackendConfig("llama", model=model, device="cpu", n_ctx=256, n_seq_max=1, flash_attn="off"))
-    try:
+    with loaded(BackendConfig("llama", model=model, device="cpu", n_ctx=256, n_seq_max=1, flash_attn="off")) as vocab:
         prompts = {t: [vocab.tokenize_chat(task_messages(Task(t), i)) for i in range(max(cfg.widths))]
                    for t in cfg.tasks}
-    finally:
-        vocab.close()
     width = max(cfg.widths)
     rows: list[dict[str, Any]] = []
     for kind in SPEC_TYPES:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from backend.factory import BackendConfig, build_backend
+from backend.factory import BackendConfig
 from magnitude_bench.common import (
     BenchResult,
     backend_info,
     cpu_clock_for,
+    loaded,
     not_quiet_note,
     prompt_tokens,
     sized,
@@ -126,8 +127,7 @@ def run_target_depth(spec: BackendConfig, cfg: TargetDepthConfig, progress=lambd
                       config={"target_depth": asdict(cfg), "backend": asdict(spec)})
     need_cells = max(cfg.depths) + cfg.newcomer * 2 + cfg.n_running * (2 * cfg.newcomer // MIN_PREFILL_QUANTUM + 64)
     spec = sized(spec, cells=need_cells, seqs=cfg.n_running + 2)
-    backend = build_backend(spec)
-    try:
+    with loaded(spec) as backend:
         params = calibrated(backend, cpu_clock_for(backend, cfg.cpu_clock))
         rows, traces = [], {}
         for depth in cfg.depths:
@@ -138,8 +138,6 @@ def run_target_depth(spec: BackendConfig, cfg: TargetDepthConfig, progress=lambd
                      f"p99 {rows[-1]['step_p99_ms']} ms ({rows[-1]['p99_x_target']}x)")
         res.tables["step time against the target, per depth"] = rows
         res.data = {"backend": backend_info(backend, params), "steps": traces}
-    finally:
-        backend.close()
     res.notes += [
         f"need_ms: measured, the step holding the {cfg.n_running} decode rows and one {MIN_PREFILL_QUANTUM}-row "
         "quantum at the last position of a newcomer-sized probe prompt (run one quantum a step before the "

@@ -17,6 +17,7 @@ from magnitude_bench.common import (
     OTHERS_NOTE,
     BenchResult,
     backend_info,
+    loaded,
     measured,
     prompt_tokens,
 )
@@ -116,12 +117,9 @@ def engine_rep(backend, prompts: dict, cfg: ThroughputConfig, params, rep: int, 
 
 def engine_rep_fresh(spec: BackendConfig, prompts: dict, cfg: ThroughputConfig, params, rep: int):
     """`engine_rep` in this (fresh) process, on its own load of the model."""
-    backend = build_backend(spec)
-    try:
+    with loaded(spec) as backend:
         engine_run(backend, prompts[cfg.seqs[0]], 4, cfg.policies[0], cfg.cpu_clock, params=params)  # warm-up
         return engine_rep(backend, prompts, cfg, params, rep)
-    finally:
-        backend.close()
 
 
 @recorded
