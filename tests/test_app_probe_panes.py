@@ -109,3 +109,37 @@ async def test_closing_a_subagents_pane_stops_that_subagent_alone(tmp_path):
         # Nothing was sent for the closed pane's session after it closed.
         assert not [r for r in client.submitted if r.session_id == one.session_id
                     and r is not client.submitted[0] and len(tool_results(r)) > 0]
+
+
+async def test_f8_unfolds_and_folds_the_focused_panes_tool_blocks_from_the_keyboard(tmp_path):
+    # A tool block unfolded only on a click (or enter once focused), and nothing gave it the
+    # focus from the keyboard: tab and shift+tab move between panes, and the composer holds the
+    # focus. A keyboard-only user could not see a call's arguments or result. f8 (and the
+    # palette's "Tool details") now unfolds every tool block of the focused pane, and again folds
+    # them (f7 is the composer's select-all).
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "r.txt").write_text("inside the file\n")
+
+    def script(request):
+        if len(tool_results(request)) < 2:
+            return [("read_file", {"path": "r.txt"})]
+        return "read twice"
+
+    client = ToolClient(script)
+    async with agent_app(tmp_path, client) as (app, pilot):
+        pane = app.workspace.grid.panes[0]
+        await type_message(pilot, "/agent read it")
+        await drive(pilot, client, lambda: pane.last_answer() == "read twice", "the answer")
+        await settle(pilot)
+        blocks = list(pane.query(ToolBlock))
+        assert len(blocks) == 2 and not any(b.unfolded for b in blocks)
+        await pilot.press("f8")
+        await pilot.pause()
+        assert all(b.unfolded for b in blocks)
+        assert "inside the file" in drawn(blocks[0])
+        assert app.focused is pane.query_one("Composer")  # typing goes on where it was
+        await pilot.press("f8")
+        await pilot.pause()
+        assert not any(b.unfolded for b in blocks)
+        titles = {c.title for c in app.get_system_commands(app.workspace)}
+        assert "Tool details" in titles

@@ -27,6 +27,8 @@ def palette_commands(screen: "WorkspaceScreen") -> Iterable[SystemCommand]:
     yield SystemCommand("Cancel generation", "Stop the focused pane's reply (esc)", screen.action_cancel)
     yield SystemCommand("Agent task", "Type /agent [ROLE] task in a pane: it runs as an agent with tools",
                         screen.action_agent_hint)
+    yield SystemCommand("Tool details", "Unfold (or fold) the focused pane's tool calls: arguments and results (f8)",
+                        screen.action_tool_details)
     yield SystemCommand("Spawn subagents", "Fork subagents from the focused pane (ctrl+s)",
                         screen.action_spawn)
     yield SystemCommand(f"Burst spawn {BURST_DEFAULT}", "Spawn subagents all at once (ctrl+b)",

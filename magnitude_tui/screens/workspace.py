@@ -65,6 +65,8 @@ class WorkspaceScreen(DialogActions):
         Binding("f3", "toggle_scheduler", "Scheduler panel", group=_PANELS),
         Binding("ctrl+t", "app.change_theme", "Theme", show=False),
         Binding("ctrl+y", "copy_answer", "Copy", show=False),
+        # Tool blocks unfold on a click; the keyboard cannot focus one (tab moves between panes).
+        Binding("f8", "tool_details", "Tool details", show=False),
         Binding("ctrl+g", "retry", "Retry", show=False),
         Binding("alt+left", "page_answer(-1)", "Earlier answer", show=False),
         Binding("alt+right", "page_answer(1)", "Later answer", show=False),
@@ -340,6 +342,12 @@ class WorkspaceScreen(DialogActions):
 
     def action_zoom(self) -> None:
         self.grid.toggle_zoom()
+
+    def action_tool_details(self) -> None:
+        """f8: unfold every tool block of the focused pane (arguments and result), or fold them."""
+        pane = self.grid.focused_pane()
+        if pane is not None and not pane.toggle_tool_details():
+            self.notify(f"{pane.record.name} shows no tool calls", severity="warning")
 
     def action_cancel(self) -> None:
         pane = self.grid.focused_pane()

@@ -23,7 +23,7 @@ from magnitude_tui.widgets.message_view import MessageView
 from magnitude_tui.widgets.paint_queue import PaintQueue
 from magnitude_tui.widgets.pane_labels import gauge, pane_title, queue_note, speaker
 from magnitude_tui.widgets.status_line import StatusLine
-from magnitude_tui.widgets.tool_block import ToolActivity
+from magnitude_tui.widgets.tool_block import ToolActivity, ToolBlock
 from magnitude_tui.widgets.tool_turn_view import ToolTurnView
 from magnitude_tui.widgets.transcript import Transcript
 from scheduler.types import DoneReason, ErrorKind, Message, Phase, ToolCall
@@ -175,6 +175,15 @@ class ChatPane(Vertical):
 
     def last_answer(self) -> str | None:
         return self.chat.last_answer()
+
+    def toggle_tool_details(self) -> int:
+        """Unfold every tool block shown (f8), or fold them all when all are unfolded; how many."""
+        blocks = list(self.query(ToolBlock))
+        unfold = not all(b.unfolded for b in blocks)
+        for block in blocks:
+            if block.unfolded != unfold:
+                block.action_unfold()
+        return len(blocks)
 
     def is_streaming(self, message: MessageRecord) -> bool:
         return self._reply is not None and message is self._reply.message
