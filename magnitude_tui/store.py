@@ -276,7 +276,7 @@ class Store:
 
     def conversations(self, search: str = "") -> list[ConversationRow]:
         """Every conversation, newest activity first; `search` matches names and message text."""
-        like = f"%{search.strip()}%"
+        like = _like(search.strip())
         rows = self._db.execute(
             "SELECT p.id, p.name, p.role, p.workspace_id, p.closed, "
             # What the pane shows as messages: not tool results (blocks) or turns that only called tools.
@@ -285,8 +285,8 @@ class Store:
             "(SELECT content FROM messages m WHERE m.pane_id = p.id AND m.role = 'user' "
             " AND m.inherited = 0 ORDER BY id LIMIT 1), "
             "COALESCE((SELECT MAX(created) FROM messages m WHERE m.pane_id = p.id), p.created) AS updated "
-            "FROM panes p WHERE (? = '%%' OR p.name LIKE ? OR EXISTS (SELECT 1 FROM messages m "
-            " WHERE m.pane_id = p.id AND m.content LIKE ?)) ORDER BY updated DESC",
+            "FROM panes p WHERE (? = '%%' OR p.name LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m "
+            " WHERE m.pane_id = p.id AND m.content LIKE ? ESCAPE '\\')) ORDER BY updated DESC",
             (like, like, like),
         ).fetchall()
         needle = search.strip()
@@ -296,8 +296,8 @@ class Store:
                                 f"{r[1]} {r[6] or ''}".lower() else "") for r in rows]
 
     def _match(self, pane_id: str, needle: str) -> str:
-        row = self._db.execute("SELECT content FROM messages WHERE pane_id = ? AND content LIKE ? "
-                               "ORDER BY id LIMIT 1", (pane_id, f"%{needle}%")).fetchone()
+        row = self._db.execute("SELECT content FROM messages WHERE pane_id = ? AND content LIKE ? ESCAPE '\\' "
+                               "ORDER BY id LIMIT 1", (pane_id, _like(needle))).fetchone()
         return snippet(row[0], needle) if row else ""
 
     def set_queued(self, pane_id: str, texts: list[str]) -> None:
@@ -403,6 +403,12 @@ class Store:
 
     def _transaction(self) -> Transaction:
         return Transaction(self._db)
+
+
+def _like(needle: str) -> str:
+    """A LIKE pattern (ESCAPE '\\') for text holding `needle` as typed: `%` and `_` are LIKE's
+    wildcards, and a search for "%" or "_" matched every conversation, "file_name" "file name"."""
+    return "%" + needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 def _fresh_store(db: sqlite3.Connection) -> None:

@@ -250,3 +250,16 @@ except OSError as e:
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.startswith("refused"), out.stderr
     assert list((tmp_path / "exports").iterdir()) == []
+
+
+def test_a_search_for_like_wildcards_finds_them_as_typed(tmp_path):
+    # "%" and "_" are LIKE's wildcards: a search for "_" listed every conversation.
+    store = Store(tmp_path / "m.db")
+    store.open_workspace(resume=False)
+    store.add_pane(PaneRecord("p1", "A1", messages=[MessageRecord("user", "a plain file name")]))
+    store.add_pane(PaneRecord("p2", "A2", messages=[MessageRecord("user", "hello"),
+                                                     MessageRecord("user", "file_name, 100% and C:\\dir")]))
+    for needle in ("_", "%", "file_name", "100%", "C:\\dir"):
+        assert [r.name for r in store.conversations(needle)] == ["A2"], needle
+    assert store.conversations("100%")[0].match == "file_name, 100% and C:\\dir"
+    assert {r.name for r in store.conversations("")} == {"A1", "A2"}
