@@ -7,8 +7,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 
-from backend.factory import BackendConfig, build_backend, reset_kv
-from magnitude_bench.common import PASSAGE, BenchResult, backend_info
+from backend.factory import BackendConfig, reset_kv
+from magnitude_bench.common import PASSAGE, BenchResult, backend_info, loaded
 from magnitude_bench.harness import Drive, recorded, sweep
 from magnitude_tui.engine.events import RestoreOutcome
 from magnitude_tui.engine.warm_store import WarmStore
@@ -54,8 +54,7 @@ def _engine(backend, cfg: ResumeConfig, store: WarmStore | None) -> Drive:
 @recorded
 def run_resume(spec: BackendConfig, cfg: ResumeConfig, progress=lambda s: None) -> BenchResult:
     spec = replace(spec, n_ctx=spec.n_ctx or max(4096, cfg.history_tokens * 2))
-    backend = build_backend(spec)
-    with tempfile.TemporaryDirectory(prefix="magnitude-resume-") as kv_dir:
+    with tempfile.TemporaryDirectory(prefix="magnitude-resume-") as kv_dir, loaded(spec) as backend:
         store = WarmStore(kv_dir, layout=backend.state_layout, budget_bytes=1 << 34)
         try:
             history = conversation(backend, cfg.history_tokens)
@@ -84,7 +83,6 @@ def run_resume(spec: BackendConfig, cfg: ResumeConfig, progress=lambda s: None) 
             info = backend_info(backend)
         finally:
             reset_kv(backend)
-            backend.close()
     res = _result(spec, cfg, runs, save, info)
     res.repetitions = records
     return res
