@@ -101,10 +101,8 @@ def agents_bench(
     which = {"on": (True,), "off": (False,), "on,off": (True, False), "off,on": (False, True)}.get(bursts.replace(" ", ""))
     if which is None:
         raise typer.BadParameter("use on, off or on,off", param_hint="--bursts")
-    try:
+    with options.naming("--sides"):
         cfg = AgentsConfig(trace=str(trace) if trace else None, bursts=which, agents=agents, turns=turns,
                            k_max=k_max, think_scale=think_scale, sides=options.names(sides), reps=reps,
                            threads=threads, n_ctx=ctx, parallel=parallel, backend=backend, model=model)
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--sides") from None
     finish(run_agents(cfg, progress=progress), out, plot_agents)

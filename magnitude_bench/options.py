@@ -6,8 +6,9 @@ where it is built."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import typer
 
@@ -34,14 +35,21 @@ def choices(text: str, allowed, what: str, hint: str, say: str = "choose from") 
     return chosen
 
 
+@contextmanager
+def naming(hint: str, errors: type[Exception] = ValueError) -> Iterator[None]:
+    """A ValueError (or `errors`) raised inside stops the command with BadParameter naming the option `hint`."""
+    try:
+        yield
+    except errors as exc:
+        raise typer.BadParameter(str(exc), param_hint=hint) from None
+
+
 def any_backend(**kw):
     """A `BackendConfig` of any kind the app takes (fake included), or BadParameter naming --backend."""
     from backend.factory import BackendConfig
 
-    try:
+    with naming("--backend"):
         return BackendConfig(**kw)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--backend") from None
 
 
 def backend_spec(kind: str, model: Optional[str], device: str, threads: Optional[int], ctx: Optional[int]):
@@ -82,19 +90,15 @@ def throughput_config(*, seqs: str, prompt: int, gen: int, reps: int, policy: Se
     from scheduler.types import Priority
 
     chosen = choices(peers, PEERS, "peer", "--peers")
-    try:
+    with naming("--spec"):
         spec_mode = parse_spec_mode(spec)
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--spec") from None
     if spec_mode is SpecMode.DRAFT:
         raise typer.BadParameter("draft needs a draft model, which bench throughput does not load: use off, ngram "
                                  "or auto (bench spec measures draft)", param_hint="--spec")
     for p in policy:
         text, _, variant = p.partition("+")
-        try:
+        with naming("--policy"):
             parse_policy(text)
-        except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="--policy") from None
         if variant not in ("", APP_DEFAULTS):
             raise typer.BadParameter(f"{p!r}: a policy may end in +{APP_DEFAULTS} (the app's defaults: --spec "
                                      "auto, the thread governor on), nothing else", param_hint="--policy")
@@ -113,10 +117,8 @@ def spec_config(*, seqs: str, tasks: str, modes: str, max_tokens: Optional[int],
     from scheduler.speculation import parse_spec_mode
 
     chosen_tasks = choices(tasks, [t.value for t in Task], "task", "--tasks", say="use")
-    try:
+    with naming("--modes"):
         chosen_modes = tuple(parse_spec_mode(m).value for m in modes.split(",") if m.strip())
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--modes") from None
     if max_tokens is not None and max_tokens < 1:
         raise typer.BadParameter(f"expected at least 1, got {max_tokens}", param_hint="--max-tokens")
     if not chosen_modes or chosen_modes[0] != "off":

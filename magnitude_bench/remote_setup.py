@@ -10,6 +10,8 @@ from typing import Iterator, Optional
 
 import typer
 
+from magnitude_bench.options import naming
+
 
 def _n_ctx(widths: tuple[int, ...], gen: int) -> int:
     return max(8192, max(widths) * (gen + 128))
@@ -45,11 +47,8 @@ def _vendored_llama_server(slots: int, model: Optional[str], device: str, thread
                                  param_hint="--llama-server")
     server = Server.on_cpu(found[0], model=model_path(model), parallel=slots,
                            threads=threads or usable_cpus(), n_ctx=_n_ctx(widths, gen))
-    try:
-        with server:
-            yield server.process
-    except PeerError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--llama-server") from None
+    with naming("--llama-server", PeerError), server:
+        yield server.process
 
 
 def _engines(url: list[str], widths: tuple[int, ...], gen: int, remote_model: Optional[str], local: bool,
@@ -59,10 +58,8 @@ def _engines(url: list[str], widths: tuple[int, ...], gen: int, remote_model: Op
     from magnitude_tui.remote.config import RemoteConfig
 
     engines: dict[str, EngineClient]
-    try:
+    with naming("--url"):
         engines = {"remote": RemoteClient(RemoteConfig(tuple(url), model=remote_model, max_in_flight=max(widths)))}
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--url") from None
     if local:
         from backend.factory import BackendConfig
         from magnitude_tui.engine.client import WorkerClient
