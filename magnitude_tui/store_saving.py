@@ -13,6 +13,8 @@ from typing import Callable, Iterator
 # under the running app, which raised DatabaseError into it, and it quit.
 _RESTART = "and restart to save again"
 _CANNOT_WRITE = {
+    5: ("another program holds the database locked",  # e.g. a DB browser with unsaved edits, for 5 s
+        f"close that program {_RESTART}"),
     8: ("the database became read-only", f"make it and its directory writable {_RESTART}"),
     10: ("a disk I/O error", f"check the disk {_RESTART}"),
     11: ("the database file is damaged", "restart to save again (the damaged file is then kept aside)"),
@@ -21,7 +23,7 @@ _CANNOT_WRITE = {
     26: ("the database file was replaced by one that is not a database",
          "restart to save again (that file is then kept aside)"),
 }
-_CANNOT_WRITE_WORDS = (("readonly database", 8), ("disk I/O error", 10), ("malformed", 11),
+_CANNOT_WRITE_WORDS = (("database is locked", 5), ("readonly database", 8), ("disk I/O error", 10), ("malformed", 11),
                        ("disk is full", 13), ("unable to open database", 14), ("not a database", 26))
 
 

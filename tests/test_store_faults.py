@@ -263,3 +263,24 @@ def test_a_search_for_like_wildcards_finds_them_as_typed(tmp_path):
         assert [r.name for r in store.conversations(needle)] == ["A2"], needle
     assert store.conversations("100%")[0].match == "file_name, 100% and C:\\dir"
     assert {r.name for r in store.conversations("")} == {"A1", "A2"}
+
+
+def test_another_program_holding_the_database_locked_does_not_stop_the_app(tmp_path):
+    # A DB browser with unsaved edits holds a write transaction: the app's next save waited the
+    # busy timeout, then "database is locked" raised into the app, which quit.
+    path = tmp_path / "m.db"
+    store = Store(path)
+    told: list[str] = []
+    store.on_notice = told.append
+    store.open_workspace(resume=False)
+    store.add_pane(PaneRecord("p1", "A1", messages=[MessageRecord("user", "hi")]))
+    store._db.execute("PRAGMA busy_timeout = 50")  # the app waits 5 s; the test need not
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    store.add_message("p1", MessageRecord("assistant", "hello"))
+    assert len(told) == 1 and "another program" in told[0] and "close that program" in told[0]
+    assert [m.content for m in store.messages("p1")] == ["hi", "hello"]
+    other.execute("ROLLBACK")
+    other.close()
+    store.close()
+    assert [m.content for m in Store(path).messages("p1")] == ["hi"]  # what was saved before it
