@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import AsyncGenerator, AsyncIterator
 
@@ -56,6 +57,16 @@ class Chunk:
 
 
 DONE = object()  # the `data: [DONE]` sentinel
+
+# json.loads joins an escaped surrogate pair into its character, so what is left of this range is
+# a lone half (`\ud800` with no partner: a server that cut a character between two events).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(value: str) -> str:
+    """`value` with each lone surrogate as U+FFFD. Such a str cannot be encoded: kept in the pane's
+    history, it failed every later request that sent the history back (and the pane's save)."""
+    return _SURROGATE.sub("\ufffd", value)
 
 
 async def events(lines: AsyncIterator[str]) -> AsyncGenerator[Chunk | object, None]:
@@ -122,7 +133,7 @@ def _chunk(body: dict, choices: list, payload: str) -> Chunk:
         finish = choice.get("finish_reason")
         if finish is not None and not isinstance(finish, str):
             raise MalformedStream(f"'finish_reason' is not text: {payload[:120]!r}")
-    return Chunk(text=text, finish_reason=finish, usage=_usage(body.get("usage")),
+    return Chunk(text=_text(text), finish_reason=finish, usage=_usage(body.get("usage")),
                  timings=_timings(body.get("timings")), tool_calls=calls)
 
 
@@ -142,8 +153,9 @@ def _tool_calls(raw, payload: str) -> tuple[ToolCallDelta, ...]:
         if not isinstance(index, int) or not all(isinstance(t, str) for t in texts):
             raise MalformedStream(f"a 'delta.tool_calls' entry has no integer 'index' or its id, name or "
                                   f"arguments are not text: {payload[:120]!r}")
-        out.append(ToolCallDelta(index=index, id=entry.get("id") or None, name=fn.get("name") or None,
-                                 arguments=fn.get("arguments") or ""))
+        call_id, name = entry.get("id") or None, fn.get("name") or None
+        out.append(ToolCallDelta(index=index, id=_text(call_id) if call_id else None,
+                                 name=_text(name) if name else None, arguments=_text(fn.get("arguments") or "")))
     return tuple(out)
 
 
