@@ -6,8 +6,13 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+from textual.geometry import Region
+
+from magnitude_tui.app import MagnitudeApp
 from magnitude_tui.screens.approval_dialog import ApprovalDialog
 from magnitude_tui.screens.confirm_dialog import ConfirmDialog
+from magnitude_tui.store import Store
 from magnitude_tui.widgets.tool_block import ToolBlock
 from tests.agent_app_support import ToolClient, agent_app, drive, tool_results
 from tests.app_support import settle, type_message, wait_for
@@ -143,3 +148,45 @@ async def test_f8_unfolds_and_folds_the_focused_panes_tool_blocks_from_the_keybo
         assert not any(b.unfolded for b in blocks)
         titles = {c.title for c in app.get_system_commands(app.workspace)}
         assert "Tool details" in titles
+
+
+def write_long_file(request):
+    if not tool_results(request):
+        return [("write_file", {"path": "long.txt", "content": "".join(f"line {i}\n" for i in range(40))})]
+    return "written"
+
+
+@pytest.mark.parametrize("size", [(80, 24), (60, 15), (100, 30)])
+async def test_the_approval_dialog_fits_a_small_terminal_and_its_diff_scrolls_into_view(tmp_path, size):
+    # In an 80x24 (or a 60x15) terminal the dialog was cut at 90% of the screen: a 40-line
+    # write's arguments (up to 20 rows) and diff (another 20) pushed the diff, the key hints and
+    # the buttons off the screen, so what was being allowed could not be seen (y still allowed
+    # it). Now the arguments and the diff scroll in one body that shrinks to what the screen
+    # leaves, and the hints and buttons stay at the dialog's foot.
+    (tmp_path / "work").mkdir()
+    client = ToolClient(write_long_file)
+    app = MagnitudeApp(client=client, store=Store(tmp_path / "magnitude.db"), export_dir=tmp_path / "exports",
+                       workdir=tmp_path / "work")
+    async with app.run_test(size=size) as pilot:
+        await type_message(pilot, "/agent write a long file")
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the approval")
+        await pilot.pause()
+        dialog = app.screen
+        screen_region = Region(0, 0, *size)
+        for wid in ("#approval-stop", "#approval-deny", "#approval-pane", "#approval-once"):
+            button = dialog.query_one(wid)
+            r = button.region
+            assert screen_region.contains_region(r), (wid, r)
+            # Whole, not clipped by the dialog: its first and last columns are the button's.
+            assert dialog.get_widget_at(r.x, r.y)[0] is button and dialog.get_widget_at(r.right - 1, r.y)[0] is button
+        body = dialog.query_one("#approval-body")
+        assert body.max_scroll_y > 0  # it scrolls
+        body.focus()  # tab reaches it; its keys scroll it
+        await pilot.press("end")
+        await pilot.pause()
+        diff = dialog.query_one("#approval-diff")
+        bottom = diff.region.bottom - 1
+        assert body.region.y <= bottom < body.region.bottom
+        assert "+line 39" in drawn(diff)
+        await pilot.press("y")
+        await drive(pilot, client, lambda: (tmp_path / "work" / "long.txt").exists(), "the write")

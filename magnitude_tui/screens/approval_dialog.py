@@ -7,7 +7,7 @@ import json
 import time
 from typing import Callable
 
-from textual import on
+from textual import events, on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -24,6 +24,8 @@ DEFAULT_DENY = "the user said no"
 ARM_S = 1.0
 # s in the dialog: this call is denied and the agent stops (its pane's agent, with its subagents).
 STOP = deny("the user stopped the agent")
+NARROW_COLUMNS = 88  # a narrower screen gets the buttons in two rows (the row takes 71 columns)
+SHORT_ROWS = 30  # a shorter one, one-row buttons and no key hints
 
 
 def who(request: ApprovalRequest) -> str:
@@ -53,19 +55,28 @@ class ApprovalDialog(ModalScreen[Decision]):
         Binding("escape", "deny_now", "Deny"),
         Binding("s", "stop", "Stop the agent"),
     ]
+    # The arguments and the diff scroll in one body that takes what the screen leaves (`max-height:
+    # 1fr`); the reason field, the key hints and the buttons are docked at the foot. Two boxes of
+    # up to 20 rows each pushed the diff and the buttons off an 80x24 terminal.
     DEFAULT_CSS = """
     ApprovalDialog { align: center middle; }
     ApprovalDialog > Vertical { width: 90%; max-width: 110; height: auto; max-height: 90%; padding: 1 2;
                                 border: thick $warning; background: $surface; }
     ApprovalDialog #approval-title { text-style: bold; }
     ApprovalDialog .approval-label { margin: 1 0 0 0; color: $text-muted; }
-    ApprovalDialog VerticalScroll { height: auto; max-height: 20; background: $panel; }
+    ApprovalDialog #approval-body { height: auto; max-height: 1fr; }
+    ApprovalDialog #approval-args, ApprovalDialog #approval-diff { background: $panel; }
     ApprovalDialog #approval-diff { color: $text; }
     ApprovalDialog #approval-caution { color: $warning; text-style: bold; margin: 1 0 0 0; }
+    ApprovalDialog #approval-foot { dock: bottom; height: auto; }
     ApprovalDialog #approval-reason { display: none; }
     ApprovalDialog #approval-reason.-shown { display: block; }
     ApprovalDialog Horizontal { height: auto; margin-top: 1; align-horizontal: right; }
     ApprovalDialog Button { margin-left: 1; }
+    ApprovalDialog.-narrow Horizontal { layout: grid; grid-size: 2; grid-gutter: 0 1; }
+    ApprovalDialog.-narrow Button { width: 1fr; margin-left: 0; }
+    ApprovalDialog.-short #approval-hint { display: none; }
+    ApprovalDialog.-short > Vertical { padding: 0 1; }
     """
 
     def __init__(self, request: ApprovalRequest, arm_s: float = 0.0) -> None:
@@ -92,29 +103,38 @@ class ApprovalDialog(ModalScreen[Decision]):
         r = self.request
         with Vertical():
             yield Label(f"{who(r)} wants to call {r.tool} ({r.kind.value})", id="approval-title", markup=False)
-            if r.caution:  # asked each time, even with the tool allowed for the pane
-                yield Static(visible(f"caution: {r.caution} (asked each time, even with {r.tool} allowed for "
-                                     "this pane)"), id="approval-caution", markup=False)
-            yield Label("Arguments", classes="approval-label")
-            with VerticalScroll(id="approval-args-box"):
+            with VerticalScroll(id="approval-body"):
+                if r.caution:  # asked each time, even with the tool allowed for the pane
+                    yield Static(visible(f"caution: {r.caution} (asked each time, even with {r.tool} allowed for "
+                                         "this pane)"), id="approval-caution", markup=False)
+                yield Label("Arguments", classes="approval-label")
                 yield Static(pretty_arguments(r.arguments), id="approval-args", markup=False)
-            if r.preview:
-                yield Label("What it changes", classes="approval-label")
-                with VerticalScroll(id="approval-diff-box"):
+                if r.preview:
+                    yield Label("What it changes", classes="approval-label")
                     # A file's escape sequences or bidirectional overrides could hide lines of the
                     # diff on the terminal: they are shown as escapes (as `run` prints them).
                     yield Static(visible(r.preview), id="approval-diff", markup=False)
-            yield Input(placeholder="why not? (sent to the model; Enter denies)", id="approval-reason")
-            yield Label("y allow once · a allow this tool for the pane · n deny with a reason · esc deny · "
-                        "s stop the agent", classes="approval-label")
-            if self.arm_s > 0:
-                yield Label(f"you were typing: y, a and Allow take effect after {self.arm_s:g} s",
-                            classes="approval-label", id="approval-armed")
-            with Horizontal():
-                yield Button("Stop agent (s)", id="approval-stop")
-                yield Button("Deny (n)", variant="error", id="approval-deny")
-                yield Button("For this pane (a)", id="approval-pane")
-                yield Button("Allow once (y)", variant="primary", id="approval-once")
+            with Vertical(id="approval-foot"):
+                yield Input(placeholder="why not? (sent to the model; Enter denies)", id="approval-reason")
+                yield Label("y allow once · a allow this tool for the pane · n deny with a reason · esc deny · "
+                            "s stop the agent", classes="approval-label", id="approval-hint")
+                if self.arm_s > 0:
+                    yield Label(f"you were typing: y, a and Allow take effect after {self.arm_s:g} s",
+                                classes="approval-label", id="approval-armed")
+                with Horizontal():
+                    yield Button("Stop agent (s)", id="approval-stop")
+                    yield Button("Deny (n)", variant="error", id="approval-deny")
+                    yield Button("For this pane (a)", id="approval-pane")
+                    yield Button("Allow once (y)", variant="primary", id="approval-once")
+
+    def on_resize(self, event: events.Resize) -> None:
+        # Below 88 columns the four buttons do not fit in a row: two rows of two. Below 30 rows
+        # the buttons take one row each and the key hints go (the buttons name the keys), so
+        # the arguments and the diff keep some rows.
+        self.set_class(event.size.width < NARROW_COLUMNS, "-narrow")
+        self.set_class(event.size.height < SHORT_ROWS, "-short")
+        for button in self.query(Button):
+            button.compact = event.size.height < SHORT_ROWS
 
     def on_mount(self) -> None:
         self._armed_at = time.monotonic() + self.arm_s
