@@ -142,6 +142,9 @@ def main(
                               spec=spec_mode)
     # --serve exposes the local engine; a remote one is already a server.
     serving: dict[str, Any] = {} if remote else {"serve_port": serve_port, "api_key": resolve_api_key(api_key)}
+    from magnitude_tui.terminal_input import lenient_terminal_input
+
+    lenient_terminal_input()  # a byte that is not UTF-8 typed or pasted ended the app
     try:
         failure = run_app(engine, theme=theme, resume=resume, sampling=sampling, export_dir=export_dir,
                           roles=RoleBook(agents or agents_path(), roles), workdir=workdir.resolve(), **serving)
