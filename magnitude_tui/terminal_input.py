@@ -27,5 +27,5 @@ def lenient_terminal_input() -> bool:
         return False
     if not hasattr(linux_driver, "getincrementaldecoder"):
         return False
-    linux_driver.getincrementaldecoder = _replacing  # type: ignore[attr-defined]
+    linux_driver.getincrementaldecoder = _replacing
     return True
