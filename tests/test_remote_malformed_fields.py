@@ -137,7 +137,7 @@ def test_a_request_whose_update_cannot_be_built_fails_alone(run_client, monkeypa
 
 
 def test_a_lone_surrogate_in_a_stream_becomes_u_fffd_and_the_history_can_be_sent_again(run_client, raw_server):  # noqa: F811
-    # A server that cut a character between two events sends each half as a \\ud83d-style escape:
+    # A server that cut a character between two events sends each half as a \ud83d-style escape:
     # json.loads gives a str no encoder takes. Kept as is, the pane's next request (its history
     # sent back as JSON) failed with UnicodeEncodeError, and so did every one after it.
     body = (b'data: {"choices":[{"delta":{"content":"a\\ud83d"}}]}\n\n'
