@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 from pathlib import Path
 from typing import Iterable
 
@@ -23,6 +26,9 @@ from scheduler.types import SamplingParams
 from themes import DEFAULT_THEME, THEMES
 
 GC_TICK_S = 0.25  # how often the app asks whether a full garbage collection is due
+# The terminal went away (SIGHUP: a closed window, a tmux kill, an ssh drop) or someone asked the
+# app to stop (SIGTERM): it ends as ctrl+q does, so what it started stops with it.
+EXIT_SIGNALS = (signal.SIGHUP, signal.SIGTERM) if hasattr(signal, "SIGHUP") else (signal.SIGTERM,)
 
 
 def available_themes() -> list[str]:
@@ -63,6 +69,8 @@ class MagnitudeApp(App):
         for t in THEMES:
             self.register_theme(t)
         self.gc_pacer = GcPacer()  # full garbage collections between keys, not during them
+        self.signalled: signal.Signals | None = None  # SIGHUP or SIGTERM ended the app
+        self._caught: list[signal.Signals] = []  # the signals whose handlers are ours
         wanted = theme or store.get_setting("theme") or DEFAULT_THEME
         self.theme = wanted if wanted in self.available_themes else DEFAULT_THEME
 
@@ -83,6 +91,7 @@ class MagnitudeApp(App):
                                             workdir=self.workdir),
                            "workspace")
         self.push_screen("workspace")  # it says PanesReady once its panes are mounted
+        self._catch_exit_signals()
         self.call_after_refresh(self._pace_gc)  # the first frame is drawn: what is alive now stays
 
     @on(WorkspaceScreen.PanesReady)
@@ -117,7 +126,35 @@ class MagnitudeApp(App):
         if isinstance(screen, WorkspaceScreen):
             yield from palette_commands(screen)
 
+    def _catch_exit_signals(self) -> None:
+        """SIGHUP and SIGTERM end the app as ctrl+q does. They used to kill it outright: an agent's
+        approved command, in a process group of its own that the signal does not reach, ran on
+        and wrote after the app was gone, and the unmount (the last store save, the MCP servers)
+        never ran. A second signal ends the process at once."""
+        loop = asyncio.get_running_loop()
+        for sig in EXIT_SIGNALS:
+            try:
+                loop.add_signal_handler(sig, self._exit_on_signal, sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # no such handler here (not the main thread)
+                continue
+            self._caught.append(sig)
+
+    def _exit_on_signal(self, sig: signal.Signals) -> None:
+        if self.signalled is not None:  # asked twice: no more waiting for the clean exit
+            self._release_exit_signals()
+            os.kill(os.getpid(), sig)
+            return
+        self.signalled = sig
+        self.exit(return_code=128 + sig)
+
+    def _release_exit_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self._caught:
+            loop.remove_signal_handler(sig)
+        self._caught = []
+
     def on_unmount(self) -> None:
+        self._release_exit_signals()
         self.gc_pacer.stop()
         self.client.stop()
 
@@ -140,7 +177,8 @@ def run_app(engine: EngineConfig | EngineClient, *, theme: str | None, resume: b
     """Run the TUI until the user quits: a local engine (its worker in its own process) or a
     remote client, state in SQLite; with `serve_port`, the OpenAI-compatible endpoint too.
 
-    Returns why the engine was down when the user quit (None if it was running)."""
+    Returns why the engine was down when the user quit (None if it was running); ended by SIGHUP
+    or SIGTERM, it exits 128 + the signal (SystemExit) once the engine is stopped."""
     from magnitude_tui.engine.client import WorkerClient
 
     if theme is not None and theme not in available_themes():
@@ -159,6 +197,8 @@ def run_app(engine: EngineConfig | EngineClient, *, theme: str | None, resume: b
                        workdir=workdir)
     try:
         app.run()
+        if app.signalled is not None:
+            raise SystemExit(128 + app.signalled)
         if app.return_code and app.failure is None:  # a crash: Textual printed its traceback above
             return "the app stopped on an unexpected error (its traceback is above)"
         return app.failure

@@ -3,8 +3,11 @@ do to the screen, and how a keyboard-only user reaches a tool block."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
+import signal
 
 import pytest
 from textual.geometry import Region
@@ -190,3 +193,33 @@ async def test_the_approval_dialog_fits_a_small_terminal_and_its_diff_scrolls_in
         assert "+line 39" in drawn(diff)
         await pilot.press("y")
         await drive(pilot, client, lambda: (tmp_path / "work" / "long.txt").exists(), "the write")
+
+
+def slow_command(request):
+    return [("run_command", {"command": "sleep 2; touch late.txt"})] if not tool_results(request) else "done"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+async def test_a_hangup_or_term_ends_the_app_and_the_command_it_runs(tmp_path, sig):
+    # Closing the terminal (SIGHUP: a tmux kill, an ssh drop) or `kill` (SIGTERM) while an
+    # agent's approved command ran killed the app outright: the command, in a process group of
+    # its own that the signal does not reach, ran on and wrote late.txt after the app was gone
+    # (seen in tmux), and the app's unmount (store save, MCP servers) never ran. The app now
+    # takes both signals and ends as ctrl+q does (exit code 128 + the signal).
+    (tmp_path / "work").mkdir()
+    client = ToolClient(slow_command)
+    async with agent_app(tmp_path, client) as (app, pilot):
+        pane = app.workspace.grid.panes[0]
+        await type_message(pilot, "/agent run something slow")
+        await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "the approval")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: pane.activity is not None and not pane.activity.approval,
+                       what="the command to run")
+        # Without a handler the signal would end the test run itself.
+        assert signal.getsignal(sig) not in (signal.SIG_DFL, signal.SIG_IGN)
+        os.kill(os.getpid(), sig)
+        await wait_for(pilot, lambda: app.return_code is not None, what="the app to end")
+    assert app.return_code == 128 + sig
+    assert signal.getsignal(sig) is signal.SIG_DFL  # given back
+    await asyncio.sleep(2.5)  # the command would have finished by now
+    assert not (tmp_path / "work" / "late.txt").exists()
