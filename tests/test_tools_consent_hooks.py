@@ -104,3 +104,21 @@ async def test_allowing_write_file_for_the_pane_does_not_allow_writing_a_hook(re
     asked = [(json.loads(r.arguments)["path"], r.caution) for r in approval.asked]
     assert [path for path, _ in asked] == ["src/new.py", ".husky/pre-commit"]
     assert asked[0][1] is None and "directory git runs hooks from (.husky" in asked[1][1]
+
+
+def test_a_config_file_of_the_work_tree_that_the_repository_includes_is_cautioned(repo):
+    # A repository may ship its settings as a file of the work tree, enabled once with
+    # include.path: git reads it as its own config, so a core.fsmonitor written there runs at the
+    # next git status. Writing it was not cautioned (only .git/ and hook directories were).
+    (repo / ".gitconfig-shared").write_text("[core]\n\tautocrlf = false\n")
+    assert caution(repo, ".gitconfig-shared") is None  # not included yet: an ordinary file
+    git(repo, "config", "include.path", "../.gitconfig-shared")
+    said = caution(repo, ".gitconfig-shared")
+    assert said is not None and said.startswith(".gitconfig-shared is a git config file the repository reads (")
+    assert str(repo / ".git" / "config") in said and "core.fsmonitor" in said
+    # An include of an include, under includeIf, counts too; other files stay ordinary.
+    (repo / "conf").mkdir()
+    (repo / "conf" / "more.inc").write_text("[alias]\n\tst = status\n")
+    (repo / ".gitconfig-shared").write_text('[includeIf "gitdir:/nowhere/"]\n\tpath = conf/more.inc\n')
+    assert caution(repo, "conf/more.inc") is not None
+    assert caution(repo, "src/app.py") is None and caution(repo, "conf/other.inc") is None

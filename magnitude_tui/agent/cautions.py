@@ -1,4 +1,4 @@
-"""Provides write_caution: why a write is asked about every time, even with its tool allowed for the pane (a file git acts on, a hook directory core.hooksPath names, a file with other hard links)."""
+"""Provides write_caution: why a write is asked about every time, even with its tool allowed for the pane (a file git acts on, a git config file the repository includes, a hook directory core.hooksPath names, a file with other hard links)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from magnitude_tui.agent.workspace import OutsideRoot, Workspace
 def write_caution(ws: Workspace, args: dict) -> str | None:
     """Why this write is asked about every time, even with its tool allowed for the pane: a
     file git acts on (in .git, or in any directory git would take for a repository: hooks it
-    runs, a config whose core.fsmonitor or core.hooksPath names a program), so allowing
+    runs, a config whose core.fsmonitor or core.hooksPath names a program, or a config file of the
+    work tree that the repository's config includes), so allowing
     writes does not allow running programs, and no `git diff` would show the change; or a file
     with other hard links, which changes under every name, inside the workspace or not.
     None for an ordinary file (or a path the preview refuses)."""
@@ -27,6 +28,12 @@ def write_caution(ws: Workspace, args: dict) -> str | None:
                 else str(parent)
             return (f"{rel} is in a git directory ({where}): git runs hooks, and programs its config "
                     "names, from there, so this write could run programs; git diff does not show it")
+    included = _included_config(path)
+    if included is not None:
+        config, by = included
+        return (f"{rel} is a git config file the repository reads ({by} includes {config.name}): git runs "
+                "programs its settings name (core.fsmonitor, core.hooksPath, aliases), so this write could "
+                "run programs")
     hooks = _hooks_dir_holding(path)
     if hooks is not None:
         hooks_dir, config = hooks
@@ -70,7 +77,7 @@ def _hooks_dir_holding(path: Path) -> tuple[Path, str] | None:
         git_dir = _git_dir_of(tree)
         if git_dir is None:
             continue
-        for value, config in _hooks_paths(git_dir):
+        for value, config in _read_configs(git_dir)[0]:
             raw = Path(os.path.expanduser(value)) if value.startswith("~") else Path(value)
             hooks = (raw if raw.is_absolute() else tree / raw)
             try:
@@ -120,15 +127,34 @@ def _config_files(git_dir: Path) -> list[Path]:
     return files
 
 
-def _hooks_paths(git_dir: Path) -> list[tuple[str, str]]:
-    """Every core.hooksPath value the repository's config files give, with the file it is in."""
+def _included_config(path: Path) -> tuple[Path, str] | None:
+    """(the file, the config including it) when `path` is a file that the configuration of a
+    repository whose work tree holds it includes (include.path, includeIf): a config shipped in
+    the work tree (`.gitconfig-shared`) is read as the repository's own, core.fsmonitor and all."""
+    for tree in path.parents:
+        git_dir = _git_dir_of(tree)
+        if git_dir is None:
+            continue
+        for file, by in _read_configs(git_dir)[1]:
+            try:
+                if file.resolve() == path:
+                    return file, by
+            except (RuntimeError, OSError):
+                continue
+    return None
+
+
+def _read_configs(git_dir: Path) -> tuple[list[tuple[str, str]], list[tuple[Path, str]]]:
+    """Every core.hooksPath value the repository's config files give, with the file it is in; and
+    every file they include, with the file including it."""
     found: list[tuple[str, str]] = []
+    included: list[tuple[Path, str]] = []
     for file in _config_files(git_dir):
-        _read_config(file, found, 0)
-    return found
+        _read_config(file, found, included, 0)
+    return found, included
 
 
-def _read_config(file: Path, found: list[tuple[str, str]], depth: int) -> None:
+def _read_config(file: Path, found: list[tuple[str, str]], included: list[tuple[Path, str]], depth: int) -> None:
     try:
         text = file.read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -138,8 +164,10 @@ def _read_config(file: Path, found: list[tuple[str, str]], depth: int) -> None:
             found.append((value, str(file)))
         elif (section == "include" or section.startswith("includeif")) and key == "path" and value \
                 and depth < _MAX_INCLUDE_DEPTH:
-            included = Path(os.path.expanduser(value))
-            _read_config(included if included.is_absolute() else file.parent / included, found, depth + 1)
+            named = Path(os.path.expanduser(value))
+            target = named if named.is_absolute() else file.parent / named
+            included.append((target, str(file)))
+            _read_config(target, found, included, depth + 1)
 
 
 def _config_entries(text: str):
