@@ -223,3 +223,28 @@ async def test_a_hangup_or_term_ends_the_app_and_the_command_it_runs(tmp_path, s
     assert signal.getsignal(sig) is signal.SIG_DFL  # given back
     await asyncio.sleep(2.5)  # the command would have finished by now
     assert not (tmp_path / "work" / "late.txt").exists()
+
+
+async def test_stopping_the_parent_agent_clears_its_subagents_tool_phase(tmp_path):
+    # esc on the pane that spawned subagents stopped them (their commands killed), but their
+    # panes went on showing "TOOL run_command · running · 31 s" and the sequences panel
+    # "tool 31s", counting for ever (seen in tmux): only the parent's pane was cleared.
+    (tmp_path / "work").mkdir()
+    client = ToolClient(spawn_two_sleepers)
+    async with agent_app(tmp_path, client) as (app, pilot):
+        ws = app.workspace
+        await type_message(pilot, "/agent split the work")
+        await drive(pilot, client, lambda: len(ws.grid.panes) == 3, "the subagents' panes")
+        parent, one, two = ws.grid.panes
+        for _ in range(2):
+            await drive(pilot, client, lambda: isinstance(app.screen, ApprovalDialog), "an approval")
+            await pilot.press("y")
+        await wait_for(pilot, lambda: one.activity is not None and two.activity is not None
+                       and not one.activity.approval and not two.activity.approval, what="both commands to run")
+        ws.focus_pane(parent)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not ws.agents.running(parent), what="the agent to stop")
+        await pilot.pause()
+        assert one.activity is None and two.activity is None
+        assert not ws.sequences_panel._tools
+        assert not ws.agents.running(one) and not ws.agents.running(two)

@@ -133,12 +133,15 @@ class PaneAgents:
     def _stop_asking(self, request: ApprovalRequest) -> None:
         """The approval dialog's "stop the agent": the asking agent's pane agent stops (a subagent
         runs inside its parent's spawn_agents call, so the agent its root pane runs)."""
-        name = request.agent
-        while name in self._parent_of:
-            name = self._parent_of[name]
-        pane = self._agent_panes.get(name)
+        pane = self._agent_panes.get(self._root(request.agent))
         if pane is not None:
             self.stop(pane)
+
+    def _root(self, name: str) -> str:
+        """The pane agent whose spawn_agents calls (at any depth) started agent `name`."""
+        while name in self._parent_of:
+            name = self._parent_of[name]
+        return name
 
     async def start(self, pane: ChatPane, task: str, role: str | None = None) -> None:
         """Run `task` as an agent in `pane` (with `role` from agents.toml, else the pane's own)."""
@@ -241,7 +244,11 @@ class PaneAgents:
                       markup=False)
         finally:
             self._running.pop(pane.session_id, None)
-            self._set_activity(pane, None)
+            # Its subagents ended with it (stopped, their tools cancelled): none of their panes
+            # waits on a tool any more, though a cancelled one reports nothing.
+            for name, shown in self._agent_panes.items():
+                if shown is pane or (name != loop.name and self._root(name) == loop.name):
+                    self._set_activity(shown, None)
         if pane.queued and not pane.busy:
             await ws.model.turns.submitted(pane, pane.next_queued() or "")
             ws.model.keep_queue(pane)
