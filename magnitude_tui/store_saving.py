@@ -125,25 +125,49 @@ class SavingConnection:
     def _to_memory(self, why: str, remedy: str) -> None:
         old = self.db
         mem = connect_memory()
+        copied = False
         try:
             if old.in_transaction:
                 old.rollback()  # what it had done is done again below, in memory
             old.backup(mem)
+            copied = True
             # A backup copies pages as they are: a damaged one would fail again, in memory.
             if [r[0] for r in mem.execute("PRAGMA quick_check")] != ["ok"]:  # (or raise itself)
                 raise sqlite3.DatabaseError("the copy is damaged too")
             mem.execute("PRAGMA foreign_keys=ON")  # as the file had it
-        except sqlite3.Error:  # the file cannot even be read now: go on with an empty store
-            mem.close()
+        except sqlite3.Error:  # a damaged page: go on with what can still be read of each table
+            damaged = mem
             mem = connect_memory()
             self._fresh(mem)
-            mem.execute("PRAGMA foreign_keys=OFF")  # the panes of this session are not in it
+            mem.execute("PRAGMA foreign_keys=OFF")  # rows on a damaged page are not in it
+            _salvage(damaged if copied else old, mem)  # no copy: the file itself may still read in part
+            damaged.close()
         with contextlib.suppress(sqlite3.Error):
             old.close()
         self.db = mem
         for sql, params in self._open or ():
             mem.execute(sql, params)
         self._stopped(why, remedy)
+
+
+def _salvage(src: sqlite3.Connection, dst: sqlite3.Connection) -> None:
+    """Copy into `dst` (an empty store of the current schema) the rows of each of its tables that
+    `src` can still read: a table's copy stops at its first damaged page. Without it, a damaged
+    file left the session an empty store: no workspace, no panes (new panes took names already
+    open, and the conversation list was empty) and none of the messages that still read."""
+    tables = [r[0] for r in dst.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                        "AND name NOT LIKE 'sqlite_%'")]
+    for table in tables:
+        columns = ", ".join(f'"{r[1]}"' for r in dst.execute(f'PRAGMA table_info("{table}")'))
+        marks = ", ".join("?" * len(columns.split(", ")))
+        rows: list = []
+        try:
+            cursor = src.execute(f'SELECT {columns} FROM "{table}"')
+            while (row := cursor.fetchone()) is not None:  # one at a time: up to the damaged page
+                rows.append(row)
+        except sqlite3.Error:  # the table's next page is damaged (or the table cannot be read)
+            pass
+        dst.executemany(f'INSERT OR IGNORE INTO "{table}" ({columns}) VALUES ({marks})', rows)
 
 
 class Transaction:

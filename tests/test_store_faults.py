@@ -284,3 +284,30 @@ def test_another_program_holding_the_database_locked_does_not_stop_the_app(tmp_p
     other.close()
     store.close()
     assert [m.content for m in Store(path).messages("p1")] == ["hi"]  # what was saved before it
+
+
+def test_a_file_damaged_under_the_running_app_keeps_what_still_reads(tmp_path):
+    # The copy in memory of a damaged file fails its check, and the session went on with an empty
+    # store: no workspace, no panes (the next pane was named A1 again beside the open A1, and f4
+    # listed nothing) and none of the messages on pages that still read.
+    path = tmp_path / "m.db"
+    store = Store(path)
+    store.on_notice = lambda _: None
+    store.open_workspace(resume=False)
+    store.add_pane(PaneRecord("p1", "A1"))
+    store._db.execute("PRAGMA cache_size = 10")
+    for i in range(200):
+        store.add_message("p1", MessageRecord("user", f"m {i} " + "x" * 1000))
+    store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    with open(path, "r+b") as f:
+        f.seek(4096 * 29)
+        f.write(bytes(range(256)) * 16)
+    store.messages("p1")
+    store.add_message("p1", MessageRecord("assistant", "still here"))
+    assert store.read_only and "damaged" in store.read_only
+    assert store.pane_names() == ["A1"]
+    kept = [m.content for m in store.messages("p1")]
+    assert kept[-1] == "still here" and kept[0].startswith("m 0 ")
+    assert 20 <= len(kept) < 201  # the pages before the damaged one; not those after it
+    assert [(c.id, c.is_open) for c in store.conversations()] == [("p1", True)]
+    store.close()
