@@ -179,7 +179,18 @@ def open_database(path: Path) -> Opened:
         if isinstance(e, _LostFile):  # `moved` is the kept file, or the kept -wal where none was
             wal = moved if moved.name.endswith("-wal") else moved.with_name(moved.name + "-wal")
             recovered = _rebuild_from_wal(wal, path)
-        db, migrated_from = _open(path)
+        try:
+            db, migrated_from = _open(path)
+        except _Unreadable:
+            if recovered is None:
+                raise
+            # The rebuild read as a database but not as ours (a log written before the schema
+            # was stamped): it is this function's own file, dropped; the log stays kept.
+            for own in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+                with contextlib.suppress(OSError):
+                    own.unlink()
+            recovered = None
+            db, migrated_from = _open(path)
         return Opened(db, moved, str(e), migrated_from, recovered=recovered)
 
 

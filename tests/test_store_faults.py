@@ -311,3 +311,31 @@ def test_a_file_damaged_under_the_running_app_keeps_what_still_reads(tmp_path):
     assert 20 <= len(kept) < 201  # the pages before the damaged one; not those after it
     assert [(c.id, c.is_open) for c in store.conversations()] == [("p1", True)]
     store.close()
+
+
+def test_a_wal_rebuilt_into_a_file_that_is_not_a_store_of_ours_gives_an_empty_store(tmp_path):
+    # A store killed between writing its schema and stamping its version leaves a log that
+    # rebuilds into a sound database without our version: opening the rebuild raised an internal
+    # _Unreadable out of Store() (a traceback at start).
+    import sqlite3
+
+    from magnitude_tui.store_open import SCHEMA
+
+    src = tmp_path / "src.db"
+    db = sqlite3.connect(src)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(SCHEMA)
+    wal = src.with_name("src.db-wal").read_bytes()  # before close checkpoints it
+    db.close()
+    path = tmp_path / "m.db"
+    path.write_bytes(b"")
+    path.with_name("m.db-wal").write_bytes(wal)
+    store = Store(path)
+    assert store.notice and "write-ahead log" in store.notice and "recovered" not in store.notice
+    kept = [p for p in tmp_path.iterdir() if p.name.endswith("-wal") and ".unreadable-" in p.name]
+    assert [p.read_bytes() for p in kept] == [wal]  # the log stays kept
+    assert store.open_workspace(resume=True) == []
+    store.add_pane(PaneRecord("p1", "A1"))
+    store.add_message("p1", MessageRecord("user", "a fresh start"))
+    store.close()
+    assert [m.content for m in Store(path).messages("p1")] == ["a fresh start"]
