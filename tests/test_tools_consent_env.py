@@ -22,8 +22,11 @@ from tests.test_agent_support import call, last_user, scripted_engine
 
 SECRETS = {"OPENAI_API_KEY": "sk-openai-value", "AWS_SECRET_ACCESS_KEY": "aws-secret-value",
            "GITHUB_TOKEN": "ghp-token-value", "db_password": "pw-value", "Gcp_Credentials": "cred-value",
-           "MY_PASSWD": "passwd-value", "GPG_PASSPHRASE": "phrase-value"}
-PLAIN = {"HOME": "/home/someone", "LANG": "C.UTF-8", "EDITOR": "vi", "SSH_AUTH_SOCK": "/tmp/agent.sock"}
+           "MY_PASSWD": "passwd-value", "GPG_PASSPHRASE": "phrase-value",
+           # Short spellings, as a whole part of the name (found by review: they passed).
+           "DB_PASS": "pass-value", "MYSQL_PWD": "mysql-value", "GH_PAT": "pat-value"}
+PLAIN = {"HOME": "/home/someone", "LANG": "C.UTF-8", "EDITOR": "vi", "SSH_AUTH_SOCK": "/tmp/agent.sock",
+         "COMPASS_DIR": "/opt/compass", "PATH_EXTRA": "/opt/bin"}
 
 
 @pytest.fixture
@@ -42,7 +45,7 @@ def test_a_command_does_not_see_variables_whose_names_look_secret(tmp_path, envi
     seen = command_output(Workspace(tmp_path))
     assert not set(SECRETS) & set(seen)
     assert {name: seen.get(name) for name in PLAIN} == PLAIN
-    assert seen["PATH"]  # the shell still finds programs
+    assert seen["PATH"] and seen["PWD"]  # the shell still finds programs; PWD is no password
     # Not in a value either: `echo $OPENAI_API_KEY` prints nothing.
     text = asyncio.run(CommandTool(Workspace(tmp_path)).tool().run({"command": 'echo "[$OPENAI_API_KEY]"'})).text
     assert text == "exit status 0\n[]\n"
@@ -65,7 +68,8 @@ def test_the_approval_names_the_withheld_variables_never_their_values(tmp_path, 
     assert "[run_command] pass_env" in shown
     for name, value in SECRETS.items():
         assert (name in shown) is (name != "GITHUB_TOKEN") and value not in shown
-    assert "contain KEY, SECRET, TOKEN, PASSWORD, PASSWD, PASSPHRASE or CREDENTIAL are not set" in tool.tool.description
+    assert ("contain KEY, SECRET, TOKEN, PASSWORD, PASSWD, PASSPHRASE or CREDENTIAL, or have a part PASS, PWD or "
+            "PAT between underscores, are not set") in tool.tool.description
 
 
 def test_nothing_withheld_means_no_preview(tmp_path, monkeypatch):

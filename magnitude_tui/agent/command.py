@@ -23,12 +23,19 @@ DRAIN_S = 1.0
 # commands (codex's default, and the usual spellings of passwords and credentials): API keys,
 # AWS_SECRET_ACCESS_KEY, GITHUB_TOKEN. The agents file's `[run_command] pass_env` passes named ones.
 SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL")
-WITHHELD_WORDS = ", ".join(SECRET_WORDS[:-1]) + " or " + SECRET_WORDS[-1]
+# Shorter spellings, taken only as a whole part of the name between underscores (DB_PASS,
+# MYSQL_PWD, GH_PAT; not COMPASS_DIR, PATH, or PWD itself, the working directory).
+SECRET_PARTS = ("PASS", "PWD", "PAT")
+NOT_SECRET = ("PWD", "OLDPWD")
+WITHHELD_WORDS = (", ".join(SECRET_WORDS[:-1]) + " or " + SECRET_WORDS[-1] + ", or have a part "
+                  + ", ".join(SECRET_PARTS[:-1]) + " or " + SECRET_PARTS[-1] + " between underscores")
 
 
 def looks_secret(name: str) -> bool:
     upper = name.upper()
-    return any(word in upper for word in SECRET_WORDS)
+    if upper in NOT_SECRET:
+        return False
+    return any(word in upper for word in SECRET_WORDS) or any(part in SECRET_PARTS for part in upper.split("_"))
 
 
 def command_env(environ: Mapping[str, str], pass_env: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
@@ -93,7 +100,7 @@ class CommandTool:
     def tool(self) -> AgentTool:
         return AgentTool(function_tool(
             "run_command", "Run a shell command in the workspace root; returns its exit status and output. "
-            f"Environment variables whose names contain {WITHHELD_WORDS} are not set.",
+            f"Environment variables whose names contain {WITHHELD_WORDS}, are not set.",
             {"command": {"type": "string"},
              "timeout_s": {"type": "number", "exclusiveMinimum": 0}}, ["command"]),
             ToolKind.RUN, self.run, self.preview)
@@ -104,7 +111,7 @@ class CommandTool:
         if not withheld:
             return None
         return (f"environment: {len(withheld)} variable{'' if len(withheld) == 1 else 's'} withheld from the "
-                f"command (names with {WITHHELD_WORDS}; the agents file's [run_command] pass_env passes them): "
+                f"command (names that contain {WITHHELD_WORDS}; the agents file's [run_command] pass_env passes them): "
                 + ", ".join(withheld))
 
     async def run(self, args: dict) -> ToolResult:
