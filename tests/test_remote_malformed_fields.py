@@ -136,12 +136,12 @@ def test_a_request_whose_update_cannot_be_built_fails_alone(run_client, monkeypa
         assert sum(u.done_reason is not None for u in run.updates("bad")) == 1
 
 
-def test_a_lone_surrogate_in_a_stream_becomes_u_fffd_and_the_history_can_be_sent_again(run_client, raw_server):  # noqa: F811
-    # A server that cut a character between two events sends each half as a \ud83d-style escape:
+def test_utf16_halves_in_a_stream_are_joined_or_u_fffd_and_the_history_can_be_sent_again(run_client, raw_server):  # noqa: F811
+    # A server that cuts a character between two events sends each half as a \ud83d-style escape:
     # json.loads gives a str no encoder takes. Kept as is, the pane's next request (its history
     # sent back as JSON) failed with UnicodeEncodeError, and so did every one after it.
     body = (b'data: {"choices":[{"delta":{"content":"a\\ud83d"}}]}\n\n'
-            b'data: {"choices":[{"delta":{"content":"\\ude00b \\ud83d\\ude00"},"finish_reason":"stop"}]}\n\n'
+            b'data: {"choices":[{"delta":{"content":"\\ude00b \\ud83d\\ude00 \\ud800"},"finish_reason":"stop"}]}\n\n'
             b'data: [DONE]\n\n')
     server = raw_server([(200, SSE, body)])
     run = run_client([server.url])
@@ -149,7 +149,7 @@ def test_a_lone_surrogate_in_a_stream_becomes_u_fffd_and_the_history_can_be_sent
     final = run.final("a", timeout=10)
     assert final.done_reason is DoneReason.STOP and final.error is None
     text = "".join(u.text_delta for u in run.updates("a"))
-    assert text == "a\ufffd\ufffdb \U0001f600"  # a whole escaped pair is its character
+    assert text == "a\U0001f600b \U0001f600 \ufffd"  # halves across two events make their character
     text.encode("utf-8")
     history = (Message("user", "a"), Message("assistant", text), Message("user", "again"))
     run.client.submit(Request("b", "s-a", history, SamplingParams(max_tokens=8)))

@@ -47,3 +47,9 @@ def test_a_last_event_without_its_blank_line_still_counts():
 def test_what_is_not_a_stream_says_what_it_got(line, error, match):
     with pytest.raises(error, match=match):
         read(line, "")
+
+
+def test_a_first_half_that_ends_the_stream_is_a_replacement_character():
+    # Held for its other half, which never comes: said as U+FFFD before DONE, not dropped.
+    items = read('data: {"choices":[{"delta":{"content":"ok \\ud83d"}}]}', "", "data: [DONE]", "")
+    assert [i.text for i in items[:-1]] == ["ok ", "\ufffd"] and items[-1] is DONE

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncGenerator, AsyncIterator
 
 from magnitude_tui.engine.events import ServerTimings
@@ -58,29 +58,49 @@ class Chunk:
 
 DONE = object()  # the `data: [DONE]` sentinel
 
-# json.loads joins an escaped surrogate pair into its character, so what is left of this range is
-# a lone half (`\ud800` with no partner: a server that cut a character between two events).
+# UTF-16 halves: json.loads makes an escaped pair one character, but a server that cuts a
+# character between two events sends each half alone (`\ud83d`, then `\ude00`).
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _text(value: str) -> str:
-    """`value` with each lone surrogate as U+FFFD. Such a str cannot be encoded: kept in the pane's
-    history, it failed every later request that sent the history back (and the pane's save)."""
-    return _SURROGATE.sub("\ufffd", value)
+    """`value` with each pair of halves joined into its character and each lone half as U+FFFD.
+    A lone half cannot be encoded: kept in the pane's history, it failed every later request that
+    sent the history back (and the pane's save)."""
+    if not _SURROGATE.search(value):
+        return value
+    return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _is_high_half(text: str) -> bool:
+    return bool(text) and "\ud800" <= text[-1] <= "\udbff"
 
 
 async def events(lines: AsyncIterator[str]) -> AsyncGenerator[Chunk | object, None]:
     """Chunks from the lines of an SSE body, then DONE if the server sent `[DONE]`. Comment
-    lines (`: ping`) and other fields are skipped; one event's data may span several lines."""
+    lines (`: ping`) and other fields are skipped; one event's data may span several lines. A
+    character's first UTF-16 half ending an event's text waits for the next event's text, where
+    its other half opens (U+FFFD when it does not)."""
     data: list[str] = []
+    held = ""
+
+    def whole(chunk: Chunk) -> Chunk:
+        nonlocal held
+        text, held = held + chunk.text, ""
+        if _is_high_half(text) and chunk.finish_reason is None:
+            text, held = text[:-1], text[-1]
+        return replace(chunk, text=_text(text)) if text != chunk.text else chunk
+
     async for line in lines:
         if line == "":
             if data:
                 payload, data = "\n".join(data), []
                 if payload.strip() == "[DONE]":
+                    if held:
+                        yield Chunk(text="\ufffd")
                     yield DONE
                     return
-                yield parse_chunk(payload)
+                yield whole(_parse(payload))
             continue
         if line.startswith(":"):
             continue
@@ -92,12 +112,23 @@ async def events(lines: AsyncIterator[str]) -> AsyncGenerator[Chunk | object, No
     if data:  # a last event without its blank line
         payload = "\n".join(data)
         if payload.strip() == "[DONE]":
+            if held:
+                yield Chunk(text="\ufffd")
             yield DONE
             return
-        yield parse_chunk(payload)
+        yield whole(_parse(payload))
+    elif held:
+        yield Chunk(text="\ufffd")
 
 
 def parse_chunk(payload: str) -> Chunk:
+    """One event's chunk, its text with UTF-16 halves made whole (see `_text`)."""
+    chunk = _parse(payload)
+    return replace(chunk, text=_text(chunk.text)) if _SURROGATE.search(chunk.text) else chunk
+
+
+def _parse(payload: str) -> Chunk:
+    """One event's chunk, its text as the JSON gave it (halves included)."""
     try:
         body = json.loads(payload)
     except json.JSONDecodeError:
@@ -133,7 +164,7 @@ def _chunk(body: dict, choices: list, payload: str) -> Chunk:
         finish = choice.get("finish_reason")
         if finish is not None and not isinstance(finish, str):
             raise MalformedStream(f"'finish_reason' is not text: {payload[:120]!r}")
-    return Chunk(text=_text(text), finish_reason=finish, usage=_usage(body.get("usage")),
+    return Chunk(text=text, finish_reason=finish, usage=_usage(body.get("usage")),
                  timings=_timings(body.get("timings")), tool_calls=calls)
 
 
