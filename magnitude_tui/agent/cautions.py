@@ -30,8 +30,8 @@ def write_caution(ws: Workspace, args: dict) -> str | None:
                     "names, from there, so this write could run programs; git diff does not show it")
     included = _included_config(path)
     if included is not None:
-        config, by = included
-        return (f"{rel} is a git config file the repository reads ({by} includes {config.name}): git runs "
+        file, by = included
+        return (f"{rel} is a git config file the repository reads ({by} includes {file.name}): git runs "
                 "programs its settings name (core.fsmonitor, core.hooksPath, aliases), so this write could "
                 "run programs")
     hooks = _hooks_dir_holding(path)
