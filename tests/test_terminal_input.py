@@ -8,14 +8,10 @@ import os
 import threading
 import time
 
-import pytest
+from textual.app import App
+from textual.drivers import linux_driver
 
-pytest.importorskip("textual.drivers.linux_driver")
-
-from textual.app import App  # noqa: E402
-from textual.drivers import linux_driver  # noqa: E402
-
-from magnitude_tui.terminal_input import lenient_terminal_input  # noqa: E402
+from magnitude_tui.terminal_input import lenient_terminal_input
 
 
 def keys_read(data: bytes) -> tuple[list[str], list[BaseException]]:
