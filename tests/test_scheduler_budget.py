@@ -19,6 +19,7 @@ from scheduler.budget import (
     TILE_STRETCH,
     StepShape,
     parse_policy,
+    whole_tiles,
 )
 from scheduler.cost_model import CostModel, CostParams
 from scheduler.metrics import RequestMetrics
@@ -307,3 +308,19 @@ def test_a_decode_step_slow_for_another_reason_than_attention_does_not_fill_the_
     assert cost.predict(1, 63, shallow.kpos(63)) > TILE_STRETCH * cost.predict(1, 0, shallow.kpos(0))
     allowance = parse_policy("target:50").prefill_allowance(shallow, cost)
     assert allowance == parse_policy("target:50").prefill_allowance(replace(shallow, tile_rows=0), cost) < 63
+
+
+def test_an_agents_step_takes_whole_attention_tiles_of_a_longer_prompt():
+    # With no person pacing the step, a prompt deep in a context was cut into 2-second chunks of
+    # 244, 233, 221 rows: the rows of each chunk's partial 64-row tile attend one at a time, and a
+    # 2,800-token prompt took 10 % longer than in 256-row chunks. The chunk now ends on a tile.
+    cost = CostModel(CostParams(fixed_ms=5.0, decode_ms=8.0, prefill_ms=6.0, attn_ms=10.0))
+    deep = dict(decode_kpos=2.2, prefill_pos0=2100, n_batch=2048, paced=False)
+    target = parse_policy("target:50")
+    free = target.prefill_allowance(StepShape(1, **deep, pending_rows=5000), cost)
+    assert free % 64 != 0  # what fits in the step, as the cost model says
+    tiled = target.prefill_allowance(StepShape(1, **deep, pending_rows=5000, tile_rows=64), cost)
+    assert tiled == free - free % 64 and tiled > 0
+    # The last chunk of a prompt is what is left, and a backend without such a kernel is not cut.
+    assert target.prefill_allowance(StepShape(1, **deep, pending_rows=free, tile_rows=64), cost) == free
+    assert whole_tiles(free, StepShape(1, **deep, pending_rows=5000)) == free
