@@ -100,16 +100,26 @@ def structured(results: Results) -> list[Headline]:
          if "replies/s engine ÷ llama-server" in vs else [])
 
 
+# `bench agents --k-max` at which no tool result of the repository's traces is cut (their K is 100-3,000).
+FULL_K = 3000
+
+
 def agents(results: Results) -> list[Headline]:
     out = []
-    for key in ("agents-4-bursts-np20", "agents-4-bursts", "agents-2-no-bursts"):
-        raw = results.get(key)
+    for key in ("agents-4-bursts-np20", "agents-4-bursts", "agents-2-no-bursts", "agents-2-no-bursts-full"):
+        try:
+            raw = results.get(key)
+        except FileNotFoundError:
+            if key.endswith("-full"):  # the trace's whole tool results: a run that needs a quiet hour
+                continue
+            raise
         a = raw.doc["config"]["agents"]
+        whole = ", whole tool results" if a["k_max"] >= FULL_K else ""
         sides = table(raw, "per side")
         serve = _row(sides, side="serve")
         best = table(raw, "serve ÷ llama-server")[0]["best llama-server (by makespan)"]
         for t in table(raw, "the issue's targets"):
-            what = f"Agent trace, {a['agents']} agents × {a['turns']} turns, {slots(raw)} slots: {t['target']}"
+            what = f"Agent trace, {a['agents']} agents × {a['turns']} turns{whole}, {slots(raw)} slots: {t['target']}"
             mine = (f"evaluated {fmt(serve['evaluated'])}" if "evaluated" in t["target"]
                     else f"makespan {fmt(serve['makespan_s'])} s" if "makespan" in t["target"]
                     else f"TTFT p95 {fmt(serve['ttft_p95_s'])} s")
