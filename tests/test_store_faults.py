@@ -16,6 +16,7 @@ import pytest
 from magnitude_tui import store_open
 from magnitude_tui.export import pane_markdown
 from magnitude_tui.store import MessageRecord, PaneRecord, Store
+from magnitude_tui.store_open import SCHEMA
 from tests.app_support import ScriptedClient, make_app, one_turn, settle, wait_for
 
 
@@ -194,12 +195,10 @@ def test_a_wal_that_holds_only_part_of_a_lost_database_is_kept_and_an_empty_stor
     assert store.moved_to is not None and store.moved_to.with_name(store.moved_to.name + "-wal").read_bytes() == wal
 
 
-def test_a_file_damaged_under_the_running_app_goes_on_in_memory_says_so_and_is_kept(tmp_path):
-    # "database disk image is malformed" (a DatabaseError, not OperationalError) raised from the
-    # next read or write into the app, which quit and lost the conversation it held.
-    path = tmp_path / "m.db"
+def _garbled_under_it(path: Path, told: list[str]) -> Store:
+    """A store of pane A1's 200 messages whose file another program, or the disk, then garbles
+    (a page of messages) under it; its notices go to `told`."""
     store = Store(path)
-    told: list[str] = []
     store.on_notice = told.append
     store.open_workspace(resume=False)
     store.add_pane(PaneRecord("p1", "A1"))
@@ -207,9 +206,18 @@ def test_a_file_damaged_under_the_running_app_goes_on_in_memory_says_so_and_is_k
     for i in range(200):
         store.add_message("p1", MessageRecord("user", f"m {i} " + "x" * 1000))
     store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    with open(path, "r+b") as f:  # another program, or the disk, garbles a page of messages under it
+    with open(path, "r+b") as f:
         f.seek(4096 * 29)
         f.write(bytes(range(256)) * 16)
+    return store
+
+
+def test_a_file_damaged_under_the_running_app_goes_on_in_memory_says_so_and_is_kept(tmp_path):
+    # "database disk image is malformed" (a DatabaseError, not OperationalError) raised from the
+    # next read or write into the app, which quit and lost the conversation it held.
+    path = tmp_path / "m.db"
+    told: list[str] = []
+    store = _garbled_under_it(path, told)
     damaged = path.read_bytes()
     store.messages("p1")  # read: no exception
     reply = MessageRecord("assistant", "still here", complete=False)
@@ -290,18 +298,7 @@ def test_a_file_damaged_under_the_running_app_keeps_what_still_reads(tmp_path):
     # The copy in memory of a damaged file fails its check, and the session went on with an empty
     # store: no workspace, no panes (the next pane was named A1 again beside the open A1, and f4
     # listed nothing) and none of the messages on pages that still read.
-    path = tmp_path / "m.db"
-    store = Store(path)
-    store.on_notice = lambda _: None
-    store.open_workspace(resume=False)
-    store.add_pane(PaneRecord("p1", "A1"))
-    store._db.execute("PRAGMA cache_size = 10")
-    for i in range(200):
-        store.add_message("p1", MessageRecord("user", f"m {i} " + "x" * 1000))
-    store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    with open(path, "r+b") as f:
-        f.seek(4096 * 29)
-        f.write(bytes(range(256)) * 16)
+    store = _garbled_under_it(tmp_path / "m.db", [])
     store.messages("p1")
     store.add_message("p1", MessageRecord("assistant", "still here"))
     assert store.read_only and "damaged" in store.read_only
@@ -317,10 +314,6 @@ def test_a_wal_rebuilt_into_a_file_that_is_not_a_store_of_ours_gives_an_empty_st
     # A store killed between writing its schema and stamping its version leaves a log that
     # rebuilds into a sound database without our version: opening the rebuild raised an internal
     # _Unreadable out of Store() (a traceback at start).
-    import sqlite3
-
-    from magnitude_tui.store_open import SCHEMA
-
     src = tmp_path / "src.db"
     db = sqlite3.connect(src)
     db.execute("PRAGMA journal_mode=WAL")
