@@ -9,7 +9,7 @@ from pathlib import Path
 
 import platformdirs
 
-from magnitude_tui.store_saving import encodable_text
+from magnitude_tui.engine.text import encodable_text
 from magnitude_tui.widgets.chat_pane import ChatPane
 
 

@@ -4,9 +4,10 @@ can no longer take a write, and Transaction over it."""
 from __future__ import annotations
 
 import contextlib
-import re
 import sqlite3
 from typing import Callable, Iterator
+
+from magnitude_tui.engine.text import encodable_text  # SQLite holds UTF-8 text only
 
 # SQLite's primary result codes for a file the session can no longer use, with what stopped
 # saving and what brings it back: a write the file cannot take, or a file damaged (or replaced)
@@ -25,17 +26,6 @@ _CANNOT_WRITE = {
 }
 _CANNOT_WRITE_WORDS = (("database is locked", 5), ("readonly database", 8), ("disk I/O error", 10), ("malformed", 11),
                        ("disk is full", 13), ("unable to open database", 14), ("not a database", 26))
-
-
-# Lone surrogates (a JSON "\ud800" escape from a remote server, bytes that are not UTF-8 in a
-# file name): SQLite holds UTF-8 text only, and encoding one raised into the app, which quit.
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def encodable_text(text: str) -> str:
-    """`text` with every lone surrogate shown as U+FFFD, as a UTF-8 reader shows a byte it cannot
-    read (the rest of the text is kept as it is): what a UTF-8 file or database can hold."""
-    return _SURROGATE.sub("\ufffd", text)
 
 
 def encodable(params: tuple | list) -> tuple:

@@ -53,3 +53,8 @@ def test_a_first_half_that_ends_the_stream_is_a_replacement_character():
     # Held for its other half, which never comes: said as U+FFFD before DONE, not dropped.
     items = read('data: {"choices":[{"delta":{"content":"ok \\ud83d"}}]}', "", "data: [DONE]", "")
     assert [i.text for i in items[:-1]] == ["ok ", "\ufffd"] and items[-1] is DONE
+
+
+def test_a_lone_half_inside_one_event_is_a_replacement_character():
+    items = read('data: {"choices":[{"delta":{"content":"a \\ud800 b"}}]}', "", "data: [DONE]", "")
+    assert [i.text for i in items[:-1]] == ["a \ufffd b"] and items[-1] is DONE

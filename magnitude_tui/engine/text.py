@@ -1,8 +1,23 @@
-"""Provides ReplyText: a sequence's sampled tokens turned into the text its user may see."""
+"""Provides ReplyText: a sequence's sampled tokens turned into the text its user may see; and encodable_text."""
 
 from __future__ import annotations
 
+import re
+
 from backend.protocol import Detokenizer
+
+# UTF-16 halves in a str: a remote server's JSON escapes (a character cut between two events
+# arrives as `\ud83d`, then `\ude00`), or os.listdir's stand-ins for bytes that are not UTF-8.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable_text(text: str) -> str:
+    """`text` as UTF-8 can hold it: each pair of halves joined into its character, each lone half
+    shown as U+FFFD (as a UTF-8 reader shows a byte it cannot read), the rest as it is. A str with
+    a lone half cannot be encoded: saving it, or sending it back to a server, raised."""
+    if not _SURROGATE.search(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 class ReplyText:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, replace
 from typing import AsyncGenerator, AsyncIterator
 
 from magnitude_tui.engine.events import ServerTimings
+from magnitude_tui.engine.text import encodable_text
 from scheduler.types import ToolCallDelta
 
 
@@ -58,19 +58,6 @@ class Chunk:
 
 DONE = object()  # the `data: [DONE]` sentinel
 
-# UTF-16 halves: json.loads makes an escaped pair one character, but a server that cuts a
-# character between two events sends each half alone (`\ud83d`, then `\ude00`).
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _text(value: str) -> str:
-    """`value` with each pair of halves joined into its character and each lone half as U+FFFD.
-    A lone half cannot be encoded: kept in the pane's history, it failed every later request that
-    sent the history back (and the pane's save)."""
-    if not _SURROGATE.search(value):
-        return value
-    return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-
 
 def _is_high_half(text: str) -> bool:
     return bool(text) and "\ud800" <= text[-1] <= "\udbff"
@@ -89,7 +76,8 @@ async def events(lines: AsyncIterator[str]) -> AsyncGenerator[Chunk | object, No
         text, held = held + chunk.text, ""
         if _is_high_half(text) and chunk.finish_reason is None:
             text, held = text[:-1], text[-1]
-        return replace(chunk, text=_text(text)) if text != chunk.text else chunk
+        text = encodable_text(text)
+        return replace(chunk, text=text) if text != chunk.text else chunk
 
     async for line in lines:
         if line == "":
@@ -122,9 +110,10 @@ async def events(lines: AsyncIterator[str]) -> AsyncGenerator[Chunk | object, No
 
 
 def parse_chunk(payload: str) -> Chunk:
-    """One event's chunk, its text with UTF-16 halves made whole (see `_text`)."""
+    """One event's chunk, its text with UTF-16 halves made whole (`encodable_text`)."""
     chunk = _parse(payload)
-    return replace(chunk, text=_text(chunk.text)) if _SURROGATE.search(chunk.text) else chunk
+    text = encodable_text(chunk.text)
+    return replace(chunk, text=text) if text != chunk.text else chunk
 
 
 def _parse(payload: str) -> Chunk:
@@ -185,8 +174,8 @@ def _tool_calls(raw, payload: str) -> tuple[ToolCallDelta, ...]:
             raise MalformedStream(f"a 'delta.tool_calls' entry has no integer 'index' or its id, name or "
                                   f"arguments are not text: {payload[:120]!r}")
         call_id, name = entry.get("id") or None, fn.get("name") or None
-        out.append(ToolCallDelta(index=index, id=_text(call_id) if call_id else None,
-                                 name=_text(name) if name else None, arguments=_text(fn.get("arguments") or "")))
+        out.append(ToolCallDelta(index=index, id=encodable_text(call_id) if call_id else None,
+                                 name=encodable_text(name) if name else None, arguments=encodable_text(fn.get("arguments") or "")))
     return tuple(out)
 
 
