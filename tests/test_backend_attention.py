@@ -137,6 +137,34 @@ def test_only_the_cpu_flash_kernel_reports_an_attention_tile():
 # ---- the real model ------------------------------------------------------------------------------
 
 @pytest.mark.slow
+def _prompt(seq: int, pos0: int, n: int, logits: bool = True):
+    from scheduler.types import SeqSlice
+
+    return SeqSlice(seq, pos0, tuple(range(100, 100 + n)), logits, False)
+
+
+def test_a_few_rows_of_a_last_partial_tile_are_cut_off_to_run_one_at_a_time():
+    # 64 + 5 rows of one prompt: the 5 go to the second call, the prompt's logits with them.
+    head, tail = attention.partial_tile([_prompt(0, 300, 69)], 64, beside=1)
+    assert [(s.seq_id, s.pos0, len(s.tokens), s.want_logits) for s in head] == [(0, 300, 64, False)]
+    assert [(s.seq_id, s.pos0, len(s.tokens), s.want_logits) for s in tail] == [(0, 364, 5, True)]
+    assert head[0].tokens + tail[0].tokens == _prompt(0, 300, 69).tokens
+    # Two prompts: the tail takes the last one whole (3 rows) and 2 rows of the one before.
+    head, tail = attention.partial_tile([_prompt(1, 0, 130, logits=False), _prompt(2, 40, 3)], 64, beside=0)
+    assert [(s.seq_id, s.pos0, len(s.tokens), s.want_logits) for s in head] == [(1, 0, 128, False)]
+    assert [(s.seq_id, s.pos0, len(s.tokens), s.want_logits) for s in tail] == [(1, 128, 2, False), (2, 40, 3, True)]
+
+
+def test_a_step_stays_whole_where_the_cut_would_not_pay():
+    whole = [_prompt(0, 0, 64 + 17)]  # more than a quarter tile: the partial tile is cheaper
+    assert attention.partial_tile(whole, 64, beside=0) == (whole, [])
+    for prompt, beside in (([_prompt(0, 0, 128)], 0),  # no partial tile
+                           ([_prompt(0, 0, 40)], 0),  # no tile at all: one row at a time anyway
+                           ([_prompt(0, 0, 64 + 8)], 56)):  # with the decode rows it would be tiled
+        assert attention.partial_tile(prompt, 64, beside) == (prompt, [])
+    assert attention.partial_tile([_prompt(0, 0, 70)], 0, beside=0) == ([_prompt(0, 0, 70)], [])
+
+
 def test_load_measures_both_paths_caches_the_verdict_and_reports_it(tmp_path, monkeypatch):
     need_real_model()
     from backend.llama_backend import LlamaBackend
