@@ -70,7 +70,8 @@ def partial_tile(prompt: list[SeqSlice], tile: int, beside: int) -> tuple[list[S
     rest = rows % tile if tile else 0
     if rows < tile or rest == 0 or rest > tile // PARTIAL_TILE_SPLIT or rest + beside >= tile:
         return prompt, []
-    head, tail = list(prompt), []
+    head: list[SeqSlice] = list(prompt)
+    tail: list[SeqSlice] = []
     while rest:
         s = head.pop()
         k = len(s.tokens)
