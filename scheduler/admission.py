@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from scheduler.ram_tier import MIN_TOKENS as RAM_MIN_TOKENS
 from scheduler.residency import Residency
 from scheduler.sequence import Sequence, Session, common_prefix_len
 from scheduler.types import ErrorKind, Phase
@@ -50,6 +51,28 @@ class Admission:
         self.gen_reserve = gen_reserve
         self.hold = False  # after a preemption, until something frees KV
         self.num_admitted = 0
+
+    def _from_ram(self, seq: Sequence, tokens: list[int]) -> Session | None:
+        """An evicted conversation whose KV waits in host memory takes a slot again (restoring
+        costs a copy; evaluating its history again, seconds), when a slot is free or an idle one
+        can be evicted and its cells are free; None when it cannot come back now."""
+        res = self.residency
+        saved = res.ram.tokens(seq.session_id) or []
+        reuse = min(common_prefix_len(saved, tokens), len(tokens) - 1)
+        parent_id = seq.request.fork_from or res.fork_parent.get(seq.session_id)
+        parent = res.sessions.get(parent_id) if parent_id else None
+        shared = common_prefix_len(parent.committed_tokens(), tokens) if parent is not None else 0
+        # A subagent whose parent is still resident shares its prefix again and rebuilds its own
+        # rows, unless the saved state spares more rows than the prefix it would hold a second copy of.
+        if reuse - shared < max(RAM_MIN_TOKENS, shared):
+            return None
+        keep = {seq.session_id, parent_id}
+        free = res.free_slots()
+        while not free and res.evict_lru(keep):
+            free = res.free_slots()
+        if not free or len(saved) > self.kv_free() or not res.restore(seq.session_id, free[0], keep):
+            return None
+        return res.sessions[seq.session_id]
 
     def check(self, seq: Sequence) -> None:
         """RequestError if the request could never run, whatever else is running."""
@@ -116,6 +139,8 @@ class Admission:
         tokens = seq.all_tokens()
         cap = len(tokens) - 1  # at least one row must be evaluated to get logits
         own = res.sessions.get(seq.session_id)
+        if own is None and seq.session_id in res.ram:
+            own = self._from_ram(seq, tokens)
         # A later turn of a forked conversation may reuse its parent's prefix again (after its own
         # KV was evicted, that is all that is left of it).
         parent_id = seq.request.fork_from or res.fork_parent.get(seq.session_id)

@@ -13,6 +13,7 @@ class KvCache(Protocol):
     def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None: ...
     def kv_pos_max(self, seq_id: int) -> int: ...
     def kv_load(self, seq_id: int, state: bytes) -> int: ...
+    def kv_save(self, seq_id: int) -> bytes: ...
 
 
 class KvLedger:
@@ -84,6 +85,10 @@ class KvLedger:
         self._cells[dst_seq] = list(shared)
         self._exclusive.clear()  # cells src held alone are shared now: count again when asked
         return held
+
+    def save(self, seq_id: int) -> bytes:
+        """The sequence's state (its cells' positions, K and V), as the backend copies it."""
+        return self.kv.kv_save(seq_id)
 
     def load(self, seq_id: int, state: bytes, n_tokens: int) -> int:
         """Restore a saved state into `seq_id` and keep its first `n_tokens` positions, or fewer

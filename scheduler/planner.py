@@ -14,6 +14,7 @@ from scheduler.budget import MIN_PREFILL_QUANTUM, Policy, StepShape, parse_polic
 from scheduler.cost_model import CostModel
 from scheduler.drafts import DraftKind
 from scheduler.ledger import KvCache
+from scheduler.ram_tier import DEFAULT_BYTES as DEFAULT_RAM_BYTES
 from scheduler.ramp import PromptRamp
 from scheduler.relief import DRAFT_PAUSE_STEPS, KvRelief, Remedy
 from scheduler.residency import Residency
@@ -59,11 +60,12 @@ class Scheduler:
         n_ubatch: int | None = None,
         attention_tile: int = 0,
         speculator: Speculator | None = None,
+        ram_bytes: int = DEFAULT_RAM_BYTES,
     ) -> None:
         if n_seq_max > n_batch:
             raise ValueError(f"n_seq_max ({n_seq_max}) must not exceed n_batch ({n_batch}): every "
                              "generating sequence needs its decode row in each step")
-        self.residency = Residency(kv, n_seq_max)
+        self.residency = Residency(kv, n_seq_max, ram_bytes)
         self.kv = self.residency.kv  # the KV ledger
         self.sessions = self.residency.sessions
         self.n_ctx = n_ctx

@@ -6,6 +6,7 @@ from typing import Callable
 
 from scheduler.cost_model import CostModel
 from scheduler.ledger import KvCache, KvLedger
+from scheduler.ram_tier import DEFAULT_BYTES, RamTier
 from scheduler.sequence import Sequence, Session
 from scheduler.types import AttentionPath, used_cells_kpos
 
@@ -21,8 +22,10 @@ class Residency:
     Every KV operation goes through the ledger, so the count of cells stays exact.
     """
 
-    def __init__(self, kv: KvCache, n_seq_max: int) -> None:
+    def __init__(self, kv: KvCache, n_seq_max: int, ram_bytes: int = DEFAULT_BYTES) -> None:
         self.kv = KvLedger(kv, n_seq_max)
+        # Evicted idle conversations' KV in host memory (ram_tier.py): their next turn restores it.
+        self.ram = RamTier(ram_bytes)
         self.n_seq_max = n_seq_max
         self.sessions: dict[str, Session] = {}
         self._slot_owner: dict[int, Session] = {}
@@ -99,6 +102,7 @@ class Residency:
         """Forget a conversation and free its slot and KV."""
         session = self.sessions.pop(session_id, None)
         self.fork_parent.pop(session_id, None)
+        self.ram.drop(session_id)
         if session is not None and session.seq_id is not None:
             self.release(session)
 
@@ -112,6 +116,7 @@ class Residency:
             return False
         waiting = self.waiting_parents()
         victim = min(idle, key=lambda s: (s.awaits_tools or s.session_id in waiting, s.last_used))
+        self._stash(victim)
         self.release(victim)
         del self.sessions[victim.session_id]
         self._prune_forks()
@@ -161,12 +166,36 @@ class Residency:
             cells = self.kv.exclusive_cells(session.slot)
             session.rent_ms += attn_ms * step_rows * cells / 1000.0
             if cells and session.rent_ms > recompute_ms(cells):
+                self._stash(session)
                 self.release(session)
                 del self.sessions[session.session_id]
                 evicted.append(session.session_id)
         if evicted:
             self._prune_forks()
         return evicted
+
+    def _stash(self, session: Session) -> None:
+        """Keep an idle conversation's KV in host memory as it is evicted (when worth it and the
+        backend can copy it: a failed copy only means its next turn evaluates it again)."""
+        if not self.ram.wants(session.tokens):
+            return
+        try:
+            state = self.kv.save(session.slot)
+        except Exception:
+            return
+        self.ram.put(session.session_id, session.tokens, state)
+
+    def restore(self, session_id: str, slot: int, protect: set) -> bool:
+        """Bring a conversation's KV back from host memory into free `slot`; False (and the saved
+        state dropped) when the backend refuses it."""
+        saved = self.ram.take(session_id)
+        if saved is None:
+            return False
+        try:
+            self.adopt(session_id, slot, *saved)
+        except Exception:
+            return False
+        return True
 
     def release(self, session: Session) -> None:
         self.kv.remove(session.slot)

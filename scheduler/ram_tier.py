@@ -1,0 +1,68 @@
+"""Provides RamTier: the KV of evicted idle conversations kept in host memory, so that their next
+turn restores it instead of evaluating the whole history again."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+# A conversation shorter than this is left to its next prefill: a handful of rows costs about
+# what saving and restoring them would.
+MIN_TOKENS = 64
+
+# The default budget: llama-server's `--cache-ram` keeps up to 8 GiB of slot prompts; this engine's
+# idle conversations stay resident in the context first, so the tier only holds what a slot or
+# the cells were needed for. A 1,000-token conversation of SmolLM2-135M is about 23 MB.
+DEFAULT_BYTES = 2 << 30
+
+
+class RamTier:
+    """Saved sequence states by conversation, up to `budget` bytes; the oldest saved go first
+    when a new one needs the room. A budget of 0 keeps nothing."""
+
+    def __init__(self, budget: int = DEFAULT_BYTES) -> None:
+        self.budget = max(0, budget)
+        self.used = 0
+        self._saved: OrderedDict[str, tuple[list[int], bytes]] = OrderedDict()
+        self.saved_count = 0  # states kept, in all
+        self.restored_count = 0  # states taken back into a slot
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._saved
+
+    def __len__(self) -> int:
+        return len(self._saved)
+
+    def wants(self, tokens: list[int]) -> bool:
+        """Whether a conversation holding `tokens` is worth saving."""
+        return self.budget > 0 and len(tokens) >= MIN_TOKENS
+
+    def put(self, session_id: str, tokens: list[int], state: bytes) -> bool:
+        """Keep `state` (the first len(tokens) positions of `tokens`); False when it cannot fit."""
+        self.drop(session_id)
+        size = len(state)
+        if size > self.budget:
+            return False
+        while self.used + size > self.budget:
+            _, (_, old) = self._saved.popitem(last=False)
+            self.used -= len(old)
+        self._saved[session_id] = (list(tokens), state)
+        self.used += size
+        self.saved_count += 1
+        return True
+
+    def tokens(self, session_id: str) -> list[int] | None:
+        saved = self._saved.get(session_id)
+        return None if saved is None else saved[0]
+
+    def take(self, session_id: str) -> tuple[list[int], bytes] | None:
+        """The saved tokens and state, no longer kept."""
+        saved = self._saved.pop(session_id, None)
+        if saved is not None:
+            self.used -= len(saved[1])
+            self.restored_count += 1
+        return saved
+
+    def drop(self, session_id: str) -> None:
+        saved = self._saved.pop(session_id, None)
+        if saved is not None:
+            self.used -= len(saved[1])

@@ -1,0 +1,91 @@
+"""Evicted idle conversations' KV kept in host memory (scheduler/ram_tier.py): the next turn of an
+agent whose slot went to a subagent restores its history instead of evaluating it again."""
+
+from __future__ import annotations
+
+from backend.fake import FakeBackend
+from scheduler.ram_tier import MIN_TOKENS, RamTier
+from tests.engine_driver import assert_clean, by_request, chat, engine_for
+
+LONG = ("system", "You are agent A; you read files and answer in short. " * 12)
+
+
+def test_the_tier_keeps_states_within_its_budget_dropping_the_oldest_first():
+    tier = RamTier(budget=100)
+    assert tier.put("a", list(range(70)), b"x" * 40) and tier.put("b", list(range(70)), b"y" * 40)
+    assert tier.put("c", list(range(70)), b"z" * 40)  # 120 > 100: "a" goes
+    assert "a" not in tier and "b" in tier and "c" in tier and tier.used == 80
+    assert not tier.put("d", list(range(70)), b"w" * 101)  # larger than the whole budget
+    assert tier.tokens("b") == list(range(70))
+    assert tier.take("b") == (list(range(70)), b"y" * 40) and "b" not in tier and tier.used == 40
+    tier.drop("c")
+    assert len(tier) == 0 and tier.used == 0 and tier.take("c") is None
+    assert not tier.wants(list(range(MIN_TOKENS - 1))) and tier.wants(list(range(MIN_TOKENS)))
+    assert not RamTier(budget=0).wants(list(range(1000)))
+
+
+def _evict_a_then_return(engine):
+    """A answers, B answers, C needs a slot (A, the least recently used, is evicted), then A's
+    next turn; returns A's last update of that turn."""
+    engine.submit(chat("a1", "A", LONG, "list the files"))
+    engine.run_until_idle()
+    engine.submit(chat("b1", "B", "hi"))
+    engine.run_until_idle()
+    engine.submit(chat("c1", "C", "hello"))
+    engine.run_until_idle()
+    assert "A" not in engine.scheduler.sessions  # evicted for C
+    engine.submit(chat("a2", "A", LONG, "list the files", ("assistant", "The"), "now read one"))
+    return by_request(engine.run_until_idle())["a2"][-1]
+
+
+def test_an_evicted_conversation_comes_back_from_host_memory_not_from_a_new_prefill():
+    engine, backend = engine_for(FakeBackend(n_seq_max=2, eog_after=3))
+    ram = engine.scheduler.residency.ram
+    a2 = _evict_a_then_return(engine)
+    assert ram.saved_count >= 1 and ram.restored_count == 1
+    history = len(backend.tokenize_chat(chat("x", "A", LONG, "list the files").messages))
+    assert a2.error is None and a2.cached_tokens >= history - 1
+    assert "A" not in ram  # taken back: a slot holds it again
+    assert_clean(engine, "A", "B", "C")
+    assert ram.used == 0 and len(ram) == 0
+
+
+def test_without_the_tier_the_same_turn_is_evaluated_again():
+    engine, backend = engine_for(FakeBackend(n_seq_max=2, eog_after=3))
+    engine.scheduler.residency.ram.budget = 0
+    a2 = _evict_a_then_return(engine)
+    assert a2.error is None and a2.cached_tokens == 0
+    assert_clean(engine, "A", "B", "C")
+
+
+def test_a_state_the_backend_refuses_leaves_the_turn_to_a_cold_prefill():
+    engine, backend = engine_for(FakeBackend(n_seq_max=2, eog_after=3))
+    ram = engine.scheduler.residency.ram
+    engine.submit(chat("a1", "A", LONG, "list the files"))
+    engine.run_until_idle()
+    engine.submit(chat("b1", "B", "hi"))
+    engine.run_until_idle()
+    engine.submit(chat("c1", "C", "hello"))
+    engine.run_until_idle()
+    tokens, _ = ram.take("A")
+    ram.put("A", tokens, b"not a state")
+    engine.submit(chat("a2", "A", LONG, "list the files", ("assistant", "The"), "now read one"))
+    a2 = by_request(engine.run_until_idle())["a2"][-1]
+    assert a2.error is None and a2.cached_tokens == 0 and "A" not in ram
+    assert_clean(engine, "A", "B", "C")
+
+
+def test_closing_a_conversation_forgets_its_saved_state():
+    engine, backend = engine_for(FakeBackend(n_seq_max=2, eog_after=3))
+    ram = engine.scheduler.residency.ram
+    engine.submit(chat("a1", "A", LONG, "list the files"))
+    engine.run_until_idle()
+    engine.submit(chat("b1", "B", "hi"))
+    engine.run_until_idle()
+    engine.submit(chat("c1", "C", "hello"))
+    engine.run_until_idle()
+    assert "A" in ram
+    engine.close_session("A")
+    engine.run_until_idle()
+    assert "A" not in ram and ram.used == 0
+    assert_clean(engine, "B", "C")
