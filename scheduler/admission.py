@@ -52,27 +52,23 @@ class Admission:
         self.hold = False  # after a preemption, until something frees KV
         self.num_admitted = 0
 
-    def _from_ram(self, seq: Sequence, tokens: list[int]) -> Session | None:
+    def _from_ram(self, session_id: str, tokens: list[int], keep: set, shared: int) -> Session | None:
         """An evicted conversation whose KV waits in host memory takes a slot again (restoring
         costs a copy; evaluating its history again, seconds), when a slot is free or an idle one
-        can be evicted and its cells are free; None when it cannot come back now."""
+        can be evicted and its cells are free, and when it spares `tokens` more rows than the
+        `shared` ones another resident conversation gives them already (it would hold a second
+        copy of those); None when it does not come back now."""
         res = self.residency
-        saved = res.ram.tokens(seq.session_id) or []
+        saved = res.ram.tokens(session_id) or []
         reuse = min(common_prefix_len(saved, tokens), len(tokens) - 1)
-        parent_id = seq.request.fork_from or res.fork_parent.get(seq.session_id)
-        parent = res.sessions.get(parent_id) if parent_id else None
-        shared = common_prefix_len(parent.committed_tokens(), tokens) if parent is not None else 0
-        # A subagent whose parent is still resident shares its prefix again and rebuilds its own
-        # rows, unless the saved state spares more rows than the prefix it would hold a second copy of.
         if reuse - shared < max(RAM_MIN_TOKENS, shared):
             return None
-        keep = {seq.session_id, parent_id}
         free = res.free_slots()
         while not free and res.evict_lru(keep):
             free = res.free_slots()
-        if not free or len(saved) > self.kv_free() or not res.restore(seq.session_id, free[0], keep):
+        if not free or len(saved) > self.kv_free() or not res.restore(session_id, free[0], keep):
             return None
-        return res.sessions[seq.session_id]
+        return res.sessions[session_id]
 
     def check(self, seq: Sequence) -> None:
         """RequestError if the request could never run, whatever else is running."""
@@ -139,11 +135,19 @@ class Admission:
         tokens = seq.all_tokens()
         cap = len(tokens) - 1  # at least one row must be evaluated to get logits
         own = res.sessions.get(seq.session_id)
-        if own is None and seq.session_id in res.ram:
-            own = self._from_ram(seq, tokens)
         # A later turn of a forked conversation may reuse its parent's prefix again (after its own
         # KV was evicted, that is all that is left of it).
         parent_id = seq.request.fork_from or res.fork_parent.get(seq.session_id)
+        keep = {seq.session_id, parent_id}
+        if own is None and seq.session_id in res.ram:
+            resident = res.sessions.get(parent_id) if parent_id else None
+            shared = common_prefix_len(resident.committed_tokens(), tokens) if resident is not None else 0
+            own = self._from_ram(seq.session_id, tokens, keep, shared)
+        if parent_id and parent_id != seq.session_id and parent_id not in res.sessions and parent_id in res.ram:
+            # A subagent forked from a conversation evicted meanwhile (its slot went to the burst's
+            # other subagents): the parent comes back, and the fork shares its prefix.
+            mine = common_prefix_len(own.committed_tokens(), tokens) if own is not None else 0
+            self._from_ram(parent_id, tokens, keep, mine)
         parent = res.sessions.get(parent_id) if parent_id and parent_id != seq.session_id else None
         own_cached = own.committed_tokens() if own is not None else []
         own_n = min(common_prefix_len(own_cached, tokens), cap)

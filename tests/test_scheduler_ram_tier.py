@@ -89,3 +89,23 @@ def test_closing_a_conversation_forgets_its_saved_state():
     engine.run_until_idle()
     assert "A" not in ram and ram.used == 0
     assert_clean(engine, "B", "C")
+
+
+def test_a_subagent_forked_from_a_parent_in_host_memory_brings_the_parent_back_and_shares_it():
+    # Two slots. The parent answers, then X and Y take the slots (the parent goes to host memory);
+    # a subagent forked from the parent then restores it and shares its prefix: it evaluated its
+    # whole prompt before (a burst's first subagent did, 634 tokens, in bench agents).
+    engine, backend = engine_for(FakeBackend(n_seq_max=2, eog_after=3))
+    ram = engine.scheduler.residency.ram
+    engine.submit(chat("p1", "P", LONG, "plan"))
+    engine.run_until_idle()
+    for rid, sid in (("x1", "X"), ("y1", "Y")):
+        engine.submit(chat(rid, sid, "hi"))
+        engine.run_until_idle()
+    assert "P" not in engine.scheduler.sessions and "P" in ram
+    engine.submit(chat("s1", "S", LONG, "plan", ("assistant", "ok"), "check a file", fork_from="P"))
+    s1 = by_request(engine.run_until_idle())["s1"][-1]
+    history = len(backend.tokenize_chat(chat("x", "P", LONG, "plan").messages))
+    assert s1.error is None and s1.cached_tokens >= history - 1
+    assert "P" in engine.scheduler.sessions and "P" not in ram
+    assert_clean(engine, "P", "X", "Y", "S")
