@@ -14,6 +14,7 @@ from magnitude_tui.cli_options import (
     CtxOpt,
     DeviceOpt,
     DraftModelOpt,
+    KvRamOpt,
     ModelOpt,
     PolicyOpt,
     RemoteModelOpt,
@@ -72,6 +73,7 @@ def main(
     kv_disk_mb: int = typer.Option(
         1024, "--kv-disk-mb", help="Disk the saved KV of idle conversations may take, in MB (warm "
         "--resume: a conversation's next reply starts from it; least recently used dropped first; 0 = off)."),
+    kv_ram_mb: int = KvRamOpt,
     check: bool = typer.Option(False, "--check", metavar=" ",
                                help="Check the options and the model file, print what would run, and exit."),
     verbose: bool = VerboseOpt,
@@ -93,6 +95,7 @@ def main(
                                 local=not remote)
         if kv_disk_mb < 0:
             raise preflight.OptionError(f"--kv-disk-mb: expected 0 (off) or more, got {kv_disk_mb}")
+        preflight.check_kv_ram(kv_ram_mb)
         if theme is not None:
             from magnitude_tui.app import available_themes
 
@@ -139,6 +142,7 @@ def main(
         # Saved KV lives next to the database it belongs with (the conversations' own store).
         engine = EngineConfig(backend, policy=policy, auto_threads=threads is None,
                               warm_dir=str(default_db_path().parent / "kv"), warm_budget_mb=kv_disk_mb,
+                              kv_ram_mb=kv_ram_mb,
                               spec=spec_mode)
     # --serve exposes the local engine; a remote one is already a server.
     serving: dict[str, Any] = {} if remote else {"serve_port": serve_port, "api_key": resolve_api_key(api_key)}

@@ -22,6 +22,10 @@ ApiKeyEnvOpt = typer.Option(None, "--api-key-env", help="Environment variable ho
 DraftModelOpt = typer.Option(None, "--draft-model", help="A GGUF with the model's vocabulary that drafts tokens "
                              "for speculative decoding (the model itself works: an upper bound on acceptance).")
 
+KvRamOpt = typer.Option(2048, "--kv-ram-mb", help="Host memory the KV of evicted idle conversations may take, in "
+                        "MB: a conversation whose slot went to another restores it on its next turn instead of "
+                        "evaluating its history again (oldest dropped first; 0 = off).")
+
 
 def fail(message: str, code: int = 2) -> None:
     """One line on stderr and a non-zero exit: no usage block, no traceback."""

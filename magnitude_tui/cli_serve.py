@@ -6,7 +6,17 @@ from typing import List, Optional
 
 import typer
 
-from magnitude_tui.cli_options import CtxOpt, DeviceOpt, DraftModelOpt, ModelOpt, PolicyOpt, SpecOpt, VerboseOpt, fail
+from magnitude_tui.cli_options import (
+    CtxOpt,
+    DeviceOpt,
+    DraftModelOpt,
+    KvRamOpt,
+    ModelOpt,
+    PolicyOpt,
+    SpecOpt,
+    VerboseOpt,
+    fail,
+)
 
 commands = typer.Typer()
 
@@ -27,6 +37,7 @@ def serve(
                                           "chosen between steps from measured step times, up to all usable)."),
     max_live: int = typer.Option(64, "--max-queue", min=1, help="Requests in flight before 429."),
     draft_model: Optional[str] = DraftModelOpt,
+    kv_ram_mb: int = KvRamOpt,
     verbose: bool = VerboseOpt,
     grace: float = typer.Option(5.0, "--grace", min=0, help="On SIGTERM/SIGINT, seconds the replies in flight "
                                 "get to finish before they are ended with an error event."),
@@ -63,6 +74,7 @@ def serve(
         preflight.check_numbers(n_ctx=n_ctx, threads=threads)
         preflight.check_policy(policy)
         spec_mode = preflight.check_spec(spec, draft_model)
+        preflight.check_kv_ram(kv_ram_mb)
     except preflight.OptionError as exc:
         fail(str(exc))
     key = resolve_api_key(api_key)
@@ -77,7 +89,8 @@ def serve(
                                 realtime=backend_kind.startswith("simulated"))
     except ValueError as exc:
         fail(str(exc))
-    client = WorkerClient(EngineConfig(backend, policy=policy, auto_threads=threads is None, spec=spec_mode),
+    client = WorkerClient(EngineConfig(backend, policy=policy, auto_threads=threads is None, spec=spec_mode,
+                                       kv_ram_mb=kv_ram_mb),
                           log_path=None if verbose else "auto")
     raise_fd_limit()
     client.start()

@@ -116,6 +116,11 @@ def check_policy(policy: str) -> None:
         raise OptionError(f"--policy: {exc}") from None
 
 
+def check_kv_ram(mb: int) -> None:
+    if mb < 0:
+        raise OptionError(f"--kv-ram-mb: expected 0 (off) or more, got {mb}")
+
+
 def check_spec(spec: str, draft_model: str | None = None):
     """The --spec mode; `draft` needs a draft model (said now, not after the model loaded)."""
     from scheduler.speculation import SpecMode, parse_spec_mode

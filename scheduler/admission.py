@@ -66,7 +66,7 @@ class Admission:
         free = res.free_slots()
         while not free and res.evict_lru(keep):
             free = res.free_slots()
-        if not free or len(saved) > self.kv_free() or not res.restore(session_id, free[0], keep):
+        if not free or len(saved) > self.kv_free() or not res.restore(session_id, free[0]):
             return None
         return res.sessions[session_id]
 
@@ -159,6 +159,14 @@ class Admission:
             # Another idle conversation already holds a longer prefix of this prompt (an agent
             # re-sending its history under a new id, a shared system prompt): share its cells.
             parent, par_n = donor, don_n
+        reuse = max(own_n, par_n)
+        if len(res.ram) and len(tokens) - reuse > RAM_MIN_TOKENS:
+            # Another conversation in host memory holds a longer prefix (an agent's history that a
+            # subagent, sent under a new id, repeats, whose slot went to the burst): it comes back
+            # and shares it.
+            saved_id, _ = res.ram.best_prefix(tokens, {seq.session_id})
+            if saved_id is not None and self._from_ram(saved_id, tokens, keep | {saved_id}, reuse):
+                return self._try_admit(seq, now)
         use_parent = par_n > own_n
         n_reuse = par_n if use_parent else own_n
         protect = {seq.session_id, parent_id, parent.session_id if parent is not None else None}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from scheduler.sequence import common_prefix_len
+
 # A conversation shorter than this is left to its next prefill: a handful of rows costs about
 # what saving and restoring them would.
 MIN_TOKENS = 64
@@ -24,7 +26,7 @@ class RamTier:
         self.used = 0
         self._saved: OrderedDict[str, tuple[list[int], bytes]] = OrderedDict()
         self.saved_count = 0  # states kept, in all
-        self.restored_count = 0  # states taken back into a slot
+        self.restored_count = 0  # states a slot took back (Residency.restore)
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._saved
@@ -54,12 +56,21 @@ class RamTier:
         saved = self._saved.get(session_id)
         return None if saved is None else saved[0]
 
+    def best_prefix(self, tokens: list[int], exclude: set) -> tuple[str | None, int]:
+        """The saved conversation sharing the longest prefix with `tokens`, and that length."""
+        best, best_n = None, 0
+        for session_id, (saved, _) in self._saved.items():
+            if session_id not in exclude and saved and tokens and saved[0] == tokens[0]:
+                n = common_prefix_len(saved, tokens)
+                if n > best_n:
+                    best, best_n = session_id, n
+        return best, best_n
+
     def take(self, session_id: str) -> tuple[list[int], bytes] | None:
         """The saved tokens and state, no longer kept."""
         saved = self._saved.pop(session_id, None)
         if saved is not None:
             self.used -= len(saved[1])
-            self.restored_count += 1
         return saved
 
     def drop(self, session_id: str) -> None:

@@ -185,7 +185,7 @@ class Residency:
             return
         self.ram.put(session.session_id, session.tokens, state)
 
-    def restore(self, session_id: str, slot: int, protect: set) -> bool:
+    def restore(self, session_id: str, slot: int) -> bool:
         """Bring a conversation's KV back from host memory into free `slot`; False (and the saved
         state dropped) when the backend refuses it."""
         saved = self.ram.take(session_id)
@@ -195,6 +195,7 @@ class Residency:
             self.adopt(session_id, slot, *saved)
         except Exception:
             return False
+        self.ram.restored_count += 1
         return True
 
     def release(self, session: Session) -> None:

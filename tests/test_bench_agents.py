@@ -106,9 +106,13 @@ def test_unknown_side_is_refused():
         AgentsConfig(sides=("serve", "vllm"))
 
 
-def test_short_replay_counts_what_an_eviction_makes_it_evaluate_again(tmp_path):
+def test_short_replay_counts_what_an_eviction_makes_it_evaluate_again(tmp_path, monkeypatch):
     # The agents' final histories hold about 6,000 tokens together: a 3,200-cell context must drop
-    # some history that a later turn needs again, and the accounting must see it.
+    # some history that a later turn needs again, and the accounting must see it. (With the
+    # host-memory tier on, the engine restores what it dropped instead: the tier is off here.)
+    from scheduler.ram_tier import RamTier
+
+    monkeypatch.setattr(RamTier, "wants", lambda self, tokens: False)
     result = run_agents(_replay_config(tmp_path, n_ctx=3200), argv=["test"])
     for r in result.data["runs"]:
         assert r["errors"] == 0

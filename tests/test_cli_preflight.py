@@ -77,6 +77,7 @@ def test_a_bad_model_file_is_refused_in_one_line(monkeypatch, tmp_path, case):
     (["--temperature", "-1"], "--temperature"),
     (["--max-tokens", "0"], "--max-tokens"),
     (["--kv-disk-mb", "-1"], "--kv-disk-mb"),
+    (["--kv-ram-mb", "-1"], "--kv-ram-mb"),
     (["--workdir", "/no/such/dir"], "no such directory"),
 ])
 def test_a_bad_option_is_refused_in_one_line(monkeypatch, model, args, says):
@@ -93,6 +94,9 @@ def test_good_options_start_the_app(monkeypatch, model):
     assert started[0].warm_dir.endswith("kv") and started[0].warm_budget_mb == 1024
     result, started = _launch(monkeypatch, "--model", model, "--kv-disk-mb", "0")
     assert result.exit_code == 0 and started[0].warm_budget_mb == 0
+    assert started[0].kv_ram_mb == 2048  # evicted conversations' KV in host memory, by default
+    result, started = _launch(monkeypatch, "--model", model, "--kv-ram-mb", "0")
+    assert result.exit_code == 0 and started[0].kv_ram_mb == 0
 
 
 def test_check_prints_what_would_run_and_exits(monkeypatch, model):

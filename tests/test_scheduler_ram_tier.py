@@ -109,3 +109,21 @@ def test_a_subagent_forked_from_a_parent_in_host_memory_brings_the_parent_back_a
     assert s1.error is None and s1.cached_tokens >= history - 1
     assert "P" in engine.scheduler.sessions and "P" not in ram
     assert_clean(engine, "P", "X", "Y", "S")
+
+
+def test_a_request_repeating_a_history_in_host_memory_brings_that_conversation_back_to_share_it():
+    # As serve sees a subagent: a new conversation id (no fork_from) whose prompt repeats an
+    # agent's history; that agent's slot went to others meanwhile, so its KV is in host memory.
+    engine, backend = engine_for(FakeBackend(n_seq_max=2, eog_after=3))
+    ram = engine.scheduler.residency.ram
+    engine.submit(chat("p1", "P", LONG, "plan"))
+    engine.run_until_idle()
+    for rid, sid in (("x1", "X"), ("y1", "Y")):
+        engine.submit(chat(rid, sid, "hi"))
+        engine.run_until_idle()
+    assert "P" in ram
+    engine.submit(chat("s1", "S", LONG, "plan", ("assistant", "ok"), "check a file"))
+    s1 = by_request(engine.run_until_idle())["s1"][-1]
+    history = len(backend.tokenize_chat(chat("x", "P", LONG, "plan").messages))
+    assert s1.error is None and s1.cached_tokens >= history - 1 and "P" not in ram
+    assert_clean(engine, "P", "X", "Y", "S")

@@ -37,6 +37,7 @@ from scheduler.cost_model import CostModel, CostParams
 from scheduler.drafts import DraftKind, DraftSource
 from scheduler.ngram import NgramSource
 from scheduler.planner import Scheduler
+from scheduler.ram_tier import DEFAULT_BYTES as DEFAULT_RAM_BYTES
 from scheduler.speculation import SpecMode, available_sources, parse_spec_mode
 from scheduler.speculator import Speculator
 from scheduler.types import BatchPlan, Request, plan_kpos
@@ -69,10 +70,12 @@ class Engine:
         warm: WarmStore | None = None,
         spec: SpecMode | str = SpecMode.OFF,
         drafts: dict[DraftKind, DraftSource] | None = None,
+        ram_bytes: int = DEFAULT_RAM_BYTES,
     ) -> None:
         """`auto_threads`: choose the backend's CPU thread count between steps, from 1 up to its
         `max_threads`, by measuring (see engine/threads.py); off, the count stays as loaded.
-        `warm`: where idle conversations' KV is saved, and restored from (None: nowhere)."""
+        `warm`: where idle conversations' KV is saved, and restored from (None: nowhere).
+        `ram_bytes`: host memory for the KV of evicted idle conversations (0: none)."""
         self.backend = backend
         # A simulated backend brings its own virtual clock; metrics must read the same time.
         self._clock = clock or backend.clock
@@ -92,6 +95,7 @@ class Engine:
             n_ubatch=backend.n_ubatch,
             # n-gram lookup is always there; a draft model only when one was loaded.
             speculator=Speculator({DraftKind.NGRAM: NgramSource(), **(drafts or {})}, parse_spec_mode(spec)),
+            ram_bytes=ram_bytes,
         )
         self._spec_text = self.scheduler.speculator.mode.value
         self._policy_text = str(self.scheduler.policy)

@@ -9,10 +9,12 @@ from typing import Union, get_args
 
 from backend.factory import BackendConfig
 from scheduler.budget import Policy
+from scheduler.ram_tier import DEFAULT_BYTES as DEFAULT_RAM_BYTES
 from scheduler.speculation import SpecMode
 from scheduler.types import DecodeOutcome, DoneReason, ErrorKind, Message, Phase, Priority, Request, ToolCallDelta
 
 DEFAULT_WARM_BUDGET_MB = 1024  # saved conversation KV on disk, all models together (LRU beyond it)
+DEFAULT_KV_RAM_MB = DEFAULT_RAM_BYTES >> 20  # evicted conversations' KV in host memory
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,9 @@ class EngineConfig:
     # disk it may take there.
     warm_dir: str | None = None
     warm_budget_mb: int = DEFAULT_WARM_BUDGET_MB
+    # Host memory the KV of evicted idle conversations may take, in MB (scheduler/ram_tier.py):
+    # their next turn restores it instead of evaluating the history again. 0: off.
+    kv_ram_mb: int = DEFAULT_KV_RAM_MB
     # Speculative decoding (`--spec`): auto drafts where the cost model says it pays.
     spec: SpecMode = SpecMode.AUTO
 

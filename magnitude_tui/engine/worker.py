@@ -63,7 +63,7 @@ def serve(conn: Connection, config: EngineConfig, log_path: str | None = None) -
         warm, warm_off = _warm_store(config, backend)
         engine = Engine(backend, policy=config.policy, coalesce_ms=config.coalesce_ms,
                         prepare_notice_chars=config.prepare_notice_chars, auto_threads=config.auto_threads,
-                        warm=warm, spec=config.spec,
+                        warm=warm, spec=config.spec, ram_bytes=config.kv_ram_mb << 20,
                         drafts={draft.kind: draft} if draft is not None else None)
         conn.send([LoadProgress(fraction=1.0, model=backend.model_name, device=backend.device_name,
                                 stage="calibrating the step-cost model")])
