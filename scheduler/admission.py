@@ -59,6 +59,9 @@ class Admission:
         `shared` ones another resident conversation gives them already (it would hold a second
         copy of those); None when it does not come back now."""
         res = self.residency
+        if session_id in res.sessions:  # resident again (admitted cold while no slot was free)
+            res.ram.drop(session_id)
+            return None
         saved = res.ram.tokens(session_id) or []
         reuse = min(common_prefix_len(saved, tokens), len(tokens) - 1)
         if reuse - shared < max(RAM_MIN_TOKENS, shared):

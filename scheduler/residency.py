@@ -45,6 +45,7 @@ class Residency:
         """`seq` runs on `slot` for its conversation, starting from `n_reuse` tokens of resident KV:
         the fork parent's (shared cells) when `parent` is given, else the conversation's own."""
         own = self.sessions.get(seq.session_id)
+        self.ram.drop(seq.session_id)  # running again: a state saved before is out of date
         if parent is not None:
             self.kv.copy(parent.slot, slot, n_reuse)
             self.fork_parent[seq.session_id] = parent.session_id

@@ -127,3 +127,30 @@ def test_a_request_repeating_a_history_in_host_memory_brings_that_conversation_b
     history = len(backend.tokenize_chat(chat("x", "P", LONG, "plan").messages))
     assert s1.error is None and s1.cached_tokens >= history - 1 and "P" not in ram
     assert_clean(engine, "P", "X", "Y", "S")
+
+
+def test_a_state_kept_for_a_conversation_that_is_resident_again_is_never_restored_over_it():
+    # A state saved before its conversation came back cold (no slot was free to restore into):
+    # while that conversation ran, a prompt repeating its history restored the state over it and
+    # failed ("could not set up its KV cache"). A conversation that runs again drops its state.
+    engine, backend = engine_for(FakeBackend(n_seq_max=3, eog_after=3))
+    ram = engine.scheduler.residency.ram
+    engine.submit(chat("p1", "P", LONG, "plan"))
+    engine.run_until_idle()
+    p = engine.scheduler.sessions["P"]
+    old = (list(p.tokens), backend.kv_save(p.slot))
+    ram.put("P", *old)
+    backend.eog_after = None  # P's next turn runs until it is cancelled
+    engine.submit(chat("p2", "P", LONG, "plan", ("assistant", "The"), "go on", max_tokens=10_000))
+    for _ in range(3):
+        engine.step()
+    assert engine.scheduler.sessions["P"].live is not None and "P" not in ram
+    ram.put("P", *old)  # as a cold admission left it
+    backend.eog_after = 3
+    engine.submit(chat("s1", "S", LONG, "plan", ("assistant", "ok"), "check a file"))
+    reports = [engine.step() for _ in range(40)]
+    engine.cancel("p2")
+    reports += engine.run_until_idle()
+    s1 = by_request([r for r in reports if r is not None])["s1"][-1]
+    assert s1.done_reason is not None and s1.error is None and "P" not in ram
+    assert_clean(engine, "P", "S")
