@@ -24,16 +24,21 @@ def test_the_tier_keeps_states_within_its_budget_dropping_the_oldest_first():
     assert not RamTier(budget=0).wants(list(range(1000)))
 
 
+def _evicted(engine, sid: str, first: str) -> None:
+    """`sid` answers `first` after the long system prompt, then two others take both slots: `sid`,
+    the least recently used, is evicted (to host memory when the tier is on)."""
+    engine.submit(chat(f"{sid}1", sid, LONG, first))
+    engine.run_until_idle()
+    for other in ("X", "Y"):
+        engine.submit(chat(f"{other}1", other, "hi"))
+        engine.run_until_idle()
+    assert sid not in engine.scheduler.sessions
+
+
 def _evict_a_then_return(engine):
-    """A answers, B answers, C needs a slot (A, the least recently used, is evicted), then A's
-    next turn; returns A's last update of that turn."""
-    engine.submit(chat("a1", "A", LONG, "list the files"))
-    engine.run_until_idle()
-    engine.submit(chat("b1", "B", "hi"))
-    engine.run_until_idle()
-    engine.submit(chat("c1", "C", "hello"))
-    engine.run_until_idle()
-    assert "A" not in engine.scheduler.sessions  # evicted for C
+    """A answers, X and Y take the slots (A is evicted), then A's next turn; returns A's last
+    update of that turn."""
+    _evicted(engine, "A", "list the files")
     engine.submit(chat("a2", "A", LONG, "list the files", ("assistant", "The"), "now read one"))
     return by_request(engine.run_until_idle())["a2"][-1]
 
@@ -46,7 +51,7 @@ def test_an_evicted_conversation_comes_back_from_host_memory_not_from_a_new_pref
     history = len(backend.tokenize_chat(chat("x", "A", LONG, "list the files").messages))
     assert a2.error is None and a2.cached_tokens >= history - 1
     assert "A" not in ram  # taken back: a slot holds it again
-    assert_clean(engine, "A", "B", "C")
+    assert_clean(engine, "A", "X", "Y")
     assert ram.used == 0 and len(ram) == 0
 
 
@@ -55,40 +60,30 @@ def test_without_the_tier_the_same_turn_is_evaluated_again():
     engine.scheduler.residency.ram.budget = 0
     a2 = _evict_a_then_return(engine)
     assert a2.error is None and a2.cached_tokens == 0
-    assert_clean(engine, "A", "B", "C")
+    assert_clean(engine, "A", "X", "Y")
 
 
 def test_a_state_the_backend_refuses_leaves_the_turn_to_a_cold_prefill():
     engine, backend = engine_for(FakeBackend(n_seq_max=2, eog_after=3))
     ram = engine.scheduler.residency.ram
-    engine.submit(chat("a1", "A", LONG, "list the files"))
-    engine.run_until_idle()
-    engine.submit(chat("b1", "B", "hi"))
-    engine.run_until_idle()
-    engine.submit(chat("c1", "C", "hello"))
-    engine.run_until_idle()
+    _evicted(engine, "A", "list the files")
     tokens, _ = ram.take("A")
     ram.put("A", tokens, b"not a state")
     engine.submit(chat("a2", "A", LONG, "list the files", ("assistant", "The"), "now read one"))
     a2 = by_request(engine.run_until_idle())["a2"][-1]
     assert a2.error is None and a2.cached_tokens == 0 and "A" not in ram
-    assert_clean(engine, "A", "B", "C")
+    assert_clean(engine, "A", "X", "Y")
 
 
 def test_closing_a_conversation_forgets_its_saved_state():
     engine, backend = engine_for(FakeBackend(n_seq_max=2, eog_after=3))
     ram = engine.scheduler.residency.ram
-    engine.submit(chat("a1", "A", LONG, "list the files"))
-    engine.run_until_idle()
-    engine.submit(chat("b1", "B", "hi"))
-    engine.run_until_idle()
-    engine.submit(chat("c1", "C", "hello"))
-    engine.run_until_idle()
+    _evicted(engine, "A", "list the files")
     assert "A" in ram
     engine.close_session("A")
     engine.run_until_idle()
     assert "A" not in ram and ram.used == 0
-    assert_clean(engine, "B", "C")
+    assert_clean(engine, "X", "Y")
 
 
 def test_a_subagent_forked_from_a_parent_in_host_memory_brings_the_parent_back_and_shares_it():
@@ -97,12 +92,8 @@ def test_a_subagent_forked_from_a_parent_in_host_memory_brings_the_parent_back_a
     # whole prompt before (a burst's first subagent did, 634 tokens, in bench agents).
     engine, backend = engine_for(FakeBackend(n_seq_max=2, eog_after=3))
     ram = engine.scheduler.residency.ram
-    engine.submit(chat("p1", "P", LONG, "plan"))
-    engine.run_until_idle()
-    for rid, sid in (("x1", "X"), ("y1", "Y")):
-        engine.submit(chat(rid, sid, "hi"))
-        engine.run_until_idle()
-    assert "P" not in engine.scheduler.sessions and "P" in ram
+    _evicted(engine, "P", "plan")
+    assert "P" in ram
     engine.submit(chat("s1", "S", LONG, "plan", ("assistant", "ok"), "check a file", fork_from="P"))
     s1 = by_request(engine.run_until_idle())["s1"][-1]
     history = len(backend.tokenize_chat(chat("x", "P", LONG, "plan").messages))
@@ -116,11 +107,7 @@ def test_a_request_repeating_a_history_in_host_memory_brings_that_conversation_b
     # agent's history; that agent's slot went to others meanwhile, so its KV is in host memory.
     engine, backend = engine_for(FakeBackend(n_seq_max=2, eog_after=3))
     ram = engine.scheduler.residency.ram
-    engine.submit(chat("p1", "P", LONG, "plan"))
-    engine.run_until_idle()
-    for rid, sid in (("x1", "X"), ("y1", "Y")):
-        engine.submit(chat(rid, sid, "hi"))
-        engine.run_until_idle()
+    _evicted(engine, "P", "plan")
     assert "P" in ram
     engine.submit(chat("s1", "S", LONG, "plan", ("assistant", "ok"), "check a file"))
     s1 = by_request(engine.run_until_idle())["s1"][-1]
