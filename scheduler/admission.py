@@ -52,26 +52,25 @@ class Admission:
         self.hold = False  # after a preemption, until something frees KV
         self.num_admitted = 0
 
-    def _from_ram(self, session_id: str, tokens: list[int], keep: set, shared: int) -> Session | None:
-        """An evicted conversation whose KV waits in host memory takes a slot again (restoring
-        costs a copy; evaluating its history again, seconds), when a slot is free or an idle one
-        can be evicted and its cells are free, and when it spares `tokens` more rows than the
-        `shared` ones another resident conversation gives them already (it would hold a second
-        copy of those); None when it does not come back now."""
+    def _from_ram(self, tokens: list[int], shared: int, keep: set) -> bool:
+        """The conversation in host memory sharing the longest prefix with `tokens` (its own
+        earlier turns, a fork's parent, an agent's history a subagent repeats under a new id)
+        takes a slot again, when it spares them more rows than the `shared` ones a resident
+        conversation gives already (and more than it would hold a second copy of), a slot is
+        free or an idle one not in `keep` can be evicted, and its cells are free. Restoring costs
+        a copy; evaluating that history again, seconds. True when it came back."""
         res = self.residency
+        session_id, n = res.ram.best_prefix(tokens, exclude=set())
+        if session_id is None or min(n, len(tokens) - 1) - shared < max(RAM_MIN_TOKENS, shared):
+            return False
         if session_id in res.sessions:  # resident again (admitted cold while no slot was free)
             res.ram.drop(session_id)
-            return None
-        saved = res.ram.tokens(session_id) or []
-        reuse = min(common_prefix_len(saved, tokens), len(tokens) - 1)
-        if reuse - shared < max(RAM_MIN_TOKENS, shared):
-            return None
+            return False
         free = res.free_slots()
         while not free and res.evict_lru(keep):
             free = res.free_slots()
-        if not free or len(saved) > self.kv_free() or not res.restore(session_id, free[0]):
-            return None
-        return res.sessions[session_id]
+        saved = res.ram.tokens(session_id) or []
+        return bool(free) and len(saved) <= self.kv_free() and res.restore(session_id, free[0])
 
     def check(self, seq: Sequence) -> None:
         """RequestError if the request could never run, whatever else is running."""
@@ -141,16 +140,6 @@ class Admission:
         # A later turn of a forked conversation may reuse its parent's prefix again (after its own
         # KV was evicted, that is all that is left of it).
         parent_id = seq.request.fork_from or res.fork_parent.get(seq.session_id)
-        keep = {seq.session_id, parent_id}
-        if own is None and seq.session_id in res.ram:
-            resident = res.sessions.get(parent_id) if parent_id else None
-            shared = common_prefix_len(resident.committed_tokens(), tokens) if resident is not None else 0
-            own = self._from_ram(seq.session_id, tokens, keep, shared)
-        if parent_id and parent_id != seq.session_id and parent_id not in res.sessions and parent_id in res.ram:
-            # A subagent forked from a conversation evicted meanwhile (its slot went to the burst's
-            # other subagents): the parent comes back, and the fork shares its prefix.
-            mine = common_prefix_len(own.committed_tokens(), tokens) if own is not None else 0
-            self._from_ram(parent_id, tokens, keep, mine)
         parent = res.sessions.get(parent_id) if parent_id and parent_id != seq.session_id else None
         own_cached = own.committed_tokens() if own is not None else []
         own_n = min(common_prefix_len(own_cached, tokens), cap)
@@ -162,17 +151,11 @@ class Admission:
             # Another idle conversation already holds a longer prefix of this prompt (an agent
             # re-sending its history under a new id, a shared system prompt): share its cells.
             parent, par_n = donor, don_n
-        reuse = max(own_n, par_n)
-        if len(res.ram) and len(tokens) - reuse > RAM_MIN_TOKENS:
-            # Another conversation in host memory holds a longer prefix (an agent's history that a
-            # subagent, sent under a new id, repeats, whose slot went to the burst): it comes back
-            # and shares it.
-            saved_id, _ = res.ram.best_prefix(tokens, {seq.session_id})
-            if saved_id is not None and self._from_ram(saved_id, tokens, keep | {saved_id}, reuse):
-                return self._try_admit(seq, now)
         use_parent = par_n > own_n
         n_reuse = par_n if use_parent else own_n
         protect = {seq.session_id, parent_id, parent.session_id if parent is not None else None}
+        if len(res.ram) and len(tokens) - n_reuse > RAM_MIN_TOKENS and self._from_ram(tokens, n_reuse, protect):
+            return self._try_admit(seq, now)  # a longer prefix is resident again: choose anew
 
         slot = own.seq_id if own is not None else None
         while slot is None:
