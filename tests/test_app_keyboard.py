@@ -306,3 +306,23 @@ async def test_shift_enter_and_ctrl_j_start_a_new_line(tmp_path):
         await pilot.press("enter")
         await wait_for(pilot, lambda: client.submitted, what="the submit")
         assert client.submitted[0].messages[-1].content == "line one\ntwo\nthree"
+
+
+async def test_ctrl_c_stops_the_reply_unless_text_is_selected_and_otherwise_says_how_to_quit(tmp_path):
+    async with queued_behind_a_reply(tmp_path) as (pilot, client, pane):
+        rid = pane.request_id
+        assert rid is not None and pane.composer.value == ""
+        await pilot.press(*"keep this")
+        pane.composer.select_all()
+        await pilot.press("ctrl+c")  # a selection: copied, the reply goes on
+        assert client.cancelled == [] and pane.composer.value == "keep this"
+        assert pilot.app.clipboard == "keep this"
+        pane.composer.move_cursor(pane.composer.document.end)
+        await pilot.press("ctrl+c")  # nothing selected: the reply stops, as esc stops it
+        assert client.cancelled == [rid]
+        client.run_to_completion()
+        await wait_for(pilot, lambda: pane.request_id is None, what="the stopped reply")
+        notes = len(pilot.app._notifications)
+        await pilot.press("ctrl+c")  # nothing runs: how to quit, and nothing else
+        assert client.cancelled == [rid] and len(pilot.app._notifications) == notes + 1
+        assert "to quit" in list(pilot.app._notifications)[-1].message

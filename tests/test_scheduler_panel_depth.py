@@ -43,3 +43,17 @@ async def test_the_panel_shows_the_engines_thread_count_and_why():
         text = panel.render().plain
         assert "threads 1 of 2 · others 1.0 cores" in text
         assert "fastest measured, switched from 2" in text
+
+
+async def test_the_panel_shows_the_host_memory_tier_once_it_holds_something():
+    from magnitude_tui.engine.events import RamTierState
+
+    app = _PanelApp()
+    async with app.run_test(size=(60, 30)):
+        panel = app.query_one(SchedulerPanel)
+        step = dict(step=1, t=0.0, step_ms=40.0, decode_rows=8, prefill_rows=0, budget=24, kv_used=3000,
+                    kv_total=8192, waiting=0, running=8, policy="target:50")
+        panel.record(StepReport(**step))
+        assert "host" not in panel.render().plain
+        panel.record(StepReport(**step, ram=RamTierState(48 << 20, 2 << 30, 2, 5)))
+        assert "host    48/2048 MB · 2 held · 5 restored" in panel.render().plain

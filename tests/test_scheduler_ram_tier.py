@@ -141,3 +141,27 @@ def test_a_state_kept_for_a_conversation_that_is_resident_again_is_never_restore
     s1 = by_request([r for r in reports if r is not None])["s1"][-1]
     assert s1.done_reason is not None and s1.error is None and "P" not in ram
     assert_clean(engine, "P", "S")
+
+
+def test_step_reports_say_what_the_tier_holds_once_it_is_used():
+    engine, _ = engine_for(FakeBackend(n_seq_max=2, eog_after=3))
+    budget = engine.scheduler.residency.ram.budget
+    engine.submit(chat("A1", "A", LONG, "list the files"))
+    assert all(r.ram is None for r in engine.run_until_idle())  # nothing evicted yet: nothing shown
+    for other in ("X", "Y"):  # A is evicted into the tier
+        engine.submit(chat(f"{other}1", other, "hi"))
+        reports = engine.run_until_idle()
+    held = reports[-1].ram
+    assert held is not None and held.conversations == 1 and held.restored == 0
+    assert 0 < held.used_bytes <= held.budget_bytes == budget
+    engine.submit(chat("a2", "A", LONG, "list the files", ("assistant", "The"), "now read one"))
+    back = engine.run_until_idle()[-1].ram
+    assert back is not None and back.restored == 1 and back.used_bytes < held.used_bytes
+
+
+def test_with_the_tier_off_no_report_carries_it():
+    engine, _ = engine_for(FakeBackend(n_seq_max=2, eog_after=3))
+    engine.scheduler.residency.ram.budget = 0
+    _evicted(engine, "A", "list the files")
+    engine.submit(chat("a2", "A", LONG, "list the files", ("assistant", "The"), "now read one"))
+    assert all(r.ram is None for r in engine.run_until_idle())

@@ -160,6 +160,21 @@ class ThreadState:
         return f"{self.n_threads} of {self.max_threads}{busy}"
 
 
+@dataclass(frozen=True)
+class RamTierState:
+    """The host-memory KV tier (scheduler/ram_tier.py) as a step left it."""
+
+    used_bytes: int
+    budget_bytes: int
+    conversations: int  # evicted idle conversations whose KV it holds now
+    restored: int  # conversations a slot took back from it since the engine started
+
+    def short(self) -> str:
+        mb = 1 << 20
+        return (f"{self.used_bytes / mb:.0f}/{self.budget_bytes / mb:.0f} MB · {self.conversations} held · "
+                f"{self.restored} restored")
+
+
 @dataclass
 class StepReport:
     """One per engine step: the step's shape and every request update it caused."""
@@ -188,6 +203,7 @@ class StepReport:
     spec: str = "off"
     # Agents' decode rows held out of this step for a person's prompt in prefill.
     yielded_rows: int = 0
+    ram: RamTierState | None = None  # None: the host-memory tier is off or has not been used yet
 
 
 # ---- worker -> app -------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import functools
 from typing import Callable, Protocol
 
 from backend.protocol import DecodeOutcome, DecodeResult
-from magnitude_tui.engine.events import Rejection, SeqUpdate, SpecFacts, StepReport, ThreadState
+from magnitude_tui.engine.events import RamTierState, Rejection, SeqUpdate, SpecFacts, StepReport, ThreadState
 from magnitude_tui.engine.sampling import StepSampler
 from magnitude_tui.engine.threads import ThreadGovernor
 from magnitude_tui.engine.warm import WarmResume
@@ -95,6 +95,7 @@ class StepReporter:
         self.num_reports = 0
         self._policy: object = None  # the policy last reported, and its text (formatted once)
         self._policy_text = ""
+        self._ram: RamTierState | None = None
 
     def report(self, plan: BatchPlan | None, result: DecodeResult | None, now: float,
                step_ms: float) -> StepReport | None:
@@ -147,4 +148,14 @@ class StepReporter:
             draft_accepted=self.sampler.accepted if plan else 0,
             spec=s.speculator.mode.value,
             yielded_rows=s.num_yielded if plan else 0,
+            ram=self._ram_state(),
         )
+
+    def _ram_state(self) -> RamTierState | None:
+        ram = self.scheduler.residency.ram
+        if not len(ram) and not ram.restored_count:
+            return None  # off, or nothing evicted into it yet: nothing to show
+        state = (ram.used, len(ram), ram.restored_count)
+        if self._ram is None or (self._ram.used_bytes, self._ram.conversations, self._ram.restored) != state:
+            self._ram = RamTierState(ram.used, ram.budget, len(ram), ram.restored_count)  # one object while unchanged
+        return self._ram

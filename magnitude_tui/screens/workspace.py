@@ -320,6 +320,14 @@ class WorkspaceScreen(DialogActions):
     async def _key_shown(self, event: Composer.KeyShown) -> None:
         await self.painter.after_key()
 
+    @on(Composer.StopRequested)
+    def _stop_requested(self, event: Composer.StopRequested) -> None:
+        pane = self.grid.focused_pane()
+        if pane is None or pane.composer is not event.composer:
+            return
+        if not self._stop(pane):  # nothing to stop: Textual's own answer to ctrl+c, how to quit
+            self.app.action_help_quit()
+
     @on(Composer.RecallRequested)
     def _recall(self, event: Composer.RecallRequested) -> None:
         pane = self.grid.focused_pane()
@@ -351,10 +359,18 @@ class WorkspaceScreen(DialogActions):
 
     def action_cancel(self) -> None:
         pane = self.grid.focused_pane()
-        if pane is not None and self.agents.stop(pane):  # its turn, tool or approval wait ends
-            return
-        if pane is not None and pane.request_id is not None:
+        if pane is not None:
+            self._stop(pane)
+
+    def _stop(self, pane: ChatPane) -> bool:
+        """Stop the pane's agent (its turn, tool or approval wait ends) or its reply; False when
+        neither runs."""
+        if self.agents.stop(pane):
+            return True
+        if pane.request_id is not None:
             self.client.cancel(pane.request_id)
+            return True
+        return False
 
     async def action_burst(self) -> None:
         parent = self.grid.focused_pane()

@@ -33,7 +33,8 @@ class Composer(TextArea):
     """Where the user types a message or a slash command (/spawn N task, /burst N, /policy P).
 
     Enter sends; ctrl+j (or shift+enter, where the terminal reports it) starts a new line; up on the first line, in an
-    empty composer, recalls the last message for editing (the pane decides what that means).
+    empty composer, recalls the last message for editing (the pane decides what that means);
+    ctrl+c copies a selection or, with none, stops the pane's reply.
     The text is taken the moment Enter arrives: keys typed right after it (a fast typist, a
     paste, tmux send-keys) start the next message instead of joining the one being sent.
     """
@@ -55,6 +56,13 @@ class Composer(TextArea):
     @dataclass
     class RecallRequested(Message):
         """Up was pressed in an empty composer: the user wants the last message back to edit."""
+
+        composer: "Composer"
+
+    @dataclass
+    class StopRequested(Message):
+        """ctrl+c with nothing selected: stop the pane's reply or agent turn, as ctrl+c stops a
+        program in a terminal (codex and opencode users reach for it)."""
 
         composer: "Composer"
 
@@ -120,6 +128,16 @@ class Composer(TextArea):
         # control character shows as its picture (the TextArea would send it to the terminal).
         text = visible(without_ansi(event.text.replace("\r\n", "\n").replace("\r", "\n")))
         self.move_cursor(self.replace(text, *self.selection).end_location)
+
+    def action_copy(self) -> None:
+        """ctrl+c: copy the composer's selection, else the screen's (text selected in a reply with
+        the mouse); with nothing selected, ask for the pane's reply to stop."""
+        if self.selected_text:
+            super().action_copy()
+        elif self.screen.get_selected_text():
+            self.screen.action_copy_text()
+        else:
+            self.post_message(self.StopRequested(self))
 
     def _key_shown(self) -> None:
         if self.is_attached:

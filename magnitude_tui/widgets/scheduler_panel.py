@@ -179,6 +179,9 @@ class SchedulerPanel(Widget):
         line("KV", ("█" * filled, "sched--kv"), ("░" * (width - filled), "sched--dim"))
         line("", (f"{last.kv_used}/{last.kv_total} cells", ""),
              (f" · {last.kv_idle} idle" if last.kv_idle else "", "sched--dim"))
+        if last.ram is not None:
+            # Evicted idle conversations' KV in host memory: their next turn restores it.
+            line("host", (last.ram.short(), "sched--dim"))
         if self.stopped:
             line("seqs", ("engine stopped · ctrl+r restarts it", "sched--over"))
         else:
