@@ -235,12 +235,15 @@ class AttentionPath(str, Enum):
     """Which cells a row's attention really reads, as the backend's attention kernel computes it.
 
     llama.cpp sizes the attention of a step by `n_kv`, the highest used cell of the (unified) cache
-    rounded up to 256. With flash attention each row skips the cells its mask hides, so it pays for
-    its own visible positions only. Without it, every row multiplies against all `n_kv` cells and
-    masks afterwards: every resident cell, an idle conversation's included, costs every row.
+    rounded up to 256. With flash attention each row skips the arithmetic of the cells its mask
+    hides and pays mostly for its own visible positions; it still reads every hidden cell's mask,
+    about a thirteenth of a visible cell's cost for a decode row on one CPU thread (the cost model
+    leaves that out; docs/design/scheduler.md). Without it, every row multiplies against all `n_kv`
+    cells and masks afterwards: every resident cell, an idle conversation's included, costs every
+    row in full.
     """
 
-    FLASH = "flash"  # a row reads its own visible cells
+    FLASH = "flash"  # a row computes its own visible cells
     DENSE = "dense"  # a row reads every used cell of the cache
 
 

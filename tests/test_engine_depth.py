@@ -145,7 +145,7 @@ def test_idle_subagents_kv_is_evicted_once_it_has_cost_the_running_rows_more_tha
     close_and_assert_empty(engine, "p", *subs)
 
 
-def test_with_flash_attention_idle_kv_costs_nothing_and_stays():
+def test_with_flash_attention_idle_kv_is_charged_no_rent_and_stays():
     profile = HardwareProfile("dear-flash", fixed_ms=4.3, decode_ms=6.7, prefill_ms=4.76, attn_ms=40.0,
                               attention=AttentionPath.FLASH)
     backend, engine, parent, subs = _finished_burst(profile)
