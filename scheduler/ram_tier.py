@@ -66,6 +66,10 @@ class RamTier:
                     best, best_n = session_id, n
         return best, best_n
 
+    def peek(self, session_id: str) -> tuple[list[int], bytes] | None:
+        """The saved tokens and state, still kept (warm resume copies them to disk)."""
+        return self._saved.get(session_id)
+
     def take(self, session_id: str) -> tuple[list[int], bytes] | None:
         """The saved tokens and state, no longer kept."""
         saved = self._saved.pop(session_id, None)

@@ -340,3 +340,29 @@ def test_a_write_that_fails_midway_leaves_no_partial_file_and_the_old_state(tmp_
         store.write("s1", [1, 2, 3, 4], b"new state " * 50)
     after = {p.name: p.read_bytes() for p in (tmp_path / "kv").iterdir()}
     assert after == before  # no .tmp left behind, the saved state as it was
+
+
+def test_a_conversation_evicted_before_its_save_is_saved_from_host_memory_on_the_way_out(tmp_path):
+    engine, _ = _engine(tmp_path, backend=FakeBackend(n_ctx=4096, n_seq_max=2))
+    history = _first_exchange(engine)
+    for other in ("x", "y"):  # both slots taken at once, before s1 was idle long enough to be saved
+        _turn(engine, f"{other}:1", other, [Message("user", "hello")])
+    assert "s1" not in engine.scheduler.sessions and "s1" in engine.scheduler.residency.ram
+    assert engine.warm.store.files() == []
+    engine.shutdown()
+    resumed, _ = _engine(tmp_path)
+    notice = _restore(resumed, "s1", history)
+    assert notice.outcome is RestoreOutcome.RESTORED and notice.tokens >= len(HISTORY)
+
+
+def test_without_the_host_memory_tier_an_evicted_conversation_is_not_saved(tmp_path):
+    backend = FakeBackend(n_ctx=4096, n_seq_max=2)
+    store = WarmStore(tmp_path / "kv", layout=backend.state_layout, budget_bytes=1 << 30)
+    engine = Engine(backend, clock=ManualClock(), policy="fixed:64", warm=store, ram_bytes=0)
+    history = _first_exchange(engine)
+    for other in ("x", "y"):
+        _turn(engine, f"{other}:1", other, [Message("user", "hello")])
+    assert "s1" not in engine.scheduler.sessions
+    engine.shutdown()
+    resumed, _ = _engine(tmp_path)
+    assert _restore(resumed, "s1", history).outcome is RestoreOutcome.NOT_SAVED

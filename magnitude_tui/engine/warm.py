@@ -35,7 +35,8 @@ class WarmResume:
     A reply that ends leaves its conversation resident and idle; once it has stayed idle for
     SAVE_AFTER_S, at most one conversation per step has its cells copied out of the KV cache
     (llama.cpp's per-sequence state; a few ms per thousand tokens) and handed with its tokens to
-    the store's writer thread. A restore loads a state into a free slot through the scheduler,
+    the store's writer thread. One evicted before then is saved from the host-memory tier, which
+    holds the same state (at shutdown too), or not at all when the tier did not keep it. A restore loads a state into a free slot through the scheduler,
     which accounts its cells as any resident idle conversation's.
     """
 
@@ -77,18 +78,27 @@ class WarmResume:
     def _save(self, session_id: str) -> bool:
         self._idle_since.pop(session_id, None)
         session = self.scheduler.sessions.get(session_id)
-        if session is None or not session.is_idle or session.seq_id is None or not session.tokens:
-            return False  # closed, evicted, or busy again: its next idle moment saves it
-        t0 = time.perf_counter()
-        try:
-            state = self.backend.kv_save(session.seq_id)
-        except Exception as exc:  # never worth failing a step over: the next resume is cold
-            log.warning("warm resume: could not copy %s's KV: %s", session_id, exc)
-            return False
-        self.last_save_ms = (time.perf_counter() - t0) * 1000.0
+        if session is None:
+            # Evicted before it was saved: the host-memory tier may hold the very state.
+            held = self.scheduler.residency.ram.peek(session_id)
+            if held is None:
+                return False  # closed, or evicted with nothing kept
+            tokens, state = held
+            self.last_save_ms = 0.0
+        elif session.is_idle and session.seq_id is not None and session.tokens:
+            tokens = session.tokens
+            t0 = time.perf_counter()
+            try:
+                state = self.backend.kv_save(session.seq_id)
+            except Exception as exc:  # never worth failing a step over: the next resume is cold
+                log.warning("warm resume: could not copy %s's KV: %s", session_id, exc)
+                return False
+            self.last_save_ms = (time.perf_counter() - t0) * 1000.0
+        else:
+            return False  # busy again: its next idle moment saves it
         self.last_state_bytes = len(state)
         self.num_saved += 1
-        self.store.save(session_id, session.tokens, state)
+        self.store.save(session_id, tokens, state)
         return True
 
     def forget(self, session_id: str) -> None:
