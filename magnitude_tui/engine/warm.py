@@ -36,8 +36,9 @@ class WarmResume:
     SAVE_AFTER_S, at most one conversation per step has its cells copied out of the KV cache
     (llama.cpp's per-sequence state; a few ms per thousand tokens) and handed with its tokens to
     the store's writer thread. One evicted before then is saved from the host-memory tier, which
-    holds the same state (at shutdown too), or not at all when the tier did not keep it. A restore loads a state into a free slot through the scheduler,
-    which accounts its cells as any resident idle conversation's.
+    holds the same state (at shutdown too), or not at all when the tier did not keep it. A restore
+    loads a state into a free slot through the scheduler, which accounts its cells as any resident
+    idle conversation's.
     """
 
     def __init__(self, backend: Backend, scheduler: Scheduler, store: WarmStore) -> None:
