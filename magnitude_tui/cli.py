@@ -93,9 +93,8 @@ def main(
             n_ctx = preflight.check_context(n_ctx, model_path)
         preflight.check_numbers(n_ctx=n_ctx, threads=threads, temperature=temperature, max_tokens=max_tokens,
                                 local=not remote)
-        if kv_disk_mb < 0:
-            raise preflight.OptionError(f"--kv-disk-mb: expected 0 (off) or more, got {kv_disk_mb}")
-        preflight.check_kv_ram(kv_ram_mb)
+        preflight.check_megabytes("--kv-disk-mb", kv_disk_mb)
+        preflight.check_megabytes("--kv-ram-mb", kv_ram_mb)
         if theme is not None:
             from magnitude_tui.app import available_themes
 

@@ -74,7 +74,7 @@ def serve(
         preflight.check_numbers(n_ctx=n_ctx, threads=threads)
         preflight.check_policy(policy)
         spec_mode = preflight.check_spec(spec, draft_model)
-        preflight.check_kv_ram(kv_ram_mb)
+        preflight.check_megabytes("--kv-ram-mb", kv_ram_mb)
     except preflight.OptionError as exc:
         fail(str(exc))
     key = resolve_api_key(api_key)

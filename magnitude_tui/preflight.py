@@ -116,9 +116,10 @@ def check_policy(policy: str) -> None:
         raise OptionError(f"--policy: {exc}") from None
 
 
-def check_kv_ram(mb: int) -> None:
+def check_megabytes(flag: str, mb: int) -> None:
+    """A budget in MB (--kv-disk-mb, --kv-ram-mb): 0 turns it off."""
     if mb < 0:
-        raise OptionError(f"--kv-ram-mb: expected 0 (off) or more, got {mb}")
+        raise OptionError(f"{flag}: expected 0 (off) or more, got {mb}")
 
 
 def check_spec(spec: str, draft_model: str | None = None):

@@ -60,11 +60,8 @@ class Admission:
         free or an idle one not in `keep` can be evicted, and its cells are free. Restoring costs
         a copy; evaluating that history again, seconds. True when it came back."""
         res = self.residency
-        session_id, n = res.ram.best_prefix(tokens, exclude=set())
+        session_id, n = res.ram.best_prefix(tokens)
         if session_id is None or min(n, len(tokens) - 1) - shared < max(RAM_MIN_TOKENS, shared):
-            return False
-        if session_id in res.sessions:  # resident again (admitted cold while no slot was free)
-            res.ram.drop(session_id)
             return False
         free = res.free_slots()
         while not free and res.evict_lru(keep):

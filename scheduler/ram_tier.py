@@ -53,14 +53,14 @@ class RamTier:
         return True
 
     def tokens(self, session_id: str) -> list[int] | None:
-        saved = self._saved.get(session_id)
+        saved = self.peek(session_id)
         return None if saved is None else saved[0]
 
-    def best_prefix(self, tokens: list[int], exclude: set) -> tuple[str | None, int]:
+    def best_prefix(self, tokens: list[int]) -> tuple[str | None, int]:
         """The saved conversation sharing the longest prefix with `tokens`, and that length."""
         best, best_n = None, 0
         for session_id, (saved, _) in self._saved.items():
-            if session_id not in exclude and saved and tokens and saved[0] == tokens[0]:
+            if saved and tokens and saved[0] == tokens[0]:
                 n = common_prefix_len(saved, tokens)
                 if n > best_n:
                     best, best_n = session_id, n

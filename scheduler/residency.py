@@ -65,6 +65,7 @@ class Residency:
         """A conversation's KV comes back from a saved state into free `slot` (its first
         len(tokens) positions): resident and idle, exactly as if its last turn had just ended."""
         assert slot not in self._slot_owner and session_id not in self.sessions
+        self.ram.drop(session_id)  # resident again: a state saved before is out of date
         if self.kv.load(slot, state, len(tokens)) < len(tokens):
             self.kv.remove(slot)
             raise ValueError(f"the state's first {len(tokens):,} positions cannot be continued from "

@@ -95,7 +95,6 @@ class StepReporter:
         self.num_reports = 0
         self._policy: object = None  # the policy last reported, and its text (formatted once)
         self._policy_text = ""
-        self._ram: RamTierState | None = None
 
     def report(self, plan: BatchPlan | None, result: DecodeResult | None, now: float,
                step_ms: float) -> StepReport | None:
@@ -155,7 +154,4 @@ class StepReporter:
         ram = self.scheduler.residency.ram
         if not len(ram) and not ram.restored_count:
             return None  # off, or nothing evicted into it yet: nothing to show
-        state = (ram.used, len(ram), ram.restored_count)
-        if self._ram is None or (self._ram.used_bytes, self._ram.conversations, self._ram.restored) != state:
-            self._ram = RamTierState(ram.used, ram.budget, len(ram), ram.restored_count)  # one object while unchanged
-        return self._ram
+        return RamTierState(ram.used, ram.budget, len(ram), ram.restored_count)
