@@ -50,9 +50,15 @@ esac
 
 OUT="$CACHE_ROOT/$LLAMA_CPP_PYTHON_VERSION-$VARIANT"
 STAMP="$OUT/bin/BUILD-INFO"
+# Without ggml's AMX kernels where this machine cannot run them, as setup.sh builds the wheel (lib.sh).
+EXTRA_FLAGS=$(extra_cpu_flags)
 if [ -f "$STAMP" ] && [ -x "$OUT/bin/llama-batched-bench" ] && [ -x "$OUT/bin/llama-server" ]; then
-  say "already built: $OUT/bin (remove $OUT to rebuild)"
-  exit 0
+  if [ "$(sed -n 's/^cpu_flags=//p' "$STAMP")" = "$EXTRA_FLAGS" ]; then
+    say "already built: $OUT/bin (remove $OUT to rebuild)"
+    exit 0
+  fi
+  say "the tools in $OUT were built with other CPU flags than this machine needs ($EXTRA_FLAGS): rebuilding"
+  rm -rf "$OUT"
 fi
 command -v cmake >/dev/null || die "cmake is required (apt-get install cmake)"
 command -v ninja >/dev/null || die "ninja is required (apt-get install ninja-build)"
@@ -84,7 +90,8 @@ CMAKE_ARGS=(
 )
 say "configuring ($VARIANT): cmake ${CMAKE_ARGS[*]}"
 LOG="$OUT/build.log"
-cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" "${CMAKE_ARGS[@]}" >"$LOG" 2>&1 \
+CFLAGS="${CFLAGS:-} $EXTRA_FLAGS" CXXFLAGS="${CXXFLAGS:-} $EXTRA_FLAGS" \
+  cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" "${CMAKE_ARGS[@]}" >"$LOG" 2>&1 \
   || { tail -n 30 "$LOG" >&2; die "cmake configure failed (log: $LOG)"; }
 say "building ${TARGETS[*]} with $JOBS jobs (CPU: ~10 min on 2 cores; Vulkan adds the shaders); log: $LOG"
 set +e
@@ -103,6 +110,7 @@ find "$BUILD" -name '*.so*' \( -type f -o -type l \) -exec cp -a {} "$OUT/bin/" 
   echo "variant=$VARIANT"
   echo "source=$SRC/vendor/llama.cpp"
   echo "cmake_args=${CMAKE_ARGS[*]}"
+  echo "cpu_flags=$EXTRA_FLAGS"
   echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "llama_build=$(grep -m1 -i 'version' "$OUT/bin/version.txt" || true)"
 } >"$STAMP"

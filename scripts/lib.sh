@@ -13,3 +13,52 @@ lib = pathlib.Path(dist.locate_file("llama_cpp/lib"))
 print(f"{dist.version}-{'vulkan' if any(lib.glob('libggml-vulkan*')) else 'cpu'}")
 PY
 }
+
+# Prints the compiler flags both native builds need on this machine beyond GGML_NATIVE's
+# -march=native, or nothing. A CPU can list AMX (amx_tile in /proc/cpuinfo) that the kernel or a
+# sandbox does not let a process use, while still granting ggml's permission request: its AMX
+# kernels then die on their first tile instruction (SIGILL) at the first prompt. A tiny probe runs
+# one tile instruction; when it fails, the AMX kernels are left out of the build.
+extra_cpu_flags() {
+  grep -qw amx_tile "${MAGNITUDE_CPUINFO:-/proc/cpuinfo}" 2>/dev/null || return 0
+  amx_usable || echo "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+}
+
+# Whether a process here can run AMX tile instructions (after asking the kernel for them).
+amx_usable() {
+  local dir rc
+  dir=$(mktemp -d)
+  cat >"$dir/probe.c" <<'C'
+#include <string.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <immintrin.h>
+int main(void) {
+    unsigned char cfg[64];
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return 1;
+    memset(cfg, 0, sizeof cfg);
+    cfg[0] = 1;    /* palette 1 */
+    cfg[16] = 64;  /* tile 0: 64 bytes a row */
+    cfg[48] = 16;  /* tile 0: 16 rows */
+    _tile_loadconfig(cfg);
+    _tile_zero(0);
+    _tile_release();
+    return 0;
+}
+C
+  if cc -O1 -mamx-tile "$dir/probe.c" -o "$dir/probe" >/dev/null 2>&1; then
+    ("$dir/probe") >/dev/null 2>&1
+    rc=$?
+  else
+    rc=1  # a compiler that cannot build it cannot build ggml's AMX kernels either
+  fi
+  rm -rf "$dir"
+  return "$rc"
+}
+
+# Whether the llama-cpp-python installed for $PY carries ggml's AMX kernels.
+installed_llama_has_amx() {
+  local lib
+  lib=$("$PY" -c 'import importlib.metadata as md; print(md.distribution("llama_cpp_python").locate_file("llama_cpp/lib"))' 2>/dev/null) || return 1
+  grep -qa ggml_backend_amx_mul_mat "$lib"/libggml-cpu.so* 2>/dev/null
+}

