@@ -9,7 +9,7 @@ from magnitude_bench.agents_replay import CallKind, CallRecord, Replay, replay
 from magnitude_bench.agents_report import summary, tables
 from magnitude_bench.agents_sides import SIDES, SideSetup, SideSpec, open_side
 from magnitude_bench.agents_trace import Trace, default_trace_path, load_trace
-from magnitude_bench.common import BenchResult, Contention, load_avg
+from magnitude_bench.common import BenchResult, load_avg, watched
 from magnitude_bench.harness import in_turn, recorded
 
 
@@ -61,9 +61,7 @@ def run_one(spec: SideSpec, setup: SideSetup, trace: Trace, tag: str) -> dict:
     """A fresh side (nothing cached from another run), the trace replayed on it once."""
     load_before = load_avg()
     with open_side(spec, setup) as side:
-        busy = Contention(side.pids)  # the server is ours, not a neighbour
-        out = asyncio.run(_drive(side, trace, tag))
-        others = busy.others_cores()
+        out, others = watched(lambda: asyncio.run(_drive(side, trace, tag)), side.pids)  # the server is ours
         cmd = getattr(side, "cmd", None)
     return {"side": spec.label, **summary(out), "others_cores": round(others, 2), "load_before": load_before,
             "load_after": load_avg(), "server_cmd": cmd, "kv": out.kv,
