@@ -160,11 +160,11 @@ def run_serve_bench(cfg: ServeBenchConfig, *, model: str | None, progress=print)
     found = tools_dir() if "llama-server" in cfg.peers else None
     if "llama-server" in cfg.peers and found is None:
         result.notes.append("llama-server not built (scripts/build_llama_tools.sh): peer left out")
-    peer_model = model_path(model) if found is not None else None
 
     def llama_server(parallel: int) -> Server:  # a fresh one per run (-np N), on the same model and threads
-        assert found is not None and peer_model is not None
-        return Server.on_cpu(found[0], model=peer_model, parallel=parallel, threads=cfg.threads, n_ctx=cfg.n_ctx)
+        assert found is not None
+        return Server.on_cpu(found[0], model=model_path(model), parallel=parallel, threads=cfg.threads, n_ctx=cfg.n_ctx)
+
     config = EngineConfig(BackendConfig(model=model, device="cpu", n_ctx=cfg.n_ctx, n_seq_max=16,
                                         n_threads=cfg.threads), auto_threads=False)  # as the peer's
     http_parts = {"clients", "admission"} & set(cfg.parts)  # the priority part runs its own engine

@@ -47,7 +47,8 @@ def run_priority(cfg, *, model: str | None, progress=print) -> list[dict]:
             agents = {f"agent{k}-{i}" for i in range(cfg.priority_agents)}
             t0 = time.perf_counter()
             run.submit(*(_request(rid, f"[run {k}, agent {i}] " + _words(cfg.priority_agent_words, 17 * i)
-                                  + f" Summarise part {i}.", 32, Priority.AGENT) for i, rid in enumerate(sorted(agents))))
+                                  + f" Summarise part {i}.", 32, Priority.AGENT)
+                         for i, rid in enumerate(sorted(agents))))
             # The person arrives while the agents' prompts are being evaluated.
             run.until(lambda: agents <= set(finals) or any(isinstance(e, StepReport) and e.prefill_rows for e in seen),
                       900.0)

@@ -9,7 +9,7 @@ from jsonschema import Draft202012Validator
 
 from backend.factory import BackendConfig
 from magnitude_bench.common import BenchResult, measured
-from magnitude_bench.harness import client_run, in_turn, recorded, started
+from magnitude_bench.harness import alternating, client_run, recorded, started
 from magnitude_bench.remote import TOPICS
 from magnitude_tui.engine.protocol import EngineClient
 from scheduler.speculation import SpecMode
@@ -99,22 +99,21 @@ def run_side(name: str, client: EngineClient, model: str, widths: tuple[int, ...
             progress(f"{name}: free replies bounded at {cfg.free_tokens} tokens, the JSON replies' length")
         runs = []
         for n in widths:
-            for rep in range(cfg.reps):
-                for mode in in_turn((FREE, CONSTRAINED), rep):
-                    tag = f"{name}-{n}-{rep}-{mode}"
-                    run = 10 * n + 2 * rep + (mode == CONSTRAINED)  # the same prompts on both sides
-                    tries = iter(range(100))
+            for rep, mode in alternating((FREE, CONSTRAINED), cfg.reps):
+                tag = f"{name}-{n}-{rep}-{mode}"
+                run = 10 * n + 2 * rep + (mode == CONSTRAINED)  # the same prompts on both sides
+                tries = iter(range(100))
 
-                    def attempt() -> dict:  # a repeat (a disturbed run) sends fresh conversations
-                        reqs = requests(n, mode, cfg, f"{tag}-{next(tries)}", run)
-                        sessions.extend(r.session_id for r in reqs)
-                        return burst(client, reqs, cfg.timeout_s)
+                def attempt() -> dict:  # a repeat (a disturbed run) sends fresh conversations
+                    reqs = requests(n, mode, cfg, f"{tag}-{next(tries)}", run)
+                    sessions.extend(r.session_id for r in reqs)
+                    return burst(client, reqs, cfg.timeout_s)
 
-                    r, busy = measured(attempt, pids=pids, progress=progress)
-                    runs.append({"engine": name, "seqs": n, "rep": rep + 1, "mode": mode, **r,
-                                 "others_cores": busy, "model": model})
-                    progress(f"{name} {n} seqs rep {rep + 1} {mode}: {r['tok_s']:.1f} tok/s, "
-                             f"{r['valid']}/{n} valid, grammar {r['grammar_share']:.1%}")
+                r, busy = measured(attempt, pids=pids, progress=progress)
+                runs.append({"engine": name, "seqs": n, "rep": rep + 1, "mode": mode, **r,
+                             "others_cores": busy, "model": model})
+                progress(f"{name} {n} seqs rep {rep + 1} {mode}: {r['tok_s']:.1f} tok/s, "
+                         f"{r['valid']}/{n} valid, grammar {r['grammar_share']:.1%}")
         return runs, cfg
     finally:
         for sid in sessions:
