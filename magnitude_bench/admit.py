@@ -230,14 +230,13 @@ def run_admit(spec: BackendConfig, cfg: AdmitConfig, *,
 
 
 @recorded
-def admit_result(specs: list[BackendConfig], cfg: AdmitConfig, progress=lambda s: None,
-                 keep_series: bool = False) -> BenchResult:
+def admit_result(specs: list[BackendConfig], cfg: AdmitConfig, progress=lambda s: None) -> BenchResult:
     result = BenchResult(name="admit", title="bench admit: one long prompt arrives while N sequences generate",
                          config={"admit": asdict(cfg), "backends": [asdict(s) for s in specs]})
     # Simulated profiles first: seconds, and their table survives a failure of the long real run.
     for spec in sorted(specs, key=lambda s: not s.simulated):
         try:
-            summary, series = run_admit(spec, cfg, progress=progress)
+            summary, _ = run_admit(spec, cfg, progress=progress)
         except Exception as e:  # one backend failing must not discard the others' results
             progress(f"{spec.kind}: failed: {e}")
             result.notes.append(f"{spec.kind}: the run failed: {e}")
@@ -245,7 +244,7 @@ def admit_result(specs: list[BackendConfig], cfg: AdmitConfig, progress=lambda s
         label = summary["backend"]["backend"]
         result.tables[f"{label}, newcomer {summary['newcomer_tokens']:,} tokens, "
                       f"{cfg.n_running} running (undisturbed {summary['undisturbed_tok_s']} tok/s each)"] = summary["rows"]
-        result.data[label] = summary | ({"series": series} if keep_series else {})
+        result.data[label] = summary
         result.notes.append(
             f"{label}: decode step {summary['undisturbed_step_ms']} ms with {cfg.n_running} sequences, prefill "
             f"{summary['prefill_rate_tok_s']} tok/s; model columns = that arithmetic, per window step")

@@ -9,8 +9,8 @@ from magnitude_bench.agents_replay import CallKind, CallRecord, Replay, replay
 from magnitude_bench.agents_report import summary, tables
 from magnitude_bench.agents_sides import SIDES, SideSetup, SideSpec, open_side
 from magnitude_bench.agents_trace import Trace, default_trace_path, load_trace
-from magnitude_bench.common import BenchResult, Contention, load_avg
-from magnitude_bench.harness import in_turn, recorded
+from magnitude_bench.common import BenchResult, load_avg, watched
+from magnitude_bench.harness import alternating, recorded
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,7 @@ def run_one(spec: SideSpec, setup: SideSetup, trace: Trace, tag: str) -> dict:
     """A fresh side (nothing cached from another run), the trace replayed on it once."""
     load_before = load_avg()
     with open_side(spec, setup) as side:
-        busy = Contention(side.pids)  # the server is ours, not a neighbour
-        out = asyncio.run(_drive(side, trace, tag))
-        others = busy.others_cores()
+        out, others = watched(lambda: asyncio.run(_drive(side, trace, tag)), side.pids)  # the server is ours
         cmd = getattr(side, "cmd", None)
     return {"side": spec.label, **summary(out), "others_cores": round(others, 2), "load_before": load_before,
             "load_after": load_avg(), "server_cmd": cmd, "kv": out.kv,
@@ -82,17 +80,16 @@ def run_agents(cfg: AgentsConfig, progress=lambda s: None) -> BenchResult:
         setup = SideSetup(cfg.backend, cfg.model, cfg.threads, cfg.n_ctx, cfg.parallel or len(trace.agents) + widest,
                           cfg.in_process)
         result.config.setdefault("setups", []).append({"bursts": bursts, **asdict(setup)})
-        for rep in range(cfg.reps):
-            for name in in_turn(cfg.sides, rep):
-                progress(f"{'bursts' if bursts else 'no bursts'}, repetition {rep + 1} of {cfg.reps}: {name}")
-                try:
-                    row = run_one(SIDES[name], setup, trace, tag=f"r{rep + 1}{'b' if bursts else 'n'}")
-                except Exception as e:  # a side that cannot start is a note, not a lost benchmark
-                    result.notes.append(f"{name} (rep {rep + 1}) did not run: {type(e).__name__}: {e}")
-                    continue
-                runs.append({"bursts": bursts, "rep": rep + 1, **row})
-                progress(f"  makespan {row['makespan_s']} s, TTFT p95 {row['ttft_p95_s']} s, evaluated "
-                         f"{row['evaluated']} of minimum {row['minimum']}, others {row['others_cores']} cores")
+        for rep, name in alternating(cfg.sides, cfg.reps):
+            progress(f"{'bursts' if bursts else 'no bursts'}, repetition {rep + 1} of {cfg.reps}: {name}")
+            try:
+                row = run_one(SIDES[name], setup, trace, tag=f"r{rep + 1}{'b' if bursts else 'n'}")
+            except Exception as e:  # a side that cannot start is a note, not a lost benchmark
+                result.notes.append(f"{name} (rep {rep + 1}) did not run: {type(e).__name__}: {e}")
+                continue
+            runs.append({"bursts": bursts, "rep": rep + 1, **row})
+            progress(f"  makespan {row['makespan_s']} s, TTFT p95 {row['ttft_p95_s']} s, evaluated "
+                     f"{row['evaluated']} of minimum {row['minimum']}, others {row['others_cores']} cores")
     result.data["runs"] = runs
     tables(result, runs)
     result.notes += [

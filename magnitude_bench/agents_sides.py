@@ -12,6 +12,7 @@ from typing import AsyncIterator, Awaitable, Callable, Iterator
 import httpx
 
 from magnitude_bench.agents_replay import CallRecord
+from magnitude_bench.harness import started
 from magnitude_bench.serve_load import chat_body, sse_events
 from scheduler.types import DoneReason, Message, Phase, Priority, Request, SamplingParams, ToolCall
 
@@ -214,7 +215,6 @@ def open_side(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide | EngineSid
     from backend.factory import BackendConfig
     from magnitude_tui.engine.client import WorkerClient
     from magnitude_tui.engine.events import EngineConfig
-    from magnitude_tui.engine.waiting import wait_ready
 
     # Threads as llama-server's (no automatic choice), so both sides compute on the same cores.
     config = EngineConfig(BackendConfig(kind=setup.backend_kind, model=setup.model, device="cpu", n_ctx=setup.n_ctx,
@@ -234,12 +234,8 @@ def open_side(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide | EngineSid
             yield HttpSide(spec.label, s.url, kv, (pid,) if pid else ())
         return
     client = WorkerClient(config, in_process=setup.in_process, log_path=None if setup.in_process else "auto")
-    client.start()
-    try:
-        wait_ready(client, setup.timeout_s)
+    with started(client, setup.timeout_s):
         yield EngineSide(spec.label, client)
-    finally:
-        client.stop()
 
 
 def _llama_server(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide]:

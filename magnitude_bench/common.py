@@ -147,6 +147,12 @@ class Contention:
         return self._load.others(since_start=True) or 0.0
 
 
+def watched(fn: Callable[[], Any], pids: tuple[int, ...] = ()) -> tuple[Any, float]:
+    """fn's result, and the cores other processes than `pids` (our own helpers) kept busy while it ran."""
+    seen = Contention(pids)
+    return fn(), seen.others_cores()
+
+
 # How long a benchmark waits for other processes to leave the CPU before measuring anyway
 # (MAGNITUDE_BENCH_QUIET_WAIT_S). Bounded: on a machine shared with other work it may never be
 # quiet, and a benchmark that waits forever measures nothing; the others_cores column says how
@@ -203,14 +209,10 @@ def measured(fn: Callable[[], Any], *, retries: int = 2, limit: float = 0.25, pi
     busy will not get quieter by retrying). Returns (fn's result, cores others used in the kept run).
     MAGNITUDE_BENCH_WAIT_QUIET=0 turns the waiting and retrying off (smoke tests): it only records."""
     if os.environ.get("MAGNITUDE_BENCH_WAIT_QUIET", "1") == "0":
-        c = Contention(pids)
-        out = fn()
-        return out, c.others_cores()
+        return watched(fn, pids)
     for attempt in range(retries + 1):
         went_quiet = wait_for_quiet(progress=progress)
-        c = Contention(pids)  # pids: our own helpers (a server), not neighbours
-        out = fn()
-        busy = c.others_cores()
+        out, busy = watched(fn, pids)
         if busy <= limit or attempt == retries or not went_quiet:
             return out, busy
         progress(f"other processes used {busy:.2f} cores during the run; measuring again")

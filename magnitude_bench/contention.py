@@ -18,14 +18,13 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Callable, Iterator
 
-from magnitude_bench.common import BenchResult, Contention
-from magnitude_bench.harness import client_run, recorded
-from magnitude_tui.engine.waiting import wait_ready
+from magnitude_bench.common import BenchResult, watched
+from magnitude_bench.harness import client_run, in_turn, recorded, started
 from scheduler.stats import rnd
 
 # ~64 tokens of SmolLM2's chat template around it: the workload of `-npp 64`.
@@ -166,10 +165,9 @@ def run_contention(cfg: ContentionConfig, progress: Callable[[str], None] = lamb
     if cfg.engine_fixed:
         clients[f"engine -t {cores} fixed"] = _engine_client(cfg, fixed_threads=cores)
     runs: list[dict] = []
-    try:
+    with ExitStack() as stack:
         for c in clients.values():
-            c.start()
-            wait_ready(c, 600.0)
+            stack.enter_context(started(c, 600.0))
         for name, c in clients.items():  # one warm-up round each, on the quiet machine
             engine_round(c, cfg, f"warm-{name[:6]}")
         for load in loads:
@@ -181,19 +179,13 @@ def run_contention(cfg: ContentionConfig, progress: Callable[[str], None] = lamb
                         for name, c in clients.items()]
                     variants += [(f"llama-batched-bench -t {t}", partial(peer_round, bindir, cfg, t, model))
                                  for t in peer_threads]
-                    if rep % 2:  # alternate the order too: neither side always goes first
-                        variants.reverse()
-                    for variant, fn in variants:
-                        watch = Contention(tuple(pids) + tuple(c.pid for c in clients.values() if c.pid))
+                    for variant, fn in in_turn(variants, rep):  # neither side always goes first
                         loadavg = os.getloadavg()[0]
-                        r = fn()
+                        r, busy = watched(fn, tuple(pids) + tuple(c.pid for c in clients.values() if c.pid))
                         runs.append({"load": load, "rep": rep + 1, "variant": variant, **r,
-                                     "others_cores": watch.others_cores(), "loadavg_1m": loadavg})
+                                     "others_cores": busy, "loadavg_1m": loadavg})
                         progress(f"{load} busy, rep {rep + 1}: {variant}: {r['tok_s']:.1f} tok/s"
                                  + (f" ({r['threads']} threads)" if variant.startswith("engine") else ""))
-    finally:
-        for c in clients.values():
-            c.stop()
     table = summarize(runs, loads, list(clients), cores)
     notes = [
         f"{cfg.seqs} sequences, prompt ~{cfg.prompt_tokens} tokens, {cfg.gen} generated each; tok/s = generated "

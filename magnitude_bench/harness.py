@@ -8,13 +8,15 @@ import functools
 import sys
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from backend.factory import reset_kv
-from magnitude_bench.common import Contention, FixedLength, git_version, load_avg, measured
+from magnitude_bench.common import FixedLength, git_version, load_avg, measured, watched
 from magnitude_tui.engine.core import Engine
 from magnitude_tui.engine.protocol import seq_updates
+from magnitude_tui.engine.waiting import wait_ready
 from scheduler.budget import parse_policy
 from scheduler.types import Phase, Request
 
@@ -202,37 +204,64 @@ class Drive:
         reset_kv(self.backend)
 
 
+@contextmanager
+def started(client, timeout_s: float) -> Iterator[Any]:
+    """A started EngineClient's EngineReady, once it is ready, for as long as the block runs
+    (stopped after it, whatever happens)."""
+    client.start()
+    try:
+        yield wait_ready(client, timeout_s)
+    finally:
+        client.stop()
+
+
+class ClientRun:
+    """Requests on a started EngineClient (the app's worker, a remote server), timed on the wall
+    clock as the client sees it: per request its token times (when the client learnt of them),
+    text and final update. A failed request raises. `seen`: every event read meanwhile is
+    appended to it (step reports, thread counts)."""
+
+    def __init__(self, client, what: str = "", seen: list | None = None) -> None:
+        self.client, self.what, self.seen = client, what, seen
+        self.trace = Trace()
+
+    def submit(self, *reqs: Request) -> None:
+        t0 = time.perf_counter()
+        for r in reqs:
+            self.trace.submitted[r.request_id] = t0
+            self.client.submit(r)
+
+    def until(self, done: Callable[[], bool], timeout_s: float) -> None:
+        """Read events until `done()`; not done within `timeout_s`, it raises."""
+        tr = self.trace
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.what}{len(tr.submitted) - len(tr.final)} of {len(tr.submitted)} "
+                                   f"requests did not finish within {timeout_s:g} s")
+            events = self.client.poll_events(0.5) or []
+            now = time.perf_counter()
+            if self.seen is not None:
+                self.seen += events
+            for u in seq_updates(events):
+                rid = u.request_id
+                if rid not in tr.submitted:
+                    continue
+                tr.texts[rid] += u.text_delta
+                tr.tokens[rid].extend([now] * (u.generated - len(tr.tokens[rid])))
+                if u.phase is Phase.DONE:
+                    if u.error:
+                        raise RuntimeError(f"{self.what}request {rid} failed: {u.error}")
+                    tr.final[rid], tr.done[rid] = u, now
+
+
 def client_run(client, reqs: Sequence[Request], timeout_s: float, what: str = "", seen: list | None = None) -> Trace:
-    """Every request at once on a started EngineClient (the app's worker, a remote server), timed
-    on the wall clock as the client sees it: per request its token times (when the client learnt
-    of them), text and final update. A failed request, or one not done in `timeout_s`, raises.
-    `seen`: every event read meanwhile is appended to it (step reports, thread counts)."""
-    tr = Trace()
-    t0 = time.perf_counter()
-    for r in reqs:
-        tr.submitted[r.request_id] = t0
-        client.submit(r)
-    deadline = time.monotonic() + timeout_s
-    while len(tr.final) < len(reqs):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}{len(reqs) - len(tr.final)} of {len(reqs)} requests did not finish "
-                               f"within {timeout_s:g} s")
-        events = client.poll_events(0.5) or []
-        now = time.perf_counter()
-        if seen is not None:
-            seen += events
-        for u in seq_updates(events):
-            rid = u.request_id
-            if rid not in tr.submitted:
-                continue
-            tr.texts[rid] += u.text_delta
-            tr.tokens[rid].extend([now] * (u.generated - len(tr.tokens[rid])))
-            if u.phase is Phase.DONE:
-                if u.error:
-                    raise RuntimeError(f"{what}request {rid} failed: {u.error}")
-                tr.final[rid], tr.done[rid] = u, now
-    tr.ended = time.perf_counter()
-    return tr
+    """Every request at once on a started client (`ClientRun`), run until each is done (within `timeout_s`)."""
+    run = ClientRun(client, what, seen)
+    run.submit(*reqs)
+    run.until(lambda: len(run.trace.final) >= len(reqs), timeout_s)
+    run.trace.ended = time.perf_counter()
+    return run.trace
 
 
 def calibrated(backend, clock=None):
@@ -270,9 +299,7 @@ def sweep(configs: Sequence[C], reps: int, run: Callable[[C, int], dict], *, lab
         if quiet:
             out, busy = measured(lambda: run(c, rep), retries=retries, pids=pids, progress=progress)
         else:
-            seen = Contention(pids)
-            out = run(c, rep)
-            busy = seen.others_cores()
+            out, busy = watched(lambda: run(c, rep), pids)
         records.append({"config": label(c), "rep": rep, **out, "others_cores": round(busy, 2)})
     return records
 

@@ -94,8 +94,7 @@ def run_curve(spec: BackendConfig, cfg: CurveConfig, *, progress=lambda s: None)
         progress(f"{backend.name}: decode step {decode[0]['step_ms']} ms (1 seq) .. "
                  f"{decode[-1]['step_ms']} ms ({decode[-1]['seqs']} seqs)")
         n_dec = min(cfg.n_decode, len(bench.decoders))
-        base = next(p[2] for p in points if p[0] == n_dec) if any(p[0] == n_dec for p in points) \
-            else bench.timed(n_dec, 0)
+        base = next((ms for d, _, ms in points if d == n_dec), None) or bench.timed(n_dec, 0)
         prefill: list[dict[str, Any]] = []
         for chunk in cfg.chunks:
             for mode, d in (("alone", 0), ("with_decode", n_dec)):

@@ -5,12 +5,12 @@ the EngineClient interface with the same greedy requests, so the figures are wha
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 
 from magnitude_bench.common import BenchResult
-from magnitude_bench.harness import client_run, recorded
+from magnitude_bench.harness import client_run, recorded, started
 from magnitude_tui.engine.protocol import EngineClient
-from magnitude_tui.engine.waiting import wait_ready
 from scheduler.stats import median, percentile, rnd
 from scheduler.types import Message, Request, SamplingParams
 
@@ -50,20 +50,14 @@ def run_burst(client: EngineClient, requests: list[Request], timeout_s: float) -
 def bench_engines(engines: dict[str, EngineClient], cfg: RemoteBenchConfig, progress=lambda s: None) -> BenchResult:
     """Every engine, every width, `reps` times (engines alternate within a width); medians."""
     runs: list[dict] = []
-    ready = {}
-    for name, client in engines.items():
-        client.start()
-        ready[name] = wait_ready(client, cfg.timeout_s)
-    try:
+    with ExitStack() as stack:
+        ready = {name: stack.enter_context(started(client, cfg.timeout_s)) for name, client in engines.items()}
         for n in cfg.seqs:
             for rep in range(cfg.reps):
                 for name, client in engines.items():
                     progress(f"{name}: {n} sequences, rep {rep + 1}/{cfg.reps}")
                     r = run_burst(client, _requests(n, cfg, f"{name}-{n}-{rep}"), cfg.timeout_s)
                     runs.append({"engine": name, "seqs": n, "rep": rep + 1, **r})
-    finally:
-        for client in engines.values():
-            client.stop()
     rows = []
     names = list(engines)
     for n in cfg.seqs:

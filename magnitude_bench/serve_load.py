@@ -13,7 +13,8 @@ from typing import AsyncIterator
 import httpx
 
 from magnitude_bench.common import PASSAGE, BenchResult
-from magnitude_bench.harness import recorded
+from magnitude_bench.harness import in_turn, recorded
+from magnitude_bench.peers import Server, model_path, tools_dir
 from magnitude_bench.remote import TOPICS
 from scheduler.stats import median, percentile, rnd
 
@@ -156,10 +157,14 @@ def run_serve_bench(cfg: ServeBenchConfig, *, model: str | None, progress=print)
     result = BenchResult("serve", "serve: HTTP clients against this engine and llama-server", asdict(cfg))
     rows: list[dict] = []
     admission: list[dict] = []
-    peer = _LlamaServerPeer(cfg, model) if "llama-server" in cfg.peers else None
-    if peer is not None and peer.binary is None:
+    found = tools_dir() if "llama-server" in cfg.peers else None
+    if "llama-server" in cfg.peers and found is None:
         result.notes.append("llama-server not built (scripts/build_llama_tools.sh): peer left out")
-        peer = None
+
+    def llama_server(parallel: int) -> Server:  # a fresh one per run (-np N), on the same model and threads
+        assert found is not None
+        return Server.on_cpu(found[0], model=model_path(model), parallel=parallel, threads=cfg.threads, n_ctx=cfg.n_ctx)
+
     config = EngineConfig(BackendConfig(model=model, device="cpu", n_ctx=cfg.n_ctx, n_seq_max=16,
                                         n_threads=cfg.threads), auto_threads=False)  # as the peer's
     http_parts = {"clients", "admission"} & set(cfg.parts)  # the priority part runs its own engine
@@ -168,23 +173,27 @@ def run_serve_bench(cfg: ServeBenchConfig, *, model: str | None, progress=print)
         if "clients" in cfg.parts:
             for rep in range(cfg.reps):
                 for n in cfg.seqs:
-                    runs = [("serve", s)] if s is not None else []
-                    runs += [("llama-server", peer)] if peer is not None else []
-                    for name, target in (runs if rep % 2 == 0 else runs[::-1]):
+                    sides = (["serve"] if s is not None else []) + (["llama-server"] if found is not None else [])
+                    for name in in_turn(sides, rep):
                         progress(f"{name}: {n} clients (repetition {rep + 1} of {cfg.reps})")
                         if name == "serve":
-                            calls = asyncio.run(_burst(target.url, n, cfg.gen, rep))
-                            rows.append({**_row("serve (this engine)", n, calls), "rep": rep + 1})
+                            assert s is not None  # a side only when it runs
+                            row = _row("serve (this engine)", n, asyncio.run(_burst(s.url, n, cfg.gen, rep)))
                         else:
-                            rows.append({**target.burst(n, rep), "rep": rep + 1})
+                            with llama_server(n) as srv:
+                                calls = asyncio.run(_burst(srv.process.url, n, cfg.gen, rep))
+                            row = _row(f"llama-server -np {n}", n, calls)
+                        rows.append({**row, "rep": rep + 1})
         if "admission" in cfg.parts:
+            admit = (cfg.admit_running, cfg.gen * 3, cfg.admit_prompt_words)
             if s is not None:
                 progress("serve: admission")
-                admission.append({"peer": "serve (this engine)", **asyncio.run(
-                    _admission(s.url, cfg.admit_running, cfg.gen * 3, cfg.admit_prompt_words))})
-            if peer is not None:
+                admission.append({"peer": "serve (this engine)", **asyncio.run(_admission(s.url, *admit))})
+            if found is not None:
                 progress("llama-server: admission")
-                admission.append(peer.admission())
+                with llama_server(cfg.admit_running + 1) as srv:
+                    admission.append({"peer": f"llama-server -np {cfg.admit_running + 1}",
+                                      **asyncio.run(_admission(srv.process.url, *admit))})
     if "clients" in cfg.parts:
         result.tables["concurrent clients"] = rows
         serve_ratios(result, rows)
@@ -195,36 +204,6 @@ def run_serve_bench(cfg: ServeBenchConfig, *, model: str | None, progress=print)
 
         result.tables["a person's turn behind agents"] = run_priority(cfg, model=model, progress=progress)
     return result
-
-
-class _LlamaServerPeer:
-    """The vendored llama-server on the same model and threads: a fresh server per run (-np N)."""
-
-    def __init__(self, cfg: ServeBenchConfig, model: str | None) -> None:
-        from magnitude_bench.peers import model_path, tools_dir
-
-        found = tools_dir()
-        self.binary = found[0] if found is not None else None
-        self.cfg, self.model = cfg, model_path(model)
-
-    def _server(self, parallel: int):
-        from magnitude_bench.peers import Server
-
-        assert self.binary is not None, "llama-server is not built (scripts/build_llama_tools.sh --cpu)"
-        return Server.on_cpu(self.binary, model=self.model, parallel=parallel, threads=self.cfg.threads,
-                             n_ctx=self.cfg.n_ctx)
-
-    def burst(self, n: int, rep: int) -> dict:
-        with self._server(n) as srv:
-            return _row(f"llama-server -np {n}", n, asyncio.run(_burst(f"http://127.0.0.1:{srv.port}", n,
-                                                                       self.cfg.gen, rep)))
-
-    def admission(self) -> dict:
-        cfg = self.cfg
-        with self._server(cfg.admit_running + 1) as srv:
-            return {"peer": f"llama-server -np {cfg.admit_running + 1}",
-                    **asyncio.run(_admission(f"http://127.0.0.1:{srv.port}", cfg.admit_running,
-                                             cfg.gen * 3, cfg.admit_prompt_words))}
 
 
 def serve_ratios(result: BenchResult, rows: list[dict]) -> None:

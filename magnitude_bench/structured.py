@@ -9,10 +9,9 @@ from jsonschema import Draft202012Validator
 
 from backend.factory import BackendConfig
 from magnitude_bench.common import BenchResult, measured
-from magnitude_bench.harness import client_run, in_turn, recorded
+from magnitude_bench.harness import alternating, client_run, recorded, started
 from magnitude_bench.remote import TOPICS
 from magnitude_tui.engine.protocol import EngineClient
-from magnitude_tui.engine.waiting import wait_ready
 from scheduler.speculation import SpecMode
 from scheduler.stats import median, rnd
 from scheduler.types import DoneReason, Message, Priority, Request, SamplingParams
@@ -83,11 +82,10 @@ def valid(reply: str) -> bool:
         return False
 
 
-def run_side(name: str, client: EngineClient, widths: tuple[int, ...], cfg: StructuredConfig, progress,
-             pids: tuple[int, ...] = ()) -> tuple[list[dict], StructuredConfig]:
-    """Every width and repetition on one started client, both modes each time; one row per run,
-    and the config they ran under (its free replies' bound settled at the warm-up)."""
-    ready = wait_ready(client, cfg.timeout_s)
+def run_side(name: str, client: EngineClient, model: str, widths: tuple[int, ...], cfg: StructuredConfig,
+             progress, pids: tuple[int, ...] = ()) -> tuple[list[dict], StructuredConfig]:
+    """Every width and repetition on one started client (serving `model`), both modes each time;
+    one row per run, and the config they ran under (its free replies' bound settled at the warm-up)."""
     sessions: list[str] = []
     try:
         # As wide as the widest run: an engine just started trusts its cost model a few prompt rows at
@@ -101,22 +99,21 @@ def run_side(name: str, client: EngineClient, widths: tuple[int, ...], cfg: Stru
             progress(f"{name}: free replies bounded at {cfg.free_tokens} tokens, the JSON replies' length")
         runs = []
         for n in widths:
-            for rep in range(cfg.reps):
-                for mode in in_turn((FREE, CONSTRAINED), rep):
-                    tag = f"{name}-{n}-{rep}-{mode}"
-                    run = 10 * n + 2 * rep + (mode == CONSTRAINED)  # the same prompts on both sides
-                    tries = iter(range(100))
+            for rep, mode in alternating((FREE, CONSTRAINED), cfg.reps):
+                tag = f"{name}-{n}-{rep}-{mode}"
+                run = 10 * n + 2 * rep + (mode == CONSTRAINED)  # the same prompts on both sides
+                tries = iter(range(100))
 
-                    def attempt() -> dict:  # a repeat (a disturbed run) sends fresh conversations
-                        reqs = requests(n, mode, cfg, f"{tag}-{next(tries)}", run)
-                        sessions.extend(r.session_id for r in reqs)
-                        return burst(client, reqs, cfg.timeout_s)
+                def attempt() -> dict:  # a repeat (a disturbed run) sends fresh conversations
+                    reqs = requests(n, mode, cfg, f"{tag}-{next(tries)}", run)
+                    sessions.extend(r.session_id for r in reqs)
+                    return burst(client, reqs, cfg.timeout_s)
 
-                    r, busy = measured(attempt, pids=pids, progress=progress)
-                    runs.append({"engine": name, "seqs": n, "rep": rep + 1, "mode": mode, **r,
-                                 "others_cores": busy, "model": ready.model})
-                    progress(f"{name} {n} seqs rep {rep + 1} {mode}: {r['tok_s']:.1f} tok/s, "
-                             f"{r['valid']}/{n} valid, grammar {r['grammar_share']:.1%}")
+                r, busy = measured(attempt, pids=pids, progress=progress)
+                runs.append({"engine": name, "seqs": n, "rep": rep + 1, "mode": mode, **r,
+                             "others_cores": busy, "model": model})
+                progress(f"{name} {n} seqs rep {rep + 1} {mode}: {r['tok_s']:.1f} tok/s, "
+                         f"{r['valid']}/{n} valid, grammar {r['grammar_share']:.1%}")
         return runs, cfg
     finally:
         for sid in sessions:
@@ -136,13 +133,11 @@ def run_structured(backend: BackendConfig, cfg: StructuredConfig, progress=lambd
     # Speculation off: a constrained sequence never drafts, so free text must not either.
     engine = WorkerClient(EngineConfig(backend, policy=cfg.policy, spec=SpecMode.OFF, auto_threads=False),
                           in_process=cfg.in_process, log_path=None if cfg.in_process else "auto")
-    engine.start()
     result.data["free_tokens_matched"] = cfg.free_tokens is None
-    try:
+    with started(engine, cfg.timeout_s) as ready:
         # The worker process is ours, not a neighbour: its CPU is not "others".
-        runs, cfg = run_side("engine", engine, cfg.seqs, cfg, progress, pids=(engine.pid,) if engine.pid else ())
-    finally:
-        engine.stop()
+        runs, cfg = run_side("engine", engine, ready.model, cfg.seqs, cfg, progress,
+                             pids=(engine.pid,) if engine.pid else ())
     # Both sides' free replies share one bound (the engine's), so their free runs are the same work.
     result.data["free_tokens"] = cfg.free_tokens
     if cfg.peer:
@@ -171,11 +166,9 @@ def _peer_runs(backend: BackendConfig, cfg: StructuredConfig, result: BenchResul
                            threads=backend.n_threads or cfg.threads, n_ctx=backend.n_ctx or 8192) as srv:
             result.data["peer_cmd"] = srv.cmd
             client = RemoteClient(RemoteConfig((f"http://127.0.0.1:{srv.port}",), max_in_flight=n))
-            client.start()
-            try:
-                return run_side("llama-server", client, (n,), cfg, progress, pids=(srv.pid,) if srv.pid else ())[0]
-            finally:
-                client.stop()
+            with started(client, cfg.timeout_s) as ready:
+                return run_side("llama-server", client, ready.model, (n,), cfg, progress,
+                                pids=(srv.pid,) if srv.pid else ())[0]
     except PeerError as e:
         result.notes.append(f"llama-server peer failed: {e}")
         return []

@@ -16,10 +16,10 @@ from magnitude_bench.common import (
     sized,
 )
 from magnitude_bench.harness import Drive, calibrated, recorded
-from scheduler.budget import MIN_PREFILL_QUANTUM
+from scheduler.budget import MIN_PREFILL_QUANTUM, StepShape
 from scheduler.cost_model import CostModel
 from scheduler.stats import median, percentile, rnd
-from scheduler.types import AttentionPath, Request, SamplingParams, attended_kpos, used_cells_kpos
+from scheduler.types import AttentionPath, Request, SamplingParams, attended_kpos
 
 HOLD_RATIO = 1.1  # "p99 step <= 1.1x the target"
 
@@ -50,13 +50,12 @@ class DepthRun:
 
 def needed_ms(cost: CostModel, path: AttentionPath, decode_rows: int, depth: int, cells: int, newcomer: int) -> float:
     """What `decode_rows` decode rows `depth` deep plus one quantum of the newcomer's prompt, at its
-    last position, are predicted to take (`cells`: resident cells once the newcomer is in)."""
+    last position, are predicted to take (`cells`: resident cells once the newcomer is in), the
+    step's attention priced as the scheduler prices it (`StepShape.kpos`)."""
     q = MIN_PREFILL_QUANTUM
-    if path is AttentionPath.DENSE:
-        kpos = used_cells_kpos(cells + decode_rows + q, decode_rows + q)
-    else:
-        kpos = decode_rows * attended_kpos(depth, 1) + attended_kpos(max(0, newcomer - q), q)
-    return cost.predict(decode_rows, q, kpos)
+    shape = StepShape(decode_rows, decode_kpos=decode_rows * attended_kpos(depth, 1),
+                      prefill_pos0=max(0, newcomer - q), cells_used=cells, path=path)
+    return cost.predict(decode_rows, q, shape.kpos(q))
 
 
 def run_depth(backend, depth: int, cfg: TargetDepthConfig, params=None) -> DepthRun:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from magnitude_bench.harness import client_run, recorded
+from magnitude_bench.harness import client_run, recorded, started
 from magnitude_bench.ui_keys import FrameProbe, open_panes, send_key, type_and_time_key, wait_until
 
 # Nothing heavy at import time: the engine, the app and Textual are imported when the benchmark runs.
@@ -84,21 +84,16 @@ def _shape(steps: list, rows: int) -> dict:
 
 def run_headless(config, cfg: UiConfig) -> dict:
     from magnitude_bench.common import Contention
-    from magnitude_tui.engine.waiting import wait_ready
     from scheduler.types import Message, Request, SamplingParams
 
     client = recording_client(config)
-    client.start()
-    try:
-        wait_ready(client, cfg.timeout_s)
+    with started(client, cfg.timeout_s):
         contention, cpu0 = Contention((client.pid,)), time.process_time()
         sampling = SamplingParams(max_tokens=cfg.max_tokens)
         tr = client_run(client, [Request(f"h{i}:0", f"h{i}", (Message("user", text),), sampling)
                                  for i, text in enumerate(prompts(cfg.panes))], cfg.timeout_s, what="headless run: ")
         return {"steps": client.steps, "wall_s": tr.wall_s, "host_cpu_s": time.process_time() - cpu0,
                 "others_cores": contention.others_cores(), "keys": []}
-    finally:
-        client.stop()
 
 
 async def run_ui(config, cfg: UiConfig) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,8 +27,6 @@ from magnitude_bench.ui_keys import FrameProbe, KeyFigures, open_panes, run_on_s
 def rss_mb() -> float:
     """This process's resident memory in MiB (Linux; 0 elsewhere)."""
     try:
-        import os
-
         pages = int(Path("/proc/self/statm").read_text().split()[1])
         return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
     except (OSError, ValueError, IndexError):
