@@ -20,6 +20,11 @@ from scheduler.types import DoneReason, Phase, Priority
 from tests.serve_support import recording, running_server, wait_until, watching_cancels
 
 FAKE = EngineConfig(BackendConfig("fake", n_ctx=4096, n_seq_max=16), policy="fixed:64")
+# Steps that take real time (26 ms for eight decode rows), so no choice of 3,500 tokens can end
+# before a client that hangs up is noticed: the fake engine wrote 3,500 tokens for the first choice
+# in under a second, and the hang-up test failed whenever the server noticed that late.
+PACED = EngineConfig(BackendConfig("simulated:rx9070xt", n_ctx=32768, n_seq_max=16, realtime=True),
+                     policy="fixed:64")
 
 
 @pytest.fixture(scope="module")
@@ -246,7 +251,8 @@ def _assert_cancelled(reports, cancelled: list[str]) -> None:
     """Each cancelled request ended `cancelled` long before its 3,500 tokens, and nothing runs.
     (The engine honours a cancel within one step: tests/test_engine_core.py's cancel tests.)"""
     ended = {u.request_id: u for rep in reports for u in rep.updates if u.phase is Phase.DONE}
-    assert cancelled and all(ended[rid].done_reason is DoneReason.CANCELLED for rid in cancelled)
+    assert cancelled and all(ended[rid].done_reason is DoneReason.CANCELLED for rid in cancelled), \
+        [(rid, ended[rid].done_reason, ended[rid].generated) for rid in cancelled]
     assert max(ended[rid].generated for rid in cancelled) < 3500
     assert reports[-1].running == reports[-1].waiting == 0
 
@@ -267,9 +273,9 @@ def test_a_streaming_client_that_disconnects_is_cancelled_and_its_kv_goes_idle(s
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["usage"]["prompt_tokens"] - 1
 
 
-def test_a_non_streaming_client_that_hangs_up_is_cancelled(server):
-    with watching_cancels(server) as watch:
-        # Eight choices of 3,500 tokens take seconds; the client gives up after 0.3 s.
+def test_a_non_streaming_client_that_hangs_up_is_cancelled():
+    with running_server(PACED, ServeOptions(max_live=12)) as server, watching_cancels(server) as watch:
+        # Eight choices of 3,500 tokens take minutes; the client gives up after 0.3 s.
         with pytest.raises(httpx.TimeoutException):
             httpx.post(server.base + "/chat/completions", timeout=0.3, json={
                 "messages": [{"role": "user", "content": "hang up"}], "max_tokens": 3500, "n": 8})
