@@ -91,6 +91,8 @@ def throughput(
                              "of them speculates), ngram or auto."),
     who: str = typer.Option("agent", "--class", help="Whose requests: agent (what serve makes of API calls; "
                             "throughput-paced) or interactive (a person's turns, paced by the step target)."),
+    flash_attn: str = typer.Option("auto", "--flash-attn", help="The engine's attention path: auto (the app's: "
+                                   "the measured choice), on or off. The peers run llama.cpp's default (auto)."),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
@@ -103,7 +105,9 @@ def throughput(
                                     require_tools=require_tools, profile=profile, cpu_clock=cpu_clock, spec=spec,
                                     threads=threads, who=who)
     try:
-        result = run_throughput(options.backend_spec("llama", model, device, threads, ctx), cfg, progress=progress)
+        backend_cfg = options.spec_backend(flash_attn=flash_attn, backend="llama", model=model, device=device,
+                                           threads=threads, ctx=ctx)
+        result = run_throughput(backend_cfg, cfg, progress=progress)
     except PeerError as e:
         Console(stderr=True).print(f"[red]{e}[/]")
         raise typer.Exit(1)

@@ -130,7 +130,7 @@ def spec_config(*, seqs: str, tasks: str, modes: str, max_tokens: Optional[int],
 
 def spec_backend(*, flash_attn: str, backend: str, model: Optional[str], device: str, threads: Optional[int],
                  ctx: Optional[int]):
-    """`bench spec`'s backend: `backend_spec` with its --flash-attn setting."""
+    """The backend of `bench spec` and `bench throughput`: `backend_spec` with their --flash-attn setting."""
     if flash_attn.strip().lower() not in ("auto", "on", "off"):
         raise typer.BadParameter(f"expected auto, on or off, got {flash_attn!r}", param_hint="--flash-attn")
     return replace(backend_spec(backend, model, device, threads, ctx), flash_attn=flash_attn.strip().lower())

@@ -214,9 +214,14 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
     finally:
         if serial is not None:
             serial.close()
-        info = backend_info(backend)
+        # The engine's attention path: the peers run llama.cpp's default, which is flash attention
+        # on a CPU, while the app's (--flash-attn auto) is the one measured faster on this machine.
+        info = backend_info(backend) | {"attention": getattr(backend, "info", {}).get("attention")}
         backend.close()
     _tables(res, runs, engine_steps, cfg, info, found)
+    if info["attention"]:
+        res.notes.append(f"the engine's attention path: {info['attention']} (--flash-attn {spec.flash_attn}); "
+                         "the peers run llama.cpp's default, flash attention on a CPU")
     if cfg.cpu_clock:
         res.notes.append("the engine's tok/s are per CPU second of its process (one thread: every step "
                          "computes on it); the peers' are per wall second")
