@@ -55,6 +55,9 @@ bench quick throughput throughput --seqs 8 --gen 32 --reps 2 -p target:50 --peer
 # defaults (--spec auto, thread governor) and with them off.
 bench full throughput-sweep-1t throughput --seqs 1,8,16 --gen 32 --reps 5 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 1
 bench full throughput-sweep-2t throughput --seqs 1,8,16 --gen 32 --reps 5 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 2
+# The same with the engine on the peers' attention path (flash), where the measured choice differs.
+bench full throughput-sweep-1t-flash throughput --seqs 1,8,16 --gen 32 --reps 5 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 1 --flash-attn on
+bench full throughput-sweep-2t-flash throughput --seqs 1,8,16 --gen 32 --reps 5 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 2 --flash-attn on
 # HTTP clients against serve and llama-server; this app on llama-server against the local engine.
 bench quick serve serve --seqs 8 --gen 32 --reps 2 --parts clients --threads 1
 bench quick remote remote --llama-server 8 --local --seqs 8 --gen 32 --reps 2 --device cpu --threads 1
