@@ -220,8 +220,9 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
         backend.close()
     _tables(res, runs, engine_steps, cfg, info, found)
     if info["attention"]:
-        res.notes.append(f"the engine's attention path: {info['attention']} (--flash-attn {spec.flash_attn}); "
-                         "the peers run llama.cpp's default, flash attention on a CPU")
+        chosen = " (--flash-attn auto: the app's choice)" if spec.flash_attn == "auto" else ""
+        res.notes.append(f"the engine's attention path: {info['attention']}{chosen}; the peers run llama.cpp's "
+                         "default, flash attention on a CPU")
     if cfg.cpu_clock:
         res.notes.append("the engine's tok/s are per CPU second of its process (one thread: every step "
                          "computes on it); the peers' are per wall second")
