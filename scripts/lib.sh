@@ -18,15 +18,17 @@ PY
 # -march=native, or nothing. A CPU can list AMX (amx_tile in /proc/cpuinfo) that the kernel or a
 # sandbox does not let a process use, while still granting ggml's permission request: its AMX
 # kernels then die on their first tile instruction (SIGILL) at the first prompt. A tiny probe runs
-# one tile instruction; when it fails, the AMX kernels are left out of the build.
+# one tile instruction; when it dies, the AMX kernels are left out of the build.
 extra_cpu_flags() {
   grep -qw amx_tile "${MAGNITUDE_CPUINFO:-/proc/cpuinfo}" 2>/dev/null || return 0
-  amx_usable || echo "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  if amx_faults; then echo "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; fi
 }
 
-# Whether a process here can run AMX tile instructions (after asking the kernel for them).
-amx_usable() {
-  local dir rc
+# Whether a process here dies running an AMX tile instruction (after asking the kernel for them).
+# False when the probe does not compile: a compiler without AMX builds no AMX kernels either, and
+# would refuse the -mno-amx flags.
+amx_faults() {
+  local dir rc=1
   dir=$(mktemp -d)
   cat >"$dir/probe.c" <<'C'
 #include <string.h>
@@ -35,7 +37,7 @@ amx_usable() {
 #include <immintrin.h>
 int main(void) {
     unsigned char cfg[64];
-    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return 1;
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return 0;
     memset(cfg, 0, sizeof cfg);
     cfg[0] = 1;    /* palette 1 */
     cfg[16] = 64;  /* tile 0: 64 bytes a row */
@@ -47,10 +49,7 @@ int main(void) {
 }
 C
   if cc -O1 -mamx-tile "$dir/probe.c" -o "$dir/probe" >/dev/null 2>&1; then
-    ("$dir/probe") >/dev/null 2>&1
-    rc=$?
-  else
-    rc=1  # a compiler that cannot build it cannot build ggml's AMX kernels either
+    ("$dir/probe") >/dev/null 2>&1 || rc=0
   fi
   rm -rf "$dir"
   return "$rc"

@@ -56,6 +56,16 @@ def test_amx_listed_and_working_is_kept(tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == ""
 
 
+def test_a_compiler_without_amx_needs_no_flags(tmp_path):
+    """It builds no AMX kernels, and would refuse -mno-amx-tile."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "cc").write_text("#!/bin/sh\necho 'unrecognized option -mamx-tile' >&2\nexit 1\n")
+    (bin_dir / "cc").chmod(0o755)
+    out = _lib("extra_cpu_flags", _cpuinfo(tmp_path, LISTS_AMX) | {"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert out.returncode == 0 and out.stdout.strip() == ""
+
+
 def test_the_installed_builds_match_what_this_machine_runs():
     """On this machine: the wheel has AMX kernels only where the probe ran them, and the tools'
     stamp records the flags they were built with (a stale build is rebuilt, not reused)."""
