@@ -216,7 +216,7 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
             serial.close()
         # The engine's attention path: the peers run llama.cpp's default, which is flash attention
         # on a CPU, while the app's (--flash-attn auto) is the one measured faster on this machine.
-        info = backend_info(backend) | {"attention": getattr(backend, "info", {}).get("attention")}
+        info = backend_info(backend) | {"attention": backend.info.get("attention")}
         backend.close()
     _tables(res, runs, engine_steps, cfg, info, found)
     if info["attention"]:
