@@ -105,8 +105,8 @@ def throughput(
                                     require_tools=require_tools, profile=profile, cpu_clock=cpu_clock, spec=spec,
                                     threads=threads, who=who)
     try:
-        backend_cfg = options.spec_backend(flash_attn=flash_attn, backend="llama", model=model, device=device,
-                                           threads=threads, ctx=ctx)
+        backend_cfg = options.flash_backend(flash_attn=flash_attn, backend="llama", model=model, device=device,
+                                            threads=threads, ctx=ctx)
         result = run_throughput(backend_cfg, cfg, progress=progress)
     except PeerError as e:
         Console(stderr=True).print(f"[red]{e}[/]")
@@ -150,8 +150,8 @@ def spec_bench(
     cfg = options.spec_config(seqs=seqs, tasks=tasks, modes=modes, max_tokens=max_tokens, reps=reps, policy=policy,
                               min_tokens=min_tokens, draft_model=draft_model, wall_clock=wall_clock, peer=peer,
                               sim_profile=sim_profile, control=control)
-    spec = options.spec_backend(flash_attn=flash_attn, backend=backend, model=model, device=device, threads=threads,
-                                ctx=ctx)
+    spec = options.flash_backend(flash_attn=flash_attn, backend=backend, model=model, device=device, threads=threads,
+                                 ctx=ctx)
     real = spec.family == "llama"
     result = run_spec(spec, cfg, progress=progress, peer=run_peer if peer and real else None)
     finish(result, out, plot_spec)

@@ -128,8 +128,8 @@ def spec_config(*, seqs: str, tasks: str, modes: str, max_tokens: Optional[int],
                            peer=peer, sim_profile=sim_profile, control=control)
 
 
-def spec_backend(*, flash_attn: str, backend: str, model: Optional[str], device: str, threads: Optional[int],
-                 ctx: Optional[int]):
+def flash_backend(*, flash_attn: str, backend: str, model: Optional[str], device: str, threads: Optional[int],
+                  ctx: Optional[int]):
     """The backend of `bench spec` and `bench throughput`: `backend_spec` with their --flash-attn setting."""
     if flash_attn.strip().lower() not in ("auto", "on", "off"):
         raise typer.BadParameter(f"expected auto, on or off, got {flash_attn!r}", param_hint="--flash-attn")

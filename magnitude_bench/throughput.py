@@ -214,15 +214,15 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
     finally:
         if serial is not None:
             serial.close()
-        # The engine's attention path: the peers run llama.cpp's default, which is flash attention
-        # on a CPU, while the app's (--flash-attn auto) is the one measured faster on this machine.
+        # The engine's attention path: the peers run llama.cpp's default (-fa auto: flash attention
+        # wherever the device has it, the CPU included), the app the path measured faster here.
         info = backend_info(backend) | {"attention": backend.info.get("attention")}
         backend.close()
     _tables(res, runs, engine_steps, cfg, info, found)
     if info["attention"]:
         chosen = " (--flash-attn auto: the app's choice)" if spec.flash_attn == "auto" else ""
         res.notes.append(f"the engine's attention path: {info['attention']}{chosen}; the peers run llama.cpp's "
-                         "default, flash attention on a CPU")
+                         "default, -fa auto (flash attention wherever the device has it, the CPU included)")
     if cfg.cpu_clock:
         res.notes.append("the engine's tok/s are per CPU second of its process (one thread: every step "
                          "computes on it); the peers' are per wall second")
