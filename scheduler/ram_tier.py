@@ -15,6 +15,8 @@ MIN_TOKENS = 64
 # idle conversations stay resident in the context first, so the tier only holds what a slot or
 # the cells were needed for. A 1,000-token conversation of SmolLM2-135M is about 23 MB.
 DEFAULT_BYTES = 2 << 30
+# The most best_prefix answers remembered between changes of the tier (one per waiting prompt).
+BEST_MEMO = 64
 
 
 class RamTier:
@@ -27,6 +29,10 @@ class RamTier:
         self._saved: OrderedDict[str, tuple[list[int], bytes]] = OrderedDict()
         self.saved_count = 0  # states kept, in all
         self.restored_count = 0  # states a slot took back (Residency.restore)
+        # best_prefix's answers since the tier last changed: a request waiting for a slot asks
+        # again every step, and hundreds of saved agent histories sharing thousands of tokens cost
+        # milliseconds to weigh each time.
+        self._best: dict[tuple[int, ...], tuple[str | None, int]] = {}
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._saved
@@ -45,9 +51,9 @@ class RamTier:
         if size > self.budget:
             return False
         while self.used + size > self.budget:
-            _, (_, old) = self._saved.popitem(last=False)
-            self.used -= len(old)
+            self.take(next(iter(self._saved)))
         self._saved[session_id] = (list(tokens), state)
+        self._best.clear()
         self.used += size
         self.saved_count += 1
         return True
@@ -58,12 +64,19 @@ class RamTier:
 
     def best_prefix(self, tokens: list[int]) -> tuple[str | None, int]:
         """The saved conversation sharing the longest prefix with `tokens`, and that length."""
+        key = tuple(tokens)
+        known = self._best.get(key)
+        if known is not None:
+            return known
+        query = tokens if isinstance(tokens, list) else list(tokens)  # the saved tokens are lists
         best, best_n = None, 0
         for session_id, (saved, _) in self._saved.items():
-            if saved and tokens and saved[0] == tokens[0]:
-                n = common_prefix_len(saved, tokens)
-                if n > best_n:
-                    best, best_n = session_id, n
+            n = common_prefix_len(saved, query)
+            if n > best_n:
+                best, best_n = session_id, n
+        if len(self._best) >= BEST_MEMO:
+            self._best.clear()
+        self._best[key] = (best, best_n)
         return best, best_n
 
     def peek(self, session_id: str) -> tuple[list[int], bytes] | None:
@@ -75,9 +88,8 @@ class RamTier:
         saved = self._saved.pop(session_id, None)
         if saved is not None:
             self.used -= len(saved[1])
+            self._best.clear()
         return saved
 
     def drop(self, session_id: str) -> None:
-        saved = self._saved.pop(session_id, None)
-        if saved is not None:
-            self.used -= len(saved[1])
+        self.take(session_id)

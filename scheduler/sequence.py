@@ -239,9 +239,37 @@ class Session:
         return f"Session({self.session_id!r}, seq={self.seq_id}, cached={len(self.tokens)}, live={live})"
 
 
-def common_prefix_len(a: list[int], b: list[int]) -> int:
+# common_prefix_len compares this many tokens at a time to start with, and at most _PREFIX_BLOCK_MAX.
+_PREFIX_BLOCK = 32
+_PREFIX_BLOCK_MAX = 4096
+
+
+def common_prefix_len(a: SequenceABC[int], b: SequenceABC[int]) -> int:
+    """How many leading tokens `a` and `b` share.
+
+    Admission weighs every resident and saved conversation against each waiting prompt every step,
+    and agents' histories share thousands of tokens: the comparison runs on slices (compared in C),
+    in blocks that double while they match, then halves the block that differs down to a few
+    tokens, instead of a Python loop over every token."""
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if n == 0 or a[0] != b[0]:
+        return 0
+    if type(a) is not type(b):  # a list slice never equals a tuple slice
+        a, b = list(a), list(b)
+    lo, block = 0, _PREFIX_BLOCK
+    while lo < n:
+        hi = min(n, lo + block)
+        if a[lo:hi] != b[lo:hi]:
+            break
+        lo, block = hi, min(block * 2, _PREFIX_BLOCK_MAX)
+    else:
+        return n
+    while hi - lo > _PREFIX_BLOCK:  # a[:lo] == b[:lo]; they differ before hi
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while lo < hi and a[lo] == b[lo]:
+        lo += 1
+    return lo

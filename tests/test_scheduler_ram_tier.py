@@ -3,8 +3,12 @@ agent whose slot went to a subagent restores its history instead of evaluating i
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from backend.fake import FakeBackend
 from scheduler.ram_tier import MIN_TOKENS, RamTier
+from scheduler.sequence import common_prefix_len
 from tests.engine_driver import assert_clean, by_request, chat, engine_for
 
 LONG = ("system", "You are agent A; you read files and answer in short. " * 12)
@@ -22,6 +26,33 @@ def test_the_tier_keeps_states_within_its_budget_dropping_the_oldest_first():
     assert len(tier) == 0 and tier.used == 0 and tier.take("c") is None
     assert not tier.wants(list(range(MIN_TOKENS - 1))) and tier.wants(list(range(MIN_TOKENS)))
     assert not RamTier(budget=0).wants(list(range(1000)))
+
+
+@given(st.lists(st.integers(0, 2), max_size=9000), st.lists(st.integers(0, 2), max_size=300),
+       st.integers(0, 9000), st.booleans())
+def test_the_shared_prefix_is_counted_token_by_token_whatever_the_lengths(a, tail, cut, as_tuple):
+    b = a[:cut] + tail
+    expected = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    other = tuple(b) if as_tuple else b
+    assert common_prefix_len(a, other) == expected and common_prefix_len(other, a) == expected
+
+
+def test_the_longest_saved_prefix_is_found_again_after_every_change_of_the_tier():
+    shared = list(range(5000))
+    tier = RamTier(budget=1000)
+    tier.put("a", shared[:3000] + [-1] * 100, b"a" * 10)
+    tier.put("b", shared[:4000] + [-2] * 100, b"b" * 10)
+    query = shared + [-3]
+    assert tier.best_prefix(query) == ("b", 4000)
+    assert tier.best_prefix(query) == ("b", 4000)  # asked again, unchanged
+    tier.put("c", shared[:4500], b"c" * 10)
+    assert tier.best_prefix(query) == ("c", 4500)
+    tier.drop("c")
+    assert tier.best_prefix(query) == ("b", 4000)
+    assert tier.take("b") is not None and tier.best_prefix(query) == ("a", 3000)
+    tier.put("d", shared[:10], b"d" * 995)  # the budget pushes "a" out
+    assert "a" not in tier and tier.best_prefix(query) == ("d", 10)
+    assert tier.best_prefix([7, 8]) == (None, 0)
 
 
 def _evicted(engine, sid: str, first: str) -> None:
