@@ -23,7 +23,7 @@ class AgentsConfig:
     turns: int | None = 3
     k_max: int | None = 600
     think_scale: float = 1.0
-    sides: tuple[str, ...] = tuple(s for s in SIDES if not SIDES[s].serve_prompts)
+    sides: tuple[str, ...] = tuple(s for s in SIDES if not (SIDES[s].serve_prompts or SIDES[s].flash_attn))
     reps: int = 2
     threads: int = 1
     n_ctx: int = 16384
@@ -63,8 +63,9 @@ def run_one(spec: SideSpec, setup: SideSetup, trace: Trace, tag: str) -> dict:
     with open_side(spec, setup) as side:
         out, others = watched(lambda: asyncio.run(_drive(side, trace, tag)), side.pids)  # the server is ours
         cmd = getattr(side, "cmd", None)
+        attention = side.attention()
     return {"side": spec.label, **summary(out), "others_cores": round(others, 2), "load_before": load_before,
-            "load_after": load_avg(), "server_cmd": cmd, "kv": out.kv,
+            "load_after": load_avg(), "server_cmd": cmd, "attention": attention, "kv": out.kv,
             "call_log": [{**{k: v for k, v in asdict(c).items() if k != "text"}, "kind": c.kind.value,
                           "reply_chars": len(c.text)} for c in out.calls]}
 
@@ -92,6 +93,9 @@ def run_agents(cfg: AgentsConfig, progress=lambda s: None) -> BenchResult:
                      f"{row['evaluated']} of minimum {row['minimum']}, others {row['others_cores']} cores")
     result.data["runs"] = runs
     tables(result, runs)
+    paths = {r["side"]: r["attention"] for r in runs if r.get("attention")}
+    if paths:
+        result.notes.append("attention path per side: " + "; ".join(f"{side}: {path}" for side, path in paths.items()))
     result.notes += [
         "makespan: the first call to the last reply of the trace; TTFT: every call's send to its first "
         "streamed token, on the client (agents' turns and subagents')",

@@ -36,6 +36,9 @@ class SideSpec:
     # (calls in the assistant's text, results in <tool_response> user turns), where its own
     # rendering drops the calls: the same prompt tokens on both sides, for a like-for-like figure.
     serve_prompts: bool = False
+    # llama-server -fa: "" leaves its default (auto: flash attention wherever the device has it,
+    # the CPU included); "off" runs the dense path, which some CPUs run faster deep in a context.
+    flash_attn: str = ""
 
     @property
     def label(self) -> str:
@@ -44,6 +47,8 @@ class SideSpec:
             parts.append(f"--cache-reuse {self.cache_reuse}")
         if self.cache_ram_mib:
             parts.append(f"--cache-ram {self.cache_ram_mib}")
+        if self.flash_attn:
+            parts.append(f"-fa {self.flash_attn}")
         if self.serve_prompts:
             parts.append(SERVE_PROMPTS)
         return " ".join(parts)
@@ -51,16 +56,18 @@ class SideSpec:
     def server_args(self) -> list[str]:
         # Given after peers.Server's own `-cram 0`: llama.cpp's parser keeps the last value.
         return ((["--cache-reuse", str(self.cache_reuse)] if self.cache_reuse else [])
-                + (["--cache-ram", str(self.cache_ram_mib)] if self.cache_ram_mib else []))
+                + (["--cache-ram", str(self.cache_ram_mib)] if self.cache_ram_mib else [])
+                + (["-fa", self.flash_attn] if self.flash_attn else []))
 
 
 # The names `--sides` takes: llama-server as its users run agents on it (unified KV, cache_prompt),
-# with and without the two cache options they reach for.
+# with and without the two cache options they reach for, and on the dense attention path.
 SIDES = {"serve": SideSpec(SideKind.SERVE), "engine": SideSpec(SideKind.ENGINE),
          "llama-server": SideSpec(SideKind.LLAMA_SERVER),
          "llama-server+reuse": SideSpec(SideKind.LLAMA_SERVER, cache_reuse=256),
          "llama-server+ram": SideSpec(SideKind.LLAMA_SERVER, cache_ram_mib=8192),
          "llama-server+reuse+ram": SideSpec(SideKind.LLAMA_SERVER, cache_reuse=256, cache_ram_mib=8192),
+         "llama-server+fa-off": SideSpec(SideKind.LLAMA_SERVER, flash_attn="off"),
          "llama-server+serve-prompts": SideSpec(SideKind.LLAMA_SERVER, serve_prompts=True)}
 
 
@@ -77,6 +84,7 @@ class HttpSide:
         self.name, self.url, self._kv, self.pids, self.rewrite = name, url, kv, pids, rewrite
         self.http: httpx.AsyncClient | None = None
         self.cmd: list[str] | None = None  # a server this side started: its command line
+        self.attention: Callable[[], str | None] = lambda: None  # the attention path it ran
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator["HttpSide"]:
@@ -146,6 +154,10 @@ class EngineSide:
         self.name, self.client = name, client
         self.hub = EngineHub(client)
         self.pids = (client.pid,) if client.pid else ()
+
+    def attention(self) -> str | None:
+        """The attention path the engine's steps ran (known once it is ready)."""
+        return self.hub.ready.info.attention if self.hub.ready else None
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator["EngineSide"]:
@@ -231,7 +243,9 @@ def open_side(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide | EngineSid
                 return None if r is None else (r.kv_used, r.kv_total)
 
             pid = hub.client.pid
-            yield HttpSide(spec.label, s.url, kv, (pid,) if pid else ())
+            side = HttpSide(spec.label, s.url, kv, (pid,) if pid else ())
+            side.attention = lambda: hub.ready.info.attention if hub.ready else None
+            yield side
         return
     client = WorkerClient(config, in_process=setup.in_process, log_path=None if setup.in_process else "auto")
     with started(client, setup.timeout_s):
@@ -257,4 +271,5 @@ def _llama_server(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide]:
         side = HttpSide(spec.label, f"http://127.0.0.1:{srv.port}", kv, (srv.pid,) if srv.pid else (),
                         rewrite=as_serve_renders if spec.serve_prompts else None)
         side.cmd = list(srv.cmd)
+        side.attention = lambda: f"-fa {spec.flash_attn or 'auto'}"
         yield side

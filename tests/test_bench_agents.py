@@ -156,6 +156,24 @@ def test_the_side_on_serves_prompts_is_reported_apart_and_never_taken_for_llama_
     assert got[f"makespan ÷ {alike}"] == round(80 / 100, 3)
 
 
+def test_llama_server_on_its_dense_attention_path_is_one_more_of_its_configurations():
+    from magnitude_bench.agents_report import _ratios
+    from magnitude_bench.agents_sides import SIDES
+
+    dense = SIDES["llama-server+fa-off"]
+    assert dense.label == "llama-server -fa off" and dense.server_args()[-2:] == ["-fa", "off"]
+    assert "-fa" not in SIDES["llama-server"].server_args()
+    assert "llama-server+fa-off" not in AgentsConfig().sides  # run when asked for by name
+
+    def run(side, makespan):
+        return {"bursts": True, "rep": 0, "errors": 0, "side": side, "makespan_s": makespan,
+                "ttft_p95_s": 1.0, "ttft_p50_s": 1.0}
+
+    got = _ratios([run("serve", 80.0), run("llama-server", 130.0), run(dense.label, 100.0)], bursts=True)
+    assert got is not None
+    assert got["makespan ÷ best"] == 0.8 and got["best llama-server (by makespan)"] == dense.label
+
+
 @pytest.mark.parametrize("fails, resent, error", [(1, 1, None), (3, 2, "RemoteProtocolError")])
 def test_a_call_the_server_closed_unanswered_is_sent_again_as_the_openai_client_does(fails, resent, error):
     # llama-server closed a kept-alive connection as a call went out on it ("Server disconnected
