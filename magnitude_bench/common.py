@@ -195,12 +195,10 @@ def wait_for_quiet(max_wait_s: float | None = None, threshold: float = 0.15, qui
     return True
 
 
-def not_quiet_note() -> str | None:
-    """A note for results measured without the quiet machine they waited for."""
-    if not NOT_QUIET:
-        return None
-    return (f"{len(NOT_QUIET)} measurement(s) started on a busy machine after waiting "
-            f"{NOT_QUIET[-1]:.0f} s for it to go quiet (MAGNITUDE_BENCH_QUIET_WAIT_S); see others_cores")
+def not_quiet_notes() -> list[str]:
+    """The note for results measured without the quiet machine they waited for (none if every wait ended quiet)."""
+    return [f"{len(NOT_QUIET)} measurement(s) started on a busy machine after waiting {NOT_QUIET[-1]:.0f} s "
+            "for it to go quiet (MAGNITUDE_BENCH_QUIET_WAIT_S); see others_cores"] if NOT_QUIET else []
 
 
 def measured(fn: Callable[[], Any], *, retries: int = 2, limit: float = 0.25, pids: tuple[int, ...] = (),
@@ -291,8 +289,7 @@ def markdown_table(rows: list[dict]) -> str:
         return "(no rows)\n"
     cols = list(rows[0].keys())
     out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for r in rows:
-        out.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+    out += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(out) + "\n"
 
 
