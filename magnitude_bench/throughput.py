@@ -93,10 +93,9 @@ def profile_engine(backend, prompts, gen: int, policy: str) -> list[dict]:
     engine_run(backend, prompts, gen, policy)
     prof.disable()
     stats = pstats.Stats(prof, stream=io.StringIO())
-    rows = []
-    for (file, line, fn), (_, ncalls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
-        rows.append({"function": f"{file.rsplit('/', 2)[-1] if '/' in file else file}:{line}:{fn}",
-                     "calls": ncalls, "own_s": round(tottime, 3), "cum_s": round(cumtime, 3)})
+    rows = [{"function": f"{file.rsplit('/', 2)[-1] if '/' in file else file}:{line}:{fn}",
+             "calls": ncalls, "own_s": round(tottime, 3), "cum_s": round(cumtime, 3)}
+            for (file, line, fn), (_, ncalls, tottime, cumtime, _) in stats.stats.items()]  # type: ignore[attr-defined]
     return sorted(rows, key=lambda r: -r["own_s"])[:15]
 
 
