@@ -7,7 +7,7 @@ import os
 import platform
 import subprocess
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -237,7 +237,7 @@ def machine_info() -> dict:
     """What the figures were measured on (the load before and after a run: `harness.recorded`)."""
     info: dict[str, Any] = {"os": platform.platform(), "python": platform.python_version(),
                             "cpu_count": os.cpu_count()}
-    try:
+    with suppress(OSError, StopIteration):
         cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
         if model := next((l for l in cpuinfo if l.startswith("model name")), None):
             info["cpu"] = model.split(":", 1)[1].strip()
@@ -245,14 +245,10 @@ def machine_info() -> dict:
         info["simd"] = " ".join(f for f in ("avx2", "avx512f", "fma", "f16c") if f" {f}" in flags)
         mem = next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal"))
         info["memory_gib"] = round(int(mem.split()[1]) / 2**20, 1)
-    except (OSError, StopIteration):
-        pass
-    try:
+    with suppress(Exception):
         import importlib.metadata as md
 
         info["llama_cpp_python"] = md.version("llama_cpp_python")
-    except Exception:
-        pass
     return info
 
 

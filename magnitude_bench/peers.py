@@ -8,6 +8,7 @@ import subprocess
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +65,8 @@ def _stamp(d: Path) -> dict:
 
 def tool_info(d: Path) -> dict:
     info = _stamp(d)
-    try:
+    with suppress(OSError, IndexError):
         info["version"] = (d / "version.txt").read_text().strip().splitlines()[-1]
-    except (OSError, IndexError):
-        pass
     return info
 
 
