@@ -156,18 +156,15 @@ async def open_panes(app, pilot, panes: int, *, timeout_s: float = 30.0, poll_s:
 
 
 async def run_on_stand_in(client, db: str, size: tuple[int, int],
-                          measure: Callable[[Any, Any, FrameProbe], Awaitable[R]], *, sampling=None,
-                          cancelled: Callable[[R], Any] = lambda result: None) -> R:
-    """`measure(app, pilot, probe)` on the real app run headless on `client` (a stand-in engine, or
-    `bench ui`'s worker; `sampling`: the app's), which stops before the app is torn down. That teardown
-    can be cancelled while replies still stream into panes being removed (seen 2 in ~10 runs): the
-    figures were taken before, so they are kept (given to `cancelled` first)."""
+                          measure: Callable[[Any, Any, FrameProbe], Awaitable[R]]) -> R:
+    """`measure(app, pilot, probe)` on the real app run headless on `client`, a stand-in engine, which
+    stops before the app is torn down. That teardown can be cancelled while replies still stream into
+    panes being removed (seen 2 in ~10 runs): the figures were taken before, so they are kept."""
     from magnitude_tui.app import MagnitudeApp
     from magnitude_tui.store import Store
 
     with tempfile.TemporaryDirectory() as tmp:
-        app = MagnitudeApp(client=client, store=Store(Path(tmp) / db), theme="magnitude", export_dir=Path(tmp),
-                           sampling=sampling)
+        app = MagnitudeApp(client=client, store=Store(Path(tmp) / db), theme="magnitude", export_dir=Path(tmp))
         probe = FrameProbe(app)
         result: R | None = None
         try:
@@ -177,7 +174,6 @@ async def run_on_stand_in(client, db: str, size: tuple[int, int],
         except asyncio.CancelledError:
             if result is None:
                 raise
-            cancelled(result)
         finally:
             client.stop()
         return result
