@@ -230,17 +230,15 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
 
 def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: ThroughputConfig, info: dict,
             found) -> None:
-    peers_seen = list(dict.fromkeys(r["peer"] for r in runs))
     base_peer = f"engine {cfg.policies[0]}"
     medians = []
-    for peer in peers_seen:
+    for peer in dict.fromkeys(r["peer"] for r in runs):  # in the order they ran
         for n in cfg.seqs:
             xs = [r for r in runs if r["peer"] == peer and r["seqs"] == n]
             if not xs:
                 continue
-            tg = [r["tg_tok_s"] for r in xs if r["tg_tok_s"]]
             medians.append({"peer": peer, "seqs": n, "tok_s": rnd(median(r["tok_s"] for r in xs), 1),
-                            "tg_tok_s": rnd(median(tg), 1) if tg else None, "reps": len(xs),
+                            "tg_tok_s": rnd(median(r["tg_tok_s"] for r in xs if r["tg_tok_s"]), 1), "reps": len(xs),
                             "spread": rnd(max(r["tok_s"] for r in xs) - min(r["tok_s"] for r in xs), 1),
                             "others_cores_max": rnd(max(r["others"] for r in xs), 2)})
     for e in (f"engine {p}" for p in cfg.policies):  # every peer as a ratio to each policy (the first is ours)
