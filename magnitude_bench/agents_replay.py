@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
@@ -127,10 +128,8 @@ class _Run:
                 kv = None
             if kv is not None:
                 self.out.kv.append((round(time.perf_counter() - t0, 3), kv[0], kv[1]))
-            try:
+            with suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(done.wait(), self.kv_every_s)
-            except asyncio.TimeoutError:
-                pass
 
 
 def _assistant(text: str, calls: list[tuple[str, str, dict]]) -> dict:

@@ -73,8 +73,7 @@ def tables(result: BenchResult, runs: list[dict]) -> None:
         row = {"trace": _trace(bursts), "side": side, "reps": len(at)}
         for col in ("makespan_s", "ttft_p50_s", "ttft_p95_s", "subagent_ttft_p95_s", "prompt_tokens", "minimum",
                     "evaluated", "eval_x_min", "reevaluated", "generated"):
-            vals = [r[col] for r in at if r[col] is not None]
-            row[col] = rnd(median(vals), 3) if vals else None
+            row[col] = rnd(median(r[col] for r in at if r[col] is not None), 3)
         row["errors"] = sum(r["errors"] for r in every)
         row["others_cores_max"] = rnd(max(r["others_cores"] for r in every), 2)
         rows.append(row)
@@ -123,8 +122,8 @@ def _ratios(runs: list[dict], bursts: bool) -> dict | None:
     if not per["makespan"]:
         return None
     return {"makespan ÷ best": rnd(median(per["makespan"]), 3),
-            "ttft p95 ÷ best": rnd(median(per["ttft_p95"]), 3) if per["ttft_p95"] else None,
-            "ttft p50 ÷ best": rnd(median(per["ttft_p50"]), 3) if per["ttft_p50"] else None,
+            "ttft p95 ÷ best": rnd(median(per["ttft_p95"]), 3),
+            "ttft p50 ÷ best": rnd(median(per["ttft_p50"]), 3),
             "each repetition (makespan)": ", ".join(f"{x:.2f}" for x in per["makespan"]),
             "best llama-server (by makespan)": ", ".join(dict.fromkeys(best_side)),
             **({f"makespan ÷ llama-server {SERVE_PROMPTS}": rnd(median(per["alike"]), 3)} if per["alike"] else {})}

@@ -42,16 +42,10 @@ class SideSpec:
 
     @property
     def label(self) -> str:
-        parts = [self.kind.value]
-        if self.cache_reuse:
-            parts.append(f"--cache-reuse {self.cache_reuse}")
-        if self.cache_ram_mib:
-            parts.append(f"--cache-ram {self.cache_ram_mib}")
-        if self.flash_attn:
-            parts.append(f"-fa {self.flash_attn}")
-        if self.serve_prompts:
-            parts.append(SERVE_PROMPTS)
-        return " ".join(parts)
+        parts = (self.kind.value, self.cache_reuse and f"--cache-reuse {self.cache_reuse}",
+                 self.cache_ram_mib and f"--cache-ram {self.cache_ram_mib}", self.flash_attn and f"-fa {self.flash_attn}",
+                 self.serve_prompts and SERVE_PROMPTS)
+        return " ".join(p for p in parts if p)  # the options that are on
 
     def server_args(self) -> list[str]:
         # Given after peers.Server's own `-cram 0`: llama.cpp's parser keeps the last value.

@@ -13,7 +13,7 @@ from magnitude_bench.common import (
     cpu_clock_for,
     loaded,
     measured,
-    not_quiet_note,
+    not_quiet_notes,
     prompt_tokens,
     sized,
 )
@@ -134,8 +134,7 @@ def run_bursts(spec: BackendConfig, cfg: BurstConfig, progress=lambda s: None) -
         res.notes.append("times are CPU seconds of the engine's process (one thread: every step computes on it) "
                          "and, for llama-batched-bench, the CPU time of a run with twice the generated tokens minus "
                          "one with the given number, per step; pp_tok_s and tg_tok_s are the peer's own wall figures")
-    if note := not_quiet_note():
-        res.notes.append(note)
+    res.notes += not_quiet_notes()
     return res
 
 

@@ -7,7 +7,7 @@ import os
 import platform
 import subprocess
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -67,19 +67,20 @@ class FixedLength:
     """A backend view for benchmarks: it never reports end-of-generation (so every request makes
     exactly max_tokens: benchmarks compare equal work, and a greedy model may say <|im_end|> early),
     and it records each native decode's time (llama_decode + synchronize) for the profile tables.
+    `ends`: ends of generation pass through (every mode of `bench spec` stops where the model stops).
     """
 
     _PASS = ("tokenize", "tokenize_chat", "detokenizer", "set_sampler", "sample", "free_sampler",
              "kv_remove", "kv_keep_prefix", "kv_copy", "kv_pos_max", "kv_cells_used", "close")
 
-    def __init__(self, backend, step_clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, backend, step_clock: Callable[[], float] | None = None, ends: bool = False) -> None:
         """`step_clock` (seconds) re-times each decode with it, e.g. `time.process_time` for the
         CPU time a one-thread step took whatever else the machine ran; None keeps the backend's."""
         self._backend = backend
         self._step_clock = step_clock
         self.decode_ms: list[float] = []
         # Bound once, so the hot path pays no __getattr__ fallback per call.
-        for name in self._PASS:
+        for name in self._PASS + (("is_eog",) if ends else ()):
             setattr(self, name, getattr(backend, name))
 
     def is_eog(self, token: int) -> bool:
@@ -194,12 +195,10 @@ def wait_for_quiet(max_wait_s: float | None = None, threshold: float = 0.15, qui
     return True
 
 
-def not_quiet_note() -> str | None:
-    """A note for results measured without the quiet machine they waited for."""
-    if not NOT_QUIET:
-        return None
-    return (f"{len(NOT_QUIET)} measurement(s) started on a busy machine after waiting "
-            f"{NOT_QUIET[-1]:.0f} s for it to go quiet (MAGNITUDE_BENCH_QUIET_WAIT_S); see others_cores")
+def not_quiet_notes() -> list[str]:
+    """The note for results measured without the quiet machine they waited for (none if every wait ended quiet)."""
+    return [f"{len(NOT_QUIET)} measurement(s) started on a busy machine after waiting {NOT_QUIET[-1]:.0f} s "
+            "for it to go quiet (MAGNITUDE_BENCH_QUIET_WAIT_S); see others_cores"] if NOT_QUIET else []
 
 
 def measured(fn: Callable[[], Any], *, retries: int = 2, limit: float = 0.25, pids: tuple[int, ...] = (),
@@ -238,7 +237,7 @@ def machine_info() -> dict:
     """What the figures were measured on (the load before and after a run: `harness.recorded`)."""
     info: dict[str, Any] = {"os": platform.platform(), "python": platform.python_version(),
                             "cpu_count": os.cpu_count()}
-    try:
+    with suppress(OSError, StopIteration):
         cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
         if model := next((l for l in cpuinfo if l.startswith("model name")), None):
             info["cpu"] = model.split(":", 1)[1].strip()
@@ -246,14 +245,10 @@ def machine_info() -> dict:
         info["simd"] = " ".join(f for f in ("avx2", "avx512f", "fma", "f16c") if f" {f}" in flags)
         mem = next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal"))
         info["memory_gib"] = round(int(mem.split()[1]) / 2**20, 1)
-    except (OSError, StopIteration):
-        pass
-    try:
+    with suppress(Exception):
         import importlib.metadata as md
 
         info["llama_cpp_python"] = md.version("llama_cpp_python")
-    except Exception:
-        pass
     return info
 
 
@@ -290,8 +285,7 @@ def markdown_table(rows: list[dict]) -> str:
         return "(no rows)\n"
     cols = list(rows[0].keys())
     out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for r in rows:
-        out.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+    out += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(out) + "\n"
 
 

@@ -101,7 +101,6 @@ def _result(spec: BackendConfig, cfg: ForkConfig, runs: list[dict], info: dict) 
         f"TTFT from the moment all {cfg.n} requests are submitted; the parent's own turn "
         f"(parent_ttft_s) is not part of the forked TTFT",
         OTHERS_NOTE,
-        f"speed-up at the median: {forked['x_faster_p50']}x" if forked.get("x_faster_p50") else "",
+        *([f"speed-up at the median: {forked['x_faster_p50']}x"] if forked.get("x_faster_p50") else []),
     ]
-    res.notes = [n for n in res.notes if n]
     return res

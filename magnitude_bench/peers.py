@@ -8,6 +8,7 @@ import subprocess
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +65,8 @@ def _stamp(d: Path) -> dict:
 
 def tool_info(d: Path) -> dict:
     info = _stamp(d)
-    try:
+    with suppress(OSError, IndexError):
         info["version"] = (d / "version.txt").read_text().strip().splitlines()[-1]
-    except (OSError, IndexError):
-        pass
     return info
 
 
@@ -150,13 +149,16 @@ class Server:
         with urllib.request.urlopen(req, timeout=1800) as r:
             return json.loads(r.read())
 
-    def burst(self, prompts: list[list[int]], n_predict: int) -> tuple[float, int]:
-        """All prompts at once, one connection each; (wall seconds, tokens generated)."""
+    def replies(self, prompts: list[list[int]], n_predict: int, **fields: Any) -> list[dict]:
+        """All prompts at once, one connection each (`complete`'s `fields`); their replies."""
         with ThreadPoolExecutor(len(prompts)) as pool:
-            t0 = time.perf_counter()
-            replies = list(pool.map(lambda p: self.complete(p, n_predict), prompts))
-            wall = time.perf_counter() - t0
-        return wall, sum(int(r.get("tokens_predicted", 0)) for r in replies)
+            return list(pool.map(lambda p: self.complete(p, n_predict, **fields), prompts))
+
+    def burst(self, prompts: list[list[int]], n_predict: int) -> tuple[float, int]:
+        """`replies` to the prompts; (wall seconds, tokens generated)."""
+        t0 = time.perf_counter()
+        replies = self.replies(prompts, n_predict)
+        return time.perf_counter() - t0, sum(int(r.get("tokens_predicted", 0)) for r in replies)
 
 
 # ---- llama-cpp-python's high-level Llama, one request at a time ---------------------------------

@@ -71,18 +71,15 @@ def _result(spec: BackendConfig, cfg: PersonConfig, runs: dict, info: dict) -> B
                       title=f"bench person: a {cfg.prompt:,}-token prompt beside {cfg.agents} generating agents",
                       config={"person": asdict(cfg), "backend": asdict(spec)})
     alone = runs["alone"]["ttft_s"]
-    rows = []
-    for mode, r in runs.items():
-        rows.append({
-            "mode": mode,
-            "ttft_s": rnd(r["ttft_s"], 3),
-            "x_alone": rnd(r["ttft_s"] / alone, 2) if alone else None,
-            "agent_max_gap_s": rnd(r["agent_max_gap_s"], 3),
-            "agent_tok_s": rnd(r["agent_tok_s"], 2),
-            "yielded_rows": r["yielded_rows"],
-            "steps": r["steps"],
-        })
-    res.tables["the person's time to first token, and what the agents went through meanwhile"] = rows
+    res.tables["the person's time to first token, and what the agents went through meanwhile"] = [{
+        "mode": mode,
+        "ttft_s": rnd(r["ttft_s"], 3),
+        "x_alone": rnd(r["ttft_s"] / alone, 2) if alone else None,
+        "agent_max_gap_s": rnd(r["agent_max_gap_s"], 3),
+        "agent_tok_s": rnd(r["agent_tok_s"], 2),
+        "yielded_rows": r["yielded_rows"],
+        "steps": r["steps"],
+    } for mode, r in runs.items()]
     res.data = {"runs": runs, "backend": info,
                 "label": f"{info['backend']}: {cfg.prompt:,}-token INTERACTIVE prompt, {cfg.agents} AGENT "
                          f"sequences generating, {cfg.policy}, hold {cfg.hold_ms:g} ms"}

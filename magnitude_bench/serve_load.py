@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Iterator
 
 import httpx
 
@@ -161,39 +161,39 @@ def run_serve_bench(cfg: ServeBenchConfig, *, model: str | None, progress=print)
     if "llama-server" in cfg.peers and found is None:
         result.notes.append("llama-server not built (scripts/build_llama_tools.sh): peer left out")
 
-    def llama_server(parallel: int) -> Server:  # a fresh one per run (-np N), on the same model and threads
-        assert found is not None
-        return Server.on_cpu(found[0], model=model_path(model), parallel=parallel, threads=cfg.threads, n_ctx=cfg.n_ctx)
-
     config = EngineConfig(BackendConfig(model=model, device="cpu", n_ctx=cfg.n_ctx, n_seq_max=16,
                                         n_threads=cfg.threads), auto_threads=False)  # as the peer's
     http_parts = {"clients", "admission"} & set(cfg.parts)  # the priority part runs its own engine
     with (serve_in_thread(config, ServeOptions(), in_process=False) if "serve" in cfg.peers and http_parts
           else nullcontext()) as s:
+
+        @contextmanager
+        def side(name: str, parallel: int) -> Iterator[tuple[str, str]]:
+            """(label, url) of a side for `parallel` calls: serve, started once, or a fresh llama-server -np N."""
+            if name == "serve":
+                assert s is not None
+                yield "serve (this engine)", s.url
+            else:  # on the same model and threads
+                assert found is not None
+                with Server.on_cpu(found[0], model=model_path(model), parallel=parallel, threads=cfg.threads,
+                                   n_ctx=cfg.n_ctx) as srv:
+                    yield f"llama-server -np {parallel}", srv.process.url
+
+        sides = (["serve"] if s is not None else []) + (["llama-server"] if found is not None else [])
         if "clients" in cfg.parts:
             for rep in range(cfg.reps):
                 for n in cfg.seqs:
-                    sides = (["serve"] if s is not None else []) + (["llama-server"] if found is not None else [])
                     for name in in_turn(sides, rep):
                         progress(f"{name}: {n} clients (repetition {rep + 1} of {cfg.reps})")
-                        if name == "serve":
-                            assert s is not None  # a side only when it runs
-                            row = _row("serve (this engine)", n, asyncio.run(_burst(s.url, n, cfg.gen, rep)))
-                        else:
-                            with llama_server(n) as srv:
-                                calls = asyncio.run(_burst(srv.process.url, n, cfg.gen, rep))
-                            row = _row(f"llama-server -np {n}", n, calls)
-                        rows.append({**row, "rep": rep + 1})
+                        with side(name, n) as (label, url):
+                            calls = asyncio.run(_burst(url, n, cfg.gen, rep))
+                        rows.append({**_row(label, n, calls), "rep": rep + 1})
         if "admission" in cfg.parts:
             admit = (cfg.admit_running, cfg.gen * 3, cfg.admit_prompt_words)
-            if s is not None:
-                progress("serve: admission")
-                admission.append({"peer": "serve (this engine)", **asyncio.run(_admission(s.url, *admit))})
-            if found is not None:
-                progress("llama-server: admission")
-                with llama_server(cfg.admit_running + 1) as srv:
-                    admission.append({"peer": f"llama-server -np {cfg.admit_running + 1}",
-                                      **asyncio.run(_admission(srv.process.url, *admit))})
+            for name in sides:
+                progress(f"{name}: admission")
+                with side(name, cfg.admit_running + 1) as (label, url):
+                    admission.append({"peer": label, **asyncio.run(_admission(url, *admit))})
     if "clients" in cfg.parts:
         result.tables["concurrent clients"] = rows
         serve_ratios(result, rows)

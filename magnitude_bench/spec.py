@@ -61,14 +61,6 @@ class SpecBenchConfig:
         return max((self.reply_tokens(Task(t)) for t in self.tasks), default=1)
 
 
-class _Timed(FixedLength):
-    """The backend with each decode re-timed on the bench clock; ends of generation pass through
-    (every mode must make the same replies, so each stops where the model stops)."""
-
-    def is_eog(self, token: int) -> bool:
-        return self._backend.is_eog(token)
-
-
 def _row(run: Run) -> dict:
     """One measured run's row (`width` sequences in one mode, all submitted at once). agg_tok_s runs
     to the last step: a closed batch's tokens over its makespan, which the slowest sequence sets.
@@ -241,7 +233,7 @@ def _measure(spec: BackendConfig, cfg: SpecBenchConfig, progress) -> tuple[list[
     backend = build_backend(replace(spec, n_seq_max=max(spec.n_seq_max, width),
                                     n_ctx=spec.n_ctx or width * 1024 if spec.family == "llama" else spec.n_ctx))
     cpu = cfg.cpu_clock and backend.known_costs is None
-    bench = _Bench(backend, _Timed(backend, time.process_time if cpu else None),
+    bench = _Bench(backend, FixedLength(backend, time.process_time if cpu else None, ends=True),
                    CPU_CLOCK if cpu else backend.clock, cfg)
     sources = _sources(backend, spec, cfg, "draft" in cfg.modes)
     traces: dict[str, dict[str, Trace]] = {}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +40,7 @@ def _burst(server: Server, prompts: list[list[int]], n_predict: int) -> tuple[li
     server's CPU seconds."""
     assert server.pid is not None  # a started server
     cpu0 = _cpu_s(server.pid)
-    with ThreadPoolExecutor(len(prompts)) as pool:
-        replies = list(pool.map(lambda p: server.complete(p, n_predict, ignore_eos=False, cache_prompt=True),
-                                prompts))
+    replies = server.replies(prompts, n_predict, ignore_eos=False, cache_prompt=True)
     return replies, _cpu_s(server.pid) - cpu0
 
 

@@ -28,14 +28,12 @@ def merge_reps(rows: list[dict]) -> list[dict]:
         m = {"task": task, "seqs": w, "mode": mode}
         for col in ("per_seq_tok_s", "agg_tok_s", "full_tok_s", "acceptance", "tokens_per_step",
                     "draft_rows_per_step", "tokens"):
-            vals = [r[col] for r in rs if r[col] is not None]
-            m[col] = rnd(median(vals), 3) if vals else None
+            m[col] = rnd(median(r[col] for r in rs if r[col] is not None), 3)
         same = [r["same_text_as_off"] for r in rs if r["same_text_as_off"] is not None]
         m["same_text_as_off"] = all(same) if same else None
         for col, name in RATIOS:
             pairs = [(r[col], off[(task, w, r["rep"])][col]) for r in rs if (task, w, r["rep"]) in off]
-            ratios = [a / b for a, b in pairs if a and b]
-            m[name] = rnd(median(ratios), 3) if ratios else None
+            m[name] = rnd(median(a / b for a, b in pairs if a and b), 3)
         out.append(m)
     return out
 

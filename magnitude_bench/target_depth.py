@@ -11,7 +11,7 @@ from magnitude_bench.common import (
     backend_info,
     cpu_clock_for,
     loaded,
-    not_quiet_note,
+    not_quiet_notes,
     prompt_tokens,
     sized,
 )
@@ -149,6 +149,5 @@ def run_target_depth(spec: BackendConfig, cfg: TargetDepthConfig, progress=lambd
     ]
     if cfg.cpu_clock:
         res.notes.append("times are CPU seconds of the engine's process (one thread: every step computes on it)")
-    if note := not_quiet_note():
-        res.notes.append(note)
+    res.notes += not_quiet_notes()
     return res

@@ -5,6 +5,7 @@ from __future__ import annotations
 import cProfile
 import io
 import pstats
+from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
@@ -92,10 +93,9 @@ def profile_engine(backend, prompts, gen: int, policy: str) -> list[dict]:
     engine_run(backend, prompts, gen, policy)
     prof.disable()
     stats = pstats.Stats(prof, stream=io.StringIO())
-    rows = []
-    for (file, line, fn), (_, ncalls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
-        rows.append({"function": f"{file.rsplit('/', 2)[-1] if '/' in file else file}:{line}:{fn}",
-                     "calls": ncalls, "own_s": round(tottime, 3), "cum_s": round(cumtime, 3)})
+    rows = [{"function": f"{file.rsplit('/', 2)[-1] if '/' in file else file}:{line}:{fn}",
+             "calls": ncalls, "own_s": round(tottime, 3), "cum_s": round(cumtime, 3)}
+            for (file, line, fn), (_, ncalls, tottime, cumtime, _) in stats.stats.items()]  # type: ignore[attr-defined]
     return sorted(rows, key=lambda r: -r["own_s"])[:15]
 
 
@@ -150,7 +150,7 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
         serial.answer(list(prompt_tokens(backend, cfg.prompt, salt=999)), 4)  # warm-up
     prompts = {n: [prompt_tokens(backend, cfg.prompt, salt=i + 1) for i in range(n)] for n in cfg.seqs}
     runs: list[dict] = []  # one per (peer, seqs, rep)
-    engine_steps: dict[int, dict] = {}
+    engine_steps: dict[int, dict] = defaultdict(lambda: {"step_ms": [], "native_ms": []})
     try:
         # Warm-up; its calibration serves every run (an engine that has been up a while).
         params = engine_run(backend, prompts[cfg.seqs[0]], 8, cfg.policies[0], cfg.cpu_clock)["params"]
@@ -167,7 +167,6 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
                     out, steps = pool.submit(engine_rep_fresh, spec, prompts, cfg, params, rep).result()
             runs.extend(out)
             for n, (step_ms, native_ms) in steps.items():
-                engine_steps.setdefault(n, {"step_ms": [], "native_ms": []})
                 engine_steps[n]["step_ms"] += step_ms
                 engine_steps[n]["native_ms"] += native_ms
 
@@ -231,30 +230,25 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
 
 def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: ThroughputConfig, info: dict,
             found) -> None:
-    peers_seen = list(dict.fromkeys(r["peer"] for r in runs))
     base_peer = f"engine {cfg.policies[0]}"
     medians = []
-    for peer in peers_seen:
+    for peer in dict.fromkeys(r["peer"] for r in runs):  # in the order they ran
         for n in cfg.seqs:
             xs = [r for r in runs if r["peer"] == peer and r["seqs"] == n]
             if not xs:
                 continue
-            tg = [r["tg_tok_s"] for r in xs if r["tg_tok_s"]]
             medians.append({"peer": peer, "seqs": n, "tok_s": rnd(median(r["tok_s"] for r in xs), 1),
-                            "tg_tok_s": rnd(median(tg), 1) if tg else None, "reps": len(xs),
+                            "tg_tok_s": rnd(median(r["tg_tok_s"] for r in xs if r["tg_tok_s"]), 1), "reps": len(xs),
                             "spread": rnd(max(r["tok_s"] for r in xs) - min(r["tok_s"] for r in xs), 1),
                             "others_cores_max": rnd(max(r["others"] for r in xs), 2)})
-    engines = [f"engine {p}" for p in cfg.policies]
-    for e in engines:  # every peer as a ratio to each engine policy (the first is "this engine")
+    for e in (f"engine {p}" for p in cfg.policies):  # every peer as a ratio to each policy (the first is ours)
         base = {m["seqs"]: m["tok_s"] for m in medians if m["peer"] == e}
         for m in medians:
             m[f"over_{e.split()[1]}"] = rnd(m["tok_s"] / base[m["seqs"]], 3) if base.get(m["seqs"]) else None
     wide = []
     for n in cfg.seqs:
-        row: dict[str, Any] = {"seqs": n}
         at_n = [m for m in medians if m["seqs"] == n]
-        for m in at_n:
-            row[m["peer"]] = m["tok_s"]
+        row: dict[str, Any] = {"seqs": n, **{m["peer"]: m["tok_s"] for m in at_n}}
         base_tok_s = next((m["tok_s"] for m in at_n if m["peer"] == base_peer), None)
         for m in at_n:
             if m["peer"] != base_peer:

@@ -11,6 +11,7 @@ import asyncio
 import statistics
 import tempfile
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
@@ -99,10 +100,8 @@ async def type_and_time_key(probe: FrameProbe, composer, i: int, *, timeout_s: f
 
     probe.expect(composer.value + ch, row, **extra)
     send_key(probe.app, ch, ch)
-    try:
+    with suppress(asyncio.TimeoutError):
         await asyncio.wait_for(probe.seen.wait(), timeout_s)
-    except asyncio.TimeoutError:
-        pass
     return probe.latency_ms()
 
 
