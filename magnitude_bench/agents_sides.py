@@ -36,8 +36,9 @@ class SideSpec:
     # (calls in the assistant's text, results in <tool_response> user turns), where its own
     # rendering drops the calls: the same prompt tokens on both sides, for a like-for-like figure.
     serve_prompts: bool = False
-    # llama-server -fa: "" leaves its default (auto: flash attention wherever the device has it,
-    # the CPU included); "off" runs the dense path, which some CPUs run faster deep in a context.
+    # The attention path: "" leaves each side's default (llama-server's -fa auto: flash attention
+    # wherever the device has it, the CPU included; the engine's: the path its probe measured
+    # faster here); "on" or "off" asks for one (llama-server -fa, the engine's --flash-attn).
     flash_attn: str = ""
 
     @property
@@ -55,13 +56,16 @@ class SideSpec:
 
 
 # The names `--sides` takes: llama-server as its users run agents on it (unified KV, cache_prompt),
-# with and without the two cache options they reach for, and on the dense attention path.
+# with and without the two cache options they reach for; and either side on an attention path
+# asked for (reported apart from serve as the app launches it).
 SIDES = {"serve": SideSpec(SideKind.SERVE), "engine": SideSpec(SideKind.ENGINE),
          "llama-server": SideSpec(SideKind.LLAMA_SERVER),
          "llama-server+reuse": SideSpec(SideKind.LLAMA_SERVER, cache_reuse=256),
          "llama-server+ram": SideSpec(SideKind.LLAMA_SERVER, cache_ram_mib=8192),
          "llama-server+reuse+ram": SideSpec(SideKind.LLAMA_SERVER, cache_reuse=256, cache_ram_mib=8192),
          "llama-server+fa-off": SideSpec(SideKind.LLAMA_SERVER, flash_attn="off"),
+         "serve+fa-on": SideSpec(SideKind.SERVE, flash_attn="on"),
+         "serve+fa-off": SideSpec(SideKind.SERVE, flash_attn="off"),
          "llama-server+serve-prompts": SideSpec(SideKind.LLAMA_SERVER, serve_prompts=True)}
 
 
@@ -224,7 +228,8 @@ def open_side(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide | EngineSid
 
     # Threads as llama-server's (no automatic choice), so both sides compute on the same cores.
     config = EngineConfig(BackendConfig(kind=setup.backend_kind, model=setup.model, device="cpu", n_ctx=setup.n_ctx,
-                                        n_seq_max=setup.parallel, n_threads=setup.threads), auto_threads=False)
+                                        n_seq_max=setup.parallel, n_threads=setup.threads,
+                                        flash_attn=spec.flash_attn or "auto"), auto_threads=False)
     if spec.kind is SideKind.SERVE:
         from magnitude_tui.serve.app import ServeOptions
         from magnitude_tui.serve.thread import serve_in_thread

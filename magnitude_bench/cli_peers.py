@@ -73,9 +73,9 @@ def agents_bench(
     think_scale: float = typer.Option(1.0, "--think-scale", min=0.0, help="Scale the think times (0: none)."),
     sides: str = typer.Option(",".join(["serve", "engine", "llama-server", "llama-server+reuse",
                                         "llama-server+ram", "llama-server+reuse+ram"]), "--sides",
-                              help="serve, engine, llama-server[+reuse][+ram], llama-server+fa-off (its dense "
-                                   "attention path), llama-server+serve-prompts (sent serve's rendering of each "
-                                   "history: the same prompts, reported apart)."),
+                              help="serve, engine, llama-server[+reuse][+ram], llama-server+serve-prompts (sent "
+                                   "serve's rendering of each history: the same prompts, reported apart); "
+                                   "llama-server+fa-off, serve+fa-on, serve+fa-off: on the attention path asked for."),
     reps: int = typer.Option(2, "--reps", min=1, help="Repetitions (the sides alternate their order)."),
     parallel: int = typer.Option(0, "--parallel", min=0, help="llama-server -np and the engine's sequences "
                                  "(0: agents + the widest burst)."),

@@ -156,7 +156,7 @@ def test_the_side_on_serves_prompts_is_reported_apart_and_never_taken_for_llama_
     assert got[f"makespan ÷ {alike}"] == round(80 / 100, 3)
 
 
-def test_llama_server_on_its_dense_attention_path_is_one_more_of_its_configurations():
+def test_either_side_on_an_attention_path_asked_for_is_reported_as_what_it_is():
     from magnitude_bench.agents_report import _ratios
     from magnitude_bench.agents_sides import SIDES
 
@@ -169,8 +169,11 @@ def test_llama_server_on_its_dense_attention_path_is_one_more_of_its_configurati
         return {"bursts": True, "rep": 0, "errors": 0, "side": side, "makespan_s": makespan,
                 "ttft_p95_s": 1.0, "ttft_p50_s": 1.0}
 
-    got = _ratios([run("serve", 80.0), run("llama-server", 130.0), run(dense.label, 100.0)], bursts=True)
-    assert got is not None
+    flash_serve = SIDES["serve+fa-on"]
+    assert flash_serve.label == "serve -fa on" and "serve+fa-on" not in AgentsConfig().sides
+    got = _ratios([run("serve", 80.0), run("llama-server", 130.0), run(dense.label, 100.0),
+                   run(flash_serve.label, 60.0)], bursts=True)
+    assert got is not None  # serve on a path asked for is neither serve as launched nor llama-server
     assert got["makespan ÷ best"] == 0.8 and got["best llama-server (by makespan)"] == dense.label
 
 
