@@ -76,6 +76,8 @@ bench quick agents-2-no-bursts agents --bursts off --agents 2 --turns 2 --k-max 
 bench full agents-2-no-bursts-full agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 4 --sides serve,llama-server,llama-server+reuse+ram,llama-server+serve-prompts
 bench full agents-2-bursts agents --bursts on --agents 2 --turns 2 --k-max 300 --think-scale 0.5 --reps 2
 bench full agents-4-bursts agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 2 --sides serve,llama-server,llama-server+reuse,llama-server+fa-off
+# The same trace on serve as the app launches it (its probe's attention path) and on flash attention asked for.
+bench full agents-4-bursts-paths agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 2 --sides serve,serve+fa-on
 bench full agents-4-bursts-np20 agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 4 --parallel 20 --sides serve,llama-server,llama-server+serve-prompts
 # Speculative decoding: the matrix (about 75 minutes), the width 16 with a control, the model as
 # its own draft with llama-server's n-gram speculation beside it (about 20), then the control runs.
