@@ -14,6 +14,7 @@ import httpx
 from magnitude_bench.agents_replay import CallRecord
 from magnitude_bench.harness import started
 from magnitude_bench.serve_load import chat_body, sse_events
+from scheduler.speculation import SpecMode, parse_spec_mode
 from scheduler.types import DoneReason, Message, Phase, Priority, Request, SamplingParams, ToolCall
 
 
@@ -40,12 +41,13 @@ class SideSpec:
     # wherever the device has it, the CPU included; the engine's: the path its probe measured
     # faster here); "on" or "off" asks for one (llama-server -fa, the engine's --flash-attn).
     flash_attn: str = ""
+    spec: str = ""  # the engine's --spec ("": the app's default, auto)
 
     @property
     def label(self) -> str:
         parts = (self.kind.value, self.cache_reuse and f"--cache-reuse {self.cache_reuse}",
                  self.cache_ram_mib and f"--cache-ram {self.cache_ram_mib}", self.flash_attn and f"-fa {self.flash_attn}",
-                 self.serve_prompts and SERVE_PROMPTS)
+                 self.spec and f"--spec {self.spec}", self.serve_prompts and SERVE_PROMPTS)
         return " ".join(p for p in parts if p)  # the options that are on
 
     def server_args(self) -> list[str]:
@@ -57,7 +59,7 @@ class SideSpec:
 
 # The names `--sides` takes: llama-server as its users run agents on it (unified KV, cache_prompt),
 # with and without the two cache options they reach for; and either side on an attention path
-# asked for (reported apart from serve as the app launches it).
+# asked for, or serve without speculation (reported apart from serve as the app launches it).
 SIDES = {"serve": SideSpec(SideKind.SERVE), "engine": SideSpec(SideKind.ENGINE),
          "llama-server": SideSpec(SideKind.LLAMA_SERVER),
          "llama-server+reuse": SideSpec(SideKind.LLAMA_SERVER, cache_reuse=256),
@@ -66,6 +68,7 @@ SIDES = {"serve": SideSpec(SideKind.SERVE), "engine": SideSpec(SideKind.ENGINE),
          "llama-server+fa-off": SideSpec(SideKind.LLAMA_SERVER, flash_attn="off"),
          "serve+fa-on": SideSpec(SideKind.SERVE, flash_attn="on"),
          "serve+fa-off": SideSpec(SideKind.SERVE, flash_attn="off"),
+         "serve+spec-off": SideSpec(SideKind.SERVE, spec="off"),
          "llama-server+serve-prompts": SideSpec(SideKind.LLAMA_SERVER, serve_prompts=True)}
 
 
@@ -229,7 +232,8 @@ def open_side(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide | EngineSid
     # Threads as llama-server's (no automatic choice), so both sides compute on the same cores.
     config = EngineConfig(BackendConfig(kind=setup.backend_kind, model=setup.model, device="cpu", n_ctx=setup.n_ctx,
                                         n_seq_max=setup.parallel, n_threads=setup.threads,
-                                        flash_attn=spec.flash_attn or "auto"), auto_threads=False)
+                                        flash_attn=spec.flash_attn or "auto"), auto_threads=False,
+                          spec=parse_spec_mode(spec.spec or SpecMode.AUTO.value))
     if spec.kind is SideKind.SERVE:
         from magnitude_tui.serve.app import ServeOptions
         from magnitude_tui.serve.thread import serve_in_thread

@@ -75,7 +75,8 @@ def agents_bench(
                                         "llama-server+ram", "llama-server+reuse+ram"]), "--sides",
                               help="serve, engine, llama-server[+reuse][+ram], llama-server+serve-prompts (sent "
                                    "serve's rendering of each history: the same prompts, reported apart); "
-                                   "llama-server+fa-off, serve+fa-on, serve+fa-off: on the attention path asked for."),
+                                   "llama-server+fa-off, serve+fa-on, serve+fa-off: on the attention path asked for; "
+                                   "serve+spec-off: serve without speculation."),
     reps: int = typer.Option(2, "--reps", min=1, help="Repetitions (the sides alternate their order)."),
     parallel: int = typer.Option(0, "--parallel", min=0, help="llama-server -np and the engine's sequences "
                                  "(0: agents + the widest burst)."),

@@ -171,6 +171,7 @@ def test_either_side_on_an_attention_path_asked_for_is_reported_as_what_it_is():
 
     flash_serve = SIDES["serve+fa-on"]
     assert flash_serve.label == "serve -fa on" and "serve+fa-on" not in AgentsConfig().sides
+    assert SIDES["serve+spec-off"].label == "serve --spec off" and "serve+spec-off" not in AgentsConfig().sides
     got = _ratios([run("serve", 80.0), run("llama-server", 130.0), run(dense.label, 100.0),
                    run(flash_serve.label, 60.0)], bursts=True)
     assert got is not None  # serve on a path asked for is neither serve as launched nor llama-server
