@@ -70,6 +70,26 @@ def test_a_quiet_machine_keeps_all_threads_and_probes_ever_more_rarely() -> None
     assert "fastest measured" in gov.state.why
 
 
+def test_prompt_steps_giving_way_to_decode_steps_are_not_a_slower_machine() -> None:
+    # The cost model's error differs between the two shapes: here a burst's prompt steps run at its
+    # prediction and the decode steps after them at 2.2x theirs (16 rows on two threads), on a
+    # quiet machine. Then the decode steps slow down by half: that is a slower machine.
+    gov = ThreadGovernor(start=2, max_threads=2)
+    t, used = 0.0, []
+    for i in range(200):
+        prompt = i < 3  # three prompt steps of a second each: past MIN_GAP_S before any decode step
+        predicted = 1000.0 if prompt else PREDICTED_MS
+        slow = 1.5 if t > 8.0 else 1.0
+        ratio = 1.0 if prompt else 2.2 * slow if gov.n_threads == 2 else 4.0
+        t += predicted * ratio / 1000.0
+        used.append((t, gov.n_threads))
+        gov.after_step(t, predicted * ratio, predicted, prompt=prompt)
+    first_one = next(ts for ts, n in used if n == 1)
+    assert first_one > 8.0, f"probed one thread at {first_one:.1f} s, before anything slowed"
+    assert "steps ran 1.5x slower" in gov.state.why or "fastest measured" in gov.state.why
+    assert gov.n_threads == 2  # one thread was measured slower still
+
+
 def test_one_busy_process_drops_to_one_thread_within_a_few_steps() -> None:
     busy_from = 10.0
     gov = ThreadGovernor(start=2, max_threads=2)

@@ -253,7 +253,7 @@ class Engine:
         self._sampler.sample(ready, result)
         t1 = self._clock()
         if self.threads is not None and result.outcome is DecodeOutcome.OK:
-            n = self.threads.after_step(t1, result.step_ms, predicted_ms)
+            n = self.threads.after_step(t1, result.step_ms, predicted_ms, prompt=plan.n_prefill > 0)
             if n != self.backend.n_threads:
                 self.backend.set_n_threads(n)
         return self._reporter.report(plan, result, t1, (t1 - t0) * 1000.0)

@@ -81,11 +81,15 @@ class ThreadGovernor:
         self._load = load
         self._others: float | None = None
         self._load_at = now
-        self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
-        # The incumbent's time per unit of work when it was chosen; at first, its first steps' (None
-        # until the first decision). Not the calibration's 1.0: that fit saw narrow, shallow steps,
-        # and wider ones ran 1.4x its figure on two threads, which set off a probe at every start.
-        self._baseline: float | None = None
+        # The incumbent's latest steps: (time per unit of work, whether the step held prompt rows).
+        self._recent: deque[tuple[float, bool]] = deque(maxlen=RECENT_STEPS)
+        # The incumbent's time per unit of work when it was chosen, per step shape (prompt rows or
+        # decode rows only); at first, its first steps' of that shape. Not the calibration's 1.0:
+        # that fit saw narrow, shallow steps, and wider ones ran 1.4x its figure on two threads,
+        # which set off a probe at every start. Per shape: the cost model's error differs between
+        # them (16 decode rows on two threads ran 2.2x the ratio of the prompt steps before them),
+        # and a burst's prompt steps giving way to its decode steps is not a slower machine.
+        self._baseline: dict[bool, float] = {}
         self._last_probe_end = now
         self._interval = REPROBE_S
         self._next_probe = now + REPROBE_S
@@ -94,7 +98,7 @@ class ThreadGovernor:
         self._others_avg: float | None = None  # the moving average LOAD_SHIFT is measured on
         self._incumbent = start
         self._candidates: list[int] = []
-        self._scores: dict[int, list[float]] = {}
+        self._scores: dict[int, list[tuple[float, bool]]] = {}  # count -> (ratio, prompt) per step
         self._plainly_worse = False  # a candidate of the current probe was dropped after one step
         self._cost_s: dict[int, float] = {}  # each candidate's time beyond the incumbent's, this probe
         self._barred: dict[int, float] = {}  # count -> busy time after which it may be probed again
@@ -105,36 +109,39 @@ class ThreadGovernor:
     def state(self) -> ThreadState:
         return ThreadState(self.n_threads, self.max_threads, self._why, self._others)
 
-    def after_step(self, now: float, step_ms: float, predicted_ms: float) -> int:
-        """Record one successful step run at `self.n_threads`; return the count for the next."""
+    def after_step(self, now: float, step_ms: float, predicted_ms: float, prompt: bool = False) -> int:
+        """Record one successful step run at `self.n_threads` (`prompt`: it held prompt rows);
+        return the count for the next."""
         if step_ms > 0 and predicted_ms > 0:
             self._busy_s += step_ms / 1000.0
             ratio = step_ms / predicted_ms
             if self.mode is ThreadMode.PROBING:
-                self._probe_step(now, ratio, predicted_ms)
+                self._probe_step(now, ratio, predicted_ms, prompt)
             else:
-                self._steady_step(now, ratio)
+                self._steady_step(now, ratio, prompt)
         return self.n_threads
 
     # ---- steady --------------------------------------------------------------------------------
 
-    def _steady_step(self, now: float, ratio: float) -> None:
-        self._recent.append(ratio)
+    def _steady_step(self, now: float, ratio: float, prompt: bool) -> None:
+        self._recent.append((ratio, prompt))
         self._read_load(now)
-        if self.max_threads <= 1 or len(self._recent) < MIN_STEPS or now - self._last_probe_end < MIN_GAP_S:
+        same = [r for r, p in self._recent if p == prompt]  # this step's shape, oldest first
+        if self.max_threads <= 1 or len(same) < MIN_STEPS or now - self._last_probe_end < MIN_GAP_S:
             return
         # The last three steps: two slow ones in a row are enough, one outlier is not.
-        current = statistics.median(list(self._recent)[-3:])
-        if self._baseline is None:
-            if len(self._recent) < PROBE_STEPS:  # not one slow early step and its neighbour
+        current = statistics.median(same[-3:])
+        baseline = self._baseline.get(prompt)
+        if baseline is None:
+            if len(same) < PROBE_STEPS:  # not one slow early step and its neighbour
                 return
-            self._baseline = current
+            baseline = self._baseline[prompt] = current
         hint = self.hint()
         if hint is not None and hint != self.n_threads and hint != self._hint_at_probe:
             self._probe_new_load(f"other processes use {self._others:.1f} cores", hint)
-        elif current > SLOW_RATIO * self._baseline:
-            if not self._start_probe(f"steps ran {current / self._baseline:.1f}x slower", hint):
-                self._baseline = current  # every other count is barred: this is the new normal
+        elif current > SLOW_RATIO * baseline:
+            if not self._start_probe(f"steps ran {current / baseline:.1f}x slower", hint):
+                self._baseline[prompt] = current  # every other count is barred: this is the new normal
         elif self._load_shifted():
             self._probe_new_load(f"other processes went from {self._others_at_probe:.1f} to "
                                  f"{self._others_avg:.1f} cores", hint)
@@ -197,15 +204,15 @@ class ThreadGovernor:
             self._why = f"probing {self.n_threads} ({trigger})"
         return True
 
-    def _probe_step(self, now: float, ratio: float, predicted_ms: float) -> None:
+    def _probe_step(self, now: float, ratio: float, predicted_ms: float, prompt: bool) -> None:
         samples = self._scores.setdefault(self.n_threads, [])
-        samples.append(ratio)
+        samples.append((ratio, prompt))
         if self.n_threads == self._incumbent:  # measured again under a new load
             if len(samples) >= PROBE_STEPS:
                 self.n_threads = self._candidates.pop(0)
                 self._why = f"probing {self.n_threads}"
             return
-        incumbent = statistics.median(self._scores[self._incumbent])
+        incumbent = statistics.median(r for r, _ in self._scores[self._incumbent])
         extra_s = max(0.0, ratio - incumbent) * predicted_ms / 1000.0
         self._cost_s[self.n_threads] = self._cost_s.get(self.n_threads, 0.0) + extra_s
         if ratio > ABORT_RATIO * incumbent:
@@ -219,7 +226,7 @@ class ThreadGovernor:
         self._settle(now)
 
     def _settle(self, now: float) -> None:
-        medians = {n: statistics.median(s) for n, s in self._scores.items()}
+        medians = {n: statistics.median(r for r, _ in s) for n, s in self._scores.items()}
         keep = self._incumbent
         best = min(medians, key=lambda n: medians[n])
         if best != keep and medians[best] < (1 - SWITCH_MARGIN) * medians[keep]:
@@ -241,8 +248,9 @@ class ThreadGovernor:
                     self._why += f"; {n} not re-tried for {bar_s:.0f} s of work (its probe cost {cost_s:.1f} s)"
         self.n_threads = keep
         self.mode = ThreadMode.STEADY
-        self._baseline = medians[keep]
+        kept = self._scores[keep]
+        self._baseline = {shape: statistics.median(r for r, p in kept if p == shape) for _, shape in kept}
         self._recent.clear()
-        self._recent.extend(self._scores[keep][-RECENT_STEPS:])
+        self._recent.extend(kept[-RECENT_STEPS:])
         self._last_probe_end = now
         self._next_probe = now + self._interval
