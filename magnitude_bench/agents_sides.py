@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import AsyncIterator, Awaitable, Callable, Iterator
 
@@ -14,7 +14,7 @@ import httpx
 from magnitude_bench.agents_replay import CallRecord
 from magnitude_bench.harness import started
 from magnitude_bench.serve_load import chat_body, sse_events
-from scheduler.speculation import SpecMode, parse_spec_mode
+from scheduler.speculation import SpecMode
 from scheduler.types import DoneReason, Message, Phase, Priority, Request, SamplingParams, ToolCall
 
 
@@ -41,13 +41,13 @@ class SideSpec:
     # wherever the device has it, the CPU included; the engine's: the path its probe measured
     # faster here); "on" or "off" asks for one (llama-server -fa, the engine's --flash-attn).
     flash_attn: str = ""
-    spec: str = ""  # the engine's --spec ("": the app's default, auto)
+    spec: SpecMode | None = None  # the engine's --spec (None: the app's default)
 
     @property
     def label(self) -> str:
         parts = (self.kind.value, self.cache_reuse and f"--cache-reuse {self.cache_reuse}",
                  self.cache_ram_mib and f"--cache-ram {self.cache_ram_mib}", self.flash_attn and f"-fa {self.flash_attn}",
-                 self.spec and f"--spec {self.spec}", self.serve_prompts and SERVE_PROMPTS)
+                 self.spec and f"--spec {self.spec.value}", self.serve_prompts and SERVE_PROMPTS)
         return " ".join(p for p in parts if p)  # the options that are on
 
     def server_args(self) -> list[str]:
@@ -68,7 +68,7 @@ SIDES = {"serve": SideSpec(SideKind.SERVE), "engine": SideSpec(SideKind.ENGINE),
          "llama-server+fa-off": SideSpec(SideKind.LLAMA_SERVER, flash_attn="off"),
          "serve+fa-on": SideSpec(SideKind.SERVE, flash_attn="on"),
          "serve+fa-off": SideSpec(SideKind.SERVE, flash_attn="off"),
-         "serve+spec-off": SideSpec(SideKind.SERVE, spec="off"),
+         "serve+spec-off": SideSpec(SideKind.SERVE, spec=SpecMode.OFF),
          "llama-server+serve-prompts": SideSpec(SideKind.LLAMA_SERVER, serve_prompts=True)}
 
 
@@ -81,11 +81,12 @@ class HttpSide:
     matches slots by prompt), `cache_prompt` as llama-server's users send it (serve ignores it)."""
 
     def __init__(self, name: str, url: str, kv: Callable[[httpx.AsyncClient], Awaitable[tuple[int, int] | None]] | None,
-                 pids: tuple[int, ...] = (), rewrite: Callable[[list[dict]], list[dict]] | None = None) -> None:
+                 pids: tuple[int, ...] = (), rewrite: Callable[[list[dict]], list[dict]] | None = None,
+                 attention: Callable[[], str | None] = lambda: None) -> None:
         self.name, self.url, self._kv, self.pids, self.rewrite = name, url, kv, pids, rewrite
+        self.attention = attention  # the attention path the server ran (known once it is ready)
         self.http: httpx.AsyncClient | None = None
         self.cmd: list[str] | None = None  # a server this side started: its command line
-        self.attention: Callable[[], str | None] = lambda: None  # the attention path it ran
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator["HttpSide"]:
@@ -157,8 +158,7 @@ class EngineSide:
         self.pids = (client.pid,) if client.pid else ()
 
     def attention(self) -> str | None:
-        """The attention path the engine's steps ran (known once it is ready)."""
-        return self.hub.ready.info.attention if self.hub.ready else None
+        return engine_attention(self.hub)
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator["EngineSide"]:
@@ -219,6 +219,11 @@ class SideSetup:
     timeout_s: float = 600.0
 
 
+def engine_attention(hub) -> str | None:
+    """The attention path an engine's steps run (None until it is ready): its EngineReady says."""
+    return hub.ready.info.attention if hub.ready else None
+
+
 @contextmanager
 def open_side(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide | EngineSide]:
     """A fresh side (server or engine started, model loaded), stopped on exit."""
@@ -232,8 +237,9 @@ def open_side(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide | EngineSid
     # Threads as llama-server's (no automatic choice), so both sides compute on the same cores.
     config = EngineConfig(BackendConfig(kind=setup.backend_kind, model=setup.model, device="cpu", n_ctx=setup.n_ctx,
                                         n_seq_max=setup.parallel, n_threads=setup.threads,
-                                        flash_attn=spec.flash_attn or "auto"), auto_threads=False,
-                          spec=parse_spec_mode(spec.spec or SpecMode.AUTO.value))
+                                        flash_attn=spec.flash_attn or "auto"), auto_threads=False)
+    if spec.spec is not None:
+        config = replace(config, spec=spec.spec)
     if spec.kind is SideKind.SERVE:
         from magnitude_tui.serve.app import ServeOptions
         from magnitude_tui.serve.thread import serve_in_thread
@@ -246,9 +252,7 @@ def open_side(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide | EngineSid
                 return None if r is None else (r.kv_used, r.kv_total)
 
             pid = hub.client.pid
-            side = HttpSide(spec.label, s.url, kv, (pid,) if pid else ())
-            side.attention = lambda: hub.ready.info.attention if hub.ready else None
-            yield side
+            yield HttpSide(spec.label, s.url, kv, (pid,) if pid else (), attention=lambda: engine_attention(hub))
         return
     client = WorkerClient(config, in_process=setup.in_process, log_path=None if setup.in_process else "auto")
     with started(client, setup.timeout_s):
@@ -272,7 +276,7 @@ def _llama_server(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide]:
             return sum(int(s.get("n_prompt_tokens") or 0) for s in r.json()), setup.n_ctx
 
         side = HttpSide(spec.label, f"http://127.0.0.1:{srv.port}", kv, (srv.pid,) if srv.pid else (),
-                        rewrite=as_serve_renders if spec.serve_prompts else None)
+                        rewrite=as_serve_renders if spec.serve_prompts else None,
+                        attention=lambda: f"-fa {spec.flash_attn or 'auto'}")
         side.cmd = list(srv.cmd)
-        side.attention = lambda: f"-fa {spec.flash_attn or 'auto'}"
         yield side
