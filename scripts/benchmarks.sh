@@ -73,7 +73,7 @@ bench quick structured structured --seqs 1,8,16 --max-tokens 48 --reps 6
 # The agent trace against llama-server (small: the full trace needs hours per side here).
 bench quick agents-2-no-bursts agents --bursts off --agents 2 --turns 2 --k-max 300 --think-scale 0.5 --reps 4 --sides serve,llama-server,llama-server+reuse+ram,llama-server+fa-off,llama-server+serve-prompts
 # The same without cutting the tool results (the trace's K of 100-3,000 tokens): about 15 minutes.
-bench full agents-2-no-bursts-full agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 4 --sides serve,llama-server,llama-server+reuse+ram,llama-server+serve-prompts
+bench full agents-2-no-bursts-full agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 4 --sides serve,llama-server,llama-server+reuse+ram,llama-server+fa-off
 bench full agents-2-bursts agents --bursts on --agents 2 --turns 2 --k-max 300 --think-scale 0.5 --reps 2
 bench full agents-4-bursts agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 2 --sides serve,llama-server,llama-server+reuse,llama-server+fa-off
 # The same trace on serve as the app launches it (its probe's attention path) and on flash attention asked for.
