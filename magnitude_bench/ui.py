@@ -129,7 +129,8 @@ async def run_ui(config, cfg: UiConfig) -> dict:
                 await pilot.pause()
                 busy = lambda: sum(p.busy for p in ws.grid.panes)  # noqa: E731
                 generating = lambda: sum(1 for p in ws.grid.panes  # noqa: E731
-                                         if p.busy and p.last_update is not None and p.last_update.phase is Phase.GENERATING)
+                                         if p.busy and p.replies.last_update is not None
+                                         and p.replies.last_update.phase is Phase.GENERATING)
                 for i in range(cfg.keys):
                     if i and not busy():
                         break

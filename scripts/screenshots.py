@@ -40,7 +40,7 @@ async def until(pilot, condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            state = [(p.record.name, p.busy, p.last_update and p.last_update.phase.value)
+            state = [(p.record.name, p.busy, p.replies.last_update and p.replies.last_update.phase.value)
                      for p in pilot.app.workspace.grid.panes]
             raise TimeoutError(f"gave up waiting for {what}; panes: {state}")
         await pilot.pause(0.05)
@@ -53,7 +53,8 @@ def save(app: MagnitudeApp, out: Path, name: str) -> None:
 
 
 def phases(app: MagnitudeApp) -> list[Phase]:
-    return [p.last_update.phase for p in app.workspace.grid.panes if p.last_update is not None and p.busy]
+    return [p.replies.last_update.phase for p in app.workspace.grid.panes
+            if p.replies.last_update is not None and p.busy]
 
 
 async def shoot(config: EngineConfig, out: Path, max_tokens: int, timeout: float) -> None:

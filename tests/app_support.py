@@ -328,7 +328,8 @@ def quiet(app) -> bool:
     for pane in ws.grid.panes:
         if pane.has_ended:
             return False
-        if pane.display and ((pane._reply is not None and pane._reply.pending) or pane._status_dirty):
+        streaming = pane.replies.streaming
+        if pane.display and ((streaming is not None and streaming.pending) or pane._status_dirty):
             return False
     return True
 

@@ -51,8 +51,8 @@ async def test_two_panes_stream_to_the_end(tmp_path):
         for pane in (a1, a2):
             assert pane.record.messages[-1].content == _expected(60)
             assert pane.record.messages[-1].done_reason == "length"
-            assert pane.last_update.generated == 60 and pane.last_update.ttft_ms is not None
-        assert {a1.last_update.seq_id, a2.last_update.seq_id} == {0, 1}
+            assert pane.replies.last_update.generated == 60 and pane.replies.last_update.ttft_ms is not None
+        assert {a1.replies.last_update.seq_id, a2.replies.last_update.seq_id} == {0, 1}
 
 
 async def test_escape_cancels_one_pane_and_the_other_carries_on(tmp_path):
@@ -65,13 +65,14 @@ async def test_escape_cancels_one_pane_and_the_other_carries_on(tmp_path):
         await _say(pilot, "/spawn 2 keep talking")
         await wait_for(pilot, lambda: len(app.workspace.grid.panes) == 3, what="two subagent panes")
         _, c1, c2 = app.workspace.grid.panes
-        generating = lambda p: p.last_update is not None and p.last_update.phase is Phase.GENERATING  # noqa: E731
+        generating = lambda p: (p.replies.last_update is not None  # noqa: E731
+                                and p.replies.last_update.phase is Phase.GENERATING)
         await wait_for(pilot, lambda: generating(c1) and generating(c2), what="both generating")
         await pilot.press("tab", "escape")  # focus A1.1, cancel it
         await wait_for(pilot, lambda: not c1.busy, what="A1.1 cancelled")
-        assert c1.last_update.done_reason.value == "cancelled"
-        before = c2.last_update.generated
-        await wait_for(pilot, lambda: c2.last_update.generated > before + 20, what="A1.2 still generating")
+        assert c1.replies.last_update.done_reason.value == "cancelled"
+        before = c2.replies.last_update.generated
+        await wait_for(pilot, lambda: c2.replies.last_update.generated > before + 20, what="A1.2 still generating")
         assert c2.busy
         await pilot.press("tab", "escape")
         await wait_for(pilot, lambda: not c2.busy, what="A1.2 cancelled")
@@ -92,7 +93,7 @@ async def test_spawn_three_subagents_fork_and_report_back(tmp_path):
         for child in children:
             assert child.record.messages[-1].content == _expected(30)
             # Forked from the parent's KV: only the task message had to be prefilled.
-            assert child.last_update.cached_tokens > 0
+            assert child.replies.last_update.cached_tokens > 0
         assert all(_expected(30) in m.content for m in parent.record.messages if m.author)
 
 
@@ -144,7 +145,7 @@ async def test_speculation_switches_live_from_the_palette_and_shows_its_figures(
         await wait_for(pilot, lambda: not pane.busy, what="reply")
         # The fake's reply repeats every 45 characters: from its second round on, lookup guesses it.
         assert pane.record.messages[-1].content == _expected(120)
-        last = pane.last_update
+        last = pane.replies.last_update
         assert last.spec.accepted > 0 and last.spec.tokens_per_step > 1.5
         assert spec_text(last).endswith("%") and "tok/step" in StatusLine.metrics_text(last)
         assert sum(r.draft_rows for r in panel.steps) >= last.spec.drafted

@@ -101,7 +101,7 @@ async def test_the_scheduler_rate_is_the_panes_sum_and_clears_when_nothing_runs(
         client.step(3)
         await settle(pilot)
         panes = app.workspace.grid.panes
-        assert panel.rate == sum(p.last_update.tok_s_live for p in panes) == 40.0
+        assert panel.rate == sum(p.replies.last_update.tok_s_live for p in panes) == 40.0
         assert "40.0 tok/s" in str(panel.render())
         client.run_to_completion()
         await settle(pilot)
@@ -249,7 +249,7 @@ async def test_a_subagent_frees_its_kv_once_its_answer_is_posted(tmp_path):
 async def test_a_full_context_drops_the_oldest_turns_and_says_so(tmp_path):
     async with scripted_app(tmp_path) as (app, client, pilot):
         pane = app.workspace.grid.panes[0]
-        assert pane.context_size == 8192  # from EngineReady
+        assert pane.replies.context_size == 8192  # from EngineReady
         for text in ("one", "two", "three"):
             await one_turn(pilot, client, text)
         assert pane.border_subtitle.startswith("ctx ") and pane.border_subtitle.endswith("/8192")
@@ -310,7 +310,7 @@ async def test_shift_enter_and_ctrl_j_start_a_new_line(tmp_path):
 
 async def test_ctrl_c_stops_the_reply_unless_text_is_selected_and_otherwise_says_how_to_quit(tmp_path):
     async with queued_behind_a_reply(tmp_path) as (pilot, client, pane):
-        rid = pane.request_id
+        rid = pane.replies.request_id
         assert rid is not None and pane.composer.value == ""
         await pilot.press(*"keep this")
         pane.composer.select_all()
@@ -321,7 +321,7 @@ async def test_ctrl_c_stops_the_reply_unless_text_is_selected_and_otherwise_says
         await pilot.press("ctrl+c")  # nothing selected: the reply stops, as esc stops it
         assert client.cancelled == [rid]
         client.run_to_completion()
-        await wait_for(pilot, lambda: pane.request_id is None, what="the stopped reply")
+        await wait_for(pilot, lambda: pane.replies.request_id is None, what="the stopped reply")
         notes = len(pilot.app._notifications)
         await pilot.press("ctrl+c")  # nothing runs: how to quit, and nothing else
         assert client.cancelled == [rid] and len(pilot.app._notifications) == notes + 1

@@ -17,17 +17,17 @@ async def test_a_message_sent_while_the_model_loads_shows_loading_then_runs(tmp_
         await pilot.press(*"hello", "enter")  # the panes take input while the model loads
         await settle(pilot)
         pane = ws.grid.panes[0]
-        assert pane.busy and pane.last_update.phase is Phase.LOADING
-        metrics = StatusLine.metrics_text(pane.last_update)
+        assert pane.busy and pane.replies.last_update.phase is Phase.LOADING
+        metrics = StatusLine.metrics_text(pane.replies.last_update)
         assert "model 40% loaded" in metrics and "runs when the engine is ready" in metrics
         client.load_progress(0.75)
         await settle(pilot)
-        assert "model 75% loaded" in StatusLine.metrics_text(pane.last_update)
+        assert "model 75% loaded" in StatusLine.metrics_text(pane.replies.last_update)
         assert client.submitted and not client.step_no  # nothing ran yet
         client.ready()
         await wait_for(pilot, lambda: ws.engine_ready, what="EngineReady")
         assert not ws.loading_view.display
         client.run_to_completion()
         await settle(pilot)
-        assert pane.last_update.phase is Phase.DONE and pane.last_update.done_reason is DoneReason.STOP
+        assert pane.replies.last_update.phase is Phase.DONE and pane.replies.last_update.done_reason is DoneReason.STOP
         assert "hello" in pane.last_answer()

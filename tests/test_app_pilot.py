@@ -44,12 +44,12 @@ async def test_submit_in_two_panes_both_stream(tmp_path):
         await settle(pilot)
         assert a1.busy and a2.busy
         assert _assistant(a1) == ["Echo **first question** "] and _assistant(a2)[0].startswith("Echo **second")
-        assert a1.last_update.phase is Phase.GENERATING
+        assert a1.replies.last_update.phase is Phase.GENERATING
         client.run_to_completion()
         await settle(pilot)
         assert _assistant(a1) == ["Echo **first question** with `code` done."]
         assert _assistant(a2) == ["Echo **second question** with `code` done."]
-        assert not a1.busy and a1.last_update.phase is Phase.DONE
+        assert not a1.busy and a1.replies.last_update.phase is Phase.DONE
 
 
 async def test_escape_cancels_focused_pane_only(tmp_path):

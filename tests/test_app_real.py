@@ -51,14 +51,14 @@ async def test_two_panes_stream_then_subagents_report_back_on_the_real_model(tmp
             # A short prompt is prefilled in the step that samples its first token, so its next
             # update already says generating (a long one shows prefill in between: engine tests).
             assert {Phase.GENERATING, Phase.DONE} <= set(phases)
-            assert pane.last_update.ttft_ms and pane.last_update.generated > 0
+            assert pane.replies.last_update.ttft_ms and pane.replies.last_update.generated > 0
 
         ws.grid.focus_pane(a1)
         await pilot.press(*"/spawn 2 say one word", "enter")
         await wait_for(pilot, lambda: len([m for m in a1.record.messages if m.author]) == 2, timeout=240,
                        what="two subagent answers")
         for child in ws.grid.panes[2:]:
-            assert child.last_update.cached_tokens > 0  # forked from A1's KV, not prefilled again
+            assert child.replies.last_update.cached_tokens > 0  # forked from A1's KV, not prefilled again
         names = [(p.record.name, len(p.record.messages)) for p in ws.grid.panes]
     assert [n for n, _ in names] == ["A1", "A2", "A1.1", "A1.2"]
 

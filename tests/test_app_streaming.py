@@ -35,13 +35,14 @@ async def test_reply_streams_as_markdown_block_by_block(tmp_path):
         await type_message(pilot, "how")
         pane = app.workspace.grid.panes[0]
         client.step(8)  # prefill, then tokens up to inside the code block
-        reply = lambda: pane._reply  # noqa: E731
+        reply = lambda: pane.replies.streaming  # noqa: E731
+        painted_in = lambda: pane._views.get(reply())  # noqa: E731
         # Wait for the state itself (a piece's source is empty until it is mounted and parsed).
         await wait_for(pilot, lambda: reply() is not None and reply().message.content.endswith("per_row * ")
-                       and reply().view is not None and not reply().pending
-                       and _sources(reply().view) == ["Use **this**:\n\n"]
-                       and reply().view.query(MarkdownParagraph)
-                       and reply().view.query(StreamingText).first().text.endswith("per_row * "),
+                       and painted_in() is not None and not reply().pending
+                       and _sources(painted_in()) == ["Use **this**:\n\n"]
+                       and painted_in().query(MarkdownParagraph)
+                       and painted_in().query(StreamingText).first().text.endswith("per_row * "),
                        what="the paint tick to take every token")
         view = _reply_view(pane)
         markdown, body = view.query_one(Markdown), view.query_one(StreamingText)
@@ -136,30 +137,30 @@ async def test_background_panes_paint_less_often_while_many_stream(tmp_path):
         focused.composer.typed_at = -1.0  # not typing (the prompts were typed just now)
         ws.painter.painted_all = time.monotonic() + 3600  # as if every pane was just painted: not due again
         client.step(2)
-        await wait_for(pilot, lambda: other._reply.pending and focused.last_update.generated >= 4,
+        await wait_for(pilot, lambda: other.replies.streaming.pending and focused.replies.last_update.generated >= 4,
                        what="two more tokens")
         await ws.paint()  # what the tick does: the focused pane is painted, the others wait
-        assert not focused._reply.pending and other._reply.pending
+        assert not focused.replies.streaming.pending and other.replies.streaming.pending
         ws.painter.painted_all = 0.0
         await ws.paint()
-        assert not other._reply.pending
+        assert not other.replies.streaming.pending
         # Typing: the background panes' paint waits while keys come, up to TYPING_MAX_HOLD_S.
         client.step(2)
-        await wait_for(pilot, lambda: other._reply.pending, what="two more tokens")
+        await wait_for(pilot, lambda: other.replies.streaming.pending, what="two more tokens")
         focused.composer.typed_at = before = time.monotonic()  # the user is typing...
         ws.painter.painted_all = time.monotonic() - BACKGROUND_PAINT_S  # ...when the background is due
         await pilot.press("x")
         assert focused.composer.typed_at > before  # a key in the composer counts as typing
         await ws.paint()
-        assert other._reply.pending
+        assert other.replies.streaming.pending
         ws.painter.painted_all = time.monotonic() - TYPING_MAX_HOLD_S  # held long enough...
         ws.painter.painted_at.clear()  # ...and no pane painted within it
         focused.composer.typed_at = time.monotonic()
         await ws.paint()
-        assert other._reply.pending  # while keys come the tick paints nobody...
+        assert other.replies.streaming.pending  # while keys come the tick paints nobody...
         for _ in ws.grid.panes:  # ...a pane is painted after each key's frame (see the next test)
             await ws.painter.after_key()
-        assert not other._reply.pending
+        assert not other.replies.streaming.pending
 
 
 async def test_when_the_typing_hold_is_used_up_the_panes_are_painted_one_per_key_after_its_frame(tmp_path):
@@ -181,21 +182,21 @@ async def test_when_the_typing_hold_is_used_up_the_panes_are_painted_one_per_key
         focused.composer.typed_at = time.monotonic() + 3600  # typing, for as long as the test needs
         ws.painter.painted_all = time.monotonic() + 3600  # the app's own painter holds throughout
         client.step(2)
-        await wait_for(pilot, lambda: all(p._reply.pending for p in panes), what="two more tokens")
+        await wait_for(pilot, lambda: all(p.replies.streaming.pending for p in panes), what="two more tokens")
         painter = Painter(ws)  # driven by hand: its hold is used up, no pane painted within it
         painter.painted_all = time.monotonic() - TYPING_MAX_HOLD_S
         await painter.paint()
-        assert all(p._reply.pending for p in panes)  # the tick paints nothing while keys come
+        assert all(p.replies.streaming.pending for p in panes)  # the tick paints nothing while keys come
         painted = []
         for _ in panes:
             await painter.after_key()
-            now_painted = [p for p in panes if not p._reply.pending]
+            now_painted = [p for p in panes if not p.replies.streaming.pending]
             assert len(now_painted) == len(painted) + 1  # exactly one more pane a key
             painted = now_painted
         client.step(2)
-        await wait_for(pilot, lambda: all(p._reply.pending for p in panes), what="two more tokens")
+        await wait_for(pilot, lambda: all(p.replies.streaming.pending for p in panes), what="two more tokens")
         await painter.after_key()
-        assert all(p._reply.pending for p in panes)  # each had its turn: the hold starts again
+        assert all(p.replies.streaming.pending for p in panes)  # each had its turn: the hold starts again
 
 
 async def test_a_typed_key_tells_the_workspace_once_its_frame_is_drawn(tmp_path):
@@ -231,12 +232,12 @@ async def test_while_keys_come_not_even_the_focused_panes_text_is_painted(tmp_pa
         focused.composer.typed_at = time.monotonic() + 3600  # typing, for as long as the test needs
         ws.painter.painted_all = time.monotonic() + 3600  # ...and the hold is not used up
         client.step(2)
-        await wait_for(pilot, lambda: focused._reply.pending, what="two more tokens")
+        await wait_for(pilot, lambda: focused.replies.streaming.pending, what="two more tokens")
         await ws.paint()
-        assert focused._reply.pending
+        assert focused.replies.streaming.pending
         focused.composer.typed_at = -1.0  # the keys stopped
         await ws.paint()
-        assert not focused._reply.pending
+        assert not focused.replies.streaming.pending
 
 
 def test_paced_client_gives_every_live_request_one_token_per_step():
@@ -276,17 +277,18 @@ async def test_finished_blocks_wait_in_the_open_text_while_keys_come(tmp_path):
         pane.composer.typed_at = float("inf")  # keys keep coming (a waiting pane is painted after a key)
         client.step(8)  # prefill, then tokens past the first paragraph, into the code block
         painter = app.workspace.painter
-        painted = lambda r: r is not None and r.view is not None and not r.pending  # noqa: E731
+        painted_in = lambda: pane._views.get(pane.replies.streaming)  # noqa: E731
         for _ in range(300):
             painter.painted_all, painter.painted_at = 0.0, {}  # the hold is used up: the pane's turn
             await painter.after_key()  # what a key's frame being drawn does
-            if painted(pane._reply) and pane._reply.view.query(StreamingText).last().text.endswith("per_row * "):
+            if (painted_in() is not None and not pane.replies.streaming.pending
+                    and painted_in().query(StreamingText).last().text.endswith("per_row * ")):
                 break
             await pilot.pause(0.1)
         else:
             raise AssertionError("no paint while keys come")
         await pilot.pause()
-        view = pane._reply.view
+        view = painted_in()
         assert not view.query(Markdown)
         assert view.query(StreamingText).last().text == pane.record.messages[-1].content
         pane.composer.typed_at = -1.0  # the typing stops: the next paint settles what finished

@@ -28,7 +28,7 @@ async def _first_session(tmp_path) -> None:
         app.focused.insert(QUESTION)
         await pilot.press("enter")
         [pane] = app.workspace.grid.panes
-        await wait_for(pilot, lambda: pane.last_update is not None and not pane.busy, what="the reply")
+        await wait_for(pilot, lambda: pane.replies.last_update is not None and not pane.busy, what="the reply")
     # Quitting stopped the engine, which saved the idle conversation.
 
 
@@ -44,8 +44,8 @@ async def test_resume_restores_the_saved_kv_and_the_next_reply_starts_from_it(tm
         answer = ws.model.warm[pane.session_id]
         assert answer.outcome is RestoreOutcome.RESTORED and answer.tokens > len(QUESTION)
         await pilot.press(*"and then?", "enter")
-        await wait_for(pilot, lambda: not pane.busy and pane.last_update.generated, what="the next reply")
-        u = pane.last_update
+        await wait_for(pilot, lambda: not pane.busy and pane.replies.last_update.generated, what="the next reply")
+        u = pane.replies.last_update
         assert u.cached_tokens == answer.tokens  # the whole history came from disk
         # Only the new turn was prefilled: its text and the template around it (one token a character).
         assert u.prompt_total - u.cached_tokens < len("and then?") + 30 < answer.tokens
@@ -62,8 +62,8 @@ async def test_without_saved_kv_the_resumed_conversation_starts_cold(tmp_path):
         await wait_for(pilot, lambda: pane.session_id in ws.model.warm, what="the engine's answer")
         assert ws.model.warm[pane.session_id].outcome is RestoreOutcome.NOT_SAVED
         await pilot.press(*"and then?", "enter")
-        await wait_for(pilot, lambda: not pane.busy and pane.last_update.generated, what="the next reply")
-        assert pane.last_update.cached_tokens == 0
+        await wait_for(pilot, lambda: not pane.busy and pane.replies.last_update.generated, what="the next reply")
+        assert pane.replies.last_update.cached_tokens == 0
 
 
 async def test_resume_and_restart_ask_for_each_conversation_that_has_messages(tmp_path):

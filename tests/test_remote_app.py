@@ -24,7 +24,8 @@ async def test_a_remote_pane_shows_its_server_and_the_panel_shows_the_servers(tm
             await pilot.press(*"Say hi.", "enter")
 
             # Sent, no token yet: the pane says so, and where, instead of a prefill fraction.
-            await wait_for(pilot, lambda: pane.last_update is not None and pane.last_update.phase is Phase.WAITING,
+            await wait_for(pilot, lambda: pane.replies.last_update is not None
+                           and pane.replies.last_update.phase is Phase.WAITING,
                            what="the request to be sent")
             status = pane.query_one(StatusLine)
             await wait_for(pilot, lambda: "waiting for first token" in str(status.query_one(".metrics").content),
@@ -32,8 +33,8 @@ async def test_a_remote_pane_shows_its_server_and_the_panel_shows_the_servers(tm
             assert f"on {stub.url}" in str(status.query_one(".metrics").content)
             assert not status.query_one("ProgressBar").display
 
-            await wait_for(pilot, lambda: pane.last_update.phase is Phase.DONE, what="the reply")
-            assert pane.last_update.error is None and pane.last_update.remote.endpoint == stub.url
+            await wait_for(pilot, lambda: pane.replies.last_update.phase is Phase.DONE, what="the reply")
+            assert pane.replies.last_update.error is None and pane.replies.last_update.remote.endpoint == stub.url
             # However narrow the status line, the pane's border names its server.
             await wait_for(pilot, lambda: host(stub.url) in str(pane.border_subtitle), what="the server in the border")
 
@@ -57,11 +58,13 @@ async def test_remote_subagents_send_the_parents_conversation_and_show_the_serve
             ws = app.workspace
             parent = ws.grid.panes[0]
             await pilot.press(*"plan a trip", "enter")
-            await wait_for(pilot, lambda: parent.last_update is not None and parent.last_update.phase is Phase.DONE,
+            await wait_for(pilot, lambda: parent.replies.last_update is not None
+                           and parent.replies.last_update.phase is Phase.DONE,
                            what="the parent's reply")
             await pilot.press(*"/spawn 2 list one risk", "enter")
             await wait_for(pilot, lambda: len(ws.grid.panes) == 3 and all(
-                c.last_update is not None and c.last_update.phase is Phase.DONE for c in ws.grid.panes[1:]),
+                c.replies.last_update is not None and c.replies.last_update.phase is Phase.DONE
+                for c in ws.grid.panes[1:]),
                 what="two subagents' replies")
             bodies = [r["body"] for r in one.requests + two.requests][1:]
             parent_turn = [{"role": m.role, "content": m.content} for m in parent.conversation()[:2]]
@@ -69,9 +72,9 @@ async def test_remote_subagents_send_the_parents_conversation_and_show_the_serve
             for body in bodies:  # the parent's conversation, then the task: the server's cache reuses it
                 assert body["messages"][:2] == parent_turn and "list one risk" in body["messages"][-1]["content"]
             for child in ws.grid.panes[1:]:
-                assert child.last_update.cached_tokens == 7
+                assert child.replies.last_update.cached_tokens == 7
                 # The status line shows it from the next paint after the update (not at once).
                 await wait_for(pilot, lambda c=child: "(7 cached)" in str(
                     c.query_one(StatusLine).query_one(".metrics").content), what="the server's cached tokens shown")
             # New conversations go to the least-loaded server: the two subagents do not share one.
-            assert {c.last_update.remote.endpoint for c in ws.grid.panes[1:]} == {one.url, two.url}
+            assert {c.replies.last_update.remote.endpoint for c in ws.grid.panes[1:]} == {one.url, two.url}

@@ -77,10 +77,11 @@ async def test_the_app_runs_a_pane_on_a_remote_server(py_server, tmp_path):
         await wait_for(pilot, lambda: ws.engine_ready, timeout=60, what="the server")
         await pilot.press(*"Say hi.", "enter")
         pane = ws.grid.panes[0]
-        await wait_for(pilot, lambda: pane.last_update is not None and pane.last_update.phase is Phase.DONE,
+        await wait_for(pilot, lambda: pane.replies.last_update is not None
+                       and pane.replies.last_update.phase is Phase.DONE,
                        timeout=240, what="the remote reply")
-        assert pane.last_update.error is None and pane.last_answer()
-        assert pane.last_update.remote.endpoint == py_server.url
+        assert pane.replies.last_update.error is None and pane.last_answer()
+        assert pane.replies.last_update.remote.endpoint == py_server.url
         await wait_for(pilot, lambda: ws.scheduler_panel.endpoints is not None, what="the servers panel")
         assert ws.scheduler_panel.endpoints.endpoints[0].url == py_server.url
 

@@ -45,8 +45,8 @@ async def test_an_http_conversation_is_a_pane_and_its_next_turn_continues_there(
             panes = app.workspace.grid.panes
             api = [p for p in panes if p.record.role == "api"]
             assert len(api) == 1 and api[0].record.name == "coder"
-            await wait_for(pilot, lambda: api[0].last_update is not None
-                           and api[0].last_update.phase is Phase.DONE, what="the pane's reply")
+            await wait_for(pilot, lambda: api[0].replies.last_update is not None
+                           and api[0].replies.last_update.phase is Phase.DONE, what="the pane's reply")
             assert [m.content for m in api[0].record.messages] == ["hello from an agent", reply]
             body["messages"] += [{"role": "assistant", "content": reply}, {"role": "user", "content": "more"}]
             r = await http.post("/chat/completions", json=body)
@@ -85,7 +85,8 @@ async def test_eight_http_requests_complete_while_a_pane_streams(tmp_path):
         await wait_for(pilot, lambda: app.workspace.engine_ready, what="EngineReady")
         await pilot.press(*"write", "enter")
         person = app.workspace.grid.panes[0]
-        await wait_for(pilot, lambda: person.last_update is not None and person.last_update.generated > 0,
+        await wait_for(pilot, lambda: person.replies.last_update is not None
+                       and person.replies.last_update.generated > 0,
                        what="the pane streaming")
         panel = app.workspace.sequences_panel
         panel.clock = lambda: 0.0  # finished rows stay listed until the classes are read
@@ -125,9 +126,10 @@ async def test_a_caller_without_a_user_is_titled_by_its_address_and_n_choices_by
             api = [p for p in app.workspace.grid.panes if p.record.role == "api"]
             assert [p.record.name for p in api] == ["api@127.0.0.1"]
             # The pane says how much of the prompt came from the cache, as the reply's usage does.
-            await wait_for(pilot, lambda: api[0].last_update is not None and api[0].last_update.phase is Phase.DONE
-                           and api[0].last_update.cached_tokens == cached, what="the second turn's last update")
-            shown = StatusLine.metrics_text(api[0].last_update)
+            await wait_for(pilot, lambda: api[0].replies.last_update is not None
+                           and api[0].replies.last_update.phase is Phase.DONE
+                           and api[0].replies.last_update.cached_tokens == cached, what="the second turn's last update")
+            shown = StatusLine.metrics_text(api[0].replies.last_update)
             assert f"({cached} cached)" in shown
             assert all(figure in shown for figure in ("TTFT ", " tok/s", "ITL p95 ")), shown
             r = await http.post("/chat/completions", json={

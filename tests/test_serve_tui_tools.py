@@ -28,7 +28,8 @@ async def test_an_api_callers_tool_turns_show_as_blocks_in_its_pane(tmp_path):
             r = await http.post("/chat/completions", json=body)
         assert r.status_code == 200
         [pane] = [p for p in app.workspace.grid.panes if p.record.role == "api"]
-        await wait_for(pilot, lambda: pane.last_update is not None and pane.last_update.phase is Phase.DONE,
+        await wait_for(pilot, lambda: pane.replies.last_update is not None
+                       and pane.replies.last_update.phase is Phase.DONE,
                        what="the pane's reply")
         await wait_for(pilot, lambda: len(pane.query(ToolBlock)) == 1 and not pane.busy, what="the block")
         await pilot.pause(0.2)

@@ -78,7 +78,7 @@ class PaneRunner:
             self._sinks.pop(request.request_id, None)
         pane = ws.panes_by_session().get(request.session_id)
         if pane is not None and result.calls and result.final.error is None:
-            pane.add_tool_turn(result.calls)  # what the loop keeps in its history, the pane keeps too
+            pane.chat.add_tool_turn(result.calls)  # what the loop keeps in its history, the pane keeps too
         return result
 
     def close_session(self, session_id: str) -> None:

@@ -367,8 +367,8 @@ class WorkspaceScreen(DialogActions):
         neither runs."""
         if self.agents.stop(pane):
             return True
-        if pane.request_id is not None:
-            self.client.cancel(pane.request_id)
+        if pane.replies.request_id is not None:
+            self.client.cancel(pane.replies.request_id)
             return True
         return False
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from textual import on
 from textual.app import ComposeResult
@@ -16,41 +16,23 @@ from textual.widgets import Static
 from magnitude_tui.agents import AgentSettings
 from magnitude_tui.conversation import Conversation
 from magnitude_tui.engine.events import SeqUpdate
+from magnitude_tui.pane_replies import Ending, PaneReplies, Reply
 from magnitude_tui.records import MessageRecord, PaneRecord
 from magnitude_tui.widgets.composer import Composer, typing_in
 from magnitude_tui.widgets.format import visible
 from magnitude_tui.widgets.message_view import MessageView
-from magnitude_tui.widgets.paint_queue import PaintQueue
 from magnitude_tui.widgets.pane_labels import gauge, pane_title, queue_note, speaker
 from magnitude_tui.widgets.status_line import StatusLine
 from magnitude_tui.widgets.tool_block import ToolActivity, ToolBlock
 from magnitude_tui.widgets.tool_turn_view import ToolTurnView
 from magnitude_tui.widgets.transcript import Transcript
-from scheduler.types import DoneReason, ErrorKind, Message, Phase, ToolCall
-
-
-@dataclass
-class _Reply:
-    """An assistant reply and what of it is not on screen yet."""
-
-    message: MessageRecord
-    view: MessageView | None = None
-    pending: list[str] = field(default_factory=list)
-
-
-@dataclass
-class _Ending:
-    """A request that ended, waiting for the paint tick: its reply (None: no text came), its last
-    update, and whether the transcript already says why it failed (then no toast says it too)."""
-
-    reply: _Reply | None
-    update: SeqUpdate
-    told: bool = False
+from scheduler.types import Message
 
 
 class ChatPane(Vertical):
     """One conversation (one engine session) on screen: it shows the transcript of its
-    Conversation (`chat`) as replies stream; the app talks to the engine."""
+    Conversation (`chat`) and paints what its PaneReplies (`replies`) make of the engine's
+    updates as replies stream; the app talks to the engine."""
 
     BINDINGS = [
         # Priority: the composer (a TextArea) has focus nearly always and would take them for
@@ -79,22 +61,15 @@ class ChatPane(Vertical):
         super().__init__(id=f"pane-{record.id}")
         self.record = record
         self.chat = Conversation(record)  # what is sent, dropped, not saved yet
+        # The running request, what its updates made and what waits for the next paint.
+        self.replies: PaneReplies[Widget] = PaneReplies(self.chat)
         self.parent_name = parent_name
-        self.request_id: str | None = None
-        self.last_update: SeqUpdate | None = None
-        self._reply: _Reply | None = None  # the reply now streaming
-        # Replies that finished (not yet painted and settled), and context notes and tool blocks,
-        # in the order they came, for the next paint.
-        self._waiting: PaintQueue[_Ending, str | Widget] = PaintQueue()
-        self._held_results: list[MessageRecord] = []
+        self._views: dict[Reply, MessageView] = {}  # the replies painted, until their ending settles
         self._status_dirty = True
         # Typed while a reply streamed; sent one turn each, in order (kept in the store meanwhile).
         self.queued: list[str] = list(record.queued)
         self.editing: MessageRecord | None = None  # the message the composer holds for a resend
-        self.context_size: int | None = None  # tokens one sequence holds (from EngineReady)
         self._gauge = ""
-        # The answers a retry replaced: the next reply keeps them as its others (paged ‹k/n›).
-        self.carried: list[str] = []
         self.composer = Composer()  # held: the paint tick reads it even while the pane is torn down
         # Raw completion (/raw): the transcript's text is continued as is, without the chat
         # template, for base models that have none (the engine is told with Request.prompt).
@@ -119,12 +94,12 @@ class ChatPane(Vertical):
 
     @property
     def busy(self) -> bool:
-        return self.request_id is not None
+        return self.replies.busy
 
     @property
     def has_ended(self) -> bool:
         """A reply ended and its ending is not painted and settled yet (the next flush does it)."""
-        return self._waiting.has_endings
+        return self.replies.has_ended
 
     def conversation(self, *, committed_only: bool = False, with_system: bool = True) -> tuple[Message, ...]:
         """The messages the next turn sends (the engine reuses whatever prefix it still holds):
@@ -133,7 +108,8 @@ class ChatPane(Vertical):
         `committed_only` leaves out a reply that is still streaming (what a spawned subagent forks).
         Messages dropped when the context filled up are not sent again.
         """
-        streaming = self._reply.message if committed_only and self._reply is not None else None
+        reply = self.replies.streaming
+        streaming = reply.message if committed_only and reply is not None else None
         return self.chat.to_send(leave_out=streaming, with_system=with_system)
 
     def raw_prompt(self) -> str | None:
@@ -150,16 +126,11 @@ class ChatPane(Vertical):
         self.record.settings = settings
         self._retitle()
 
-    @property
-    def context_used(self) -> int | None:
-        """Tokens the conversation holds in its sequence after the latest request (None: unknown)."""
-        u = self.last_update
-        return u.prompt_total + u.generated if u is not None and u.prompt_total else None
-
     def gauge_text(self) -> str:
         """The context gauge in the pane's bottom border (pane_labels.gauge)."""
-        endpoint = self.last_update.remote.endpoint if self.last_update is not None else None
-        return gauge(self.context_used, self.context_size, endpoint, width=self.size.width)
+        r = self.replies
+        endpoint = r.last_update.remote.endpoint if r.last_update is not None else None
+        return gauge(r.context_used, r.context_size, endpoint, width=self.size.width)
 
     def last_reply(self) -> MessageRecord | None:
         """The latest message of the model (what retry asks again and alt+left/right page)."""
@@ -186,7 +157,7 @@ class ChatPane(Vertical):
         return len(blocks)
 
     def is_streaming(self, message: MessageRecord) -> bool:
-        return self._reply is not None and message is self._reply.message
+        return self.replies.is_streaming(message)
 
     def is_dropped(self, message: MessageRecord) -> bool:
         """Left out of the context when it filled up (no longer sent to the model)."""
@@ -325,8 +296,7 @@ class ChatPane(Vertical):
 
     async def add_message(self, message: MessageRecord) -> None:
         """Append a finished message; a subagent's answer waits until the running reply is done."""
-        if message.author and (self.busy or self.has_ended):
-            self._held_results.append(message)
+        if self.replies.hold(message):
             return
         self.chat.append(message)
         self._retitle()  # the first message names the conversation
@@ -349,127 +319,73 @@ class ChatPane(Vertical):
         return last
 
     def begin_request(self, request_id: str) -> None:
-        self.chat.begin_request()
-        self.request_id = request_id
-        self.last_update = None
+        self.replies.begin_request(request_id)
         self._status_dirty = True
 
     def apply(self, update: SeqUpdate) -> None:
-        """Take one engine update for this pane's request (cheap: rendering happens in flush).
-
-        The transcript data is final as soon as `done` arrives; only the painting waits for the
-        next flush, so a new request can start at once without touching the finished reply.
-        """
-        if update.request_id != self.request_id:
-            return  # a late update for a request this pane already gave up on
-        # A request refused before it ran dropped nothing (the next one is fitted afresh): its
-        # prompt did not fit even trimmed, or failed otherwise before the drop was reported.
-        refused = update.phase is Phase.DONE and update.error is not None
-        if (update.dropped_messages and not refused
-                and not (self.last_update and self.last_update.dropped_messages)):
-            self._waiting.note(self.chat.drop_oldest(update.dropped_messages))
-        self.last_update = update
-        self._status_dirty = True
-        if update.text_delta:
-            if self._reply is None:
-                carried, self.carried = self.carried, []
-                self._reply = _Reply(self.chat.start_reply(carried))
-            self._reply.message.content += update.text_delta
-            self._reply.pending.append(update.text_delta)
-            self.chat.mark_unsaved(self._reply.message)
-        if update.phase is Phase.DONE:
-            self.request_id = None
-            reply, self._reply = self._reply, None
-            if reply is not None:
-                reply.message.complete = True
-                reply.message.done_reason = (update.done_reason or DoneReason.STOP).value
-                self.chat.mark_unsaved(reply.message)
-            too_long = self._too_long(update) if reply is None else None
-            if too_long is not None:
-                self._waiting.note(too_long)
-            self._waiting.end(_Ending(reply, update, told=too_long is not None))
+        """Take one engine update for this pane's request (cheap: rendering happens in flush)."""
+        if self.replies.apply(update):
+            self._status_dirty = True
 
     async def flush(self) -> None:
         """Paint buffered text (finished replies first), the latest status, and settle endings.
 
         The workspace calls this on its paint tick; tokens are only buffered in between."""
-        ended, notes_after = self._waiting.take()
+        ended, notes_after = self.replies.take()
         for notes, ending in ended:
             await self._paint_notes(notes)  # a late tick keeps their order
             if ending.reply is not None:
                 await self._paint(ending.reply)
             await self._settle(ending)
         await self._paint_notes(notes_after)
-        if self._reply is not None:
-            await self._paint(self._reply)
+        if self.replies.streaming is not None:
+            await self._paint(self.replies.streaming)
         if self._status_dirty or self.activity is not None:  # the tool phase's clock runs
             self._status_dirty = False
             for status in self.query(StatusLine):  # none while the pane is torn down
-                status.show(self.last_update, self.activity)
+                status.show(self.replies.last_update, self.activity)
             gauge = self.gauge_text()
             if gauge and gauge != self._gauge:  # a new request keeps the last gauge until it knows
                 self._gauge = self.border_subtitle = gauge
-        if ended and not self.has_ended and not self.busy:
-            held, self._held_results = self._held_results, []
-            for message in held:
+        if ended:
+            for message in self.replies.take_held():
                 await self.add_message(message)
 
-    async def _paint(self, reply: "_Reply") -> None:
-        if not reply.pending:
+    async def _paint(self, reply: Reply) -> None:
+        text = reply.take_text()
+        if not text:
             return
-        text = "".join(reply.pending)
-        reply.pending.clear()
-        if reply.view is None:
+        view = self._views.get(reply)
+        if view is None:
             transcript = self._transcript()
             if transcript is None:  # the pane is being torn down (the app is closing)
                 return
-            reply.view = MessageView(reply.message, speaker=self._speaker(reply.message), streaming=True)
-            await transcript.add(reply.view)
+            view = self._views[reply] = MessageView(reply.message, speaker=self._speaker(reply.message),
+                                                    streaming=True)
+            await transcript.add(view)
         # While keys come, finished blocks wait in the open text: mounting them as Markdown lays
         # out the screen several frames in a row, and a typed key's frame would wait for that.
-        await reply.view.write(text, settle=not (self.is_attached and typing_in(self.screen)))
+        await view.write(text, settle=not (self.is_attached and typing_in(self.screen)))
 
-    async def _settle(self, ending: _Ending) -> None:
-        reply, update = ending.reply, ending.update
-        note = f"{update.done_reason.value if update.done_reason else 'error'}: {update.error}" if update.error else None
-        if reply is not None and reply.view is not None:
-            await reply.view.finish(note)
+    async def _settle(self, ending: Ending) -> None:
+        reply, note = ending.reply, ending.error_note
+        view = self._views.pop(reply, None) if reply is not None else None
+        if view is not None:
+            await view.finish(note)
         elif note and not ending.told:
             self.notify(f"{self.record.name}: {note}", severity="error", markup=False)
-        self.post_message(self.ReplyFinished(self, reply.message if reply else None, update))
-
-    def _too_long(self, update: SeqUpdate) -> str | None:
-        """The note for a prompt refused as longer than the context, when its message alone was."""
-        if update.error_kind is not ErrorKind.CONTEXT_LENGTH:
-            return None
-        return self.chat.too_long_note(update.dropped_messages, update.prompt_total, self.context_size,
-                                       local=update.remote.endpoint is None)
+        self.post_message(self.ReplyFinished(self, reply.message if reply else None, ending.update))
 
     def set_activity(self, activity: ToolActivity | None) -> None:
         """An agent's tool phase (shown on the next paint instead of the last request's phase)."""
         self.activity = activity
         self._status_dirty = True
 
-    def note(self, text: str) -> None:
-        """A line for the reader at the end of the transcript (on the next paint), not a message."""
-        self._waiting.note(text)
-
-    def unanswered_prompt(self) -> MessageRecord | None:
-        """The user's own last message when nothing answered it (the app ended before its reply
-        began), else None."""
-        return None if self.busy else self.chat.unanswered_prompt()
-
-    def add_tool_turn(self, calls: tuple[ToolCall, ...]) -> None:
-        """An agent's turn (the request that just ended) called tools: they join the turn's reply,
-        or a reply of their own when the turn wrote no text. Kept with the conversation (the
-        store, the next turn's context), and shown with their results."""
-        self.chat.add_tool_turn(calls)
-
     def add_tool_result(self, record: MessageRecord, panes: tuple[str, ...] = ()) -> None:
         """A tool's result: kept with the conversation, and shown as its call's block after the
         text painted before it (on the next paint). `panes`: the panes spawn_agents' subagents ran in."""
         self.chat.append(record)
-        self._waiting.note(ToolTurnView(record, speaker=self._speaker(record), panes=panes))
+        self.replies.note(ToolTurnView(record, speaker=self._speaker(record), panes=panes))
 
     async def _paint_notes(self, notes: list[str | Widget]) -> None:
         transcript = self._transcript()

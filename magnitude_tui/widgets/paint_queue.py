@@ -1,5 +1,6 @@
 """Provides PaintQueue: a pane's ended replies and transcript notes, in the order they came, until
-the next paint shows them (plain data: the pane holds the widgets in it)."""
+the next paint shows them (plain data: a pane's PaneReplies holds it, the pane's widgets among its
+notes)."""
 
 from __future__ import annotations
 

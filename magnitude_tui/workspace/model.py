@@ -91,7 +91,7 @@ class WorkspaceModel:
     async def add_pane(self, pane: ChatPane, *, focus: bool = True) -> None:
         """Route the pane's session to it and mount it on the grid."""
         self.panes[pane.session_id] = pane
-        pane.context_size = self.n_ctx_seq
+        pane.replies.context_size = self.n_ctx_seq
         await self.host.mount_pane(pane, focus=focus)
 
     async def open_record(self, record: PaneRecord, *, parent_name: str | None = None,
@@ -107,7 +107,7 @@ class WorkspaceModel:
         """Route the pane's updates from now on and mount it soon (for callers outside a handler,
         whose request may produce updates before the mount is done)."""
         self.panes[pane.session_id] = pane
-        pane.context_size = self.n_ctx_seq
+        pane.replies.context_size = self.n_ctx_seq
         self.store.add_pane(pane.record)
         return asyncio.ensure_future(self.host.mount_pane(pane, focus=False))
 
@@ -126,8 +126,8 @@ class WorkspaceModel:
         stops (its turn, tool or approval question): it would go on asking and acting for a pane
         no longer there."""
         self.host.stop_agent(pane)
-        if pane.request_id is not None:
-            self.client.cancel(pane.request_id)
+        if pane.replies.request_id is not None:
+            self.client.cancel(pane.replies.request_id)
         self.release_session(pane)
         self.save_pane(pane)
         self.store.close_pane(pane.session_id)
@@ -196,7 +196,7 @@ class WorkspaceModel:
         self.policy = event.policy
         self.n_ctx_seq = event.n_ctx  # one unified KV pool: a sequence may use all of it
         for pane in self.panes.values():
-            pane.context_size = event.n_ctx
+            pane.replies.context_size = event.n_ctx
 
     def engine_failed(self, event: EngineFailed) -> bool:
         """The engine stopped; True if it had been ready (a failure after the load)."""

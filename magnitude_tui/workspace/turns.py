@@ -78,8 +78,8 @@ class Turns:
             self.host.notify("Nothing to retry yet", severity="warning")
             return
         removed = await pane.truncate(last, keep=True)
-        replies = [m for m in removed if m.role == "assistant" and m.content]
-        pane.carried = replies[-1].answers if replies else []
+        removed_replies = [m for m in removed if m.role == "assistant" and m.content]
+        pane.replies.carried = removed_replies[-1].answers if removed_replies else []
         await self._forget(pane, removed)
         self.model.submit_turn(pane)
 
@@ -142,7 +142,7 @@ class Turns:
         if reported and not pane.busy:
             model.release_session(pane)  # its answer is in the parent now: the KV goes back to the pool
         reason = event.update.done_reason
-        if pane.carried and event.message is None:
+        if pane.replies.carried and event.message is None:
             await self._restore_answers(pane)  # a retry that gave no text: the answers come back
         elif reason is DoneReason.CANCELLED and event.message is None:
             await self._withdraw_prompt(pane)
@@ -162,12 +162,12 @@ class Turns:
             if pane.queued and not pane.busy:
                 await self.send(pane, pane.next_queued() or "")
                 self.model.keep_queue(pane)
-            elif pane.unanswered_prompt() is not None:  # the quit came before its reply began
-                pane.note("not answered: the app ended before this message's reply began; "
-                          "↑ in the empty composer brings it back to send again")
+            elif pane.replies.unanswered_prompt() is not None:  # the quit came before its reply began
+                pane.replies.note("not answered: the app ended before this message's reply began; "
+                                  "↑ in the empty composer brings it back to send again")
 
     async def _restore_answers(self, pane: ChatPane) -> None:
-        carried, pane.carried = pane.carried, []
+        carried, pane.replies.carried = pane.replies.carried, []
         await pane.add_message(MessageRecord("assistant", carried[-1], others=carried[:-1],
                                              shown=len(carried) - 1))
 
