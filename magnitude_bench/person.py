@@ -44,7 +44,7 @@ def _one(backend, cfg: PersonConfig, mode: str) -> dict:
     """Agents generate (unless alone); the person's prompt arrives; run to its first token and one
     more agent token each. Returns the person's TTFT and what the agents went through meanwhile."""
     drive = Drive(backend, policy=cfg.policy, gen_reserve=cfg.gen)
-    drive.engine.scheduler.agent_hold_ms = 0.0 if mode == "agents never yield" else cfg.hold_ms
+    drive.engine.scheduler.composer.agent_hold_ms = 0.0 if mode == "agents never yield" else cfg.hold_ms
     agents = [f"agent{i}" for i in range(0 if mode == "alone" else cfg.agents)]
     drive.submit(*(Request(rid, rid, (), SamplingParams(max_tokens=100_000), priority=Priority.AGENT,
                            prompt_tokens=prompt_tokens(backend, cfg.agent_prompt, salt=300 + 11 * i))

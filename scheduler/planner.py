@@ -1,16 +1,17 @@
-"""Provides the Scheduler: the requests' life cycle and which rows go into the next batch.
+"""Provides the Scheduler: the requests' life cycle, from admission to the commit of each step.
 
 Admission (slots, KV room, reuse) is in `scheduler.admission`, the slots and resident KV of
-conversations in `scheduler.residency`, the remedies for "no KV slot" in `scheduler.relief`.
+conversations in `scheduler.residency`, the remedies for "no KV slot" in `scheduler.relief`, and
+which rows go into the next batch in `scheduler.composer`.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 
 from scheduler.admission import WAITING_FOR_PREVIOUS_TURN, Admission, RequestError
-from scheduler.budget import MIN_PREFILL_QUANTUM, Policy, StepShape, parse_policy, share_rows
+from scheduler.budget import Policy, parse_policy
+from scheduler.composer import BatchComposer
 from scheduler.cost_model import CostModel
 from scheduler.drafts import DraftKind
 from scheduler.ledger import KvCache
@@ -28,21 +29,17 @@ from scheduler.types import (
     DoneReason,
     ErrorKind,
     Phase,
-    Priority,
-    SeqSlice,
-    attended_kpos,
     plan_kpos,
 )
-from scheduler.yielding import AGENT_HOLD_MS, held_for_person
 
 __all__ = ["RequestError", "Scheduler"]
 
 
 class Scheduler:
-    """Decides, step by step, which sequences run and which of their rows go into the batch.
+    """Runs the requests' life cycle step by step: admission, the batch (composed by its
+    `composer`), the staged commit of each step's rows, preemption and the end of each request.
 
-    Depends only on numbers and the KvCache operations: admission (slots, KV room, session and fork
-    reuse), decode-first planning under the policy's budget, staged commit, and preemption.
+    Depends only on numbers and the KvCache operations.
     """
 
     def __init__(
@@ -72,14 +69,11 @@ class Scheduler:
         self.n_ctx_seq = n_ctx_seq or n_ctx
         self.n_seq_max = n_seq_max
         self.n_batch = n_batch
-        self.n_ubatch = min(n_ubatch or 512, n_batch)
         # How the backend's attention reads the cache: it decides what a row costs at depth and
         # whether idle conversations' resident KV slows everyone else's rows.
         self.attention = attention
-        self.attention_tile = attention_tile  # steps under this many rows attend one row at a time
         self.gen_reserve = gen_reserve
         self.cost = cost or CostModel()
-        self.policy = parse_policy(policy) if isinstance(policy, str) else policy
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.admission = Admission(self.residency, self.waiting, self.running, n_ctx=n_ctx,
@@ -90,18 +84,22 @@ class Scheduler:
         self.ramp = PromptRamp(n_batch)
         # Which sequences verify draft tokens in the rows a step has left (speculation.md).
         self.speculator = speculator or Speculator()
-        self._num_steps = 0
+        self.composer = BatchComposer(
+            self.kv, policy=parse_policy(policy) if isinstance(policy, str) else policy, cost=self.cost,
+            ramp=self.ramp, relief=self.relief, speculator=self.speculator, n_batch=n_batch,
+            n_ubatch=min(n_ubatch or 512, n_batch), n_ctx_seq=self.n_ctx_seq, attention=attention,
+            attention_tile=attention_tile)
         self.num_evicted_for_speed = 0  # idle conversations dropped because they slowed every row
-        self._rr = 0  # round-robin start among prefilling sequences
-        # Under a target policy, agents' decode rows yield to a person's prompt for at most this
-        # long each (yielding.py); 0: never.
-        self.agent_hold_ms = AGENT_HOLD_MS
-        self.num_yielded = 0  # decode rows held out of the last plan
 
     # ---- public state --------------------------------------------------------------------------
 
+    @property
+    def policy(self) -> Policy:
+        """The budget policy the batches are composed under."""
+        return self.composer.policy
+
     def set_policy(self, policy: str | Policy) -> None:
-        self.policy = parse_policy(policy) if isinstance(policy, str) else policy
+        self.composer.policy = parse_policy(policy) if isinstance(policy, str) else policy
 
     def set_spec(self, mode: SpecMode) -> None:
         """Switch speculation from the next step; ValueError if the mode's source is missing."""
@@ -248,52 +246,7 @@ class Scheduler:
         for seq, error in self.admission.admit(now):
             self.finish(seq, DoneReason.ERROR, str(error), error.kind)
         self._make_way(now)
-        decoding: list[Sequence] = []
-        prefilling: list[Sequence] = []
-        for s in self.running:
-            (decoding if s.is_decoding else prefilling).append(s)
-        decoding.sort(key=lambda s: s.slot)
-        prefilling.sort(key=lambda s: s.admit_order)
-        held = (held_for_person(decoding, prefilling, now, self.agent_hold_ms)
-                if self.policy.target_ms is not None else [])
-        for s in self.running:
-            s.yielding = s in held
-        if held:
-            decoding = [s for s in decoding if not s.yielding]
-        self.num_yielded = len(held)
-        shape = None  # priced once per step: the allowance and the drafts read the same shape
-        if self.policy.is_prefill_first and prefilling:
-            # The common default: prompts jump the queue and every generating sequence waits.
-            decoding = []
-            allowance = self.n_batch
-            budget = self.n_batch
-        else:
-            shape = self._shape(decoding, prefilling)
-            allowance = self.policy.prefill_allowance(shape, self.cost)
-            if self.policy.target_ms is not None:
-                allowance = self.ramp.cap(allowance)
-            budget = min(self.n_batch, len(decoding) + allowance)
-        allowance = self.relief.cap(allowance)
-        grants = self._share_prefill(prefilling, allowance)
-        drafts = self.speculator.step_drafts(decoding, shape, grants, cost=self.cost,
-                                             target_ms=self.policy.target_ms, n_ctx_seq=self.n_ctx_seq)
-        budget = min(self.n_batch, budget + sum(len(t) for _, t in drafts.values()))
-        slices = []
-        for s in decoding:
-            kind, draft = drafts.get(s.slot, (None, ()))
-            s.draft, s.draft_kind = draft, kind
-            slices.append(SeqSlice(s.slot, s.num_computed, s.token_range(s.num_computed, s.num_tokens) + draft,
-                                   want_logits=True, is_decode=True, n_draft=len(draft)))
-        for s, n in grants:
-            end = s.num_computed + n
-            slices.append(SeqSlice(s.slot, s.num_computed, s.token_range(s.num_computed, end),
-                                   want_logits=end == s.num_tokens, is_decode=False))
-        if not slices:
-            return None
-        for s in [*decoding, *(s for s, _ in grants)]:
-            s.metrics.on_scheduled(now)
-        self._num_steps += 1
-        return BatchPlan(step=self._num_steps, slices=tuple(slices), budget=budget)
+        return self.composer.compose(self.running, self.waiting, now)
 
     def postprocess(self, plan: BatchPlan, result, error: str | None = None) -> list[Sequence]:
         """Commit a successful step (or undo a failed one); return the sequences to sample now.
@@ -353,47 +306,7 @@ class Scheduler:
                     self.finish(seq, DoneReason.ERROR, f"{why}; this request was stopped, others go on")
         return []
 
-    # ---- planning helpers ----------------------------------------------------------------------
-
-    def _shape(self, decoding: list[Sequence], prefilling: list[Sequence]) -> StepShape:
-        return StepShape(
-            decode_rows=len(decoding),
-            decode_kpos=sum(attended_kpos(s.num_computed, 1) for s in decoding),
-            prefill_pos0=max((s.num_computed for s in prefilling), default=0),
-            cells_used=self.kv.cells_used(), path=self.attention,
-            n_batch=self.n_batch, n_ubatch=self.n_ubatch,
-            pending_rows=sum(s.num_pending for s in prefilling), tile_rows=self.attention_tile,
-            sampling_ms=sum(s.mask_ms_per_token for s in decoding if s.grammar is not None),
-            paced=any(s.priority is Priority.INTERACTIVE for s in (*self.running, *self.waiting)))
-
-    def _share_prefill(self, prefilling: list[Sequence], allowance: int) -> list[tuple[Sequence, int]]:
-        """A higher priority class first, always. Within a class: first come first served under
-        prefill-first; under target:MS the prompt closest to its first token first (the order that
-        gets a burst of newcomers started soonest on average; a long prompt waits only for shorter
-        ones that arrived before it finished); otherwise bounded quanta starting from a different
-        sequence each step (round-robin)."""
-        if not prefilling or allowance <= 0:
-            return []
-        if self.policy.is_prefill_first:
-            first = sorted(prefilling, key=lambda s: s.priority)
-            return share_rows(first, [s.num_pending for s in first], allowance, allowance)
-        if self.policy.serves_shortest_first:
-            order = sorted(prefilling, key=lambda s: (s.priority, s.num_pending, s.admit_order))
-            return share_rows(order, [s.num_pending for s in order], allowance, allowance)
-        start = self._rr % len(prefilling)
-        self._rr += 1
-        rotated = prefilling[start:] + prefilling[:start]
-        grants: list[tuple[Sequence, int]] = []
-        # A higher class's prompts take what they can use before a lower class gets any.
-        for cls in sorted({s.priority for s in rotated}):
-            order = [s for s in rotated if s.priority == cls]
-            quantum = max(MIN_PREFILL_QUANTUM, math.ceil(allowance / len(order)))
-            dealt = share_rows(order, [s.num_pending for s in order], allowance, quantum)
-            grants += dealt
-            allowance -= sum(n for _, n in dealt)
-            if allowance <= 0:
-                break
-        return grants
+    # ---- making room ---------------------------------------------------------------------------
 
     def _make_way(self, now: float) -> None:
         """A waiting request of a higher class than something running (a person's turn behind

@@ -384,3 +384,21 @@ def test_a_short_common_opening_is_not_shared():
     step(sched, kv)
     assert b.num_cached == 0
     close_all(sched)
+
+
+def test_composing_a_batch_commits_nothing_and_numbers_each_plan():
+    """Progress moves only in postprocess: the composer reads the running sequences, so composing
+    the same step twice gives the same rows, and a plan that never ran leaves no trace."""
+    sched, kv = make("fixed:32")
+    gens = generating(sched, kv, 2)
+    newcomer = add(sched, "new", 100)
+    sched.schedule()  # admits the newcomer
+    computed = [s.num_computed for s in (*gens, newcomer)]
+    first = sched.composer.compose(sched.running, sched.waiting, 0.0)
+    again = sched.composer.compose(sched.running, sched.waiting, 0.0)
+    assert first is not None and again is not None
+    assert rows(first) == rows(again) == {**{g.seq_id: 1 for g in gens}, newcomer.seq_id: 32}
+    assert again.step == first.step + 1
+    assert [s.num_computed for s in (*gens, newcomer)] == computed
+    assert kv.kv_tokens(newcomer.seq_id) == []
+    close_all(sched)

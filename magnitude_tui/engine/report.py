@@ -146,7 +146,7 @@ class StepReporter:
             draft_rows=plan.n_draft if plan else 0,
             draft_accepted=self.sampler.accepted if plan else 0,
             spec=s.speculator.mode.value,
-            yielded_rows=s.num_yielded if plan else 0,
+            yielded_rows=s.composer.num_yielded if plan else 0,
             ram=self._ram_state(),
         )
 
