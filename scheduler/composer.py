@@ -3,7 +3,9 @@
 Decode rows first (one per generating sequence, less those an agent holds back for a person's
 prompt), then prompt rows up to what the policy allows beside them, shared between the prompts in
 progress, then the draft rows that pay. The requests' life cycle, admission and residency are the
-Scheduler's (`scheduler.planner`); this class only reads the running sequences and the KV ledger.
+Scheduler's (`scheduler.planner`): composing a step moves no sequence's progress and no KV (only
+`postprocess` commits a step's rows); it sets what each sequence's decode row verifies (its draft)
+and whether it yields this step.
 """
 
 from __future__ import annotations
