@@ -249,7 +249,7 @@ class ThreadGovernor:
         self.n_threads = keep
         self.mode = ThreadMode.STEADY
         kept = self._scores[keep]
-        self._baseline = {shape: statistics.median(r for r, p in kept if p == shape) for _, shape in kept}
+        self._baseline = {shape: statistics.median(r for r, p in kept if p == shape) for shape in {p for _, p in kept}}
         self._recent.clear()
         self._recent.extend(kept[-RECENT_STEPS:])
         self._last_probe_end = now
