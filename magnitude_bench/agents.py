@@ -31,6 +31,7 @@ class AgentsConfig:
     backend: str = "llama"  # "fake": a model-free smoke run (tests)
     model: str | None = None
     in_process: bool = False  # the engine in a thread of this process (tests)
+    exact_replies: bool = False  # every reply runs to its max_tokens on every side (ignore_eos)
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.sides if s not in SIDES]
@@ -79,7 +80,7 @@ def run_agents(cfg: AgentsConfig, progress=lambda s: None) -> BenchResult:
     for bursts, trace in traces(cfg):
         widest = max((len(t.subtasks) for a in trace.agents for t in a.turns), default=0)
         setup = SideSetup(cfg.backend, cfg.model, cfg.threads, cfg.n_ctx, cfg.parallel or len(trace.agents) + widest,
-                          cfg.in_process)
+                          cfg.in_process, exact_replies=cfg.exact_replies)
         result.config.setdefault("setups", []).append({"bursts": bursts, **asdict(setup)})
         for rep, name in alternating(cfg.sides, cfg.reps):
             progress(f"{'bursts' if bursts else 'no bursts'}, repetition {rep + 1} of {cfg.reps}: {name}")
@@ -108,8 +109,11 @@ def run_agents(cfg: AgentsConfig, progress=lambda s: None) -> BenchResult:
         "side's minimum is its own; 'llama-server on serve's prompts' is sent serve's rendering",
         "a call the server closed before answering is sent again, up to twice, as the openai client does "
         "(resent, per call in the JSON); the time lost counts in its TTFT",
-        "replies stop on end-of-generation or max_tokens (greedy, the same model): generated shows "
-        "how many tokens each side made",
+        ("every reply runs to its max_tokens on every side (ignore_eos: the same tokens generated; an "
+         "end-of-generation token kept in a reply is not in the history sent next, so the side evaluates "
+         "the reply again from there, and reevaluated counts it)" if cfg.exact_replies else
+         "replies stop on end-of-generation or max_tokens (greedy, the same model): generated shows "
+         "how many tokens each side made"),
         "others_cores: cores other processes kept busy during the run (a shared machine); "
         "load_before/load_after per run are in the JSON",
     ]

@@ -82,8 +82,9 @@ class HttpSide:
 
     def __init__(self, name: str, url: str, kv: Callable[[httpx.AsyncClient], Awaitable[tuple[int, int] | None]] | None,
                  pids: tuple[int, ...] = (), rewrite: Callable[[list[dict]], list[dict]] | None = None,
-                 attention: Callable[[], str | None] = lambda: None) -> None:
+                 attention: Callable[[], str | None] = lambda: None, exact_replies: bool = False) -> None:
         self.name, self.url, self._kv, self.pids, self.rewrite = name, url, kv, pids, rewrite
+        self.extra = {"ignore_eos": True} if exact_replies else {}
         self.attention = attention  # the attention path the server ran (known once it is ready)
         self.http: httpx.AsyncClient | None = None
         self.cmd: list[str] | None = None  # a server this side started: its command line
@@ -100,7 +101,7 @@ class HttpSide:
 
     async def call(self, record: CallRecord, messages: list[dict], max_tokens: int) -> None:
         body = chat_body(self.rewrite(messages) if self.rewrite else messages, max_tokens, user=record.conv,
-                         cache_prompt=True)
+                         cache_prompt=True, **self.extra)
         assert self.http is not None  # calls run inside session()
         for attempt in range(RESENDS + 1):
             answered = False
@@ -150,10 +151,10 @@ class EngineSide:
     """This engine's EngineClient without HTTP: the same conversations as serve's (one session
     per agent, the whole history each turn), through serve's own event hub."""
 
-    def __init__(self, name: str, client) -> None:
+    def __init__(self, name: str, client, exact_replies: bool = False) -> None:
         from magnitude_tui.serve.hub import EngineHub
 
-        self.name, self.client = name, client
+        self.name, self.client, self.exact_replies = name, client, exact_replies
         self.hub = EngineHub(client)
         self.pids = (client.pid,) if client.pid else ()
 
@@ -171,7 +172,8 @@ class EngineSide:
     async def call(self, record: CallRecord, messages: list[dict], max_tokens: int) -> None:
         queue: asyncio.Queue = asyncio.Queue()
         self.hub.submit(Request(f"{record.conv}-{record.index}", record.conv, to_messages(messages),
-                                SamplingParams(temperature=0.0, max_tokens=max_tokens), priority=Priority.AGENT,
+                                SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=self.exact_replies),
+                                priority=Priority.AGENT,
                                 drop_oldest_turns=False), queue)
         while True:
             _, u, _ = await queue.get()
@@ -217,6 +219,10 @@ class SideSetup:
     parallel: int  # llama-server -np; the engine's sequences
     in_process: bool = False  # the engine in a thread of this process (tests) instead of a worker
     timeout_s: float = 600.0
+    # Every reply runs to its max_tokens (`ignore_eos` on every side): the same tokens generated
+    # everywhere, where a reply that ends on its own can end sooner on one side than on another
+    # (each side's prompt, and the batch it ran in, decide where greedy decoding ends).
+    exact_replies: bool = False
 
 
 def engine_attention(hub) -> str | None:
@@ -252,11 +258,12 @@ def open_side(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide | EngineSid
                 return None if r is None else (r.kv_used, r.kv_total)
 
             pid = hub.client.pid
-            yield HttpSide(spec.label, s.url, kv, (pid,) if pid else (), attention=lambda: engine_attention(hub))
+            yield HttpSide(spec.label, s.url, kv, (pid,) if pid else (), attention=lambda: engine_attention(hub),
+                           exact_replies=setup.exact_replies)
         return
     client = WorkerClient(config, in_process=setup.in_process, log_path=None if setup.in_process else "auto")
     with started(client, setup.timeout_s):
-        yield EngineSide(spec.label, client)
+        yield EngineSide(spec.label, client, setup.exact_replies)
 
 
 def _llama_server(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide]:
@@ -277,6 +284,6 @@ def _llama_server(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide]:
 
         side = HttpSide(spec.label, f"http://127.0.0.1:{srv.port}", kv, (srv.pid,) if srv.pid else (),
                         rewrite=as_serve_renders if spec.serve_prompts else None,
-                        attention=lambda: f"-fa {spec.flash_attn or 'auto'}")
+                        attention=lambda: f"-fa {spec.flash_attn or 'auto'}", exact_replies=setup.exact_replies)
         side.cmd = list(srv.cmd)
         yield side

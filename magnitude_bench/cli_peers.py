@@ -84,6 +84,8 @@ def agents_bench(
     model: Optional[str] = ModelOpt,
     threads: int = typer.Option(1, "--threads", "-t", help="CPU threads, every side's (default 1: a shared machine)."),
     ctx: int = typer.Option(16384, "--ctx", help="KV cells, every side's."),
+    exact_replies: bool = typer.Option(False, "--exact-replies", help="Every reply runs to its max_tokens on "
+                                       "every side (ignore_eos): the same tokens generated everywhere."),
     generate: bool = typer.Option(False, "--generate-traces", help="Regenerate the repository's traces "
                                   "(seed 23, 16 agents, 6 turns) from its source files, and exit."),
     out: Path = typer.Option(Path("docs/benchmarks"), "--out", help="Directory for the JSON, Markdown and PNG files."),
@@ -106,5 +108,6 @@ def agents_bench(
     with options.naming("--sides"):
         cfg = AgentsConfig(trace=str(trace) if trace else None, bursts=which, agents=agents, turns=turns,
                            k_max=k_max, think_scale=think_scale, sides=options.names(sides), reps=reps,
-                           threads=threads, n_ctx=ctx, parallel=parallel, backend=backend, model=model)
+                           threads=threads, n_ctx=ctx, parallel=parallel, backend=backend, model=model,
+                           exact_replies=exact_replies)
     finish(run_agents(cfg, progress=progress), out, plot_agents)

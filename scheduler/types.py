@@ -81,6 +81,10 @@ class SamplingParams:
     # The reply ends (reason `stop`) where one of these texts first appears in it, matched on the
     # detokenized text across token boundaries; the stop text and anything after it are never shown.
     stop: tuple[str, ...] = ()
+    # The reply runs to max_tokens: an end-of-generation token is kept as a token (it shows as no
+    # text) and sampling goes on (llama-server's and vLLM's `ignore_eos`; benchmarks that hold the
+    # work fixed send it).
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)

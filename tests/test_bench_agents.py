@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from magnitude_bench.agents import AgentsConfig, run_agents
@@ -214,3 +216,42 @@ def test_a_call_the_server_closed_unanswered_is_sent_again_as_the_openai_client_
     assert record.resent == resent and record.error == error and sent == min(fails, 2) + 1
     if error is None:
         assert record.text == "ok" and record.evaluated == 5
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_exact_replies_ask_every_side_to_run_each_reply_to_its_max_tokens(exact):
+    # Where a greedy reply ends depends on each side's prompt and batch: one side made 60 tokens of
+    # a reply that the other made 98 and 149 of, deep in a context where each costs a decode step.
+    import asyncio
+
+    import httpx
+
+    from magnitude_bench.agents_sides import EngineSide, HttpSide
+
+    bodies = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        body = 'data: {"choices": [{"delta": {"content": "ok"}, "finish_reason": "length"}]}\n\ndata: [DONE]\n\n'
+        return httpx.Response(200, content=body.encode(), headers={"content-type": "text/event-stream"})
+
+    async def main() -> None:
+        side = HttpSide("s", "http://side.test", None, exact_replies=exact)
+        async with httpx.AsyncClient(base_url="http://side.test", transport=httpx.MockTransport(answer)) as http:
+            side.http = http
+            await side.call(CallRecord(0, 0, "c", CallKind.TURN, 0, None), [{"role": "user", "content": "hi"}], 8)
+
+    asyncio.run(main())
+    (body,) = bodies
+    assert body.get("ignore_eos", False) is exact and body["max_tokens"] == 8
+
+    class Hub:  # what EngineSide hands its requests to
+        def submit(self, request, queue):
+            self.request = request
+            raise RuntimeError("submitted")
+
+    side = EngineSide.__new__(EngineSide)
+    side.exact_replies, side.hub = exact, Hub()
+    with pytest.raises(RuntimeError, match="submitted"):
+        asyncio.run(side.call(CallRecord(0, 0, "c", CallKind.TURN, 0, None), [{"role": "user", "content": "hi"}], 8))
+    assert side.hub.request.sampling.ignore_eos is exact and side.hub.request.sampling.max_tokens == 8

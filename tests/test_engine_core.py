@@ -12,7 +12,7 @@ import pytest
 from backend.fake import DEFAULT_REPLY, FakeBackend
 from backend.simulated import SimulatedBackend, VirtualClock
 from magnitude_tui.engine.core import Engine
-from scheduler.types import DoneReason, Message, Phase, Request
+from scheduler.types import DoneReason, Message, Phase, Request, SamplingParams
 from tests.engine_driver import assert_clean, by_request, chat, engine_for, text
 
 
@@ -139,6 +139,20 @@ def test_requests_with_prompt_tokens_skip_the_chat_template():
     last = by_request(engine.run_until_idle())["r"][-1]
     assert last.prompt_total == 3 and last.done_reason is DoneReason.STOP
     assert_clean(engine, "s")
+
+
+def test_ignore_eos_runs_the_reply_to_max_tokens_past_an_end_of_generation_token():
+    # The model ends after 2 tokens; a request that ignores it keeps the end token as a token that
+    # shows no text and goes on to max_tokens, as llama-server's and vLLM's ignore_eos do.
+    engine, _ = engine_for(FakeBackend(eog_after=2))
+    engine.submit(Request("stops", "a", (Message("user", "hi"),), SamplingParams(max_tokens=6)))
+    engine.submit(Request("runs", "b", (Message("user", "hi"),), SamplingParams(max_tokens=6, ignore_eos=True)))
+    ups = by_request(engine.run_until_idle())
+    stops, runs = ups["stops"][-1], ups["runs"][-1]
+    assert (stops.done_reason, stops.generated, text(ups["stops"])) == (DoneReason.STOP, 2, DEFAULT_REPLY[:2])
+    assert (runs.done_reason, runs.generated) == (DoneReason.LENGTH, 6)
+    assert text(ups["runs"]) == DEFAULT_REPLY[:2]  # what came after the end token is the end token
+    assert_clean(engine, "a", "b")
 
 
 def test_a_follow_up_turn_prefills_only_the_new_message():

@@ -343,14 +343,14 @@ def test_sampling_parameters_reach_the_engine(server):
         r = httpx.post(server.base + "/chat/completions", json={
             "messages": [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "params"}],
             "max_completion_tokens": 7, "max_tokens": 99, "temperature": 0.3, "top_p": 0.5, "min_p": 0.2,
-            "top_k": 9, "seed": 1234, "stop": ["zz"]})
+            "top_k": 9, "seed": 1234, "stop": ["zz"], "ignore_eos": True})
     finally:
         server.hub.on_request = None
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 7
     (request,) = sent
     sp = request.sampling
-    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.min_p, sp.top_k, sp.seed, sp.stop) == \
-        (7, 0.3, 0.5, 0.2, 9, 1234, ("zz",))
+    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.min_p, sp.top_k, sp.seed, sp.stop, sp.ignore_eos) == \
+        (7, 0.3, 0.5, 0.2, 9, 1234, ("zz",), True)
     assert [m.role for m in request.messages] == ["system", "user"]
 
 

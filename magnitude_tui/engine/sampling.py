@@ -89,7 +89,7 @@ class StepSampler:
 
     def _emit(self, seq: Sequence, token: int) -> bool:
         """Commit one sampled token (or end the reply on it); True if it became visible output."""
-        if self.backend.is_eog(token):
+        if self.backend.is_eog(token) and not seq.request.sampling.ignore_eos:
             seq.text_pending += seq.detok.flush()
             self.scheduler.finish(seq, DoneReason.STOP)
             return False

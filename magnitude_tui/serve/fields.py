@@ -49,7 +49,7 @@ def refuse_penalties(body: dict) -> None:
 
 def parse_call(body: dict, call: type[_Call], *, max_tokens: int, **own: Any) -> _Call:
     """A `call` of the shared fields, checked in this order (the first wrong one is the 400):
-    temperature, top_k, top_p, min_p, seed, stream, stream_options, user, model, n, stop,
+    temperature, top_k, top_p, min_p, seed, ignore_eos, stream, stream_options, user, model, n, stop,
     priority; `max_tokens` and the route's `own` fields are the route's to check first."""
     temperature = number(body, "temperature", lo=0.0, hi=2.0)
     sampling = SamplingParams(
@@ -59,6 +59,7 @@ def parse_call(body: dict, call: type[_Call], *, max_tokens: int, **own: Any) ->
         min_p=default(number(body, "min_p", lo=0.0, hi=1.0), 0.05),
         seed=integer(body, "seed"),
         max_tokens=max_tokens,
+        ignore_eos=boolean(body, "ignore_eos"),
     )
     stream = boolean(body, "stream")
     options = body.get("stream_options")
