@@ -74,6 +74,8 @@ bench quick structured structured --seqs 1,8,16 --max-tokens 48 --reps 6
 bench quick agents-2-no-bursts agents --bursts off --agents 2 --turns 2 --k-max 300 --think-scale 0.5 --reps 4 --sides serve,llama-server,llama-server+reuse+ram,llama-server+fa-off,llama-server+serve-prompts
 # The same without cutting the tool results (the trace's K of 100-3,000 tokens): about 15 minutes.
 bench full agents-2-no-bursts-full agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 4 --sides serve,llama-server,llama-server+reuse+ram,llama-server+fa-off
+# ... with every reply run to its max_tokens on every side (the same decode work on each).
+bench full agents-2-no-bursts-full-exact agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 4 --exact-replies --sides serve,llama-server,llama-server+reuse+ram
 bench full agents-2-bursts agents --bursts on --agents 2 --turns 2 --k-max 300 --think-scale 0.5 --reps 2
 bench full agents-4-bursts agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 2 --sides serve,llama-server,llama-server+reuse,llama-server+fa-off
 # The same trace on serve as the app launches it (its probe's attention path) and on flash attention asked for.
