@@ -106,15 +106,17 @@ FULL_K = 3000
 
 def agents(results: Results) -> list[Headline]:
     out = []
-    for key in ("agents-4-bursts-np20", "agents-4-bursts", "agents-2-no-bursts", "agents-2-no-bursts-full"):
+    for key in ("agents-4-bursts-np20", "agents-4-bursts", "agents-2-no-bursts", "agents-2-no-bursts-full",
+                "agents-2-no-bursts-full-exact"):
         try:
             raw = results.get(key)
         except FileNotFoundError:
-            if key.endswith("-full"):  # the trace's whole tool results: a run that needs a quiet hour
+            if "-full" in key:  # the trace's whole tool results: a run that needs a quiet hour
                 continue
             raise
         a = raw.doc["config"]["agents"]
         whole = ", whole tool results" if a["k_max"] >= FULL_K else ""
+        whole += ", every reply to its max_tokens" if a.get("exact_replies") else ""
         sides = table(raw, "per side")
         serve = _row(sides, side="serve")
         best = table(raw, "serve ÷ llama-server")[0]["best llama-server (by makespan)"]
