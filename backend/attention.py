@@ -56,6 +56,21 @@ CPU_FLASH_TILE_ROWS = 64
 PARTIAL_TILE_SPLIT = 4  # a tail of at most tile // 4 rows
 
 
+# On the dense path a step's attention scores every prompt row against every resident cell, one
+# float per row, cell and head, and softmaxes them before reading V. Measured on one thread (Xeon,
+# SmolLM2-135M, 9 heads): 1,000 prompt rows of a conversation 3,000 deep beside another's 4,400
+# cells took 18.6 / 19.2 s in 32-row chunks (a 9 MB score tensor), 21.8 / 20.7 s in 64-row ones,
+# 21.5 / 21.9 s in 128 and 22.4 / 22.3 s in 256: past about this many bytes the scores no longer
+# stay in the cache between the product and the softmax, and every row pays the memory traffic.
+DENSE_KQ_BYTES = 32 * 8192 * 9 * 4
+
+
+def dense_kq_cells(choice: "AttentionChoice", device_name: str, n_head: int) -> int:
+    """Prompt rows x cells whose dense attention scores stay within DENSE_KQ_BYTES (0: flash
+    attention, or a GPU, where no such bound was measured)."""
+    return DENSE_KQ_BYTES // (4 * max(1, n_head)) if not choice.flash and device_name == "CPU" else 0
+
+
 def tile_rows(choice: "AttentionChoice", device_name: str) -> int:
     """Rows below which a step's attention runs one row at a time (0: no such threshold known)."""
     return CPU_FLASH_TILE_ROWS if choice.flash and device_name == "CPU" else 0

@@ -78,6 +78,7 @@ class FakeBackend:
         self.state_layout = f"{name}:vocab={n_vocab}"
         self.states_loaded = 0  # kv_load calls that succeeded (tests tell warm from cold by it)
         self.attention_tile_rows = 0
+        self.dense_kq_cells = 0
         self.reply = reply
         self.tool_syntax = ToolSyntax.GENERIC
         self.grammars: dict[int, Grammar | None] = {}  # seq id -> the grammar its sampler was given

@@ -115,6 +115,7 @@ class LlamaBackend:
         self.attention = choice or attention.AttentionChoice(False, "not measured")
         self.attention_path = self.attention.path
         self.attention_tile_rows = attention.tile_rows(self.attention, device_name)
+        self.dense_kq_cells = attention.dense_kq_cells(self.attention, device_name, llama_cpp.llama_model_n_head(model))
         self.info["attention"] = self.attention.short()
         self.tool_syntax = vocab.tool_syntax
         self.info["tool_syntax"] = vocab.tool_syntax.value

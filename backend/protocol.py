@@ -126,6 +126,10 @@ class Backend(Protocol):
     # Steps with fewer rows than this run attention one row at a time, dearer per row deep in a
     # context (llama.cpp's CPU flash-attention kernel: 64); 0 when the kernel has no such step.
     attention_tile_rows: int
+    # On the dense path on a CPU, the most prompt rows x resident cells a step's attention scores
+    # (one float per row, cell and head) stay quick at: beyond it they no longer fit the cache and
+    # each row costs more (backend/attention.py); 0 when no such bound is known.
+    dense_kq_cells: int
     # Texts that end a reply rendered with the chat template: the ChatML fallback's markers when
     # the model has no template and its vocabulary no token for them (backend/template_fallback.py).
     chat_stops: tuple[str, ...]

@@ -69,6 +69,7 @@ class StepShape:
     n_ubatch: int = 512
     pending_rows: int = 0  # prompt rows still to evaluate, all prefilling sequences together
     tile_rows: int = 0  # fewer rows than this run attention one row at a time (0: no such kernel)
+    kq_cells: int = 0  # dense: the most prompt rows x cells whose attention scores fit the cache (0: no bound)
     # Time sampling will take after the step for rows constrained by a grammar (the mask is
     # checked, and sometimes applied to the whole vocabulary): part of the step a reader waits for.
     sampling_ms: float = 0.0
@@ -113,6 +114,9 @@ class Policy:
       IDLE_MERGE_MS beside the decode rows, as llama-server takes a batch, so prompts finish in
       few steps and decoding runs at full width instead of a staggered tail. A person arriving
       waits for that step as for an idle one.
+      On the dense path on a CPU, deep in a pool where attention is most of a prompt row's cost,
+      a step's prompt rows stop where their attention scores would outgrow the cache
+      (`within_cache`): there a smaller chunk costs less per row.
     - `target-v1:MS`: target:MS as it was before it knew depth and occupancy (16-row floor
       whatever the decode step; up to IDLE_STEP_MS with nothing generating); for comparisons.
     """
@@ -155,6 +159,12 @@ class Policy:
             legacy = StepShape(d, shape.decode_kpos, shape.prefill_pos0, n_batch=shape.n_batch)
             target = self.value if d else max(self.value, IDLE_STEP_MS)
             return min(max(MIN_PREFILL_QUANTUM, cost.rows_within(target, legacy)), room)
+        return within_cache(self._target_rows(shape, cost), shape, cost)
+
+    def _target_rows(self, shape: StepShape, cost: CostModel) -> int:
+        """target:MS's prompt rows before the dense path's cache bound (see prefill_allowance)."""
+        d = shape.decode_rows
+        room = max(0, shape.n_batch - d)
         if not shape.paced:
             quick = max(self.value, IDLE_MERGE_MS)
             return whole_tiles(min(max(MIN_PREFILL_QUANTUM, cost.rows_within(quick, shape)), room), shape)
@@ -192,6 +202,21 @@ class Policy:
                 fits = tile
             return min(max(MIN_PREFILL_QUANTUM, fits), room)
         return min(max(MIN_PREFILL_QUANTUM, fits), room)
+
+
+def within_cache(rows: int, shape: StepShape, cost: CostModel) -> int:
+    """`rows` cut to what keeps a dense step's attention scores in the cache (`StepShape.kq_cells`
+    rows x cells), where attention is most of what the rows cost: deep in a pool on a CPU a
+    smaller chunk then costs less per row, not more. Never below MIN_PREFILL_QUANTUM; where the
+    rows' own work dominates (a large model, a shallow pool) the chunk stays as it is."""
+    if shape.path is not AttentionPath.DENSE or not shape.kq_cells or rows <= MIN_PREFILL_QUANTUM:
+        return rows
+    cells = shape.cells_used + shape.decode_rows + rows
+    bound = max(MIN_PREFILL_QUANTUM, shape.kq_cells // cells)
+    p = cost.params
+    if bound >= rows or p.attn_ms * used_cells_kpos(cells, rows) < p.prefill_ms * rows:
+        return rows
+    return bound
 
 
 def whole_tiles(rows: int, shape: StepShape) -> int:

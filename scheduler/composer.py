@@ -36,7 +36,7 @@ class BatchComposer:
 
     def __init__(self, kv: KvLedger, *, policy: Policy, cost: CostModel, ramp: PromptRamp, relief: KvRelief,
                  speculator: Speculator, n_batch: int, n_ubatch: int, n_ctx_seq: int,
-                 attention: AttentionPath, attention_tile: int) -> None:
+                 attention: AttentionPath, attention_tile: int, dense_kq_cells: int = 0) -> None:
         self.kv = kv
         self.policy = policy
         self.cost = cost
@@ -48,6 +48,7 @@ class BatchComposer:
         self.n_ctx_seq = n_ctx_seq
         self.attention = attention
         self.attention_tile = attention_tile  # steps under this many rows attend one row at a time
+        self.dense_kq_cells = dense_kq_cells  # dense: prompt rows x cells whose scores fit the cache
         # Under a target policy, agents' decode rows yield to a person's prompt for at most this
         # long each (yielding.py); 0: never.
         self.agent_hold_ms = AGENT_HOLD_MS
@@ -114,6 +115,7 @@ class BatchComposer:
             cells_used=self.kv.cells_used(), path=self.attention,
             n_batch=self.n_batch, n_ubatch=self.n_ubatch,
             pending_rows=sum(s.num_pending for s in prefilling), tile_rows=self.attention_tile,
+            kq_cells=self.dense_kq_cells,
             sampling_ms=sum(s.mask_ms_per_token for s in decoding if s.grammar is not None),
             paced=paced)
 

@@ -56,6 +56,7 @@ class Scheduler:
         attention: AttentionPath = AttentionPath.FLASH,
         n_ubatch: int | None = None,
         attention_tile: int = 0,
+        dense_kq_cells: int = 0,
         speculator: Speculator | None = None,
         ram_bytes: int = DEFAULT_RAM_BYTES,
     ) -> None:
@@ -88,7 +89,7 @@ class Scheduler:
             self.kv, policy=parse_policy(policy) if isinstance(policy, str) else policy, cost=self.cost,
             ramp=self.ramp, relief=self.relief, speculator=self.speculator, n_batch=n_batch,
             n_ubatch=min(n_ubatch or 512, n_batch), n_ctx_seq=self.n_ctx_seq, attention=attention,
-            attention_tile=attention_tile)
+            attention_tile=attention_tile, dense_kq_cells=dense_kq_cells)
         self.num_evicted_for_speed = 0  # idle conversations dropped because they slowed every row
 
     # ---- public state --------------------------------------------------------------------------

@@ -134,6 +134,14 @@ def test_only_the_cpu_flash_kernel_reports_an_attention_tile():
     assert attention.tile_rows(on, "Vulkan0") == 0
 
 
+def test_only_the_dense_path_on_a_cpu_bounds_a_steps_attention_scores():
+    on, off = attention.AttentionChoice(True, "asked for"), attention.AttentionChoice(False, "asked for")
+    # 9 heads (SmolLM2-135M): 32 prompt rows beside 8,192 cells, where the measurement put the bound.
+    assert attention.dense_kq_cells(off, "CPU", 9) == 32 * 8192
+    assert attention.dense_kq_cells(off, "CPU", 36) == 8 * 8192  # four times the scores per row and cell
+    assert attention.dense_kq_cells(on, "CPU", 9) == attention.dense_kq_cells(off, "Vulkan0", 9) == 0
+
+
 # ---- the real model ------------------------------------------------------------------------------
 
 @pytest.mark.slow

@@ -92,6 +92,7 @@ class Engine:
             cost=CostModel(backend.known_costs),
             attention=backend.attention_path,
             attention_tile=backend.attention_tile_rows,
+            dense_kq_cells=backend.dense_kq_cells,
             n_ubatch=backend.n_ubatch,
             # n-gram lookup is always there; a draft model only when one was loaded.
             speculator=Speculator({DraftKind.NGRAM: NgramSource(), **(drafts or {})}, parse_spec_mode(spec)),
