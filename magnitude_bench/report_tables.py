@@ -65,7 +65,8 @@ def agents(results: Results, *raws: Raw) -> str:
     for raw in raws:
         a = raw.doc["config"]["agents"]
         out.append(f"*{a['agents']} agents × {a['turns']} turns, tool results cut to {a['k_max']} tokens, "
-                   f"{table(raw, 'per side')[0]['trace']}, {slots(raw)} sequence slots each side* (`{raw.file}`):")
+                   f"{table(raw, 'per side')[0]['trace']}, {slots(raw)} sequence slots each side"
+                   f"{', every reply run to its max_tokens' if a.get('exact_replies') else ''}* (`{raw.file}`):")
         out.append(rows_table(table(raw, "per side"), cols))
         ratio = table(raw, "serve ÷ llama-server")
         rcols = [c for c in ratio[0] if c != "trace"]
