@@ -15,13 +15,35 @@ PY
 }
 
 # Prints the compiler flags both native builds need on this machine beyond GGML_NATIVE's
-# -march=native, or nothing. A CPU can list AMX (amx_tile in /proc/cpuinfo) that the kernel or a
-# sandbox does not let a process use, while still granting ggml's permission request: its AMX
-# kernels then die on their first tile instruction (SIGILL) at the first prompt. A tiny probe runs
-# one tile instruction; when it dies, the AMX kernels are left out of the build.
+# -march=native, or nothing.
+# - AMX: a CPU can list AMX (amx_tile in /proc/cpuinfo) that the kernel or a sandbox does not let a
+#   process use, while still granting ggml's permission request: its AMX kernels then die on their
+#   first tile instruction (SIGILL) at the first prompt. A tiny probe runs one tile instruction;
+#   when it dies, the AMX kernels are left out of the build.
+# - AVX512-FP16: where -march=native turns it on, ggml's half-precision vectors take 32 lanes and
+#   128 elements a step, and every shorter vector runs scalar. The CPU flash-attention kernel
+#   accumulates each cell's V row (head size: 64 in small models) in such a vector, so flash
+#   attention runs about twice as slow as on the 16-lane path every other AVX-512 CPU takes.
 extra_cpu_flags() {
-  grep -qw amx_tile "${MAGNITUDE_CPUINFO:-/proc/cpuinfo}" 2>/dev/null || return 0
-  if amx_faults; then echo "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; fi
+  local flags=()
+  if grep -qw amx_tile "${MAGNITUDE_CPUINFO:-/proc/cpuinfo}" 2>/dev/null && amx_faults; then
+    flags+=(-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
+  fi
+  if native_avx512fp16; then flags+=(-mno-avx512fp16); fi
+  echo "${flags[*]}"
+}
+
+# A build tag naming what extra_cpu_flags leaves out ("-noamx", "-nofp16", both, or nothing).
+cpu_flags_tag() {
+  local tag=""
+  case " $1 " in *" -mno-amx-tile "*) tag+="-noamx" ;; esac
+  case " $1 " in *" -mno-avx512fp16 "*) tag+="-nofp16" ;; esac
+  echo "$tag"
+}
+
+# Whether the compiler's -march=native turns AVX512-FP16 on here.
+native_avx512fp16() {
+  cc -march=native -dM -E -x c /dev/null 2>/dev/null | grep -q '__AVX512FP16__'
 }
 
 # Whether a process here dies running an AMX tile instruction (after asking the kernel for them).

