@@ -109,8 +109,10 @@ if [[ $quick == 0 && ( -z "${BENCH_ONLY:-}" || ",$BENCH_ONLY," == *",spec-contro
         spec-control "bench spec --control: the cells in doubt with off run twice in each repetition" "${control[@]}"
 fi
 # Not rerun here: docs/benchmarks/issue28-attention-probe.json (the probe's timings, printed by the
-# command in that file) and issue28-callgrind.json (scripts/callgrind_compare.py, 30+ minutes under
-# valgrind with an AVX2 build of ggml-cpu: see docs/BENCHMARKS.md).
+# command in that file), issue28-callgrind.json (scripts/callgrind_compare.py, 30+ minutes under
+# valgrind with an AVX2 build of ggml-cpu: see docs/BENCHMARKS.md), and
+# issue28-probe-avx512fp16-1t.json with issue28-probe-no-avx512fp16-1t.json
+# (scripts/fp16_probe_compare.py, with a ggml-cpu built with AVX512-FP16 beside this one).
 
 .venv/bin/magnitude-bench report
 echo "raw results: $out (commands in $out/commands.txt); copied into docs/benchmarks/:"
