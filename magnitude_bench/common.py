@@ -63,28 +63,23 @@ def cpu_clock_for(backend, asked: bool) -> CpuClock | None:
     return CPU_CLOCK if asked and backend.known_costs is None else None
 
 
-class FixedLength:
-    """A backend view for benchmarks: it never reports end-of-generation (so every request makes
-    exactly max_tokens: benchmarks compare equal work, and a greedy model may say <|im_end|> early),
-    and it records each native decode's time (llama_decode + synchronize) for the profile tables.
-    `ends`: ends of generation pass through (every mode of `bench spec` stops where the model stops).
-    """
+class StepTimer:
+    """A backend view for benchmarks: it records each native decode's time (llama_decode +
+    synchronize) for the profile tables, re-timed on `step_clock` when given. Equal work (every
+    request making exactly max_tokens) is the requests' own `ignore_eos`, which `Drive` sets."""
 
     _PASS = ("tokenize", "tokenize_chat", "detokenizer", "set_sampler", "sample", "free_sampler",
-             "kv_remove", "kv_keep_prefix", "kv_copy", "kv_pos_max", "kv_cells_used", "close")
+             "kv_remove", "kv_keep_prefix", "kv_copy", "kv_pos_max", "kv_cells_used", "is_eog", "close")
 
-    def __init__(self, backend, step_clock: Callable[[], float] | None = None, ends: bool = False) -> None:
+    def __init__(self, backend, step_clock: Callable[[], float] | None = None) -> None:
         """`step_clock` (seconds) re-times each decode with it, e.g. `time.process_time` for the
         CPU time a one-thread step took whatever else the machine ran; None keeps the backend's."""
         self._backend = backend
         self._step_clock = step_clock
         self.decode_ms: list[float] = []
         # Bound once, so the hot path pays no __getattr__ fallback per call.
-        for name in self._PASS + (("is_eog",) if ends else ()):
+        for name in self._PASS:
             setattr(self, name, getattr(backend, name))
-
-    def is_eog(self, token: int) -> bool:
-        return False
 
     def decode(self, plan):
         if self._step_clock is None:

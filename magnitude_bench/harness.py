@@ -9,11 +9,11 @@ import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from backend.factory import reset_kv
-from magnitude_bench.common import FixedLength, git_version, load_avg, measured, watched
+from magnitude_bench.common import StepTimer, git_version, load_avg, measured, watched
 from magnitude_tui.engine.core import Engine
 from magnitude_tui.engine.protocol import seq_updates
 from magnitude_tui.engine.waiting import wait_ready
@@ -30,7 +30,7 @@ class Step:
     t: float  # the engine clock at the step's end: every token it made carries this time
     step_ms: float  # the engine's own timing of decode + sampling
     host_ms: float  # the whole `Engine.step()` call on the bench clock (scheduling included)
-    native_ms: float | None  # the backend's decode inside it (FixedLength views); None: no decode
+    native_ms: float | None  # the backend's decode inside it (StepTimer views); None: no decode
     decode_rows: int
     prefill_rows: int
     tokens: int  # tokens the step committed, every request's
@@ -100,7 +100,8 @@ class Trace:
 
 class Drive:
     """One engine on a backend, driven step by step on the bench clock, every step booked into
-    `trace`. The view is `FixedLength` unless given: every request makes exactly max_tokens."""
+    `trace`. The view is a `StepTimer` unless given. With `fixed_length` every request submitted
+    makes exactly its max_tokens (`ignore_eos`: equal work whatever the model would say)."""
 
     def __init__(self, backend, *, policy: str = "target:50", gen_reserve: int = 256, clock=None,
                  params=None, calibrate: bool | None = None, view=None, fixed_length: bool = True,
@@ -110,7 +111,8 @@ class Drive:
         step target). Submitted between two steps, a burst is taken in by one step: no coalescing."""
         reset_kv(backend)
         self.backend = backend
-        self.view = view if view is not None else FixedLength(backend, clock) if fixed_length else backend
+        self.view = view if view is not None else StepTimer(backend, clock)
+        self.fixed_length = fixed_length
         self.engine = Engine(self.view, policy=policy, coalesce_ms=coalesce_ms, gen_reserve=gen_reserve,
                              clock=clock, **engine_kw)
         self.clock = clock or backend.clock
@@ -128,6 +130,8 @@ class Drive:
         """Queue requests together; returns the bench clock at their submission."""
         t0 = self.clock()
         for r in reqs:
+            if self.fixed_length and not r.sampling.ignore_eos:
+                r = replace(r, sampling=replace(r.sampling, ignore_eos=True))
             self.trace.submitted[r.request_id] = t0
             self._sessions[r.session_id] = None
             self._live[r.request_id] = None
@@ -136,7 +140,7 @@ class Drive:
 
     def step(self):
         """One engine step, booked (its StepReport, or None); a failed request stops the measurement."""
-        decoded = len(getattr(self.view, "decode_ms", ()))
+        decoded = len(self.view.decode_ms)
         ts = self.clock()
         report = self.engine.step()
         host_ms = (self.clock() - ts) * 1000.0
@@ -160,7 +164,7 @@ class Drive:
                 tr.done[rid] = report.t
                 tr.final[rid] = u
                 self._live.pop(rid, None)
-        native = self.view.decode_ms[-1] if len(getattr(self.view, "decode_ms", ())) > decoded else None
+        native = self.view.decode_ms[-1] if len(self.view.decode_ms) > decoded else None
         tr.steps.append(Step(report.t, report.step_ms, host_ms, native, report.decode_rows, report.prefill_rows,
                              made, report.draft_rows, report.draft_accepted, report.yielded_rows, report.kv_idle))
         return report
@@ -269,7 +273,7 @@ def calibrated(backend, clock=None):
     every engine of a run alike; the KV cache is left empty."""
     reset_kv(backend)
     try:
-        return Engine(FixedLength(backend, clock)).calibrate()
+        return Engine(StepTimer(backend, clock)).calibrate()
     finally:
         reset_kv(backend)
 

@@ -245,20 +245,20 @@ def test_the_cost_model_predicts_held_out_deep_steps_within_a_quarter(flash):
 
 def _held_out_errors(flash: str) -> list[float]:
     from backend.llama_backend import LlamaBackend
-    from magnitude_bench.common import CPU_CLOCK, FixedLength, prompt_tokens
+    from magnitude_bench.common import CPU_CLOCK, StepTimer, prompt_tokens
     from magnitude_tui.engine.core import Engine
     from scheduler.types import Request, SamplingParams, plan_kpos
 
     llama = LlamaBackend.load(device="cpu", n_ctx=4096, n_seq_max=8, n_batch=512, n_threads=1, flash_attn=flash)
     try:
-        view = FixedLength(llama, CPU_CLOCK)  # what the cost model learns from
+        view = StepTimer(llama, CPU_CLOCK)  # what the cost model learns from
         engine = Engine(view, policy="target:50", coalesce_ms=0, clock=CPU_CLOCK)
         engine.calibrate()
         parent = prompt_tokens(llama, 1000, salt=9)
         engine.submit(Request("p", "p", (), SamplingParams(max_tokens=1), prompt_tokens=parent))
         engine.run_until_idle()
         for i in range(6):
-            engine.submit(Request(f"k{i}", f"k{i}", (), SamplingParams(max_tokens=24), fork_from="p",
+            engine.submit(Request(f"k{i}", f"k{i}", (), SamplingParams(max_tokens=24, ignore_eos=True), fork_from="p",
                                   prompt_tokens=parent + prompt_tokens(llama, 40, salt=60 + i)))
         sched = engine.scheduler
         errors, original = [], sched.schedule

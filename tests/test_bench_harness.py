@@ -32,10 +32,22 @@ def _req(backend, rid: str, n: int, gen: int, **kw) -> Request:
                    prompt_tokens=prompt_tokens(backend, n, salt=len(rid)), **kw)
 
 
+def test_a_drive_asks_every_request_for_its_max_tokens_unless_told_not_to(backend):
+    for fixed, expected in ((True, True), (False, False)):
+        drive = Drive(backend, policy="fixed:64", gen_reserve=8, fixed_length=fixed)
+        seen = []
+        submit = drive.engine.submit
+        drive.engine.submit = lambda r: (seen.append(r), submit(r))[1]
+        drive.run([_req(backend, "a", 20, 2)])
+        drive.close()
+        assert [r.sampling.ignore_eos for r in seen] == [expected]
+        assert seen[0].sampling.max_tokens == 2 and seen[0].request_id == "a"
+
+
 def test_a_drive_books_every_token_and_step_and_leaves_the_engine_empty(backend):
     drive = Drive(backend, policy="fixed:64", gen_reserve=8)
     tr = drive.run([_req(backend, "a", 100, 5), _req(backend, "bb", 40, 3)])
-    assert len(tr.tokens["a"]) == 5 and len(tr.tokens["bb"]) == 3  # FixedLength: exactly max_tokens
+    assert len(tr.tokens["a"]) == 5 and len(tr.tokens["bb"]) == 3  # fixed length: exactly max_tokens
     assert sum(s.prefill_rows for s in tr.steps) == 140 and tr.made() == 8
     assert sum(s.tokens for s in tr.steps) == 8
     # Token times are the engine clock at the end of the step that made them, in step order.
@@ -44,7 +56,7 @@ def test_a_drive_books_every_token_and_step_and_leaves_the_engine_empty(backend)
     assert tr.ttft("a") > 0 and tr.ttft_ms["a"] == pytest.approx(tr.ttft("a") * 1000, rel=0.01)
     assert len(tr.itl_ms("a")) == 4 and all(g > 0 for g in tr.itl_ms("a"))
     assert set(tr.done) == {"a", "bb"} and tr.ended >= max(tr.done.values())
-    assert all(s.native_ms is not None for s in tr.busy_steps)  # FixedLength timed every decode
+    assert all(s.native_ms is not None for s in tr.busy_steps)  # the StepTimer timed every decode
     drive.close()
     assert drive.engine.is_empty() and backend.kv_cells_used() == 0
 
