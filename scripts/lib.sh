@@ -41,9 +41,13 @@ cpu_flags_tag() {
   echo "$tag"
 }
 
-# Whether the compiler's -march=native turns AVX512-FP16 on here.
+# Whether the compiler's -march=native turns AVX512-FP16 on here. The macros are read whole before
+# they are searched: piped into `grep -q`, the compiler can die of SIGPIPE once grep has its match,
+# and under `set -o pipefail` (setup.sh) that reads as "no".
 native_avx512fp16() {
-  cc -march=native -dM -E -x c /dev/null 2>/dev/null | grep -q '__AVX512FP16__'
+  local defines
+  defines=$(cc -march=native -dM -E -x c /dev/null 2>/dev/null) || return 1
+  [[ $defines == *__AVX512FP16__* ]]
 }
 
 # Whether a process here dies running an AMX tile instruction (after asking the kernel for them).

@@ -68,6 +68,16 @@ def test_native_avx512fp16_is_left_out_of_the_build(tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == NO_FP16
 
 
+def test_fp16_is_seen_under_pipefail_whatever_the_compiler_prints_after_it(tmp_path):
+    """setup.sh runs with `set -o pipefail`: the answer must not depend on whether the compiler was
+    still writing when the search found its macro."""
+    many = "#define __AVX512FP16__ 1\\n" + "#define __FILLER_MACRO_PADDING_THE_OUTPUT__ 1\\n" * 3000
+    env = _cpuinfo(tmp_path, NO_AMX_LISTED) | _fake_cc(tmp_path, "exit 0", many)
+    for _ in range(3):
+        out = _lib("set -o pipefail; extra_cpu_flags", env)
+        assert out.returncode == 0 and out.stdout.strip() == NO_FP16
+
+
 def test_both_left_out_name_the_cached_wheel(tmp_path):
     fp16 = "#define __AVX512FP16__ 1\\n"
     env = _cpuinfo(tmp_path, LISTS_AMX) | _fake_cc(tmp_path, "exit 132", fp16)
