@@ -31,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from backend.attention import DENSE_MARGIN  # noqa: E402
+from backend.attention import PathTiming, decide  # noqa: E402
+from magnitude_bench.common import machine_info  # noqa: E402
 
 STEPS = {"fill": "fill_ms", "decode_shallow": "decode_shallow_ms", "decode_deep_shared": "decode_deep_ms",
          "chunk_deep": "chunk_deep_ms", "decode_mixed": "decode_mixed_ms"}
@@ -58,9 +59,8 @@ def probe_once(threads: int, lib_dir: str | None) -> dict:
 
 
 def build_flags() -> str:
-    info = Path.home() / ".cache/magnitude-tui/llama-tools"
     stamp = ROOT / ".venv/llama-cpp-python.cpu_flags"
-    return stamp.read_text().strip() if stamp.exists() else f"(no stamp; tools under {info})"
+    return stamp.read_text().strip() if stamp.exists() else "(no stamp)"
 
 
 def summarise(runs: list[dict], what: str, command: str, build: str) -> dict:
@@ -69,24 +69,15 @@ def summarise(runs: list[dict], what: str, command: str, build: str) -> dict:
 
     timings = {name: {**{s: median(flash, k) for s, k in STEPS.items()}, "reference": median(flash, "reference_ms")}
                for name, flash in (("flash_on", True), ("flash_off", False))}
-    on, off = timings["flash_on"]["reference"], timings["flash_off"]["reference"]
-    # The app's rule (backend/attention.py decide): dense only when it wins by more than DENSE_MARGIN.
-    verdict = (f"flash attention on ({off / on:.2f}x on the reference workload)" if on <= off
-               else f"flash attention on (dense faster by {on / off:.2f}x, within the {DENSE_MARGIN - 1:.0%} margin)"
-               if on <= off * DENSE_MARGIN else f"flash attention off ({on / off:.2f}x on the reference workload)")
-    verdict += "; each probe's own: " + ", ".join(r["summary"].split(":", 1)[0] for r in runs)
+    # The app's own rule on the medians (DENSE_MARGIN included).
+    choice = decide(tuple(PathTiming(flash, **{k: median(flash, k) for k in STEPS.values()})
+                          for flash in (True, False)), key={})
+    verdict = choice.summary() + "; each probe's own: " + ", ".join(r["summary"].split(":", 1)[0] for r in runs)
     return {"issue": 28, "what": what, "build": build, "command": command,
-            "machine": {"cpu": platform.processor() or cpu_name(), "cores": os.cpu_count(),
+            "machine": {"cpu": machine_info().get("cpu", platform.machine()), "cores": os.cpu_count(),
                         "loadavg_at_write": list(os.getloadavg())},
             "timings_ms": timings, "verdict": f"{verdict} (medians of {len(runs)} fresh probes)",
             "runs": runs}
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 def main() -> None:
