@@ -55,6 +55,10 @@ bench quick throughput throughput --seqs 8 --gen 32 --reps 2 -p target:50 --peer
 # defaults (--spec auto, thread governor) and with them off.
 bench full throughput-sweep-1t throughput --seqs 1,8,16 --gen 32 --reps 5 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 1
 bench full throughput-sweep-2t throughput --seqs 1,8,16 --gen 32 --reps 5 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 2
+# Width 1 alone in eleven alternating repetitions, where five leave the sweeps' medians within this
+# machine's noise of each other (a process runs its native steps at one of two speeds).
+bench full throughput-width1-1t throughput --seqs 1 --gen 32 --reps 11 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 1
+bench full throughput-width1-2t throughput --seqs 1 --gen 32 --reps 11 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 2
 # The same with the engine on the peers' attention path (flash), where the measured choice differs.
 bench full throughput-sweep-1t-flash throughput --seqs 1,8,16 --gen 32 --reps 5 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 1 --flash-attn on
 bench full throughput-sweep-2t-flash throughput --seqs 1,8,16 --gen 32 --reps 5 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 2 --flash-attn on
@@ -78,6 +82,8 @@ bench full agents-2-no-bursts-full agents --bursts off --agents 2 --turns 2 --k-
 bench full agents-2-no-bursts-full-exact agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 4 --exact-replies --sides serve,llama-server,llama-server+reuse+ram
 bench full agents-2-bursts agents --bursts on --agents 2 --turns 2 --k-max 300 --think-scale 0.5 --reps 2
 bench full agents-4-bursts agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 2 --sides serve,llama-server,llama-server+reuse,llama-server+fa-off
+# ... and llama-server sent serve's own rendering of each history (the same prompt tokens), beside both.
+bench full agents-4-bursts-same-prompts agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 2 --sides serve,llama-server,llama-server+serve-prompts
 # The same trace on serve as the app launches it (its probe's attention path) and on flash attention asked for.
 bench full agents-4-bursts-paths agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 2 --sides serve,serve+fa-on
 # ... and with speculation off (the app's default is --spec auto).
