@@ -100,18 +100,18 @@ class Trace:
 
 class Drive:
     """One engine on a backend, driven step by step on the bench clock, every step booked into
-    `trace`. The view is a `StepTimer` unless given. With `fixed_length` every request submitted
+    `trace`. Its view of the backend is a `StepTimer`. With `fixed_length` every request submitted
     makes exactly its max_tokens (`ignore_eos`: equal work whatever the model would say)."""
 
     def __init__(self, backend, *, policy: str = "target:50", gen_reserve: int = 256, clock=None,
-                 params=None, calibrate: bool | None = None, view=None, fixed_length: bool = True,
+                 params=None, calibrate: bool | None = None, fixed_length: bool = True,
                  coalesce_ms: float = 0.0, what: str = "", **engine_kw: Any) -> None:
         """`clock`: the bench clock (e.g. CPU_CLOCK; None: the backend's). `params`: a cost model
         to seed (calibrated once for many engines); else `calibrate` (None: when the policy has a
         step target). Submitted between two steps, a burst is taken in by one step: no coalescing."""
         reset_kv(backend)
         self.backend = backend
-        self.view = view if view is not None else StepTimer(backend, clock)
+        self.view = StepTimer(backend, clock)
         self.fixed_length = fixed_length
         self.engine = Engine(self.view, policy=policy, coalesce_ms=coalesce_ms, gen_reserve=gen_reserve,
                              clock=clock, **engine_kw)

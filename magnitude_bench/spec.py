@@ -11,7 +11,7 @@ from itertools import permutations
 from typing import Callable
 
 from backend.factory import BackendConfig, build_backend
-from magnitude_bench.common import CPU_CLOCK, BenchResult, StepTimer, backend_info, loaded, prompt_tokens
+from magnitude_bench.common import CPU_CLOCK, BenchResult, backend_info, loaded, prompt_tokens
 from magnitude_bench.harness import Drive, recorded
 from magnitude_bench.harness import Trace as Run
 from magnitude_bench.spec_report import CONTROL, identity_note, merge_reps, run_notes, targets
@@ -171,13 +171,12 @@ class _Bench:
     the calibrated cost model (calibrated once: every engine then prices steps alike)."""
 
     backend: object
-    view: object  # the backend the engines drive (re-timed on the bench clock)
-    clock: object
+    clock: object  # the bench clock (CPU_CLOCK), or None: the backend's own
     cfg: SpecBenchConfig
     params: object = None
 
     def drive(self, drafts: dict[DraftKind, DraftSource]) -> Drive:
-        drive = Drive(self.backend, view=self.view, clock=self.clock, policy=self.cfg.policy,
+        drive = Drive(self.backend, clock=self.clock, policy=self.cfg.policy,
                       gen_reserve=self.cfg.longest_reply(), drafts=drafts, params=self.params, calibrate=True,
                       fixed_length=False)
         self.params = drive.params
@@ -234,8 +233,7 @@ def _measure(spec: BackendConfig, cfg: SpecBenchConfig, progress) -> tuple[list[
     backend = build_backend(replace(spec, n_seq_max=max(spec.n_seq_max, width),
                                     n_ctx=spec.n_ctx or width * 1024 if spec.family == "llama" else spec.n_ctx))
     cpu = cfg.cpu_clock and backend.known_costs is None
-    bench = _Bench(backend, StepTimer(backend, time.process_time if cpu else None),
-                   CPU_CLOCK if cpu else backend.clock, cfg)
+    bench = _Bench(backend, CPU_CLOCK if cpu else None, cfg)
     sources = _sources(backend, spec, cfg, "draft" in cfg.modes)
     traces: dict[str, dict[str, Trace]] = {}
     lengths: dict[str, list[int]] = {}
@@ -270,7 +268,7 @@ def _replay(cfg: SpecBenchConfig, traces: dict, lengths: dict, replies: dict, pr
     did there."""
     width = max(cfg.widths)
     with loaded(BackendConfig(kind=f"simulated:{cfg.sim_profile}", n_seq_max=max(16, width))) as backend:
-        bench = _Bench(backend, StepTimer(backend), backend.clock, replace(cfg, control=False))  # its clock repeats exactly
+        bench = _Bench(backend, None, replace(cfg, control=False))  # its clock repeats exactly
         rows: list[dict] = []
         for name in cfg.tasks:
             t = traces[name]

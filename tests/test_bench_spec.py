@@ -226,12 +226,11 @@ def test_each_task_writes_its_own_reply_length_unless_max_tokens_says_otherwise(
 
 
 def test_the_simulated_gpu_ends_each_reply_where_the_real_one_ended():
-    from magnitude_bench.common import StepTimer
     from magnitude_bench.spec import _Bench, _task
 
     backend = build_backend(BackendConfig(kind="simulated:rx9070xt", n_seq_max=3))
     cfg = SpecBenchConfig(widths=(3,), tasks=("quoting",), modes=("off", "ngram"), max_tokens=40)
-    bench = _Bench(backend, StepTimer(backend), backend.clock, cfg)
+    bench = _Bench(backend, None, cfg)
     prompts = [prompt_tokens(backend, 30, salt=i + 1) for i in range(3)]
     lengths: dict[int, int] = {}
     rows = _task(bench, Task.QUOTING, prompts, {DraftKind.NGRAM: NgramSource()}, lambda s: None,
