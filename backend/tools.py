@@ -67,7 +67,9 @@ GENERIC_SYSTEM = (
 def generic_messages(messages: Sequence[Message], tools: Sequence[Tool]) -> list[Message]:
     """The conversation in the generic format, for a template with no tool support: the tool list
     joins the first system turn, an assistant turn's calls become Hermes-style text, and a tool
-    result becomes a user turn in <tool_response> tags. Roles stay the template's standard ones."""
+    result becomes a user turn in <tool_response> tags. Roles stay the template's standard ones.
+    Consecutive results (a turn's parallel calls) share one user turn, as Hermes and Qwen templates
+    write them: one turn's markers fewer per extra result, and the turns keep alternating."""
     out: list[Message] = []
     if tools:
         listing = "\n".join(json.dumps(tool_json(t)["function"], ensure_ascii=False) for t in tools)
@@ -77,14 +79,20 @@ def generic_messages(messages: Sequence[Message], tools: Sequence[Tool]) -> list
             messages = messages[1:]
         else:
             out.append(Message("system", head))
+    previous = None
     for m in messages:
         if m.role == "tool":
-            out.append(Message("user", f"<tool_response>\n{m.content}\n</tool_response>"))
+            wrapped = f"<tool_response>\n{m.content}\n</tool_response>"
+            if previous == "tool":
+                out[-1] = Message("user", f"{out[-1].content}\n{wrapped}")
+            else:
+                out.append(Message("user", wrapped))
         elif m.role == "assistant" and m.tool_calls:
             calls = "\n".join(call_text(ToolSyntax.GENERIC, c.name, c.arguments) for c in m.tool_calls)
             out.append(Message("assistant", f"{m.content}\n{calls}".strip()))
         else:
             out.append(Message(m.role, m.content))
+        previous = m.role
     return out
 
 

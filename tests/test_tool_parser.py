@@ -108,6 +108,19 @@ def test_generic_format_puts_tools_in_the_system_turn_and_results_in_user_turns(
     assert out[3].content == "<tool_response>\nrain\n</tool_response>"
 
 
+def test_generic_format_gives_a_turns_parallel_results_one_user_turn():
+    calls = (ToolCall("c1", "get_weather", '{"city": "Oslo"}'), ToolCall("c2", "get_weather", '{"city": "Rome"}'))
+    out = generic_messages((Message("user", "Weather?"), Message("assistant", "", tool_calls=calls),
+                            Message("tool", "rain", tool_call_id="c1"), Message("tool", "sun", tool_call_id="c2"),
+                            Message("assistant", "Rain, then sun."), Message("user", "And Paris?"),
+                            Message("tool", "fog", tool_call_id="c3")), (WEATHER,))
+    assert [m.role for m in out] == ["system", "user", "assistant", "user", "assistant", "user", "user"]
+    # Hermes and Qwen templates write consecutive results in one turn, in order.
+    assert out[3].content == "<tool_response>\nrain\n</tool_response>\n<tool_response>\nsun\n</tool_response>"
+    # A result after a person's message is a turn of its own: only results merge.
+    assert out[5].content == "And Paris?" and out[6].content == "<tool_response>\nfog\n</tool_response>"
+
+
 def test_grammars_follow_tool_choice():
     base = dict(request_id="r", session_id="s", messages=(Message("user", "hi"),), tools=(WEATHER,))
     auto = reply_constraint(Request(**base), ToolSyntax.HERMES)
