@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from dataclasses import dataclass
 from enum import Enum
@@ -15,57 +14,9 @@ import platformdirs
 from magnitude_tui.agent.policy import ApprovePolicy
 from magnitude_tui.agents import AgentSettings
 from magnitude_tui.records import MessageRecord, PaneRecord
-from magnitude_tui.store_open import SCHEMA_VERSION, StoreError, _prepare, open_database
+from magnitude_tui.store_open import SCHEMA_VERSION, StoreError, add_tables, fresh_store, open_database
 from magnitude_tui.store_saving import SavingConnection, Transaction
 from scheduler.types import ToolCall, ToolChoiceMode
-
-PANE_SETTINGS_TABLE = """
-CREATE TABLE IF NOT EXISTS pane_settings (   -- a pane's agent settings, when not the defaults
-    pane_id     TEXT PRIMARY KEY REFERENCES panes(id),
-    role        TEXT,                        -- the agents.toml definition they came from
-    system      TEXT NOT NULL,
-    temperature REAL,                        -- NULL: the app's default
-    max_tokens  INTEGER,
-    top_p       REAL,
-    min_p       REAL,
-    tools       TEXT,                        -- a role's tools as a JSON list (NULL: every tool)
-    approve     TEXT,                        -- ask | read-only | auto (NULL: ask)
-    tool_choice TEXT                         -- its first turn's tool choice (NULL: auto)
-);
-"""
-# Columns added to pane_settings after it first shipped (ALTER TABLE, once, on open).
-PANE_SETTINGS_ADDED = {"top_p": "REAL", "min_p": "REAL", "tools": "TEXT", "approve": "TEXT", "tool_choice": "TEXT"}
-
-QUEUED_TABLE = """
-CREATE TABLE IF NOT EXISTS queued (          -- messages typed while a pane was replying, not sent yet
-    pane_id  TEXT NOT NULL REFERENCES panes(id),
-    position INTEGER NOT NULL,               -- the order they are sent in
-    content  TEXT NOT NULL,
-    PRIMARY KEY (pane_id, position)
-);
-"""
-
-ANSWERS_TABLE = """
-CREATE TABLE IF NOT EXISTS answers (         -- a reply's other answers, kept by retry (paged ‹k/n›)
-    message_id INTEGER PRIMARY KEY REFERENCES messages(id),
-    others     TEXT NOT NULL,                -- JSON list of the answers not shown, in order
-    shown      INTEGER NOT NULL              -- the shown answer's place among all of them (from 0)
-);
-"""
-
-TOOL_PARTS_TABLE = """
-CREATE TABLE IF NOT EXISTS tool_parts (      -- an agent's tool calls and results among the messages
-    message_id INTEGER PRIMARY KEY REFERENCES messages(id),
-    calls      TEXT,                         -- an assistant turn's calls: JSON [[id, name, arguments], ...]
-    call       TEXT,                         -- a tool result: the call it answers, JSON [id, name, arguments]
-    ok         INTEGER NOT NULL DEFAULT 1,   -- a tool result: 0 when the tool failed (or was denied)
-    duration_s REAL,                         -- a tool result: how long the tool ran
-    approval_wait_s REAL                     -- a tool result: how long its approval took (NULL: not asked)
-);
-"""
-
-# Columns added to tool_parts after it first shipped.
-TOOL_PARTS_ADDED = {"approval_wait_s": "REAL"}
 
 __all__ = ["SCHEMA_VERSION", "MessageRecord", "PaneRecord", "Store", "StoreError", "default_db_path"]
 
@@ -131,7 +82,7 @@ class Store:
             except OSError:
                 pass  # a read-only place: open_database runs the session in memory and says why
         opened = open_database(self.path)
-        self._db = SavingConnection(opened.db, self._saving_stopped, fresh=_fresh_store)
+        self._db = SavingConnection(opened.db, self._saving_stopped, fresh=fresh_store)
         # Called with what to tell the user when saving stops mid-session (the app notifies).
         self.on_notice: Callable[[str], None] | None = None
         self.moved_to = opened.moved_to
@@ -152,7 +103,7 @@ class Store:
                       else f"make {self.path} and its directory writable")
             self.notice = (f"History will not be saved: {opened.read_only}. This session runs on a copy "
                            f"in memory; {remedy} and restart to save again.")
-        _added_tables(self._db.db)
+        add_tables(self._db.db)
         self.workspace_id: int | None = None
 
     # ---- workspaces ---------------------------------------------------------------------------
@@ -409,23 +360,6 @@ def _like(needle: str) -> str:
     """A LIKE pattern (ESCAPE '\\') for text holding `needle` as typed: `%` and `_` are LIKE's
     wildcards, and a search for "%" or "_" matched every conversation, "file_name" "file name"."""
     return "%" + needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-
-
-def _fresh_store(db: sqlite3.Connection) -> None:
-    """An empty store's schema, for a session that can no longer read its file."""
-    _prepare(db, Path(":memory:"))
-    _added_tables(db)
-
-
-def _added_tables(db: sqlite3.Connection) -> None:
-    """Tables and columns added within schema 1, idempotently: a database from before them
-    simply gains them."""
-    db.executescript(PANE_SETTINGS_TABLE + QUEUED_TABLE + ANSWERS_TABLE + TOOL_PARTS_TABLE)
-    for table, added in (("pane_settings", PANE_SETTINGS_ADDED), ("tool_parts", TOOL_PARTS_ADDED)):
-        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
-        for column, kind in added.items():
-            if column not in have:
-                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
 _E = TypeVar("_E", bound=Enum)

@@ -1,4 +1,4 @@
-"""Provides open_database: the store's schema check, forward migration, and recovery from a bad file."""
+"""Provides open_database: the store's schema (the tables it creates, those added since), its check, forward migration, and recovery from a bad file."""
 
 from __future__ import annotations
 
@@ -64,6 +64,55 @@ COLUMNS = {
 # MIGRATIONS[n] turns a database of schema n into schema n + 1, inside one transaction. Add one
 # whenever SCHEMA_VERSION goes up, so every older file is carried forward, never rewritten.
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+
+# Tables added within schema 1, created on open (`add_tables`), so a file from before them gains them.
+PANE_SETTINGS_TABLE = """
+CREATE TABLE IF NOT EXISTS pane_settings (   -- a pane's agent settings, when not the defaults
+    pane_id     TEXT PRIMARY KEY REFERENCES panes(id),
+    role        TEXT,                        -- the agents.toml definition they came from
+    system      TEXT NOT NULL,
+    temperature REAL,                        -- NULL: the app's default
+    max_tokens  INTEGER,
+    top_p       REAL,
+    min_p       REAL,
+    tools       TEXT,                        -- a role's tools as a JSON list (NULL: every tool)
+    approve     TEXT,                        -- ask | read-only | auto (NULL: ask)
+    tool_choice TEXT                         -- its first turn's tool choice (NULL: auto)
+);
+"""
+# Columns added to pane_settings after it first shipped (ALTER TABLE, once, on open).
+PANE_SETTINGS_ADDED = {"top_p": "REAL", "min_p": "REAL", "tools": "TEXT", "approve": "TEXT", "tool_choice": "TEXT"}
+
+QUEUED_TABLE = """
+CREATE TABLE IF NOT EXISTS queued (          -- messages typed while a pane was replying, not sent yet
+    pane_id  TEXT NOT NULL REFERENCES panes(id),
+    position INTEGER NOT NULL,               -- the order they are sent in
+    content  TEXT NOT NULL,
+    PRIMARY KEY (pane_id, position)
+);
+"""
+
+ANSWERS_TABLE = """
+CREATE TABLE IF NOT EXISTS answers (         -- a reply's other answers, kept by retry (paged ‹k/n›)
+    message_id INTEGER PRIMARY KEY REFERENCES messages(id),
+    others     TEXT NOT NULL,                -- JSON list of the answers not shown, in order
+    shown      INTEGER NOT NULL              -- the shown answer's place among all of them (from 0)
+);
+"""
+
+TOOL_PARTS_TABLE = """
+CREATE TABLE IF NOT EXISTS tool_parts (      -- an agent's tool calls and results among the messages
+    message_id INTEGER PRIMARY KEY REFERENCES messages(id),
+    calls      TEXT,                         -- an assistant turn's calls: JSON [[id, name, arguments], ...]
+    call       TEXT,                         -- a tool result: the call it answers, JSON [id, name, arguments]
+    ok         INTEGER NOT NULL DEFAULT 1,   -- a tool result: 0 when the tool failed (or was denied)
+    duration_s REAL,                         -- a tool result: how long the tool ran
+    approval_wait_s REAL                     -- a tool result: how long its approval took (NULL: not asked)
+);
+"""
+
+# Columns added to tool_parts after it first shipped.
+TOOL_PARTS_ADDED = {"approval_wait_s": "REAL"}
 
 
 class StoreError(RuntimeError):
@@ -441,3 +490,20 @@ def _move_aside(path: Path) -> Path:
             companion.rename(target.with_name(target.name + suffix))
             moved = moved or target.with_name(target.name + suffix)  # a -wal without its file
     return moved or target
+
+
+def fresh_store(db: sqlite3.Connection) -> None:
+    """An empty store's schema, for a session that can no longer read its file."""
+    _prepare(db, Path(":memory:"))
+    add_tables(db)
+
+
+def add_tables(db: sqlite3.Connection) -> None:
+    """Tables and columns added within schema 1, idempotently: a database from before them
+    simply gains them."""
+    db.executescript(PANE_SETTINGS_TABLE + QUEUED_TABLE + ANSWERS_TABLE + TOOL_PARTS_TABLE)
+    for table, added in (("pane_settings", PANE_SETTINGS_ADDED), ("tool_parts", TOOL_PARTS_ADDED)):
+        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+        for column, kind in added.items():
+            if column not in have:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
