@@ -14,8 +14,9 @@ import platformdirs
 from magnitude_tui.agent.policy import ApprovePolicy
 from magnitude_tui.agents import AgentSettings
 from magnitude_tui.records import MessageRecord, PaneRecord
-from magnitude_tui.store_open import SCHEMA_VERSION, StoreError, add_tables, fresh_store, open_database
+from magnitude_tui.store_open import open_database
 from magnitude_tui.store_saving import SavingConnection, Transaction
+from magnitude_tui.store_schema import SCHEMA_VERSION, StoreError, fresh_store
 from scheduler.types import ToolCall, ToolChoiceMode
 
 __all__ = ["SCHEMA_VERSION", "MessageRecord", "PaneRecord", "Store", "StoreError", "default_db_path"]
@@ -103,7 +104,6 @@ class Store:
                       else f"make {self.path} and its directory writable")
             self.notice = (f"History will not be saved: {opened.read_only}. This session runs on a copy "
                            f"in memory; {remedy} and restart to save again.")
-        add_tables(self._db.db)
         self.workspace_id: int | None = None
 
     # ---- workspaces ---------------------------------------------------------------------------

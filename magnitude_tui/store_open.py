@@ -1,4 +1,5 @@
-"""Provides open_database: the store's schema (the tables it creates, those added since), its check, forward migration, and recovery from a bad file."""
+"""Provides open_database: the store's file opened, locked and checked (store_schema.py), and
+recovery from a file that cannot be read or written."""
 
 from __future__ import annotations
 
@@ -11,113 +12,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from magnitude_tui.store_saving import connect_memory, readable_text
-
-SCHEMA_VERSION = 1
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS workspaces (
-    id      INTEGER PRIMARY KEY,
-    created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS panes (
-    id           TEXT PRIMARY KEY,           -- also the engine session id
-    workspace_id INTEGER NOT NULL REFERENCES workspaces(id),
-    name         TEXT NOT NULL,              -- "A1", "A1.2"
-    role         TEXT NOT NULL,              -- "main" | "subagent"
-    parent_id    TEXT REFERENCES panes(id),
-    task         TEXT,
-    position     INTEGER NOT NULL,
-    created      REAL NOT NULL,
-    closed       REAL                        -- NULL while the pane is open
-);
-CREATE TABLE IF NOT EXISTS messages (
-    id          INTEGER PRIMARY KEY,
-    pane_id     TEXT NOT NULL REFERENCES panes(id),
-    role        TEXT NOT NULL,               -- "system" | "user" | "assistant"
-    content     TEXT NOT NULL,
-    complete    INTEGER NOT NULL,            -- 0 while a reply is still streaming (or was cut off)
-    author      TEXT,                        -- set on a subagent's answer posted back to its parent
-    done_reason TEXT,
-    inherited   INTEGER NOT NULL DEFAULT 0,  -- copied from the parent when a subagent was spawned
-    created     REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS messages_by_pane ON messages(pane_id, id);
-CREATE TABLE IF NOT EXISTS settings (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-"""
-
-# The columns each table of the current schema must have: a file stamped with our version but
-# laid out otherwise would fail later with "no such column" in the middle of a session.
-COLUMNS = {
-    "workspaces": {"id", "created"},
-    "panes": {"id", "workspace_id", "name", "role", "parent_id", "task", "position", "created", "closed"},
-    "messages": {"id", "pane_id", "role", "content", "complete", "author", "done_reason", "inherited",
-                 "created"},
-    "settings": {"key", "value"},
-}
-
-# MIGRATIONS[n] turns a database of schema n into schema n + 1, inside one transaction. Add one
-# whenever SCHEMA_VERSION goes up, so every older file is carried forward, never rewritten.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
-
-# Tables added within schema 1, created on open (`add_tables`), so a file from before them gains them.
-PANE_SETTINGS_TABLE = """
-CREATE TABLE IF NOT EXISTS pane_settings (   -- a pane's agent settings, when not the defaults
-    pane_id     TEXT PRIMARY KEY REFERENCES panes(id),
-    role        TEXT,                        -- the agents.toml definition they came from
-    system      TEXT NOT NULL,
-    temperature REAL,                        -- NULL: the app's default
-    max_tokens  INTEGER,
-    top_p       REAL,
-    min_p       REAL,
-    tools       TEXT,                        -- a role's tools as a JSON list (NULL: every tool)
-    approve     TEXT,                        -- ask | read-only | auto (NULL: ask)
-    tool_choice TEXT                         -- its first turn's tool choice (NULL: auto)
-);
-"""
-# Columns added to pane_settings after it first shipped (ALTER TABLE, once, on open).
-PANE_SETTINGS_ADDED = {"top_p": "REAL", "min_p": "REAL", "tools": "TEXT", "approve": "TEXT", "tool_choice": "TEXT"}
-
-QUEUED_TABLE = """
-CREATE TABLE IF NOT EXISTS queued (          -- messages typed while a pane was replying, not sent yet
-    pane_id  TEXT NOT NULL REFERENCES panes(id),
-    position INTEGER NOT NULL,               -- the order they are sent in
-    content  TEXT NOT NULL,
-    PRIMARY KEY (pane_id, position)
-);
-"""
-
-ANSWERS_TABLE = """
-CREATE TABLE IF NOT EXISTS answers (         -- a reply's other answers, kept by retry (paged ‹k/n›)
-    message_id INTEGER PRIMARY KEY REFERENCES messages(id),
-    others     TEXT NOT NULL,                -- JSON list of the answers not shown, in order
-    shown      INTEGER NOT NULL              -- the shown answer's place among all of them (from 0)
-);
-"""
-
-TOOL_PARTS_TABLE = """
-CREATE TABLE IF NOT EXISTS tool_parts (      -- an agent's tool calls and results among the messages
-    message_id INTEGER PRIMARY KEY REFERENCES messages(id),
-    calls      TEXT,                         -- an assistant turn's calls: JSON [[id, name, arguments], ...]
-    call       TEXT,                         -- a tool result: the call it answers, JSON [id, name, arguments]
-    ok         INTEGER NOT NULL DEFAULT 1,   -- a tool result: 0 when the tool failed (or was denied)
-    duration_s REAL,                         -- a tool result: how long the tool ran
-    approval_wait_s REAL                     -- a tool result: how long its approval took (NULL: not asked)
-);
-"""
-
-# Columns added to tool_parts after it first shipped.
-TOOL_PARTS_ADDED = {"approval_wait_s": "REAL"}
-
-
-class StoreError(RuntimeError):
-    """The database exists but must not be touched (e.g. written by a newer version)."""
-
+from magnitude_tui.store_schema import StoreError, Unreadable, prepare
 
 # Lock files held by this process: path -> [the open lock file, connections holding it]. Another
 # process that opens the same store is refused; this process may open it again (a resume).
@@ -176,11 +73,7 @@ class _Connection(sqlite3.Connection):
                 held[0].close()
 
 
-class _Unreadable(Exception):
-    """The file is not a database of ours that this version can read: it is moved aside."""
-
-
-class _LostFile(_Unreadable):
+class _LostFile(Unreadable):
     """The database file is empty or missing but its -wal holds pages of it."""
 
 
@@ -220,7 +113,7 @@ def open_database(path: Path) -> Opened:
         opened = _open_copy(path, str(e))
         opened.disk_full = isinstance(e, _DiskFull)
         return opened
-    except _Unreadable as e:
+    except Unreadable as e:
         if str(path) == ":memory:":
             raise StoreError(f"the in-memory database is unusable: {e}") from None
         moved = _move_aside(path)
@@ -230,7 +123,7 @@ def open_database(path: Path) -> Opened:
             recovered = _rebuild_from_wal(wal, path)
         try:
             db, migrated_from = _open(path)
-        except _Unreadable:
+        except Unreadable:
             if recovered is None:
                 raise
             # The rebuild read as a database but not as ours (a log written before the schema
@@ -275,7 +168,7 @@ def _check_header(path: Path) -> None:
     if path.is_file() and path.stat().st_size:
         with open(path, "rb") as f:
             if f.read(16) != b"SQLite format 3\x00":
-                raise _Unreadable("file is not a database")
+                raise Unreadable("file is not a database")
         return
     # SQLite deletes a -wal beside an empty or missing database as stale, and with it every
     # conversation not yet checkpointed into the file (a zero-length file after a crash, a copy
@@ -306,8 +199,8 @@ def _open(path: Path) -> tuple[sqlite3.Connection, int | None]:
     try:
         if str(path) != ":memory:":
             db.hold_instance_lock(path)
-        return db, _prepare(db, path)
-    except _Unreadable:
+        return db, prepare(db, path)
+    except Unreadable:
         db.close()
         raise
     except sqlite3.OperationalError as e:  # locked by another instance, read-only, no access
@@ -321,10 +214,10 @@ def _open(path: Path) -> tuple[sqlite3.Connection, int | None]:
                          "using it and check the file's permissions") from None
     except sqlite3.DatabaseError as e:  # "file is not a database", "disk image is malformed"
         db.close()
-        raise _Unreadable(str(e)) from None
+        raise Unreadable(str(e)) from None
     except UnicodeDecodeError as e:
         db.close()
-        raise _Unreadable(_damaged_message(e)) from None
+        raise Unreadable(_damaged_message(e)) from None
     except BaseException:
         db.close()
         raise
@@ -388,13 +281,13 @@ def _open_copy(path: Path, reason: str) -> Opened:
         _check_header(path)
         if path.is_file() and path.stat().st_size:
             _copy_into(path, mem)
-        migrated_from = _prepare(mem, path)
-    except (_Unreadable, sqlite3.DatabaseError, OSError, UnicodeDecodeError) as e:
+        migrated_from = prepare(mem, path)
+    except (Unreadable, sqlite3.DatabaseError, OSError, UnicodeDecodeError) as e:
         if isinstance(e, UnicodeDecodeError):
-            e = _Unreadable(_damaged_message(e))
+            e = Unreadable(_damaged_message(e))
         mem.close()
         mem = connect_memory()
-        migrated_from = _prepare(mem, path)
+        migrated_from = prepare(mem, path)
         why = f"{reason}, and it could not be read either ({e}); it was left as it is"
     return Opened(mem, None, None, migrated_from, read_only=why)
 
@@ -419,59 +312,6 @@ def _copy_into(path: Path, mem: sqlite3.Connection) -> None:
     raise sqlite3.DatabaseError(str(last))
 
 
-def _prepare(db: sqlite3.Connection, path: Path) -> int | None:
-    """Check, migrate or create the schema; returns the version migrated from (None: none)."""
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise StoreError(
-            f"the database {path} has schema version {version}, written by a newer magnitude-tui "
-            f"(this one reads up to {SCHEMA_VERSION}); upgrade magnitude-tui, or move the file "
-            "away to start with an empty one")
-    check = [r[0] for r in db.execute("PRAGMA quick_check")]
-    if check != ["ok"]:
-        raise _Unreadable(f"integrity check failed: {'; '.join(check[:3])}")
-    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if version == 0 and tables:
-        raise _Unreadable(f"it holds tables of another program ({', '.join(sorted(tables)[:5])}) "
-                          "and no magnitude-tui schema version")
-    if version == SCHEMA_VERSION:
-        _check_columns(db)
-    # Only now is the file known to be ours: switching to WAL rewrites its header.
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=NORMAL")
-    db.execute("PRAGMA foreign_keys=ON")
-    if version == 0:
-        db.executescript(SCHEMA)
-        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        return None
-    migrated_from = None
-    if version < SCHEMA_VERSION:
-        migrated_from = version
-        db.execute("BEGIN")
-        try:
-            for v in range(version, SCHEMA_VERSION):
-                if v not in MIGRATIONS:
-                    raise _Unreadable(f"no migration from schema version {v}")
-                MIGRATIONS[v](db)
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        _check_columns(db)
-    return migrated_from
-
-
-def _check_columns(db: sqlite3.Connection) -> None:
-    for table, wanted in COLUMNS.items():
-        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
-        missing = wanted - have
-        if missing:
-            what = "is missing" if have else "has no table"
-            raise _Unreadable(f"it is stamped schema {SCHEMA_VERSION} but {what} "
-                              f"{table}({', '.join(sorted(missing))})")
-
-
 def _move_aside(path: Path) -> Path:
     """Rename the file and its WAL companions; a stale -wal next to a new file would corrupt it."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -490,20 +330,3 @@ def _move_aside(path: Path) -> Path:
             companion.rename(target.with_name(target.name + suffix))
             moved = moved or target.with_name(target.name + suffix)  # a -wal without its file
     return moved or target
-
-
-def fresh_store(db: sqlite3.Connection) -> None:
-    """An empty store's schema, for a session that can no longer read its file."""
-    _prepare(db, Path(":memory:"))
-    add_tables(db)
-
-
-def add_tables(db: sqlite3.Connection) -> None:
-    """Tables and columns added within schema 1, idempotently: a database from before them
-    simply gains them."""
-    db.executescript(PANE_SETTINGS_TABLE + QUEUED_TABLE + ANSWERS_TABLE + TOOL_PARTS_TABLE)
-    for table, added in (("pane_settings", PANE_SETTINGS_ADDED), ("tool_parts", TOOL_PARTS_ADDED)):
-        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
-        for column, kind in added.items():
-            if column not in have:
-                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from magnitude_tui import store_open
+from magnitude_tui import store_schema
 from magnitude_tui.store import MessageRecord, PaneRecord, Store, StoreError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,7 +99,7 @@ def test_a_file_stamped_with_our_version_but_another_layout_is_moved_aside(tmp_p
     path = tmp_path / "m.db"
     db = sqlite3.connect(path)
     db.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, text TEXT)")
-    db.execute(f"PRAGMA user_version={store_open.SCHEMA_VERSION}")
+    db.execute(f"PRAGMA user_version={store_schema.SCHEMA_VERSION}")
     db.commit()
     db.close()
     before = path.read_bytes()
@@ -118,9 +118,9 @@ def test_an_older_schema_migrates_forward_and_keeps_its_data(tmp_path, monkeypat
         db.execute("ALTER TABLE messages ADD COLUMN updated REAL")
 
     # As if this version had schema 2, which adds a column, and knew how to get there from 1.
-    monkeypatch.setattr(store_open, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(store_open.MIGRATIONS, 1, add_updated)
-    monkeypatch.setitem(store_open.COLUMNS, "messages", store_open.COLUMNS["messages"] | {"updated"})
+    monkeypatch.setattr(store_schema, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(store_schema.MIGRATIONS, 1, add_updated)
+    monkeypatch.setitem(store_schema.COLUMNS, "messages", store_schema.COLUMNS["messages"] | {"updated"})
     store = Store(path)
     assert store.migrated_from == 1 and store.notice is None
     [pane] = store.open_workspace(resume=True)

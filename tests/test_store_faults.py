@@ -16,7 +16,7 @@ import pytest
 from magnitude_tui import store_open
 from magnitude_tui.export import pane_markdown
 from magnitude_tui.store import MessageRecord, PaneRecord, Store
-from magnitude_tui.store_open import SCHEMA
+from magnitude_tui.store_schema import SCHEMA
 from tests.app_support import ScriptedClient, make_app, one_turn, settle, wait_for
 
 
