@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from backend.cpu_load import CpuLoad
+from backend.protocol import KvStateError
 from scheduler.types import AttentionPath, BatchPlan, DecodeOutcome, SeqSlice
 
 # The probe: PROBE_WIDTH sequences decode near position 0 and again over a shared PROBE_DEPTH-token
@@ -21,6 +22,17 @@ PROBE_DEPTH = 1024
 PROBE_WIDTH = 8
 PROBE_CHUNK = 256
 PROBE_REPEATS = 3
+# Other conversations resident while a prompt is evaluated and its neighbours decode: agents keep
+# long histories, and the dense path multiplies every row by every resident cell, so a pool of
+# them costs it what it does not cost flash. The pool is made of copies of the filled prefix loaded
+# as distinct cells (a state load, milliseconds, no compute), where the context holds them beside
+# the deep one (`pool_size`). On one CPU thread (Xeon, SmolLM2-135M, 2026-12-06) a probe
+# without it chose dense by 1.34x; beside six 1,024-token conversations a 64-row prompt chunk
+# took 1,289 ms on flash and 2,541 dense, and an agent trace on the dense path ran 1.29x
+# llama-server's makespan (docs/BENCHMARKS.md).
+PROBE_POOL = 6
+# Rows of the pool's prompt chunk: one flash tile, the least a paced prompt step takes there.
+POOL_CHUNK = 64
 # The verdict weighs the paths on one reference workload: fill a PROBE_DEPTH-token prompt, then
 # this many decode steps of PROBE_WIDTH sequences near position 0, as many at depth over a shared
 # prefix (forks), and as many with one sequence at depth beside short ones (distinct conversations).
@@ -29,8 +41,10 @@ REFERENCE_STEPS = 32
 # again (it favoured the dense path on workloads where most of its work is masked, issue 28); one
 # cached before a busy probe stopped being kept (BUSY_CORES) may have been measured under load (a
 # 2-thread verdict here, flash off, was: 316-683 ms steps where quiet ones take about 40), so
-# version 3 measures every verdict again and records the load it was measured under.
-PROBE_VERSION = 3
+# version 3 measures every verdict again and records the load it was measured under; version 4 adds
+# the pool of other conversations (a verdict without it chose dense where agents' pools made dense
+# twice as slow per prompt row).
+PROBE_VERSION = 4
 
 # Dense attention is chosen only when it finishes the reference workload faster by more than this
 # factor. Its step multiplies every row by every resident cell, other conversations' included, and
@@ -139,11 +153,20 @@ class PathTiming:
     # other sequences' cells afterwards; the flash kernel skips masked cells. Over a shared prefix
     # nothing is masked, so only this step shows what distinct conversations cost each path.
     decode_mixed_ms: float = 0.0
+    # With `pool` other conversations of PROBE_DEPTH tokens resident (distinct cells): a POOL_CHUNK-row
+    # prompt chunk of the deep one, and a decode step of one row each, the deep one's included.
+    chunk_pool_ms: float = 0.0
+    decode_pool_ms: float = 0.0
+    pool: int = 0
 
     @property
     def reference_ms(self) -> float:
-        return self.fill_ms + REFERENCE_STEPS * (self.decode_shallow_ms + self.decode_deep_ms
+        """The reference workload: fill a PROBE_DEPTH-token prompt, REFERENCE_STEPS decode steps of
+        each kind, and, where a pool was measured, another PROBE_DEPTH prompt rows and
+        REFERENCE_STEPS decode steps with the pool resident."""
+        base = self.fill_ms + REFERENCE_STEPS * (self.decode_shallow_ms + self.decode_deep_ms
                                                  + self.decode_mixed_ms)
+        return base + (PROBE_DEPTH / POOL_CHUNK) * self.chunk_pool_ms + REFERENCE_STEPS * self.decode_pool_ms
 
 
 @dataclass(frozen=True)
@@ -203,10 +226,12 @@ def decide(timings: tuple[PathTiming, ...], key: dict) -> AttentionChoice:
     off = next(t for t in timings if not t.flash)
     dense = on.reference_ms > off.reference_ms * DENSE_MARGIN
     best, other = (off, on) if dense else (on, off)
+    pool = (f", {best.chunk_pool_ms:.0f} vs {other.chunk_pool_ms:.0f} ms for a {POOL_CHUNK}-row prompt chunk "
+            f"beside {best.pool} other conversations" if best.pool and other.pool else "")
     reason = (f"measured {best.decode_deep_ms:.0f} vs {other.decode_deep_ms:.0f} ms for a "
               f"{PROBE_WIDTH}-sequence decode step {PROBE_DEPTH} deep, {best.decode_mixed_ms:.0f} vs "
               f"{other.decode_mixed_ms:.0f} ms with one of them that deep, {best.fill_ms / 1000:.1f} vs "
-              f"{other.fill_ms / 1000:.1f} s to fill it ({other.reference_ms / best.reference_ms:.2f}x "
+              f"{other.fill_ms / 1000:.1f} s to fill it{pool} ({other.reference_ms / best.reference_ms:.2f}x "
               f"on the reference workload)")
     if not dense and on.reference_ms > off.reference_ms:
         reason += (f"; dense was faster by less than {DENSE_MARGIN - 1:.0%}, and its cost grows with "
@@ -216,8 +241,23 @@ def decide(timings: tuple[PathTiming, ...], key: dict) -> AttentionChoice:
 
 # ---- the probe ---------------------------------------------------------------------------------
 
-def measure_path(backend, flash: bool, tokens: list[int]) -> PathTiming:
-    """Time one context (a LlamaBackend built with this flash setting) and clear its KV.
+def pool_size(n_ctx: int) -> int:
+    """Other conversations the probe keeps resident for a context of n_ctx cells: PROBE_POOL where
+    the context holds them beside the deep one and its chunks, none where it does not (a small
+    context never holds a deep pool). Two sizes only, so that the contexts a machine runs share
+    few verdicts, each measured once."""
+    return PROBE_POOL if n_ctx >= probe_cells(PROBE_POOL) else 0
+
+
+def probe_cells(pool: int) -> int:
+    """The probe context's cells: the deep conversation, its chunks, and the pool."""
+    return (pool + 2) * PROBE_DEPTH
+
+
+def measure_path(backend, flash: bool, tokens: list[int], pool: int = 0) -> PathTiming:
+    """Time one context (a LlamaBackend built with this flash setting) and clear its KV. `pool`
+    other conversations (at most n_seq_max - 1, in a context of `probe_cells(pool)`) are loaded for
+    the pool steps.
 
     With one thread every step computes on this thread, so its CPU time is the step's work
     whatever else the machine runs (a verdict is cached, so a busy neighbour must not decide
@@ -254,6 +294,7 @@ def measure_path(backend, flash: bool, tokens: list[int]) -> PathTiming:
             chunks.append(step([SeqSlice(0, PROBE_DEPTH, tuple(filler[PROBE_DEPTH:PROBE_DEPTH + 16]),
                                          True, False)]))
             backend.kv_keep_prefix(0, PROBE_DEPTH)
+        chunk_pool, decode_pool, pool = _pool_steps(backend, step, median, filler, pool)
         for s in range(1, width):  # short conversations of their own beside the deep one
             step([SeqSlice(s, 0, tuple(filler[s:s + 4]), True, False)])
         mixed = []
@@ -268,10 +309,42 @@ def measure_path(backend, flash: bool, tokens: list[int]) -> PathTiming:
             deep.append(decode_all())
             for s in range(width):
                 backend.kv_keep_prefix(s, PROBE_DEPTH)
-        return PathTiming(flash, fill, shallow, median(deep), median(chunks), median(mixed))
+        return PathTiming(flash, fill, shallow, median(deep), median(chunks), median(mixed),
+                          chunk_pool, decode_pool, pool)
     finally:
-        for s in range(width):
+        for s in range(max(width, pool + 1)):
             backend.kv_remove(s)
+
+
+def _pool_steps(backend, step, median, filler: list[int], pool: int) -> tuple[float, float, int]:
+    """With seq 0 holding PROBE_DEPTH tokens: load copies of it as `pool` other conversations
+    (seqs 1..pool, distinct cells), time a POOL_CHUNK-row chunk of seq 0 and a decode step of one
+    row per conversation, and remove the copies. (0, 0, 0) when there is no pool, or the backend
+    refuses the copies (a sliding-window model may): then neither path is weighed on one."""
+    pool = min(pool, backend.n_seq_max - 1)
+    if pool <= 0:
+        return 0.0, 0.0, 0
+    try:
+        state = backend.kv_save(0)
+        for s in range(1, pool + 1):
+            backend.kv_load(s, state)
+    except KvStateError:
+        for s in range(1, pool + 1):
+            backend.kv_remove(s)
+        return 0.0, 0.0, 0
+    del state
+    chunks, decodes = [], []
+    for _ in range(PROBE_REPEATS):
+        chunks.append(step([SeqSlice(0, PROBE_DEPTH, tuple(filler[PROBE_DEPTH - POOL_CHUNK:PROBE_DEPTH]),
+                                     True, False)]))
+        backend.kv_keep_prefix(0, PROBE_DEPTH)
+    for _ in range(PROBE_REPEATS):
+        decodes.append(step([SeqSlice(s, PROBE_DEPTH, (filler[0],), True, True) for s in range(pool + 1)]))
+        for s in range(pool + 1):
+            backend.kv_keep_prefix(s, PROBE_DEPTH)
+    for s in range(1, pool + 1):
+        backend.kv_remove(s)
+    return median(chunks), median(decodes), pool
 
 
 # ---- the cache ---------------------------------------------------------------------------------
@@ -283,11 +356,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "magnitude-tui" / "attention"
 
 
-def cache_key(*, model_path: str, device: str, n_threads: int, n_ubatch: int, build: str) -> dict:
+def cache_key(*, model_path: str, device: str, n_threads: int, n_ubatch: int, build: str, pool: int = 0) -> dict:
     st = os.stat(model_path)
     return {"model": os.path.abspath(model_path), "model_size": st.st_size, "model_mtime": int(st.st_mtime),
             "device": device, "n_threads": n_threads, "n_ubatch": n_ubatch, "build": build,
-            "probe": [PROBE_DEPTH, PROBE_WIDTH, PROBE_CHUNK, PROBE_VERSION]}
+            "probe": [PROBE_DEPTH, PROBE_WIDTH, PROBE_CHUNK, pool, PROBE_VERSION]}
 
 
 def _cache_file(key: dict) -> Path:

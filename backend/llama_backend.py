@@ -203,13 +203,15 @@ class LlamaBackend:
                                      "try a smaller --ctx")
             return ctx
 
+        pool = attention.pool_size(n_ctx)  # other conversations resident in the pool steps
+
         def probe(flash: bool) -> attention.PathTiming:
-            ctx = context(flash, n_ctx=2 * attention.PROBE_DEPTH, n_batch=attention.PROBE_CHUNK,
-                          n_seq_max=attention.PROBE_WIDTH)
+            ctx = context(flash, n_ctx=attention.probe_cells(pool), n_batch=attention.PROBE_CHUNK,
+                          n_seq_max=max(attention.PROBE_WIDTH, pool + 1))
             view = cls(model=model, ctx=ctx, vocab=vocab, model_path=model_path, device_name=device_name,
                        n_threads=n_threads, owns_model=False)
             try:
-                return attention.measure_path(view, flash, view.tokenize(_PROBE_TEXT))
+                return attention.measure_path(view, flash, view.tokenize(_PROBE_TEXT), pool)
             finally:
                 view.close()
 
@@ -221,7 +223,7 @@ class LlamaBackend:
             # thread count and build; then read from the cache).
             choice = attention.forced_choice(flash_attn, cache_type_v) or attention.choose(
                 key=attention.cache_key(model_path=model_path, device=device_name, n_threads=n_threads,
-                                        n_ubatch=n_ubatch, build=_build_id()),
+                                        n_ubatch=n_ubatch, build=_build_id(), pool=pool),
                 measure=probe)
             ctx = context(choice.flash)
         except Exception:

@@ -50,9 +50,11 @@ def devices(
         console.print("[dim]no Vulkan device visible; for the CPU Vulkan driver (lavapipe) set GGML_VK_VISIBLE_DEVICES=0[/]")
     if attention:
         from backend import usable_cpus
+        from backend.attention import POOL_CHUNK
         from backend.factory import BackendConfig, build_backend
 
-        backend = build_backend(BackendConfig("llama", model=model, device=device, verbose=verbose, n_ctx=4096,
+        # The app's default context: the probe's pool, and so the verdict's cache key, follow it.
+        backend = build_backend(BackendConfig("llama", model=model, device=device, verbose=verbose,
                                               n_threads=threads or max(1, usable_cpus() - 1)))
         try:
             choice = backend.attention
@@ -62,6 +64,8 @@ def devices(
             for t in choice.timings:
                 console.print(f"  flash {'on ' if t.flash else 'off'}: fill {t.fill_ms:.0f} ms, decode step "
                               f"{t.decode_shallow_ms:.1f} ms shallow / {t.decode_deep_ms:.1f} ms deep, "
-                              f"16-row chunk deep {t.chunk_deep_ms:.1f} ms")
+                              f"16-row chunk deep {t.chunk_deep_ms:.1f} ms"
+                              + (f", beside {t.pool} other conversations: {POOL_CHUNK}-row chunk "
+                                 f"{t.chunk_pool_ms:.1f} ms, decode step {t.decode_pool_ms:.1f} ms" if t.pool else ""))
         finally:
             backend.close()
