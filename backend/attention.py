@@ -28,8 +28,9 @@ PROBE_REPEATS = 3
 # as distinct cells (a state load, milliseconds, no compute), where the context holds them beside
 # the deep one (`pool_size`). On one CPU thread (Xeon, SmolLM2-135M, 2026-12-06) a probe
 # without it chose dense by 1.34x; beside six 1,024-token conversations a 64-row prompt chunk
-# took 1,289 ms on flash and 2,541 dense, and an agent trace on the dense path ran 1.29x
-# llama-server's makespan (docs/BENCHMARKS.md).
+# took 1,289 ms on flash and 2,541 dense, and the no-bursts agent trace with whole tool results
+# (`bench agents`, one repetition each, not kept) took 1.29x llama-server's makespan on the dense
+# path (209.1 s against 162.4) and 1.02x on flash in the next run (181.5 s against 177.2).
 PROBE_POOL = 6
 # Rows of the pool's prompt chunk: one flash tile, the least a paced prompt step takes there.
 POOL_CHUNK = 64
@@ -164,9 +165,22 @@ class PathTiming:
         """The reference workload: fill a PROBE_DEPTH-token prompt, REFERENCE_STEPS decode steps of
         each kind, and, where a pool was measured, another PROBE_DEPTH prompt rows and
         REFERENCE_STEPS decode steps with the pool resident."""
+        return self.weighed(bool(self.pool))
+
+    def weighed(self, pool: bool) -> float:
+        """The reference workload with or without its pool part (`reference_ms`)."""
         base = self.fill_ms + REFERENCE_STEPS * (self.decode_shallow_ms + self.decode_deep_ms
                                                  + self.decode_mixed_ms)
+        if not pool:
+            return base
         return base + (PROBE_DEPTH / POOL_CHUNK) * self.chunk_pool_ms + REFERENCE_STEPS * self.decode_pool_ms
+
+
+def references(a: PathTiming, b: PathTiming) -> tuple[float, float]:
+    """Both paths' reference workloads, weighed alike: with the pool only where both measured the
+    same one (a backend that refused the copies on one path is compared without it)."""
+    pool = a.pool == b.pool and a.pool > 0
+    return a.weighed(pool), b.weighed(pool)
 
 
 @dataclass(frozen=True)
@@ -194,7 +208,8 @@ class AttentionChoice:
         if len(self.timings) == 2:
             on, off = sorted(self.timings, key=lambda t: not t.flash)
             best, other = (on, off) if self.flash else (off, on)
-            return f"{state} · measured {other.reference_ms / best.reference_ms:.2f}x"
+            best_ms, other_ms = references(best, other)
+            return f"{state} · measured {other_ms / best_ms:.2f}x"
         return f"{state} · {self.reason}"
 
     def deep_samples(self) -> list[tuple[int, int, float, int, int]]:
@@ -224,16 +239,18 @@ def decide(timings: tuple[PathTiming, ...], key: dict) -> AttentionChoice:
     by more than DENSE_MARGIN: within it, flash (see DENSE_MARGIN)."""
     on = next(t for t in timings if t.flash)
     off = next(t for t in timings if not t.flash)
-    dense = on.reference_ms > off.reference_ms * DENSE_MARGIN
+    on_ms, off_ms = references(on, off)
+    dense = on_ms > off_ms * DENSE_MARGIN
     best, other = (off, on) if dense else (on, off)
+    best_ms, other_ms = (off_ms, on_ms) if dense else (on_ms, off_ms)
     pool = (f", {best.chunk_pool_ms:.0f} vs {other.chunk_pool_ms:.0f} ms for a {POOL_CHUNK}-row prompt chunk "
-            f"beside {best.pool} other conversations" if best.pool and other.pool else "")
+            f"beside {best.pool} other conversations" if best.pool == other.pool > 0 else "")
     reason = (f"measured {best.decode_deep_ms:.0f} vs {other.decode_deep_ms:.0f} ms for a "
               f"{PROBE_WIDTH}-sequence decode step {PROBE_DEPTH} deep, {best.decode_mixed_ms:.0f} vs "
               f"{other.decode_mixed_ms:.0f} ms with one of them that deep, {best.fill_ms / 1000:.1f} vs "
-              f"{other.fill_ms / 1000:.1f} s to fill it{pool} ({other.reference_ms / best.reference_ms:.2f}x "
+              f"{other.fill_ms / 1000:.1f} s to fill it{pool} ({other_ms / best_ms:.2f}x "
               f"on the reference workload)")
-    if not dense and on.reference_ms > off.reference_ms:
+    if not dense and on_ms > off_ms:
         reason += (f"; dense was faster by less than {DENSE_MARGIN - 1:.0%}, and its cost grows with "
                    "every other conversation's cells")
     return AttentionChoice(best.flash, reason, timings, key=key)
@@ -312,7 +329,7 @@ def measure_path(backend, flash: bool, tokens: list[int], pool: int = 0) -> Path
         return PathTiming(flash, fill, shallow, median(deep), median(chunks), median(mixed),
                           chunk_pool, decode_pool, pool)
     finally:
-        for s in range(max(width, pool + 1)):
+        for s in range(min(max(width, pool + 1), backend.n_seq_max)):
             backend.kv_remove(s)
 
 

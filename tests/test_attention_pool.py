@@ -83,3 +83,13 @@ def test_a_backend_that_refuses_the_copies_is_weighed_without_a_pool():
     assert (t.pool, t.chunk_pool_ms, t.decode_pool_ms) == (0, 0.0, 0.0)
     assert max(cells for cells, _, _ in backend.steps) < 2 * attention.PROBE_DEPTH
     assert backend.kv_cells_used() == 0
+
+
+def test_paths_are_compared_without_the_pool_when_only_one_measured_it():
+    # flash refused the copies (no pool part); dense measured a slow pool. Weighed alike, dense's
+    # faster fill wins as it would without a pool, not by the pool part flash never paid.
+    on = _timing(True, fill=12500.0, chunk_pool=0.0, pool=0)
+    off = _timing(False, fill=8900.0, chunk_pool=2541.0)
+    assert attention.references(on, off) == (on.weighed(False), off.weighed(False))
+    choice = attention.decide((on, off), KEY)
+    assert not choice.flash and "other conversations" not in choice.reason
