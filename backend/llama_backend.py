@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import llama_cpp
 import numpy as np
 
-from backend import attention, model_file, model_path_problem, native, usable_cpus
+from backend import attention, attention_kernel, model_file, model_path_problem, native, usable_cpus
 from backend.chat import Detokenizer, Vocab
 from backend.llama_sampling import LogitRows, Samplers
 from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, KvStateError, check_plan
@@ -114,8 +114,8 @@ class LlamaBackend:
         # The attention path this context runs and why; the cost model prices rows by it.
         self.attention = choice or attention.AttentionChoice(False, "not measured")
         self.attention_path = self.attention.path
-        self.attention_tile_rows = attention.tile_rows(self.attention, device_name)
-        self.dense_kq_cells = attention.dense_kq_cells(self.attention, device_name, llama_cpp.llama_model_n_head(model))
+        self.attention_tile_rows = attention_kernel.tile_rows(self.attention, device_name)
+        self.dense_kq_cells = attention_kernel.dense_kq_cells(self.attention, device_name, llama_cpp.llama_model_n_head(model))
         self.info["attention"] = self.attention.short()
         self.tool_syntax = vocab.tool_syntax
         self.info["tool_syntax"] = vocab.tool_syntax.value
@@ -284,7 +284,7 @@ class LlamaBackend:
         contexts for all 64 rows. Measured on one thread: 120 prompt rows 1,300 deep beside 3
         decode rows 1,400 deep, 1,607 ms in one call, 1,125 in two; 64 prompt rows beside 16 decode
         rows 400 deep, 1,236 and 600. On one thread the rows of a last, partial tile join the second
-        call when they are few (attention.partial_tile). The step commits both or neither."""
+        call when they are few (attention_kernel.partial_tile). The step commits both or neither."""
         self.check_plan(plan)
         self._rows.clear()
         tile = self.attention_tile_rows
@@ -294,7 +294,7 @@ class LlamaBackend:
         first = prompt
         if prompt and self.n_threads == 1:
             # The rows of a last, partial tile go with the decode rows, one at a time, when few.
-            first, tail = attention.partial_tile(prompt, tile, sum(len(s.tokens) for s in second))
+            first, tail = attention_kernel.partial_tile(prompt, tile, sum(len(s.tokens) for s in second))
             second = tail + second
         if not first or not second:
             code, step_ms, logit_rows, draft_rows = self._run(plan.slices)

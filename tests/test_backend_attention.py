@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from backend import attention
+from backend import attention, attention_kernel
 from backend.attention import PathTiming
 from scheduler.stats import median
 from scheduler.types import AttentionPath
@@ -129,17 +129,17 @@ def test_a_path_the_device_cannot_run_is_skipped_not_fatal(tmp_path, monkeypatch
 
 def test_only_the_cpu_flash_kernel_reports_an_attention_tile():
     on, off = attention.AttentionChoice(True, "asked for"), attention.AttentionChoice(False, "asked for")
-    assert attention.tile_rows(on, "CPU") == attention.CPU_FLASH_TILE_ROWS == 64
-    assert attention.tile_rows(off, "CPU") == 0
-    assert attention.tile_rows(on, "Vulkan0") == 0
+    assert attention_kernel.tile_rows(on, "CPU") == attention_kernel.CPU_FLASH_TILE_ROWS == 64
+    assert attention_kernel.tile_rows(off, "CPU") == 0
+    assert attention_kernel.tile_rows(on, "Vulkan0") == 0
 
 
 def test_only_the_dense_path_on_a_cpu_bounds_a_steps_attention_scores():
     on, off = attention.AttentionChoice(True, "asked for"), attention.AttentionChoice(False, "asked for")
     # 9 heads (SmolLM2-135M): 32 prompt rows beside 8,192 cells, where the measurement put the bound.
-    assert attention.dense_kq_cells(off, "CPU", 9) == 32 * 8192
-    assert attention.dense_kq_cells(off, "CPU", 36) == 8 * 8192  # four times the scores per row and cell
-    assert attention.dense_kq_cells(on, "CPU", 9) == attention.dense_kq_cells(off, "Vulkan0", 9) == 0
+    assert attention_kernel.dense_kq_cells(off, "CPU", 9) == 32 * 8192
+    assert attention_kernel.dense_kq_cells(off, "CPU", 36) == 8 * 8192  # four times the scores per row and cell
+    assert attention_kernel.dense_kq_cells(on, "CPU", 9) == attention_kernel.dense_kq_cells(off, "Vulkan0", 9) == 0
 
 
 # ---- the real model ------------------------------------------------------------------------------
@@ -153,24 +153,24 @@ def _prompt(seq: int, pos0: int, n: int, logits: bool = True):
 
 def test_a_few_rows_of_a_last_partial_tile_are_cut_off_to_run_one_at_a_time():
     # 64 + 5 rows of one prompt: the 5 go to the second call, the prompt's logits with them.
-    head, tail = attention.partial_tile([_prompt(0, 300, 69)], 64, beside=1)
+    head, tail = attention_kernel.partial_tile([_prompt(0, 300, 69)], 64, beside=1)
     assert [(s.seq_id, s.pos0, len(s.tokens), s.want_logits) for s in head] == [(0, 300, 64, False)]
     assert [(s.seq_id, s.pos0, len(s.tokens), s.want_logits) for s in tail] == [(0, 364, 5, True)]
     assert head[0].tokens + tail[0].tokens == _prompt(0, 300, 69).tokens
     # Two prompts: the tail takes the last one whole (3 rows) and 2 rows of the one before.
-    head, tail = attention.partial_tile([_prompt(1, 0, 130, logits=False), _prompt(2, 40, 3)], 64, beside=0)
+    head, tail = attention_kernel.partial_tile([_prompt(1, 0, 130, logits=False), _prompt(2, 40, 3)], 64, beside=0)
     assert [(s.seq_id, s.pos0, len(s.tokens), s.want_logits) for s in head] == [(1, 0, 128, False)]
     assert [(s.seq_id, s.pos0, len(s.tokens), s.want_logits) for s in tail] == [(1, 128, 2, False), (2, 40, 3, True)]
 
 
 def test_a_step_stays_whole_where_the_cut_would_not_pay():
     whole = [_prompt(0, 0, 64 + 17)]  # more than a quarter tile: the partial tile is cheaper
-    assert attention.partial_tile(whole, 64, beside=0) == (whole, [])
+    assert attention_kernel.partial_tile(whole, 64, beside=0) == (whole, [])
     for prompt, beside in (([_prompt(0, 0, 128)], 0),  # no partial tile
                            ([_prompt(0, 0, 40)], 0),  # no tile at all: one row at a time anyway
                            ([_prompt(0, 0, 64 + 8)], 56)):  # with the decode rows it would be tiled
-        assert attention.partial_tile(prompt, 64, beside) == (prompt, [])
-    assert attention.partial_tile([_prompt(0, 0, 70)], 0, beside=0) == ([_prompt(0, 0, 70)], [])
+        assert attention_kernel.partial_tile(prompt, 64, beside) == (prompt, [])
+    assert attention_kernel.partial_tile([_prompt(0, 0, 70)], 0, beside=0) == ([_prompt(0, 0, 70)], [])
 
 
 def test_load_measures_both_paths_caches_the_verdict_and_reports_it(tmp_path, monkeypatch):
@@ -189,7 +189,7 @@ def test_load_measures_both_paths_caches_the_verdict_and_reports_it(tmp_path, mo
         # the rule: dense only when it wins the reference workload by more than DENSE_MARGIN
         assert choice.flash == (not on.reference_ms > off.reference_ms * attention.DENSE_MARGIN)
         assert b.attention_path is (AttentionPath.FLASH if choice.flash else AttentionPath.DENSE)
-        assert b.attention_tile_rows == (attention.CPU_FLASH_TILE_ROWS if choice.flash else 0)
+        assert b.attention_tile_rows == (attention_kernel.CPU_FLASH_TILE_ROWS if choice.flash else 0)
         assert b.info["attention"] == choice.short() and "measured" in b.info["attention_reason"]
         assert b.kv_cells_used() == 0  # the probe left nothing behind
     finally:
