@@ -44,6 +44,12 @@ TILE_STRETCH = 6.0
 ATTENTION_DOMINATES = 0.5
 
 
+# AGENTS' TILE FLOOR: with only agents running, deep in a context on a slow CPU, what the cost model
+# fitted in IDLE_MERGE_MS fell under the tile (63, 59, 56 ... 43 prompt rows), each such step ran
+# its attention one row at a time and took 3.1-4.6 s where the 64-row steps before took 1.3-2.2 s
+# (one thread, 6,000-8,800 cells, the agent trace with whole tool results), and the model, fitting
+# those slow steps, offered fewer rows still. An agents' step now holds at least a tile.
+
 # llama.cpp's CPU flash-attention kernel computes a step's attention in tiles of matrix products
 # only when the step holds at least GGML_FA_TILE_Q (64) rows; below that it goes one row at a time.
 # Deep in a context that makes a small step dearer than a full tile. The backend says how many rows
@@ -167,7 +173,10 @@ class Policy:
         room = max(0, shape.n_batch - d)
         if not shape.paced:
             quick = max(self.value, IDLE_MERGE_MS)
-            return whole_tiles(min(max(MIN_PREFILL_QUANTUM, cost.rows_within(quick, shape)), room), shape)
+            # Never under one attention tile: a step of fewer prompt rows runs their attention one
+            # row at a time and costs more than the whole tile (AGENTS' TILE FLOOR above).
+            rows = max(MIN_PREFILL_QUANTUM, cost.rows_within(quick, shape), shape.tile_rows)
+            return whole_tiles(min(rows, room), shape)
         # Aim below the target by what recent steps ran over their prediction, so that the tail,
         # not only the average, stays within it.
         fits = cost.rows_within(max(0.0, self.value - shape.sampling_ms) / cost.overrun(), shape)

@@ -327,6 +327,22 @@ def test_an_agents_step_takes_whole_attention_tiles_of_a_longer_prompt():
     assert whole_tiles(free, StepShape(1, **deep, pending_rows=5000)) == free
 
 
+def test_an_agents_step_never_falls_under_the_attention_tile_where_its_rows_would_run_one_at_a_time():
+    # The agent trace on one thread, 6,000-8,800 cells: once 2 s fitted fewer than 64 prompt rows
+    # the steps held 63, 59, 56 ... 43 rows at 3.1-4.6 s each (attention one row at a time), where
+    # 64-row steps had taken 1.3-2.2 s, and the model fitting them offered fewer still.
+    cost = CostModel(CostParams(fixed_ms=5.0, decode_ms=8.0, prefill_ms=6.0, attn_ms=6.0))
+    deep = StepShape(1, decode_kpos=7.0, prefill_pos0=6500, n_batch=2048, paced=False, tile_rows=64,
+                     pending_rows=1500)
+    target = parse_policy("target:50")
+    assert MIN_PREFILL_QUANTUM < cost.rows_within(IDLE_MERGE_MS, deep) < 64
+    assert target.prefill_allowance(deep, cost) == 64
+    # A rest shorter than the tile is taken whole; a backend without a tile keeps what fits 2 s.
+    assert target.prefill_allowance(replace(deep, pending_rows=40), cost) >= 40
+    untiled = replace(deep, tile_rows=0)
+    assert target.prefill_allowance(untiled, cost) == cost.rows_within(IDLE_MERGE_MS, untiled) < 64
+
+
 def test_an_agents_step_takes_a_short_rest_of_the_prompt_rather_than_leave_it_a_step_of_its_own():
     # What would be left under a tile runs one row at a time in a step of its own (4,500 deep on
     # one thread, 48 rows alone cost 1,455 ms, 48 more beside 64 rows 1,089): the step takes it.
