@@ -44,12 +44,6 @@ TILE_STRETCH = 6.0
 ATTENTION_DOMINATES = 0.5
 
 
-# AGENTS' TILE FLOOR: with only agents running, deep in a context on a slow CPU, what the cost model
-# fitted in IDLE_MERGE_MS fell under the tile (63, 59, 56 ... 43 prompt rows), each such step ran
-# its attention one row at a time and took 3.1-4.6 s where the 64-row steps before took 1.3-2.2 s
-# (one thread, 6,000-8,800 cells, the agent trace with whole tool results), and the model, fitting
-# those slow steps, offered fewer rows still. An agents' step now holds at least a tile.
-
 # llama.cpp's CPU flash-attention kernel computes a step's attention in tiles of matrix products
 # only when the step holds at least GGML_FA_TILE_Q (64) rows; below that it goes one row at a time.
 # Deep in a context that makes a small step dearer than a full tile. The backend says how many rows
@@ -118,8 +112,9 @@ class Policy:
       background job's: `StepShape.paced` is false), nobody reads the tokens as they come and
       every one of them waits for whole replies: the step takes as many prompt rows as fit in
       IDLE_MERGE_MS beside the decode rows, as llama-server takes a batch, so prompts finish in
-      few steps and decoding runs at full width instead of a staggered tail. A person arriving
-      waits for that step as for an idle one.
+      few steps and decoding runs at full width instead of a staggered tail; never under one
+      attention tile of prompt rows where the backend has one. A person arriving waits for that
+      step as for an idle one.
       On the dense path on a CPU, deep in a pool where attention is most of a prompt row's cost,
       a step's prompt rows stop where their attention scores would outgrow the cache
       (`within_cache`): there a smaller chunk costs less per row.
@@ -173,8 +168,10 @@ class Policy:
         room = max(0, shape.n_batch - d)
         if not shape.paced:
             quick = max(self.value, IDLE_MERGE_MS)
-            # Never under one attention tile: a step of fewer prompt rows runs their attention one
-            # row at a time and costs more than the whole tile (AGENTS' TILE FLOOR above).
+            # Never under one attention tile: fewer rows run their attention one at a time. Deep in
+            # the agent trace on one thread (6,000-8,800 cells) the fit of 2 s fell to 63, 59 ... 43
+            # rows, each step 3.1-4.6 s where 64-row ones took 1.3-2.2 s, and fitting those slow
+            # steps the model offered fewer rows still (the linear cost model cannot see the cliff).
             rows = max(MIN_PREFILL_QUANTUM, cost.rows_within(quick, shape), shape.tile_rows)
             return whole_tiles(min(rows, room), shape)
         # Aim below the target by what recent steps ran over their prediction, so that the tail,
