@@ -81,6 +81,7 @@ bench quick agents-2-no-bursts agents --bursts off --agents 2 --turns 2 --k-max 
 bench full agents-2-no-bursts-full agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 4 --sides serve,llama-server,llama-server+reuse+ram,llama-server+fa-off
 # ... with every reply run to its max_tokens on every side (the same decode work on each).
 bench full agents-2-no-bursts-full-exact agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 4 --exact-replies --sides serve,llama-server,llama-server+reuse+ram
+bench full agents-2-no-bursts-full-exact-same-prompts agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 2 --exact-replies --sides serve,llama-server,llama-server+serve-prompts
 bench full agents-2-bursts agents --bursts on --agents 2 --turns 2 --k-max 300 --think-scale 0.5 --reps 2
 # The burst line at 10 slots, three repetitions against llama-server with and without --cache-reuse
 # (its -fa off ran 1.8-1.9x their makespan in the runs before and never led: left out for time).
