@@ -168,10 +168,9 @@ class Policy:
         room = max(0, shape.n_batch - d)
         if not shape.paced:
             quick = max(self.value, IDLE_MERGE_MS)
-            # Never under one attention tile: fewer rows run their attention one at a time. Deep in
-            # the agent trace on one thread (6,000-8,800 cells) the fit of 2 s fell to 63, 59 ... 43
-            # rows, each step 3.1-4.6 s where 64-row ones took 1.3-2.2 s, and fitting those slow
-            # steps the model offered fewer rows still (the linear cost model cannot see the cliff).
+            # Never under one attention tile: fewer rows run their attention one at a time, at
+            # about twice the cost per row deep in a context, and the linear cost model fitting
+            # those slow steps would offer fewer rows still (figures: docs/design/scheduler.md).
             rows = max(MIN_PREFILL_QUANTUM, cost.rows_within(quick, shape), shape.tile_rows)
             return whole_tiles(min(rows, room), shape)
         # Aim below the target by what recent steps ran over their prediction, so that the tail,
