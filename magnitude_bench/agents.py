@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
+from contextlib import ExitStack, suppress
 from dataclasses import asdict, dataclass
 
 from magnitude_bench.agents_replay import CallKind, CallRecord, Replay, replay
 from magnitude_bench.agents_report import summary, tables
-from magnitude_bench.agents_sides import SIDES, SideSetup, SideSpec, open_side
+from magnitude_bench.agents_sides import SIDES, SideKind, SideSetup, SideSpec, open_side
 from magnitude_bench.agents_trace import Trace, default_trace_path, load_trace
 from magnitude_bench.common import BenchResult, load_avg, watched
 from magnitude_bench.harness import alternating, recorded
@@ -32,11 +35,16 @@ class AgentsConfig:
     model: str | None = None
     in_process: bool = False  # the engine in a thread of this process (tests)
     exact_replies: bool = False  # every reply runs to its max_tokens on every side (ignore_eos)
+    # Two sides at once, each on a core of its own (swapped every repetition): both see the same
+    # moments of a machine whose speed drifts, where sides run one after another do not.
+    paired: bool = False
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.sides if s not in SIDES]
         if unknown:
             raise ValueError(f"unknown side {unknown[0]!r}: use {', '.join(SIDES)}")
+        if self.paired and len(self.sides) != 2:
+            raise ValueError(f"paired runs take exactly two sides, not {len(self.sides)}")
 
 
 def traces(cfg: AgentsConfig) -> list[tuple[bool, Trace]]:
@@ -63,12 +71,54 @@ def run_one(spec: SideSpec, setup: SideSetup, trace: Trace, tag: str) -> dict:
     load_before = load_avg()
     with open_side(spec, setup) as side:
         out, others = watched(lambda: asyncio.run(_drive(side, trace, tag)), side.pids)  # the server is ours
-        cmd = getattr(side, "cmd", None)
-        attention = side.attention()
+        return _row(spec, side, out, others, load_before)
+
+
+def _row(spec: SideSpec, side, out, others: float, load_before) -> dict:
     return {"side": spec.label, **summary(out), "others_cores": round(others, 2), "load_before": load_before,
-            "load_after": load_avg(), "server_cmd": cmd, "attention": attention, "kv": out.kv,
-            "call_log": [{**{k: v for k, v in asdict(c).items() if k != "text"}, "kind": c.kind.value,
-                          "reply_chars": len(c.text)} for c in out.calls]}
+            "load_after": load_avg(), "server_cmd": getattr(side, "cmd", None), "attention": side.attention(),
+            "kv": out.kv, "call_log": [{**{k: v for k, v in asdict(c).items() if k != "text"}, "kind": c.kind.value,
+                                        "reply_chars": len(c.text)} for c in out.calls]}
+
+
+def pin(pid: int, cores: set[int], but: int | None = None) -> None:
+    """Every thread of process `pid` (but the thread `but`) onto `cores`; threads it starts later
+    inherit their starter's."""
+    for tid in map(int, os.listdir(f"/proc/{pid}/task")):
+        if tid != but:
+            with suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(tid, cores)
+
+
+def run_pair(specs: tuple[SideSpec, SideSpec], setup: SideSetup, trace: Trace, tag: str, rep: int) -> list[dict]:
+    """Two fresh sides replaying the trace at the same time, each pinned to a core of its own; the
+    cores swap every repetition. The threads of this process that serve or the engine runs in (its
+    HTTP server, event pump and worker pipes) go on that side's core; the client of both sides (this
+    thread) alone runs on either core."""
+    mine = os.sched_getaffinity(0)
+    if len(mine) < 2:
+        raise RuntimeError(f"paired runs need two cores; this process may use {len(mine)}")
+    cores = sorted(mine)[:2]
+    if rep % 2:
+        cores.reverse()
+    load_before = load_avg()
+    with ExitStack() as stack:
+        sides = [stack.enter_context(open_side(s, setup)) for s in specs]
+        try:
+            for spec, side, core in zip(specs, sides, cores):
+                for pid in side.pids:
+                    pin(pid, {core})
+                if spec.kind is not SideKind.LLAMA_SERVER:
+                    pin(os.getpid(), {core}, but=threading.get_native_id())
+
+            async def both():
+                return await asyncio.gather(*(_drive(side, trace, tag) for side in sides))
+
+            outs, others = watched(lambda: asyncio.run(both()), tuple(p for side in sides for p in side.pids))
+        finally:
+            pin(os.getpid(), mine)
+        return [{**_row(spec, side, out, others, load_before), "core": core, "paired_with": other.label}
+                for spec, side, out, core, other in zip(specs, sides, outs, cores, reversed(specs))]
 
 
 @recorded
@@ -82,6 +132,22 @@ def run_agents(cfg: AgentsConfig, progress=lambda s: None) -> BenchResult:
         setup = SideSetup(cfg.backend, cfg.model, cfg.threads, cfg.n_ctx, cfg.parallel or len(trace.agents) + widest,
                           cfg.in_process, exact_replies=cfg.exact_replies)
         result.config.setdefault("setups", []).append({"bursts": bursts, **asdict(setup)})
+        if cfg.paired:
+            for rep in range(cfg.reps):
+                progress(f"{'bursts' if bursts else 'no bursts'}, repetition {rep + 1} of {cfg.reps}: "
+                         f"{' and '.join(cfg.sides)} at once")
+                try:
+                    pair = run_pair((SIDES[cfg.sides[0]], SIDES[cfg.sides[1]]), setup, trace,
+                                    tag=f"r{rep + 1}{'b' if bursts else 'n'}", rep=rep)
+                except Exception as e:  # as below: a pair that cannot start is a note
+                    result.notes.append(f"{' and '.join(cfg.sides)} (rep {rep + 1}) did not run: "
+                                        f"{type(e).__name__}: {e}")
+                    continue
+                for row in pair:
+                    runs.append({"bursts": bursts, "rep": rep + 1, **row})
+                    progress(f"  {row['side']} on core {row['core']}: makespan {row['makespan_s']} s, "
+                             f"TTFT p95 {row['ttft_p95_s']} s, evaluated {row['evaluated']} of {row['minimum']}")
+            continue
         for rep, name in alternating(cfg.sides, cfg.reps):
             progress(f"{'bursts' if bursts else 'no bursts'}, repetition {rep + 1} of {cfg.reps}: {name}")
             try:
@@ -117,4 +183,10 @@ def run_agents(cfg: AgentsConfig, progress=lambda s: None) -> BenchResult:
         "others_cores: cores other processes kept busy during the run (a shared machine); "
         "load_before/load_after per run are in the JSON",
     ]
+    if cfg.paired:
+        result.notes.append(
+            "paired: both sides replay the trace at the same time, each pinned to a core of its own (core, "
+            "per run; swapped every repetition), so each repetition's ratio compares the same minutes of the "
+            "machine; serve's HTTP server and event pump share its engine's core, the client of both sides "
+            "runs on either core; others_cores counts neither side")
     return result

@@ -86,6 +86,9 @@ def agents_bench(
     ctx: int = typer.Option(16384, "--ctx", help="KV cells, every side's."),
     exact_replies: bool = typer.Option(False, "--exact-replies", help="Every reply runs to its max_tokens on "
                                        "every side (ignore_eos): the same tokens generated everywhere."),
+    paired: bool = typer.Option(False, "--paired", help="Exactly two sides, replaying at the same time, each "
+                                "pinned to a core of its own (swapped every repetition): each ratio from the same "
+                                "minutes of a machine whose speed drifts."),
     generate: bool = typer.Option(False, "--generate-traces", help="Regenerate the repository's traces "
                                   "(seed 23, 16 agents, 6 turns) from its source files, and exit."),
     out: Path = typer.Option(Path("docs/benchmarks"), "--out", help="Directory for the JSON, Markdown and PNG files."),
@@ -109,5 +112,5 @@ def agents_bench(
         cfg = AgentsConfig(trace=str(trace) if trace else None, bursts=which, agents=agents, turns=turns,
                            k_max=k_max, think_scale=think_scale, sides=options.names(sides), reps=reps,
                            threads=threads, n_ctx=ctx, parallel=parallel, backend=backend, model=model,
-                           exact_replies=exact_replies)
+                           exact_replies=exact_replies, paired=paired)
     finish(run_agents(cfg, progress=progress), out, plot_agents)

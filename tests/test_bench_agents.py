@@ -77,8 +77,8 @@ def _replay_config(tmp_path, **kw) -> AgentsConfig:
     trace = generate(FILES, seed=3, agents=3, turns=3, k_range=(20, 60), reply_range=(8, 16), think_range=(0, 0.05))
     path = tmp_path / "trace.json"
     path.write_text(trace.to_json())
-    return AgentsConfig(trace=str(path), agents=3, turns=3, k_max=None, sides=("serve", "engine"), reps=1,
-                        backend="fake", in_process=True, **kw)
+    return AgentsConfig(**{"trace": str(path), "agents": 3, "turns": 3, "k_max": None, "sides": ("serve", "engine"),
+                           "reps": 1, "backend": "fake", "in_process": True, **kw})
 
 
 def test_short_replay_evaluates_no_more_than_the_minimum_while_the_context_has_room(tmp_path):
@@ -106,6 +106,28 @@ def test_short_replay_evaluates_no_more_than_the_minimum_while_the_context_has_r
 def test_unknown_side_is_refused():
     with pytest.raises(ValueError, match="unknown side"):
         AgentsConfig(sides=("serve", "vllm"))
+    with pytest.raises(ValueError, match="exactly two sides"):
+        AgentsConfig(sides=("serve", "llama-server", "engine"), paired=True)
+
+
+def test_paired_sides_replay_at_the_same_time_on_cores_swapped_every_repetition(tmp_path):
+    import os
+
+    before = os.sched_getaffinity(0)
+    result = run_agents(_replay_config(tmp_path, reps=2, paired=True), argv=["test"])
+    assert os.sched_getaffinity(0) == before  # this process is given its cores back
+    runs = result.data["runs"]
+    assert not any("did not run" in n for n in result.notes)
+    assert [(r["rep"], r["side"]) for r in runs] == [(1, "serve"), (1, "engine"), (2, "serve"), (2, "engine")]
+    for rep in (1, 2):
+        a, b = (r for r in runs if r["rep"] == rep)
+        assert a["errors"] == b["errors"] == 0 and a["calls"] == b["calls"]
+        assert a["core"] != b["core"] and (a["paired_with"], b["paired_with"]) == ("engine", "serve")
+        # At once: each side's first call went out before the other side's last reply ended.
+        span = [(min(c["t_send"] for c in r["call_log"]), max(c["t_end"] for c in r["call_log"])) for r in (a, b)]
+        assert span[0][0] < span[1][1] and span[1][0] < span[0][1]
+    assert runs[0]["core"] == runs[3]["core"] != runs[2]["core"]  # swapped in the second repetition
+    assert any(n.startswith("paired:") for n in result.notes)
 
 
 def test_short_replay_counts_what_an_eviction_makes_it_evaluate_again(tmp_path, monkeypatch):
