@@ -111,10 +111,10 @@ class Policy:
       When no person paces the step (every sequence running or waiting is an agent's or a
       background job's: `StepShape.paced` is false), nobody reads the tokens as they come and
       every one of them waits for whole replies: the step takes as many prompt rows as fit in
-      IDLE_MERGE_MS beside the decode rows, as llama-server takes a batch, so prompts finish in
-      few steps and decoding runs at full width instead of a staggered tail; never under one
-      attention tile of prompt rows where the backend has one. A person arriving waits for that
-      step as for an idle one.
+      IDLE_MERGE_MS beside the decode rows, and never fewer than one micro-batch (n_ubatch) or one
+      attention tile, as llama-server takes a batch, so prompts finish in few steps and decoding
+      runs at full width instead of a staggered tail. A person arriving waits for that step (one
+      micro-batch, seconds deep in a context on a CPU) as for an idle one.
       On the dense path on a CPU, deep in a pool where attention is most of a prompt row's cost,
       a step's prompt rows stop where their attention scores would outgrow the cache
       (`within_cache`): there a smaller chunk costs less per row.
@@ -168,10 +168,11 @@ class Policy:
         room = max(0, shape.n_batch - d)
         if not shape.paced:
             quick = max(self.value, IDLE_MERGE_MS)
-            # Never under one attention tile: fewer rows run their attention one at a time, at
-            # about twice the cost per row deep in a context, and the linear cost model fitting
-            # those slow steps would offer fewer rows still (figures: docs/design/scheduler.md).
-            rows = max(MIN_PREFILL_QUANTUM, cost.rows_within(quick, shape), shape.tile_rows)
+            # Never under one micro-batch, nor one attention tile: fewer rows run their attention
+            # one at a time, and deep in a context smaller steps cost more per row and hand the
+            # other agents' decode rows a native call each that they could have shared after the
+            # prompt (figures: docs/design/scheduler.md).
+            rows = max(MIN_PREFILL_QUANTUM, cost.rows_within(quick, shape), shape.tile_rows, shape.n_ubatch)
             return whole_tiles(min(rows, room), shape)
         # Aim below the target by what recent steps ran over their prediction, so that the tail,
         # not only the average, stays within it.

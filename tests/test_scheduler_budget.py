@@ -316,7 +316,8 @@ def test_an_agents_step_takes_whole_attention_tiles_of_a_longer_prompt():
     # 244, 233, 221 rows: the rows of each chunk's partial 64-row tile attend one at a time, and a
     # 2,800-token prompt took 10 % longer than in 256-row chunks. The chunk now ends on a tile.
     cost = CostModel(CostParams(fixed_ms=5.0, decode_ms=8.0, prefill_ms=6.0, attn_ms=10.0))
-    deep = dict(decode_kpos=2.2, prefill_pos0=2100, n_batch=2048, paced=False)
+    # (A backend whose micro-batch is one tile: the micro-batch floor, tested below, stays out of it.)
+    deep = dict(decode_kpos=2.2, prefill_pos0=2100, n_batch=2048, n_ubatch=64, paced=False)
     target = parse_policy("target:50")
     free = target.prefill_allowance(StepShape(1, **deep, pending_rows=5000), cost)
     assert free % 64 != 0  # what fits in the step, as the cost model says
@@ -332,7 +333,8 @@ def test_an_agents_step_never_falls_under_the_attention_tile_where_its_rows_woul
     # the steps held 63, 59, 56 ... 43 rows at 3.1-4.6 s each (attention one row at a time), where
     # 64-row steps had taken 1.3-2.2 s, and the model fitting them offered fewer still.
     cost = CostModel(CostParams(fixed_ms=5.0, decode_ms=8.0, prefill_ms=6.0, attn_ms=6.0))
-    deep = StepShape(1, decode_kpos=7.0, prefill_pos0=6500, n_batch=2048, paced=False, tile_rows=64,
+    # (A micro-batch under the tile, so that the tile is the floor here.)
+    deep = StepShape(1, decode_kpos=7.0, prefill_pos0=6500, n_batch=2048, n_ubatch=32, paced=False, tile_rows=64,
                      pending_rows=1500)
     target = parse_policy("target:50")
     assert MIN_PREFILL_QUANTUM < cost.rows_within(IDLE_MERGE_MS, deep) < 64
@@ -341,6 +343,24 @@ def test_an_agents_step_never_falls_under_the_attention_tile_where_its_rows_woul
     assert target.prefill_allowance(replace(deep, pending_rows=40), cost) >= 40
     untiled = replace(deep, tile_rows=0)
     assert target.prefill_allowance(untiled, cost) == cost.rows_within(IDLE_MERGE_MS, untiled) < 64
+
+
+def test_an_agents_step_takes_at_least_one_micro_batch_deep_in_a_context():
+    # The agent trace on one thread, serve beside a copy of itself with this floor, both at once
+    # on a core each: 0.92-0.96 of its makespan, where 2 s held 100-odd prompt rows 5,000 deep.
+    cost = CostModel(CostParams(fixed_ms=5.0, decode_ms=8.0, prefill_ms=6.0, attn_ms=6.0))
+    deep = StepShape(1, decode_kpos=5.0, prefill_pos0=5000, n_batch=2048, n_ubatch=512, paced=False, tile_rows=64,
+                     pending_rows=2600)
+    target = parse_policy("target:50")
+    assert cost.rows_within(IDLE_MERGE_MS, deep) < 512
+    assert target.prefill_allowance(deep, cost) == 512
+    # A person pacing the step keeps it short; the rest of a prompt under a micro-batch is taken whole.
+    assert target.prefill_allowance(replace(deep, paced=True), cost) < 64
+    assert target.prefill_allowance(replace(deep, pending_rows=300), cost) >= 300
+    # Where more than a micro-batch fits the 2 s (shallow, a fast machine), that many it is.
+    fast = CostModel(CostParams(fixed_ms=1.0, decode_ms=1.0, prefill_ms=0.5, attn_ms=0.1))
+    shallow = replace(deep, decode_kpos=0.1, prefill_pos0=100)
+    assert target.prefill_allowance(shallow, fast) > 1024
 
 
 def test_an_agents_step_takes_a_short_rest_of_the_prompt_rather_than_leave_it_a_step_of_its_own():

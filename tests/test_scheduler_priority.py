@@ -112,7 +112,8 @@ def test_with_no_person_waiting_an_agents_prompt_takes_an_idle_steps_worth_besid
     # A slow CPU: two decode rows take 40 ms and a prompt row 5 ms, so target:50 is out of reach.
     # A person's decode row keeps its cadence: the newcomer gets the 16-row floor. With only
     # agents decoding nobody reads tokens as they come: the newcomer gets what fits in
-    # IDLE_MERGE_MS, as a llama-server batch would take it, and the decode rows keep their row.
+    # IDLE_MERGE_MS and never under one micro-batch, as a llama-server batch would take it, and
+    # the decode rows keep their row.
     cost = CostParams(fixed_ms=30.0, decode_ms=5.0, prefill_ms=5.0)
     granted = {}
     for classes in ((Priority.INTERACTIVE, Priority.INTERACTIVE), (Priority.AGENT, Priority.INTERACTIVE),
@@ -128,7 +129,8 @@ def test_with_no_person_waiting_an_agents_prompt_takes_an_idle_steps_worth_besid
         granted[classes] = rows(plan)[newcomer.seq_id]
         close_all(sched)
     idle_worth = int((IDLE_MERGE_MS - cost.predict(2, 0)) / cost.prefill_ms)  # 392 rows
+    assert idle_worth < 512
     assert granted == {(Priority.INTERACTIVE, Priority.INTERACTIVE): MIN_PREFILL_QUANTUM,
                        (Priority.AGENT, Priority.INTERACTIVE): MIN_PREFILL_QUANTUM,
-                       (Priority.AGENT, Priority.AGENT): idle_worth,
-                       (Priority.BACKGROUND, Priority.AGENT): idle_worth}
+                       (Priority.AGENT, Priority.AGENT): 512,  # one micro-batch
+                       (Priority.BACKGROUND, Priority.AGENT): 512}
