@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 from contextlib import ExitStack, suppress
 from dataclasses import asdict, dataclass
 
 from magnitude_bench.agents_replay import CallKind, CallRecord, Replay, replay
 from magnitude_bench.agents_report import summary, tables
-from magnitude_bench.agents_sides import SIDES, SideKind, SideSetup, SideSpec, open_side
+from magnitude_bench.agents_sides import SIDES, SideSetup, SideSpec, open_side
 from magnitude_bench.agents_trace import Trace, default_trace_path, load_trace
 from magnitude_bench.common import BenchResult, load_avg, watched
 from magnitude_bench.harness import alternating, recorded
@@ -81,21 +80,23 @@ def _row(spec: SideSpec, side, out, others: float, load_before) -> dict:
                                         "reply_chars": len(c.text)} for c in out.calls]}
 
 
-def pin(pid: int, cores: set[int], but: int | None = None) -> None:
-    """Every thread of process `pid` (but the thread `but`) onto `cores`; threads it starts later
-    inherit their starter's."""
-    for tid in map(int, os.listdir(f"/proc/{pid}/task")):
-        if tid != but:
-            with suppress(OSError):  # a thread that ended meanwhile
-                os.sched_setaffinity(tid, cores)
+def threads(pid: int) -> set[int]:
+    return set(map(int, os.listdir(f"/proc/{pid}/task")))
+
+
+def pin(tids: set[int], cores: set[int]) -> None:
+    """These threads onto `cores` (threads they start later inherit it)."""
+    for tid in tids:
+        with suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, cores)
 
 
 def run_pair(specs: tuple[SideSpec, SideSpec], setup: SideSetup, trace: Trace, tag: str, rep: int) -> list[dict]:
     """Two fresh sides replaying the trace at the same time, each pinned to a core of its own; the
-    cores swap every repetition. The threads of this process that serve or the engine runs in (its
-    HTTP server, event pump and worker pipes) go on that side's core; the client of both sides (this
-    thread) alone runs on either core."""
-    mine = os.sched_getaffinity(0)
+    cores swap every repetition. A side's processes go on its core, and so do the threads it
+    started in this process (serve's HTTP server, event pump and worker pipes; a server's log
+    reader); the client of both sides (this thread) alone runs on either core."""
+    mine, me = os.sched_getaffinity(0), os.getpid()
     if len(mine) < 2:
         raise RuntimeError(f"paired runs need two cores; this process may use {len(mine)}")
     cores = sorted(mine)[:2]
@@ -103,20 +104,21 @@ def run_pair(specs: tuple[SideSpec, SideSpec], setup: SideSetup, trace: Trace, t
         cores.reverse()
     load_before = load_avg()
     with ExitStack() as stack:
-        sides = [stack.enter_context(open_side(s, setup)) for s in specs]
+        sides, started = [], []
+        for spec in specs:
+            before = threads(me)
+            sides.append(stack.enter_context(open_side(spec, setup)))
+            started.append(threads(me) - before)
         try:
-            for spec, side, core in zip(specs, sides, cores):
-                for pid in side.pids:
-                    pin(pid, {core})
-                if spec.kind is not SideKind.LLAMA_SERVER:
-                    pin(os.getpid(), {core}, but=threading.get_native_id())
+            for side, own, core in zip(sides, started, cores):
+                pin(own | {t for pid in side.pids for t in threads(pid)}, {core})
 
             async def both():
                 return await asyncio.gather(*(_drive(side, trace, tag) for side in sides))
 
             outs, others = watched(lambda: asyncio.run(both()), tuple(p for side in sides for p in side.pids))
         finally:
-            pin(os.getpid(), mine)
+            pin(threads(me), mine)
         return [{**_row(spec, side, out, others, load_before), "core": core, "paired_with": other.label}
                 for spec, side, out, core, other in zip(specs, sides, outs, cores, reversed(specs))]
 
@@ -187,6 +189,6 @@ def run_agents(cfg: AgentsConfig, progress=lambda s: None) -> BenchResult:
         result.notes.append(
             "paired: both sides replay the trace at the same time, each pinned to a core of its own (core, "
             "per run; swapped every repetition), so each repetition's ratio compares the same minutes of the "
-            "machine; serve's HTTP server and event pump share its engine's core, the client of both sides "
-            "runs on either core; others_cores counts neither side")
+            "machine; the threads a side starts in this process (serve's HTTP server and event pump) share "
+            "its core, the client of both sides runs on either core; others_cores counts neither side")
     return result

@@ -107,7 +107,7 @@ FULL_K = 3000
 def agents(results: Results) -> list[Headline]:
     out = []
     for key in ("agents-4-bursts-np20", "agents-4-bursts", "agents-2-no-bursts", "agents-2-no-bursts-full",
-                "agents-2-no-bursts-full-exact"):
+                "agents-2-no-bursts-full-exact", "agents-2-no-bursts-full-exact-paired"):
         try:
             raw = results.get(key)
         except FileNotFoundError:
@@ -117,6 +117,7 @@ def agents(results: Results) -> list[Headline]:
         a = raw.doc["config"]["agents"]
         whole = ", whole tool results" if a["k_max"] >= FULL_K else ""
         whole += ", every reply to its max_tokens" if a.get("exact_replies") else ""
+        whole += ", both sides at once on a core each" if a.get("paired") else ""
         sides = table(raw, "per side")
         serve = _row(sides, side="serve")
         best = table(raw, "serve ÷ llama-server")[0]["best llama-server (by makespan)"]
