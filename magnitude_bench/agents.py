@@ -134,32 +134,24 @@ def run_agents(cfg: AgentsConfig, progress=lambda s: None) -> BenchResult:
         setup = SideSetup(cfg.backend, cfg.model, cfg.threads, cfg.n_ctx, cfg.parallel or len(trace.agents) + widest,
                           cfg.in_process, exact_replies=cfg.exact_replies)
         result.config.setdefault("setups", []).append({"bursts": bursts, **asdict(setup)})
-        if cfg.paired:
-            for rep in range(cfg.reps):
-                progress(f"{'bursts' if bursts else 'no bursts'}, repetition {rep + 1} of {cfg.reps}: "
-                         f"{' and '.join(cfg.sides)} at once")
-                try:
-                    pair = run_pair((SIDES[cfg.sides[0]], SIDES[cfg.sides[1]]), setup, trace,
-                                    tag=f"r{rep + 1}{'b' if bursts else 'n'}", rep=rep)
-                except Exception as e:  # as below: a pair that cannot start is a note
-                    result.notes.append(f"{' and '.join(cfg.sides)} (rep {rep + 1}) did not run: "
-                                        f"{type(e).__name__}: {e}")
-                    continue
-                for row in pair:
-                    runs.append({"bursts": bursts, "rep": rep + 1, **row})
-                    progress(f"  {row['side']} on core {row['core']}: makespan {row['makespan_s']} s, "
-                             f"TTFT p95 {row['ttft_p95_s']} s, evaluated {row['evaluated']} of {row['minimum']}")
-            continue
-        for rep, name in alternating(cfg.sides, cfg.reps):
-            progress(f"{'bursts' if bursts else 'no bursts'}, repetition {rep + 1} of {cfg.reps}: {name}")
+        # One unit per repetition and side; paired, both sides of a repetition are one unit.
+        units = ([(rep, tuple(cfg.sides)) for rep in range(cfg.reps)] if cfg.paired
+                 else [(rep, (name,)) for rep, name in alternating(cfg.sides, cfg.reps)])
+        for rep, names in units:
+            who, tag = " and ".join(names), f"r{rep + 1}{'b' if bursts else 'n'}"
+            progress(f"{'bursts' if bursts else 'no bursts'}, repetition {rep + 1} of {cfg.reps}: {who}"
+                     + (" at once" if cfg.paired else ""))
             try:
-                row = run_one(SIDES[name], setup, trace, tag=f"r{rep + 1}{'b' if bursts else 'n'}")
+                rows = (run_pair((SIDES[names[0]], SIDES[names[1]]), setup, trace, tag=tag, rep=rep) if cfg.paired
+                        else [run_one(SIDES[names[0]], setup, trace, tag=tag)])
             except Exception as e:  # a side that cannot start is a note, not a lost benchmark
-                result.notes.append(f"{name} (rep {rep + 1}) did not run: {type(e).__name__}: {e}")
+                result.notes.append(f"{who} (rep {rep + 1}) did not run: {type(e).__name__}: {e}")
                 continue
-            runs.append({"bursts": bursts, "rep": rep + 1, **row})
-            progress(f"  makespan {row['makespan_s']} s, TTFT p95 {row['ttft_p95_s']} s, evaluated "
-                     f"{row['evaluated']} of minimum {row['minimum']}, others {row['others_cores']} cores")
+            for row in rows:
+                runs.append({"bursts": bursts, "rep": rep + 1, **row})
+                where = f"  {row['side']} on core {row['core']}:" if cfg.paired else " "
+                progress(f"{where} makespan {row['makespan_s']} s, TTFT p95 {row['ttft_p95_s']} s, evaluated "
+                         f"{row['evaluated']} of minimum {row['minimum']}, others {row['others_cores']} cores")
     result.data["runs"] = runs
     tables(result, runs)
     paths = {r["side"]: r["attention"] for r in runs if r.get("attention")}
