@@ -89,6 +89,9 @@ bench full agents-2-bursts agents --bursts on --agents 2 --turns 2 --k-max 300 -
 # The burst line at 10 slots, three repetitions against llama-server with and without --cache-reuse
 # (its -fa off ran 1.8-1.9x their makespan in the runs before and never led: left out for time).
 bench full agents-4-bursts agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 3 --sides serve,llama-server,llama-server+reuse
+# ... paired with llama-server's best side on it (--cache-reuse 256), every reply to its max_tokens:
+# both at once on a core each, swapped every repetition, so a ratio is not the machine's drift.
+bench full agents-4-bursts-paired agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 4 --exact-replies --sides serve,llama-server+reuse --paired
 # ... and llama-server sent serve's own rendering of each history (the same prompt tokens), beside both.
 bench full agents-4-bursts-same-prompts agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 2 --sides serve,llama-server,llama-server+serve-prompts
 # The same trace on serve as the app launches it (its probe's attention path) and on flash attention asked for.
