@@ -61,6 +61,28 @@ def structured(
     finish(run_structured(spec, cfg, progress=progress), out, None)
 
 
+@commands.command("kv-span")
+def kv_span(
+    prompt: int = typer.Option(1000, "--prompt", help="Prompt tokens per sequence (llama-batched-bench -npp)."),
+    seqs: int = typer.Option(5, "--seqs", help="Sequences decoding at once (-npl)."),
+    gen: int = typer.Option(24, "--gen", help="Tokens each sequence generates (-ntg)."),
+    reps: int = typer.Option(2, "--reps", help="Repetitions (the layouts alternate which goes first)."),
+    threads: int = typer.Option(1, "--threads", "-t", help="CPU threads."),
+    flash_attn: str = typer.Option("on", "--flash-attn", help="llama.cpp's attention path: on or off."),
+    model: Optional[str] = ModelOpt, out: Path = OutOpt,
+) -> None:
+    """What a unified KV cache's span costs a decode row: llama-batched-bench with a prompt per
+    sequence, one prompt shared, and a cache stream per sequence."""
+    from magnitude_bench.kv_span import KvSpanConfig, run_kv_span
+
+    if min(prompt, seqs, gen, reps, threads) < 1 or flash_attn not in ("on", "off"):
+        raise typer.BadParameter("--prompt, --seqs, --gen, --reps and --threads must be at least 1; "
+                                 "--flash-attn on or off")
+    cfg = KvSpanConfig(prompt=prompt, seqs=seqs, gen=gen, reps=reps, threads=threads, flash_attn=flash_attn,
+                       model=model)
+    finish(run_kv_span(cfg, progress=progress), out, None)
+
+
 @commands.command("agents")
 def agents_bench(
     trace: Optional[Path] = typer.Option(None, "--trace", help="A trace file (default: the repository's, "

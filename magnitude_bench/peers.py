@@ -81,12 +81,13 @@ def device_args(device_name: str) -> list[str]:
 
 def batched_bench(bindir: Path, *, model: str, seqs: list[int], prompt: int, gen: int, threads: int,
                   n_ctx: int, n_batch: int, n_ubatch: int, dev: list[str],
-                  extra: list[str] | None = None, timeout_s: float = 3600) -> dict[int, dict]:
+                  extra: list[str] | None = None, timeout_s: float = 3600, unified: bool = True) -> dict[int, dict]:
     """One llama-batched-bench run over every batch width; {seqs: its JSON line}. `extra`: more
-    flags (e.g. -pps for a prompt shared by every sequence, -fa on|off). subprocess.TimeoutExpired
-    after `timeout_s`."""
+    flags (e.g. -pps for a prompt shared by every sequence, -fa on|off). `unified`: one KV cache
+    for every sequence (-kvu, as the engine runs), else a cache stream per sequence, each
+    n_ctx / sequences cells. subprocess.TimeoutExpired after `timeout_s`."""
     cmd = [str(bindir / "llama-batched-bench"), "-m", model, "-c", str(n_ctx), "-b", str(n_batch),
-           "-ub", str(n_ubatch), "-t", str(threads), "-tb", str(threads), "-kvu", *dev,
+           "-ub", str(n_ubatch), "-t", str(threads), "-tb", str(threads), *(["-kvu"] if unified else []), *dev,
            "-npp", str(prompt), "-ntg", str(gen), "-npl", ",".join(map(str, seqs)), "--output-format", "jsonl", *(extra or [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:

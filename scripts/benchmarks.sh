@@ -92,6 +92,9 @@ bench full agents-4-bursts agents --bursts on --agents 4 --turns 2 --k-max 300 -
 # ... paired with llama-server's best side on it (--cache-reuse 256), every reply to its max_tokens:
 # both at once on a core each, swapped every repetition, so a ratio is not the machine's drift.
 bench full agents-4-bursts-paired agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 4 --exact-replies --sides serve,llama-server+reuse --paired
+# What a unified KV cache's span costs a decode row (the burst trace's subagents decode deep in a shared
+# pool): a prompt per sequence, one shared prompt, and a cache stream per sequence.
+bench full kv-span kv-span --prompt 1000 --seqs 5 --gen 24 --reps 2 --threads 1
 # ... and llama-server sent serve's own rendering of each history (the same prompt tokens), beside both.
 bench full agents-4-bursts-same-prompts agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 2 --sides serve,llama-server,llama-server+serve-prompts
 # The same trace on serve as the app launches it (its probe's attention path) and on flash attention asked for.

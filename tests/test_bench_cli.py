@@ -18,7 +18,7 @@ def _bench(*args: str):
 def test_every_bench_command_is_listed():
     assert COMMANDS == sorted(["admit", "prefill-curve", "throughput", "spec", "fork", "resume", "burst",
                                "target-depth", "serve", "remote", "ui", "ui-cpu", "soak", "contention", "person",
-                               "structured", "agents", "report"])
+                               "structured", "kv-span", "agents", "report"])
 
 
 @pytest.mark.parametrize("command", COMMANDS)
