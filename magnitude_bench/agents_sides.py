@@ -267,12 +267,9 @@ def open_side(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide | EngineSid
 
 
 def _llama_server(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide]:
-    from magnitude_bench.peers import PeerError, Server, model_path, tools_dir
+    from magnitude_bench.peers import Server, model_path, required_tools
 
-    found = tools_dir()
-    if found is None:
-        raise PeerError("llama-server is not built (scripts/build_llama_tools.sh)")
-    with Server.on_cpu(found[0], model=model_path(setup.model), parallel=setup.parallel,
+    with Server.on_cpu(required_tools("llama-server"), model=model_path(setup.model), parallel=setup.parallel,
                        threads=setup.threads, n_ctx=setup.n_ctx, extra=spec.server_args()) as srv:
 
         async def kv(http: httpx.AsyncClient) -> tuple[int, int] | None:

@@ -157,10 +157,7 @@ def run_contention(cfg: ContentionConfig, progress: Callable[[str], None] = lamb
     loads = cfg.loads if cfg.loads is not None else tuple(dict.fromkeys((0, 1, cores)))
     peer_threads = cfg.peer_threads or tuple(range(1, cores + 1))
     model = peers.model_path(cfg.model)
-    found = peers.tools_dir()
-    if found is None:
-        raise peers.PeerError("llama-batched-bench is not built: run scripts/build_llama_tools.sh")
-    bindir = found[0]
+    bindir = peers.required_tools("llama-batched-bench")
     clients = {"engine": _engine_client(cfg, fixed_threads=None)}
     if cfg.engine_fixed:
         clients[f"engine -t {cores} fixed"] = _engine_client(cfg, fixed_threads=cores)

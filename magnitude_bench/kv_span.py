@@ -16,14 +16,16 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from magnitude_bench import peers
-from magnitude_bench.common import BenchResult
-from magnitude_bench.harness import in_turn, recorded
+from magnitude_bench.common import BenchResult, not_quiet_notes
+from magnitude_bench.harness import recorded, sweep
 from scheduler.stats import rnd
 
 # (name, unified, extra flags)
-LAYOUTS: tuple[tuple[str, bool, list[str]], ...] = (("unified, a prompt per sequence", True, []),
-           ("unified, one prompt shared", True, ["-pps"]),
-           ("a stream per sequence", False, []))
+LAYOUTS: tuple[tuple[str, bool, list[str]], ...] = (
+    ("unified, a prompt per sequence", True, []),
+    ("unified, one prompt shared", True, ["-pps"]),
+    ("a stream per sequence", False, []),
+)
 
 
 @dataclass(frozen=True)
@@ -39,33 +41,33 @@ class KvSpanConfig:
 
 @recorded
 def run_kv_span(cfg: KvSpanConfig, progress=lambda s: None) -> BenchResult:
-    found = peers.tools_dir()
-    if found is None:
-        raise peers.PeerError("llama.cpp tools are not built: run scripts/build_llama_tools.sh")
+    bindir = peers.required_tools("llama-batched-bench")
     model = peers.model_path(cfg.model)
     n_ctx = max(2048, cfg.seqs * (cfg.prompt + cfg.gen) + 256)
-    runs = []
-    for rep in range(cfg.reps):
-        for name, unified, extra in in_turn(LAYOUTS, rep):
-            progress(f"repetition {rep + 1} of {cfg.reps}: {name}")
-            row = peers.batched_bench(found[0], model=model, seqs=[cfg.seqs], prompt=cfg.prompt, gen=cfg.gen,
-                                      threads=cfg.threads, n_ctx=n_ctx, n_batch=2048, n_ubatch=512,
-                                      dev=peers.device_args("CPU"), extra=["-fa", cfg.flash_attn, *extra],
-                                      unified=unified)[cfg.seqs]
-            # A unified cache's rows attend over every cell in use (llama-batched-bench's n_kv, all
-            # sequences), a stream's over its own sequence's.
-            span = row["n_kv"] if unified else cfg.prompt + cfg.gen
-            runs.append({"layout": name, "rep": rep + 1, "cells_in_use": row["n_kv"], "cells_per_row": span,
-                         "tg_tok_s": row["speed_tg"], "pp_tok_s": row["speed_pp"]})
+
+    def run(layout: tuple[str, bool, list[str]], rep: int) -> dict:
+        name, unified, extra = layout
+        progress(f"repetition {rep + 1} of {cfg.reps}: {name}")
+        row = peers.batched_bench(bindir, model=model, seqs=[cfg.seqs], prompt=cfg.prompt, gen=cfg.gen,
+                                  threads=cfg.threads, n_ctx=n_ctx, n_batch=2048, n_ubatch=512,
+                                  dev=peers.device_args("CPU"), extra=["-fa", cfg.flash_attn, *extra],
+                                  unified=unified)[cfg.seqs]
+        return {"n_kv": row["n_kv"], "tg_tok_s": row["speed_tg"], "pp_tok_s": row["speed_pp"]}
+
+    runs = sweep(LAYOUTS, cfg.reps, run, label=lambda layout: layout[0], progress=progress)
+    for r in runs:
+        r["layout"] = r.pop("config")
     res = BenchResult(name="kv-span", title="bench kv-span: decode rows over a unified KV cache's span",
                       config={"kv_span": asdict(cfg), "n_ctx": n_ctx})
     base = statistics.median(r["tg_tok_s"] for r in runs if r["layout"] == LAYOUTS[0][0])
     rows = []
-    for name, _, _ in LAYOUTS:
+    for name, unified, _ in LAYOUTS:
         mine = [r for r in runs if r["layout"] == name]
         tg = statistics.median(r["tg_tok_s"] for r in mine)
-        rows.append({"layout": name, "reps": len(mine), "cells_in_use": mine[0]["cells_in_use"],
-                     "cells_per_row": mine[0]["cells_per_row"], "tg_tok_s": rnd(tg, 2),
+        # A unified cache's rows attend over every cell in use (llama-batched-bench's n_kv, all
+        # sequences), a stream's over its own sequence's.
+        rows.append({"layout": name, "reps": len(mine), "cells_in_use": mine[0]["n_kv"],
+                     "cells_per_row": mine[0]["n_kv"] if unified else cfg.prompt + cfg.gen, "tg_tok_s": rnd(tg, 2),
                      "pp_tok_s": rnd(statistics.median(r["pp_tok_s"] for r in mine), 2),
                      "tg ÷ unified": rnd(tg / base, 3)})
     res.tables[f"{cfg.seqs} sequences of {cfg.prompt} prompt tokens decoding at once, "
@@ -79,5 +81,5 @@ def run_kv_span(cfg: KvSpanConfig, progress=lambda s: None) -> BenchResult:
         "pp_tok_s: prompt tokens per second",
         "a stream per sequence holds n_ctx / sequences cells each: a sequence cannot outgrow its share, and a "
         "fork into another stream copies the whole stream",
-    ]
+    ] + not_quiet_notes()
     return res

@@ -38,6 +38,14 @@ def tools_dir() -> tuple[Path, str] | None:
     return None
 
 
+def required_tools(what: str = "llama.cpp's tools") -> Path:
+    """tools_dir's bin dir, or PeerError saying how to build it (`what`: the tool the caller needs)."""
+    found = tools_dir()
+    if found is None:
+        raise PeerError(f"{what} is not built: run scripts/build_llama_tools.sh")
+    return found[0]
+
+
 def model_path(model: str | None) -> str:
     """The GGUF a peer runs: `model`, else the app's default model."""
     from backend.llama_backend import default_model_path

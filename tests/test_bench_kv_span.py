@@ -12,7 +12,8 @@ from tests.needs import llama_tools
 pytestmark = pytest.mark.slow
 
 
-def test_three_layouts_run_the_same_rows_in_alternating_order_and_report_each_span(tmp_path):
+def test_three_layouts_run_the_same_rows_in_alternating_order_and_report_each_span(tmp_path, monkeypatch):
+    monkeypatch.setenv("MAGNITUDE_BENCH_WAIT_QUIET", "0")  # a smoke run: no waiting for a quiet machine
     cfg = KvSpanConfig(prompt=48, seqs=2, gen=4, reps=2)
     if llama_tools() is None:  # outside make test, without the build: a clear error, nothing run
         with pytest.raises(peers.PeerError, match="build_llama_tools"):
