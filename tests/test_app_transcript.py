@@ -8,7 +8,10 @@ from magnitude_tui.widgets.message_view import MessageView
 from magnitude_tui.widgets.transcript import MIN_SHOWN, Transcript, shown_from
 from tests.app_support import ScriptedClient, make_app, one_turn, settle, wait_for
 
-PARAGRAPH = "A finished reply with a list in it:\n\n" + "".join(f"{i}. item number {i} of the list\n" for i in range(1, 25))
+# A tall reply, as agents write them: a short list, then a block of code (a long list would lay out
+# as many widgets as it has items, and make every frame of these tests slow to no purpose).
+PARAGRAPH = ("A finished reply with a list in it:\n\n1. item number 1 of the list\n2. item number 2 of the list\n\n"
+             "```\n" + "".join(f"line number {i} of the code\n" for i in range(3, 25)) + "```\n")
 
 
 def _long_history(n: int) -> list[MessageRecord]:

@@ -115,6 +115,9 @@ def test_follow_up_turn_prefills_only_the_new_message(clean_llama):
     close_and_assert_empty(engine, "conv")
 
 
+FORKS = 4  # a burst of subagents (bench agents runs bursts of 3-6 at full length)
+
+
 def test_forked_subagents_reuse_the_parent_prefix(clean_llama):
     b = clean_llama
     engine = Engine(b, policy="target:200")
@@ -125,13 +128,13 @@ def test_forked_subagents_reuse_the_parent_prefix(clean_llama):
     d.run_until_done("p")
     assert d.seen["p"].last.prompt_total >= 1000
     history = parent + [Message("assistant", d.seen["p"].text)]
-    tasks = [f"Subtask {i}: which fact mentions {i * i}?" for i in range(8)]
+    tasks = [f"Subtask {i}: which fact mentions {i * i}?" for i in range(FORKS)]
     forks = [d.submit(f"f{i}", f"child{i}", history + [Message("user", t)], max_tokens=2, fork_from="parent")
              for i, t in enumerate(tasks)]
     d.run_until_done(*forks, timeout=600)
     cached = [d.seen[r].last.cached_tokens for r in forks]
     # Admission shares any idle conversation's prefix, so the cold runs need the forks gone.
-    for s in ["parent"] + [f"child{i}" for i in range(8)]:
+    for s in ["parent"] + [f"child{i}" for i in range(FORKS)]:
         engine.close_session(s)
     d.run_until(lambda: not engine.has_work())
     # The same prompts, each opened by its own system line so that no two share a prefix: the
@@ -143,13 +146,13 @@ def test_forked_subagents_reuse_the_parent_prefix(clean_llama):
     fork_ttft = [d.seen[r].last.ttft_ms for r in forks]
     cold_ttft = [d.seen[r].last.ttft_ms for r in colds]
     print(f"\nparent context {d.seen['p'].last.prompt_total} tokens; forked cached {min(cached)}..{max(cached)}")
-    print(f"8 forked: TTFT max {max(fork_ttft):.0f} ms; 8 cold: TTFT max {max(cold_ttft):.0f} ms "
+    print(f"{FORKS} forked: TTFT max {max(fork_ttft):.0f} ms; {FORKS} cold: TTFT max {max(cold_ttft):.0f} ms "
           f"(ratio {max(cold_ttft) / max(fork_ttft):.1f}x)")
     assert all(c >= 1000 for c in cached), cached
     assert all(d.seen[r].last.cached_tokens == 0 for r in colds)
     assert all(d.seen[r].last.error is None for r in forks + colds)
     assert max(fork_ttft) * 3 < max(cold_ttft)
-    close_and_assert_empty(engine, *(f"cold{i}" for i in range(8)))
+    close_and_assert_empty(engine, *(f"cold{i}" for i in range(FORKS)))
 
 
 def test_bad_requests_fail_alone_and_the_rest_carry_on(clean_llama):

@@ -191,8 +191,10 @@ class ChatPane(Vertical):
         return view
 
     def _transcript(self) -> Transcript | None:
-        """None before compose and while the pane is torn down."""
-        found = self.query(Transcript)
+        """None before compose and while the pane is torn down. A child of the pane: looked up
+        among the children only (a long transcript holds thousands of widgets, and the paint tick
+        asks for it)."""
+        found = self.query_children(Transcript)
         return found.first() if found else None
 
     def _speaker(self, m: MessageRecord) -> str:
@@ -254,7 +256,7 @@ class ChatPane(Vertical):
 
     def _show_note(self) -> None:
         text = queue_note(self.queued, self.editing is not None)
-        for note in self.query(".queued-note").results(Static):
+        for note in self.query_children(".queued-note").results(Static):
             note.display = bool(text)
             if text:
                 note.update(text)
@@ -342,7 +344,7 @@ class ChatPane(Vertical):
             await self._paint(self.replies.streaming)
         if self._status_dirty or self.activity is not None:  # the tool phase's clock runs
             self._status_dirty = False
-            for status in self.query(StatusLine):  # none while the pane is torn down
+            for status in self.query_children(StatusLine):  # none while the pane is torn down
                 status.show(self.replies.last_update, self.activity)
             gauge = self.gauge_text()
             if gauge and gauge != self._gauge:  # a new request keeps the last gauge until it knows
@@ -388,8 +390,8 @@ class ChatPane(Vertical):
         self.replies.note(ToolTurnView(record, speaker=self._speaker(record), panes=panes))
 
     async def _paint_notes(self, notes: list[str | Widget]) -> None:
-        transcript = self._transcript()
-        if not notes or transcript is None:
+        transcript = self._transcript() if notes else None
+        if transcript is None:
             return
         for view in self.query(MessageView):
             view.set_class(self.chat.is_dropped(view.message), "-dropped")
