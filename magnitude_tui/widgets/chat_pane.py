@@ -393,7 +393,7 @@ class ChatPane(Vertical):
         transcript = self._transcript() if notes else None
         if transcript is None:
             return
-        for view in self.query(MessageView):
+        for view in transcript.views():
             view.set_class(self.chat.is_dropped(view.message), "-dropped")
         for note in notes:
             await (transcript.mount(note) if isinstance(note, Widget) else transcript.add_note(note))
