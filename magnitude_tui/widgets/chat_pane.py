@@ -140,7 +140,7 @@ class ChatPane(Vertical):
         """Show (and send from now on) answer `index` of a reply that retry gave several."""
         message.show_answer(index)
         self.chat.mark_unsaved(message)
-        for view in self.query(MessageView):
+        for view in self._shown_views():
             if view.message is message:
                 await view.redraw()
 
@@ -197,6 +197,11 @@ class ChatPane(Vertical):
         found = self.query_children(Transcript)
         return found.first() if found else None
 
+    def _shown_views(self) -> list[MessageView]:
+        """The message views shown (the transcript's children; none before compose)."""
+        transcript = self._transcript()
+        return transcript.views() if transcript is not None else []
+
     def _speaker(self, m: MessageRecord) -> str:
         return speaker(self.record, self.parent_name, m)
 
@@ -212,7 +217,7 @@ class ChatPane(Vertical):
         self._rename_speakers()
 
     def _rename_speakers(self) -> None:
-        for view in self.query(MessageView):
+        for view in self._shown_views():
             view.set_speaker(self._speaker(view.message))
 
     def focus_composer(self) -> None:
@@ -283,7 +288,7 @@ class ChatPane(Vertical):
         transcript; returns what was removed (the caller deletes it from the store)."""
         removed = self.chat.truncate(message, keep=keep)
         gone = {id(m) for m in removed}
-        for view in self.query(MessageView):
+        for view in self._shown_views():
             if id(view.message) in gone:
                 await view.remove()
         transcript = self._transcript()
@@ -311,7 +316,7 @@ class ChatPane(Vertical):
         last = None if self.busy else self.chat.withdraw_last_prompt()
         if last is None:
             return None
-        for view in self.query(MessageView):
+        for view in self._shown_views():
             if view.message is last:
                 await view.remove()
         transcript = self._transcript()
