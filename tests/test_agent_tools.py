@@ -171,6 +171,7 @@ def test_search_reports_a_bad_pattern_as_its_result(ws):
     assert not r.ok and "not a regular expression" in r.text
 
 
+@pytest.mark.serial
 def test_a_search_that_backtracks_without_end_fails_alone_and_leaves_the_loop_free(tmp_path):
     # (a|aa)+$ on 40 a's and a b takes longer than anyone waits; with `re` it also held the GIL,
     # so the app froze until it ended.
@@ -334,6 +335,7 @@ def test_a_background_job_does_not_hold_the_command_past_its_end(ws):
     assert not marker.exists()
 
 
+@pytest.mark.serial
 @pytest.mark.timeout(30)
 def test_a_process_that_leaves_the_group_cannot_hold_the_command_open(ws):
     # A new session escapes the group kill and keeps the output pipe: reading stops, and says why.
@@ -363,6 +365,35 @@ async def test_cancelling_run_command_kills_its_process_group(ws):
         for _ in range(100):  # SIGKILL is delivered at once; reaping by init may take a moment
             os.kill(pid, 0)
             await asyncio.sleep(0.02)
+
+
+async def test_a_command_cancelled_while_it_is_being_started_is_stopped_too(ws, monkeypatch):
+    """The shell runs before create_subprocess_shell returns (its pipes are connected after the
+    fork): a cancel in that window must still stop it, not leave it running with nobody to end it."""
+    import magnitude_tui.agent.command as command
+
+    real = asyncio.create_subprocess_shell
+    slow_start = asyncio.Event()
+
+    async def started_slowly(*args, **kwargs):
+        proc = await real(*args, **kwargs)
+        slow_start.set()
+        await asyncio.sleep(1.5)  # the pipes' set-up, stretched so the cancel lands in it
+        return proc
+
+    monkeypatch.setattr(command.asyncio, "create_subprocess_shell", started_slowly)
+    pidfile = ws.root / "pid"
+    task = asyncio.create_task(tools(ws)["run_command"].run({"command": f"echo $$ > {pidfile}; sleep 30"}))
+    await asyncio.wait_for(slow_start.wait(), 10)
+    for _ in range(200):
+        if pidfile.exists() and pidfile.read_text().strip():
+            break
+        await asyncio.sleep(0.02)
+    pgid = int(pidfile.read_text())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 60)
+    assert not command._group_running(pgid), "the command outlived its cancelled start"
 
 
 # ---- every escape route out of the root ----------------------------------------------------------

@@ -14,6 +14,9 @@ from magnitude_tui.agent.workspace import Workspace
 
 # After SIGTERM to the group, how long its processes get before SIGKILL.
 TERM_GRACE_S = 1.0
+# After SIGKILL, how long a stop waits for the group's processes to be gone: a signalled process
+# ends only once the kernel schedules it, which on a busy machine is after the shell's end is seen.
+KILL_WAIT_S = 2.0
 # How often the shell's end is looked for (Process.wait would also wait for the output pipe to close).
 EXIT_POLL_S = 0.02
 # After the command's group is gone, how long its output may take to end: longer means a process
@@ -58,6 +61,32 @@ def _kill_group(proc: asyncio.subprocess.Process, sig: int) -> None:
         pass
 
 
+def _group_running(pgid: int) -> bool:
+    """Whether a process of the group still runs. A zombie (ended, not yet reaped by its new
+    parent) does not count; where /proc is missing, any member does."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
 async def _exited(proc: asyncio.subprocess.Process) -> int:
     """The shell's exit status once it ends. Not Process.wait: that also waits until every copy of
     the output pipe is closed, which a background job (`server &`) holds open past the shell's end."""
@@ -75,6 +104,10 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
         pass
     _kill_group(proc, signal.SIGKILL)  # also whatever the shell left behind in the group
     await _exited(proc)
+    # A stop returns once the group is gone, not just signalled (a cancelled run reports it stopped).
+    deadline = asyncio.get_running_loop().time() + KILL_WAIT_S
+    while _group_running(proc.pid) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(EXIT_POLL_S)
 
 
 class _Output:
@@ -118,12 +151,23 @@ class CommandTool:
         limit = self.ws.limits.command_timeout_s
         timeout = min(float(args.get("timeout_s") or limit), limit)
         env, _ = command_env(os.environ, self.ws.pass_env)
+        starting = asyncio.ensure_future(asyncio.create_subprocess_shell(
+            args["command"], cwd=self.ws.root, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True))
         try:
-            proc = await asyncio.create_subprocess_shell(
-                args["command"], cwd=self.ws.root, env=env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            proc = await asyncio.shield(starting)
         except OSError as e:
             return ToolResult.failed(f"the command could not start: {e}")
+        except asyncio.CancelledError:
+            # Cancelled while the shell was being started: it may already run (the fork comes
+            # before the pipes are set up), so it is stopped like a running one before going.
+            try:
+                started = await starting
+            except OSError:
+                raise asyncio.CancelledError from None
+            await _stop(started)
+            _close(started)
+            raise
         output = _Output(self.ws.limits.output_chars)
         assert proc.stdout is not None  # stdout=PIPE
         reader = asyncio.ensure_future(output.read(proc.stdout))
