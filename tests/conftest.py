@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.needs import need_real_model
+
+
+def _pin_xdist_worker() -> None:
+    """In make test's parallel pass (pytest-xdist) each worker gets cores of its own, so one
+    worker's llama.cpp threads never wait on cores the other's hold (a spinning thread pool on a
+    shared core runs several times slower); engines then size their threads to what they see."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < int(count):
+        return
+    os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) :: int(count)])
+
+
+_pin_xdist_worker()
 
 
 @pytest.fixture(scope="session")

@@ -180,6 +180,7 @@ def test_run_command_on_the_fake_engine_answers_and_a_failing_engine_exits_1(tmp
     assert r.exit_code == 1 and "the agent did not finish" in r.output
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_real_model_first_turn_must_call_a_tool_and_the_tool_turn_reuses_the_kv(tmp_path):
     (tmp_path / "README.md").write_text("# demo\n")

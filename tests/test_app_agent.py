@@ -92,6 +92,7 @@ async def test_deny_with_a_reason_reaches_the_model(tmp_path):
         assert not block.ok and block.tool == "run_command"
 
 
+@pytest.mark.serial
 async def test_tool_phase_shown_while_waiting_on_approval(tmp_path):
     (tmp_path / "work").mkdir()
     client = ToolClient(lambda r: [("write_file", {"path": "n.txt", "content": "x"})] if not tool_results(r)
@@ -141,6 +142,7 @@ async def test_esc_denies_and_a_read_runs_without_asking(tmp_path):
         assert not (tmp_path / "work" / "w.txt").exists()
 
 
+@pytest.mark.serial
 async def test_a_tool_blocks_duration_is_its_run_time_not_the_time_the_dialog_was_open(tmp_path):
     # A denied write_file read "✗ write_file(...) · 1.2 s": the person's time at the dialog was
     # counted as the tool's. Neither a denied nor an allowed call counts it now.

@@ -102,6 +102,7 @@ def _machine_busy_jiffies() -> int:
     return sum(fields[:8]) - fields[3] - fields[4]
 
 
+@pytest.mark.serial
 def test_the_meter_counts_other_processes_not_this_one():
     # Against the whole machine's busy time over the same window, so other work on the machine
     # (a neighbour, a parallel test) does not decide it: this process's core is not "others".
@@ -144,7 +145,6 @@ def test_only_the_dense_path_on_a_cpu_bounds_a_steps_attention_scores():
 
 # ---- the real model ------------------------------------------------------------------------------
 
-@pytest.mark.slow
 def _prompt(seq: int, pos0: int, n: int, logits: bool = True):
     from scheduler.types import SeqSlice
 
@@ -173,6 +173,8 @@ def test_a_step_stays_whole_where_the_cut_would_not_pay():
     assert attention_kernel.partial_tile([_prompt(0, 0, 70)], 0, beside=0) == ([_prompt(0, 0, 70)], [])
 
 
+@pytest.mark.slow
+@pytest.mark.serial  # the verdict is cached only on a quiet machine
 def test_load_measures_both_paths_caches_the_verdict_and_reports_it(tmp_path, monkeypatch):
     need_real_model()
     from backend.llama_backend import LlamaBackend
@@ -225,6 +227,7 @@ def test_forced_settings_and_a_quantized_v_cache_run(tmp_path, monkeypatch):
         LlamaBackend.load(device="cpu", n_ctx=512, n_seq_max=2, flash_attn="off", cache_type_v="q4_0")
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.parametrize("flash", ["off", "on"])
 def test_the_cost_model_predicts_held_out_deep_steps_within_a_quarter(flash):

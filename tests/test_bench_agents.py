@@ -110,6 +110,7 @@ def test_unknown_side_is_refused():
         AgentsConfig(sides=("serve", "llama-server", "engine"), paired=True)
 
 
+@pytest.mark.serial
 def test_paired_sides_replay_at_the_same_time_on_cores_swapped_every_repetition(tmp_path):
     import os
 

@@ -26,6 +26,7 @@ def test_simulated_resume_prefills_only_the_new_turn_when_warm(tmp_path):
     assert save_result(res, tmp_path)["json"].exists()
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_real_model_resume_is_warm(tmp_path):
     res = run_resume(BackendConfig(kind="llama", device="cpu", n_threads=1),

@@ -22,6 +22,7 @@ def test_the_ratio_is_the_median_of_the_repetitions_side_by_side():
                             "(median of 3 alternating repetitions: 1.00, 0.90, 1.20)"]
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_bench_serve_runs_only_the_parts_asked_for_with_distinct_prompts_per_repetition():
     cfg = ServeBenchConfig(seqs=(1, 2), gen=4, threads=2, n_ctx=2048, peers=("serve",), reps=2,

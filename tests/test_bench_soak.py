@@ -3,7 +3,11 @@ clean row each (the long versions are `magnitude-bench soak`)."""
 
 from __future__ import annotations
 
+import pytest
+
 from magnitude_bench.soak import SCENARIOS, SoakConfig, run_soak
+
+pytestmark = pytest.mark.serial  # asserts on time: runs alone (make test)
 
 
 def test_the_scenarios_without_a_model_run_clean_and_fill_one_table():

@@ -44,6 +44,7 @@ def test_the_target_comes_from_measured_steps_not_from_the_cost_model(monkeypatc
         assert r["decode_ms"] < r["need_ms"]  # the quantum is measured on top of the decode rows
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_tiny_real_target_depth_is_well_formed():
     cfg = TargetDepthConfig(depths=(0, 200), n_running=2, newcomer=64, cpu_clock=True)

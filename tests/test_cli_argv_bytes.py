@@ -62,6 +62,7 @@ def test_valid_text_is_left_alone_without_a_warning(tmp_path):
     assert not _warnings(r.stderr), r.stderr
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_real_model_first_turn_on_a_task_typed_as_bytes_runs(tmp_path):
     need_real_model()

@@ -11,7 +11,7 @@ from magnitude_tui.serve.app import ServeOptions
 from tests.needs import need_real_model
 from tests.serve_support import running_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # cold vs warm replies: auto speculation and threads follow timings
 
 PROMPT = "The three primary colours are"
 

@@ -56,6 +56,7 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+@pytest.mark.serial
 def test_target_policy_bounds_running_gaps_while_prefill_first_freezes_them(clean_llama):
     b = clean_llama
     newcomer = b.tokenize_chat([Message("user", long_text(90) + " Which fact mentions 49?")])
@@ -118,6 +119,7 @@ def test_follow_up_turn_prefills_only_the_new_message(clean_llama):
 FORKS = 4  # a burst of subagents (bench agents runs bursts of 3-6 at full length)
 
 
+@pytest.mark.serial
 def test_forked_subagents_reuse_the_parent_prefix(clean_llama):
     b = clean_llama
     engine = Engine(b, policy="target:200")

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from magnitude_tui.agent.config import McpServerSpec
 from magnitude_tui.agent.mcp_results import MAX_RESULT_CHARS
 from magnitude_tui.agent.mcp_tools import McpServers
@@ -90,6 +92,7 @@ async def test_an_answer_in_the_wrong_shape_or_off_its_output_schema_keeps_the_s
         await servers.close()
 
 
+@pytest.mark.serial
 async def test_a_server_writing_garbage_or_never_initializing_is_given_up_on_in_time(caplog):
     caplog.set_level(logging.DEBUG)
     t0 = time.monotonic()

@@ -6,8 +6,12 @@ import os
 import re
 import stat
 
+import pytest
+
 from magnitude_tui.agent.mcp_process import STDERR_KEEP
 from tests.test_mcp_probe_faults import raw, started
+
+pytestmark = pytest.mark.serial  # asserts on time: runs alone (make test)
 
 
 def big_open_files(over: int) -> list[int]:

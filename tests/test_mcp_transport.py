@@ -77,6 +77,7 @@ async def test_an_answer_over_the_bound_fails_its_call_and_the_server_stays(monk
         await servers.close()
 
 
+@pytest.mark.serial
 async def test_a_big_answer_costs_its_size_not_its_size_squared(monkeypatch):
     # 32 MiB in one line (the bound raised for it): the SDK's own reader took 6 s on the machine
     # this was written on (64 MiB: 29 s), joining its 64 KiB pieces one by one; whole, 0.35 s.

@@ -156,6 +156,24 @@ def test_the_guard_sees_every_kind_of_skip(tmp_path):
                      "pytest.xfail", "self.skipTest"]
 
 
+def test_make_tests_two_passes_run_every_test_once():
+    """`make test` splits the run by the `serial` mark: one pass takes it, the other everything else,
+    with the same arguments otherwise, and a failure in the first does not skip the second."""
+    lines = (ROOT / "Makefile").read_text().splitlines()
+    at = [i for i, line in enumerate(lines) if "-m pytest" in line]
+    passes = [lines[i] for i in at]
+    assert len(passes) == 2, passes
+    marks = [shlex.split(line.split("-m pytest", 1)[1].rstrip(" \\")) for line in passes]
+    expr = [words[words.index("-m") + 1] for words in marks]
+    assert expr == ["not serial", "serial"], expr
+    rest = [[w for w in words if w not in ("-m", "serial", "not serial", "-n", "--dist", "loadfile",
+                                          "$(TEST_WORKERS)")] for words in marks]
+    assert rest[0] == rest[1] and "$(PYTEST_ARGS)" in rest[0], rest
+    assert all(lines[i + 1].strip().startswith("||") for i in at), "a failing pass must not stop make before the other"
+    markers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    assert any(m.startswith("serial:") for m in markers)
+
+
 def test_no_pytest_option_deselects_tests():
     options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     addopts = options.get("addopts", [])

@@ -51,6 +51,7 @@ def test_malformed_requests_and_commands_never_stop_the_worker():
         client.stop()
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("reuse_id", [False, True])
 def test_kill_9_fails_every_live_request_within_a_second_and_restart_works(reuse_id):
     client = WorkerClient(EngineConfig(BackendConfig("fake", n_ctx=1 << 20, n_seq_max=4)), log_path=None)

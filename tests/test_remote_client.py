@@ -124,6 +124,7 @@ def test_without_usage_the_counts_are_tiktoken_estimates_marked_as_such(run_clie
         assert final.cached_tokens == 3  # llama-server's cache_n stands in for cached_tokens
 
 
+@pytest.mark.serial
 def test_a_per_server_limit_queues_on_the_client_and_the_wait_is_queue_time(run_client):
     with StubServer(Script(words=10, delay_s=0.03)) as stub:
         run = run_client([stub.url], max_in_flight=1)

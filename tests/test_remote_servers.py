@@ -107,6 +107,7 @@ def _slots(server) -> list[dict]:
         return json.loads(r.read())
 
 
+@pytest.mark.serial
 def test_llama_server_four_panes_stream_at_once_with_the_servers_usage(np4_server):
     run = started([np4_server.url])
     try:

@@ -257,6 +257,7 @@ def _assert_cancelled(reports, cancelled: list[str]) -> None:
     assert reports[-1].running == reports[-1].waiting == 0
 
 
+@pytest.mark.serial
 def test_a_streaming_client_that_disconnects_is_cancelled_and_its_kv_goes_idle(server):
     with watching_cancels(server) as watch:
         with httpx.stream("POST", server.base + "/chat/completions", json={

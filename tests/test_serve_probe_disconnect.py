@@ -15,6 +15,8 @@ from tests.serve_support import running_server, watching_cancels
 
 LONG = [{"role": "user", "content": "word " * 1000}]  # 5,000 tokens: about 20 s of prefill
 
+pytestmark = pytest.mark.serial  # asserts on time: runs alone (make test)
+
 
 @pytest.fixture(scope="module")
 def server():

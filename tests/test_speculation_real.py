@@ -80,6 +80,7 @@ def without_drafts(backend, seeded: bool = False) -> dict[str, list[int]]:
     return _OFF[seeded]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("mode", ["ngram", "auto"])
 def test_greedy_replies_are_those_without_speculation(clean_llama, mode):
     off = without_drafts(clean_llama)
@@ -161,6 +162,7 @@ def test_a_verified_row_has_the_logits_of_the_same_row_decoded_alone_on_row_inva
     assert [float(np.max(np.abs(a - b))) for a, b in zip(alone, batched)] == [0.0] * 8
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("seeded", [False, True])
 def test_one_sequence_on_row_invariant_kernels_gives_exactly_the_reply_without_drafts(row_invariant, seeded):
     # With the kernels out of the way, any difference would be the engine's: a draft row at the

@@ -296,6 +296,7 @@ async def test_an_unchanged_call_still_runs_after_the_recheck(tmp_path):
     assert out.ok and (tmp_path / "app.py").read_text() == "VERSION = 2\n"
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("typed", ["sha", ""])
 async def test_a_question_that_appears_mid_typing_is_not_answered_by_the_next_letters(typed, monkeypatch):
     # A message half-typed in a pane when an agent's question popped up: the next letter, "a"
