@@ -357,11 +357,22 @@ def store(choice: AttentionChoice) -> None:
 BUSY_CORES = 0.25
 
 
+def own_cores() -> set[int] | None:
+    """The cores this process may run on, where that is fewer than the machine has; else None."""
+    try:
+        mine = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return None
+    return mine if len(mine) < (os.cpu_count() or 0) else None
+
+
 def others_meter() -> Callable[[], float]:
     """Start counting the CPU other processes use; the returned function says how many cores they
     kept busy on average since (0.0 where /proc cannot be read). This process and its parent (the
-    app that started an engine worker, drawing its loading screen) are not "others"."""
-    load = CpuLoad(exclude_parent=True, own_children=True)
+    app that started an engine worker, drawing its loading screen) are not "others". Where this
+    process may run on only some of the machine's cores (taskset, a cpuset), only those count:
+    a busy neighbour on another core does not make the probe's timings a loaded machine's."""
+    load = CpuLoad(cores=own_cores(), exclude_parent=True, own_children=True)
     return lambda: load.others(since_start=True) or 0.0
 
 

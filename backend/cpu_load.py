@@ -27,13 +27,16 @@ class CpuLoad:
     that counts another number of CPUs than this process may use (a CPU-limited container, where
     the machine's busy time is not this process's neighbours'). `own_children` counts this
     process's reaped children as its own (their whole CPU time arrives when they are reaped, so a
-    reader that samples every second leaves it out)."""
+    reader that samples every second leaves it out). `cores` counts the busy time of those CPUs
+    only (their `cpuN` lines): where this process may run on some of the machine's cores, what
+    others do on the rest does not slow it."""
 
-    def __init__(self, usable: int | None = None, *, exclude_parent: bool = False,
+    def __init__(self, usable: int | None = None, *, cores: Iterable[int] | None = None, exclude_parent: bool = False,
                  exclude_pids: Iterable[int] = (), own_children: bool = False, proc: str = "/proc",
                  own_cpu_s: Callable[[], float] | None = None, ppid: Callable[[], int] = os.getppid,
                  wall: Callable[[], float] = time.monotonic) -> None:
         self.usable = usable
+        self.cores = None if cores is None else frozenset(f"cpu{c}" for c in cores)
         self.exclude_parent = exclude_parent
         self.exclude_pids = tuple(exclude_pids)
         self.proc = proc
@@ -68,12 +71,17 @@ class CpuLoad:
             n_cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
             if n_cpus != self.usable:
                 return None
-        try:
-            fields = [int(x) for x in lines[0].split()[1:]]
-            idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        except (IndexError, ValueError):
+        rows = [line for line in lines if line.split(" ", 1)[0] in self.cores] if self.cores else lines[:1]
+        if not rows:
             return None
-        busy_ticks = sum(fields[:8]) - idle  # guest time is already inside user
+        busy_ticks = 0
+        for row in rows:
+            try:
+                fields = [int(x) for x in row.split()[1:]]
+                idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+            except (IndexError, ValueError):
+                return None
+            busy_ticks += sum(fields[:8]) - idle  # guest time is already inside user
         left_out = sum(self._ticks(pid) for pid in self.exclude_pids)
         if self.exclude_parent:
             parent = self._ppid()

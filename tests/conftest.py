@@ -16,10 +16,8 @@ def _pin_xdist_worker() -> None:
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not worker or not count or not hasattr(os, "sched_setaffinity"):
         return
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < int(count):
-        return
-    os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) :: int(count)])
+    cpus, i = sorted(os.sched_getaffinity(0)), int(worker.removeprefix("gw"))
+    os.sched_setaffinity(0, cpus[i :: int(count)] or [cpus[i % len(cpus)]])  # more workers than cores: they share
 
 
 _pin_xdist_worker()

@@ -18,9 +18,10 @@ class FakeProc:
         self.wall, self.own = 0.0, 0.0
         self.machine(busy_s=0, guest_s=0)
 
-    def machine(self, busy_s: int, guest_s: int = 0) -> None:
+    def machine(self, busy_s: int, guest_s: int = 0, per_cpu_s: tuple[int, ...] = ()) -> None:
         # user nice system idle iowait irq softirq steal guest guest_nice: guest time is inside user.
-        cpus = "".join(f"cpu{i} 0 0 0 0 0 0 0 0 0 0\n" for i in range(self.n_cpus))
+        busy = list(per_cpu_s) + [0] * (self.n_cpus - len(per_cpu_s))
+        cpus = "".join(f"cpu{i} {busy[i] * HZ} 0 0 {25 * HZ} {HZ} 0 0 0 0 0\n" for i in range(self.n_cpus))
         (self.root / "stat").write_text(f"cpu  {busy_s * HZ} 0 0 {50 * HZ} {3 * HZ} 0 0 0 {guest_s * HZ} 0\n"
                                         + cpus)
 
@@ -82,6 +83,28 @@ def test_unknown_without_proc_stat_or_with_more_cpus_than_usable(tmp_path) -> No
     limited = proc.load(usable=2)
     assert not limited.readable and limited.others() is None
     assert proc.load(usable=4).readable and proc.load().readable  # no usable count: no check
+
+
+def test_given_cores_only_their_busy_time_counts(tmp_path) -> None:
+    # A process pinned to cpu1 (taskset, a cpuset): a neighbour busy on cpu0 is not in its way.
+    proc = FakeProc(tmp_path, n_cpus=2)
+    mine = proc.load(cores={1})
+    whole = proc.load()
+    proc.wall, proc.own = 10.0, 6.0
+    proc.machine(busy_s=16, per_cpu_s=(9, 7))  # cpu0: a neighbour's 9 s; cpu1: ours 6 s and 1 s more
+    assert abs(whole.others() - 1.0) < 1e-6
+    assert abs(mine.others() - 0.1) < 1e-6
+    assert proc.load(cores={5}).others() is None  # a core /proc/stat does not list: unknown
+
+
+def test_the_probe_counts_the_cores_this_process_may_use_where_they_are_fewer(monkeypatch) -> None:
+    from backend import attention
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2})
+    assert attention.own_cores() == {2}
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert attention.own_cores() is None
 
 
 def test_the_real_proc_can_be_read() -> None:
