@@ -15,6 +15,7 @@ import pytest
 
 from magnitude_tui.agent.command import CommandTool
 from magnitude_tui.agent.fs_tools import FileTools
+from magnitude_tui.agent.process_group import group_running
 from magnitude_tui.agent.toolbox import ToolResult
 from magnitude_tui.agent.workspace import Limits, Workspace
 
@@ -350,14 +351,19 @@ def test_a_process_that_leaves_the_group_cannot_hold_the_command_open(ws):
         os.kill(int((ws.root / "pid").read_text()), signal.SIGKILL)
 
 
-async def test_cancelling_run_command_kills_its_process_group(ws):
-    pidfile = ws.root / "pid"
-    task = asyncio.create_task(tools(ws)["run_command"].run({"command": f"sleep 30 & echo $! > {pidfile}; wait"}))
+async def _written_pid(pidfile) -> int:
+    """The pid a command wrote to `pidfile`, once it is there (up to 4 s)."""
     for _ in range(200):
         if pidfile.exists() and pidfile.read_text().strip():
             break
         await asyncio.sleep(0.02)
-    pid = int(pidfile.read_text())
+    return int(pidfile.read_text())
+
+
+async def test_cancelling_run_command_kills_its_process_group(ws):
+    pidfile = ws.root / "pid"
+    task = asyncio.create_task(tools(ws)["run_command"].run({"command": f"sleep 30 & echo $! > {pidfile}; wait"}))
+    pid = await _written_pid(pidfile)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -385,15 +391,11 @@ async def test_a_command_cancelled_while_it_is_being_started_is_stopped_too(ws, 
     pidfile = ws.root / "pid"
     task = asyncio.create_task(tools(ws)["run_command"].run({"command": f"echo $$ > {pidfile}; sleep 30"}))
     await asyncio.wait_for(slow_start.wait(), 10)
-    for _ in range(200):
-        if pidfile.exists() and pidfile.read_text().strip():
-            break
-        await asyncio.sleep(0.02)
-    pgid = int(pidfile.read_text())
+    pgid = await _written_pid(pidfile)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 60)
-    assert not command._group_running(pgid), "the command outlived its cancelled start"
+    assert not group_running(pgid), "the command outlived its cancelled start"
 
 
 # ---- every escape route out of the root ----------------------------------------------------------

@@ -9,6 +9,7 @@ from fnmatch import fnmatchcase
 from typing import Mapping, Sequence
 
 from magnitude_tui.agent.policy import ToolKind
+from magnitude_tui.agent.process_group import group_running
 from magnitude_tui.agent.toolbox import AgentTool, ToolResult, function_tool
 from magnitude_tui.agent.workspace import Workspace
 
@@ -61,32 +62,6 @@ def _kill_group(proc: asyncio.subprocess.Process, sig: int) -> None:
         pass
 
 
-def _group_running(pgid: int) -> bool:
-    """Whether a process of the group still runs. A zombie (ended, not yet reaped by its new
-    parent) does not count; where /proc is missing, any member does."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
-
-
 async def _exited(proc: asyncio.subprocess.Process) -> int:
     """The shell's exit status once it ends. Not Process.wait: that also waits until every copy of
     the output pipe is closed, which a background job (`server &`) holds open past the shell's end."""
@@ -106,7 +81,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
     await _exited(proc)
     # A stop returns once the group is gone, not just signalled (a cancelled run reports it stopped).
     deadline = asyncio.get_running_loop().time() + KILL_WAIT_S
-    while _group_running(proc.pid) and asyncio.get_running_loop().time() < deadline:
+    while group_running(proc.pid) and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(EXIT_POLL_S)
 
 

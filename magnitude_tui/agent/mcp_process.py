@@ -15,6 +15,8 @@ from typing import Any, Iterable
 import anyio
 from anyio.abc import ByteReceiveStream, Process
 
+from magnitude_tui.agent.process_group import group_running
+
 # After a server ends, what is left of its process group gets this long after SIGTERM, then SIGKILL.
 GROUP_TERM_WAIT_S = 1.0
 
@@ -65,30 +67,20 @@ def terminate_groups(pids: Iterable[int]) -> None:
             pass
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 async def end_group(pgid: int) -> None:
     """SIGTERM what is left of the server's process group, then SIGKILL what outlives GROUP_TERM_WAIT_S."""
-    if not hasattr(os, "killpg") or pgid <= 1 or pgid == os.getpgrp() or not _group_alive(pgid):
+    if not hasattr(os, "killpg") or pgid <= 1 or pgid == os.getpgrp() or not group_running(pgid):
         return
     try:
         os.killpg(pgid, signal.SIGTERM)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + GROUP_TERM_WAIT_S
-        while _group_alive(pgid) and loop.time() < deadline:
+        while group_running(pgid) and loop.time() < deadline:
             await asyncio.sleep(0.02)
     except (ProcessLookupError, PermissionError):
         return
     finally:  # cancelled while waiting too: nothing of it is left running
-        if _group_alive(pgid):
+        if group_running(pgid):
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
