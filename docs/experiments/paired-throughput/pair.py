@@ -4,6 +4,7 @@ ratio comes from the same minutes of a machine whose speed drifts by more than t
 
     PYTHONPATH=. .venv/bin/python docs/experiments/paired-throughput/pair.py server 6 out.json [WIDTH]
     PYTHONPATH=. .venv/bin/python docs/experiments/paired-throughput/pair.py batched-bench 6 out.json [WIDTH]
+    POLICY=target:50+defaults PYTHONPATH=. .venv/bin/python docs/experiments/paired-throughput/pair.py server 6 out.json
 
 Each side is a fresh process per repetition (as in `bench throughput`): the engine as `bench
 throughput -p target:50` runs it (in process, --spec off, 1 thread, n_ctx 8192, 16 sequence
@@ -29,6 +30,9 @@ from multiprocessing import get_context
 PROMPT, GEN = 64, 64
 WIDTH = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 RUNS = max(4, 12 // WIDTH)  # per side and repetition: about as long at every width
+# The engine's policy as `bench throughput -p` takes it: +defaults runs it as the app launches it
+# (--spec auto; the thread governor only above one thread, so not here).
+POLICY = os.environ.get("POLICY", "target:50")
 N_CTX = 8192
 READY_S = 40.0  # both sides load and warm up within this; then they start at the same moment
 
@@ -47,11 +51,11 @@ def engine_side(core: int, prompts: list[list[int]], start_at: float) -> dict:
     from magnitude_bench.throughput import engine_run
 
     with loaded(BackendConfig("llama", device="cpu", n_threads=1, n_ctx=N_CTX)) as backend:
-        params = engine_run(backend, [tuple(p) for p in prompts[0]], 8, "target:50")["params"]  # warm-up
+        params = engine_run(backend, [tuple(p) for p in prompts[0]], 8, POLICY)["params"]  # warm-up
         late = _wait(start_at)
         runs = []
         for batch in prompts[1:]:
-            r = engine_run(backend, [tuple(p) for p in batch], GEN, "target:50", params=params)
+            r = engine_run(backend, [tuple(p) for p in batch], GEN, POLICY, params=params)
             runs.append({"tok_s": r["tok_s"], "tg_tok_s": r["tg_tok_s"], "made": r["made"]})
         return {"late_s": late, "runs": runs, "attention": backend.info.get("attention")}
 
@@ -100,8 +104,8 @@ def main() -> None:
     with loaded(BackendConfig("llama", device="cpu", n_threads=1, n_ctx=512, n_seq_max=1, flash_attn="on")) as b:
         prompts = [[list(prompt_tokens(b, PROMPT, salt=run * WIDTH + i + 1)) for i in range(WIDTH)]
                    for run in range(RUNS + 1)]
-    doc: dict = {"peer": peer, "width": WIDTH, "prompt": PROMPT, "gen": GEN, "runs_per_rep": RUNS, "n_ctx": N_CTX,
-                 "reps": []}
+    doc: dict = {"peer": peer, "width": WIDTH, "policy": POLICY, "prompt": PROMPT, "gen": GEN, "runs_per_rep": RUNS,
+                 "n_ctx": N_CTX, "reps": []}
     for rep in range(reps):
         engine_core, peer_core = (cores[0], cores[1]) if rep % 2 == 0 else (cores[1], cores[0])
         start_at = time.time() + READY_S
@@ -109,7 +113,8 @@ def main() -> None:
             e = pool.submit(engine_side, engine_core, prompts, start_at)
             p = pool.submit(PEERS[peer], peer_core, prompts, start_at)
             eng, other = e.result(), p.result()
-        ratio = statistics.median(r["tok_s"] for r in eng["runs"]) / statistics.median(r["tok_s"] for r in other["runs"])
+        ratio = (statistics.median(r["tok_s"] for r in eng["runs"])
+                 / statistics.median(r["tok_s"] for r in other["runs"]))
         doc["reps"].append({"rep": rep, "engine_core": engine_core, "peer_core": peer_core, "engine": eng,
                             "peer_side": other, "ratio": round(ratio, 3)})
         print(f"rep {rep + 1}/{reps}: engine on core {engine_core} "
@@ -122,7 +127,8 @@ def main() -> None:
     doc["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
-    print(f"{peer}, width {WIDTH}: engine ÷ peer per repetition {ratios}, median {doc['median_ratio']}")
+    print(f"{peer}, width {WIDTH}, engine {POLICY}: engine ÷ peer per repetition {ratios}, "
+          f"median {doc['median_ratio']}")
 
 
 if __name__ == "__main__":
