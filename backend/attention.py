@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from backend.cpu_load import CpuLoad
+from backend.cpu_load import CpuLoad, own_cores
 from backend.protocol import KvStateError
 from scheduler.types import AttentionPath, BatchPlan, DecodeOutcome, SeqSlice
 
@@ -355,15 +355,6 @@ def store(choice: AttentionChoice) -> None:
 # verdict is not cached (on 2 threads, a probe on a loaded machine timed 8-row steps at 316-683 ms
 # where quiet ones take about 40, and picked the path the quiet machine would not have).
 BUSY_CORES = 0.25
-
-
-def own_cores() -> set[int] | None:
-    """The cores this process may run on, where that is fewer than the machine has; else None."""
-    try:
-        mine = os.sched_getaffinity(0)
-    except (AttributeError, OSError):
-        return None
-    return mine if len(mine) < (os.cpu_count() or 0) else None
 
 
 def others_meter() -> Callable[[], float]:

@@ -12,6 +12,16 @@ from typing import Callable, Iterable
 Sample = tuple[float, float, float]
 
 
+def own_cores() -> set[int] | None:
+    """The cores this process may run on (taskset, a cpuset), where that is fewer than the
+    machine has; else None (all of them)."""
+    try:
+        mine = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return None
+    return mine if len(mine) < (os.cpu_count() or 0) else None
+
+
 def _own_cpu_s(children: bool) -> Callable[[], float]:
     n = 4 if children else 2  # user, system[, reaped children's user, system]
     return lambda: sum(os.times()[:n])

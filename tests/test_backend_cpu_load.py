@@ -98,13 +98,13 @@ def test_given_cores_only_their_busy_time_counts(tmp_path) -> None:
 
 
 def test_the_probe_counts_the_cores_this_process_may_use_where_they_are_fewer(monkeypatch) -> None:
-    from backend import attention
+    from backend import cpu_load
 
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2})
-    assert attention.own_cores() == {2}
+    assert cpu_load.own_cores() == {2}
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    assert attention.own_cores() is None
+    assert cpu_load.own_cores() is None
 
 
 def test_the_real_proc_can_be_read() -> None:

@@ -9,7 +9,7 @@ from fnmatch import fnmatchcase
 from typing import Mapping, Sequence
 
 from magnitude_tui.agent.policy import ToolKind
-from magnitude_tui.agent.process_group import group_running
+from magnitude_tui.agent.process_group import wait_gone
 from magnitude_tui.agent.toolbox import AgentTool, ToolResult, function_tool
 from magnitude_tui.agent.workspace import Workspace
 
@@ -80,9 +80,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
     _kill_group(proc, signal.SIGKILL)  # also whatever the shell left behind in the group
     await _exited(proc)
     # A stop returns once the group is gone, not just signalled (a cancelled run reports it stopped).
-    deadline = asyncio.get_running_loop().time() + KILL_WAIT_S
-    while group_running(proc.pid) and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(EXIT_POLL_S)
+    await wait_gone(proc.pid, KILL_WAIT_S, EXIT_POLL_S)
 
 
 class _Output:

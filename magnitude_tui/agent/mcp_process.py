@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import anyio
 from anyio.abc import ByteReceiveStream, Process
 
-from magnitude_tui.agent.process_group import group_running
+from magnitude_tui.agent.process_group import group_running, wait_gone
 
 # After a server ends, what is left of its process group gets this long after SIGTERM, then SIGKILL.
 GROUP_TERM_WAIT_S = 1.0
@@ -73,10 +73,7 @@ async def end_group(pgid: int) -> None:
         return
     try:
         os.killpg(pgid, signal.SIGTERM)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + GROUP_TERM_WAIT_S
-        while group_running(pgid) and loop.time() < deadline:
-            await asyncio.sleep(0.02)
+        await wait_gone(pgid, GROUP_TERM_WAIT_S)
     except (ProcessLookupError, PermissionError):
         return
     finally:  # cancelled while waiting too: nothing of it is left running
