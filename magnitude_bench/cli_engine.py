@@ -93,6 +93,11 @@ def throughput(
                             "throughput-paced) or interactive (a person's turns, paced by the step target)."),
     flash_attn: str = typer.Option("auto", "--flash-attn", help="The engine's attention path: auto (the app's: "
                                    "the measured choice), on or off. The peers run llama.cpp's default (auto)."),
+    paired: bool = typer.Option(False, "--paired", help="Run the engine and each llama.cpp peer at the same time, a "
+                                "core each (--threads 1), the cores swapped every repetition: ratios from the same "
+                                "minutes of a machine whose speed drifts."),
+    runs: int = typer.Option(0, "--runs", help="With --paired: runs per side, policy and width (0: max(3, 8 / "
+                             "sequences))."),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, threads: Optional[int] = ThreadsOpt,
     ctx: Optional[int] = CtxOpt, out: Path = OutOpt,
 ) -> None:
@@ -103,12 +108,12 @@ def throughput(
 
     cfg = options.throughput_config(seqs=seqs, prompt=prompt, gen=gen, reps=reps, policy=policy, peers=peers,
                                     require_tools=require_tools, profile=profile, cpu_clock=cpu_clock, spec=spec,
-                                    threads=threads, who=who)
+                                    threads=threads, who=who, paired=paired, runs=runs)
     try:
         backend_cfg = options.flash_backend(flash_attn=flash_attn, backend="llama", model=model, device=device,
                                             threads=threads, ctx=ctx)
         result = run_throughput(backend_cfg, cfg, progress=progress)
-    except PeerError as e:
+    except (PeerError, RuntimeError) as e:
         Console(stderr=True).print(f"[red]{e}[/]")
         raise typer.Exit(1)
     finish(result, out, plot_throughput)

@@ -82,7 +82,7 @@ def admit_config(*, n_running: int, running_depth: int, newcomer: int, fixed: st
 
 def throughput_config(*, seqs: str, prompt: int, gen: int, reps: int, policy: Sequence[str], peers: str,
                       require_tools: bool, profile: bool, cpu_clock: bool, spec: str, threads: Optional[int],
-                      who: str = "agent"):
+                      who: str = "agent", paired: bool = False, runs: int = 0):
     check_cpu_clock(cpu_clock, threads)
     from magnitude_bench.throughput import APP_DEFAULTS, PEERS, ThroughputConfig
     from scheduler.budget import parse_policy
@@ -104,9 +104,17 @@ def throughput_config(*, seqs: str, prompt: int, gen: int, reps: int, policy: Se
                                      "auto, the thread governor on), nothing else", param_hint="--policy")
     if who not in ("agent", "interactive"):
         raise typer.BadParameter(f"expected agent or interactive, got {who!r}", param_hint="--class")
+    if paired and threads != 1:
+        raise typer.BadParameter("a paired run gives each side one core: add --threads 1", param_hint="--paired")
+    if paired and ("serial" in chosen or not chosen):
+        raise typer.BadParameter("a paired run pairs the engine with llama.cpp's tools: --peers batched-bench,server",
+                                 param_hint="--paired")
+    if runs < 0 or (runs and not paired):
+        raise typer.BadParameter("runs per side are for --paired, and at least 1 (0: the default)",
+                                 param_hint="--runs")
     return ThroughputConfig(seqs=ints(seqs), prompt=prompt, gen=gen, reps=reps, policies=tuple(policy),
                             peers=chosen, require_tools=require_tools, profile=profile, cpu_clock=cpu_clock,
-                            spec=spec_mode, priority=Priority[who.upper()])
+                            spec=spec_mode, priority=Priority[who.upper()], paired=paired, pair_runs=runs)
 
 
 def spec_config(*, seqs: str, tasks: str, modes: str, max_tokens: Optional[int], reps: int, policy: str,

@@ -9,7 +9,7 @@ from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
-from typing import Any
+from typing import Any, Callable
 
 from backend.factory import BackendConfig, build_backend
 from magnitude_bench import peers
@@ -23,6 +23,7 @@ from magnitude_bench.common import (
     prompt_tokens,
 )
 from magnitude_bench.harness import Drive, in_turn, recorded
+from magnitude_bench.throughput_paired import PairJob, pair_ratios, run_pair, two_cores
 from scheduler.speculation import SpecMode
 from scheduler.stats import median, rnd
 from scheduler.types import Priority, Request, SamplingParams
@@ -51,6 +52,11 @@ class ThroughputConfig:
     # Whose requests these are: agents by default (what `serve` makes of API calls, as the peers
     # receive them); `interactive` runs them as a person's turns, paced by the step target.
     priority: Priority = Priority.AGENT
+    # The engine and each llama.cpp peer at the same time, a core each (one thread per side), the
+    # cores swapped every repetition (throughput_paired.py); `pair_runs` runs per side, policy and
+    # width (0: throughput_paired.default_runs).
+    paired: bool = False
+    pair_runs: int = 0
 
 
 # A policy written "target:50+defaults" runs the engine as the app launches it (--spec auto, the
@@ -140,6 +146,12 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
         res.notes.append(msg)
         wanted = [p for p in wanted if p == "serial"]
     bindir = found[0] if found else None
+    if cfg.paired:
+        try:
+            check_paired(spec, cfg, wanted, threads)
+        except Exception:
+            backend.close()
+            raise
     dev = peers.device_args(backend.device_name)
     serial = None
     if "serial" in wanted:
@@ -149,7 +161,8 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
                                    cpu=dev[1] == "none")
         serial.answer(list(prompt_tokens(backend, cfg.prompt, salt=999)), 4)  # warm-up
     prompts = {n: [prompt_tokens(backend, cfg.prompt, salt=i + 1) for i in range(n)] for n in cfg.seqs}
-    runs: list[dict] = []  # one per (peer, seqs, rep)
+    runs: list[dict] = []  # one per (peer, seqs, rep); paired: one per run that counts
+    pairs: list[dict] = []  # paired: per repetition, peer, width and policy, the engine ÷ the peer
     engine_steps: dict[int, dict] = defaultdict(lambda: {"step_ms": [], "native_ms": []})
     try:
         # Warm-up; its calibration serves every run (an engine that has been up a while).
@@ -202,6 +215,11 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
         blocks = [engine_block, *([batched_block] if "batched-bench" in wanted else []),
                   *([server_block] if "server" in wanted else []), *([serial_block] if serial is not None else [])]
         for rep in range(cfg.reps):
+            if cfg.paired:
+                assert bindir is not None and model is not None
+                pairs += _paired_rep(spec, cfg, prompts, params, wanted, str(bindir), model, n_ctx, rep, runs,
+                                     engine_steps, progress)
+                continue
             for block in in_turn(blocks, rep):
                 block(rep)
             progress(f"rep {rep + 1}/{cfg.reps} done: " + ", ".join(
@@ -218,6 +236,8 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
         info = backend_info(backend) | {"attention": backend.info.get("attention")}
         backend.close()
     _tables(res, runs, engine_steps, cfg, info, found)
+    if cfg.paired:
+        _paired_tables(res, pairs, cfg)
     if info["attention"]:
         chosen = " (--flash-attn auto: the app's choice)" if spec.flash_attn == "auto" else ""
         res.notes.append(f"the engine's attention path: {info['attention']}{chosen}; the peers run llama.cpp's "
@@ -226,6 +246,74 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
         res.notes.append("the engine's tok/s are per CPU second of its process (one thread: every step "
                          "computes on it); the peers' are per wall second")
     return res
+
+
+def check_paired(spec: BackendConfig, cfg: ThroughputConfig, wanted: list[str], threads: int) -> None:
+    """ValueError unless a paired run can be made as asked: llama.cpp's tools as the only peers,
+    one thread per side, a real model, two cores."""
+    if spec.simulated:
+        raise ValueError("--paired runs real processes side by side; a simulated backend has none")
+    if threads != 1:
+        raise ValueError(f"--paired gives each side one core: run it with --threads 1 (got {threads})")
+    if "serial" in wanted or not wanted:
+        raise ValueError("--paired pairs the engine with llama.cpp's tools: --peers batched-bench,server "
+                         "(not serial)")
+    two_cores()
+
+
+def _paired_rep(spec: BackendConfig, cfg: ThroughputConfig, prompts: dict, params, wanted: list[str], bindir: str,
+                model: str, n_ctx: int, rep: int, runs: list[dict], engine_steps: dict,
+                progress: Callable[[str], None]) -> list[dict]:
+    """One repetition of --paired: the engine against each peer in turn, both at once. Appends the
+    counted runs to `runs` and the engine's step times to `engine_steps`; returns the pairs' ratios."""
+    cores = two_cores()
+    if rep % 2:
+        cores = (cores[1], cores[0])
+    pairs = []
+    for peer in in_turn(wanted, rep):
+        job = PairJob(spec=spec, peer=peer, seqs=cfg.seqs, prompts=prompts, gen=cfg.gen, policies=cfg.policies,
+                      runs=cfg.pair_runs, params=params, bindir=bindir, model=model, n_ctx=n_ctx,
+                      n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch)
+        (mine, theirs, _), busy = measured(lambda: run_pair(job, cores), progress=progress)
+        label = theirs[0]["peer"]
+        for r in mine:
+            if r["peer"] == f"engine {cfg.policies[0]}":
+                engine_steps[r["seqs"]]["step_ms"] += r["step_ms"]
+                engine_steps[r["seqs"]]["native_ms"] += r["native_ms"]
+        for r, other in [*((r, label) for r in mine), *((r, "engine") for r in theirs)]:
+            runs.append({k: v for k, v in r.items() if k not in ("step_ms", "native_ms")}
+                        | {"rep": rep, "others": busy, "paired_with": other})
+        got = pair_ratios(mine, theirs, cfg.policies)
+        pairs += [{"rep": rep, "peer": label, "engine_core": cores[0], **g} for g in got]
+        progress(f"rep {rep + 1}/{cfg.reps}, {label}: engine on core {cores[0]}: "
+                 + ", ".join(f"{g['policy']}@{g['seqs']} {g['ratio']:.3f}" for g in got))
+    return pairs
+
+
+def _paired_tables(res: BenchResult, pairs: list[dict], cfg: ThroughputConfig) -> None:
+    """The paired figures: per width, each engine policy ÷ each peer as the median of the
+    repetitions' ratios (each from one pair, both sides at once), and every pair's ratio."""
+    wide = []
+    for n in cfg.seqs:
+        row: dict[str, Any] = {"seqs": n}
+        for peer in dict.fromkeys(p["peer"] for p in pairs):
+            for policy in cfg.policies:
+                xs = [p["ratio"] for p in pairs if p["seqs"] == n and p["peer"] == peer and p["policy"] == policy]
+                if xs:
+                    row[f"{policy} ÷ {SHORT.get(peer, peer)}"] = rnd(median(xs), 3)
+                    row[f"{policy} ÷ {SHORT.get(peer, peer)} (min-max)"] = f"{min(xs):.3f}-{max(xs):.3f}"
+        wide.append(row)
+    res.tables[f"both sides at once: engine ÷ peer, median of {cfg.reps} repetitions' ratios"] = wide
+    res.tables["every pair: the engine's median ÷ the peer's over the runs both made at once"] = pairs
+    res.data["pairs"] = pairs
+    res.notes.append(
+        "paired: the engine and one peer generate at the same time, each pinned to a core of its own (one thread "
+        "each), the cores swapped every repetition; per width both sides load, warm up and start together, "
+        "and each counts its first runs (the engine's policies in turn), all made while the other side ran "
+        f"({cfg.pair_runs or 'max(3, 8 / sequences)'} per side and policy); a repetition's ratio is the "
+        "engine's median over the peer's. Both sides share the memory bus and caches, so their tok/s are "
+        "lower than alone: read the ratios. llama-batched-bench loads the model for every run (its load "
+        "is not in its time)")
 
 
 def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: ThroughputConfig, info: dict,
@@ -238,7 +326,8 @@ def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: Through
             if not xs:
                 continue
             medians.append({"peer": peer, "seqs": n, "tok_s": rnd(median(r["tok_s"] for r in xs), 1),
-                            "tg_tok_s": rnd(median(r["tg_tok_s"] for r in xs if r["tg_tok_s"]), 1), "reps": len(xs),
+                            "tg_tok_s": rnd(median(r["tg_tok_s"] for r in xs if r["tg_tok_s"]), 1),
+                            "reps": len({r["rep"] for r in xs}), **({"runs": len(xs)} if cfg.paired else {}),
                             "spread": rnd(max(r["tok_s"] for r in xs) - min(r["tok_s"] for r in xs), 1),
                             "others_cores_max": rnd(max(r["others"] for r in xs), 2)})
     for e in (f"engine {p}" for p in cfg.policies):  # every peer as a ratio to each policy (the first is ours)
