@@ -137,13 +137,38 @@ def throughput(results: Results) -> list[Headline]:
     on), else the quick line: each engine variant against llama-server at every width and against
     llama-batched-bench at 8 and 16 sequences (it neither samples nor streams)."""
     out = []
-    for key in ("throughput-sweep-1t", "throughput-sweep-2t"):
+    for key in ("throughput-paired-1t", "throughput-sweep-1t", "throughput-sweep-2t"):
         try:
             raw = results.get(key)
         except FileNotFoundError:
             continue
-        out += _throughput(raw, f", {raw.doc['data']['backend']['n_threads']} thread(s)", batched_from=8)
+        threads = raw.doc["data"]["backend"]["n_threads"]
+        if raw.doc["config"]["throughput"].get("paired"):
+            out += _throughput_paired(raw)
+        elif not any(h.raw.doc["data"]["backend"]["n_threads"] == threads for h in out):
+            # The paired line, where there is one, supersedes the sweep at its thread count.
+            out += _throughput(raw, f", {threads} thread(s)", batched_from=8)
     return out or _throughput(results.get("throughput"), "", batched_from=1)
+
+
+def _throughput_paired(raw: Raw) -> list[Headline]:
+    """Each engine variant against llama-server at every width and llama-batched-bench at 8 and
+    16, both sides at once: the median of the repetitions' paired ratios."""
+    out = []
+    medians = table(raw, "per peer and batch width")
+    tok_s = {(m["peer"], m["seqs"]): m["tok_s"] for m in medians}
+    for row in table(raw, "both sides at once"):
+        n = row["seqs"]
+        for policy in raw.doc["config"]["throughput"]["policies"]:
+            for peer, short, bar in (("llama-server -np N", "server", 1.0), ("llama-batched-bench", "batched-bench", 0.97)):
+                value = row.get(f"{policy} ÷ {short}")
+                if value is None or (bar < 1.0 and n < 8):
+                    continue
+                out.append(Headline(f"Generated tok/s, {_sequences(n)}, 1 thread, same work, both at once on a core "
+                                    "each (issue 28)", f"{policy} {fmt(tok_s[(f'engine {policy}', n)])} tok/s",
+                                    f"{peer} {fmt(tok_s[(peer, n)])} tok/s", value, f"≥ {bar}",
+                                    met(value, bar, ">="), raw))
+    return out
 
 
 def _throughput(raw: Raw, label: str, batched_from: int) -> list[Headline]:

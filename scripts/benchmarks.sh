@@ -107,6 +107,9 @@ bench full agents-4-bursts-spec agents --bursts on --agents 4 --turns 2 --k-max 
 # The trace without bursts, whole tool results, on serve as launched and on flash attention asked for.
 bench full agents-2-no-bursts-full-paths agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 2 --sides serve,serve+fa-on,llama-server,llama-server+reuse+ram
 bench full agents-4-bursts-np20 agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 4 --parallel 20 --sides serve,llama-server,llama-server+serve-prompts
+# ... paired at 20 slots with llama-server --cache-reuse 256, every reply to its max_tokens, as the
+# 10-slot paired line runs.
+bench full agents-4-bursts-np20-paired agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 4 --parallel 20 --exact-replies --sides serve,llama-server+reuse --paired
 # Speculative decoding: the matrix (about 75 minutes), the width 16 with a control, the model as
 # its own draft with llama-server's n-gram speculation beside it (about 20), then the control runs.
 bench full spec-reps3 spec --reps 3 --modes off,ngram,auto --no-peer
