@@ -304,8 +304,7 @@ def _paired_tables(res: BenchResult, pairs: list[dict], cfg: ThroughputConfig) -
                     row[f"{policy} ÷ {SHORT.get(peer, peer)} (min-max)"] = f"{min(xs):.3f}-{max(xs):.3f}"
         wide.append(row)
     res.tables[f"both sides at once: engine ÷ peer, median of {cfg.reps} repetitions' ratios"] = wide
-    res.tables["every pair: the engine's median ÷ the peer's over the runs both made at once"] = pairs
-    res.data["pairs"] = pairs
+    res.data["pairs"] = pairs  # every pair: the engine's median ÷ the peer's over the runs both made at once
     res.notes.append(
         "paired: the engine and one peer generate at the same time, each pinned to a core of its own (one thread "
         "each), the cores swapped every repetition; per width both sides load, warm up and start together, "
@@ -330,12 +329,14 @@ def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: Through
                             "reps": len({r["rep"] for r in xs}), **({"runs": len(xs)} if cfg.paired else {}),
                             "spread": rnd(max(r["tok_s"] for r in xs) - min(r["tok_s"] for r in xs), 1),
                             "others_cores_max": rnd(max(r["others"] for r in xs), 2)})
-    for e in (f"engine {p}" for p in cfg.policies):  # every peer as a ratio to each policy (the first is ours)
+    # Paired, a ratio of medians over every pairing would mix runs of different minutes: the
+    # paired tables (_paired_tables) give each pair's ratio instead.
+    for e in (f"engine {p}" for p in (() if cfg.paired else cfg.policies)):  # every peer ÷ each policy
         base = {m["seqs"]: m["tok_s"] for m in medians if m["peer"] == e}
         for m in medians:
             m[f"over_{e.split()[1]}"] = rnd(m["tok_s"] / base[m["seqs"]], 3) if base.get(m["seqs"]) else None
     wide = []
-    for n in cfg.seqs:
+    for n in (() if cfg.paired else cfg.seqs):
         at_n = [m for m in medians if m["seqs"] == n]
         row: dict[str, Any] = {"seqs": n, **{m["peer"]: m["tok_s"] for m in at_n}}
         base_tok_s = next((m["tok_s"] for m in at_n if m["peer"] == base_peer), None)
@@ -344,7 +345,8 @@ def _tables(res: BenchResult, runs: list[dict], engine_steps: dict, cfg: Through
                 name = SHORT.get(m["peer"], m["peer"].removeprefix("engine "))
                 row[f"engine ÷ {name}"] = rnd(base_tok_s / m["tok_s"], 3) if base_tok_s and m["tok_s"] else None
         wide.append(row)
-    res.tables[f"generated tok/s, end to end (median of {cfg.reps}), and {base_peer} ÷ each peer"] = wide
+    if wide:
+        res.tables[f"generated tok/s, end to end (median of {cfg.reps}), and {base_peer} ÷ each peer"] = wide
     res.tables["per peer and batch width (tg_tok_s: decode phase only, where the peer reports it)"] = medians
     prof = []
     for n, s in sorted(engine_steps.items()):

@@ -55,7 +55,7 @@ def test_the_paired_table_is_the_median_of_the_repetitions_ratios():
     cfg = ThroughputConfig(seqs=(8,), reps=3, policies=("a",), paired=True)
     pairs = [{"rep": i, "peer": "llama-server -np N", "seqs": 8, "policy": "a", "ratio": r}
              for i, r in enumerate((0.9, 1.05, 1.02))]
-    res = BenchResult(name="throughput", title="t")
+    res = BenchResult(name="throughput", title="t", config={})
     _paired_tables(res, pairs, cfg)
     row = next(v for k, v in res.tables.items() if k.startswith("both sides at once"))[0]
     assert row["a ÷ server"] == 1.02 and row["a ÷ server (min-max)"] == "0.900-1.050"
