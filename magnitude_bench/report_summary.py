@@ -106,7 +106,8 @@ FULL_K = 3000
 
 def agents(results: Results) -> list[Headline]:
     out = []
-    for key in ("agents-4-bursts-np20", "agents-4-bursts", "agents-4-bursts-paired", "agents-2-no-bursts",
+    for key in ("agents-4-bursts-np20", "agents-4-bursts-np20-paired", "agents-4-bursts", "agents-4-bursts-paired",
+                "agents-2-no-bursts",
                 "agents-2-no-bursts-full", "agents-2-no-bursts-full-exact", "agents-2-no-bursts-full-exact-paired"):
         try:
             raw = results.get(key)
