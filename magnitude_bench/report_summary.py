@@ -135,7 +135,7 @@ def agents(results: Results) -> list[Headline]:
 
 def throughput(results: Results) -> list[Headline]:
     """Issue 28's sweep when it is there (every width, 1 and 2 threads, the app's defaults off and
-    on), else the quick line: each engine variant against llama-server at every width and against
+    on; at one thread the paired line instead, where there is one), else the quick line: each engine variant against llama-server at every width and against
     llama-batched-bench at 8 and 16 sequences (it neither samples nor streams)."""
     out = []
     for key in ("throughput-paired-1t", "throughput-sweep-1t", "throughput-sweep-2t"):

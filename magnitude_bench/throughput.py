@@ -272,7 +272,7 @@ def _paired_rep(spec: BackendConfig, cfg: ThroughputConfig, prompts: dict, param
     pairs = []
     for peer in in_turn(wanted, rep):
         job = PairJob(spec=spec, peer=peer, seqs=cfg.seqs, prompts=prompts, gen=cfg.gen, policies=cfg.policies,
-                      runs=cfg.pair_runs, params=params, bindir=bindir, model=model, n_ctx=n_ctx,
+                      runs=cfg.pair_runs, params=params, engine_run=engine_run, bindir=bindir, model=model, n_ctx=n_ctx,
                       n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch)
         (mine, theirs, _), busy = measured(lambda: run_pair(job, cores), progress=progress)
         label = theirs[0]["peer"]
@@ -292,7 +292,8 @@ def _paired_rep(spec: BackendConfig, cfg: ThroughputConfig, prompts: dict, param
 
 def _paired_tables(res: BenchResult, pairs: list[dict], cfg: ThroughputConfig) -> None:
     """The paired figures: per width, each engine policy ÷ each peer as the median of the
-    repetitions' ratios (each from one pair, both sides at once), and every pair's ratio."""
+    repetitions' ratios (each from one pair, both sides at once), with their range; every pair's
+    ratio goes in the result's data."""
     wide = []
     for n in cfg.seqs:
         row: dict[str, Any] = {"seqs": n}

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
+import sys
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -26,6 +29,7 @@ from typing import Any, Callable
 from backend.factory import BackendConfig
 from magnitude_bench import peers
 from magnitude_bench.common import loaded
+from magnitude_tui.agent.process_group import group_running
 from scheduler.stats import median, rnd
 
 # How long a side waits at a width's start for the other to load and warm up, and the longest a
@@ -51,6 +55,8 @@ class PairJob:
     policies: tuple[str, ...]
     runs: int  # 0: default_runs per width
     params: Any  # the engine's cost model, calibrated once
+    # One engine run: throughput.engine_run (given, not imported: that module runs the pairs).
+    engine_run: Callable[..., dict]
     bindir: str
     model: str
     n_ctx: int
@@ -79,11 +85,9 @@ def race(run: Callable[[int], dict], need: int, me: int, done) -> list[dict]:
 
 
 def _engine_side(job: PairJob, n: int, backend) -> Callable[[int], dict]:
-    from magnitude_bench.throughput import engine_run
-
     def run(k: int) -> dict:
         policy = job.policies[k % len(job.policies)]
-        r = engine_run(backend, job.prompts[n], job.gen, policy, params=job.params)
+        r = job.engine_run(backend, job.prompts[n], job.gen, policy, params=job.params)
         return {"peer": f"engine {policy}", "tok_s": r["tok_s"], "tg_tok_s": r["tg_tok_s"], "made": r["made"],
                 "wall_s": r["wall_s"], "step_ms": r["step_ms"], "native_ms": r["native_ms"]}
     return run
@@ -116,6 +120,10 @@ def _peer_side(job: PairJob, n: int, stack: ExitStack) -> Callable[[int], dict]:
 def side_main(me: int, job: PairJob, core: int, barrier, done, out) -> None:
     """One side of a pair (me: 0 the engine, 1 the peer), in a process of its own on `core`."""
     os.sched_setaffinity(0, {core})  # a server it starts inherits it
+    # A group of its own, with the server it starts: a side stopped from outside (a pair that ran
+    # over its time, the bench interrupted) is ended whole, and its SIGTERM unwinds it first.
+    os.setpgrp()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     try:
         rows: list[dict] = []
         with ExitStack() as outer:
@@ -123,9 +131,7 @@ def side_main(me: int, job: PairJob, core: int, barrier, done, out) -> None:
             for w, n in enumerate(job.seqs):
                 with ExitStack() as stack:
                     if backend is not None:
-                        from magnitude_bench.throughput import engine_run
-
-                        engine_run(backend, job.prompts[n][:1], 4, job.policies[0], params=job.params)  # warm-up
+                        job.engine_run(backend, job.prompts[n][:1], 4, job.policies[0], params=job.params)  # warm-up
                         run = _engine_side(job, n, backend)
                         need = job.need(n) * len(job.policies)
                     else:
@@ -178,10 +184,25 @@ def run_pair(job: PairJob, cores: tuple[int, int]) -> tuple[list[dict], list[dic
     finally:
         for p in procs:
             p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+            if p.pid is not None and (p.is_alive() or group_running(p.pid)):
+                end_group(p.pid)
+            p.join()
     return got[0][0], got[1][0], got[0][1]
+
+
+def end_group(pgid: int, grace_s: float = 15.0) -> None:
+    """End a side's process group: SIGTERM (the side unwinds and stops its server), then SIGKILL
+    what is left after `grace_s`."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while group_running(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not group_running(pgid):
+            return
 
 
 def pair_ratios(engine_rows: list[dict], peer_rows: list[dict], policies: tuple[str, ...]) -> list[dict]:

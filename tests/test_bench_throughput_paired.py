@@ -92,3 +92,21 @@ def test_a_tiny_paired_run_counts_the_same_runs_on_both_cores():
     assert all(r["made"] == 4 for r in runs)  # the same work on both sides
     assert [p["engine_core"] for p in res.data["pairs"]][0] != [p["engine_core"] for p in res.data["pairs"]][1]
     assert all(p["ratio"] > 0 for p in res.data["pairs"])
+
+
+def test_a_side_ended_from_outside_takes_the_processes_it_started_with_it():
+    import subprocess
+
+    from magnitude_bench.throughput_paired import end_group
+    from magnitude_tui.agent.process_group import group_running
+
+    # A side and the server it started share a group of their own (side_main's setpgrp).
+    side = subprocess.Popen(["bash", "-c", "sleep 60 & wait"], start_new_session=True)
+    try:
+        assert group_running(side.pid)
+        end_group(side.pid, grace_s=5)
+        side.wait(5)
+        assert not group_running(side.pid)  # the shell's background sleep went with it
+    finally:
+        if side.poll() is None:
+            side.kill()
