@@ -182,8 +182,10 @@ def run_pair(job: PairJob, cores: tuple[int, int]) -> tuple[list[dict], list[dic
                 raise RuntimeError(f"{'the engine' if me == 0 else job.peer} side failed: {error}")
             got[me] = (rows, info)
     finally:
+        # Both reported: they are on their way out. Otherwise (a side failed, the pair ran over,
+        # the bench was interrupted) nothing is left to wait for: end them now.
         for p in procs:
-            p.join(10)
+            p.join(10 if len(got) == 2 else 0)
             if p.pid is not None and (p.is_alive() or group_running(p.pid)):
                 end_group(p.pid)
             p.join()
