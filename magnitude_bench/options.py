@@ -84,7 +84,7 @@ def throughput_config(*, seqs: str, prompt: int, gen: int, reps: int, policy: Se
                       require_tools: bool, profile: bool, cpu_clock: bool, spec: str, threads: Optional[int],
                       who: str = "agent", paired: bool = False, runs: int = 0):
     check_cpu_clock(cpu_clock, threads)
-    from magnitude_bench.throughput import APP_DEFAULTS, PEERS, ThroughputConfig
+    from magnitude_bench.throughput import APP_DEFAULTS, PEERS, ThroughputConfig, paired_problem
     from scheduler.budget import parse_policy
     from scheduler.speculation import SpecMode, parse_spec_mode
     from scheduler.types import Priority
@@ -104,11 +104,9 @@ def throughput_config(*, seqs: str, prompt: int, gen: int, reps: int, policy: Se
                                      "auto, the thread governor on), nothing else", param_hint="--policy")
     if who not in ("agent", "interactive"):
         raise typer.BadParameter(f"expected agent or interactive, got {who!r}", param_hint="--class")
-    if paired and threads != 1:
-        raise typer.BadParameter("a paired run gives each side one core: add --threads 1", param_hint="--paired")
-    if paired and ("serial" in chosen or not chosen):
-        raise typer.BadParameter("a paired run pairs the engine with llama.cpp's tools: --peers batched-bench,server",
-                                 param_hint="--paired")
+    problem = paired_problem(threads, chosen) if paired else None
+    if problem:
+        raise typer.BadParameter(problem, param_hint="--paired")
     if runs < 0 or (runs and not paired):
         raise typer.BadParameter("runs per side are for --paired, and at least 1 (0: the default)",
                                  param_hint="--runs")

@@ -152,6 +152,11 @@ def throughput(results: Results) -> list[Headline]:
     return out or _throughput(results.get("throughput"), "", batched_from=1)
 
 
+# Issue 28's bars: (peer, its short name in ratio columns, the bar); llama-batched-bench's holds at
+# 8 sequences and more (it neither samples nor streams).
+THROUGHPUT_BARS = (("llama-server -np N", "server", 1.0), ("llama-batched-bench", "batched-bench", 0.97))
+
+
 def _throughput_paired(raw: Raw) -> list[Headline]:
     """Each engine variant against llama-server at every width and llama-batched-bench at 8 and
     16, both sides at once: the median of the repetitions' paired ratios."""
@@ -161,7 +166,7 @@ def _throughput_paired(raw: Raw) -> list[Headline]:
     for row in table(raw, "both sides at once"):
         n = row["seqs"]
         for policy in raw.doc["config"]["throughput"]["policies"]:
-            for peer, short, bar in (("llama-server -np N", "server", 1.0), ("llama-batched-bench", "batched-bench", 0.97)):
+            for peer, short, bar in THROUGHPUT_BARS:
                 value = row.get(f"{policy} ÷ {short}")
                 if value is None or (bar < 1.0 and n < 8):
                     continue
@@ -177,8 +182,8 @@ def _throughput(raw: Raw, label: str, batched_from: int) -> list[Headline]:
     for row in table(raw, "generated tok/s"):
         engines = [k for k in row if k.startswith("engine ") and "÷" not in k]
         for mine in engines:
-            for peer, ratio, bar in (("llama-server -np N", "engine ÷ server", 1.0),
-                                     ("llama-batched-bench", "engine ÷ batched-bench", 0.97)):
+            for peer, short, bar in THROUGHPUT_BARS:
+                ratio = f"engine ÷ {short}"
                 if row.get(peer) is None or (bar < 1.0 and row["seqs"] < batched_from):
                     continue
                 # The result records each peer's ratio to the first engine variant; another

@@ -148,7 +148,7 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
     bindir = found[0] if found else None
     if cfg.paired:
         try:
-            check_paired(spec, cfg, wanted, threads)
+            check_paired(spec, wanted, threads)
         except Exception:
             backend.close()
             raise
@@ -248,16 +248,24 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
     return res
 
 
-def check_paired(spec: BackendConfig, cfg: ThroughputConfig, wanted: list[str], threads: int) -> None:
-    """ValueError unless a paired run can be made as asked: llama.cpp's tools as the only peers,
-    one thread per side, a real model, two cores."""
+def paired_problem(threads: int | None, peers: tuple[str, ...] | list[str]) -> str | None:
+    """Why a paired run cannot be made as asked (None: it can): one thread per side, llama.cpp's
+    tools as the only peers."""
+    if threads != 1:
+        return f"a paired run gives each side one core: run it with --threads 1 (got {threads})"
+    if "serial" in peers or not peers:
+        return "a paired run pairs the engine with llama.cpp's tools: --peers batched-bench,server (not serial)"
+    return None
+
+
+def check_paired(spec: BackendConfig, wanted: list[str], threads: int) -> None:
+    """ValueError unless a paired run can be made as asked (paired_problem), on a real model
+    (RuntimeError without two cores)."""
     if spec.simulated:
         raise ValueError("--paired runs real processes side by side; a simulated backend has none")
-    if threads != 1:
-        raise ValueError(f"--paired gives each side one core: run it with --threads 1 (got {threads})")
-    if "serial" in wanted or not wanted:
-        raise ValueError("--paired pairs the engine with llama.cpp's tools: --peers batched-bench,server "
-                         "(not serial)")
+    problem = paired_problem(threads, wanted)
+    if problem:
+        raise ValueError(problem)
     two_cores()
 
 

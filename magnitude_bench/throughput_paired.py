@@ -16,11 +16,11 @@ model for every run (its load is not in its time, so the engine runs alone for t
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import signal
 import sys
-import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -29,13 +29,15 @@ from typing import Any, Callable
 from backend.factory import BackendConfig
 from magnitude_bench import peers
 from magnitude_bench.common import loaded
-from magnitude_tui.agent.process_group import group_running
+from magnitude_tui.agent.process_group import end_group, group_running
 from scheduler.stats import median, rnd
 
 # How long a side waits at a width's start for the other to load and warm up, and the longest a
 # pair may take, before the run is abandoned with an error.
 BARRIER_S = 300.0
 PAIR_S = 3600.0
+# A side ended from outside gets this long to unwind and stop its server, then SIGKILL.
+END_GRACE_S = 15.0
 
 
 def default_runs(seqs: int) -> int:
@@ -67,21 +69,17 @@ class PairJob:
         return self.runs or default_runs(seqs)
 
 
-def first_runs(runs: list[dict], need: int) -> list[dict]:
-    """The runs that count: the first `need` (made while the other side was still running)."""
-    return runs[:need]
-
-
-def race(run: Callable[[int], dict], need: int, me: int, done) -> list[dict]:
+def race(run: Callable[[int], dict], need: int, done, me: int, other: int) -> list[dict]:
     """Run `run(k)` for k = 0, 1, ... until this side has `need` runs and the other side (flag
-    `done[1 - me]`) has its own; `done[me]` says so for this side. Returns the runs that count."""
+    `done[other]`) has its own; `done[me]` says so for this side. Returns the runs that count: the
+    first `need`, all made while the other side was still running."""
     runs: list[dict] = []
     while True:
         runs.append(run(len(runs)))
         if len(runs) >= need:
             done[me] = 1
-        if done[me] and done[1 - me]:
-            return first_runs(runs, need)
+        if done[me] and done[other]:
+            return runs[:need]
 
 
 def _engine_side(job: PairJob, n: int, backend) -> Callable[[int], dict]:
@@ -138,26 +136,14 @@ def side_main(me: int, job: PairJob, core: int, barrier, done, out) -> None:
                         run = _peer_side(job, n, stack)
                         need = job.need(n)
                     barrier.wait()
-                    flags = _Flags(done, 2 * w)
-                    rows += [{**r, "seqs": n, "core": core} for r in race(run, need, me, flags)]
+                    # Two flags per width in the shared array: the engine's, then the peer's.
+                    counted = race(run, need, done, 2 * w + me, 2 * w + 1 - me)
+                    rows += [{**r, "seqs": n, "core": core} for r in counted]
             info = {"attention": backend.info.get("attention")} if backend is not None else {}
         out.put((me, rows, info, None))
     except BaseException as e:  # the other side must not wait at the barrier for this one
         barrier.abort()
         out.put((me, None, {}, f"{type(e).__name__}: {e}"))
-
-
-class _Flags:
-    """The two sides' done flags of one width, in a shared array (index offset `base`)."""
-
-    def __init__(self, shared, base: int) -> None:
-        self.shared, self.base = shared, base
-
-    def __getitem__(self, i: int) -> int:
-        return self.shared[self.base + i]
-
-    def __setitem__(self, i: int, v: int) -> None:
-        self.shared[self.base + i] = v
 
 
 def run_pair(job: PairJob, cores: tuple[int, int]) -> tuple[list[dict], list[dict], dict]:
@@ -187,24 +173,11 @@ def run_pair(job: PairJob, cores: tuple[int, int]) -> tuple[list[dict], list[dic
         for p in procs:
             p.join(10 if len(got) == 2 else 0)
             if p.pid is not None and (p.is_alive() or group_running(p.pid)):
-                end_group(p.pid)
+                asyncio.run(end_group(p.pid, END_GRACE_S))
+            if p.is_alive():  # ended before it had a group of its own
+                p.kill()
             p.join()
     return got[0][0], got[1][0], got[0][1]
-
-
-def end_group(pgid: int, grace_s: float = 15.0) -> None:
-    """End a side's process group: SIGTERM (the side unwinds and stops its server), then SIGKILL
-    what is left after `grace_s`."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait_s
-        while group_running(pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not group_running(pgid):
-            return
 
 
 def pair_ratios(engine_rows: list[dict], peer_rows: list[dict], policies: tuple[str, ...]) -> list[dict]:

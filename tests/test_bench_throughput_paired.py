@@ -32,9 +32,9 @@ def test_a_side_keeps_running_until_the_other_has_its_runs_and_counts_only_its_f
         return {"k": k}
 
     got: dict[str, list] = {}
-    t = threading.Thread(target=lambda: got.update(slow=race(slow, 3, 1, done)))
+    t = threading.Thread(target=lambda: got.update(slow=race(slow, 3, done, 1, 0)))
     t.start()
-    got["fast"] = race(fast, 3, 0, done)
+    got["fast"] = race(fast, 3, done, 0, 1)
     t.join(10)
     assert [r["k"] for r in got["fast"]] == [0, 1, 2]  # the first three count
     assert len(fast_calls) >= 5  # it ran on while the slow side had not finished its three
@@ -95,16 +95,16 @@ def test_a_tiny_paired_run_counts_the_same_runs_on_both_cores():
 
 
 def test_a_side_ended_from_outside_takes_the_processes_it_started_with_it():
+    import asyncio
     import subprocess
 
-    from magnitude_bench.throughput_paired import end_group
-    from magnitude_tui.agent.process_group import group_running
+    from magnitude_tui.agent.process_group import end_group, group_running
 
     # A side and the server it started share a group of their own (side_main's setpgrp).
     side = subprocess.Popen(["bash", "-c", "sleep 60 & wait"], start_new_session=True)
     try:
         assert group_running(side.pid)
-        end_group(side.pid, grace_s=5)
+        asyncio.run(end_group(side.pid, 5))
         side.wait(5)
         assert not group_running(side.pid)  # the shell's background sleep went with it
     finally:

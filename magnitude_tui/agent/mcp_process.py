@@ -15,8 +15,6 @@ from typing import Any, Iterable
 import anyio
 from anyio.abc import ByteReceiveStream, Process
 
-from magnitude_tui.agent.process_group import group_running, wait_gone
-
 # After a server ends, what is left of its process group gets this long after SIGTERM, then SIGKILL.
 GROUP_TERM_WAIT_S = 1.0
 
@@ -65,23 +63,6 @@ def terminate_groups(pids: Iterable[int]) -> None:
             os.killpg(pid, signal.SIGTERM)
         except (OSError, AttributeError):
             pass
-
-
-async def end_group(pgid: int) -> None:
-    """SIGTERM what is left of the server's process group, then SIGKILL what outlives GROUP_TERM_WAIT_S."""
-    if not hasattr(os, "killpg") or pgid <= 1 or pgid == os.getpgrp() or not group_running(pgid):
-        return
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-        await wait_gone(pgid, GROUP_TERM_WAIT_S)
-    except (ProcessLookupError, PermissionError):
-        return
-    finally:  # cancelled while waiting too: nothing of it is left running
-        if group_running(pgid):
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 # A message from a server longer than this is not read: a call it answers fails (said), and

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from magnitude_tui.agent.config import McpServerSpec
-from magnitude_tui.agent.mcp_process import StderrLog, end_group, record_spawns, terminate_groups
+from magnitude_tui.agent.mcp_process import GROUP_TERM_WAIT_S, StderrLog, record_spawns, terminate_groups
 from magnitude_tui.agent.mcp_results import (
     answered_with_error,
     first_error,
@@ -17,6 +17,7 @@ from magnitude_tui.agent.mcp_results import (
     unique_name,
 )
 from magnitude_tui.agent.policy import ToolKind
+from magnitude_tui.agent.process_group import end_group
 from magnitude_tui.agent.toolbox import AgentTool, ToolResult
 from scheduler.types import Tool
 
@@ -113,7 +114,7 @@ class McpServer:
                 self._fail("it stopped")
             self._ready.set()
             for pid in spawned:  # its children: what it started and left behind when it ended
-                await end_group(pid)
+                await end_group(pid, GROUP_TERM_WAIT_S)
 
     async def _on_message(self, message) -> None:
         if isinstance(message, Exception) and self._not_jsonrpc is None:

@@ -1,9 +1,10 @@
-"""Provides group_running and wait_gone: whether a process group still has a live process, and waiting (bounded) until it has none (the run_command tool's shell and what it started, an MCP server and its children)."""
+"""Provides group_running, wait_gone and end_group: whether a process group still has a live process, waiting (bounded) until it has none, and ending one (SIGTERM, then SIGKILL) (the run_command tool's shell and what it started, an MCP server and its children, a paired bench's side and its server)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 
 
 def group_running(pgid: int) -> bool:
@@ -40,3 +41,21 @@ async def wait_gone(pgid: int, timeout_s: float, poll_s: float = 0.02) -> bool:
             return False
         await asyncio.sleep(poll_s)
     return True
+
+
+async def end_group(pgid: int, grace_s: float) -> None:
+    """SIGTERM what is left of a process group, then SIGKILL what outlives `grace_s` (cancelled
+    while waiting too: nothing of it is left running). Never this process's own group."""
+    if not hasattr(os, "killpg") or pgid <= 1 or pgid == os.getpgrp() or not group_running(pgid):
+        return
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+        await wait_gone(pgid, grace_s)
+    except (ProcessLookupError, PermissionError):
+        return
+    finally:
+        if group_running(pgid):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
