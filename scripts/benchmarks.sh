@@ -58,7 +58,7 @@ bench full throughput-sweep-1t throughput --seqs 1,8,16 --gen 32 --reps 5 -p tar
 bench full throughput-sweep-2t throughput --seqs 1,8,16 --gen 32 --reps 5 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 2
 # The same widths at one thread with each peer at the same time, a core each (swapped every
 # repetition): the ratios from the same minutes, which the sweeps' drift leaves unresolved.
-bench full throughput-paired-1t throughput --seqs 1,8,16 --gen 32 --reps 4 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 1 --paired
+bench full throughput-paired-1t throughput --seqs 1,8,16 --gen 64 --reps 4 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 1 --paired
 # Width 1 alone in eleven alternating repetitions, where five leave the sweeps' medians within this
 # machine's noise of each other (a process runs its native steps at one of two speeds).
 bench full throughput-width1-1t throughput --seqs 1 --gen 32 --reps 11 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 1
