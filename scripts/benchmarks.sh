@@ -59,6 +59,9 @@ bench full throughput-sweep-2t throughput --seqs 1,8,16 --gen 32 --reps 5 -p tar
 # The same widths at one thread with each peer at the same time, a core each (swapped every
 # repetition): the ratios from the same minutes, which the sweeps' drift leaves unresolved.
 bench full throughput-paired-1t throughput --seqs 1,8,16 --gen 64 --reps 4 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 1 --paired
+# Two threads in longer runs and nearly twice the repetitions: how far apart runs of the same work
+# land at two threads on a two-core machine, where a pair would need four cores.
+bench full throughput-sweep-2t-long throughput --seqs 1,8,16 --gen 64 --reps 9 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 2
 # Width 1 alone in eleven alternating repetitions, where five leave the sweeps' medians within this
 # machine's noise of each other (a process runs its native steps at one of two speeds).
 bench full throughput-width1-1t throughput --seqs 1 --gen 32 --reps 11 -p target:50 -p target:50+defaults --peers batched-bench,server --require-tools --threads 1
