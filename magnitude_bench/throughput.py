@@ -7,8 +7,9 @@ import io
 import pstats
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
+from pathlib import Path
 from typing import Any, Callable
 
 from backend.factory import BackendConfig, build_backend
@@ -128,6 +129,35 @@ def engine_rep_fresh(spec: BackendConfig, prompts: dict, cfg: ThroughputConfig, 
         return engine_rep(backend, prompts, cfg, params, rep)
 
 
+@dataclass
+class _Setup:
+    """What every repetition of a throughput run shares: the engine's load, its prompts and
+    warm-up calibration, and where the peers' tools and model are."""
+
+    spec: BackendConfig
+    cfg: ThroughputConfig
+    backend: Any
+    prompts: dict
+    params: Any
+    bindir: Path | None
+    model: str | None
+    n_ctx: int
+    threads: int
+    dev: Any
+    serial: Any
+    progress: Callable[[str], None]
+    runs: list[dict] = field(default_factory=list)  # one per (peer, seqs, rep); paired: one per counted run
+    engine_steps: dict[int, dict] = field(default_factory=lambda: defaultdict(lambda: {"step_ms": [], "native_ms": []}))
+
+    def add(self, peer: str, n: int, rep: int, made: int, wall: float, busy: float, tg: float | None = None) -> None:
+        self.runs.append({"peer": peer, "seqs": n, "rep": rep, "tok_s": made / wall, "tg_tok_s": tg, "made": made,
+                          "wall_s": wall, "others": busy})
+
+    def engine_steps_of(self, n: int, step_ms: list, native_ms: list) -> None:
+        self.engine_steps[n]["step_ms"] += step_ms
+        self.engine_steps[n]["native_ms"] += native_ms
+
+
 @recorded
 def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s: None) -> BenchResult:
     n_ctx = spec.n_ctx or max(8192, max(cfg.seqs) * (cfg.prompt + cfg.gen) + 256)
@@ -145,7 +175,6 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
             raise peers.PeerError(msg)
         res.notes.append(msg)
         wanted = [p for p in wanted if p == "serial"]
-    bindir = found[0] if found else None
     if cfg.paired:
         try:
             check_paired(spec, wanted, threads)
@@ -161,69 +190,16 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
                                    cpu=dev[1] == "none")
         serial.answer(list(prompt_tokens(backend, cfg.prompt, salt=999)), 4)  # warm-up
     prompts = {n: [prompt_tokens(backend, cfg.prompt, salt=i + 1) for i in range(n)] for n in cfg.seqs}
-    runs: list[dict] = []  # one per (peer, seqs, rep); paired: one per run that counts
     pairs: list[dict] = []  # paired: per repetition, peer, width and policy, the engine ÷ the peer
-    engine_steps: dict[int, dict] = defaultdict(lambda: {"step_ms": [], "native_ms": []})
     try:
         # Warm-up; its calibration serves every run (an engine that has been up a while).
         params = engine_run(backend, prompts[cfg.seqs[0]], 8, cfg.policies[0], cfg.cpu_clock)["params"]
-        # Repetitions outermost and every peer inside each one, in turn (every other repetition
-        # reversed): a noisy neighbour, or a machine whose speed drifts, hits all of them alike.
-        def engine_block(rep: int) -> None:
-            if spec.simulated:  # a profile's virtual clock: no process to be slow in
-                out, steps = engine_rep(backend, prompts, cfg, params, rep, progress)
-            else:
-                # A fresh process per repetition, as each peer run gets: this machine runs one
-                # process's native steps at one of two speeds (docs/BENCHMARKS.md, issue 28), and
-                # the loaded model of one long-lived process would draw once for every repetition.
-                with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-                    out, steps = pool.submit(engine_rep_fresh, spec, prompts, cfg, params, rep).result()
-            runs.extend(out)
-            for n, (step_ms, native_ms) in steps.items():
-                engine_steps[n]["step_ms"] += step_ms
-                engine_steps[n]["native_ms"] += native_ms
-
-        def add(peer: str, n: int, rep: int, made: int, wall: float, busy: float, tg: float | None = None) -> None:
-            runs.append({"peer": peer, "seqs": n, "rep": rep, "tok_s": made / wall, "tg_tok_s": tg, "made": made,
-                         "wall_s": wall, "others": busy})
-
-        def batched_block(rep: int) -> None:
-            assert bindir is not None and model is not None
-            bb, busy = measured(lambda: peers.batched_bench(
-                bindir, model=model, seqs=list(cfg.seqs), prompt=cfg.prompt, gen=cfg.gen, threads=threads,
-                n_ctx=n_ctx, n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch, dev=dev), progress=progress)
-            for n, row in bb.items():
-                add("llama-batched-bench", n, rep, n * cfg.gen, row["t"], busy, row["speed_tg"])
-
-        def server_block(rep: int) -> None:
-            assert bindir is not None and model is not None
-            for n in cfg.seqs:
-                with peers.Server(bindir, model=model, parallel=n, threads=threads, n_ctx=n_ctx,
-                                  n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch, dev=dev) as srv:
-                    srv.burst([list(p) for p in prompts[n][:1]], 4)  # warm-up
-                    (wall, made), busy = measured(lambda: srv.burst([list(p) for p in prompts[n]], cfg.gen),
-                                                  pids=(srv.pid,) if srv.pid else (), progress=progress)
-                add("llama-server -np N", n, rep, made, wall, busy)
-
-        def serial_block(rep: int) -> None:
-            assert serial is not None
-            for n in cfg.seqs:
-                (wall, made), busy = measured(lambda: serial.serial([list(p) for p in prompts[n]], cfg.gen),
-                                              progress=progress)
-                add("Llama serial", n, rep, made, wall, busy)
-
-        blocks = [engine_block, *([batched_block] if "batched-bench" in wanted else []),
-                  *([server_block] if "server" in wanted else []), *([serial_block] if serial is not None else [])]
-        for rep in range(cfg.reps):
-            if cfg.paired:
-                assert bindir is not None and model is not None
-                pairs += _paired_rep(spec, cfg, prompts, params, wanted, str(bindir), model, n_ctx, rep, runs,
-                                     engine_steps, progress)
-                continue
-            for block in in_turn(blocks, rep):
-                block(rep)
-            progress(f"rep {rep + 1}/{cfg.reps} done: " + ", ".join(
-                f"{x['peer']}@{x['seqs']}={x['tok_s']:.1f}" for x in runs if x["rep"] == rep and x["seqs"] == 8))
+        s = _Setup(spec, cfg, backend, prompts, params, found[0] if found else None, model, n_ctx, threads,
+                   dev, serial, progress)
+        if cfg.paired:
+            pairs = _paired_reps(s, wanted)
+        else:
+            _sequential_reps(s, wanted)
         if cfg.profile:
             n = cfg.profile_seqs
             res.tables[f"cProfile of one engine run ({n} seqs, {cfg.policies[0]}): most own time"] = \
@@ -235,7 +211,7 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
         # wherever the device has it, the CPU included), the app the path measured faster here.
         info = backend_info(backend) | {"attention": backend.info.get("attention")}
         backend.close()
-    _tables(res, runs, engine_steps, cfg, info, found)
+    _tables(res, s.runs, s.engine_steps, cfg, info, found)
     if cfg.paired:
         _paired_tables(res, pairs, cfg)
     if info["attention"]:
@@ -246,6 +222,60 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
         res.notes.append("the engine's tok/s are per CPU second of its process (one thread: every step "
                          "computes on it); the peers' are per wall second")
     return res
+
+
+def _sequential_reps(s: _Setup, wanted: list[str]) -> None:
+    """Every repetition, each side after the other: repetitions outermost and every peer inside
+    each one, in turn (every other repetition reversed), so a noisy neighbour, or a machine whose
+    speed drifts, hits all of them alike."""
+    cfg = s.cfg
+
+    def engine_block(rep: int) -> None:
+        if s.spec.simulated:  # a profile's virtual clock: no process to be slow in
+            out, steps = engine_rep(s.backend, s.prompts, cfg, s.params, rep, s.progress)
+        else:
+            # A fresh process per repetition, as each peer run gets: this machine runs one
+            # process's native steps at one of two speeds (docs/BENCHMARKS.md, issue 28), and
+            # the loaded model of one long-lived process would draw once for every repetition.
+            with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+                out, steps = pool.submit(engine_rep_fresh, s.spec, s.prompts, cfg, s.params, rep).result()
+        s.runs.extend(out)
+        for n, (step_ms, native_ms) in steps.items():
+            s.engine_steps_of(n, step_ms, native_ms)
+
+    def batched_block(rep: int) -> None:
+        bindir, model = s.bindir, s.model
+        assert bindir is not None and model is not None
+        bb, busy = measured(lambda: peers.batched_bench(
+            bindir, model=model, seqs=list(cfg.seqs), prompt=cfg.prompt, gen=cfg.gen, threads=s.threads,
+            n_ctx=s.n_ctx, n_batch=s.spec.n_batch or 2048, n_ubatch=s.spec.n_ubatch, dev=s.dev), progress=s.progress)
+        for n, row in bb.items():
+            s.add("llama-batched-bench", n, rep, n * cfg.gen, row["t"], busy, row["speed_tg"])
+
+    def server_block(rep: int) -> None:
+        assert s.bindir is not None and s.model is not None
+        for n in cfg.seqs:
+            with peers.Server(s.bindir, model=s.model, parallel=n, threads=s.threads, n_ctx=s.n_ctx,
+                              n_batch=s.spec.n_batch or 2048, n_ubatch=s.spec.n_ubatch, dev=s.dev) as srv:
+                srv.burst([list(p) for p in s.prompts[n][:1]], 4)  # warm-up
+                (wall, made), busy = measured(lambda: srv.burst([list(p) for p in s.prompts[n]], cfg.gen),
+                                              pids=(srv.pid,) if srv.pid else (), progress=s.progress)
+            s.add("llama-server -np N", n, rep, made, wall, busy)
+
+    def serial_block(rep: int) -> None:
+        assert s.serial is not None
+        for n in cfg.seqs:
+            (wall, made), busy = measured(lambda: s.serial.serial([list(p) for p in s.prompts[n]], cfg.gen),
+                                          progress=s.progress)
+            s.add("Llama serial", n, rep, made, wall, busy)
+
+    blocks = [engine_block, *([batched_block] if "batched-bench" in wanted else []),
+              *([server_block] if "server" in wanted else []), *([serial_block] if s.serial is not None else [])]
+    for rep in range(cfg.reps):
+        for block in in_turn(blocks, rep):
+            block(rep)
+        s.progress(f"rep {rep + 1}/{cfg.reps} done: " + ", ".join(
+            f"{x['peer']}@{x['seqs']}={x['tok_s']:.1f}" for x in s.runs if x["rep"] == rep and x["seqs"] == 8))
 
 
 def paired_problem(threads: int | None, peers: tuple[str, ...] | list[str]) -> str | None:
@@ -269,32 +299,34 @@ def check_paired(spec: BackendConfig, wanted: list[str], threads: int) -> None:
     two_cores()
 
 
-def _paired_rep(spec: BackendConfig, cfg: ThroughputConfig, prompts: dict, params, wanted: list[str], bindir: str,
-                model: str, n_ctx: int, rep: int, runs: list[dict], engine_steps: dict,
-                progress: Callable[[str], None]) -> list[dict]:
-    """One repetition of --paired: the engine against each peer in turn, both at once. Appends the
-    counted runs to `runs` and the engine's step times to `engine_steps`; returns the pairs' ratios."""
-    cores = two_cores()
-    if rep % 2:
-        cores = (cores[1], cores[0])
+def _paired_reps(s: _Setup, wanted: list[str]) -> list[dict]:
+    """Every repetition of --paired: the engine against each peer in turn, both at once, the cores
+    swapped every repetition. Adds the counted runs and the engine's step times to `s`; returns
+    the pairs' ratios."""
+    cfg = s.cfg
+    assert s.bindir is not None and s.model is not None
     pairs = []
-    for peer in in_turn(wanted, rep):
-        job = PairJob(spec=spec, peer=peer, seqs=cfg.seqs, prompts=prompts, gen=cfg.gen, policies=cfg.policies,
-                      runs=cfg.pair_runs, params=params, engine_run=engine_run, bindir=bindir, model=model, n_ctx=n_ctx,
-                      n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch)
-        (mine, theirs, _), busy = measured(lambda: run_pair(job, cores), progress=progress)
-        label = theirs[0]["peer"]
-        for r in mine:
-            if r["peer"] == f"engine {cfg.policies[0]}":
-                engine_steps[r["seqs"]]["step_ms"] += r["step_ms"]
-                engine_steps[r["seqs"]]["native_ms"] += r["native_ms"]
-        for r, other in [*((r, label) for r in mine), *((r, "engine") for r in theirs)]:
-            runs.append({k: v for k, v in r.items() if k not in ("step_ms", "native_ms")}
-                        | {"rep": rep, "others": busy, "paired_with": other})
-        got = pair_ratios(mine, theirs, cfg.policies)
-        pairs += [{"rep": rep, "peer": label, "engine_core": cores[0], **g} for g in got]
-        progress(f"rep {rep + 1}/{cfg.reps}, {label}: engine on core {cores[0]}: "
-                 + ", ".join(f"{g['policy']}@{g['seqs']} {g['ratio']:.3f}" for g in got))
+    for rep in range(cfg.reps):
+        cores = two_cores()
+        if rep % 2:
+            cores = (cores[1], cores[0])
+        for peer in in_turn(wanted, rep):
+            job = PairJob(spec=s.spec, peer=peer, seqs=cfg.seqs, prompts=s.prompts, gen=cfg.gen,
+                          policies=cfg.policies, runs=cfg.pair_runs, params=s.params, engine_run=engine_run,
+                          bindir=str(s.bindir), model=s.model, n_ctx=s.n_ctx, n_batch=s.spec.n_batch or 2048,
+                          n_ubatch=s.spec.n_ubatch)
+            (mine, theirs, _), busy = measured(lambda: run_pair(job, cores), progress=s.progress)
+            label = theirs[0]["peer"]
+            for r in mine:
+                if r["peer"] == f"engine {cfg.policies[0]}":
+                    s.engine_steps_of(r["seqs"], r["step_ms"], r["native_ms"])
+            for r, other in [*((r, label) for r in mine), *((r, "engine") for r in theirs)]:
+                s.runs.append({k: v for k, v in r.items() if k not in ("step_ms", "native_ms")}
+                              | {"rep": rep, "others": busy, "paired_with": other})
+            got = pair_ratios(mine, theirs, cfg.policies)
+            pairs += [{"rep": rep, "peer": label, "engine_core": cores[0], **g} for g in got]
+            s.progress(f"rep {rep + 1}/{cfg.reps}, {label}: engine on core {cores[0]}: "
+                       + ", ".join(f"{g['policy']}@{g['seqs']} {g['ratio']:.3f}" for g in got))
     return pairs
 
 
