@@ -92,9 +92,39 @@ async def test_an_answer_in_the_wrong_shape_or_off_its_output_schema_keeps_the_s
         await servers.close()
 
 
+FIRST_START = """
+import asyncio, sys
+from magnitude_tui.agent.config import McpServerSpec
+from magnitude_tui.agent.mcp_tools import McpServers
+assert "mcp" not in sys.modules
+
+async def main():
+    servers = McpServers([McpServerSpec("garbage", sys.executable, (sys.argv[1], "garbage"), start_timeout_s=0.5)])
+    await servers.start()
+    print(servers.problems["garbage"])
+    await servers.close()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.serial
+def test_a_servers_start_time_does_not_count_the_sdks_first_import():
+    # A fresh interpreter, the MCP SDK not imported yet (its first import took about 0.7 s here):
+    # a server that writes its banner at once, given 0.5 s, is said to have written it; the
+    # budget used to start before the import, and the banner came after the timeout.
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", FIRST_START, RAW], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "did not start within 0.5 s" in out.stdout and "Welcome to the server!" in out.stdout, out.stdout
+
+
 @pytest.mark.serial
 async def test_a_server_writing_garbage_or_never_initializing_is_given_up_on_in_time(caplog):
     caplog.set_level(logging.DEBUG)
+    import mcp.client.stdio  # noqa: F401  (its first import, ~0.7 s here, is no server's wait)
     t0 = time.monotonic()
     servers = await started(raw("garbage", name="garbage", start_timeout_s=1.0),
                             raw("noinit", name="noinit", start_timeout_s=1.0))

@@ -69,6 +69,10 @@ class McpServer:
         """Start the server and list its tools, or set `problem`; never raises."""
         self._ready, self._stop = asyncio.Event(), asyncio.Event()
         self._errlog.watch()
+        # The SDK is imported before the server's clock starts: its first import takes about 0.7 s
+        # on a 2-core machine, which a 1 s start_timeout_s charged to the server (whose banner
+        # then arrived after the timeout and went unsaid).
+        import mcp.client.stdio  # noqa: F401
         began = time.monotonic()
         self._task = asyncio.create_task(self._serve(), name=f"mcp-{self.spec.name}")
         try:
