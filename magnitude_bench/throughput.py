@@ -153,7 +153,7 @@ class _Setup:
         self.runs.append({"peer": peer, "seqs": n, "rep": rep, "tok_s": made / wall, "tg_tok_s": tg, "made": made,
                           "wall_s": wall, "others": busy})
 
-    def engine_steps_of(self, n: int, step_ms: list, native_ms: list) -> None:
+    def add_steps(self, n: int, step_ms: list, native_ms: list) -> None:
         self.engine_steps[n]["step_ms"] += step_ms
         self.engine_steps[n]["native_ms"] += native_ms
 
@@ -241,7 +241,7 @@ def _sequential_reps(s: _Setup, wanted: list[str]) -> None:
                 out, steps = pool.submit(engine_rep_fresh, s.spec, s.prompts, cfg, s.params, rep).result()
         s.runs.extend(out)
         for n, (step_ms, native_ms) in steps.items():
-            s.engine_steps_of(n, step_ms, native_ms)
+            s.add_steps(n, step_ms, native_ms)
 
     def batched_block(rep: int) -> None:
         bindir, model = s.bindir, s.model
@@ -319,7 +319,7 @@ def _paired_reps(s: _Setup, wanted: list[str]) -> list[dict]:
             label = theirs[0]["peer"]
             for r in mine:
                 if r["peer"] == f"engine {cfg.policies[0]}":
-                    s.engine_steps_of(r["seqs"], r["step_ms"], r["native_ms"])
+                    s.add_steps(r["seqs"], r["step_ms"], r["native_ms"])
             for r, other in [*((r, label) for r in mine), *((r, "engine") for r in theirs)]:
                 s.runs.append({k: v for k, v in r.items() if k not in ("step_ms", "native_ms")}
                               | {"rep": rep, "others": busy, "paired_with": other})
