@@ -129,6 +129,11 @@ def engine_rep_fresh(spec: BackendConfig, prompts: dict, cfg: ThroughputConfig, 
         return engine_rep(backend, prompts, cfg, params, rep)
 
 
+def _n_batch(spec: BackendConfig) -> int:
+    """The batch every side runs with: the engine's, or llama.cpp's default where it sets none."""
+    return spec.n_batch or 2048
+
+
 @dataclass
 class _Setup:
     """What every repetition of a throughput run shares: the engine's load, its prompts and
@@ -186,7 +191,7 @@ def run_throughput(spec: BackendConfig, cfg: ThroughputConfig, progress=lambda s
     if "serial" in wanted:
         assert model is not None, "the peers run the llama.cpp model"
         serial = peers.SerialLlama(model=model, threads=threads, n_ctx=cfg.prompt + cfg.gen + 16,
-                                   n_batch=spec.n_batch or 2048, n_ubatch=spec.n_ubatch,
+                                   n_batch=_n_batch(spec), n_ubatch=spec.n_ubatch,
                                    cpu=dev[1] == "none")
         serial.answer(list(prompt_tokens(backend, cfg.prompt, salt=999)), 4)  # warm-up
     prompts = {n: [prompt_tokens(backend, cfg.prompt, salt=i + 1) for i in range(n)] for n in cfg.seqs}
@@ -248,7 +253,7 @@ def _sequential_reps(s: _Setup, wanted: list[str]) -> None:
         assert bindir is not None and model is not None
         bb, busy = measured(lambda: peers.batched_bench(
             bindir, model=model, seqs=list(cfg.seqs), prompt=cfg.prompt, gen=cfg.gen, threads=s.threads,
-            n_ctx=s.n_ctx, n_batch=s.spec.n_batch or 2048, n_ubatch=s.spec.n_ubatch, dev=s.dev), progress=s.progress)
+            n_ctx=s.n_ctx, n_batch=_n_batch(s.spec), n_ubatch=s.spec.n_ubatch, dev=s.dev), progress=s.progress)
         for n, row in bb.items():
             s.add("llama-batched-bench", n, rep, n * cfg.gen, row["t"], busy, row["speed_tg"])
 
@@ -256,7 +261,7 @@ def _sequential_reps(s: _Setup, wanted: list[str]) -> None:
         assert s.bindir is not None and s.model is not None
         for n in cfg.seqs:
             with peers.Server(s.bindir, model=s.model, parallel=n, threads=s.threads, n_ctx=s.n_ctx,
-                              n_batch=s.spec.n_batch or 2048, n_ubatch=s.spec.n_ubatch, dev=s.dev) as srv:
+                              n_batch=_n_batch(s.spec), n_ubatch=s.spec.n_ubatch, dev=s.dev) as srv:
                 srv.burst([list(p) for p in s.prompts[n][:1]], 4)  # warm-up
                 (wall, made), busy = measured(lambda: srv.burst([list(p) for p in s.prompts[n]], cfg.gen),
                                               pids=(srv.pid,) if srv.pid else (), progress=s.progress)
@@ -313,7 +318,7 @@ def _paired_reps(s: _Setup, wanted: list[str]) -> list[dict]:
         for peer in in_turn(wanted, rep):
             job = PairJob(spec=s.spec, peer=peer, seqs=cfg.seqs, prompts=s.prompts, gen=cfg.gen,
                           policies=cfg.policies, runs=cfg.pair_runs, params=s.params, engine_run=engine_run,
-                          bindir=str(s.bindir), model=s.model, n_ctx=s.n_ctx, n_batch=s.spec.n_batch or 2048,
+                          bindir=str(s.bindir), model=s.model, n_ctx=s.n_ctx, n_batch=_n_batch(s.spec),
                           n_ubatch=s.spec.n_ubatch)
             (mine, theirs, _), busy = measured(lambda: run_pair(job, cores), progress=s.progress)
             label = theirs[0]["peer"]
