@@ -49,6 +49,11 @@ def slots(raw: Raw) -> int:
     return raw.doc["config"]["setups"][0]["parallel"]
 
 
+def kv_cells(raw: Raw) -> int:
+    """An agents run's KV cells, every side's (`--ctx`)."""
+    return raw.doc["config"]["setups"][0]["n_ctx"]
+
+
 def machine(raw: Raw) -> str:
     m = raw.doc.get("machine") or {}
     where = raw.provenance.get("machine")

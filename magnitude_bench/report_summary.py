@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Callable
 
-from magnitude_bench.report_format import Cell, fmt, machine, md_table, slots, table
+from magnitude_bench.report_format import Cell, fmt, kv_cells, machine, md_table, slots, table
 from magnitude_bench.report_raw import Raw, Results
 from magnitude_bench.report_spec import CPU, SIM, met
 from scheduler.stats import rnd
@@ -106,7 +106,8 @@ FULL_K = 3000
 
 def agents(results: Results) -> list[Headline]:
     out = []
-    for key in ("agents-4-bursts-np20", "agents-4-bursts-np20-paired", "agents-4-bursts", "agents-4-bursts-paired",
+    for key in ("agents-4-bursts-full", "agents-4-bursts-np20", "agents-4-bursts-np20-paired", "agents-4-bursts",
+                "agents-4-bursts-paired",
                 "agents-2-no-bursts",
                 "agents-2-no-bursts-full", "agents-2-no-bursts-full-exact", "agents-2-no-bursts-full-exact-paired"):
         try:
@@ -116,14 +117,15 @@ def agents(results: Results) -> list[Headline]:
                 continue
             raise
         a = raw.doc["config"]["agents"]
-        whole = ", whole tool results" if a["k_max"] >= FULL_K else ""
+        whole = ", whole tool results" if a["k_max"] >= FULL_K else f", tool results cut to {a['k_max']} tokens"
         whole += ", every reply to its max_tokens" if a.get("exact_replies") else ""
         whole += ", both sides at once on a core each" if a.get("paired") else ""
         sides = table(raw, "per side")
         serve = _row(sides, side="serve")
         best = table(raw, "serve ÷ llama-server")[0]["best llama-server (by makespan)"]
         for t in table(raw, "the issue's targets"):
-            what = f"Agent trace, {a['agents']} agents × {a['turns']} turns{whole}, {slots(raw)} slots: {t['target']}"
+            what = (f"Agent trace, {a['agents']} agents × {a['turns']} turns{whole}, {slots(raw)} slots, "
+                    f"{fmt(kv_cells(raw))} KV cells: {t['target']}")
             mine = (f"evaluated {fmt(serve['evaluated'])}" if "evaluated" in t["target"]
                     else f"makespan {fmt(serve['makespan_s'])} s" if "makespan" in t["target"]
                     else f"TTFT p95 {fmt(serve['ttft_p95_s'])} s")

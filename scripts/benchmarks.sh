@@ -113,6 +113,12 @@ bench full agents-4-bursts-np20 agents --bursts on --agents 4 --turns 2 --k-max 
 # ... paired at 20 slots with llama-server --cache-reuse 256, every reply to its max_tokens, as the
 # 10-slot paired line runs.
 bench full agents-4-bursts-np20-paired agents --bursts on --agents 4 --turns 2 --k-max 300 --think-scale 0.5 --reps 4 --parallel 20 --exact-replies --sides serve,llama-server+reuse --paired
+# The burst line on the trace as generated (whole tool results, K of 100-3,000 tokens), 20 slots, the
+# sides in turn, every reply to its max_tokens. At 32,768 cells llama-server's slots, each holding
+# its own copy of a parent's history, run out of cells in the bursts and their calls fail (about 25
+# minutes); at 65,536 every call of both sides is answered (about 50 minutes).
+bench full agents-4-bursts-full-32k agents --bursts on --agents 4 --turns 2 --k-max 3000 --think-scale 0.5 --reps 1 --parallel 20 --ctx 32768 --exact-replies --sides serve,llama-server+reuse+ram,llama-server+reuse
+bench full agents-4-bursts-full agents --bursts on --agents 4 --turns 2 --k-max 3000 --think-scale 0.5 --reps 2 --parallel 20 --ctx 65536 --exact-replies --sides serve,llama-server+reuse
 # Speculative decoding: the matrix (about 75 minutes), the width 16 with a control, the model as
 # its own draft with llama-server's n-gram speculation beside it (about 20), then the control runs.
 bench full spec-reps3 spec --reps 3 --modes off,ngram,auto --no-peer
