@@ -262,7 +262,7 @@ def _sequential_reps(s: _Setup, wanted: list[str]) -> None:
         for n in cfg.seqs:
             with peers.Server(s.bindir, model=s.model, parallel=n, threads=s.threads, n_ctx=s.n_ctx,
                               n_batch=_n_batch(s.spec), n_ubatch=s.spec.n_ubatch, dev=s.dev) as srv:
-                srv.burst([list(p) for p in s.prompts[n][:1]], 4)  # warm-up
+                srv.warm(list(s.prompts[n][0]))
                 (wall, made), busy = measured(lambda: srv.burst([list(p) for p in s.prompts[n]], cfg.gen),
                                               pids=(srv.pid,) if srv.pid else (), progress=s.progress)
             s.add("llama-server -np N", n, rep, made, wall, busy)

@@ -98,7 +98,7 @@ def _peer_side(job: PairJob, n: int, stack: ExitStack) -> Callable[[int], dict]:
     if job.peer == "server":
         srv = stack.enter_context(peers.Server(bindir, model=job.model, parallel=n, threads=1, n_ctx=job.n_ctx,
                                                n_batch=job.n_batch, n_ubatch=job.n_ubatch, dev=dev))
-        srv.burst([list(p) for p in job.prompts[n][:1]], 4)  # warm-up
+        srv.warm(list(job.prompts[n][0]))
 
         def serve_run(_: int) -> dict:
             wall, made = srv.burst([list(p) for p in job.prompts[n]], job.gen)
