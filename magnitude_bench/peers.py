@@ -163,10 +163,9 @@ class Server:
         with ThreadPoolExecutor(len(prompts)) as pool:
             return list(pool.map(lambda p: self.complete(p, n_predict, **fields), prompts))
 
-    def warm(self, prompt: list[int]) -> "Server":
+    def warm(self, prompt: list[int]) -> None:
         """Its first-call costs paid on one prompt (4 tokens), before anything is timed."""
         self.burst([prompt], 4)
-        return self
 
     def burst(self, prompts: list[list[int]], n_predict: int) -> tuple[float, int]:
         """`replies` to the prompts; (wall seconds, tokens generated)."""

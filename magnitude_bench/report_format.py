@@ -49,6 +49,16 @@ def slots(raw: Raw) -> int:
     return raw.doc["config"]["setups"][0]["parallel"]
 
 
+# `bench agents --k-max` at which no tool result of the repository's traces is cut (their K is 100-3,000).
+FULL_K = 3000
+
+
+def tool_results(raw: Raw) -> str:
+    """How an agents run's tool results were sent: whole, or cut to `--k-max` tokens."""
+    k = raw.doc["config"]["agents"]["k_max"]
+    return "whole tool results" if k >= FULL_K else f"tool results cut to {k} tokens"
+
+
 def kv_cells(raw: Raw) -> int:
     """An agents run's KV cells, every side's (`--ctx`)."""
     return raw.doc["config"]["setups"][0]["n_ctx"]

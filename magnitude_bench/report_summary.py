@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Callable
 
-from magnitude_bench.report_format import Cell, fmt, kv_cells, machine, md_table, slots, table
+from magnitude_bench.report_format import Cell, fmt, kv_cells, machine, md_table, slots, table, tool_results
 from magnitude_bench.report_raw import Raw, Results
 from magnitude_bench.report_spec import CPU, SIM, met
 from scheduler.stats import rnd
@@ -100,10 +100,6 @@ def structured(results: Results) -> list[Headline]:
          if "replies/s engine ÷ llama-server" in vs else [])
 
 
-# `bench agents --k-max` at which no tool result of the repository's traces is cut (their K is 100-3,000).
-FULL_K = 3000
-
-
 def agents(results: Results) -> list[Headline]:
     out = []
     for key in ("agents-4-bursts-full", "agents-4-bursts-np20", "agents-4-bursts-np20-paired", "agents-4-bursts",
@@ -117,7 +113,7 @@ def agents(results: Results) -> list[Headline]:
                 continue
             raise
         a = raw.doc["config"]["agents"]
-        whole = ", whole tool results" if a["k_max"] >= FULL_K else f", tool results cut to {a['k_max']} tokens"
+        whole = f", {tool_results(raw)}"
         whole += ", every reply to its max_tokens" if a.get("exact_replies") else ""
         whole += ", both sides at once on a core each" if a.get("paired") else ""
         sides = table(raw, "per side")

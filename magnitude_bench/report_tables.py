@@ -5,10 +5,21 @@ from __future__ import annotations
 
 from typing import Callable
 
-from magnitude_bench.report_format import Cell, fmt, kv_cells, md_table, plot, rows_table, slots, source, table
+from magnitude_bench.report_format import (
+    Cell,
+    fmt,
+    kv_cells,
+    md_table,
+    plot,
+    rows_table,
+    slots,
+    source,
+    table,
+    tool_results,
+)
 from magnitude_bench.report_raw import Raw, Results
 from magnitude_bench.report_spec import spec, spec_control, spec_peer, spec_targets
-from magnitude_bench.report_summary import FULL_K, summary
+from magnitude_bench.report_summary import summary
 
 # ---- per kind ------------------------------------------------------------------------------------
 
@@ -64,8 +75,7 @@ def agents(results: Results, *raws: Raw) -> str:
     out = []
     for raw in raws:
         a = raw.doc["config"]["agents"]
-        reads = "whole tool results" if a["k_max"] >= FULL_K else f"tool results cut to {a['k_max']} tokens"
-        out.append(f"*{a['agents']} agents × {a['turns']} turns, {reads}, "
+        out.append(f"*{a['agents']} agents × {a['turns']} turns, {tool_results(raw)}, "
                    f"{table(raw, 'per side')[0]['trace']}, {slots(raw)} sequence slots and {fmt(kv_cells(raw))} KV "
                    "cells each side"
                    f"{', every reply run to its max_tokens' if a.get('exact_replies') else ''}* (`{raw.file}`):")
