@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
+import sys
 import time
 from typing import TYPE_CHECKING, Sequence
 
@@ -69,10 +71,12 @@ class McpServer:
         """Start the server and list its tools, or set `problem`; never raises."""
         self._ready, self._stop = asyncio.Event(), asyncio.Event()
         self._errlog.watch()
-        # The SDK is imported before the server's clock starts: its first import takes about 0.7 s
-        # on a 2-core machine, which a 1 s start_timeout_s charged to the server (whose banner
-        # then arrived after the timeout and went unsaid).
-        import mcp.client.stdio  # noqa: F401
+        # The SDK is imported before the server's clock starts, and off the event loop: its first
+        # import takes about 0.7 s on a 2-core machine, which a 1 s start_timeout_s charged to the
+        # server (whose banner then arrived after the timeout and went unsaid), and which froze
+        # the app's screen while it ran on the loop.
+        if "mcp.client.stdio" not in sys.modules:
+            await asyncio.to_thread(importlib.import_module, "mcp.client.stdio")
         began = time.monotonic()
         self._task = asyncio.create_task(self._serve(), name=f"mcp-{self.spec.name}")
         try:
