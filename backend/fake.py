@@ -153,6 +153,9 @@ class FakeBackend:
     def is_eog(self, token: int) -> bool:
         return token in (EOS, IM_END)
 
+    def token_bytes(self, token: int) -> bytes:
+        return FakeDetokenizer().feed(token).encode("utf-8", "surrogatepass")
+
     # ---- decode --------------------------------------------------------------------------------
 
     def validate(self, plan: BatchPlan) -> None:

@@ -269,6 +269,9 @@ class LlamaBackend:
     def is_eog(self, token: int) -> bool:
         return self.vocab.is_eog(token)
 
+    def token_bytes(self, token: int) -> bytes:
+        return self.vocab.piece(token)
+
     # ---- steps -----------------------------------------------------------------------------
 
     def check_plan(self, plan: BatchPlan) -> None:

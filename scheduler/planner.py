@@ -135,6 +135,12 @@ class Scheduler:
         self.admission.check(seq)
         self.waiting.append(seq)
 
+    def held_tokens(self) -> list[list[int]]:
+        """The tokens of every conversation whose KV a prompt could reuse: resident in a slot, or
+        saved in host memory."""
+        resident = [s.committed_tokens() for s in self.sessions.values() if s.seq_id is not None]
+        return resident + self.residency.ram.all_tokens()
+
     def cancel(self, request_id: str) -> Sequence | None:
         for seq in [*self.running, *self.waiting]:
             if seq.request_id == request_id:

@@ -62,6 +62,10 @@ class RamTier:
         saved = self.peek(session_id)
         return None if saved is None else saved[0]
 
+    def all_tokens(self) -> list[list[int]]:
+        """Every saved conversation's tokens (not copies: read them, do not change them)."""
+        return [saved for saved, _ in self._saved.values()]
+
     def best_prefix(self, tokens: list[int]) -> tuple[str | None, int]:
         """The saved conversation sharing the longest prefix with `tokens`, and that length."""
         key = tuple(tokens)

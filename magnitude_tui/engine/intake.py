@@ -30,6 +30,7 @@ from magnitude_tui.engine.text import ReplyText
 from magnitude_tui.engine.warm import WarmResume
 from scheduler.budget import Policy
 from scheduler.planner import RequestError
+from scheduler.retokenized import aligned_prompt
 from scheduler.sequence import Sequence
 from scheduler.speculation import SpecMode
 from scheduler.types import DoneReason, ErrorKind, Phase, Request
@@ -46,6 +47,8 @@ class Admission(Protocol):
     n_ctx_seq: int
 
     def add(self, seq: Sequence) -> None: ...
+
+    def held_tokens(self) -> list[list[int]]: ...
 
     def finish(self, seq: Sequence, reason: DoneReason, error: str | None = None,
                kind: ErrorKind | None = None) -> None: ...
@@ -265,6 +268,10 @@ class Intake:
                 fitted = fit_conversation(req.messages, self._chat_tokenizer(req),
                                           limit, seq.max_tokens, may_drop=req.drop_oldest_turns)
                 prompt, seq.dropped_messages = fitted.prompt, fitted.dropped
+                # A reply sent back as text may tokenize otherwise than the model wrote it: its
+                # conversation's held tokens stand for that text (scheduler/retokenized.py).
+                prompt = aligned_prompt(prompt, self.scheduler.held_tokens(), self.backend.token_bytes,
+                                        max_len=limit - 1)
             bad = [t for t in prompt if not 0 <= t < self.backend.n_vocab]
             if bad:
                 raise RequestError(f"token id {bad[0]} is outside the model's vocabulary "
