@@ -157,3 +157,32 @@ def test_real_model_next_turn_and_fork_reuse_a_history_held_in_other_tokens(clea
     assert d.seen["sub"].last.cached_tokens >= len(held)
     assert d.seen["t2"].done and d.seen["sub"].done
     close_and_assert_empty(engine, "conv", "sub-1")
+
+
+@pytest.mark.slow
+def test_real_model_warm_resume_restores_a_history_held_in_other_tokens(clean_llama, tmp_path):
+    from magnitude_tui.engine.core import Engine
+    from magnitude_tui.engine.events import RestoreOutcome
+    from magnitude_tui.engine.warm_store import WarmStore
+    from scheduler.types import Request, SamplingParams
+
+    first = [Message("user", "Say what the function passage_tokens in scheduler/sequence.py returns.")]
+    held = _respelled(clean_llama, clean_llama.tokenize_chat(first))
+    store = lambda: WarmStore(tmp_path / "kv", layout=clean_llama.state_layout, budget_bytes=1 << 30)  # noqa: E731
+    engine = Engine(clean_llama, policy="fixed:512", warm=store())
+    engine.submit(Request("t1", "s1", (), SamplingParams(temperature=0.0, max_tokens=8), prompt_tokens=tuple(held)))
+    reply = "".join(u.text_delta for r in engine.run_until_idle() for u in r.updates)
+    engine.shutdown()  # the app quits: the idle conversation is saved
+    engine.close_session("s1")
+    engine.run_until_idle()
+
+    resumed = Engine(clean_llama, policy="fixed:512", warm=store())
+    resumed.restore_session("s1", first + [Message("assistant", reply)])
+    resumed.step()
+    [notice] = resumed.take_notices()
+    assert notice.outcome is RestoreOutcome.RESTORED, notice
+    # All of the saved prompt comes back, though its text tokenizes otherwise.
+    assert notice.tokens >= len(held), notice
+    resumed.close_session("s1")
+    resumed.run_until_idle()
+    assert resumed.is_empty(), resumed.leaks()

@@ -9,6 +9,7 @@ from backend.protocol import Backend
 from magnitude_tui.engine.events import RestoreOutcome, RestoreSession, SessionRestored
 from magnitude_tui.engine.warm_store import Found, WarmStore
 from scheduler.planner import Scheduler
+from scheduler.retokenized import aligned_prompt
 from scheduler.sequence import common_prefix_len
 
 log = logging.getLogger("magnitude_tui.warm")
@@ -131,7 +132,8 @@ class WarmResume:
             wanted = self.backend.tokenize_chat(cmd.messages, add_generation_prompt=False)
         except Exception as exc:
             return answer(RestoreOutcome.TOKENS_DIFFER, f"the conversation could not be tokenized: {exc}")
-        n = common_prefix_len(saved.tokens, list(wanted))
+        # A reply the model wrote in other tokens than its text's keeps the saved ones (retokenized.py).
+        n = common_prefix_len(saved.tokens, aligned_prompt(list(wanted), [saved.tokens], self.backend.token_bytes))
         if n < MIN_RESTORE_TOKENS:
             return answer(RestoreOutcome.TOKENS_DIFFER, f"the conversation shares {n} of the "
                           f"{len(saved.tokens)} saved tokens (it was edited, or another template)")
