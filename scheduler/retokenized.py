@@ -65,31 +65,24 @@ def _last_sync(held: list[int], prompt: list[int], n: int, token_bytes: TokenByt
     """From position `n`, where the tokens differ, the furthest (i, j) with held[n:i] and
     prompt[n:j] spelling the same bytes; None when their bytes differ before any such boundary.
     The walk stops at the first byte that differs, at a control token, or at the end of either."""
-    h, p = bytearray(), bytearray()
-    i = j = n
+    tokens = (held, prompt)
+    spelled = (bytearray(), bytearray())
+    at = [n, n]
     checked = 0
     sync = None
     while True:
-        if len(h) <= len(p):
-            if i >= len(held):
-                break
-            piece = token_bytes(held[i])
-            if not piece:
-                break
-            h += piece
-            i += 1
-        else:
-            if j >= len(prompt):
-                break
-            piece = token_bytes(prompt[j])
-            if not piece:
-                break
-            p += piece
-            j += 1
-        m = min(len(h), len(p))
-        if h[checked:m] != p[checked:m]:
+        k = 0 if len(spelled[0]) <= len(spelled[1]) else 1  # the side whose bytes are behind
+        if at[k] >= len(tokens[k]):
+            break
+        piece = token_bytes(tokens[k][at[k]])
+        if not piece:
+            break
+        spelled[k].extend(piece)
+        at[k] += 1
+        m = min(len(spelled[0]), len(spelled[1]))
+        if spelled[0][checked:m] != spelled[1][checked:m]:
             break
         checked = m
-        if len(h) == len(p):
-            sync = (i, j)
+        if len(spelled[0]) == len(spelled[1]):
+            sync = (at[0], at[1])
     return sync
