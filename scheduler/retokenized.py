@@ -49,16 +49,15 @@ def aligned_prompt(prompt: list[int], held: Iterable[list[int]], token_bytes: To
 def _splice(prompt: list[int], held: list[int], n: int, token_bytes: TokenBytes) -> list[int] | None:
     """The prompt with held's tokens wherever the two part at `n` (and at every later parting) but
     spell the same bytes up to a shared token boundary; None when nothing could be taken."""
-    out: list[int] | None = None
     current = prompt
     while n < min(len(held), len(current)):
         sync = _last_sync(held, current, n, token_bytes)
         if sync is None:
             break
         i, j = sync
-        current = out = held[:i] + current[j:]
+        current = held[:i] + current[j:]
         n = common_prefix_len(held, current)  # at least i: the tokens after may match again
-    return out
+    return None if current is prompt else current
 
 
 def _last_sync(held: list[int], prompt: list[int], n: int, token_bytes: TokenBytes) -> tuple[int, int] | None:
