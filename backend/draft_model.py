@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from backend.draft_vocab import DraftModelError, check_draft_vocab
-from backend.llama_backend import LlamaBackend, ModelLoadError
+from backend.llama_backend import LlamaBackend
+from backend.llama_load import ModelLoadError
 from backend.protocol import DecodeOutcome, PlanError
 from scheduler.drafts import DraftKind, DraftWant
 from scheduler.types import BatchPlan, SeqSlice

@@ -48,7 +48,7 @@ def required_tools(what: str = "llama.cpp's tools") -> Path:
 
 def model_path(model: str | None) -> str:
     """The GGUF a peer runs: `model`, else the app's default model."""
-    from backend.llama_backend import default_model_path
+    from backend.llama_load import default_model_path
 
     return model or default_model_path()
 

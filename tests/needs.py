@@ -21,7 +21,7 @@ def need_real_model() -> None:
     try:
         import llama_cpp  # noqa: F401
 
-        from backend.llama_backend import default_model_path
+        from backend.llama_load import default_model_path
 
         default_model_path()
     except Exception as exc:  # ImportError, ModelLoadError: either way the real tests cannot run

@@ -37,7 +37,7 @@ def load(path: Path):
 @pytest.fixture(scope="module")
 def source():
     need_real_model()
-    from backend.llama_backend import default_model_path
+    from backend.llama_load import default_model_path
 
     return Path(default_model_path())
 

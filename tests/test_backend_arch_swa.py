@@ -25,7 +25,8 @@ def swa(request, tmp_path_factory):
     """The backend over a tiny Gemma (flash attention off for one, on for the other): 4
     sequences, 1,024 cells, 64-row ubatches."""
     need_real_model()
-    from backend.llama_backend import LlamaBackend, default_model_path
+    from backend.llama_backend import LlamaBackend
+    from backend.llama_load import default_model_path
 
     arch, flash = request.param
     path = arch_model(tmp_path_factory.mktemp("arch") / f"{arch}.gguf", Path(default_model_path()),
@@ -215,7 +216,8 @@ def test_a_draft_model_with_a_window_drafts_again_after_an_edit_older_than_its_w
     sequence, and the PlanError ended the engine's worker."""
     need_real_model()
     from backend.draft_model import DraftModelSource
-    from backend.llama_backend import LlamaBackend, default_model_path
+    from backend.llama_backend import LlamaBackend
+    from backend.llama_load import default_model_path
     from scheduler.drafts import DraftWant
 
     path = arch_model(tmp_path / "gemma2.gguf", Path(default_model_path()), arch="gemma2", sliding_window=WINDOW)

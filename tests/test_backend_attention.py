@@ -293,7 +293,7 @@ def test_devices_reports_the_attention_choice_and_why(tmp_path, monkeypatch):
     need_real_model()
     from typer.testing import CliRunner
 
-    from backend.llama_backend import _build_id, default_model_path
+    from backend.llama_load import build_id, default_model_path
     from magnitude_tui.cli import app
 
     monkeypatch.setenv("MAGNITUDE_ATTENTION_CACHE", str(tmp_path))
@@ -301,7 +301,7 @@ def test_devices_reports_the_attention_choice_and_why(tmp_path, monkeypatch):
 
     # `devices --attention` probes the app's default context, so its pool of other conversations
     key = attention.cache_key(model_path=default_model_path(), device="CPU", n_threads=1, n_ubatch=512,
-                              build=_build_id(), pool=attention.pool_size(BackendConfig("llama").ctx_size))
+                              build=build_id(), pool=attention.pool_size(BackendConfig("llama").ctx_size))
     attention.store(attention.decide((_timing(True, 800.0), _timing(False, 410.0)), key))  # as measured before
     result = CliRunner().invoke(app, ["devices", "--attention", "--device", "cpu", "--threads", "1"])
     assert result.exit_code == 0, result.output

@@ -161,7 +161,8 @@ def test_logits_are_a_numpy_view_of_the_sampled_row(clean_llama):
 
 
 def test_missing_and_invalid_model_fail_cleanly(tmp_path):
-    from backend.llama_backend import LlamaBackend, ModelLoadError
+    from backend.llama_backend import LlamaBackend
+    from backend.llama_load import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="not found"):
         LlamaBackend.load(model_path=str(tmp_path / "nope.gguf"), device="cpu")

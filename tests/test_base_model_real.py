@@ -22,7 +22,8 @@ MAX_TOKENS = 64
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     need_real_model()
-    from backend.llama_backend import LlamaBackend, default_model_path
+    from backend.llama_backend import LlamaBackend
+    from backend.llama_load import default_model_path
 
     path = base_model_copy(default_model_path(), tmp_path_factory.mktemp("base") / "base.gguf")
     records: list[logging.LogRecord] = []

@@ -28,7 +28,8 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def pair():
     need_real_model()
-    from backend.llama_backend import LlamaBackend, default_model_path
+    from backend.llama_backend import LlamaBackend
+    from backend.llama_load import default_model_path
 
     target = LlamaBackend.load(model_path=default_model_path(), device="cpu", n_ctx=1024, n_seq_max=4,
                                n_batch=256, n_threads=1, flash_attn="off")
@@ -141,7 +142,7 @@ def test_draft_cost_is_measured_and_grows_with_k(pair):
 
 
 def test_a_draft_model_with_another_vocabulary_is_refused(tmp_path, other_vocab):
-    from backend.llama_backend import default_model_path
+    from backend.llama_load import default_model_path
 
     target = default_model_path()
     facts = read_vocab_facts(target)
@@ -158,7 +159,7 @@ def test_a_draft_model_with_another_vocabulary_is_refused(tmp_path, other_vocab)
 def other_vocab(tmp_path_factory):
     """The default model with another EOS id: loadable, but its drafts would mean other things."""
     need_real_model()
-    from backend.llama_backend import default_model_path
+    from backend.llama_load import default_model_path
 
     target = default_model_path()
     eos = read_vocab_facts(target).eos
@@ -194,7 +195,7 @@ def test_cli_passes_a_good_draft_model_to_the_engine(monkeypatch):
     from typer.testing import CliRunner
 
     import magnitude_tui.app
-    from backend.llama_backend import default_model_path
+    from backend.llama_load import default_model_path
     from magnitude_tui.cli import app
 
     started = []
@@ -252,7 +253,8 @@ def test_the_engine_verifies_the_draft_models_guesses_for_all_sequences_in_one_b
 
 def test_a_full_draft_cache_gives_up_the_slots_not_drafting_now():
     need_real_model()
-    from backend.llama_backend import LlamaBackend, default_model_path
+    from backend.llama_backend import LlamaBackend
+    from backend.llama_load import default_model_path
 
     backend = LlamaBackend.load(model_path=default_model_path(), device="cpu", n_ctx=256, n_seq_max=2,
                                 n_batch=256, n_threads=1, flash_attn="off")

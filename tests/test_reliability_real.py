@@ -75,12 +75,13 @@ def test_llama_cpp_errors_are_logged_and_warnings_only_when_verbose():
 
 @pytest.mark.slow
 def test_a_truncated_model_file_shows_llama_cpps_own_error_line(tmp_path):
-    from backend.llama_backend import default_model_path
+    from backend.llama_load import default_model_path
 
     data = Path(default_model_path()).read_bytes()
     bad = tmp_path / "truncated.gguf"
     bad.write_bytes(data[: len(data) * 3 // 5])
-    code = ("from backend.llama_backend import LlamaBackend, ModelLoadError\n"
+    code = ("from backend.llama_backend import LlamaBackend\n"
+            "from backend.llama_load import ModelLoadError\n"
             f"try:\n    LlamaBackend.load(model_path={str(bad)!r}, device='cpu')\n"
             "except ModelLoadError as e:\n    print('LOAD-ERROR', e)\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -100,7 +101,8 @@ def test_a_directory_as_the_model_path_says_so(tmp_path):
 
 @pytest.mark.slow
 def test_the_backend_refuses_a_directory_before_llama_cpp_sees_it(tmp_path):
-    from backend.llama_backend import LlamaBackend, ModelLoadError
+    from backend.llama_backend import LlamaBackend
+    from backend.llama_load import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="directory"):
         LlamaBackend.load(model_path=str(tmp_path), device="cpu")

@@ -16,7 +16,7 @@ from tests.needs import llama_tools, need_real_model  # noqa: E402
 
 need_real_model()
 
-from backend.llama_backend import default_model_path  # noqa: E402
+from backend.llama_load import default_model_path  # noqa: E402
 from magnitude_tui.engine.events import EndpointsReport  # noqa: E402
 from magnitude_tui.remote.client import RemoteClient  # noqa: E402
 from magnitude_tui.remote.config import RemoteConfig  # noqa: E402

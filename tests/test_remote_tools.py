@@ -137,7 +137,7 @@ def test_a_schema_and_a_required_call_on_the_vendored_llama_server():
     are checked against `serve` above, not here.)"""
     from jsonschema import Draft202012Validator
 
-    from backend.llama_backend import default_model_path
+    from backend.llama_load import default_model_path
     from magnitude_bench.peers import Server
     from tests.needs import llama_tools, need_real_model
 

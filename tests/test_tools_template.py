@@ -10,7 +10,8 @@ import openai
 import pytest
 
 from backend.factory import BackendConfig
-from backend.llama_backend import LlamaBackend, default_model_path
+from backend.llama_backend import LlamaBackend
+from backend.llama_load import default_model_path
 from backend.tools import ToolSyntax
 from magnitude_tui.engine.events import EngineConfig
 from magnitude_tui.serve.app import ServeOptions

@@ -113,7 +113,7 @@ def _model_name(config: BackendConfig) -> str:
     if config.family != "llama":
         return config.kind
     try:
-        from backend.llama_backend import default_model_path
+        from backend.llama_load import default_model_path
 
         return os.path.basename(default_model_path())
     except Exception:  # reported properly by the load that follows

@@ -184,7 +184,7 @@ def model_files(cfg: SoakConfig, progress) -> tuple[dict, list[str]]:
     end with EngineFailed and a reason (a native abort there is reported too), never hang, and
     the caller must stay up to start the next one."""
     from backend.factory import BackendConfig
-    from backend.llama_backend import default_model_path
+    from backend.llama_load import default_model_path
     from magnitude_tui.engine.events import EngineConfig
 
     good = Path(cfg.model or default_model_path()).read_bytes()
