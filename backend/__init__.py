@@ -1,5 +1,5 @@
-"""backend package: the only code that touches llama_cpp (llama_backend.py, native.py), and the
-fake and simulated stand-ins. This module itself imports nothing heavy."""
+"""backend package: the only code that touches llama_cpp (llama_load.py, llama_backend.py, native.py
+and their helpers), and the fake and simulated stand-ins. This module itself imports nothing heavy."""
 
 from __future__ import annotations
 
