@@ -12,7 +12,6 @@ import numpy as np
 
 from backend import attention, attention_kernel, llama_load, usable_cpus
 from backend.chat import Detokenizer, Vocab
-from backend.llama_load import build_id, model_identity
 from backend.llama_sampling import LogitRows, Samplers
 from backend.protocol import WALL_CLOCK, Clock, DecodeOutcome, DecodeResult, KvStateError, check_plan
 from scheduler.types import BatchPlan, Grammar, Message, SamplingParams, Tool
@@ -88,8 +87,8 @@ class LlamaBackend:
         self.info["attention_reason"] = self.attention.summary()
         # A sequence state holds K and V rows as this context lays them out: the model, the build
         # that wrote them, the V type and whether V is transposed (flash attention off).
-        self.state_layout = (f"{model_identity(model_path)}|{build_id()}|k=f16|v={cache_type_v}|"
-                             f"flash={'on' if self.attention.flash else 'off'}")
+        self.state_layout = (f"{llama_load.model_identity(model_path)}|{llama_load.build_id()}|k=f16|"
+                             f"v={cache_type_v}|flash={'on' if self.attention.flash else 'off'}")
 
     # ---- construction ----------------------------------------------------------------------
 

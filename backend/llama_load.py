@@ -69,7 +69,8 @@ def load(
     flash_attn: str = "auto",
     cache_type_v: str = "f16",
 ) -> B:
-    """Load the model and create its context. `flash_attn` "auto" runs the attention path
+    """Load the model and create its context; `make` (the backend class) is called with them, and
+    with a probe context for each path measured. `flash_attn` "auto" runs the attention path
     measured fastest on this model, device and build (see backend.attention); "on"/"off"
     force one; a quantized `cache_type_v` forces flash attention on."""
     native.init(verbose)
