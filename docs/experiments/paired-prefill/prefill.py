@@ -5,7 +5,8 @@ prefill time (serve: its steps' step_ms, from the event hub; llama-server: timin
 
     PYTHONPATH=. python docs/experiments/paired-prefill/prefill.py MODEL.gguf serve,llama-server 8
 
-`serve,serve` is the control (wall time only: both hubs report into one list)."""
+With two serves (`serve,serve`, the control) each side's native time is its reply's
+timings.prompt_ms instead: both hubs would report their steps into one list."""
 import asyncio
 import json
 import os
