@@ -32,6 +32,9 @@ class BackendConfig:
     n_ubatch: int = 512
     n_threads: int | None = None
     flash_attn: str = "auto"  # auto (the path measured faster here; cached) | on | off: llama only
+    # A KV cache stream per sequence (n_ctx / n_seq_max cells each) in place of one shared pool:
+    # attention reads only a sequence's own cells; forks copy their parent's. llama only.
+    kv_streams: bool = False
     verbose: bool = False
     # A simulated backend sleeps its steps' time for real (the app, where a person watches);
     # otherwise its time passes on a virtual clock (tests and benchmarks simulate minutes in ms).
@@ -45,6 +48,8 @@ class BackendConfig:
     def __post_init__(self) -> None:
         if self.family not in _DEFAULT_N_CTX:
             raise ValueError(f"unknown backend {self.kind!r}: use {KINDS}")
+        if self.kv_streams and self.family != "llama":
+            raise ValueError(f"a KV stream per sequence needs the llama backend, not {self.kind!r}")
 
     @property
     def family(self) -> str:
@@ -87,7 +92,7 @@ def build_backend(config: BackendConfig, on_progress: Callable[[float, str], Non
 
     return LlamaBackend.load(model_path=config.model, device=config.device, n_threads=config.n_threads,
                              flash_attn=config.flash_attn, verbose=config.verbose, on_progress=on_progress,
-                             **sizes)
+                             kv_streams=config.kv_streams, **sizes)
 
 
 def build_draft_source(config: BackendConfig, target: Backend) -> "DraftModelSource | None":

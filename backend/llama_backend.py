@@ -26,7 +26,7 @@ class LlamaBackend:
 
     def __init__(self, *, model, ctx, vocab: Vocab, model_path: str, device_name: str, n_threads: int,
                  choice: attention.AttentionChoice | None = None, owns_model: bool = True,
-                 cache_type_v: str = "f16"):
+                 cache_type_v: str = "f16", kv_streams: bool = False):
         self._model = model
         self._owns_model = owns_model  # a probe context borrows the model it measures
         self._ctx = ctx
@@ -37,7 +37,13 @@ class LlamaBackend:
         self.device_name = device_name
         self.name = f"llama.cpp {device_name}"
         self.n_ctx = llama_cpp.llama_n_ctx(ctx)
-        self.n_ctx_seq = self.n_ctx  # one unified KV pool: any sequence may grow to the whole context
+        # One unified pool: any sequence may grow to the whole context, and a fork shares its
+        # parent's cells. A stream per sequence (kv_streams): each holds n_ctx / n_seq_max cells,
+        # and a fork is a copy of its parent's stream, made at the next decode.
+        self.kv_streams = kv_streams
+        self.kv_copies_share = not kv_streams
+        self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(ctx))
+        self._copying: set[int] = set()  # streams with a copy queued for the next decode
         self.clock: Clock = WALL_CLOCK
         self.known_costs = None  # real hardware: the engine calibrates
         self.n_batch = llama_cpp.llama_n_batch(ctx)
@@ -88,7 +94,10 @@ class LlamaBackend:
         # A sequence state holds K and V rows as this context lays them out: the model, the build
         # that wrote them, the V type and whether V is transposed (flash attention off).
         self.state_layout = (f"{llama_load.model_identity(model_path)}|{llama_load.build_id()}|k=f16|"
-                             f"v={cache_type_v}|flash={'on' if self.attention.flash else 'off'}")
+                             f"v={cache_type_v}|flash={'on' if self.attention.flash else 'off'}"
+                             + ("|kv=streams" if kv_streams else ""))
+        if kv_streams:
+            self.info["kv_layout"] = f"a stream per sequence, {self.n_ctx_seq:,} cells each"
 
     # ---- construction ----------------------------------------------------------------------
 
@@ -138,7 +147,7 @@ class LlamaBackend:
 
     def check_plan(self, plan: BatchPlan) -> None:
         """Raise PlanError for anything llama_decode would assert on."""
-        check_plan(plan, n_batch=self.n_batch, n_seq_max=self.n_seq_max, n_ctx_seq=self.n_ctx,
+        check_plan(plan, n_batch=self.n_batch, n_seq_max=self.n_seq_max, n_ctx_seq=self.n_ctx_seq,
                    n_vocab=self.n_vocab, next_pos=lambda seq: self.kv_pos_max(seq) + 1)
 
     def decode(self, plan: BatchPlan) -> DecodeResult:
@@ -182,6 +191,10 @@ class LlamaBackend:
         logit_rows: dict[int, int] = {}
         draft_rows: dict[int, tuple[int, ...]] = {}
         row = 0
+        if self.kv_streams:
+            # llama.cpp splits a batch over streams into micro-batches of consecutive seq ids, in
+            # the batch's order: in any other order each sequence would run a native pass alone.
+            slices = sorted(slices, key=lambda s: s.seq_id)
         for s in slices:
             k = len(s.tokens)
             end = row + k
@@ -209,6 +222,8 @@ class LlamaBackend:
         code = llama_cpp.llama_decode(self._ctx, b)
         # Vulkan queues work asynchronously: without the sync the time is only the enqueue.
         llama_cpp.llama_synchronize(self._ctx)
+        if code == 0:
+            self._copying.clear()  # a decode starts by making the copies queued before it
         return code, (time.perf_counter() - t0) * 1000.0, logit_rows, draft_rows
 
     @staticmethod
@@ -260,11 +275,19 @@ class LlamaBackend:
 
     def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
         """dst gets src's first n_tokens positions (in a unified cache the cells are shared, not
-        copied), or none where they cannot be continued from, as for kv_keep_prefix."""
+        copied), or none where they cannot be continued from, as for kv_keep_prefix. Between
+        streams llama.cpp copies the source's whole stream (at the next decode, before its rows);
+        the positions past n_tokens are then dropped from the copy."""
         llama_cpp.llama_memory_seq_rm(self._mem, dst_seq, -1, -1)
         if n_tokens > 0:
             whole = n_tokens > self.kv_pos_max(src_seq)  # the source's end: as usable as the source
-            llama_cpp.llama_memory_seq_cp(self._mem, src_seq, dst_seq, 0, n_tokens)
+            if self.kv_streams:
+                llama_cpp.llama_memory_seq_cp(self._mem, src_seq, dst_seq, -1, -1)
+                self._copying.add(dst_seq)
+                if not whole:
+                    llama_cpp.llama_memory_seq_rm(self._mem, dst_seq, n_tokens, -1)
+            else:
+                llama_cpp.llama_memory_seq_cp(self._mem, src_seq, dst_seq, 0, n_tokens)
             if not whole:
                 self._drop_unusable_window(dst_seq)
 
@@ -295,6 +318,8 @@ class LlamaBackend:
 
     def kv_save(self, seq_id: int) -> bytes:
         """llama.cpp's per-sequence state: a copy of the cells (positions, K and V rows) it holds."""
+        if seq_id in self._copying:  # its rows are not in its stream yet
+            raise KvStateError(f"seq {seq_id}'s cells are still being copied from its parent (no step has run since)")
         size = llama_cpp.llama_state_seq_get_size(self._ctx, seq_id)
         buf = bytearray(size)
         n = llama_cpp.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(buf), size, seq_id)
@@ -304,6 +329,8 @@ class LlamaBackend:
         return buf  # a bytearray: a state is tens of MB, not copied once more
 
     def kv_load(self, seq_id: int, state: bytes) -> int:
+        if seq_id in self._copying:  # the queued copy would overwrite what is loaded now
+            raise KvStateError(f"seq {seq_id}'s stream has a copy queued; load it after the next step")
         size = len(state)
         src = bytearray(state) if isinstance(state, bytes) else state  # ctypes needs a writable buffer
         n = llama_cpp.llama_state_seq_set_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(src), size, seq_id)

@@ -68,11 +68,13 @@ def load(
     on_progress: Callable[[float, str], None] | None = None,
     flash_attn: str = "auto",
     cache_type_v: str = "f16",
+    kv_streams: bool = False,
 ) -> B:
     """Load the model and create its context; `make` (the backend class) is called with them, and
     with a probe context for each path measured. `flash_attn` "auto" runs the attention path
     measured fastest on this model, device and build (see backend.attention); "on"/"off"
-    force one; a quantized `cache_type_v` forces flash attention on."""
+    force one; a quantized `cache_type_v` forces flash attention on. `kv_streams` gives each
+    sequence a cache stream of its own (n_ctx / n_seq_max cells) in place of one shared pool."""
     native.init(verbose)
     model_path = model_path or default_model_path()
     problem = model_path_problem(model_path)
@@ -103,7 +105,7 @@ def load(
     n_threads = n_threads or usable_cpus()
     vocab = Vocab(model)
 
-    def context(flash: bool, **sizes):
+    def context(flash: bool, streams: bool = False, **sizes):
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = sizes.get("n_ctx", n_ctx)
         cparams.n_batch = sizes.get("n_batch", n_batch)
@@ -111,7 +113,9 @@ def load(
         cparams.n_seq_max = sizes.get("n_seq_max", n_seq_max)
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
-        cparams.kv_unified = True  # one cell pool: forked subagents share their parent's prefix cells
+        # One cell pool (forked subagents share their parent's prefix cells), or a stream per
+        # sequence: each row's attention then reads its own sequence's cells only.
+        cparams.kv_unified = not streams
         # A sliding-window model's window layers get as many cells as the others (the C API's
         # default, pinned): left at window x sequences + n_ubatch, a fork sharing a deep
         # parent's cells ran out of room (NO_KV_SLOT with the pool mostly free). No effect on
@@ -150,7 +154,7 @@ def load(
             key=attention.cache_key(model_path=model_path, device=device_name, n_threads=n_threads,
                                     n_ubatch=n_ubatch, build=build_id(), pool=pool),
             measure=probe)
-        ctx = context(choice.flash)
+        ctx = context(choice.flash, kv_streams)
     except Exception:
         llama_cpp.llama_model_free(model)
         raise
@@ -160,4 +164,5 @@ def load(
     if on_progress is not None:
         on_progress(1.0, device_name)
     return make(model=model, ctx=ctx, vocab=vocab, model_path=model_path,
-               device_name=device_name, n_threads=n_threads, choice=choice, cache_type_v=cache_type_v)
+               device_name=device_name, n_threads=n_threads, choice=choice, cache_type_v=cache_type_v,
+               kv_streams=kv_streams)

@@ -25,7 +25,8 @@ class AgentsConfig:
     turns: int | None = 3
     k_max: int | None = 600
     think_scale: float = 1.0
-    sides: tuple[str, ...] = tuple(s for s in SIDES if not (SIDES[s].serve_prompts or SIDES[s].flash_attn or SIDES[s].spec))
+    sides: tuple[str, ...] = tuple(s for s in SIDES if not (SIDES[s].serve_prompts or SIDES[s].flash_attn or SIDES[s].spec
+                                                                      or SIDES[s].kv_streams))
     reps: int = 2
     threads: int = 1
     n_ctx: int = 16384

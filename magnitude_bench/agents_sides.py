@@ -42,24 +42,30 @@ class SideSpec:
     # faster here); "on" or "off" asks for one (llama-server -fa, the engine's --flash-attn).
     flash_attn: str = ""
     spec: SpecMode | None = None  # the engine's --spec (None: the app's default)
+    # A KV cache stream per sequence in place of the unified pool: serve --kv-streams, and
+    # llama-server without -kvu (its own default for -np N given).
+    kv_streams: bool = False
 
     @property
     def label(self) -> str:
         parts = (self.kind.value, self.cache_reuse and f"--cache-reuse {self.cache_reuse}",
                  self.cache_ram_mib and f"--cache-ram {self.cache_ram_mib}", self.flash_attn and f"-fa {self.flash_attn}",
-                 self.spec and f"--spec {self.spec.value}", self.serve_prompts and SERVE_PROMPTS)
+                 self.spec and f"--spec {self.spec.value}", self.serve_prompts and SERVE_PROMPTS,
+                 self.kv_streams and ("--kv-streams" if self.kind is SideKind.SERVE else "-no-kvu"))
         return " ".join(p for p in parts if p)  # the options that are on
 
     def server_args(self) -> list[str]:
         # Given after peers.Server's own `-cram 0`: llama.cpp's parser keeps the last value.
         return ((["--cache-reuse", str(self.cache_reuse)] if self.cache_reuse else [])
                 + (["--cache-ram", str(self.cache_ram_mib)] if self.cache_ram_mib else [])
-                + (["-fa", self.flash_attn] if self.flash_attn else []))
+                + (["-fa", self.flash_attn] if self.flash_attn else [])
+                + (["-no-kvu"] if self.kv_streams else []))
 
 
 # The names `--sides` takes: llama-server as its users run agents on it (unified KV, cache_prompt),
 # with and without the two cache options they reach for; and either side on an attention path
-# asked for, or serve without speculation (reported apart from serve as the app launches it).
+# asked for, or serve without speculation, or either with a KV stream per sequence (reported apart
+# from serve as the app launches it).
 SIDES = {"serve": SideSpec(SideKind.SERVE), "engine": SideSpec(SideKind.ENGINE),
          "llama-server": SideSpec(SideKind.LLAMA_SERVER),
          "llama-server+reuse": SideSpec(SideKind.LLAMA_SERVER, cache_reuse=256),
@@ -69,7 +75,9 @@ SIDES = {"serve": SideSpec(SideKind.SERVE), "engine": SideSpec(SideKind.ENGINE),
          "serve+fa-on": SideSpec(SideKind.SERVE, flash_attn="on"),
          "serve+fa-off": SideSpec(SideKind.SERVE, flash_attn="off"),
          "serve+spec-off": SideSpec(SideKind.SERVE, spec=SpecMode.OFF),
-         "llama-server+serve-prompts": SideSpec(SideKind.LLAMA_SERVER, serve_prompts=True)}
+         "llama-server+serve-prompts": SideSpec(SideKind.LLAMA_SERVER, serve_prompts=True),
+         "serve+streams": SideSpec(SideKind.SERVE, kv_streams=True),
+         "llama-server+streams": SideSpec(SideKind.LLAMA_SERVER, kv_streams=True)}
 
 
 RESENDS = 2  # as the official openai client: a call the server closed unanswered is sent again
@@ -243,7 +251,8 @@ def open_side(spec: SideSpec, setup: SideSetup) -> Iterator[HttpSide | EngineSid
     # Threads as llama-server's (no automatic choice), so both sides compute on the same cores.
     config = EngineConfig(BackendConfig(kind=setup.backend_kind, model=setup.model, device="cpu", n_ctx=setup.n_ctx,
                                         n_seq_max=setup.parallel, n_threads=setup.threads,
-                                        flash_attn=spec.flash_attn or "auto"), auto_threads=False)
+                                        flash_attn=spec.flash_attn or "auto", kv_streams=spec.kv_streams),
+                          auto_threads=False)
     if spec.spec is not None:
         config = replace(config, spec=spec.spec)
     if spec.kind is SideKind.SERVE:

@@ -33,6 +33,10 @@ def serve(
     spec: str = SpecOpt,
     n_ctx: Optional[int] = CtxOpt,
     parallel: int = typer.Option(16, "--parallel", "-np", min=1, max=64, help="Sequences in the shared batch."),
+    kv_streams: bool = typer.Option(False, "--kv-streams", metavar=" ", help="A KV cache stream per sequence "
+                                    "(--ctx / --parallel cells each) in place of one shared pool: faster "
+                                    "deep in long histories, where each sequence reads only its own cells; "
+                                    "a fork copies its parent's cells instead of sharing them."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Engine CPU threads, fixed (default: "
                                           "chosen between steps from measured step times, up to all usable)."),
     max_live: int = typer.Option(64, "--max-queue", min=1, help="Requests in flight before 429."),
@@ -70,6 +74,8 @@ def serve(
             model_path = preflight.check_model(model)
             preflight.check_draft_model(draft_model, model_path)
             n_ctx = preflight.check_context(n_ctx, model_path, parallel)
+            if kv_streams:
+                preflight.check_streams(n_ctx, parallel)
             preflight.check_device(device)
         preflight.check_numbers(n_ctx=n_ctx, threads=threads)
         preflight.check_policy(policy)
@@ -85,7 +91,7 @@ def serve(
         raise typer.Exit(2)
     try:
         backend = BackendConfig(backend_kind, model=model, device=device, n_ctx=n_ctx, n_seq_max=parallel,
-                                n_threads=threads, verbose=verbose, draft_model=draft_model,
+                                n_threads=threads, verbose=verbose, draft_model=draft_model, kv_streams=kv_streams,
                                 realtime=backend_kind.startswith("simulated"))
     except ValueError as exc:
         fail(str(exc))

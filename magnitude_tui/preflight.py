@@ -69,6 +69,17 @@ def check_context(n_ctx: int | None, model_path: str, n_seq_max: int = DEFAULT_S
     return n_ctx
 
 
+MIN_STREAM = 1024  # cells a sequence's own stream holds at the least (--kv-streams)
+
+
+def check_streams(n_ctx: int, n_seq_max: int) -> None:
+    """A stream per sequence splits --ctx evenly: each must hold a real conversation."""
+    per_seq = n_ctx // n_seq_max
+    if per_seq < MIN_STREAM:
+        raise OptionError(f"--kv-streams: --ctx {n_ctx:,} over --parallel {n_seq_max} leaves each sequence "
+                          f"{per_seq:,} cells; pass --ctx {MIN_STREAM * n_seq_max} or more, or a smaller --parallel")
+
+
 def check_draft_model(draft_model: str | None, model_path: str) -> None:
     """A --draft-model must be a complete GGUF with the model's vocabulary (checked on tokenizer-only
     loads, milliseconds); OptionError names what differs."""

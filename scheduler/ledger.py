@@ -73,12 +73,18 @@ class KvLedger:
         self._exclusive.pop(seq_id, None)
 
     def copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> int:
-        """dst starts as src's first n_tokens positions (sharing their cells), or fewer where the
-        backend could not continue from them (keep_prefix); returns how many."""
+        """dst starts as src's first n_tokens positions (sharing their cells, or with cells of its
+        own where the backend copies them: a stream per sequence), or fewer where the backend could
+        not continue from them (keep_prefix); returns how many."""
         self.kv.kv_copy(src_seq, dst_seq, n_tokens)
         held = self._held(dst_seq, n_tokens)
         for c in self._cells[dst_seq]:
             self._release(c)
+        if not getattr(self.kv, "kv_copies_share", True):
+            self._cells[dst_seq] = []
+            self._exclusive.pop(dst_seq, None)
+            self.grow(dst_seq, held)
+            return held
         shared = self._cells[src_seq][:held]
         for c in shared:
             self._refs[c] += 1
