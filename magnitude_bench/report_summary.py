@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Callable
 
+from magnitude_bench.agents_report import TARGET_SERVES
 from magnitude_bench.report_format import Cell, fmt, kv_cells, machine, md_table, slots, table, tool_results
 from magnitude_bench.report_raw import Raw, Results
 from magnitude_bench.report_spec import CPU, SIM, met
@@ -105,7 +106,8 @@ def agents(results: Results) -> list[Headline]:
     for key in ("agents-4-bursts-full", "agents-4-bursts-np20", "agents-4-bursts-np20-paired", "agents-4-bursts",
                 "agents-4-bursts-paired",
                 "agents-2-no-bursts",
-                "agents-2-no-bursts-full", "agents-2-no-bursts-full-exact", "agents-2-no-bursts-full-exact-paired"):
+                "agents-2-no-bursts-full", "agents-2-no-bursts-full-exact", "agents-2-no-bursts-full-exact-paired",
+                "agents-2-no-bursts-full-exact-paired-streams"):
         try:
             raw = results.get(key)
         except FileNotFoundError:
@@ -117,7 +119,7 @@ def agents(results: Results) -> list[Headline]:
         whole += ", every reply to its max_tokens" if a.get("exact_replies") else ""
         whole += ", both sides at once on a core each" if a.get("paired") else ""
         sides = table(raw, "per side")
-        serve = _row(sides, side="serve")
+        serve = next(r for name in TARGET_SERVES for r in sides if r["side"] == name)
         best = table(raw, "serve ÷ llama-server")[0]["best llama-server (by makespan)"]
         for t in table(raw, "the issue's targets"):
             what = (f"Agent trace, {a['agents']} agents × {a['turns']} turns{whole}, {slots(raw)} slots, "
@@ -127,7 +129,7 @@ def agents(results: Results) -> list[Headline]:
                     else f"TTFT p95 {fmt(serve['ttft_p95_s'])} s")
             peer = f"minimum {fmt(serve['minimum'])}" if "evaluated" in t["target"] else best
             bar = t["target"].split("≤ ", 1)[1].split("x")[0]
-            out.append(Headline(what, f"serve: {mine}", peer, t["measured"], f"≤ {bar}", t["met"], raw))
+            out.append(Headline(what, f"{serve['side']}: {mine}", peer, t["measured"], f"≤ {bar}", t["met"], raw))
     return out
 
 

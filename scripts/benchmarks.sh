@@ -93,6 +93,11 @@ bench full agents-2-no-bursts-full-exact-same-prompts agents --bursts off --agen
 bench full agents-2-no-bursts-full-exact-paired agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 4 --exact-replies --sides serve,llama-server --paired
 # ... eight repetitions: the four-repetition runs' medians moved by more than the work between them.
 bench full agents-2-no-bursts-full-exact-paired-8 agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 8 --exact-replies --sides serve,llama-server --paired
+# ... serve with a KV stream per sequence (--kv-streams: each agent's rows read only its own cells),
+# against llama-server as the issue configures it (unified KV), and against llama-server without
+# -kvu (its own default for -np given; outside the issue's configurations, reported beside them).
+bench full agents-2-no-bursts-full-exact-paired-streams agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 8 --exact-replies --sides serve+streams,llama-server --paired
+bench full agents-2-no-bursts-full-exact-paired-streams-both agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 4 --exact-replies --sides serve+streams,llama-server+streams --paired
 bench full agents-2-bursts agents --bursts on --agents 2 --turns 2 --k-max 300 --think-scale 0.5 --reps 2
 # The burst line at 10 slots, three repetitions against llama-server with and without --cache-reuse
 # (its -fa off ran 1.8-1.9x their makespan in the runs before and never led: left out for time).

@@ -150,6 +150,7 @@ def test_as_many_threads_as_cpus_are_accepted(monkeypatch, tmp_path):
     (["--device", "bogus"], "unknown device 'bogus'"),  # found by the worker, after the port opened
     (["--policy", "bogus"], "unknown scheduling policy 'bogus'"),
     (["--threads", "1000"], "--threads"),
+    (["--kv-streams", "--ctx", "4096", "--parallel", "8"], "leaves each sequence 512 cells"),
 ])
 def test_serve_refuses_bad_options_before_the_engine_starts(monkeypatch, tmp_path, args, says):
     model = str(gguf_trained_on(tmp_path / "m.gguf", 2048))
@@ -164,7 +165,9 @@ def test_serve_with_good_options_starts_its_engine(monkeypatch, tmp_path):
     started = Started(monkeypatch)
     result = _invoke("serve", "--model", model, "--port", "9", "--ctx", "1024", "--policy", "fixed:16")
     assert result.exit_code == 99 and started.calls[0][0] == "worker", result.output
-    assert started.calls[0][1].backend.n_ctx == 1024
+    assert started.calls[0][1].backend.n_ctx == 1024 and not started.calls[0][1].backend.kv_streams
+    result = _invoke("serve", "--model", model, "--port", "9", "--ctx", "4096", "--parallel", "2", "--kv-streams")
+    assert result.exit_code == 99 and started.calls[1][1].backend.kv_streams, result.output
 
 
 # ---- devices --attention -------------------------------------------------------------------------

@@ -64,3 +64,29 @@ def test_exclusive_counts_follow_every_operation():
             ledger.exclusive_cells(s)
         for s in range(n_seq):
             assert ledger.exclusive_cells(s) == recount(ledger, s), (step, s)
+
+
+class StreamsKv(CountingKv):
+    """A stream per sequence: a copy gives the destination cells of its own."""
+
+    kv_copies_share = False
+
+
+def test_a_copy_between_streams_holds_cells_of_its_own():
+    kv = StreamsKv()
+    ledger = KvLedger(kv, 4)
+    kv.held[0] = 100
+    ledger.grow(0, 100)
+    assert ledger.copy(0, 1, 60) == 60
+    # Nothing shared: the fork's 60 cells are counted beside the parent's 100, and removing
+    # either frees all of its own.
+    assert ledger.cells_used() == 160
+    assert ledger.exclusive_cells(0) == 100 and ledger.exclusive_cells(1) == 60
+    ledger.remove(0)
+    assert ledger.cells_used() == 60 and ledger.positions(1) == 60
+    # In the unified pool the same copy shares the parent's cells.
+    shared = KvLedger(CountingKv(), 4)
+    shared.kv.held[0] = 100
+    shared.grow(0, 100)
+    shared.copy(0, 1, 60)
+    assert shared.cells_used() == 100 and shared.exclusive_cells(0) == 40

@@ -1,0 +1,97 @@
+"""The llama.cpp backend with a KV cache stream per sequence (serve --kv-streams), on the real model:
+each sequence's room, forks copied between streams, and saved states while a copy is queued."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backend.protocol import DecodeOutcome, KvStateError, PlanError
+from scheduler.types import BatchPlan, SeqSlice
+from tests.greedy import greedy
+from tests.needs import need_real_model
+
+pytestmark = pytest.mark.slow
+
+TEXT = "The keeper climbed the stairs of the lighthouse every evening and lit the lamp for the ships."
+OTHER = "Rivers run down from the mountains to the sea, carrying stones, sand and the light of stars."
+
+
+@pytest.fixture(scope="module")
+def streams():
+    need_real_model()
+    from backend.llama_backend import LlamaBackend
+
+    backend = LlamaBackend.load(device="cpu", n_ctx=1024, n_seq_max=4, n_batch=512, n_ubatch=512, kv_streams=True)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def clean(streams):
+    for s in range(streams.n_seq_max):
+        streams.kv_remove(s)
+        streams.free_sampler(s)
+    yield streams
+
+
+def _ok(b, step: int, *slices: SeqSlice):
+    r = b.decode(BatchPlan(step, tuple(slices), 0))
+    assert r.outcome is DecodeOutcome.OK, r
+    return r
+
+
+def test_each_sequence_holds_its_share_of_the_context(clean):
+    b = clean
+    assert b.n_ctx == 1024 and b.n_ctx_seq == 256 and not b.kv_copies_share
+    assert "256 cells each" in b.info["kv_layout"] and b.state_layout.endswith("|kv=streams")
+    with pytest.raises(PlanError, match="exceed the context"):
+        b.check_plan(BatchPlan(0, (SeqSlice(0, 0, tuple(range(100, 400)), True, False),), 0))
+    _ok(b, 0, SeqSlice(0, 0, tuple(range(100, 356)), True, False))  # the whole share fits
+
+
+def test_a_fork_continues_from_its_parents_cells(clean):
+    b = clean
+    toks = tuple(b.tokenize(TEXT))
+    parent = np.array(b.logits(_ok(b, 0, SeqSlice(0, 0, toks, True, False)).logit_rows[0]))
+    b.kv_copy(0, 2, 10)
+    assert b.kv_pos_max(2) == 9
+    # The copy is made when the next step starts: until then its state cannot be saved or loaded.
+    with pytest.raises(KvStateError, match="still being copied"):
+        b.kv_save(2)
+    with pytest.raises(KvStateError, match="copy queued"):
+        b.kv_load(2, b"")
+    fork = np.array(b.logits(_ok(b, 1, SeqSlice(2, 10, toks[10:], True, False)).logit_rows[2]))
+    assert np.allclose(fork, parent, atol=1e-3)  # the parent's first ten rows, then the same text
+    assert len(b.kv_save(2)) > 0
+    # A fork of another text's first ten tokens reads those: its logits part from the parent's.
+    other = tuple(b.tokenize(OTHER))
+    _ok(b, 2, SeqSlice(1, 0, other[:12], False, False))
+    b.kv_copy(1, 3, 10)
+    stranger = np.array(b.logits(_ok(b, 3, SeqSlice(3, 10, toks[10:], True, False)).logit_rows[3]))
+    assert np.abs(stranger - parent).max() > 1.0
+
+
+def test_batched_greedy_equals_solo_greedy_across_streams(clean):
+    """Each row attends to its own stream: sequences decoded together (in any seq order) choose
+    the tokens each chooses alone, up to a near-tie (see test_backend_llama's batched test)."""
+    b = clean
+    prompts = {3: b.tokenize(TEXT), 0: b.tokenize(OTHER), 2: b.tokenize(TEXT[:40] + OTHER[40:])}
+    margins: dict = {}
+    together = greedy(b, prompts, 12)
+    for s, p in prompts.items():
+        for q in range(b.n_seq_max):
+            b.kv_remove(q)
+        alone = greedy(b, {s: p}, 12, margins)
+        first = next((i for i, (x, y) in enumerate(zip(alone[s], together[s])) if x != y), None)
+        if first is not None:
+            assert margins[s][first] < 0.5, (s, first, margins[s][first])
+        margins.clear()
+
+
+def test_only_the_llama_backend_takes_streams():
+    from backend.factory import BackendConfig
+
+    with pytest.raises(ValueError, match="needs the llama backend"):
+        BackendConfig("fake", kv_streams=True)
+    assert BackendConfig("llama", kv_streams=True).kv_streams
