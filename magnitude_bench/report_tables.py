@@ -80,12 +80,15 @@ def agents(results: Results, *raws: Raw) -> str:
                    "cells each side"
                    f"{', every reply run to its max_tokens' if a.get('exact_replies') else ''}* (`{raw.file}`):")
         out.append(rows_table(table(raw, "per side"), cols))
-        ratio = table(raw, "serve ÷ llama-server")
-        rcols = [c for c in ratio[0] if c != "trace"]
-        out.append("serve ÷ llama-server's best configuration (median of per-repetition ratios):")
-        out.append(md_table(rcols, [[r[c] for c in rcols] for r in ratio]))
-        out.append(md_table(["target", "measured", "met"],
-                            [[t["target"], t["measured"], t["met"]] for t in table(raw, "the issue's targets")]))
+        if not any(r["side"].startswith("serve") for r in table(raw, "per side")):
+            out.append("No `serve` side in this run: llama-server against itself, no ratio and no target.")
+        else:
+            ratio = table(raw, "serve ÷ llama-server")
+            rcols = [c for c in ratio[0] if c != "trace"]
+            out.append("serve ÷ llama-server's best configuration (median of per-repetition ratios):")
+            out.append(md_table(rcols, [[r[c] for c in rcols] for r in ratio]))
+            out.append(md_table(["target", "measured", "met"],
+                                [[t["target"], t["measured"], t["met"]] for t in table(raw, "the issue's targets")]))
         out += [ln for ln in plot(results.folder, raw) if ln]
     return "\n\n".join(out + [source(*raws)])
 

@@ -93,6 +93,8 @@ bench full agents-2-no-bursts-full-exact-same-prompts agents --bursts off --agen
 bench full agents-2-no-bursts-full-exact-paired agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 4 --exact-replies --sides serve,llama-server --paired
 # ... eight repetitions: the four-repetition runs' medians moved by more than the work between them.
 bench full agents-2-no-bursts-full-exact-paired-8 agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 8 --exact-replies --sides serve,llama-server --paired
+# ... llama-server paired with itself without -kvu (a cache stream per slot): what the layout is worth.
+bench full agents-2-no-bursts-full-exact-paired-peer-streams agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 4 --exact-replies --sides llama-server,llama-server+streams --paired
 # ... serve with a KV stream per sequence (--kv-streams: each agent's rows read only its own cells),
 # against llama-server as the issue configures it (unified KV), and against llama-server without
 # -kvu (its own default for -np given; outside the issue's configurations, reported beside them).

@@ -95,3 +95,32 @@ def test_only_the_llama_backend_takes_streams():
     with pytest.raises(ValueError, match="needs the llama backend"):
         BackendConfig("fake", kv_streams=True)
     assert BackendConfig("llama", kv_streams=True).kv_streams
+
+
+def test_the_engine_serves_turns_and_forks_across_streams_as_cold_runs(clean):
+    """Through the scheduler: two conversations reply side by side; a fork of one continues from
+    its copied cells (all but its new token cached) and replies as the same prompt run cold; the
+    ledger and the native cache agree throughout, and a closed conversation leaves nothing."""
+    from magnitude_tui.engine.core import Engine
+    from tests.engine_driver import Driver, close_and_assert_empty
+
+    b = clean
+    engine = Engine(b, policy="fixed:64", coalesce_ms=0.0)
+    d = Driver(engine)
+
+    def run(rid, session, tokens, fork_from=None) -> str:
+        d.submit(rid, session, prompt_tokens=tokens, max_tokens=12, fork_from=fork_from)
+        d.run_until_done(rid)
+        assert d.seen[rid].last.error is None, d.seen[rid].last.error
+        return d.seen[rid].text
+
+    d.submit("a1", "a", prompt_tokens=b.tokenize(TEXT), max_tokens=30)
+    d.submit("b1", "b", prompt_tokens=b.tokenize(OTHER), max_tokens=30)
+    d.run_until_done("a1", "b1")
+    fork = engine.scheduler.sessions["a"].committed_tokens() + b.tokenize(" Then")
+    got = run("f1", "child", fork, fork_from="a")
+    assert d.seen["f1"].last.cached_tokens >= len(fork) - 2
+    assert engine.scheduler.kv.mismatches() == []
+    close_and_assert_empty(engine, "a", "b", "child")
+    assert run("cold", "cold", fork) == got
+    close_and_assert_empty(engine, "cold")

@@ -203,6 +203,35 @@ def test_either_side_on_an_attention_path_asked_for_is_reported_as_what_it_is():
     assert got["makespan ÷ best"] == 0.8 and got["best llama-server (by makespan)"] == dense.label
 
 
+def test_the_stream_sides_are_measured_as_what_they_are():
+    """serve --kv-streams carries the targets only where plain serve is not a side; llama-server
+    -no-kvu is outside the issue's configurations: a column of its own, never their best."""
+    from magnitude_bench.agents_report import _ratios, _targets
+    from magnitude_bench.agents_sides import SIDES
+
+    streams_serve, streams_peer = SIDES["serve+streams"], SIDES["llama-server+streams"]
+    assert streams_serve.label == "serve --kv-streams" and streams_peer.label == "llama-server -no-kvu"
+    assert streams_peer.server_args() == ["-no-kvu"] and "-no-kvu" not in SIDES["llama-server"].server_args()
+    assert not {"serve+streams", "llama-server+streams"} & set(AgentsConfig().sides)
+
+    def run(side, makespan):
+        return {"bursts": False, "rep": 0, "errors": 0, "side": side, "makespan_s": makespan,
+                "ttft_p95_s": 1.0, "ttft_p50_s": 1.0}
+
+    got = _ratios([run(streams_serve.label, 90.0), run("llama-server", 100.0), run(streams_peer.label, 80.0)],
+                  bursts=False)
+    assert got is not None and got["serve"] == "serve --kv-streams"
+    assert got["makespan ÷ best"] == 0.9 and got["best llama-server (by makespan)"] == "llama-server"
+    assert got["makespan ÷ llama-server -no-kvu"] == round(90 / 80, 3)
+    assert _targets(False, got)[0]["target"].startswith("no bursts: serve --kv-streams makespan")
+    # Plain serve, where it runs, is the one measured.
+    got = _ratios([run("serve", 95.0), run(streams_serve.label, 90.0), run("llama-server", 100.0)], bursts=False)
+    assert got is not None and "serve" not in got and got["makespan ÷ best"] == 0.95
+    # Against llama-server -no-kvu alone there is no configuration of the issue's: no target.
+    got = _ratios([run(streams_serve.label, 90.0), run(streams_peer.label, 80.0)], bursts=False)
+    assert got is not None and "makespan ÷ best" not in got and _targets(False, got) == []
+
+
 @pytest.mark.parametrize("fails, resent, error", [(1, 1, None), (3, 2, "RemoteProtocolError")])
 def test_a_call_the_server_closed_unanswered_is_sent_again_as_the_openai_client_does(fails, resent, error):
     # llama-server closed a kept-alive connection as a call went out on it ("Server disconnected
