@@ -43,7 +43,9 @@ class LlamaBackend:
         self.kv_streams = kv_streams
         self.kv_copies_share = not kv_streams
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(ctx))
-        self._copying: set[int] = set()  # streams with a copy queued for the next decode
+        # Streams a copy queued for the next decode writes to, and those it reads from.
+        self._copying: set[int] = set()
+        self._copied_from: set[int] = set()
         self.clock: Clock = WALL_CLOCK
         self.known_costs = None  # real hardware: the engine calibrates
         self.n_batch = llama_cpp.llama_n_batch(ctx)
@@ -224,6 +226,7 @@ class LlamaBackend:
         llama_cpp.llama_synchronize(self._ctx)
         if code == 0:
             self._copying.clear()  # a decode starts by making the copies queued before it
+            self._copied_from.clear()
         return code, (time.perf_counter() - t0) * 1000.0, logit_rows, draft_rows
 
     @staticmethod
@@ -284,6 +287,7 @@ class LlamaBackend:
             if self.kv_streams:
                 llama_cpp.llama_memory_seq_cp(self._mem, src_seq, dst_seq, -1, -1)
                 self._copying.add(dst_seq)
+                self._copied_from.add(src_seq)
                 if not whole:
                     llama_cpp.llama_memory_seq_rm(self._mem, dst_seq, n_tokens, -1)
             else:
@@ -329,7 +333,9 @@ class LlamaBackend:
         return buf  # a bytearray: a state is tens of MB, not copied once more
 
     def kv_load(self, seq_id: int, state: bytes) -> int:
-        if seq_id in self._copying:  # the queued copy would overwrite what is loaded now
+        if seq_id in self._copying or seq_id in self._copied_from:
+            # A queued copy would overwrite what is loaded now, or copy it in place of what the
+            # fork was given.
             raise KvStateError(f"seq {seq_id}'s stream has a copy queued; load it after the next step")
         size = len(state)
         src = bytearray(state) if isinstance(state, bytes) else state  # ctypes needs a writable buffer
