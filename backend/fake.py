@@ -41,6 +41,8 @@ class FakeBackend:
     A decode that needs more free cells than exist returns NO_KV_SLOT and changes nothing.
     """
 
+    kv_shared_pool = True
+
     def __init__(
         self,
         *,

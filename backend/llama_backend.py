@@ -38,14 +38,11 @@ class LlamaBackend:
         self.name = f"llama.cpp {device_name}"
         self.n_ctx = llama_cpp.llama_n_ctx(ctx)
         # One unified pool: any sequence may grow to the whole context, and a fork shares its
-        # parent's cells. A stream per sequence (kv_streams): each holds n_ctx / n_seq_max cells,
-        # and a fork is a copy of its parent's stream, made at the next decode.
+        # parent's cells. A stream per sequence (kv_streams): each holds n_ctx / n_seq_max cells
+        # (rounded up to 256 by llama.cpp), and a fork is a copy of its parent's cells.
         self.kv_streams = kv_streams
-        self.kv_copies_share = not kv_streams
+        self.kv_shared_pool = not kv_streams
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(ctx))
-        # Streams a copy queued for the next decode writes to, and those it reads from.
-        self._copying: set[int] = set()
-        self._copied_from: set[int] = set()
         self.clock: Clock = WALL_CLOCK
         self.known_costs = None  # real hardware: the engine calibrates
         self.n_batch = llama_cpp.llama_n_batch(ctx)
@@ -97,7 +94,8 @@ class LlamaBackend:
         # that wrote them, the V type and whether V is transposed (flash attention off).
         self.state_layout = (f"{llama_load.model_identity(model_path)}|{llama_load.build_id()}|k=f16|"
                              f"v={cache_type_v}|flash={'on' if self.attention.flash else 'off'}"
-                             + ("|kv=streams" if kv_streams else ""))
+                             # a state records the stream count, and loads only into as many
+                             + (f"|kv=streams:{self.n_seq_max}" if kv_streams else ""))
         if kv_streams:
             self.info["kv_layout"] = f"a stream per sequence, {self.n_ctx_seq:,} cells each"
 
@@ -224,9 +222,6 @@ class LlamaBackend:
         code = llama_cpp.llama_decode(self._ctx, b)
         # Vulkan queues work asynchronously: without the sync the time is only the enqueue.
         llama_cpp.llama_synchronize(self._ctx)
-        if code == 0:
-            self._copying.clear()  # a decode starts by making the copies queued before it
-            self._copied_from.clear()
         return code, (time.perf_counter() - t0) * 1000.0, logit_rows, draft_rows
 
     @staticmethod
@@ -278,22 +273,25 @@ class LlamaBackend:
 
     def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
         """dst gets src's first n_tokens positions (in a unified cache the cells are shared, not
-        copied), or none where they cannot be continued from, as for kv_keep_prefix. Between
-        streams llama.cpp copies the source's whole stream (at the next decode, before its rows);
-        the positions past n_tokens are then dropped from the copy."""
+        copied), or none where they cannot be continued from, as for kv_keep_prefix."""
         llama_cpp.llama_memory_seq_rm(self._mem, dst_seq, -1, -1)
-        if n_tokens > 0:
-            whole = n_tokens > self.kv_pos_max(src_seq)  # the source's end: as usable as the source
-            if self.kv_streams:
-                llama_cpp.llama_memory_seq_cp(self._mem, src_seq, dst_seq, -1, -1)
-                self._copying.add(dst_seq)
-                self._copied_from.add(src_seq)
-                if not whole:
-                    llama_cpp.llama_memory_seq_rm(self._mem, dst_seq, n_tokens, -1)
-            else:
-                llama_cpp.llama_memory_seq_cp(self._mem, src_seq, dst_seq, 0, n_tokens)
-            if not whole:
-                self._drop_unusable_window(dst_seq)
+        if n_tokens <= 0:
+            return
+        if self.kv_streams:
+            # Another stream. llama_memory_seq_cp would queue a copy of the source's whole stream
+            # to the next decode, and until then the fork's state could not be saved, nor a state
+            # loaded into either stream without being overwritten by the copy. The source's own
+            # cells are copied now instead (its state, loaded into the fork's stream), then cut.
+            try:
+                self.kv_load(dst_seq, self.kv_save(src_seq))
+            except KvStateError:
+                return  # nothing held: the fork evaluates its prompt (the ledger reads pos_max)
+            self.kv_keep_prefix(dst_seq, n_tokens)
+            return
+        whole = n_tokens > self.kv_pos_max(src_seq)  # the source's end: as usable as the source
+        llama_cpp.llama_memory_seq_cp(self._mem, src_seq, dst_seq, 0, n_tokens)
+        if not whole:
+            self._drop_unusable_window(dst_seq)
 
     def _drop_unusable_window(self, seq_id: int) -> None:
         """Empty a sequence whose window layers lack cells its next position must see.
@@ -322,8 +320,6 @@ class LlamaBackend:
 
     def kv_save(self, seq_id: int) -> bytes:
         """llama.cpp's per-sequence state: a copy of the cells (positions, K and V rows) it holds."""
-        if seq_id in self._copying:  # its rows are not in its stream yet
-            raise KvStateError(f"seq {seq_id}'s cells are still being copied from its parent (no step has run since)")
         size = llama_cpp.llama_state_seq_get_size(self._ctx, seq_id)
         buf = bytearray(size)
         n = llama_cpp.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(buf), size, seq_id)
@@ -333,10 +329,6 @@ class LlamaBackend:
         return buf  # a bytearray: a state is tens of MB, not copied once more
 
     def kv_load(self, seq_id: int, state: bytes) -> int:
-        if seq_id in self._copying or seq_id in self._copied_from:
-            # A queued copy would overwrite what is loaded now, or copy it in place of what the
-            # fork was given.
-            raise KvStateError(f"seq {seq_id}'s stream has a copy queued; load it after the next step")
         size = len(state)
         src = bytearray(state) if isinstance(state, bytes) else state  # ctypes needs a writable buffer
         n = llama_cpp.llama_state_seq_set_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(src), size, seq_id)

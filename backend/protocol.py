@@ -104,6 +104,9 @@ class Backend(Protocol):
 
     n_ctx: int  # KV cells, shared by all sequences
     n_ctx_seq: int  # the most positions one sequence may hold
+    # One pool of cells every row's attention spans and forks share (llama.cpp's unified cache);
+    # False: a stream per sequence, each row reading its own, a fork a copy of its parent's.
+    kv_shared_pool: bool
     n_batch: int
     n_ubatch: int
     n_seq_max: int

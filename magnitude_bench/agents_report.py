@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from magnitude_bench.agents_replay import CallKind, CallRecord, Replay
-from magnitude_bench.agents_sides import SERVE_PROMPTS
+from magnitude_bench.agents_sides import SERVE_PROMPTS, SIDES
 from magnitude_bench.common import BenchResult
 from scheduler.stats import median, percentile, rnd
 
@@ -16,13 +16,14 @@ MAKESPAN_BURSTS, TTFT_P95_BURSTS, MAKESPAN_NO_BURSTS, EVAL_X_MIN = 0.6, 0.5, 1.0
 # The serve sides the targets are measured on: serve as launched, else serve with a KV stream per
 # sequence (`--kv-streams`, how a user without subagents would launch it). Other serve variants
 # (an attention path or speculation forced) are reported apart.
-TARGET_SERVES = ("serve", "serve --kv-streams")
+TARGET_SERVES = (SIDES["serve"].label, SIDES["serve+streams"].label)
 # llama-server without -kvu (its default when -np is given) is outside the issue's configurations
 # (unified KV, with and without --cache-reuse and --cache-ram): reported beside them, not as "best".
 STREAMS = "-no-kvu"
 
 
-def _ours(runs: list[dict]) -> dict | None:
+def target_serve(runs: list[dict]) -> dict | None:
+    """The serve side the targets are measured on, among these runs or table rows (None: none)."""
     return next((r for name in TARGET_SERVES for r in runs if r["side"] == name), None)
 
 
@@ -97,7 +98,7 @@ def tables(result: BenchResult, runs: list[dict]) -> None:
             ratios.append({"trace": _trace(bursts), **got})
             targets += _targets(bursts, got)
     serve = [r for trace in dict.fromkeys(r["trace"] for r in rows)
-             if (r := _ours([x for x in rows if x["trace"] == trace])) is not None and r["eval_x_min"] is not None]
+             if (r := target_serve([x for x in rows if x["trace"] == trace])) is not None and r["eval_x_min"] is not None]
     targets += [{"target": f"{r['side']} prompt tokens evaluated ≤ {EVAL_X_MIN}x the minimum ({r['trace']})",
                  "measured": r["eval_x_min"], "met": r["eval_x_min"] <= EVAL_X_MIN} for r in serve]
     if ratios:
@@ -118,7 +119,7 @@ def _ratios(runs: list[dict], bursts: bool) -> dict | None:
     served = ""
     for rep in sorted({r["rep"] for r in runs}):
         at = [r for r in runs if r["bursts"] == bursts and r["rep"] == rep and not r["errors"]]
-        ours = _ours(at)
+        ours = target_serve(at)
         # The issue's configurations: not the one sent serve's prompts (a like-for-like check),
         # nor one without unified KV (reported in a column of its own).
         theirs = [r for r in at if r["side"].startswith("llama-server") and SERVE_PROMPTS not in r["side"]

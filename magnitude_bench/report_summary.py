@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Callable
 
-from magnitude_bench.agents_report import TARGET_SERVES
+from magnitude_bench.agents_report import target_serve
 from magnitude_bench.report_format import Cell, fmt, kv_cells, machine, md_table, slots, table, tool_results
 from magnitude_bench.report_raw import Raw, Results
 from magnitude_bench.report_spec import CPU, SIM, met
@@ -119,7 +119,9 @@ def agents(results: Results) -> list[Headline]:
         whole += ", every reply to its max_tokens" if a.get("exact_replies") else ""
         whole += ", both sides at once on a core each" if a.get("paired") else ""
         sides = table(raw, "per side")
-        serve = next(r for name in TARGET_SERVES for r in sides if r["side"] == name)
+        serve = target_serve(sides)
+        if serve is None:
+            continue  # llama-server against itself: no target
         best = table(raw, "serve ÷ llama-server")[0]["best llama-server (by makespan)"]
         for t in table(raw, "the issue's targets"):
             what = (f"Agent trace, {a['agents']} agents × {a['turns']} turns{whole}, {slots(raw)} slots, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from magnitude_bench.agents_report import target_serve
 from magnitude_bench.report_format import (
     Cell,
     fmt,
@@ -80,8 +81,8 @@ def agents(results: Results, *raws: Raw) -> str:
                    "cells each side"
                    f"{', every reply run to its max_tokens' if a.get('exact_replies') else ''}* (`{raw.file}`):")
         out.append(rows_table(table(raw, "per side"), cols))
-        if not any(r["side"].startswith("serve") for r in table(raw, "per side")):
-            out.append("No `serve` side in this run: llama-server against itself, no ratio and no target.")
+        if target_serve(table(raw, "per side")) is None:
+            out.append("No serve side the targets are measured on in this run: no ratio and no target.")
         else:
             ratio = table(raw, "serve ÷ llama-server")
             rcols = [c for c in ratio[0] if c != "trace"]

@@ -63,7 +63,7 @@ class StepShape:
     decode_rows: int = 0
     decode_kpos: float = 0.0
     prefill_pos0: int = 0
-    cells_used: int = 0
+    cells_used: int = 0  # the cells a dense row reads (KvLedger.span_cells: a stream's, with streams)
     path: AttentionPath = AttentionPath.FLASH
     n_batch: int = 2048
     n_ubatch: int = 512

@@ -112,7 +112,7 @@ class BatchComposer:
             decode_rows=len(decoding),
             decode_kpos=sum(attended_kpos(s.num_computed, 1) for s in decoding),
             prefill_pos0=max((s.num_computed for s in prefilling), default=0),
-            cells_used=self.kv.cells_used(), path=self.attention,
+            cells_used=self.kv.span_cells(), path=self.attention,
             n_batch=self.n_batch, n_ubatch=self.n_ubatch,
             pending_rows=sum(s.num_pending for s in prefilling), tile_rows=self.attention_tile,
             kq_cells=self.dense_kq_cells,

@@ -15,6 +15,10 @@ class KvCache(Protocol):
     def kv_load(self, seq_id: int, state: bytes) -> int: ...
     def kv_save(self, seq_id: int) -> bytes: ...
 
+    # True: one pool of cells that every row's attention spans and copies share; False: a stream
+    # per sequence (each row reads its own; a copy is the destination's own cells).
+    kv_shared_pool: bool
+
 
 class KvLedger:
     """Issues every KV operation the scheduler makes and mirrors its effect on the cells.
@@ -37,6 +41,14 @@ class KvLedger:
 
     def cells_used(self) -> int:
         return len(self._refs)
+
+    def span_cells(self) -> int:
+        """The cells a row reads where it reads every resident one (dense attention): all those in
+        use in a shared pool; with a stream per sequence, the fullest stream's (a row reads only
+        its own stream)."""
+        if self.kv.kv_shared_pool:
+            return self.cells_used()
+        return max((len(c) for c in self._cells.values()), default=0)
 
     def positions(self, seq_id: int) -> int:
         return len(self._cells[seq_id])
@@ -80,7 +92,7 @@ class KvLedger:
         held = self._held(dst_seq, n_tokens)
         for c in self._cells[dst_seq]:
             self._release(c)
-        if not getattr(self.kv, "kv_copies_share", True):
+        if not self.kv.kv_shared_pool:
             self._cells[dst_seq] = []
             self._exclusive.pop(dst_seq, None)
             self.grow(dst_seq, held)

@@ -265,7 +265,7 @@ class Scheduler:
         at_slot = self._running_by_slot()
         planned = [(sl, at_slot.get(sl.seq_id)) for sl in plan.slices]
         if outcome is DecodeOutcome.OK:
-            kpos = plan_kpos(plan, self.attention, self.kv.cells_used())
+            kpos = plan_kpos(plan, self.attention, self.kv.span_cells())
             # The plan's row counts are sums over its slices: taken once.
             n_decode, n_draft, n_prefill = plan.n_decode, plan.n_draft, plan.n_prefill
             ready = []

@@ -262,7 +262,8 @@ def used_cells_kpos(cells_used: int, rows: int) -> float:
 
 
 def plan_kpos(plan: "BatchPlan", path: AttentionPath, cells_used: int) -> float:
-    """The attention work of a step under `path`; `cells_used` are the cells resident before it."""
+    """The attention work of a step under `path`; `cells_used` are the cells a dense row reads
+    before it (KvLedger.span_cells)."""
     if path is AttentionPath.DENSE:
         return used_cells_kpos(cells_used + plan.n_rows, plan.n_rows)
     return plan.attention_kpos

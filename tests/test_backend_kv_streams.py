@@ -1,12 +1,12 @@
 """The llama.cpp backend with a KV cache stream per sequence (serve --kv-streams), on the real model:
-each sequence's room, forks copied between streams, and saved states while a copy is queued."""
+each sequence's room, forks copied between streams at once, and the engine over them."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from backend.protocol import DecodeOutcome, KvStateError, PlanError
+from backend.protocol import DecodeOutcome, PlanError
 from scheduler.types import BatchPlan, SeqSlice
 from tests.greedy import greedy
 from tests.needs import need_real_model
@@ -43,8 +43,8 @@ def _ok(b, step: int, *slices: SeqSlice):
 
 def test_each_sequence_holds_its_share_of_the_context(clean):
     b = clean
-    assert b.n_ctx == 1024 and b.n_ctx_seq == 256 and not b.kv_copies_share
-    assert "256 cells each" in b.info["kv_layout"] and b.state_layout.endswith("|kv=streams")
+    assert b.n_ctx == 1024 and b.n_ctx_seq == 256 and not b.kv_shared_pool
+    assert "256 cells each" in b.info["kv_layout"] and b.state_layout.endswith("|kv=streams:4")
     with pytest.raises(PlanError, match="exceed the context"):
         b.check_plan(BatchPlan(0, (SeqSlice(0, 0, tuple(range(100, 400)), True, False),), 0))
     _ok(b, 0, SeqSlice(0, 0, tuple(range(100, 356)), True, False))  # the whole share fits
@@ -56,19 +56,16 @@ def test_a_fork_continues_from_its_parents_cells(clean):
     parent = np.array(b.logits(_ok(b, 0, SeqSlice(0, 0, toks, True, False)).logit_rows[0]))
     b.kv_copy(0, 2, 10)
     assert b.kv_pos_max(2) == 9
-    # The copy is made when the next step starts: until then its state cannot be saved or loaded.
-    with pytest.raises(KvStateError, match="still being copied"):
-        b.kv_save(2)
-    state = b.kv_save(0)
-    for seq in (2, 0):  # the fork's stream, and the parent's, which the copy reads
-        with pytest.raises(KvStateError, match="copy queued"):
-            b.kv_load(seq, state)
-    fork = np.array(b.logits(_ok(b, 1, SeqSlice(2, 10, toks[10:], True, False)).logit_rows[2]))
-    assert np.allclose(fork, parent, atol=1e-3)  # the parent's first ten rows, then the same text
-    assert len(b.kv_save(2)) > 0
-    # A fork of another text's first ten tokens reads those: its logits part from the parent's.
+    # The copy is made at once: the fork's state can be saved before any step, and another state
+    # loaded into the parent's stream leaves the fork's copy as it was.
+    assert len(b.kv_save(2)) < len(b.kv_save(0))  # ten positions of the parent's
     other = tuple(b.tokenize(OTHER))
-    _ok(b, 2, SeqSlice(1, 0, other[:12], False, False))
+    _ok(b, 1, SeqSlice(1, 0, other[:12], False, False))
+    b.kv_remove(0)
+    assert b.kv_load(0, b.kv_save(1)) == 12
+    fork = np.array(b.logits(_ok(b, 2, SeqSlice(2, 10, toks[10:], True, False)).logit_rows[2]))
+    assert np.allclose(fork, parent, atol=1e-3)  # the parent's first ten rows, then the same text
+    # A fork of another text's first ten tokens reads those: its logits part from the parent's.
     b.kv_copy(1, 3, 10)
     stranger = np.array(b.logits(_ok(b, 3, SeqSlice(3, 10, toks[10:], True, False)).logit_rows[3]))
     assert np.abs(stranger - parent).max() > 1.0
@@ -89,14 +86,6 @@ def test_batched_greedy_equals_solo_greedy_across_streams(clean):
         if first is not None:
             assert margins[s][first] < 0.5, (s, first, margins[s][first])
         margins.clear()
-
-
-def test_only_the_llama_backend_takes_streams():
-    from backend.factory import BackendConfig
-
-    with pytest.raises(ValueError, match="needs the llama backend"):
-        BackendConfig("fake", kv_streams=True)
-    assert BackendConfig("llama", kv_streams=True).kv_streams
 
 
 def test_the_engine_serves_turns_and_forks_across_streams_as_cold_runs(clean):

@@ -247,3 +247,14 @@ def test_threads_are_not_counted_against_this_machine_for_a_remote_engine(monkey
     monkeypatch.setattr(preflight, "usable_cpus", lambda: 2)
     result = _invoke("--remote", "http://127.0.0.1:9", "--threads", "8", "--check")
     assert result.exit_code == 0 and "ok: remote http://127.0.0.1:9" in result.stdout, result.output
+
+
+def test_only_the_llama_backend_takes_kv_streams_and_a_share_is_rounded_as_llama_cpp_rounds_it():
+    from backend.factory import BackendConfig
+
+    with pytest.raises(ValueError, match="needs the llama backend"):
+        BackendConfig("fake", kv_streams=True)
+    assert BackendConfig("llama", kv_streams=True).kv_streams
+    preflight.check_streams(3000, 3)  # 1,000 cells each, rounded up to 1,024 by llama.cpp
+    with pytest.raises(preflight.OptionError, match="leaves each sequence 768 cells"):
+        preflight.check_streams(2600, 4)

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from scheduler.ledger import KvLedger
 
 
 class CountingKv:
     """The native side reduced to how many positions each sequence holds."""
+
+    kv_shared_pool = True
 
     def __init__(self) -> None:
         self.held: dict[int, int] = {}
@@ -32,14 +36,21 @@ class CountingKv:
         return len(state)
 
 
+class StreamsKv(CountingKv):
+    """A stream per sequence: a copy gives the destination cells of its own."""
+
+    kv_shared_pool = False
+
+
 def recount(ledger: KvLedger, seq_id: int) -> int:
     return sum(1 for c in ledger._cells[seq_id] if ledger._refs[c] == 1)
 
 
-def test_exclusive_counts_follow_every_operation():
+@pytest.mark.parametrize("streams", [False, True])
+def test_exclusive_counts_follow_every_operation(streams):
     rng = random.Random(7)
     n_seq = 6
-    kv = CountingKv()
+    kv = StreamsKv() if streams else CountingKv()
     ledger = KvLedger(kv, n_seq)
     for step in range(4000):
         seq = rng.randrange(n_seq)
@@ -66,12 +77,6 @@ def test_exclusive_counts_follow_every_operation():
             assert ledger.exclusive_cells(s) == recount(ledger, s), (step, s)
 
 
-class StreamsKv(CountingKv):
-    """A stream per sequence: a copy gives the destination cells of its own."""
-
-    kv_copies_share = False
-
-
 def test_a_copy_between_streams_holds_cells_of_its_own():
     kv = StreamsKv()
     ledger = KvLedger(kv, 4)
@@ -82,6 +87,7 @@ def test_a_copy_between_streams_holds_cells_of_its_own():
     # either frees all of its own.
     assert ledger.cells_used() == 160
     assert ledger.exclusive_cells(0) == 100 and ledger.exclusive_cells(1) == 60
+    assert ledger.span_cells() == 100  # a dense row reads its own stream: the fullest holds 100
     ledger.remove(0)
     assert ledger.cells_used() == 60 and ledger.positions(1) == 60
     # In the unified pool the same copy shares the parent's cells.
@@ -90,3 +96,23 @@ def test_a_copy_between_streams_holds_cells_of_its_own():
     shared.grow(0, 100)
     shared.copy(0, 1, 60)
     assert shared.cells_used() == 100 and shared.exclusive_cells(0) == 40
+    shared.kv.held[2] = 30
+    shared.grow(2, 30)
+    assert shared.span_cells() == 130  # a dense row reads every cell of the pool
+
+
+@pytest.mark.parametrize("streams", [False, True])
+def test_an_idle_conversation_pays_rent_only_in_a_shared_pool(streams):
+    """Dense attention: in a shared pool every running row reads an idle conversation's cells, so
+    it is charged for them and evicted once that exceeds recomputing them; in a stream of its own
+    no other row reads them, and it stays."""
+    from scheduler.cost_model import CostModel, CostParams
+    from scheduler.residency import Residency
+    from scheduler.types import AttentionPath
+
+    res = Residency(StreamsKv() if streams else CountingKv(), 4)
+    res.adopt("idle", 0, list(range(500)), bytes(500))
+    cost = CostModel(CostParams(fixed_ms=5.0, decode_ms=1.0, prefill_ms=1.0, attn_ms=1.0))
+    evicted = [e for _ in range(50) for e in res.charge_idle_rent(512, AttentionPath.DENSE, cost)]
+    assert evicted == ([] if streams else ["idle"])
+    assert ("idle" in res.sessions) is streams

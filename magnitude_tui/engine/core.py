@@ -340,7 +340,7 @@ class Engine:
             return 0.0
         s = self.scheduler
         return s.cost.prior.predict(plan.n_decode + plan.n_draft, plan.n_prefill,
-                                    plan_kpos(plan, s.attention, s.kv.cells_used()))
+                                    plan_kpos(plan, s.attention, s.kv.span_cells()))
 
     def _decode(self, plan: BatchPlan) -> tuple[DecodeResult, str | None]:
         try:
