@@ -99,6 +99,9 @@ bench full agents-2-no-bursts-full-exact-paired-peer-streams agents --bursts off
 # against llama-server as the issue configures it (unified KV), and against llama-server without
 # -kvu (its own default for -np given; outside the issue's configurations, reported beside them).
 bench full agents-2-no-bursts-full-exact-paired-streams agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 8 --exact-replies --sides serve+streams,llama-server --paired
+# ... four agents, each stream 8,192 cells (--ctx 32768 on both sides: a history of two whole turns
+# outgrows 4,096): more of the pool is other agents' cells.
+bench full agents-4-no-bursts-full-exact-paired-streams agents --bursts off --agents 4 --turns 2 --k-max 3000 --think-scale 0.5 --reps 4 --exact-replies --ctx 32768 --sides serve+streams,llama-server --paired
 bench full agents-2-no-bursts-full-exact-paired-streams-both agents --bursts off --agents 2 --turns 2 --k-max 3000 --think-scale 0.5 --reps 4 --exact-replies --sides serve+streams,llama-server+streams --paired
 bench full agents-2-bursts agents --bursts on --agents 2 --turns 2 --k-max 300 --think-scale 0.5 --reps 2
 # The burst line at 10 slots, three repetitions against llama-server with and without --cache-reuse
