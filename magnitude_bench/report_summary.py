@@ -107,7 +107,7 @@ def agents(results: Results) -> list[Headline]:
                 "agents-4-bursts-paired",
                 "agents-2-no-bursts",
                 "agents-2-no-bursts-full", "agents-2-no-bursts-full-exact", "agents-2-no-bursts-full-exact-paired",
-                "agents-2-no-bursts-full-exact-paired-streams"):
+                "agents-2-no-bursts-full-exact-paired-streams", "agents-4-no-bursts-full-exact-paired-streams"):
         try:
             raw = results.get(key)
         except FileNotFoundError:
