@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from backend.factory import reset_kv
 from backend.protocol import DecodeOutcome, PlanError
 from scheduler.types import BatchPlan, SeqSlice
 from tests.greedy import greedy
@@ -29,10 +30,8 @@ def streams():
 
 @pytest.fixture
 def clean(streams):
-    for s in range(streams.n_seq_max):
-        streams.kv_remove(s)
-        streams.free_sampler(s)
-    yield streams
+    reset_kv(streams)  # no sequence or sampler left by the test before
+    return streams
 
 
 def _ok(b, step: int, *slices: SeqSlice):
