@@ -40,7 +40,6 @@ class LlamaBackend:
         # One unified pool: any sequence may grow to the whole context, and a fork shares its
         # parent's cells. A stream per sequence (kv_streams): each holds n_ctx / n_seq_max cells
         # (rounded up to 256 by llama.cpp), and a fork is a copy of its parent's cells.
-        self.kv_streams = kv_streams
         self.kv_shared_pool = not kv_streams
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(ctx))
         self.clock: Clock = WALL_CLOCK
@@ -191,7 +190,7 @@ class LlamaBackend:
         logit_rows: dict[int, int] = {}
         draft_rows: dict[int, tuple[int, ...]] = {}
         row = 0
-        if self.kv_streams:
+        if not self.kv_shared_pool:
             # llama.cpp splits a batch over streams into micro-batches of consecutive seq ids, in
             # the batch's order: in any other order each sequence would run a native pass alone.
             slices = sorted(slices, key=lambda s: s.seq_id)
@@ -277,7 +276,7 @@ class LlamaBackend:
         llama_cpp.llama_memory_seq_rm(self._mem, dst_seq, -1, -1)
         if n_tokens <= 0:
             return
-        if self.kv_streams:
+        if not self.kv_shared_pool:
             # Another stream. llama_memory_seq_cp would queue a copy of the source's whole stream
             # to the next decode, and until then the fork's state could not be saved, nor a state
             # loaded into either stream without being overwritten by the copy. The source's own

@@ -74,8 +74,8 @@ MIN_STREAM = 1024  # cells a sequence's own stream holds at the least (--kv-stre
 
 def check_streams(n_ctx: int, n_seq_max: int) -> None:
     """A stream per sequence splits --ctx evenly (llama.cpp rounds each share up to a multiple of
-    256 cells): each must hold a real conversation."""
-    per_seq = -(-(n_ctx // n_seq_max) // 256) * 256
+    CTX_STEP cells): each must hold a real conversation."""
+    per_seq = -(-(n_ctx // n_seq_max) // CTX_STEP) * CTX_STEP
     if per_seq < MIN_STREAM:
         raise OptionError(f"--kv-streams: --ctx {n_ctx:,} over --parallel {n_seq_max} leaves each sequence "
                           f"{per_seq:,} cells; pass --ctx {MIN_STREAM * n_seq_max} or more, or a smaller --parallel")

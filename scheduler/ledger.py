@@ -42,11 +42,16 @@ class KvLedger:
     def cells_used(self) -> int:
         return len(self._refs)
 
+    @property
+    def shared_pool(self) -> bool:
+        """One pool of cells for every sequence (False: a stream per sequence)."""
+        return self.kv.kv_shared_pool
+
     def span_cells(self) -> int:
         """The cells a row reads where it reads every resident one (dense attention): all those in
         use in a shared pool; with a stream per sequence, the fullest stream's (a row reads only
         its own stream)."""
-        if self.kv.kv_shared_pool:
+        if self.shared_pool:
             return self.cells_used()
         return max((len(c) for c in self._cells.values()), default=0)
 
@@ -92,7 +97,7 @@ class KvLedger:
         held = self._held(dst_seq, n_tokens)
         for c in self._cells[dst_seq]:
             self._release(c)
-        if not self.kv.kv_shared_pool:
+        if not self.shared_pool:
             self._cells[dst_seq] = []
             self._exclusive.pop(dst_seq, None)
             self.grow(dst_seq, held)

@@ -150,7 +150,7 @@ class Residency:
         it has cost the running rows since it went idle exceeds what recomputing it would cost, it
         is evicted (the rule that is never worse than twice the better of keeping or dropping it,
         whatever happens next). Returns the evicted conversations' ids."""
-        if attention is not AttentionPath.DENSE or cost.params.attn_ms <= 0 or not self.kv.kv.kv_shared_pool:
+        if attention is not AttentionPath.DENSE or cost.params.attn_ms <= 0 or not self.kv.shared_pool:
             return []  # flash rows read their own cells; so does every row in a stream of its own
         used = self.kv.span_cells()
         recompute = lambda n: cost.predict(0, n, used_cells_kpos(used, n))  # noqa: E731
